@@ -1,0 +1,247 @@
+"""Every struct on the wire. Field order is the wire format: append only, always with a default.
+
+`schema.lock.json` pins names, types and order; `python -m protocol.schema --check` says what an edit
+broke. Hello and Reject are frozen across majors so a peer of any version can be refused readably.
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar, Union
+
+import msgspec
+
+
+class _Wire(msgspec.Struct, array_like=True, frozen=True):
+    """Base: positional msgpack array; missing trailing fields get defaults, extra ones are ignored."""
+
+    TAG: ClassVar[int] = 0
+
+
+class _Item(msgspec.Struct, array_like=True, gc=False):
+    """Base for nested values that are built in hot loops (no GC tracking, mutable while built)."""
+
+
+# ---- handshake ---------------------------------------------------------------------------------
+
+
+class Hello(_Wire):
+    """frontend -> engine, first message on a connection. Frozen prefix across majors."""
+
+    TAG: ClassVar[int] = 1
+    major: int
+    minor: int
+    schema_fingerprint: str
+    frontend_id: str
+    auth_token: str | None = None
+
+
+class Ready(_Wire):
+    """engine -> frontend: handshake accepted; what the frontend needs to place and validate work."""
+
+    TAG: ClassVar[int] = 2
+    rank: int
+    model: str
+    max_model_len: int
+    block_size: int
+    num_kv_blocks: int
+    backend: str
+    engine_version: str
+    session_epoch: str
+    pub_port: int = 0
+    major: int = 0
+    minor: int = 0
+
+
+class Reject(_Wire):
+    """engine -> frontend: handshake refused. Frozen across majors."""
+
+    TAG: ClassVar[int] = 3
+    code: str
+    reason: str
+
+
+class Heartbeat(_Wire):
+    """frontend -> engine liveness ping; any message from a peer also counts as a sign of life."""
+
+    TAG: ClassVar[int] = 4
+    seq: int
+    sent_at: float
+
+
+# ---- requests ----------------------------------------------------------------------------------
+
+
+class SamplingParams(_Item, frozen=True):
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    min_tokens: int = 0
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+
+
+class GenerateRequest(_Wire):
+    TAG: ClassVar[int] = 5
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    arrival_time: float
+    priority: int = 0
+    lora: str | None = None
+    cache_salt: str | None = None
+    pinned_rank: int | None = None
+
+
+class Abort(_Wire):
+    TAG: ClassVar[int] = 6
+    request_ids: list[str]
+
+
+class UtilityCall(_Wire):
+    """An allowlisted engine operation by name; unknown names get an error result."""
+
+    TAG: ClassVar[int] = 7
+    call_id: int
+    name: str
+    args: dict[str, Any] = {}
+
+
+class UtilityResult(_Wire):
+    TAG: ClassVar[int] = 8
+    call_id: int
+    ok: bool
+    result: Any = None
+    error: str | None = None
+
+
+# ---- outputs -----------------------------------------------------------------------------------
+
+
+class Logprobs(_Item):
+    """Per new token: the sampled token's logprob and rank, and the top-k alternatives."""
+
+    sampled: list[float]
+    ranks: list[int]
+    top_token_ids: list[list[int]]
+    top_logprobs: list[list[float]]
+
+
+class RequestOutput(_Item):
+    """One request's new tokens from one engine step. finish_reason: stop, length, abort or error."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: str | None = None
+    stop_reason: Union[int, str, None] = None
+    num_cached_tokens: int = 0
+    logprobs: Logprobs | None = None
+    error: str | None = None
+
+
+class Outputs(_Wire):
+    """Everything one engine step produced for one frontend."""
+
+    TAG: ClassVar[int] = 9
+    rank: int
+    step: int
+    outputs: list[RequestOutput]
+    timestamp: float = 0.0
+
+
+class Stats(_Wire):
+    """engine heartbeat and load report, about every 100 ms, also when idle. seq orders snapshots."""
+
+    TAG: ClassVar[int] = 10
+    rank: int
+    seq: int
+    timestamp: float
+    running: int
+    waiting: int
+    kv_usage: float
+    num_kv_blocks: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    draining: bool = False
+    session_epoch: str = ""
+
+
+class EngineDead(_Wire):
+    TAG: ClassVar[int] = 11
+    rank: int
+    reason: str
+
+
+# ---- KV-cache events (PUB socket) -------------------------------------------------------------
+
+
+class BlockStored(_Wire):
+    """Full blocks now cached. Hashes are protocol.block_hash chain values, computable by anyone."""
+
+    TAG: ClassVar[int] = 12
+    rank: int
+    seq: int
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    block_size: int
+    token_ids: list[int] = []
+    lora: str | None = None
+
+
+class BlockRemoved(_Wire):
+    TAG: ClassVar[int] = 13
+    rank: int
+    seq: int
+    block_hashes: list[int]
+
+
+class AllCleared(_Wire):
+    TAG: ClassVar[int] = 14
+    rank: int
+    seq: int
+
+
+Message = Union[
+    Hello,
+    Ready,
+    Reject,
+    Heartbeat,
+    GenerateRequest,
+    Abort,
+    UtilityCall,
+    UtilityResult,
+    Outputs,
+    Stats,
+    EngineDead,
+    BlockStored,
+    BlockRemoved,
+    AllCleared,
+]
+
+MESSAGE_TYPES: dict[int, type[_Wire]] = {
+    cls.TAG: cls
+    for cls in (
+        Hello,
+        Ready,
+        Reject,
+        Heartbeat,
+        GenerateRequest,
+        Abort,
+        UtilityCall,
+        UtilityResult,
+        Outputs,
+        Stats,
+        EngineDead,
+        BlockStored,
+        BlockRemoved,
+        AllCleared,
+    )
+}
+
+# Nested structs: not messages themselves, but part of the schema lock.
+NESTED_TYPES: tuple[type[msgspec.Struct], ...] = (SamplingParams, Logprobs, RequestOutput)

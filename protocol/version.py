@@ -1,0 +1,5 @@
+"""Protocol version. MAJOR changes on any breaking edit; MINOR on every pure append."""
+from __future__ import annotations
+
+MAJOR = 1
+MINOR = 0

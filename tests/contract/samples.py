@@ -1,0 +1,64 @@
+"""One canonical instance of every message, with every field set away from its default where it can
+be: the golden byte fixtures are these, encoded."""
+from __future__ import annotations
+
+from protocol import (
+    Abort,
+    AllCleared,
+    BlockRemoved,
+    BlockStored,
+    EngineDead,
+    GenerateRequest,
+    Heartbeat,
+    Hello,
+    Logprobs,
+    Message,
+    Outputs,
+    Ready,
+    Reject,
+    RequestOutput,
+    SamplingParams,
+    Stats,
+    UtilityCall,
+    UtilityResult,
+)
+
+SAMPLES: dict[str, Message] = {
+    "Hello": Hello(1, 0, "0123456789abcdef", "frontend-a", "secret"),
+    "Ready": Ready(3, "tiny", 4096, 16, 1024, "sim", "0.1.0", "epoch01", 5655, 1, 0),
+    "Reject": Reject("version_mismatch", "frontend speaks 2.0, engine speaks 1.0"),
+    "Heartbeat": Heartbeat(7, 1700000000.25),
+    "GenerateRequest": GenerateRequest(
+        "req-1",
+        [151644, 872, 198, 9707, 0, 151645],
+        SamplingParams(
+            max_tokens=32, temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, seed=1234,
+            min_tokens=2, stop_token_ids=[151643], ignore_eos=True, logprobs=2,
+            presence_penalty=0.5, frequency_penalty=-0.5, repetition_penalty=1.1,
+        ),
+        1700000000.5,
+        priority=-1,
+        lora="adapter-a",
+        cache_salt="tenant-1",
+        pinned_rank=1,
+    ),
+    "Abort": Abort(["req-1", "req-2"]),
+    "UtilityCall": UtilityCall(9, "sleep", {"level": 1}),
+    "UtilityResult": UtilityResult(9, False, {"running": 0}, "ValueError: busy"),
+    "Outputs": Outputs(
+        0,
+        42,
+        [
+            RequestOutput("req-1", [11, 12], None, None, 16),
+            RequestOutput("req-2", [151645], "stop", 151645, 0,
+                          Logprobs([-0.25], [1], [[151645, 11]], [[-0.25, -1.5]])),
+            RequestOutput("req-3", [], "error", None, 0, None, "prompt too long"),
+        ],
+        1700000001.0,
+    ),
+    "Stats": Stats(2, 100, 1700000002.0, 5, 1, 0.375, 1024, 2048, 512, True, "epoch01"),
+    "EngineDead": EngineDead(1, "engine rank 1 failed: RuntimeError('boom')"),
+    "BlockStored": BlockStored(0, 17, [2**64 - 1, 5], 2**63, 16, list(range(32)), "adapter-a"),
+    "BlockRemoved": BlockRemoved(0, 18, [5]),
+    "AllCleared": AllCleared(0, 19),
+}

@@ -1,0 +1,49 @@
+"""Version skew both ways at one major: an old reader ignores fields a newer writer appended, and a
+new reader fills the defaults of fields an older writer did not know."""
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from protocol import MAJOR, MESSAGE_TYPES, decode, encode
+from protocol.messages import NESTED_TYPES
+from tests.contract.samples import SAMPLES
+
+
+def _body(name: str) -> list:
+    return msgspec.msgpack.decode(encode(SAMPLES[name])[1])
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_old_reader_ignores_fields_appended_by_newer_writer(name: str) -> None:
+    header = encode(SAMPLES[name])[0]
+    newer_minor = bytes((header[0], header[1] + 1, header[2]))
+    body = msgspec.msgpack.encode([*_body(name), "a field from 1.1", [1, 2, 3]])
+    assert decode([newer_minor, body]) == SAMPLES[name]
+
+
+@pytest.mark.parametrize("cls", sorted(MESSAGE_TYPES.values(), key=lambda c: c.TAG),
+                         ids=lambda c: c.__name__)
+def test_new_reader_fills_defaults_for_older_writer(cls: type) -> None:
+    name = cls.__name__
+    fields = msgspec.structs.fields(cls)
+    required = sum(1 for f in fields if f.required)
+    old_body = msgspec.msgpack.encode(_body(name)[:required])
+    msg = decode([encode(SAMPLES[name])[0], old_body])
+    for f in fields[required:]:
+        default = f.default if f.default is not msgspec.NODEFAULT else f.default_factory()
+        assert getattr(msg, f.name) == default, f"{name}.{f.name} did not get its default"
+
+
+def test_nested_structs_fill_defaults_too() -> None:
+    # An older writer's RequestOutput with only (request_id, new_token_ids).
+    body = msgspec.msgpack.encode([0, 1, [["r", [5]]]])
+    header = bytes((MAJOR, 0, MESSAGE_TYPES[9].TAG))
+    out = decode([header, body]).outputs[0]  # type: ignore[union-attr]
+    assert (out.request_id, out.new_token_ids, out.finish_reason, out.num_cached_tokens) == ("r", [5], None, 0)
+    assert all(t.__name__ for t in NESTED_TYPES)
+
+
+def test_raw_trailing_frames_pass_through() -> None:
+    frames = encode(SAMPLES["Heartbeat"], b"\x00\x01")
+    assert frames[2] == b"\x00\x01" and decode(frames) == SAMPLES["Heartbeat"]
