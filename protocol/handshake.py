@@ -13,6 +13,7 @@ class RejectCode(str, Enum):
     AUTH = "unauthorized"
     DRAINING = "draining"
     MALFORMED = "malformed"
+    EXPIRED = "expired"  # the peer went silent past its deadline; its requests were aborted
 
 
 def make_hello(frontend_id: str, auth_token: str | None = None) -> Hello:

@@ -1,0 +1,1 @@
+"""The fleet's separately deployable services. Each imports `protocol`, never another service."""

@@ -1,0 +1,93 @@
+"""The port between the engine core loop and a model backend (vllm or sim), and what a step returns.
+
+The core loop owns peers and request ownership; a backend only sees engine-internal request ids.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Union
+
+from protocol import GenerateRequest, RequestOutput
+
+
+class RequestRejected(ValueError):
+    """The backend cannot accept this request; the message goes back to the client as its error."""
+
+
+class UtilityUnsupported(RuntimeError):
+    """This backend does not implement that (allowlisted) utility."""
+
+
+@dataclass(frozen=True, slots=True)
+class BackendInfo:
+    name: str  # "vllm" or "sim"
+    version: str
+    model: str
+    max_model_len: int
+    block_size: int
+    num_kv_blocks: int
+    vocab_size: int
+    eos_token_id: int | None
+
+
+@dataclass(slots=True)
+class Load:
+    running: int
+    waiting: int
+    kv_usage: float  # 0..1 of the KV block pool in use
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache, cumulative
+    prefix_cache_hits: int = 0  # of which found, cumulative
+
+
+# KV events as a backend reports them; the core loop stamps rank and sequence numbers.
+@dataclass(frozen=True, slots=True)
+class Stored:
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    lora: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Removed:
+    block_hashes: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Cleared:
+    pass
+
+
+KVEvent = Union[Stored, Removed, Cleared]
+
+
+@dataclass(slots=True)
+class StepResult:
+    # Per request with news this step; a finished request carries finish_reason ("stop"/"length"/
+    # "error") and is forgotten by the backend. Request ids are the engine-internal ones given to add().
+    outputs: list[RequestOutput] = field(default_factory=list)
+    kv_events: list[KVEvent] = field(default_factory=list)
+    # Simulated time this step takes (sim backend); the core loop delivers outputs after it. 0 = real.
+    duration_s: float = 0.0
+
+
+class Backend(Protocol):
+    info: BackendInfo
+
+    def add(self, request_id: str, request: GenerateRequest) -> None:
+        """Queue a request under an engine-internal id. Raises RequestRejected for bad input."""
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Drop requests now; emits nothing for them (the core loop sends the abort finish)."""
+
+    def has_work(self) -> bool: ...
+
+    def step(self) -> StepResult:
+        """Run one engine step (schedule, execute, sample) over the current batch."""
+
+    def load(self) -> Load: ...
+
+    def utility(self, name: str, args: dict[str, Any]) -> Any:
+        """Run an allowlisted utility (the core loop checks the name and args first)."""
+
+    def shutdown(self) -> None: ...

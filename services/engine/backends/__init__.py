@@ -1,0 +1,1 @@
+"""Model backends behind one small port (services.engine.backend.Backend)."""

@@ -1,0 +1,245 @@
+"""The `sim` model backend: vLLM's engine-core behaviour (batching, prefix cache, preemption, stop
+rules) with deterministic pseudo-random tokens and a timing model instead of a model.
+Runs in the engine process.
+"""
+from __future__ import annotations
+
+import random
+from array import array
+from hashlib import blake2b
+from typing import Any
+
+from protocol import GenerateRequest, RequestOutput
+from protocol.block_hash import block_hashes, root
+from services.engine.backend import (
+    BackendInfo,
+    KVEvent,
+    Load,
+    RequestRejected,
+    StepResult,
+    UtilityUnsupported,
+)
+from services.engine.backends.sim.block_pool import BlockPool
+from services.engine.backends.sim.config import SimConfig
+from services.engine.backends.sim.scheduler import Scheduler, SimRequest
+
+SIM_VERSION = "0.1.0"
+MAX_TOKEN_ID = 2**31  # exclusive; token ids travel as 32-bit values (protocol.block_hash)
+UTILITIES = ("add_lora", "list_loras", "remove_lora", "reset_prefix_cache", "sleep", "wake_up")
+
+
+class SimBackend:
+    def __init__(
+        self,
+        config: SimConfig,
+        *,
+        model: str,
+        vocab_size: int,
+        eos_token_id: int | None,
+        version: str = SIM_VERSION,
+    ) -> None:
+        if not isinstance(vocab_size, int) or vocab_size < 1:
+            raise ValueError(f"vocab_size must be an int >= 1, got {vocab_size!r}")
+        if eos_token_id is not None and not 0 <= eos_token_id < MAX_TOKEN_ID:
+            raise ValueError(f"eos_token_id must be None or in [0, 2**31), got {eos_token_id!r}")
+        self.config = config
+        self.info = BackendInfo(
+            name="sim",
+            version=version,
+            model=model,
+            max_model_len=config.max_model_len,
+            block_size=config.block_size,
+            num_kv_blocks=config.num_kv_blocks,
+            vocab_size=vocab_size,
+            eos_token_id=eos_token_id,
+        )
+        self._vocab = vocab_size
+        self._eos = eos_token_id
+        self._eos_rate = config.eos_rate if eos_token_id is not None else 0.0
+        self._max_model_len = config.max_model_len
+        self._seed_key = config.seed.to_bytes(8, "little")
+        self._pool = BlockPool(config.num_kv_blocks, config.block_size)
+        self._scheduler = Scheduler(config, self._pool, self._sample)
+        self._loras: set[str] = set()
+        self._asleep = False
+
+    # ---- requests ------------------------------------------------------------------------------
+
+    def add(self, request_id: str, request: GenerateRequest) -> None:
+        self._validate(request_id, request)
+        prompt = list(request.prompt_token_ids)
+        params = request.sampling
+        req = SimRequest(
+            request_id=request_id,
+            token_ids=prompt,
+            num_prompt=len(prompt),
+            hashes=block_hashes(
+                prompt, self.config.block_size, salt=request.cache_salt, lora=request.lora
+            ),
+            root=root(request.cache_salt, request.lora),
+            lora=request.lora,
+            priority=request.priority,
+            arrival=request.arrival_time,
+            rand=random.Random(self._token_seed(prompt, params.seed)).random,
+            max_len=min(len(prompt) + params.max_tokens, self._max_model_len),
+            min_len=len(prompt) + params.min_tokens,
+            stop_ids=frozenset(params.stop_token_ids) if params.stop_token_ids else None,
+            eos_rate=0.0 if params.ignore_eos else self._eos_rate,
+        )
+        self._scheduler.add(req)
+
+    def abort(self, request_ids: list[str]) -> None:
+        self._scheduler.abort(request_ids)
+
+    def has_work(self) -> bool:
+        # Pending KV events (a reset before sleep) still need a step to reach subscribers.
+        return bool(self._pool.events) or (not self._asleep and bool(self._scheduler.requests))
+
+    def step(self) -> StepResult:
+        if self._asleep:
+            return StepResult(kv_events=self._drain_events())
+        work = self._scheduler.step()
+        duration = 0.0
+        if not self.config.instant:
+            duration = work.prefill_tokens / self.config.prefill_tps
+            if work.num_decodes:
+                per_seq = self.config.decode_ms_per_seq * work.num_scheduled
+                duration += (self.config.decode_ms + per_seq) / 1000.0
+        return StepResult(work.outputs, self._drain_events(), duration)
+
+    def load(self) -> Load:
+        s = self._scheduler
+        return Load(
+            running=len(s.running),
+            waiting=s.num_waiting,
+            kv_usage=self._pool.usage(),
+            prefix_cache_queries=s.prefix_cache_queries,
+            prefix_cache_hits=s.prefix_cache_hits,
+        )
+
+    def shutdown(self) -> None:
+        self._scheduler.abort(list(self._scheduler.requests))
+
+    # ---- utilities -----------------------------------------------------------------------------
+
+    def utility(self, name: str, args: dict[str, Any]) -> Any:
+        if name == "reset_prefix_cache":
+            return self._pool.reset()
+        if name == "add_lora":
+            lora = _str_arg(name, args, "name")
+            _str_arg(name, args, "path")  # the sim loads nothing, but callers must still send it
+            self._loras.add(lora)
+            return True
+        if name == "remove_lora":
+            lora = _str_arg(name, args, "name")
+            if lora not in self._loras:
+                return False
+            self._loras.remove(lora)
+            return True
+        if name == "list_loras":
+            return sorted(self._loras)
+        if name == "sleep":
+            level = args.get("level", 1)
+            if level not in (1, 2) or isinstance(level, bool):
+                raise ValueError(f"sleep.level must be 1 or 2, got {level!r}")
+            if self._scheduler.running:
+                raise ValueError(
+                    f"sleep refused: {len(self._scheduler.running)} requests are running; "
+                    "abort or finish them first"
+                )
+            # Sleeping discards the KV cache, as vLLM does; subscribers learn it from Cleared.
+            if self._pool.num_cached:
+                self._pool.reset()
+            self._asleep = True
+            return None
+        if name == "wake_up":
+            self._asleep = False
+            return None
+        raise UtilityUnsupported(f"sim backend has no utility {name!r}; it supports {UTILITIES}")
+
+    # ---- internals -----------------------------------------------------------------------------
+
+    def _validate(self, request_id: str, request: GenerateRequest) -> None:
+        if request_id in self._scheduler.requests:
+            raise RequestRejected(f"request_id {request_id!r} is already in use")
+        prompt = request.prompt_token_ids
+        if not prompt:
+            raise RequestRejected("prompt_token_ids must not be empty")
+        if len(prompt) >= self._max_model_len:
+            raise RequestRejected(
+                f"prompt_token_ids has {len(prompt)} tokens; must be < max_model_len "
+                f"({self._max_model_len}) to leave room for one generated token"
+            )
+        low, high = min(prompt), max(prompt)
+        if low < 0 or high >= MAX_TOKEN_ID:
+            bad = low if low < 0 else high
+            raise RequestRejected(f"prompt_token_ids must be in [0, 2**31), got token id {bad}")
+        if request.lora is not None and request.lora not in self._loras:
+            raise RequestRejected(
+                f"lora {request.lora!r} is not loaded; loaded: {sorted(self._loras)}"
+            )
+        params = request.sampling
+        if params.max_tokens < 1:
+            raise RequestRejected(f"sampling.max_tokens must be >= 1, got {params.max_tokens}")
+        if not 0 <= params.min_tokens <= params.max_tokens:
+            raise RequestRejected(
+                f"sampling.min_tokens must be in [0, max_tokens={params.max_tokens}], "
+                f"got {params.min_tokens}"
+            )
+
+    def _token_seed(self, prompt: list[int], seed: int | None) -> int:
+        if seed is not None:
+            return seed
+        # blake2b, not hash(): stable across processes and runs (PYTHONHASHSEED does not matter).
+        digest = blake2b(
+            array("I", prompt).tobytes(), digest_size=8, key=self._seed_key, person=b"fleet-sim"
+        ).digest()
+        return int.from_bytes(digest, "little")
+
+    def _sample(self, req: SimRequest) -> RequestOutput:
+        """The next token of a request whose tokens are all computed, and vLLM's stop checks."""
+        tokens = req.token_ids
+        num_tokens = len(tokens)
+        # As vLLM's min_tokens logits processor: EOS and stop tokens are masked until then.
+        may_stop = num_tokens >= req.min_len
+        rand = req.rand
+        finish: str | None = None
+        stop_reason: int | None = None
+        if may_stop and req.eos_rate and rand() < req.eos_rate:
+            token = self._eos
+            finish = "stop"
+        else:
+            token = int(rand() * self._vocab)
+            stops = req.stop_ids
+            if token == self._eos or (stops is not None and not may_stop and token in stops):
+                token = self._substitute(token, None if may_stop else stops)
+            if stops is not None and may_stop and token in stops:
+                finish = "stop"
+                stop_reason = token
+        tokens.append(token)  # type: ignore[arg-type]
+        if finish is None and num_tokens + 1 >= req.max_len:
+            finish = "length"
+        return RequestOutput(req.request_id, [token], finish, stop_reason, req.num_cached_tokens)
+
+    def _substitute(self, token: int, masked: frozenset[int] | None) -> int:
+        """The next regular token that is neither EOS (only eos_rate emits it) nor masked."""
+        vocab, eos = self._vocab, self._eos
+        for _ in range(len(masked or ()) + 2):
+            token = (token + 1) % vocab
+            if token != eos and (masked is None or token not in masked):
+                return token
+        return token  # every regular token is forbidden: a degenerate vocab, emit anyway
+
+    def _drain_events(self) -> list[KVEvent]:
+        events = self._pool.events
+        if not events:
+            return []
+        self._pool.events = []
+        return events
+
+
+def _str_arg(utility: str, args: dict[str, Any], key: str) -> str:
+    value = args.get(key)
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{utility}.{key} must be a non-empty string, got {value!r}")
+    return value

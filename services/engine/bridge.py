@@ -1,0 +1,102 @@
+"""The engine's only socket thread: bridges the ROUTER and PUB sockets to in-process queues.
+
+The core loop never touches a socket: it reads `inbox` and hands outgoing batches to `send`/`publish`,
+which wake this thread through a pipe so it can sleep in one poll over both directions.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from collections import deque
+from collections.abc import Sequence
+
+import zmq
+
+from protocol import Frames
+
+log = logging.getLogger(__name__)
+
+Inbound = tuple[bytes, list[zmq.Frame]]  # (peer identity, frames)
+
+
+class Bridge:
+    def __init__(self, ctx: zmq.Context, router_endpoint: str, pub_endpoint: str) -> None:
+        self.inbox: queue.SimpleQueue[Inbound] = queue.SimpleQueue()
+        self._outbox: deque[tuple[bytes | None, Sequence[Frames]]] = deque()
+        self._router = ctx.socket(zmq.ROUTER)
+        # Outputs are never dropped for a slow reader: a dead one is found by heartbeat deadline.
+        self._router.setsockopt(zmq.SNDHWM, 0)
+        self._router.setsockopt(zmq.RCVHWM, 0)
+        self._router.setsockopt(zmq.LINGER, 2000)
+        self._router.bind(router_endpoint)
+        self._pub = ctx.socket(zmq.PUB)
+        self._pub.setsockopt(zmq.LINGER, 0)
+        self._pub.bind(pub_endpoint)
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="engine-sockets", daemon=True)
+        self._thread.start()
+
+    def send(self, batch: Sequence[tuple[bytes, Frames]]) -> None:
+        """Queue messages to peers (by identity) and wake the socket thread once."""
+        for identity, frames in batch:
+            self._outbox.append((identity, (frames,)))
+        self._wake()
+
+    def publish(self, batch: Sequence[Frames]) -> None:
+        if batch:
+            self._outbox.append((None, batch))
+            self._wake()
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Flush what is queued, then close the sockets (from the socket thread, which owns them)."""
+        self._closing = True
+        self._wake()
+        self._thread.join(timeout_s)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"\0")
+        except BlockingIOError:
+            pass  # the pipe is full of wake-ups already; the thread will drain the outbox anyway
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._router, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        router, pub, outbox, inbox = self._router, self._pub, self._outbox, self.inbox
+        try:
+            while True:
+                events = dict(poller.poll())
+                if router in events:
+                    while True:
+                        try:
+                            frames = router.recv_multipart(zmq.NOBLOCK, copy=False)
+                        except zmq.Again:
+                            break
+                        inbox.put((frames[0].bytes, frames[1:]))
+                if self._wake_r in events:
+                    try:
+                        while os.read(self._wake_r, 4096):
+                            pass
+                    except BlockingIOError:
+                        pass
+                while outbox:
+                    identity, batch = outbox.popleft()
+                    if identity is None:
+                        for frames in batch:
+                            pub.send_multipart(frames, copy=False)
+                    else:
+                        router.send_multipart([identity, *batch[0]], copy=False)
+                if self._closing and not outbox:
+                    return
+        except zmq.ZMQError as exc:
+            log.error("engine socket thread stopped: %s", exc)
+        finally:
+            router.close()
+            pub.close()

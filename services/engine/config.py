@@ -1,0 +1,115 @@
+"""Engine configuration: one frozen dataclass built from the command line (`engine --help`)."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, replace
+from typing import Literal
+
+Backend = Literal["vllm", "sim"]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model: str
+    backend: Backend
+    host: str = "0.0.0.0"
+    port: int = 5555  # ROUTER port of the first local rank; rank i binds port + i
+    pub_port: int | None = None  # PUB port of the first local rank; default port + 100
+    data_parallel_size_local: int = 1
+    data_parallel_start_rank: int = 0
+    max_model_len: int | None = None  # default: the model's (capped at 4096 for the sim)
+    kv_cache_bytes: int | None = None
+    block_size: int | None = None  # default: the backend's (vLLM picks per platform; sim 16)
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    auth_token: str | None = None
+    heartbeat_interval_s: float = 0.1
+    client_timeout_s: float = 5.0  # a frontend silent this long is gone: its requests are aborted
+    drain_timeout_s: float = 30.0  # on SIGTERM, how long in-flight requests may still run
+    seed: int = 0
+    # sim backend
+    sim_prefill_tps: float = 20000.0
+    sim_decode_ms: float = 10.0
+    sim_decode_ms_per_seq: float = 0.05
+    sim_instant: bool = False
+    sim_eos_rate: float = 0.0
+    sim_num_kv_blocks: int = 4096
+
+    def __post_init__(self) -> None:
+        _require(self.backend in ("vllm", "sim"), "--backend", self.backend, "vllm or sim")
+        _require(0 < self.port < 65536, "--port", self.port, "1..65535")
+        _require(self.data_parallel_size_local >= 1, "--data-parallel-size-local",
+                 self.data_parallel_size_local, ">= 1")
+        _require(self.data_parallel_start_rank >= 0, "--data-parallel-start-rank",
+                 self.data_parallel_start_rank, ">= 0")
+        _require(self.port + self.data_parallel_size_local <= 65536, "--port", self.port,
+                 "port + data-parallel-size-local <= 65536")
+        _require(self.max_model_len is None or self.max_model_len >= 16, "--max-model-len",
+                 self.max_model_len, ">= 16")
+        _require(self.kv_cache_bytes is None or self.kv_cache_bytes > 0, "--kv-cache-bytes",
+                 self.kv_cache_bytes, "> 0")
+        _require(self.block_size in (None, 8, 16, 32, 64, 128), "--block-size", self.block_size,
+                 "8, 16, 32, 64 or 128")
+        _require(self.heartbeat_interval_s > 0, "--heartbeat-interval", self.heartbeat_interval_s, "> 0")
+        _require(self.client_timeout_s > self.heartbeat_interval_s, "--client-timeout",
+                 self.client_timeout_s, "> --heartbeat-interval")
+        _require(self.drain_timeout_s >= 0, "--drain-timeout", self.drain_timeout_s, ">= 0")
+
+    @property
+    def first_pub_port(self) -> int:
+        return self.pub_port if self.pub_port is not None else self.port + 100
+
+    def for_local_rank(self, i: int) -> EngineConfig:
+        """The config of one rank process: its own ports and global rank, one rank each."""
+        return replace(
+            self,
+            port=self.port + i,
+            pub_port=self.first_pub_port + i,
+            data_parallel_start_rank=self.data_parallel_start_rank + i,
+            data_parallel_size_local=1,
+        )
+
+    @property
+    def rank(self) -> int:
+        return self.data_parallel_start_rank
+
+
+def _require(ok: bool, flag: str, value: object, allowed: str) -> None:
+    if not ok:
+        raise ValueError(f"{flag}={value!r} is invalid: allowed {allowed}")
+
+
+def parse_args(argv: list[str] | None = None) -> EngineConfig:
+    p = argparse.ArgumentParser(prog="engine", description="Headless engine: a model behind the "
+                                "engine protocol (ZMQ ROUTER per rank + PUB for KV events and load).")
+    p.add_argument("--headless", action="store_true", help="accepted for vLLM parity; always headless")
+    p.add_argument("--model", required=True, help="'tiny' or a local checkpoint directory")
+    p.add_argument("--backend", choices=("vllm", "sim"), default="vllm")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=5555)
+    p.add_argument("--pub-port", type=int, default=None)
+    p.add_argument("--data-parallel-size-local", type=int, default=1)
+    p.add_argument("--data-parallel-start-rank", type=int, default=0)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--kv-cache-bytes", type=int, default=None)
+    p.add_argument("--block-size", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--auth-token", default=None)
+    p.add_argument("--heartbeat-interval", type=float, default=0.1, dest="heartbeat_interval_s")
+    p.add_argument("--client-timeout", type=float, default=5.0, dest="client_timeout_s")
+    p.add_argument("--drain-timeout", type=float, default=30.0, dest="drain_timeout_s")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sim-prefill-tps", type=float, default=20000.0)
+    p.add_argument("--sim-decode-ms", type=float, default=10.0)
+    p.add_argument("--sim-decode-ms-per-seq", type=float, default=0.05)
+    p.add_argument("--sim-instant", action="store_true")
+    p.add_argument("--sim-eos-rate", type=float, default=0.0)
+    p.add_argument("--sim-num-kv-blocks", type=int, default=4096)
+    ns = vars(p.parse_args(argv))
+    ns.pop("headless")
+    try:
+        return EngineConfig(**ns)
+    except ValueError as exc:
+        p.error(str(exc))
+        raise  # unreachable: p.error exits

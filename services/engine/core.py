@@ -1,0 +1,362 @@
+"""The engine core loop (one per rank process): owns peers and request state and steps the backend.
+
+It never touches a socket: input arrives on the bridge's inbox, output leaves through the bridge.
+Each step's outputs are walked once, grouped per peer, and sent as one Outputs message per peer.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from protocol import (
+    Abort,
+    AllCleared,
+    BlockRemoved,
+    BlockStored,
+    EngineDead,
+    GenerateRequest,
+    Heartbeat,
+    Hello,
+    Message,
+    Outputs,
+    ProtocolError,
+    Ready,
+    Reject,
+    RejectCode,
+    RequestOutput,
+    Stats,
+    UtilityCall,
+    UtilityResult,
+    check_hello,
+    decode,
+    encode,
+    peek_header,
+)
+from protocol.handshake import version_reject
+from protocol.version import MAJOR, MINOR
+from services.engine import utility, validation
+from services.engine.backend import Backend, Cleared, KVEvent, Removed, RequestRejected, Stored
+from services.engine.bridge import Bridge
+from services.engine.config import EngineConfig
+from services.engine.peers import Peer, Peers
+
+log = logging.getLogger(__name__)
+
+
+class CoreLoop:
+    def __init__(
+        self,
+        config: EngineConfig,
+        backend: Backend,
+        bridge: Bridge,
+        *,
+        vocab_size: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.backend = backend
+        self.bridge = bridge
+        self.rank = config.rank
+        self.epoch = uuid.uuid4().hex[:12]
+        self._vocab_size = vocab_size
+        self._clock = clock
+        self._peers = Peers()
+        self._paused = False
+        self._drain_requested = False  # set from the signal handler; read by the loop
+        self._drain_deadline: float | None = None
+        self._step = 0
+        self._stats_seq = 0
+        self._kv_seq = 0
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+
+    def request_drain(self) -> None:
+        """Safe from a signal handler: only sets a flag the loop reads."""
+        self._drain_requested = True
+
+    def run(self) -> int:
+        """Serve until drained (exit code 0) or the backend fails (EngineDead sent, exit code 1)."""
+        interval = self.config.heartbeat_interval_s
+        next_beat = self._clock()
+        try:
+            while True:
+                # 1. Take input: block until the next heartbeat when idle, else only drain.
+                busy = self._busy()
+                self._take_input(0.0 if busy else max(0.0, next_beat - self._clock()))
+                now = self._clock()
+                # 2. Heartbeats out, silent peers reaped, drain progress.
+                if now >= next_beat:
+                    self._heartbeat(now)
+                    self._reap_silent(now)
+                    next_beat = now + interval
+                if self._drain_requested and self._drain_deadline is None:
+                    self._start_drain(now)
+                if self._drain_deadline is not None and self._drain_finished(now):
+                    return 0
+                # 3. One engine step, its outputs delivered when its (simulated) time is up.
+                if self._busy():
+                    t0 = self._clock()
+                    result = self.backend.step()
+                    if result.duration_s > 0:
+                        self._take_input_until(t0 + result.duration_s)
+                    self._deliver(result.outputs)
+                    if result.kv_events:
+                        self._publish_kv(result.kv_events)
+        except Exception as exc:  # the backend failed: tell every peer before the process exits
+            log.exception("engine rank %d failed", self.rank)
+            self._broadcast(EngineDead(self.rank, f"engine rank {self.rank} failed: {exc!r}"))
+            return 1
+        finally:
+            self.backend.shutdown()
+
+    def _busy(self) -> bool:
+        return not self._paused and self.backend.has_work()
+
+    def _start_drain(self, now: float) -> None:
+        self._drain_deadline = now + self.config.drain_timeout_s
+        log.info("rank %d draining: %d request(s) in flight, deadline %.1fs",
+                 self.rank, self._peers.in_flight(), self.config.drain_timeout_s)
+        self._heartbeat(now)  # tell peers at once (Stats.draining) rather than at the next beat
+
+    def _drain_finished(self, now: float) -> bool:
+        if self._peers.in_flight() and now < self._drain_deadline:  # type: ignore[operator]
+            return False
+        left = self._peers.all_requests()
+        if left:
+            log.warning("rank %d drain deadline passed; failing %d request(s)", self.rank, len(left))
+            self.backend.abort(left)
+            self._fail(left, f"engine rank {self.rank} shut down (drain deadline "
+                             f"{self.config.drain_timeout_s}s) before the request finished")
+        self._broadcast(EngineDead(self.rank, f"engine rank {self.rank} stopped (drained)"))
+        log.info("rank %d drained; exiting", self.rank)
+        return True
+
+    # ---- input ---------------------------------------------------------------------------------
+
+    def _take_input(self, timeout: float) -> None:
+        inbox = self.bridge.inbox
+        try:
+            item = inbox.get(timeout=timeout) if timeout > 0 else inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._on_frames(*item)
+            try:
+                item = inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _take_input_until(self, deadline: float) -> None:
+        while (left := deadline - self._clock()) > 0:
+            self._take_input(left)
+
+    def _on_frames(self, identity: bytes, frames: list[zmq.Frame]) -> None:
+        now = self._clock()
+        raw = [f.buffer for f in frames]
+        try:
+            major, minor, tag = peek_header(raw[0]) if raw else (MAJOR, MINOR, -1)
+            if tag == Hello.TAG:
+                self._on_hello(identity, raw, major, minor, now)
+                return
+            peer = self._peers.get(identity)
+            if peer is None:
+                if tag == Heartbeat.TAG:
+                    return  # a beat racing its own Hello, or from an expired session (already told)
+                self._send(identity, Reject(RejectCode.MALFORMED.value,
+                                            "no handshake on this connection: send Hello first"))
+                return
+            peer.last_seen = now
+            self._on_message(peer, decode(raw))
+        except ProtocolError as exc:
+            log.warning("rank %d: undecodable message from peer %r: %s", self.rank, identity, exc)
+
+    def _on_hello(self, identity: bytes, raw: list[Any], major: int, minor: int, now: float) -> None:
+        if major != MAJOR:
+            reject = version_reject(major, minor)
+            log.warning("rank %d refused handshake from %r: %s", self.rank, identity, reject.reason)
+            self._send(identity, reject)
+            return
+        try:
+            hello = decode(raw)
+        except ProtocolError as exc:
+            self._send(identity, Reject(RejectCode.MALFORMED.value, f"unreadable Hello: {exc}"))
+            raise
+        assert isinstance(hello, Hello)
+        reject = check_hello(hello, auth_token=self.config.auth_token,
+                             draining=self._drain_deadline is not None)
+        if reject is not None:
+            log.warning("rank %d refused handshake from %s (protocol %d.%d): %s",
+                        self.rank, hello.frontend_id, hello.major, hello.minor, reject.reason)
+            self._send(identity, reject)
+            return
+        old = self._peers.get(identity)
+        if old is not None:  # the same connection handshook again: its earlier session is over
+            self.backend.abort(self._peers.leave(old))
+        self._peers.join(identity, hello.frontend_id, now)
+        info = self.backend.info
+        log.info("rank %d accepted frontend %s (protocol %d.%d, fingerprint %s; engine %d.%d)",
+                 self.rank, hello.frontend_id, hello.major, hello.minor, hello.schema_fingerprint,
+                 MAJOR, MINOR)
+        self._send(identity, Ready(
+            self.rank, info.model, info.max_model_len, info.block_size, info.num_kv_blocks,
+            info.name, info.version, self.epoch, self.config.first_pub_port, MAJOR, MINOR,
+        ))
+
+    def _on_message(self, peer: Peer, msg: Message) -> None:
+        if isinstance(msg, GenerateRequest):
+            self._on_generate(peer, msg)
+        elif isinstance(msg, Abort):
+            self._on_abort(peer, msg)
+        elif isinstance(msg, Heartbeat):
+            pass  # last_seen is already updated
+        elif isinstance(msg, UtilityCall):
+            self._send(peer.identity, self._on_utility(msg))
+        else:
+            log.warning("rank %d: unexpected %s from %s", self.rank, type(msg).__name__,
+                        peer.frontend_id)
+
+    def _on_generate(self, peer: Peer, req: GenerateRequest) -> None:
+        internal = self._peers.internal_id(peer, req.request_id)
+        error: str | None
+        if self._drain_deadline is not None:
+            error = f"engine rank {self.rank} is draining (shutting down); send it to another rank"
+        elif self._peers.owner(internal) is not None:
+            error = f"request_id {req.request_id!r} is already in flight on this engine"
+        else:
+            error = validation.problem(req, vocab_size=self._vocab_size,
+                                       max_model_len=self.backend.info.max_model_len)
+        if error is None:
+            try:
+                self.backend.add(internal, req)
+            except RequestRejected as exc:
+                error = str(exc)
+        if error is None:
+            self._peers.own(peer, internal, req.request_id)
+        else:
+            self._send_outputs(peer, [RequestOutput(req.request_id, [], "error", error=error)])
+
+    def _on_abort(self, peer: Peer, msg: Abort) -> None:
+        internal = [self._peers.internal_id(peer, rid) for rid in msg.request_ids]
+        known = [i for i in internal if self._peers.owner(i) is not None]
+        if known:
+            self.backend.abort(known)
+            # The backend emits nothing for aborted requests; the finish comes from here.
+            outs = []
+            for i in known:
+                _, request_id = self._peers.release(i)  # type: ignore[misc]
+                outs.append(RequestOutput(request_id, [], "abort"))
+            self._send_outputs(peer, outs)
+
+    def _on_utility(self, call: UtilityCall) -> UtilityResult:
+        try:
+            utility.check(call.name, call.args)
+            if call.name == "pause":
+                self._paused = True
+                return UtilityResult(call.call_id, True, True)
+            if call.name == "resume":
+                self._paused = False
+                return UtilityResult(call.call_id, True, True)
+            if call.name == "stats":
+                return UtilityResult(call.call_id, True, self._stats_dict())
+            return UtilityResult(call.call_id, True, self.backend.utility(call.name, call.args))
+        except Exception as exc:  # an error result, never a crash of the engine
+            log.warning("rank %d utility %s failed: %s", self.rank, call.name, exc)
+            return UtilityResult(call.call_id, False, None, f"{type(exc).__name__}: {exc}")
+
+    # ---- liveness ------------------------------------------------------------------------------
+
+    def _heartbeat(self, now: float) -> None:
+        load = self.backend.load()
+        self._stats_seq += 1
+        stats = Stats(
+            self.rank, self._stats_seq, time.time(), load.running, load.waiting, load.kv_usage,
+            self.backend.info.num_kv_blocks, load.prefix_cache_queries, load.prefix_cache_hits,
+            self._drain_deadline is not None, self.epoch,
+        )
+        self._broadcast(stats)
+        self.bridge.publish([encode(stats)])
+
+    def _reap_silent(self, now: float) -> None:
+        for peer in self._peers.silent_since(now - self.config.client_timeout_s):
+            orphans = self._peers.leave(peer)
+            log.warning("rank %d: frontend %s silent for %.1fs; aborting its %d request(s)",
+                        self.rank, peer.frontend_id, now - peer.last_seen, len(orphans))
+            if orphans:
+                self.backend.abort(orphans)
+            # If it is only slow, not gone, this tells it to handshake again.
+            self._send(peer.identity, Reject(RejectCode.EXPIRED.value, (
+                f"no message for {now - peer.last_seen:.1f}s (deadline {self.config.client_timeout_s}s): "
+                f"{len(orphans)} request(s) aborted; send Hello to start a new session")))
+
+    def _stats_dict(self) -> dict[str, Any]:
+        load = self.backend.load()
+        info = self.backend.info
+        return {
+            "rank": self.rank, "backend": info.name, "model": info.model, "epoch": self.epoch,
+            "running": load.running, "waiting": load.waiting, "kv_usage": load.kv_usage,
+            "prefix_cache_queries": load.prefix_cache_queries,
+            "prefix_cache_hits": load.prefix_cache_hits, "peers": len(self._peers),
+            "in_flight": self._peers.in_flight(), "paused": self._paused, "steps": self._step,
+        }
+
+    # ---- output --------------------------------------------------------------------------------
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        """The one pass over a step's outputs: map ids back, release finished, group per peer."""
+        self._step += 1
+        per_peer: dict[bytes, list[RequestOutput]] = {}
+        owner, release = self._peers.owner, self._peers.release
+        for out in outputs:
+            entry = release(out.request_id) if out.finish_reason is not None else owner(out.request_id)
+            if entry is None:
+                continue  # aborted or orphaned while the step ran
+            peer, out.request_id = entry
+            batch = per_peer.get(peer.identity)
+            if batch is None:
+                per_peer[peer.identity] = [out]
+            else:
+                batch.append(out)
+        if per_peer:
+            now = time.time()
+            self.bridge.send([
+                (identity, encode(Outputs(self.rank, self._step, batch, now)))
+                for identity, batch in per_peer.items()
+            ])
+
+    def _send_outputs(self, peer: Peer, outs: list[RequestOutput]) -> None:
+        self._send(peer.identity, Outputs(self.rank, self._step, outs, time.time()))
+
+    def _fail(self, internal_ids: list[str], reason: str) -> None:
+        for internal in internal_ids:
+            entry = self._peers.release(internal)
+            if entry is not None:
+                self._send_outputs(entry[0], [RequestOutput(entry[1], [], "error", error=reason)])
+
+    def _send(self, identity: bytes, msg: Message) -> None:
+        self.bridge.send([(identity, encode(msg))])
+
+    def _broadcast(self, msg: Message) -> None:
+        frames = encode(msg)
+        self.bridge.send([(peer.identity, frames) for peer in self._peers])
+
+    def _publish_kv(self, events: list[KVEvent]) -> None:
+        block_size = self.backend.info.block_size
+        out = []
+        for ev in events:
+            self._kv_seq += 1
+            if isinstance(ev, Stored):
+                msg: Message = BlockStored(self.rank, self._kv_seq, ev.block_hashes,
+                                           ev.parent_block_hash, block_size, ev.token_ids, ev.lora)
+            elif isinstance(ev, Removed):
+                msg = BlockRemoved(self.rank, self._kv_seq, ev.block_hashes)
+            else:
+                assert isinstance(ev, Cleared)
+                msg = AllCleared(self.rank, self._kv_seq)
+            out.append(encode(msg))
+        self.bridge.publish(out)

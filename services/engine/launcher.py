@@ -1,0 +1,84 @@
+"""Runs engine ranks: one rank in this process, or one spawned process per local rank, supervised."""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import signal
+import sys
+import time
+
+import zmq
+
+from services.engine.config import EngineConfig
+
+log = logging.getLogger("engine")
+
+
+def run_rank(config: EngineConfig) -> int:
+    """One rank in this process: backend, sockets, core loop. SIGTERM/SIGINT drain it."""
+    from services.engine.bridge import Bridge
+    from services.engine.core import CoreLoop
+    from services.engine.wiring import build_backend
+
+    started = time.monotonic()
+    try:
+        backend, vocab_size = build_backend(config)
+    except ValueError as exc:  # bad flags or checkpoint: say so plainly, no traceback
+        log.error("rank %d cannot start: %s", config.rank, exc)
+        return 2
+    ctx = zmq.Context()
+    bridge = Bridge(ctx, f"tcp://{config.host}:{config.port}",
+                    f"tcp://{config.host}:{config.first_pub_port}")
+    core = CoreLoop(config, backend, bridge, vocab_size=vocab_size)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: core.request_drain())
+    info = backend.info
+    log.info("rank %d ready in %.1fs: backend=%s model=%s max_model_len=%d kv_blocks=%d "
+             "router=tcp://%s:%d pub=tcp://%s:%d epoch=%s", config.rank, time.monotonic() - started,
+             info.name, info.model, info.max_model_len, info.num_kv_blocks, config.host, config.port,
+             config.host, config.first_pub_port, core.epoch)
+    code = core.run()
+    bridge.close()
+    ctx.term()
+    return code
+
+
+def _rank_process(config: EngineConfig) -> None:
+    setup_logging()
+    sys.exit(run_rank(config))
+
+
+def supervise(config: EngineConfig) -> int:
+    """One process per local rank; a signal is passed on, and if one rank exits the rest are stopped
+    so the deployment's supervisor restarts the whole unit rather than serving half of it silently."""
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_rank_process, args=(config.for_local_rank(i),),
+                         name=f"engine-rank-{config.data_parallel_start_rank + i}")
+             for i in range(config.data_parallel_size_local)]
+    stopping = False
+
+    def stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+        for p in procs:
+            if p.is_alive() and p.pid is not None:
+                p.terminate()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    for p in procs:
+        p.start()
+    code = 0
+    while any(p.is_alive() for p in procs):
+        for p in procs:
+            p.join(timeout=0.2)
+            if not p.is_alive() and p.exitcode not in (0, None) and not stopping:
+                log.error("%s exited with %s; stopping the other ranks", p.name, p.exitcode)
+                code = p.exitcode or 1
+                stop()
+    return code or max((p.exitcode or 0) for p in procs)
+
+
+
+def setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -1,0 +1,40 @@
+"""Checks on a GenerateRequest that hold for every backend, so bad input gets a per-request error
+instead of reaching the model (an out-of-vocab id would crash a real forward pass)."""
+from __future__ import annotations
+
+from protocol import GenerateRequest
+
+
+def problem(req: GenerateRequest, *, vocab_size: int, max_model_len: int) -> str | None:
+    """A message naming the field and the allowed range, or None if the request is acceptable."""
+    ids = req.prompt_token_ids
+    if not ids:
+        return "prompt_token_ids is empty: at least one token is required"
+    if len(ids) >= max_model_len:
+        return (f"prompt_token_ids has {len(ids)} tokens; this engine's max_model_len is "
+                f"{max_model_len}, so at most {max_model_len - 1} fit with one generated token")
+    if min(ids) < 0 or max(ids) >= vocab_size:
+        bad = next(i for i in ids if i < 0 or i >= vocab_size)
+        return f"prompt_token_ids contains {bad}: token ids must be in [0, {vocab_size})"
+    s = req.sampling
+    if s.max_tokens < 1:
+        return f"sampling.max_tokens={s.max_tokens}: must be >= 1"
+    if not 0 <= s.min_tokens <= s.max_tokens:
+        return f"sampling.min_tokens={s.min_tokens}: must be in [0, max_tokens={s.max_tokens}]"
+    if s.temperature < 0:
+        return f"sampling.temperature={s.temperature}: must be >= 0"
+    if not 0 < s.top_p <= 1:
+        return f"sampling.top_p={s.top_p}: must be in (0, 1]"
+    if s.top_k < -1:
+        return f"sampling.top_k={s.top_k}: must be -1 or 0 (off) or a positive count"
+    if not 0 <= s.min_p <= 1:
+        return f"sampling.min_p={s.min_p}: must be in [0, 1]"
+    if s.logprobs is not None and not 0 <= s.logprobs <= 20:
+        return f"sampling.logprobs={s.logprobs}: must be in [0, 20]"
+    if s.repetition_penalty <= 0:
+        return f"sampling.repetition_penalty={s.repetition_penalty}: must be > 0"
+    if not -2 <= s.presence_penalty <= 2 or not -2 <= s.frequency_penalty <= 2:
+        return "sampling.presence_penalty and frequency_penalty must be in [-2, 2]"
+    if any(t < 0 or t >= vocab_size for t in s.stop_token_ids):
+        return f"sampling.stop_token_ids: token ids must be in [0, {vocab_size})"
+    return None

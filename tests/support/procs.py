@@ -1,0 +1,99 @@
+"""Start real engine processes for tests, with free loopback ports and logs kept for failures."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def free_port_block(n: int = 1, *, spread: int = 100) -> int:
+    """A base port P such that P..P+n-1 and P+spread..P+spread+n-1 look free on 127.0.0.1."""
+    for _ in range(200):
+        with closing(socket.socket()) as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + spread + n >= 65535:
+            continue
+        ports = [base + i for i in range(n)] + [base + spread + i for i in range(n)]
+        if all(_is_free(p) for p in ports):
+            return base
+    raise RuntimeError("no free port block found")
+
+
+def _is_free(port: int) -> bool:
+    with closing(socket.socket()) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+@dataclass
+class EngineProc:
+    proc: subprocess.Popen[bytes]
+    port: int
+    pub_port: int
+    log_path: Path
+
+    def endpoint(self, rank_offset: int = 0) -> str:
+        return f"tcp://127.0.0.1:{self.port + rank_offset}"
+
+    def pub_endpoint(self, rank_offset: int = 0) -> str:
+        return f"tcp://127.0.0.1:{self.pub_port + rank_offset}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_log(self, text: str, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while text not in self.log():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"engine exited ({self.proc.returncode}) before logging {text!r}:\n{self.log()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"engine did not log {text!r} within {timeout_s}s:\n{self.log()}")
+            time.sleep(0.05)
+
+    def wait_ready(self, ranks: int = 1, timeout_s: float = 120.0) -> None:
+        """Until every rank logged that it serves; fails at once if the process exits."""
+        deadline = time.monotonic() + timeout_s
+        while self.log().count(" ready in ") < ranks:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"engine exited ({self.proc.returncode}) before it was ready:\n{self.log()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"engine not ready within {timeout_s}s:\n{self.log()}")
+            time.sleep(0.05)
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def start_engine(tmp_path: Path, *args: str, ranks: int = 1, env: dict[str, str] | None = None,
+                 wait: bool = True) -> EngineProc:
+    port = free_port_block(ranks)
+    log_path = tmp_path / f"engine-{port}.log"
+    cmd = [sys.executable, "-m", "services.engine", "--headless", "--host", "127.0.0.1",
+           "--port", str(port), "--data-parallel-size-local", str(ranks), *args]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    engine = EngineProc(proc, port, port + 100, log_path)
+    if wait:
+        try:
+            engine.wait_ready(ranks)
+        except BaseException:
+            engine.stop()
+            raise
+    return engine
