@@ -3,34 +3,18 @@ enough (many distinct ids, non-ASCII text) to exercise detokenization."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-import checkpoints
+
 
 # vllm's import trips torch's `reduce_op` FutureWarning, which the project's
 # warnings-as-errors setting would turn into a test error.
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
 MAX_TOKENS = 64
-# 512 bytes of KV per token (2 layers x K,V x 2 heads x 32 dims x bf16): 4 MiB
-# holds 8192 tokens, far more than max_model_len.
-KV_CACHE_BYTES = 4 * 2**20
-
-
-@pytest.fixture(scope="module")
-def llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    vllm = pytest.importorskip("vllm")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("FLEET_CACHE_DIR", str(tmp_path_factory.mktemp("fleet-cache")))
-        path = checkpoints.resolve("tiny", weights=True)
-    engine = vllm.LLM(model=str(path), max_model_len=512, kv_cache_memory_bytes=KV_CACHE_BYTES,
-                      enforce_eager=True, dtype="bfloat16", seed=0)
-    yield engine
-    del engine
 
 
 def _greedy(llm: Any, prompts: list[list[int]]) -> list[Any]:

@@ -1,0 +1,106 @@
+"""Our engine with the real vLLM backend on CPU and the tiny model, over tcp loopback: token parity
+with vLLM's own offline LLM.generate, abort, prefix-cache reporting with KV events, two ranks."""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from protocol import BlockStored, Outputs, Ready, decode
+from protocol.block_hash import block_hashes
+from tests.support.engine_client import EngineClient
+from tests.support.procs import EngineProc, start_engine
+
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
+
+PROMPTS = [
+    [151644, 872, 198, 9707, 11, 879, 525, 498, 30, 151645, 198, 151644, 77091, 198],
+    [785, 6722, 315, 9625, 374],
+    list(range(2000, 2300)),  # 300 tokens: two full blocks of 128 on CPU
+]
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProc]:
+    """Two vLLM ranks from one command (each rank its own process, as on a GPU node)."""
+    pytest.importorskip("vllm")
+    proc = start_engine(tmp_path_factory.mktemp("vllm-engine"), "--model", "tiny", "--backend", "vllm",
+                        "--max-model-len", "1024", "--kv-cache-bytes", str(16 * 2**20), ranks=2)
+    yield proc
+    assert proc.stop() == 0, proc.log()
+
+
+@pytest.fixture
+def client(engine: EngineProc) -> Iterator[EngineClient]:
+    c = EngineClient(engine.endpoint(0))
+    ready = c.handshake(timeout_s=60)
+    assert isinstance(ready, Ready) and ready.backend == "vllm", ready
+    yield c
+    c.close()
+
+
+def test_two_ranks_start_from_one_command(engine: EngineProc) -> None:
+    for rank in (0, 1):
+        c = EngineClient(engine.endpoint(rank))
+        try:
+            ready = c.handshake(timeout_s=60)
+            assert isinstance(ready, Ready) and ready.rank == rank and ready.backend == "vllm"
+            assert ready.max_model_len == 1024 and ready.num_kv_blocks > 0
+            c.generate("hi", PROMPTS[1], max_tokens=4, temperature=0.0)
+            assert c.collect(["hi"], 120)["hi"].finish_reason == "length"
+        finally:
+            c.close()
+
+
+def test_greedy_tokens_equal_vllm_offline_generate(client: EngineClient, llm: Any) -> None:
+    from vllm import SamplingParams
+
+    for i, prompt in enumerate(PROMPTS):
+        client.generate(f"p{i}", prompt, max_tokens=32, temperature=0.0)
+    ours = client.collect([f"p{i}" for i in range(len(PROMPTS))], 120)
+    reference = llm.generate([{"prompt_token_ids": p} for p in PROMPTS],
+                             SamplingParams(temperature=0, max_tokens=32), use_tqdm=False)
+    for i, ref in enumerate(reference):
+        assert ours[f"p{i}"].token_ids == list(ref.outputs[0].token_ids), f"prompt {i} diverged"
+        assert ours[f"p{i}"].finish_reason == "length"
+
+
+def test_abort_stops_a_request(client: EngineClient) -> None:
+    client.generate("long", PROMPTS[0], max_tokens=900, temperature=0.0)
+    first = client.recv(120)
+    assert isinstance(first, Outputs) and first.outputs[0].request_id == "long"
+    client.abort("long")
+    result = client.collect(["long"], 60)["long"]
+    assert result.finish_reason == "abort"
+    assert len(result.token_ids) + len(first.outputs[0].new_token_ids) < 900
+    stats = client.utility("stats", 30)
+    assert stats.ok and stats.result["running"] == 0 and stats.result["in_flight"] == 0
+
+
+def test_prefix_cache_hit_reported_with_protocol_block_hashes(client: EngineClient, engine: EngineProc) -> None:
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.connect(engine.pub_endpoint(0))
+    try:
+        time.sleep(0.3)  # let the subscription reach the publisher
+        prompt = list(range(5000, 5300))
+        client.generate("c1", prompt, max_tokens=2, temperature=0.0)
+        assert client.collect(["c1"], 120)["c1"].num_cached_tokens == 0
+        client.generate("c2", prompt, max_tokens=2, temperature=0.0)
+        assert client.collect(["c2"], 120)["c2"].num_cached_tokens == 256
+        expected = block_hashes(prompt, 128)
+        stored: list[int] = []
+        deadline = time.monotonic() + 10
+        while not set(expected) <= set(stored) and time.monotonic() < deadline:
+            if sub.poll(100):
+                msg = decode(sub.recv_multipart())
+                if isinstance(msg, BlockStored):
+                    stored += msg.block_hashes
+        assert set(expected) <= set(stored), "KV events did not carry protocol.block_hash values"
+    finally:
+        sub.close()
