@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+import pytest
+
+from services.engine.config import EngineConfig, parse_args
+
+
+def test_cli_flags_map_to_config() -> None:
+    c = parse_args(["--headless", "--model", "tiny", "--backend", "sim", "--port", "7000",
+                    "--data-parallel-size-local", "2", "--data-parallel-start-rank", "4",
+                    "--max-model-len", "512", "--kv-cache-bytes", "1048576", "--sim-instant"])
+    assert (c.model, c.backend, c.port, c.data_parallel_size_local, c.rank) == ("tiny", "sim", 7000, 2, 4)
+    assert (c.max_model_len, c.kv_cache_bytes, c.sim_instant, c.first_pub_port) == (512, 1048576, True, 7100)
+
+
+def test_each_local_rank_gets_its_ports_and_global_rank() -> None:
+    c = EngineConfig(model="tiny", backend="sim", port=7000, data_parallel_size_local=3,
+                     data_parallel_start_rank=2)
+    r = c.for_local_rank(2)
+    assert (r.port, r.first_pub_port, r.rank, r.data_parallel_size_local) == (7002, 7102, 4, 1)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--port", "0"], "--port=0 is invalid: allowed 1..65535"),
+        (["--data-parallel-size-local", "0"], "--data-parallel-size-local=0 is invalid"),
+        (["--block-size", "7"], "--block-size=7 is invalid: allowed 8, 16, 32, 64 or 128"),
+        (["--client-timeout", "0.05"], "--client-timeout=0.05 is invalid"),
+        (["--backend", "tpu"], "invalid choice: 'tpu'"),
+    ],
+)
+def test_bad_flags_exit_with_a_message_naming_the_flag(argv: list[str], message: str,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--model", "tiny", *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

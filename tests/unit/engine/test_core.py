@@ -1,0 +1,183 @@
+"""The core loop against fakes at its two ports (bridge and backend): fatal errors, abort finish,
+request-id isolation between peers, drain. Real sockets are covered by tests/integration."""
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any
+
+import pytest
+
+from protocol import (
+    Abort,
+    EngineDead,
+    GenerateRequest,
+    Outputs,
+    Ready,
+    RequestOutput,
+    SamplingParams,
+    UtilityCall,
+    UtilityResult,
+    decode,
+    encode,
+    make_hello,
+)
+from services.engine.backend import BackendInfo, Load, StepResult
+from services.engine.config import EngineConfig
+from services.engine.core import CoreLoop
+
+
+class FakeBridge:
+    def __init__(self) -> None:
+        self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.sent: list[tuple[bytes, Any]] = []
+        self.published: list[Any] = []
+
+    def push(self, identity: bytes, msg: Any) -> None:
+        self.inbox.put((identity, [_Frame(f) for f in encode(msg)]))
+
+    def send(self, batch: list[tuple[bytes, Any]]) -> None:
+        self.sent += [(identity, decode(frames)) for identity, frames in batch]
+
+    def publish(self, batch: list[Any]) -> None:
+        self.published += [decode(f) for f in batch]
+
+    def to(self, identity: bytes, kind: type) -> list[Any]:
+        return [m for i, m in self.sent if i == identity and isinstance(m, kind)]
+
+
+class _Frame:
+    def __init__(self, data: bytes) -> None:
+        self.buffer = memoryview(data)
+
+
+class EchoBackend:
+    """Emits one token per running request per step; finishes at max_tokens; can be made to fail."""
+
+    info = BackendInfo("fake", "0", "m", 64, 16, 8, 100, None)
+
+    def __init__(self) -> None:
+        self.running: dict[str, list[int]] = {}
+        self.fail_with: Exception | None = None
+        self.aborted: list[str] = []
+        self.shut = False
+
+    def add(self, rid: str, req: GenerateRequest) -> None:
+        self.running[rid] = [0, req.sampling.max_tokens]
+
+    def abort(self, ids: list[str]) -> None:
+        self.aborted += ids
+        for i in ids:
+            self.running.pop(i, None)
+
+    def has_work(self) -> bool:
+        return bool(self.running) or self.fail_with is not None
+
+    def step(self) -> StepResult:
+        if self.fail_with is not None:
+            raise self.fail_with
+        outs = []
+        for rid, state in list(self.running.items()):
+            state[0] += 1
+            done = state[0] >= state[1]
+            outs.append(RequestOutput(rid, [state[0]], "length" if done else None))
+            if done:
+                del self.running[rid]
+        return StepResult(outs)
+
+    def load(self) -> Load:
+        return Load(len(self.running), 0, 0.0)
+
+    def utility(self, name: str, args: dict[str, Any]) -> Any:
+        raise ValueError("nope")
+
+    def shutdown(self) -> None:
+        self.shut = True
+
+
+def _req(rid: str, max_tokens: int = 3) -> GenerateRequest:
+    return GenerateRequest(rid, [1, 2, 3], SamplingParams(max_tokens=max_tokens), 0.0)
+
+
+def _run(core: CoreLoop) -> tuple[threading.Thread, list[int]]:
+    code: list[int] = []
+    t = threading.Thread(target=lambda: code.append(core.run()), daemon=True)
+    t.start()
+    return t, code
+
+
+@pytest.fixture
+def parts() -> tuple[FakeBridge, EchoBackend, CoreLoop]:
+    bridge, backend = FakeBridge(), EchoBackend()
+    config = EngineConfig(model="m", backend="sim", heartbeat_interval_s=0.01, client_timeout_s=30,
+                          drain_timeout_s=5)
+    return bridge, backend, CoreLoop(config, backend, bridge, vocab_size=100)  # type: ignore[arg-type]
+
+
+def _wait(pred, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    done = threading.Event()
+    for _ in range(int(timeout / 0.01)):
+        if pred():
+            return
+        done.wait(0.01)
+    raise AssertionError("condition not met in time")
+
+
+def test_fatal_backend_error_sends_engine_dead_and_exits_1(parts) -> None:  # type: ignore[no-untyped-def]
+    bridge, backend, core = parts
+    bridge.push(b"a", make_hello("fe-a"))
+    bridge.push(b"b", make_hello("fe-b"))
+    thread, code = _run(core)
+    _wait(lambda: len(bridge.to(b"b", Ready)) == 1)
+    backend.fail_with = RuntimeError("CUDA error: device lost")
+    thread.join(5)
+    assert code == [1] and backend.shut
+    for peer in (b"a", b"b"):
+        dead = bridge.to(peer, EngineDead)
+        assert len(dead) == 1 and "CUDA error: device lost" in dead[0].reason
+
+
+def test_same_request_id_from_two_peers_and_abort_finish(parts) -> None:  # type: ignore[no-untyped-def]
+    bridge, backend, core = parts
+    for peer in (b"a", b"b"):
+        bridge.push(peer, make_hello(peer.decode()))
+    bridge.push(b"a", _req("r", 1000))
+    bridge.push(b"b", _req("r", 2))
+    thread, _ = _run(core)
+    _wait(lambda: any(o.finish_reason for m in bridge.to(b"b", Outputs) for o in m.outputs))
+    bridge.push(b"a", Abort(["r"]))
+    _wait(lambda: any(o.finish_reason == "abort" for m in bridge.to(b"a", Outputs) for o in m.outputs))
+    b_tokens = [t for m in bridge.to(b"b", Outputs) for o in m.outputs for t in o.new_token_ids]
+    assert b_tokens == [1, 2]  # b's request was never touched by a's abort
+    assert backend.aborted == ["1:r"]
+    core.request_drain()
+    thread.join(5)
+
+
+def test_utility_error_is_a_result_not_a_crash(parts) -> None:  # type: ignore[no-untyped-def]
+    bridge, _, core = parts
+    bridge.push(b"a", make_hello("fe-a"))
+    bridge.push(b"a", UtilityCall(1, "reset_prefix_cache", {}))
+    bridge.push(b"a", UtilityCall(2, "pause", {}))
+    thread, _ = _run(core)
+    _wait(lambda: len(bridge.to(b"a", UtilityResult)) == 2)
+    first, second = bridge.to(b"a", UtilityResult)
+    assert (first.ok, first.error) == (False, "ValueError: nope") and second.ok
+    core.request_drain()
+    thread.join(5)
+
+
+def test_drain_deadline_fails_leftovers_then_exits_0(parts) -> None:  # type: ignore[no-untyped-def]
+    bridge, backend, core = parts
+    object.__setattr__(core.config, "drain_timeout_s", 0.05)
+    bridge.push(b"a", make_hello("fe-a"))
+    bridge.push(b"a", UtilityCall(1, "pause", {}))  # paused: the request can never finish
+    bridge.push(b"a", _req("stuck"))
+    thread, code = _run(core)
+    _wait(lambda: len(bridge.to(b"a", UtilityResult)) == 1)
+    core.request_drain()
+    thread.join(5)
+    assert code == [0]
+    errors = [o for m in bridge.to(b"a", Outputs) for o in m.outputs if o.finish_reason == "error"]
+    assert len(errors) == 1 and "drain deadline" in (errors[0].error or "")
+    assert "drained" in bridge.to(b"a", EngineDead)[0].reason
