@@ -15,7 +15,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def eos_token_id(checkpoint: Path) -> int | None:
+def eos_token_id(checkpoint: Path, tokenizer: Any = None) -> int | None:
     """The tokenizer's EOS id (what vLLM's input processor uses), else the model config's."""
     from tokenizers import Tokenizer
 
@@ -23,7 +23,8 @@ def eos_token_id(checkpoint: Path) -> int | None:
     if isinstance(eos, dict):
         eos = eos.get("content")
     if isinstance(eos, str):
-        token_id = Tokenizer.from_file(str(checkpoint / "tokenizer.json")).token_to_id(eos)
+        tokenizer = tokenizer or Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
+        token_id = tokenizer.token_to_id(eos)
         if token_id is not None:
             return int(token_id)
     fallback = _read_json(checkpoint / "config.json").get("eos_token_id")
@@ -71,8 +72,10 @@ def _build_sim(config: EngineConfig, path: Path, model_config: dict[str, Any]) -
         seed=config.seed,
     )
     # Generated ids come from the regular vocabulary: special tokens would end or garble streams.
-    regular = Tokenizer.from_file(str(path / "tokenizer.json")).get_vocab_size(with_added_tokens=False)
-    return SimBackend(sim, model=config.model, vocab_size=regular, eos_token_id=eos_token_id(path))
+    tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    regular = tokenizer.get_vocab_size(with_added_tokens=False)
+    return SimBackend(sim, model=config.model, vocab_size=regular,
+                      eos_token_id=eos_token_id(path, tokenizer))
 
 
 def kv_bytes_per_block(model_config: dict[str, Any], block_size: int) -> int:
