@@ -26,7 +26,7 @@ test: $(STAMP)
 
 # Until the frontend lands: two headless engine ranks (vllm backend on CPU, tiny model), Ctrl-C stops them.
 up: $(STAMP)
-	$(VENV)/bin/engine --headless --model tiny --backend vllm --port 5555 --data-parallel-size-local 2
+	$(VENV)/bin/engine --headless --model tiny --backend vllm --host 127.0.0.1 --port 5555 --data-parallel-size-local 2
 
 bench: $(STAMP)
 	$(PY) bench/protocol_codec.py
