@@ -34,6 +34,7 @@ class EngineConfig:
     sim_instant: bool = False
     sim_eos_rate: float = 0.0
     sim_num_kv_blocks: int = 4096
+    sim_echo: bool = False
 
     def __post_init__(self) -> None:
         _require(self.backend in ("vllm", "sim"), "--backend", self.backend, "vllm or sim")
@@ -106,6 +107,7 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
     p.add_argument("--sim-instant", action="store_true")
     p.add_argument("--sim-eos-rate", type=float, default=0.0)
     p.add_argument("--sim-num-kv-blocks", type=int, default=4096)
+    p.add_argument("--sim-echo", action="store_true", help="sim generates its prompt's tokens again")
     ns = vars(p.parse_args(argv))
     ns.pop("headless")
     try:

@@ -70,6 +70,7 @@ def _build_sim(config: EngineConfig, path: Path, model_config: dict[str, Any]) -
         instant=config.sim_instant,
         eos_rate=config.sim_eos_rate,
         seed=config.seed,
+        echo=config.sim_echo,
     )
     # Generated ids come from the regular vocabulary: special tokens would end or garble streams.
     tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))

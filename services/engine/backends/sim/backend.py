@@ -60,6 +60,7 @@ class SimBackend:
         self._seed_key = config.seed.to_bytes(8, "little")
         self._pool = BlockPool(config.num_kv_blocks, config.block_size)
         self._scheduler = Scheduler(config, self._pool, self._sample)
+        self._echo = config.echo
         self._loras: set[str] = set()
         self._asleep = False
 
@@ -209,10 +210,13 @@ class SimBackend:
             token = self._eos
             finish = "stop"
         else:
-            token = int(rand() * self._vocab)
             stops = req.stop_ids
-            if token == self._eos or (stops is not None and not may_stop and token in stops):
-                token = self._substitute(token, None if may_stop else stops)
+            if self._echo:  # replay the prompt: scripted output for detokenization tests
+                token = tokens[(num_tokens - req.num_prompt) % req.num_prompt]
+            else:
+                token = int(rand() * self._vocab)
+                if token == self._eos or (stops is not None and not may_stop and token in stops):
+                    token = self._substitute(token, None if may_stop else stops)
             if stops is not None and may_stop and token in stops:
                 finish = "stop"
                 stop_reason = token

@@ -20,6 +20,7 @@ class SimConfig:
     instant: bool = False  # every step takes 0 s (frontend benchmarks)
     eos_rate: float = 0.0  # chance per generated token to be EOS
     seed: int = 0
+    echo: bool = False  # generate the prompt's tokens again, in order (scripted output)
 
     def __post_init__(self) -> None:
         _int_at_least("block_size", self.block_size, 1)

@@ -329,3 +329,9 @@ def test_sleep_and_wake_up() -> None:
 def test_other_utilities_unsupported(name: str) -> None:
     with pytest.raises(UtilityUnsupported, match=name):
         backend().utility(name, {})
+
+
+def test_echo_replays_the_prompt_in_order() -> None:
+    b = backend(echo=True)
+    out = run(b, req([5, 6, 7], rid="e", max_tokens=7))
+    assert out["e"]["tokens"] == [5, 6, 7, 5, 6, 7, 5]
