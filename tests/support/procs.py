@@ -82,8 +82,8 @@ class EngineProc:
 
 
 def start_engine(tmp_path: Path, *args: str, ranks: int = 1, env: dict[str, str] | None = None,
-                 wait: bool = True) -> EngineProc:
-    port = free_port_block(ranks)
+                 wait: bool = True, port: int | None = None) -> EngineProc:
+    port = port if port is not None else free_port_block(ranks)
     log_path = tmp_path / f"engine-{port}.log"
     cmd = [sys.executable, "-m", "services.engine", "--headless", "--host", "127.0.0.1",
            "--port", str(port), "--data-parallel-size-local", str(ranks), *args]
@@ -97,3 +97,63 @@ def start_engine(tmp_path: Path, *args: str, ranks: int = 1, env: dict[str, str]
             engine.stop()
             raise
     return engine
+
+
+@dataclass
+class FrontendProc:
+    proc: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout_s: float = 120.0, *, status: int = 200) -> dict:  # type: ignore[type-arg]
+        """Poll /ready until it answers `status` (fails at once if the process exits)."""
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        last: object = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"frontend exited ({self.proc.returncode}):\n{self.log()}")
+            try:
+                r = httpx.get(self.url + "/ready", timeout=2)
+                last = (r.status_code, r.text)
+                if r.status_code == status:
+                    return r.json()
+            except httpx.TransportError as exc:
+                last = exc
+            time.sleep(0.1)
+        raise TimeoutError(f"/ready never answered {status} (last: {last}):\n{self.log()}")
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def start_frontend(tmp_path: Path, *args: str, wait_status: int | None = 200) -> FrontendProc:
+    port = free_port_block(1, spread=0)
+    log_path = tmp_path / f"frontend-{port}.log"
+    cmd = [sys.executable, "-m", "services.frontend", "--model", "tiny", "--host", "127.0.0.1",
+           "--port", str(port), *args]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    fe = FrontendProc(proc, port, log_path)
+    if wait_status is not None:
+        try:
+            fe.wait_ready(status=wait_status)
+        except BaseException:
+            fe.stop()
+            raise
+    return fe

@@ -1,0 +1,1 @@
+"""OpenAI-compatible HTTP frontend over headless engines, with data-parallel placement."""

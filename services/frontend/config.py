@@ -1,0 +1,92 @@
+"""Frontend configuration: one frozen dataclass built from the command line (`frontend --help`)."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class FrontendConfig:
+    model: str
+    host: str = "0.0.0.0"
+    port: int = 8000
+    served_model_name: str | None = None  # the public model id; default: --model
+    data_parallel_size: int = 1  # engines that must be Ready before /ready says 200
+    data_parallel_size_local: int = 1  # engines this process starts itself (0: connect only)
+    engine_addresses: tuple[str, ...] = ()  # tcp://host:port of each engine rank, in rank order
+    backend: str = "vllm"  # for engines started here (managed mode)
+    engine_port: int = 5555  # first port for engines started here
+    engine_args: tuple[str, ...] = ()  # extra flags passed to engines started here
+    auth_token: str | None = None  # engine handshake token
+    handshake_timeout_s: float = 600.0  # how long start-up waits for all engines before it gives up
+    engine_timeout_s: float = 2.0  # an engine silent this long is dead
+    heartbeat_interval_s: float = 0.5
+    max_body_bytes: int = 4 * 2**20
+    max_concurrent_tokenizations: int = 2
+    long_prompt_chars: int = 2000  # longer prompts are rendered/tokenized off the event loop
+    api_server_count: int = 1
+    log_level: str = "info"
+    frontend_id: str = field(default="")
+
+    def __post_init__(self) -> None:
+        _require(0 < self.port < 65536, "--port", self.port, "1..65535")
+        _require(self.data_parallel_size >= 1, "--data-parallel-size", self.data_parallel_size, ">= 1")
+        _require(self.data_parallel_size_local >= 0, "--data-parallel-size-local",
+                 self.data_parallel_size_local, ">= 0")
+        _require(self.engine_timeout_s > self.heartbeat_interval_s / 5, "--engine-timeout",
+                 self.engine_timeout_s, "> 0.1 s (engines beat every 100 ms)")
+        _require(self.max_body_bytes >= 1024, "--max-body-bytes", self.max_body_bytes, ">= 1024")
+        _require(self.api_server_count == 1, "--api-server-count", self.api_server_count,
+                 "1 (more API server processes per frontend are not implemented yet)")
+        _require(self.backend in ("vllm", "sim"), "--backend", self.backend, "vllm or sim")
+        if self.data_parallel_size_local == 0:
+            _require(len(self.engine_addresses) == self.data_parallel_size, "--engine-addresses",
+                     ",".join(self.engine_addresses),
+                     f"exactly --data-parallel-size ({self.data_parallel_size}) tcp:// addresses")
+        for address in self.engine_addresses:
+            _require(address.startswith("tcp://") and address.rsplit(":", 1)[-1].isdigit(),
+                     "--engine-addresses", address, "tcp://HOST:PORT")
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model
+
+
+def _require(ok: bool, flag: str, value: object, allowed: str) -> None:
+    if not ok:
+        raise ValueError(f"{flag}={value!r} is invalid: allowed {allowed}")
+
+
+def parse_args(argv: list[str] | None = None) -> FrontendConfig:
+    p = argparse.ArgumentParser(prog="frontend", description="OpenAI-compatible HTTP server over "
+                                "headless engines (engine protocol over ZMQ).")
+    p.add_argument("--model", required=True, help="'tiny' or a local checkpoint directory")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--data-parallel-size", type=int, default=None,
+                   help="engines to wait for (default: --data-parallel-size-local, or the number of "
+                        "--engine-addresses)")
+    p.add_argument("--data-parallel-size-local", type=int, default=1,
+                   help="engines to start here; 0 = connect to --engine-addresses only")
+    p.add_argument("--engine-addresses", default="", help="comma-separated tcp://HOST:PORT, rank order")
+    p.add_argument("--backend", choices=("vllm", "sim"), default="vllm", help="for engines started here")
+    p.add_argument("--engine-port", type=int, default=5555, help="first port for engines started here")
+    p.add_argument("--engine-arg", action="append", default=[], dest="engine_args",
+                   help="extra flag for engines started here (repeatable), e.g. --engine-arg=--sim-instant")
+    p.add_argument("--auth-token", default=None)
+    p.add_argument("--handshake-timeout", type=float, default=600.0, dest="handshake_timeout_s")
+    p.add_argument("--engine-timeout", type=float, default=2.0, dest="engine_timeout_s")
+    p.add_argument("--max-body-bytes", type=int, default=4 * 2**20)
+    p.add_argument("--api-server-count", type=int, default=1)
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    ns = vars(p.parse_args(argv))
+    addresses = tuple(a.strip() for a in ns.pop("engine_addresses").split(",") if a.strip())
+    local = ns["data_parallel_size_local"]
+    if ns["data_parallel_size"] is None:
+        ns["data_parallel_size"] = local if local > 0 else max(1, len(addresses))
+    try:
+        return FrontendConfig(engine_addresses=addresses, engine_args=tuple(ns.pop("engine_args")), **ns)
+    except ValueError as exc:
+        p.error(str(exc))
+        raise

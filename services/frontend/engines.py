@@ -1,0 +1,292 @@
+"""The frontend's view of its engine ranks: handshakes, heartbeats and deadlines, latest Stats,
+KV indexes, and the one pass that dispatches each step's outputs to their streams.
+
+Runs on the event loop; sockets live in the bridge thread.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from protocol import (
+    AllCleared,
+    Abort,
+    BlockRemoved,
+    BlockStored,
+    EngineDead,
+    GenerateRequest,
+    Heartbeat,
+    Outputs,
+    ProtocolError,
+    Ready,
+    Reject,
+    Stats,
+    UtilityCall,
+    UtilityResult,
+    decode,
+    encode,
+    make_hello,
+)
+from protocol.handshake import RejectCode
+from services.frontend.bridge import DEALER, SEND_FAILED, Bridge, Inbound
+from services.frontend.kv_index import KVIndex
+from services.frontend.stream import Stream
+
+log = logging.getLogger(__name__)
+
+HELLO_RETRY_S = 0.5
+TICK_S = 0.05
+
+
+@dataclass(slots=True, eq=False)
+class Engine:
+    index: int
+    address: str
+    rank: int
+    state: str = "connecting"  # connecting | ready | dead | rejected
+    reason: str = "no handshake yet"
+    ready: Ready | None = None
+    epoch: str = ""
+    last_seen: float = 0.0
+    hello_sent: float = 0.0
+    last_beat: float = 0.0
+    beat_seq: int = 0
+    stats: Stats | None = None
+    sent_since_stats: int = 0
+    pending_prefill: int = 0  # prompt tokens of our requests that have no output yet
+    inflight: dict[str, Stream] = field(default_factory=dict)
+    kv: KVIndex = field(default_factory=lambda: KVIndex(-1))
+
+    @property
+    def accepting(self) -> bool:
+        return self.state == "ready" and not (self.stats is not None and self.stats.draining)
+
+    @property
+    def block_size(self) -> int:
+        return self.ready.block_size if self.ready else 16
+
+    @property
+    def max_model_len(self) -> int:
+        return self.ready.max_model_len if self.ready else 0
+
+
+class EngineSet:
+    def __init__(self, addresses: list[str], *, frontend_id: str, engine_timeout_s: float,
+                 heartbeat_interval_s: float, auth_token: str | None = None) -> None:
+        self.engines = [Engine(i, a, rank=i) for i, a in enumerate(addresses)]
+        for e in self.engines:
+            e.kv.rank = e.rank
+        self._frontend_id = frontend_id
+        self._timeout = engine_timeout_s
+        self._beat_interval = heartbeat_interval_s
+        self._auth_token = auth_token
+        self._bridge: Bridge | None = None
+        self._ticker: asyncio.Task[None] | None = None
+        self._calls: dict[int, asyncio.Future[UtilityResult]] = {}
+        self._next_call = 0
+        self.changed = asyncio.Event()  # set whenever an engine's state changes
+
+    # ---- lifecycle ----
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._bridge = Bridge(loop, self._on_batch, self._frontend_id)
+        for e in self.engines:
+            self._bridge.connect(e.index, e.address)
+        self._ticker = loop.create_task(self._tick())
+
+    async def close(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+        for e in self.engines:
+            self._fail_all(e, "frontend shutting down")
+        if self._bridge is not None:
+            await asyncio.to_thread(self._bridge.close)
+
+    def all_ready(self) -> bool:
+        return all(e.state == "ready" for e in self.engines)
+
+    def not_ready(self) -> dict[int, str]:
+        return {e.rank: f"{e.state}: {e.reason}" for e in self.engines if e.state != "ready"}
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self.all_ready():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"engines not ready after {timeout_s:.0f}s: {self.not_ready()}")
+            self.changed.clear()
+            try:
+                await asyncio.wait_for(self.changed.wait(), left)
+            except asyncio.TimeoutError:
+                pass
+
+    # ---- requests ----
+
+    def submit(self, engine: Engine, stream: Stream, request: GenerateRequest) -> None:
+        assert self._bridge is not None
+        stream.rank = engine.rank
+        engine.inflight[stream.request_id] = stream
+        engine.sent_since_stats += 1
+        engine.pending_prefill += stream.prompt_len
+        self._bridge.send(engine.index, encode(request))
+
+    def abort(self, stream: Stream) -> None:
+        """Stop a request at its engine (client gone, stop string matched)."""
+        engine = self.engines[stream.rank] if 0 <= stream.rank < len(self.engines) else None
+        if engine is None or engine.inflight.pop(stream.request_id, None) is None:
+            return
+        self._finished(engine, stream)
+        if self._bridge is not None and engine.state == "ready":
+            self._bridge.send(engine.index, encode(Abort([stream.request_id])))
+
+    async def utility(self, rank: int, name: str, timeout_s: float = 10.0, **args: Any) -> UtilityResult:
+        assert self._bridge is not None
+        self._next_call += 1
+        call_id = self._next_call
+        future: asyncio.Future[UtilityResult] = asyncio.get_running_loop().create_future()
+        self._calls[call_id] = future
+        self._bridge.send(self.engines[rank].index, encode(UtilityCall(call_id, name, args)))
+        try:
+            return await asyncio.wait_for(future, timeout_s)
+        finally:
+            self._calls.pop(call_id, None)
+
+    def _finished(self, engine: Engine, stream: Stream) -> None:
+        if not stream.started:
+            stream.started = True
+            engine.pending_prefill -= stream.prompt_len
+
+    # ---- inbound: one pass over each batch from the socket thread ----
+
+    def _on_batch(self, batch: list[Inbound]) -> None:
+        now = time.monotonic()
+        for index, channel, frames in batch:
+            engine = self.engines[index]
+            try:
+                msg = decode(frames, any_major=channel == DEALER)
+            except ProtocolError as exc:
+                log.warning("rank %d: undecodable message: %s", engine.rank, exc)
+                continue
+            if channel == SEND_FAILED:
+                self._on_send_failed(engine, msg)
+                continue
+            if channel == DEALER:
+                engine.last_seen = now
+            if isinstance(msg, Outputs):
+                self._on_outputs(engine, msg)
+            elif isinstance(msg, Stats):
+                self._on_stats(engine, msg)
+            elif isinstance(msg, (BlockStored, BlockRemoved, AllCleared)):
+                if engine.state == "ready":
+                    engine.kv.apply(msg)
+            elif isinstance(msg, Ready):
+                self._on_ready(engine, msg, now)
+            elif isinstance(msg, Reject):
+                self._on_reject(engine, msg)
+            elif isinstance(msg, EngineDead):
+                self._mark_dead(engine, f"engine reported it is dead: {msg.reason}")
+            elif isinstance(msg, UtilityResult):
+                future = self._calls.get(msg.call_id)
+                if future is not None and not future.done():
+                    future.set_result(msg)
+
+    def _on_outputs(self, engine: Engine, msg: Outputs) -> None:
+        inflight = engine.inflight
+        for out in msg.outputs:
+            stream = inflight.get(out.request_id)
+            if stream is None:
+                continue  # aborted by us meanwhile
+            if not stream.started:
+                stream.started = True
+                engine.pending_prefill -= stream.prompt_len
+            if out.finish_reason is not None:
+                del inflight[out.request_id]
+            stream.feed(out)
+
+    def _on_stats(self, engine: Engine, msg: Stats) -> None:
+        current = engine.stats
+        # Stats come both direct and over PUB; merge by sequence number within one engine session.
+        if msg.session_epoch != engine.epoch:
+            return
+        if current is None or msg.seq > current.seq:
+            engine.stats = msg
+            engine.sent_since_stats = 0
+
+    def _on_ready(self, engine: Engine, msg: Ready, now: float) -> None:
+        if engine.state == "ready" and msg.session_epoch == engine.epoch:
+            return  # an answer to a duplicate Hello
+        if engine.inflight:
+            self._fail_all(engine, f"engine rank {engine.rank} restarted (new session)")
+        engine.rank = msg.rank
+        engine.kv.rank = msg.rank
+        engine.ready, engine.epoch, engine.state, engine.reason = msg, msg.session_epoch, "ready", "ready"
+        engine.stats, engine.sent_since_stats, engine.pending_prefill, engine.last_seen = None, 0, 0, now
+        engine.kv.reset()
+        host = engine.address.rsplit(":", 1)[0]
+        if msg.pub_port and self._bridge is not None:
+            self._bridge.subscribe(engine.index, f"{host}:{msg.pub_port}")
+        log.info("engine rank %d joined: %s backend=%s model=%s max_model_len=%d block_size=%d epoch=%s "
+                 "(protocol %d.%d)", msg.rank, engine.address, msg.backend, msg.model, msg.max_model_len,
+                 msg.block_size, msg.session_epoch, msg.major, msg.minor)
+        self.changed.set()
+
+    def _on_reject(self, engine: Engine, msg: Reject) -> None:
+        if msg.code == RejectCode.EXPIRED.value or msg.code == RejectCode.MALFORMED.value:
+            # Our session there is gone (we were silent, or it restarted between beats): start again.
+            self._fail_all(engine, f"engine rank {engine.rank} dropped this frontend's session: {msg.reason}")
+            engine.state, engine.reason, engine.hello_sent = "connecting", msg.reason, 0.0
+        else:
+            log.error("engine rank %d refused the handshake (%s): %s", engine.rank, msg.code, msg.reason)
+            engine.state, engine.reason = ("rejected" if msg.code == RejectCode.VERSION.value
+                                           else "connecting"), f"{msg.code}: {msg.reason}"
+        self.changed.set()
+
+    def _on_send_failed(self, engine: Engine, msg: Any) -> None:
+        if isinstance(msg, GenerateRequest):
+            stream = engine.inflight.pop(msg.request_id, None)
+            if stream is not None:
+                self._finished(engine, stream)
+                stream.fail(f"engine rank {engine.rank} is unreachable")
+
+    def _mark_dead(self, engine: Engine, reason: str) -> None:
+        if engine.state == "dead":
+            return
+        log.error("engine rank %d is dead: %s", engine.rank, reason)
+        engine.state, engine.reason, engine.hello_sent, engine.epoch = "dead", reason, 0.0, ""
+        engine.kv.reset()
+        self._fail_all(engine, f"engine rank {engine.rank} failed: {reason}")
+        self.changed.set()
+
+    def _fail_all(self, engine: Engine, reason: str) -> None:
+        streams = list(engine.inflight.values())
+        engine.inflight.clear()
+        engine.pending_prefill = 0
+        for stream in streams:
+            stream.fail(reason)
+
+    # ---- timers: handshake retries, heartbeats, deadlines ----
+
+    async def _tick(self) -> None:
+        hello = encode(make_hello(self._frontend_id, self._auth_token))
+        while True:
+            now = time.monotonic()
+            bridge = self._bridge
+            assert bridge is not None
+            for e in self.engines:
+                if e.state == "ready":
+                    if now - e.last_seen > self._timeout:
+                        self._mark_dead(e, f"no heartbeat for {now - e.last_seen:.1f}s "
+                                           f"(deadline {self._timeout}s)")
+                    elif now - e.last_beat >= self._beat_interval:
+                        e.beat_seq += 1
+                        e.last_beat = now
+                        bridge.send(e.index, encode(Heartbeat(e.beat_seq, time.time())))
+                elif e.state != "rejected" and now - e.hello_sent >= HELLO_RETRY_S:
+                    e.hello_sent = now
+                    bridge.send(e.index, hello)
+            await asyncio.sleep(TICK_S)
+

@@ -1,0 +1,91 @@
+"""OpenAI response bodies and SSE chunks. A stream's chunk is a precomputed prefix and suffix around
+the one JSON-escaped piece that changes per token, so the per-token cost is one string encode."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+
+_json = msgspec.json.Encoder()
+DONE = b"data: [DONE]\n\n"
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                            "total_tokens": prompt_tokens + completion_tokens}
+    if cached_tokens:
+        body["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return body
+
+
+class ChunkWriter:
+    """SSE events of one streamed response (chat or text completion)."""
+
+    __slots__ = ("_head", "_text_prefix", "_text_suffix", "_chat", "_id", "_model", "_created")
+
+    def __init__(self, request_id: str, model: str, *, chat: bool) -> None:
+        self._id, self._model, self._chat, self._created = request_id, model, chat, int(time.time())
+        head = _json.encode({"id": request_id, "object": "chat.completion.chunk" if chat else "text_completion",
+                             "created": self._created, "model": model})[:-1]
+        self._head = b"data: " + head + b',"choices":[{"index":0,'
+        if chat:
+            self._text_prefix = self._head + b'"delta":{"content":'
+            self._text_suffix = b'},"logprobs":null,"finish_reason":null}]}\n\n'
+        else:
+            self._text_prefix = self._head + b'"text":'
+            self._text_suffix = b',"logprobs":null,"finish_reason":null}]}\n\n'
+
+    def role(self) -> bytes:
+        return self._head + b'"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n'
+
+    def text(self, piece: str) -> bytes:
+        return self._text_prefix + _json.encode(piece) + self._text_suffix
+
+    def finish(self, reason: str, stop_reason: int | str | None = None) -> bytes:
+        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": reason}
+        if self._chat:
+            choice["delta"] = {}
+        else:
+            choice["text"] = ""
+        if stop_reason is not None:
+            choice["stop_reason"] = stop_reason
+        return self._event({"choices": [choice]})
+
+    def usage(self, body: dict[str, Any]) -> bytes:
+        return self._event({"choices": [], "usage": body})
+
+    def error(self, status: int, message: str) -> bytes:
+        return b"data: " + _json.encode({"error": {"message": message, "type": "engine_error",
+                                                   "param": None, "code": status}}) + b"\n\n"
+
+    def _event(self, fields: dict[str, Any]) -> bytes:
+        obj = {"id": self._id, "object": "chat.completion.chunk" if self._chat else "text_completion",
+               "created": self._created, "model": self._model, **fields}
+        return b"data: " + _json.encode(obj) + b"\n\n"
+
+
+def chat_completion(request_id: str, model: str, text: str, finish: str, stop_reason: int | str | None,
+                    use: dict[str, Any]) -> bytes:
+    return _json.encode({
+        "id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                     "logprobs": None, "finish_reason": finish, "stop_reason": stop_reason}],
+        "usage": use,
+    })
+
+
+def text_completion(request_id: str, model: str, text: str, finish: str, stop_reason: int | str | None,
+                    use: dict[str, Any]) -> bytes:
+    return _json.encode({
+        "id": request_id, "object": "text_completion", "created": int(time.time()), "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
+                     "stop_reason": stop_reason}],
+        "usage": use,
+    })
+
+
+def models(name: str, max_model_len: int, created: int) -> bytes:
+    return _json.encode({"object": "list", "data": [{
+        "id": name, "object": "model", "created": created, "owned_by": "fleet", "root": name,
+        "parent": None, "max_model_len": max_model_len}]})

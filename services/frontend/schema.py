@@ -1,0 +1,149 @@
+"""OpenAI request bodies (chat completions, completions) as typed structs, and their range checks.
+
+Decoding with msgspec validates types in one pass and names the field on error; the checks here add
+the allowed ranges. Unknown fields are ignored, as OpenAI-compatible servers do.
+"""
+from __future__ import annotations
+
+from typing import Any, Union
+
+import msgspec
+
+from protocol import SamplingParams
+from services.frontend.errors import APIError, from_validation
+
+
+class StreamOptions(msgspec.Struct):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class ContentPart(msgspec.Struct):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(msgspec.Struct, omit_defaults=True):
+    role: str
+    content: Union[str, list[ContentPart], None] = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+
+class _Sampling(msgspec.Struct, kw_only=True):
+    model: str
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    n: int = 1
+    stop: Union[str, list[str], None] = None
+    stop_token_ids: list[int] | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    priority: int = 0
+    cache_salt: str | None = None
+    user: str | None = None
+
+
+class ChatCompletionRequest(_Sampling, kw_only=True):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Union[str, dict[str, Any], None] = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+
+
+class CompletionRequest(_Sampling, kw_only=True):
+    # str, token ids, or a one-element list of either (msgspec allows one array type in a union).
+    prompt: Union[str, list[Any]]
+    echo: bool = False
+    suffix: str | None = None
+    logprobs: int | None = None
+    add_special_tokens: bool = True
+
+
+_decoders = {cls: msgspec.json.Decoder(cls) for cls in (ChatCompletionRequest, CompletionRequest)}
+
+
+def parse(cls: type[msgspec.Struct], body: bytes) -> Any:
+    if not body.strip():
+        raise APIError(400, "request body is empty: expected a JSON object")
+    try:
+        return _decoders[cls].decode(body)
+    except msgspec.ValidationError as exc:
+        if str(exc).startswith("Expected `object`"):
+            raise APIError(400, "request body must be a JSON object") from None
+        raise from_validation(exc) from None
+    except msgspec.DecodeError as exc:
+        raise APIError(400, f"request body is not valid JSON: {exc}") from None
+
+
+def _range(ok: bool, param: str, value: object, allowed: str) -> None:
+    if not ok:
+        raise APIError(400, f"{param}={value!r} is out of range: {allowed}", param=param)
+
+
+def check_common(req: _Sampling) -> None:
+    _range(req.n == 1, "n", req.n, "only n=1 is supported")
+    if req.temperature is not None:
+        _range(0 <= req.temperature <= 2, "temperature", req.temperature, "must be in [0, 2]")
+    if req.top_p is not None:
+        _range(0 < req.top_p <= 1, "top_p", req.top_p, "must be in (0, 1]")
+    if req.top_k is not None:
+        _range(req.top_k >= -1, "top_k", req.top_k, "must be -1 or 0 (disabled) or >= 1")
+    if req.min_p is not None:
+        _range(0 <= req.min_p <= 1, "min_p", req.min_p, "must be in [0, 1]")
+    if req.max_tokens is not None:
+        _range(req.max_tokens >= 1, "max_tokens", req.max_tokens, "must be >= 1")
+    _range(req.min_tokens >= 0, "min_tokens", req.min_tokens, "must be >= 0")
+    _range(-2 <= req.presence_penalty <= 2, "presence_penalty", req.presence_penalty, "must be in [-2, 2]")
+    _range(-2 <= req.frequency_penalty <= 2, "frequency_penalty", req.frequency_penalty, "must be in [-2, 2]")
+    _range(0 < req.repetition_penalty <= 2, "repetition_penalty", req.repetition_penalty, "must be in (0, 2]")
+    if req.seed is not None:
+        _range(-(2**63) <= req.seed < 2**63, "seed", req.seed, "must fit in 64 bits")
+    stops = stop_list(req)
+    _range(len(stops) <= 16, "stop", len(stops), "at most 16 stop strings")
+    _range(all(stops), "stop", req.stop, "stop strings must not be empty")
+
+
+def stop_list(req: _Sampling) -> list[str]:
+    if req.stop is None:
+        return []
+    return [req.stop] if isinstance(req.stop, str) else list(req.stop)
+
+
+def sampling_params(req: _Sampling, max_tokens: int, vocab_size: int) -> SamplingParams:
+    stop_ids = req.stop_token_ids or []
+    for i, t in enumerate(stop_ids):
+        _range(0 <= t < vocab_size, f"stop_token_ids[{i}]", t, f"token ids must be in [0, {vocab_size})")
+    _range(req.min_tokens <= max_tokens, "min_tokens", req.min_tokens, f"must be <= max_tokens ({max_tokens})")
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=0 if req.top_k is None else max(req.top_k, 0),
+        min_p=0.0 if req.min_p is None else req.min_p,
+        seed=req.seed,
+        min_tokens=req.min_tokens,
+        stop_token_ids=list(stop_ids),
+        ignore_eos=req.ignore_eos,
+        presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty,
+        repetition_penalty=req.repetition_penalty,
+    )

@@ -1,0 +1,61 @@
+"""One in-flight engine request as the HTTP side sees it: outputs queue up as the engine steps, and
+the response task drains everything queued at once (one wake-up per batch, not per token)."""
+from __future__ import annotations
+
+import asyncio
+
+from protocol import RequestOutput
+
+
+class EngineFailure(RuntimeError):
+    """The engine serving a request died, went silent or refused it; the message says which and why."""
+
+
+class Stream:
+    __slots__ = ("request_id", "rank", "prompt_len", "max_tokens", "generated", "_pending", "_waiter",
+                 "_error", "finished", "started")
+
+    def __init__(self, request_id: str, prompt_len: int, max_tokens: int) -> None:
+        self.request_id = request_id
+        self.rank = -1
+        self.prompt_len = prompt_len
+        self.max_tokens = max_tokens
+        self.generated = 0
+        self._pending: list[RequestOutput] = []
+        self._waiter: asyncio.Future[None] | None = None
+        self._error: str | None = None
+        self.finished = False
+        self.started = False  # the engine has produced something for it (its prefill is done)
+
+    # ---- producer side (the engine dispatch pass on the event loop) ----
+
+    def feed(self, out: RequestOutput) -> None:
+        self._pending.append(out)
+        self.generated += len(out.new_token_ids)
+        if out.finish_reason is not None:
+            self.finished = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def fail(self, message: str) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        self._error = message
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # ---- consumer side (the response task) ----
+
+    async def next(self) -> list[RequestOutput]:
+        """Everything queued since the last call; waits if nothing is. Raises EngineFailure."""
+        while not self._pending:
+            if self._error is not None:
+                raise EngineFailure(self._error)
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+            self._waiter = None
+        batch, self._pending = self._pending, []
+        return batch

@@ -1,0 +1,82 @@
+"""Faults seen through the frontend: /ready before and after a rank joins, an engine killed
+mid-stream (error event, 503 on /ready, traffic moves, the rank rejoins after restart)."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.support.procs import EngineProc, free_port_block, start_engine, start_frontend
+
+SIM = ("--model", "tiny", "--backend", "sim")
+CHAT = [{"role": "user", "content": "Hello there"}]
+
+
+def _rank(tmp_path: Path, port: int, rank: int, *extra: str) -> EngineProc:
+    """One headless rank as its own process on a fixed port (so it can be killed and restarted)."""
+    return start_engine(tmp_path, *SIM, "--data-parallel-start-rank", str(rank), *extra, port=port)
+
+
+def test_ready_is_503_naming_the_missing_rank_until_it_joins(tmp_path: Path) -> None:
+    base = free_port_block(2)
+    rank0 = _rank(tmp_path, base, 0, "--sim-instant")
+    addresses = f"tcp://127.0.0.1:{base},tcp://127.0.0.1:{base + 1}"
+    fe = start_frontend(tmp_path, "--data-parallel-size", "2", "--data-parallel-size-local", "0",
+                        "--engine-addresses", addresses, wait_status=None)
+    rank1 = None
+    try:
+        body = fe.wait_ready(status=503)
+        assert body["ready"] is False and list(body["missing"]) == ["1"]
+        rank1 = _rank(tmp_path, base + 1, 1, "--sim-instant")
+        assert fe.wait_ready(status=200) == {"ready": True, "ranks": [0, 1]}
+        assert "engine rank 1 joined" in fe.log()
+    finally:
+        fe.stop()
+        rank0.stop()
+        if rank1 is not None:
+            rank1.stop()
+
+
+def test_engine_killed_mid_stream(tmp_path: Path) -> None:
+    base = free_port_block(2)
+    rank0 = _rank(tmp_path, base, 0, "--sim-decode-ms", "5")
+    rank1 = _rank(tmp_path, base + 1, 1, "--sim-decode-ms", "5")
+    addresses = f"tcp://127.0.0.1:{base},tcp://127.0.0.1:{base + 1}"
+    fe = start_frontend(tmp_path, "--data-parallel-size", "2", "--data-parallel-size-local", "0",
+                        "--engine-addresses", addresses, "--engine-timeout", "1.0")
+    client = openai.OpenAI(base_url=fe.url + "/v1", api_key="x", max_retries=0, timeout=30)
+    try:
+        stream = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=3000, stream=True,
+                                                extra_headers={"X-Data-Parallel-Rank": "1"})
+        received = 0
+        with pytest.raises(openai.APIError) as err:
+            for _ in stream:
+                received += 1
+                if received == 5:
+                    rank1.proc.kill()
+        assert "engine rank 1" in str(err.value)
+        assert received < 3000
+        rank1.proc.wait(10)
+        body = httpx.get(fe.url + "/ready").json()
+        assert body["ready"] is False and "no heartbeat" in body["missing"]["1"]
+        # New work goes to the surviving rank.
+        for _ in range(3):
+            raw = client.chat.completions.with_raw_response.create(model="tiny", messages=CHAT, max_tokens=2)
+            assert raw.headers["x-data-parallel-rank"] == "0"
+        with pytest.raises(openai.APIStatusError) as pinned:
+            client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=2,
+                                           extra_headers={"X-Data-Parallel-Rank": "1"})
+        assert pinned.value.status_code == 503
+        # The rank comes back by itself.
+        rank1 = _rank(tmp_path, base + 1, 1, "--sim-instant")
+        fe.wait_ready(status=200, timeout_s=30)
+        raw = client.chat.completions.with_raw_response.create(
+            model="tiny", messages=CHAT, max_tokens=2, extra_headers={"X-Data-Parallel-Rank": "1"})
+        assert raw.headers["x-data-parallel-rank"] == "1"
+    finally:
+        fe.stop()
+        rank0.stop()
+        rank1.stop()
