@@ -24,9 +24,9 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	$(PY) -m pytest tests -q
 
-# Until the frontend lands: two headless engine ranks (vllm backend on CPU, tiny model), Ctrl-C stops them.
+# Two headless engine ranks (vllm backend on CPU, tiny model) and a frontend on :8000; Ctrl-C stops all.
 up: $(STAMP)
-	$(VENV)/bin/engine --headless --model tiny --backend vllm --host 127.0.0.1 --port 5555 --data-parallel-size-local 2
+	$(PY) deploy/local/up.py --backend vllm --ranks 2 --port 8000
 
 bench: $(STAMP)
 	$(PY) bench/protocol_codec.py

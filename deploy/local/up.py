@@ -1,0 +1,69 @@
+"""`make up`: the fleet on this machine as separate processes: headless engine ranks, then a frontend
+with --data-parallel-size-local 0 that connects to them. Prints the URL; Ctrl-C stops everything."""
+from __future__ import annotations
+
+import argparse
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+ENGINE_PORT = 5555
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--backend", default="vllm", choices=("vllm", "sim"))
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--model", default="tiny")
+    args = p.parse_args()
+    py = sys.executable
+    engines = subprocess.Popen([py, "-m", "services.engine", "--headless", "--model", args.model,
+                                "--backend", args.backend, "--host", "127.0.0.1", "--port", str(ENGINE_PORT),
+                                "--data-parallel-size-local", str(args.ranks)])
+    addresses = ",".join(f"tcp://127.0.0.1:{ENGINE_PORT + i}" for i in range(args.ranks))
+    frontend = subprocess.Popen([py, "-m", "services.frontend", "--model", args.model, "--host", "127.0.0.1",
+                                 "--port", str(args.port), "--data-parallel-size", str(args.ranks),
+                                 "--data-parallel-size-local", "0", "--engine-addresses", addresses])
+    procs = [frontend, engines]
+    stopping = False
+
+    def stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    url = f"http://127.0.0.1:{args.port}"
+    announced = False
+    while not stopping and all(proc.poll() is None for proc in procs):
+        if not announced and _ready(url):
+            announced = True
+            print(f"\nfleet ready: {url} (model {args.model}, {args.ranks} {args.backend} engine ranks)\n"
+                  f"try:\n  curl {url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+                  f"    -d '{{\"model\": \"{args.model}\", \"messages\": [{{\"role\": \"user\", \"content\": "
+                  f"\"Hello!\"}}], \"max_tokens\": 32}}'\nCtrl-C stops it.\n", flush=True)
+        time.sleep(0.5)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(40)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return 0 if stopping else 1
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/ready", timeout=1) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())
