@@ -201,3 +201,21 @@ def test_chinese_text_streams_byte_exact(tmp_path: Path) -> None:
     finally:
         fe.stop()
         engine.stop()
+
+
+def test_long_prompt_is_tokenized_off_the_loop_and_served(client: openai.OpenAI) -> None:
+    long = "数据 and words " * 400  # past --long-prompt-chars: rendered and tokenized in a worker thread
+    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": long}], max_tokens=3)
+    assert r.usage.prompt_tokens > 1000 and r.choices[0].finish_reason == "length"  # type: ignore[union-attr]
+
+
+def test_metrics_use_vllm_names(client: openai.OpenAI, fleet) -> None:  # type: ignore[no-untyped-def]
+    client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=3, stream=True).close()
+    client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=3)
+    text = httpx.get(fleet[1].url + "/metrics").text
+    for name in ("vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_count",
+                 "vllm:e2e_request_latency_seconds_sum", "vllm:prompt_tokens_total",
+                 "vllm:generation_tokens_total", "vllm:num_requests_running", "vllm:request_success_total"):
+        assert f'{name}' in text, name
+    gen = [line for line in text.splitlines() if line.startswith("vllm:generation_tokens_total")]
+    assert float(gen[0].rsplit(" ", 1)[1]) >= 3

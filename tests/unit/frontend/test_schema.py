@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import pytest
+
+from services.frontend.errors import APIError
+from services.frontend.schema import ChatCompletionRequest, CompletionRequest, check_common, parse, sampling_params
+
+
+def _err(cls: type, body: bytes) -> APIError:
+    with pytest.raises(APIError) as info:
+        req = parse(cls, body)
+        check_common(req)
+        sampling_params(req, 16, 1000)
+    return info.value
+
+
+def test_parses_a_full_chat_request() -> None:
+    req = parse(ChatCompletionRequest, b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], '
+                                       b'"temperature": 0.5, "stop": "x", "unknown_field": 1}')
+    check_common(req)
+    params = sampling_params(req, 16, 1000)
+    assert (params.temperature, params.max_tokens, req.stop) == (0.5, 16, "x")
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "needle"),
+    [
+        (b"", None, "empty"),
+        (b"{", None, "not valid JSON"),
+        (b"7", None, "JSON object"),
+        (b'{"messages": []}', "model", "model: this field is required"),
+        (b'{"model": "m", "messages": [{"content": "x"}]}', "messages[0].role", "required"),
+        (b'{"model": "m", "messages": [], "n": 2}', "n", "only n=1"),
+        (b'{"model": "m", "messages": [], "top_k": -5}', "top_k", "-1 or 0"),
+        (b'{"model": "m", "messages": [], "presence_penalty": 3}', "presence_penalty", "[-2, 2]"),
+        (b'{"model": "m", "messages": [], "stop": ["a", ""]}', "stop", "must not be empty"),
+        (b'{"model": "m", "messages": [], "stop_token_ids": [5, 5000]}', "stop_token_ids[1]", "[0, 1000)"),
+        (b'{"model": "m", "messages": [], "min_tokens": 20}', "min_tokens", "<= max_tokens (16)"),
+        (b'{"model": "m", "messages": [], "seed": "x"}', "seed", "expected `int | null`, got `str`"),
+    ],
+)
+def test_errors_name_the_field(body: bytes, param: str | None, needle: str) -> None:
+    err = _err(ChatCompletionRequest, body)
+    assert err.status == 400 and err.param == param and needle in err.message
+
+
+def test_completion_prompt_forms() -> None:
+    assert parse(CompletionRequest, b'{"model": "m", "prompt": [1, 2]}').prompt == [1, 2]
+    assert parse(CompletionRequest, b'{"model": "m", "prompt": ["a"]}').prompt == ["a"]
+    assert _err(CompletionRequest, b'{"model": "m", "prompt": 5}').param == "prompt"
