@@ -37,8 +37,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EngineProc
 
 
 @pytest.fixture(scope="module")
-def client(fleet: tuple[EngineProc, FrontendProc]) -> openai.OpenAI:
-    return openai.OpenAI(base_url=fleet[1].url + "/v1", api_key="unused", max_retries=0, timeout=60)
+def client(fleet: tuple[EngineProc, FrontendProc]) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=fleet[1].url + "/v1", api_key="unused", max_retries=0, timeout=60) as c:
+        yield c
 
 
 CHAT = [{"role": "user", "content": "Hello there"}]
@@ -198,6 +199,7 @@ def test_chinese_text_streams_byte_exact(tmp_path: Path) -> None:
             model="tiny", prompt=text, max_tokens=n, stream=True) if c.choices]
         assert "".join(chunks) == text
         assert all("\ufffd" not in c for c in chunks)
+        client.close()
     finally:
         fe.stop()
         engine.stop()

@@ -77,6 +77,27 @@ def test_engine_killed_mid_stream(tmp_path: Path) -> None:
             model="tiny", messages=CHAT, max_tokens=2, extra_headers={"X-Data-Parallel-Rank": "1"})
         assert raw.headers["x-data-parallel-rank"] == "1"
     finally:
+        client.close()
         fe.stop()
         rank0.stop()
         rank1.stop()
+
+
+def test_managed_mode_starts_supervises_and_stops_its_engines(tmp_path: Path) -> None:
+    port = free_port_block(2)
+    fe = start_frontend(tmp_path, "--backend", "sim", "--data-parallel-size-local", "2", "--engine-port", str(port),
+                        "--engine-arg=--sim-instant")
+    try:
+        with openai.OpenAI(base_url=fe.url + "/v1", api_key="x", max_retries=0, timeout=30) as client:
+            ranks = {client.completions.with_raw_response.create(model="tiny", prompt="hi", max_tokens=2)
+                     .headers["x-data-parallel-rank"] for _ in range(4)}
+        assert ranks == {"0", "1"}
+        assert httpx.get(fe.url + "/ready").json() == {"ready": True, "ranks": [0, 1]}
+    finally:
+        assert fe.stop() == 0
+    # The engines went with it: their ports are free again.
+    import socket
+
+    for p in (port, port + 1):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))
