@@ -32,6 +32,9 @@ bench: $(STAMP)
 	$(PY) bench/protocol_codec.py
 	$(PY) bench/sim_steps.py
 	$(PY) bench/engine_start.py
+	$(PY) bench/frontend_stream.py
+	$(PY) bench/detokenizer.py
+	$(PY) bench/chat_template.py
 
 clean:
 	rm -rf $(VENV)
