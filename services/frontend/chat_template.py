@@ -20,10 +20,10 @@ __all__ = ["ChatTemplate", "TemplateError"]
 # transformers passes every special token the tokenizer has set (its special_tokens_map).
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 RESERVED_KWARGS = frozenset({"messages", "tools", "add_generation_prompt"})
-# transformers appends this to the final message, renders, and cuts at it (continue_final_message).
+# transformers appends this to the final message, renders, and cuts there (continue_final_message).
 CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
-# transformers' AssistantTracker tag only marks assistant spans; `with` keeps its scoping and its
-# whitespace control ({%- generation -%}), so the body renders exactly as jinja2 renders it.
+# transformers' AssistantTracker tag only records where assistant text lies. minijinja has no such tag;
+# `with` scopes its body as jinja2's call block does and keeps the tag's whitespace control.
 GENERATION_TAG = re.compile(r"\{%([-+]?)\s*(end)?generation\s*([-+]?)%\}")
 
 
@@ -32,8 +32,10 @@ class TemplateError(ValueError):
 
 
 class _Float:
-    """A float minijinja would not give back as Python does: it prints 1e-05 as 0.00001 and hands an
-    integral 18.0 to Python filters as int 18. Opaque to minijinja, so it reaches filters unchanged."""
+    """A float minijinja would not give back as Python does: it prints 1e-05 as 0.00001 and hands
+    an integral 18.0 to Python filters as int 18. Opaque to minijinja, so it reaches them unchanged.
+    The price: templates cannot do arithmetic on it or compare it with a number (no hook for that),
+    which chat templates do with lengths and indices, not with the request's floats."""
 
     __slots__ = ("value",)
 
@@ -51,7 +53,7 @@ class _Float:
 
 
 def _needs_box(value: float) -> bool:
-    # 0.0 stays a native number so `{% if x %}` stays false; in 1e-4 <= |x| < 1e16 the two agree.
+    # 0.0 stays a native number so `{% if x %}` stays false; in 1e-4 <= |x| < 1e16 both print alike.
     return value != 0.0 and (value.is_integer() or not 1e-4 <= abs(value) < 1e16)
 
 
@@ -61,8 +63,11 @@ class _Invalid(Exception):
         self.path: list[str | int] = []
 
 
+_BASES: tuple[type[Any], ...] = (str, int, float, dict, list, tuple)
+
+
 def _plain(value: Any) -> Any:
-    """A fresh JSON-shaped copy: the template may call .pop/.append on it, never on the caller's data."""
+    """A fresh JSON-shaped copy: a template may call .pop/.append on it, never on the caller's data."""
     kind = type(value)
     if kind is str or kind is int or kind is bool or value is None:
         return value
@@ -88,7 +93,7 @@ def _plain(value: Any) -> Any:
                 exc.path.append(index)
                 raise
         return items
-    for base in (str, int, float, dict, list, tuple):  # subclasses: str enums, Markup, IntEnum
+    for base in _BASES:  # subclasses: str enums, Markup, IntEnum
         if isinstance(value, base):
             return _plain(base(value))
     raise _Invalid(f"{type(value).__name__} is not JSON data")
@@ -98,8 +103,8 @@ def _copy(value: Any, field: str) -> Any:
     try:
         return _plain(value)
     except _Invalid as exc:
-        path = field + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in reversed(exc.path))
-        raise TemplateError(f"{path}: {exc}") from None
+        path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in reversed(exc.path))
+        raise TemplateError(f"{field}{path}: {exc}") from None
     except RecursionError:
         raise TemplateError(f"{field}: nested too deeply") from None
 
@@ -110,23 +115,23 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
-def tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
-           sort_keys: bool = False) -> str:
-    """transformers' tojson: json.dumps without jinja2's HTML escaping (minijinja's escapes < > & ')."""
+def _tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
+            sort_keys: bool = False) -> str:
+    # transformers' filter: json.dumps, no HTML escaping (minijinja's own escapes < > & ').
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
                       sort_keys=sort_keys, default=_json_default)
 
 
-def raise_exception(message: str) -> None:
+def _raise_exception(message: str) -> None:
     raise TemplateError(message)
 
 
-def strftime_now(format: str) -> str:
+def _strftime_now(format: str) -> str:
     return datetime.now().strftime(format)
 
 
-def to_int(value: Any, default: int = 0, base: int = 10) -> int:
-    """jinja2's int filter: "42.5" -> 42, anything unparsable -> default (minijinja's raises)."""
+def _int(value: Any, default: int = 0, base: int = 10) -> int:
+    # jinja2's filter: "42.5" -> 42 and " 7 " -> 7, anything else -> default (minijinja's raises).
     if type(value) is _Float:
         value = value.value
     try:
@@ -138,7 +143,7 @@ def to_int(value: Any, default: int = 0, base: int = 10) -> int:
             return default
 
 
-def to_float(value: Any, default: float = 0.0) -> float:
+def _float(value: Any, default: float = 0.0) -> float:
     if type(value) is _Float:
         return value.value
     try:
@@ -147,53 +152,54 @@ def to_float(value: Any, default: float = 0.0) -> float:
         return default
 
 
-def is_iterable(value: Any) -> bool:
+def _is_iterable(value: Any) -> bool:
     # minijinja says none is iterable; jinja2 asks Python, which says no.
     try:
         iter(value)
     except TypeError:
         return False
-    return value is not None
+    return True
 
 
-def is_sequence(value: Any) -> bool:
-    # jinja2 counts strings and dicts as sequences (len and __getitem__); minijinja does not.
+def _is_sequence(value: Any) -> bool:
+    # jinja2 counts strings and dicts as sequences (they have len and []); minijinja does not.
     try:
         len(value)
-        value.__getitem__  # noqa: B018 - the attribute lookup is the test
+        value.__getitem__  # noqa: B018 - having it is the test
     except (TypeError, AttributeError):
         return False
     return True
 
 
-def is_number(value: Any) -> bool:
+def _is_number(value: Any) -> bool:
     return isinstance(value, (Number, _Float))
 
 
 def _environment(templates: dict[str, str]) -> minijinja.Environment:
     env = minijinja.Environment(
-        # The settings transformers compiles with; the rest are jinja2's defaults.
-        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=False,
-        undefined_behavior="lenient", pycompat=True, auto_escape_callback=lambda name: False,
-        filters={"tojson": tojson, "int": to_int, "float": to_float},
-        tests={"iterable": is_iterable, "sequence": is_sequence, "number": is_number},
-        globals={"raise_exception": raise_exception, "strftime_now": strftime_now},
+        # transformers compiles with trim_blocks and lstrip_blocks; the rest are jinja2's defaults.
+        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=False, undefined_behavior="lenient",
+        pycompat=True, auto_escape_callback=lambda name: False,
+        filters={"tojson": _tojson, "int": _int, "float": _float},
+        tests={"iterable": _is_iterable, "sequence": _is_sequence, "number": _is_number},
+        globals={"raise_exception": _raise_exception, "strftime_now": _strftime_now},
     )
     for name, source in templates.items():
         source = GENERATION_TAG.sub(lambda m: f"{{%{m[1]} {m[2] or ''}with {m[3]}%}}", source)
         try:
-            env.add_template(name, source)  # compiled once, here
+            env.add_template(name, source)  # compiled here, once
         except minijinja.TemplateError as exc:
             raise TemplateError(f"chat template {name!r} does not compile: {exc.message}") from None
     return env
 
 
 def _token(value: Any, field: str) -> str | None:
+    if isinstance(value, dict):  # an AddedToken as tokenizer_config.json stores it
+        value = value.get("content")
+        field += ".content"
     if value is None or isinstance(value, str):
         return value
-    if isinstance(value, dict) and isinstance(value.get("content"), str):
-        return value["content"]
-    raise TemplateError(f"tokenizer_config.json: {field} must be a string or {{'content': str}}")
+    raise TemplateError(f"tokenizer_config.json: {field} must be a string")
 
 
 def _config_templates(value: Any) -> dict[str, str]:
@@ -205,13 +211,13 @@ def _config_templates(value: Any) -> dict[str, str]:
     for i, entry in enumerate(value):
         if not (isinstance(entry, dict) and isinstance(entry.get("name"), str)
                 and isinstance(entry.get("template"), str)):
-            raise TemplateError(f"tokenizer_config.json: chat_template[{i}] must be {{name: str, template: str}}")
+            raise TemplateError(f"tokenizer_config.json: chat_template[{i}]: needs string name and template")
         templates[entry["name"]] = entry["template"]
     return templates
 
 
 def _file_templates(path: Path) -> dict[str, str]:
-    # Newer checkpoints keep templates in files; transformers prefers them to tokenizer_config.json.
+    # Newer checkpoints keep templates in files, which transformers prefers to tokenizer_config.json.
     templates = {}
     if (path / "chat_template.jinja").is_file():
         templates["default"] = (path / "chat_template.jinja").read_text(encoding="utf-8")
@@ -223,36 +229,38 @@ def _file_templates(path: Path) -> dict[str, str]:
 
 
 class ChatTemplate:
-    """A model's chat template(s), compiled once. Immutable after construction."""
+    """A model's chat template(s), compiled once; immutable after construction."""
 
-    __slots__ = ("_env", "_tool_use", "_special_tokens", "_mentions_content")
+    __slots__ = ("_env", "_reads_content", "_special_tokens")
 
-    def __init__(self, templates: str | dict[str, str], *, special_tokens: dict[str, str] | None = None) -> None:
+    def __init__(self, templates: str | dict[str, str], *,
+                 special_tokens: dict[str, str] | None = None) -> None:
         templates = {"default": templates} if isinstance(templates, str) else dict(templates)
         if "default" not in templates:
             raise TemplateError(f"chat templates {sorted(templates)} have no 'default' entry")
         self._env = _environment(templates)
-        self._tool_use = "tool_use" in templates
+        self._reads_content = {name: "content" in source for name, source in templates.items()}
         self._special_tokens = dict(special_tokens or {})
-        self._mentions_content = "content" in templates["default"]
 
     @classmethod
     def from_checkpoint(cls, path: Path) -> ChatTemplate:
-        """The template(s) and special tokens of a checkpoint directory, as transformers loads them."""
-        config_file = Path(path) / "tokenizer_config.json"
+        """The template(s) and special tokens of a checkpoint directory, found as transformers finds them."""
+        path = Path(path)
+        config_file = path / "tokenizer_config.json"
         try:
             config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
         except json.JSONDecodeError as exc:
             raise TemplateError(f"{config_file}: not valid JSON ({exc})") from None
-        templates = _file_templates(Path(path)) or _config_templates(config.get("chat_template"))
+        templates = _file_templates(path) or _config_templates(config.get("chat_template"))
         if not templates:
-            raise TemplateError(f"{path}: no chat template (none in tokenizer_config.json, no chat_template.jinja)")
-        tokens = {name: token for name in SPECIAL_TOKENS if (token := _token(config.get(name), name)) is not None}
-        return cls(templates, special_tokens=tokens)
+            raise TemplateError(f"{path}: no chat template in tokenizer_config.json or chat_template.jinja")
+        tokens = {name: _token(config.get(name), name) for name in SPECIAL_TOKENS}
+        return cls(templates, special_tokens={name: tok for name, tok in tokens.items() if tok is not None})
 
-    def render(self, messages: list[dict], *, tools: list[dict] | None = None, add_generation_prompt: bool = True,
-               continue_final_message: bool = False, chat_template_kwargs: dict | None = None) -> str:
-        """The prompt text for a conversation. Raises TemplateError, naming the field, on a bad request."""
+    def render(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
+               add_generation_prompt: bool = True, continue_final_message: bool = False,
+               chat_template_kwargs: dict[str, Any] | None = None) -> str:
+        """The prompt text of a conversation. Raises TemplateError, naming the field, on a bad request."""
         if add_generation_prompt and continue_final_message:
             raise TemplateError("add_generation_prompt and continue_final_message cannot both be true: "
                                 "set add_generation_prompt to false to continue the final message")
@@ -260,22 +268,24 @@ class ChatTemplate:
             raise TemplateError("messages: must be a non-empty list")
         if tools is not None and not isinstance(tools, list):
             raise TemplateError("tools: must be a list or null")
-        context = dict(self._special_tokens, documents=None)
+        context: dict[str, Any] = dict(self._special_tokens, documents=None)
         if chat_template_kwargs:
             if not isinstance(chat_template_kwargs, dict):
                 raise TemplateError("chat_template_kwargs: must be an object")
-            for key in chat_template_kwargs:
-                if key in RESERVED_KWARGS:
-                    raise TemplateError(f"chat_template_kwargs.{key}: may not override the request's {key}")
+            for key in RESERVED_KWARGS.intersection(chat_template_kwargs):
+                raise TemplateError(f"chat_template_kwargs.{key}: may not override the request's {key}")
             context.update(_copy(chat_template_kwargs, "chat_template_kwargs"))
         context["messages"] = _copy(messages, "messages")
         context["tools"] = _copy(tools, "tools")
         context["add_generation_prompt"] = add_generation_prompt
-        name = "tool_use" if tools is not None and self._tool_use else "default"
+        # As transformers picks: "tool_use" whenever tools are given (even []), if the model has one.
+        name = "tool_use" if tools is not None and "tool_use" in self._reads_content else "default"
         if not continue_final_message:
             return self._render(name, context)
-        final = self._tag_final_message(context["messages"])
-        return self._cut_at_tag(self._render(name, context), final)
+        if not self._reads_content[name]:
+            raise TemplateError("continue_final_message: this chat template never reads message content")
+        final = _tag_final_message(context["messages"])
+        return _cut_at_tag(self._render(name, context), final)
 
     def _render(self, name: str, context: dict[str, Any]) -> str:
         try:
@@ -285,34 +295,33 @@ class ChatTemplate:
         except minijinja.TemplateError as exc:
             raise TemplateError(f"chat template: {exc.message}") from None
         except (LookupError, TypeError, ValueError, ArithmeticError) as exc:
-            # A Python method or filter the template called (d.pop('missing'), tojson on a macro).
+            # From a Python method or filter the template called: d.pop('missing'), tojson(indent='x').
             raise TemplateError(f"chat template: {type(exc).__name__}: {exc}") from None
 
-    def _tag_final_message(self, messages: list[Any]) -> str:
-        """Append transformers' tag to the final message's text (our copy); return that text."""
-        final = messages[-1]
-        content = final.get("content") if isinstance(final, dict) else None
-        if content is None:
-            raise TemplateError("messages[-1].content: continue_final_message needs a final message with content")
-        if not self._mentions_content:
-            raise TemplateError("continue_final_message: the chat template never reads message content")
-        if isinstance(content, str):
-            final["content"] = content + CONTINUE_TAG
-            return content
-        for block in reversed(content if isinstance(content, list) else []):
-            if isinstance(block, dict) and isinstance(block.get("text"), str):
-                text = block["text"]
-                block["text"] = text + CONTINUE_TAG
-                return text
-        raise TemplateError("messages[-1].content: continue_final_message found no text to continue")
 
-    @staticmethod
-    def _cut_at_tag(rendered: str, final: str) -> str:
-        tag = CONTINUE_TAG.strip()
-        if final.strip() not in rendered or tag not in rendered:
-            raise TemplateError("continue_final_message: the chat template drops part of the final message, "
-                                "so it cannot be left open")
-        at = rendered.rindex(tag)
-        if rendered.startswith(CONTINUE_TAG, at):
-            return rendered[:at]
-        return rendered[:at].rstrip()  # the template trimmed the tag's space, so it trims content too
+def _tag_final_message(messages: list[Any]) -> str:
+    """Append transformers' tag to the final message's text, in our copy; return the text untagged."""
+    final = messages[-1]
+    content = final.get("content") if isinstance(final, dict) else None
+    if content is None:
+        raise TemplateError("messages[-1].content: continue_final_message needs a final message with content")
+    if isinstance(content, str):
+        final["content"] = content + CONTINUE_TAG
+        return content
+    for block in reversed(content if isinstance(content, list) else []):
+        if isinstance(block, dict) and isinstance(block.get("text"), str):
+            text: str = block["text"]
+            block["text"] = text + CONTINUE_TAG
+            return text
+    raise TemplateError("messages[-1].content: continue_final_message found no text to continue")
+
+
+def _cut_at_tag(rendered: str, final: str) -> str:
+    tag = CONTINUE_TAG.strip()
+    if final.strip() not in rendered or tag not in rendered:
+        raise TemplateError("continue_final_message: the chat template drops part of the final message, "
+                            "so it cannot be left open")
+    at = rendered.rindex(tag)
+    if rendered.startswith(CONTINUE_TAG, at):
+        return rendered[:at]
+    return rendered[:at].rstrip()  # the template trimmed the tag's space, so it trims the content too

@@ -36,8 +36,7 @@ class FrontendConfig:
         _require(self.engine_timeout_s > self.heartbeat_interval_s / 5, "--engine-timeout",
                  self.engine_timeout_s, "> 0.1 s (engines beat every 100 ms)")
         _require(self.max_body_bytes >= 1024, "--max-body-bytes", self.max_body_bytes, ">= 1024")
-        _require(self.api_server_count == 1, "--api-server-count", self.api_server_count,
-                 "1 (more API server processes per frontend are not implemented yet)")
+        _require(1 <= self.api_server_count <= 64, "--api-server-count", self.api_server_count, "1..64")
         _require(self.backend in ("vllm", "sim"), "--backend", self.backend, "vllm or sim")
         if self.data_parallel_size_local == 0:
             _require(len(self.engine_addresses) == self.data_parallel_size, "--engine-addresses",

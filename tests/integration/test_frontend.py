@@ -221,3 +221,27 @@ def test_metrics_use_vllm_names(client: openai.OpenAI, fleet) -> None:  # type: 
         assert f'{name}' in text, name
     gen = [line for line in text.splitlines() if line.startswith("vllm:generation_tokens_total")]
     assert float(gen[0].rsplit(" ", 1)[1]) >= 3
+
+
+def test_api_server_count_two_processes_share_the_port(tmp_path: Path) -> None:
+    engine = start_engine(tmp_path, *SIM, "--sim-instant")
+    try:
+        fe = start_frontend(tmp_path, *_frontend_args(engine, 1), "--api-server-count", "2")
+    except BaseException:
+        engine.stop()
+        raise
+    watcher = EngineClient(engine.endpoint())
+    try:
+        assert watcher.handshake(timeout_s=10).__class__.__name__ == "Ready"
+        deadline = time.monotonic() + 30
+        while watcher.utility("stats").result["peers"] < 3:  # two API servers and this watcher
+            assert time.monotonic() < deadline, "the second API server never connected to the engine"
+            time.sleep(0.1)
+        for _ in range(4):  # fresh connections each: the kernel may pick either process
+            r = httpx.post(fe.url + "/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2})
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+        assert "API server 1 serving" in fe.log()
+    finally:
+        watcher.close()
+        assert fe.stop() == 0
+        engine.stop()
