@@ -141,7 +141,7 @@ def test_same_request_id_from_two_peers_and_abort_finish(parts) -> None:  # type
     bridge, backend, core = parts
     for peer in (b"a", b"b"):
         bridge.push(peer, make_hello(peer.decode()))
-    bridge.push(b"a", _req("r", 1000))
+    bridge.push(b"a", _req("r", 10**9))  # never finishes by itself
     bridge.push(b"b", _req("r", 2))
     thread, _ = _run(core)
     _wait(lambda: any(o.finish_reason for m in bridge.to(b"b", Outputs) for o in m.outputs))

@@ -3,7 +3,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
-import os
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
@@ -17,7 +17,6 @@ from services.frontend.chat_template import ChatTemplate, TemplateError
 
 # The reference is transformers itself: tokenizer.apply_chat_template for the real checkpoints and its
 # render_jinja_template (the same compiled jinja2 environment) for the small templates below.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 WEATHER = {
     "type": "function",
@@ -114,13 +113,13 @@ QWEN_CASES = {
 }
 
 
-def _apply(tokenizer: Any, messages: list[dict], tools: list[dict] | None, options: dict, **more: Any) -> str:
+def _apply(tokenizer: Any, messages: list[dict], tools: list[dict] | None, options: dict) -> str:
     """tokenizer.apply_chat_template called as our render() is (fresh copies: transformers may mutate)."""
-    kwargs = dict(options.get("chat_template_kwargs") or {}, **more)
     return tokenizer.apply_chat_template(
         copy.deepcopy(messages), tools=copy.deepcopy(tools), tokenize=False,
         add_generation_prompt=options.get("add_generation_prompt", True),
-        continue_final_message=options.get("continue_final_message", False), **kwargs)
+        continue_final_message=options.get("continue_final_message", False),
+        **options.get("chat_template_kwargs", {}))
 
 
 def _reference(source: str, messages: list[dict], **kwargs: Any) -> str:
@@ -143,12 +142,20 @@ def _render(source: str, messages: list[dict] | None = None, **kwargs: Any) -> s
 
 
 @pytest.fixture(scope="module")
+def offline() -> Iterator[None]:
+    """transformers loads local directories only; it must never try the hub."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        yield
+
+
+@pytest.fixture(scope="module")
 def qwen_dir() -> Path:
     return checkpoints.resolve("tiny")
 
 
 @pytest.fixture(scope="module")
-def qwen_tokenizer(qwen_dir: Path) -> Any:
+def qwen_tokenizer(qwen_dir: Path, offline: None) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(qwen_dir))
@@ -230,7 +237,7 @@ def deepseek_dir() -> Path:
 
 
 @pytest.fixture(scope="module")
-def deepseek_tokenizer(deepseek_dir: Path) -> Any:
+def deepseek_tokenizer(deepseek_dir: Path, offline: None) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(deepseek_dir))
@@ -445,6 +452,8 @@ def test_continue_final_message_with_content_parts_and_errors() -> None:
     with pytest.raises(TemplateError, match=r"messages\[-1\].content"):
         _render(CONTINUE, [{"role": "assistant", "content": None}], add_generation_prompt=False,
                 continue_final_message=True)
+    with pytest.raises(TemplateError, match="never reads message content"):
+        _render("{{ messages|length }}", messages, add_generation_prompt=False, continue_final_message=True)
     with pytest.raises(TemplateError, match="drops part of the final message"):
         _render("{{ messages[0].content[:2] }}", [{"role": "assistant", "content": "abcdef"}],
                 add_generation_prompt=False, continue_final_message=True)
@@ -461,9 +470,12 @@ def test_template_errors_become_template_errors(source: str, message: str) -> No
         _render(source)
 
 
-def test_qwen3_errors_on_null_content_like_transformers(qwen: ChatTemplate) -> None:
-    with pytest.raises(TemplateError, match="chat template"):
-        qwen.render([{"role": "user", "content": "a"}, {"role": "assistant", "content": None}])
+def test_qwen3_errors_on_null_content_like_transformers(qwen: ChatTemplate, qwen_tokenizer: Any) -> None:
+    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": None}]
+    with pytest.raises(TypeError):  # jinja2: '</think>' in None
+        _apply(qwen_tokenizer, messages, None, {})
+    with pytest.raises(TemplateError, match="chat template: invalid operation"):
+        qwen.render(messages)
 
 
 @pytest.mark.parametrize(("messages", "tools", "field"), [

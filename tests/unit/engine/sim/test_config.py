@@ -21,6 +21,7 @@ def test_defaults_are_valid_and_fields_are_the_cli_contract() -> None:
         "instant",
         "eos_rate",
         "seed",
+        "echo",
     ]
     assert (config.block_size, config.num_kv_blocks, config.max_model_len) == (16, 4096, 4096)
     assert config.instant is False and config.eos_rate == 0.0
