@@ -2,6 +2,9 @@
 
 The core loop never touches a socket: it reads `inbox` and hands outgoing batches to `send`/`publish`,
 which wake this thread through a pipe so it can sleep in one poll over both directions.
+This thread also sends liveness Heartbeats to every peer on its own, so one long engine step (a big
+prefill, a compile) does not get a healthy engine declared dead; it stops when the core loop has made
+no progress for `stall_timeout_s`, so a hung engine still is.
 """
 from __future__ import annotations
 
@@ -9,12 +12,13 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 
 import zmq
 
-from protocol import Frames
+from protocol import Frames, Heartbeat, encode
 
 log = logging.getLogger(__name__)
 
@@ -22,8 +26,14 @@ Inbound = tuple[bytes, list[zmq.Frame]]  # (peer identity, frames)
 
 
 class Bridge:
-    def __init__(self, ctx: zmq.Context, router_endpoint: str, pub_endpoint: str) -> None:
+    def __init__(self, ctx: zmq.Context, router_endpoint: str, pub_endpoint: str, *,
+                 beat_interval_s: float = 0.1, stall_timeout_s: float = 60.0) -> None:
         self.inbox: queue.SimpleQueue[Inbound] = queue.SimpleQueue()
+        # Written by the core loop, read here: plain attribute swaps, atomic under the GIL.
+        self.peers: tuple[bytes, ...] = ()
+        self.loop_alive_at = time.monotonic()
+        self._beat_interval = beat_interval_s
+        self._stall_timeout = stall_timeout_s
         self._outbox: deque[tuple[bytes | None, Sequence[Frames]]] = deque()
         self._router = ctx.socket(zmq.ROUTER)
         # Outputs are never dropped for a slow reader: a dead one is found by heartbeat deadline.
@@ -70,9 +80,19 @@ class Bridge:
         poller.register(self._router, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
         router, pub, outbox, inbox = self._router, self._pub, self._outbox, self.inbox
+        beat_ms = int(self._beat_interval * 1000)
+        last_beat, seq = 0.0, 0
         try:
             while True:
-                events = dict(poller.poll())
+                events = dict(poller.poll(beat_ms))
+                now = time.monotonic()
+                if now - last_beat >= self._beat_interval:
+                    last_beat = now
+                    if now - self.loop_alive_at < self._stall_timeout:
+                        seq += 1
+                        header, body = encode(Heartbeat(seq, time.time()))
+                        for identity in self.peers:
+                            router.send_multipart([identity, header, body])
                 if router in events:
                     while True:
                         try:

@@ -26,6 +26,7 @@ class EngineConfig:
     heartbeat_interval_s: float = 0.1
     client_timeout_s: float = 5.0  # a frontend silent this long is gone: its requests are aborted
     drain_timeout_s: float = 30.0  # on SIGTERM, how long in-flight requests may still run
+    stall_timeout_s: float = 60.0  # liveness beats stop if one engine step runs longer than this
     seed: int = 0
     # sim backend
     sim_prefill_tps: float = 20000.0
@@ -55,6 +56,8 @@ class EngineConfig:
         _require(self.client_timeout_s > self.heartbeat_interval_s, "--client-timeout",
                  self.client_timeout_s, "> --heartbeat-interval")
         _require(self.drain_timeout_s >= 0, "--drain-timeout", self.drain_timeout_s, ">= 0")
+        _require(self.stall_timeout_s > self.heartbeat_interval_s, "--stall-timeout", self.stall_timeout_s,
+                 "> --heartbeat-interval")
 
     @property
     def first_pub_port(self) -> int:
@@ -100,6 +103,8 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
     p.add_argument("--heartbeat-interval", type=float, default=0.1, dest="heartbeat_interval_s")
     p.add_argument("--client-timeout", type=float, default=5.0, dest="client_timeout_s")
     p.add_argument("--drain-timeout", type=float, default=30.0, dest="drain_timeout_s")
+    p.add_argument("--stall-timeout", type=float, default=60.0, dest="stall_timeout_s",
+                   help="heartbeats stop (peers declare this rank dead) if one step runs longer")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sim-prefill-tps", type=float, default=20000.0)
     p.add_argument("--sim-decode-ms", type=float, default=10.0)

@@ -86,6 +86,7 @@ class CoreLoop:
         next_beat = self._clock()
         try:
             while True:
+                self.bridge.loop_alive_at = self._clock()
                 # 1. Take input: block until the next heartbeat when idle, else only drain.
                 busy = self._busy()
                 self._take_input(0.0 if busy else max(0.0, next_beat - self._clock()))
@@ -198,7 +199,9 @@ class CoreLoop:
         old = self._peers.get(identity)
         if old is not None:  # the same connection handshook again: its earlier session is over
             self.backend.abort(self._peers.leave(old))
+            self.bridge.peers = tuple(p.identity for p in self._peers)
         self._peers.join(identity, hello.frontend_id, now)
+        self.bridge.peers = tuple(p.identity for p in self._peers)
         info = self.backend.info
         log.info("rank %d accepted frontend %s (protocol %d.%d, fingerprint %s; engine %d.%d)",
                  self.rank, hello.frontend_id, hello.major, hello.minor, hello.schema_fingerprint,
@@ -236,6 +239,9 @@ class CoreLoop:
                 self.backend.add(internal, req)
             except RequestRejected as exc:
                 error = str(exc)
+            except Exception as exc:  # one request's bad input must never take the rank down
+                log.warning("rank %d: backend refused request %s: %r", self.rank, req.request_id, exc)
+                error = f"the engine refused the request: {exc}"
         if error is None:
             self._peers.own(peer, internal, req.request_id)
         else:
@@ -285,6 +291,7 @@ class CoreLoop:
     def _reap_silent(self, now: float) -> None:
         for peer in self._peers.silent_since(now - self.config.client_timeout_s):
             orphans = self._peers.leave(peer)
+            self.bridge.peers = tuple(p.identity for p in self._peers)
             log.warning("rank %d: frontend %s silent for %.1fs; aborting its %d request(s)",
                         self.rank, peer.frontend_id, now - peer.last_seen, len(orphans))
             if orphans:

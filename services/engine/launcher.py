@@ -27,8 +27,8 @@ def run_rank(config: EngineConfig) -> int:
         log.error("rank %d cannot start: %s", config.rank, exc)
         return 2
     ctx = zmq.Context()
-    bridge = Bridge(ctx, f"tcp://{config.host}:{config.port}",
-                    f"tcp://{config.host}:{config.first_pub_port}")
+    bridge = Bridge(ctx, f"tcp://{config.host}:{config.port}", f"tcp://{config.host}:{config.first_pub_port}",
+                    beat_interval_s=config.heartbeat_interval_s, stall_timeout_s=config.stall_timeout_s)
     core = CoreLoop(config, backend, bridge, vocab_size=vocab_size)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: core.request_drain())

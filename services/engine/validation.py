@@ -2,6 +2,8 @@
 instead of reaching the model (an out-of-vocab id would crash a real forward pass)."""
 from __future__ import annotations
 
+import math
+
 from protocol import GenerateRequest
 
 
@@ -17,22 +19,28 @@ def problem(req: GenerateRequest, *, vocab_size: int, max_model_len: int) -> str
         bad = next(i for i in ids if i < 0 or i >= vocab_size)
         return f"prompt_token_ids contains {bad}: token ids must be in [0, {vocab_size})"
     s = req.sampling
+    floats = {"temperature": s.temperature, "top_p": s.top_p, "min_p": s.min_p,
+              "presence_penalty": s.presence_penalty, "frequency_penalty": s.frequency_penalty,
+              "repetition_penalty": s.repetition_penalty}
+    for name, value in floats.items():
+        if not math.isfinite(value):
+            return f"sampling.{name}={value}: must be a finite number"
     if s.max_tokens < 1:
         return f"sampling.max_tokens={s.max_tokens}: must be >= 1"
     if not 0 <= s.min_tokens <= s.max_tokens:
         return f"sampling.min_tokens={s.min_tokens}: must be in [0, max_tokens={s.max_tokens}]"
-    if s.temperature < 0:
-        return f"sampling.temperature={s.temperature}: must be >= 0"
+    if not 0 <= s.temperature <= 2:
+        return f"sampling.temperature={s.temperature}: must be in [0, 2]"
     if not 0 < s.top_p <= 1:
         return f"sampling.top_p={s.top_p}: must be in (0, 1]"
-    if s.top_k < -1:
-        return f"sampling.top_k={s.top_k}: must be -1 or 0 (off) or a positive count"
+    if not -1 <= s.top_k < 2**31:
+        return f"sampling.top_k={s.top_k}: must be -1 or 0 (off) or a positive count below 2**31"
     if not 0 <= s.min_p <= 1:
         return f"sampling.min_p={s.min_p}: must be in [0, 1]"
     if s.logprobs is not None and not 0 <= s.logprobs <= 20:
         return f"sampling.logprobs={s.logprobs}: must be in [0, 20]"
-    if s.repetition_penalty <= 0:
-        return f"sampling.repetition_penalty={s.repetition_penalty}: must be > 0"
+    if not 0 < s.repetition_penalty <= 2:
+        return f"sampling.repetition_penalty={s.repetition_penalty}: must be in (0, 2]"
     if not -2 <= s.presence_penalty <= 2 or not -2 <= s.frequency_penalty <= 2:
         return "sampling.presence_penalty and frequency_penalty must be in [-2, 2]"
     if any(t < 0 or t >= vocab_size for t in s.stop_token_ids):

@@ -45,6 +45,7 @@ Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
+COMPLETION_DEFAULT_MAX_TOKENS = 16
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 _SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
@@ -105,7 +106,8 @@ class Frontend:
     # ---- generation routes (lean ASGI) ----
 
     async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
-        req: ChatCompletionRequest = parse(ChatCompletionRequest, await self._body(scope, receive))
+        body = await self._body(scope, receive)
+        req: ChatCompletionRequest = parse(ChatCompletionRequest, body)
         self._check_model(req.model)
         check_common(req)
         if req.max_completion_tokens is not None:
@@ -121,7 +123,7 @@ class Frontend:
         messages = [_message_dict(i, m) for i, m in enumerate(req.messages)]
         if not messages:
             raise APIError(400, "messages: at least one message is required", param="messages")
-        long = sum(len(m.get("content") or "") for m in messages) > self.config.long_prompt_chars
+        long = len(body) > self.config.long_prompt_chars  # messages, tools and kwargs all count
         ids = await self._off_loop(long, self._render_and_encode, messages, req)
         await self._generate(scope, receive, send, req, ids, chat=True, request_id=f"chatcmpl-{os.urandom(12).hex()}")
 
@@ -173,7 +175,9 @@ class Frontend:
         if prompt_len >= max_len:
             raise APIError(400, f"This model's maximum context length is {max_len} tokens, but the prompt "
                            f"has {prompt_len} tokens", param="messages" if chat else "prompt")
-        max_tokens = req.max_tokens if req.max_tokens is not None else max_len - prompt_len
+        # As OpenAI and vLLM: chat may use the rest of the context, a text completion defaults to 16.
+        default = max_len - prompt_len if chat else min(COMPLETION_DEFAULT_MAX_TOKENS, max_len - prompt_len)
+        max_tokens = req.max_tokens if req.max_tokens is not None else default
         if prompt_len + max_tokens > max_len:
             raise APIError(400, f"This model's maximum context length is {max_len} tokens. However, you "
                            f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the prompt, "
@@ -186,13 +190,12 @@ class Frontend:
                 self.engines.engines, prompt_len, lambda bs: block_hashes(ids, bs, salt=req.cache_salt),
                 pinned=pinned, request_id=request_id)
         except NoEngine as exc:
-            raise APIError(503, str(exc)) from None
-        arrival = time.time()
+            raise APIError(exc.status, str(exc), param="X-Data-Parallel-Rank" if exc.status == 400 else None) from None
+        run = _Run(self, req, stream, ids, time.monotonic())
         self.engines.submit(engine, stream, GenerateRequest(
-            request_id, ids, sampling, arrival, req.priority, None, req.cache_salt, pinned))
+            request_id, ids, sampling, time.time(), req.priority, None, req.cache_salt, pinned))
         self.metrics.running.inc()
         self.metrics.prompt_tokens.inc(prompt_len)
-        run = _Run(self, req, stream, ids, time.monotonic())
         watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, stream))
         try:
             if req.stream:

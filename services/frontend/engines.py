@@ -128,16 +128,19 @@ class EngineSet:
 
     def submit(self, engine: Engine, stream: Stream, request: GenerateRequest) -> None:
         assert self._bridge is not None
-        stream.rank = engine.rank
+        frames = encode(request)  # first: if it cannot be encoded, no state has changed
+        stream.rank, stream.engine_index = engine.rank, engine.index
         engine.inflight[stream.request_id] = stream
         engine.sent_since_stats += 1
         engine.pending_prefill += stream.prompt_len
-        self._bridge.send(engine.index, encode(request))
+        self._bridge.send(engine.index, frames)
 
     def abort(self, stream: Stream) -> None:
         """Stop a request at its engine (client gone, stop string matched)."""
-        engine = self.engines[stream.rank] if 0 <= stream.rank < len(self.engines) else None
-        if engine is None or engine.inflight.pop(stream.request_id, None) is None:
+        if stream.engine_index < 0:
+            return
+        engine = self.engines[stream.engine_index]
+        if engine.inflight.pop(stream.request_id, None) is None:
             return
         self._finished(engine, stream)
         if self._bridge is not None and engine.state == "ready":
@@ -221,6 +224,11 @@ class EngineSet:
             return  # an answer to a duplicate Hello
         if engine.inflight:
             self._fail_all(engine, f"engine rank {engine.rank} restarted (new session)")
+        clash = next((e for e in self.engines if e is not engine and e.ready is not None and e.rank == msg.rank), None)
+        if clash is not None:
+            log.warning("engines %s and %s both report rank %d: pins and logs by rank are ambiguous "
+                        "(start them with distinct --data-parallel-start-rank)", clash.address, engine.address,
+                        msg.rank)
         engine.rank = msg.rank
         engine.kv.rank = msg.rank
         engine.ready, engine.epoch, engine.state, engine.reason = msg, msg.session_epoch, "ready", "ready"

@@ -23,7 +23,12 @@ DECODE_WEIGHT = 64
 
 
 class NoEngine(RuntimeError):
-    """No ready engine can take the request; the message says why (for a 503)."""
+    """No engine can take the request; the message says why. status: 503, or 400 for a pin to a rank
+    that is not part of the deployment (the client's mistake)."""
+
+    def __init__(self, message: str, status: int = 503) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(slots=True)
@@ -48,7 +53,7 @@ class Placement:
             target = next((e for e in engines if e.rank == pinned), None)
             if target is None:
                 raise NoEngine(f"X-Data-Parallel-Rank {pinned} is not a rank of this deployment "
-                               f"(ranks: {sorted(e.rank for e in engines)})")
+                               f"(ranks: {sorted(e.rank for e in engines)})", 400)
             if not target.accepting:
                 raise NoEngine(f"engine rank {pinned} (pinned by X-Data-Parallel-Rank) is not available: "
                                f"{target.reason}")

@@ -106,7 +106,8 @@ def check_common(req: _Sampling) -> None:
     if req.top_p is not None:
         _range(0 < req.top_p <= 1, "top_p", req.top_p, "must be in (0, 1]")
     if req.top_k is not None:
-        _range(req.top_k >= -1, "top_k", req.top_k, "must be -1 or 0 (disabled) or >= 1")
+        _range(-1 <= req.top_k < 2**31, "top_k", req.top_k, "must be -1 or 0 (disabled) or in [1, 2**31)")
+    _range(-(2**31) <= req.priority < 2**31, "priority", req.priority, "must be in [-2**31, 2**31)")
     if req.min_p is not None:
         _range(0 <= req.min_p <= 1, "min_p", req.min_p, "must be in [0, 1]")
     if req.max_tokens is not None:

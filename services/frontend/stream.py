@@ -12,12 +12,13 @@ class EngineFailure(RuntimeError):
 
 
 class Stream:
-    __slots__ = ("request_id", "rank", "prompt_len", "max_tokens", "generated", "_pending", "_waiter",
+    __slots__ = ("request_id", "rank", "engine_index", "prompt_len", "max_tokens", "generated", "_pending", "_waiter",
                  "_error", "finished", "started")
 
     def __init__(self, request_id: str, prompt_len: int, max_tokens: int) -> None:
         self.request_id = request_id
         self.rank = -1
+        self.engine_index = -1  # position in the frontend's engine list (ranks need not match it)
         self.prompt_len = prompt_len
         self.max_tokens = max_tokens
         self.generated = 0

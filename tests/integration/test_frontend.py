@@ -112,7 +112,7 @@ def test_pin_header_selects_the_rank(client: openai.OpenAI) -> None:
     with pytest.raises(openai.APIStatusError) as err:
         client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=2,
                                        extra_headers={"X-Data-Parallel-Rank": "7"})
-    assert err.value.status_code == 503 and "not a rank" in str(err.value)
+    assert err.value.status_code == 400 and "not a rank" in str(err.value)
 
 
 def test_unpinned_requests_spread_over_both_ranks(client: openai.OpenAI) -> None:

@@ -28,8 +28,14 @@ def test_ready_is_503_naming_the_missing_rank_until_it_joins(tmp_path: Path) -> 
                         "--engine-addresses", addresses, wait_status=None)
     rank1 = None
     try:
-        body = fe.wait_ready(status=503)
-        assert body["ready"] is False and list(body["missing"]) == ["1"]
+        deadline = time.monotonic() + 30
+        while True:  # 503 from the start; rank 0 (already up) joins within moments, rank 1 cannot
+            body = fe.wait_ready(status=503)
+            if list(body["missing"]) == ["1"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert body["ready"] is False and list(body["missing"]) == ["1"], body
+        assert "connecting" in body["missing"]["1"]
         rank1 = _rank(tmp_path, base + 1, 1, "--sim-instant")
         assert fe.wait_ready(status=200) == {"ready": True, "ranks": [0, 1]}
         assert "engine rank 1 joined" in fe.log()
@@ -101,3 +107,26 @@ def test_managed_mode_starts_supervises_and_stops_its_engines(tmp_path: Path) ->
     for p in (port, port + 1):
         with socket.socket() as s:
             s.bind(("127.0.0.1", p))
+
+
+def test_long_engine_steps_keep_the_rank_alive_but_a_stall_does_not(tmp_path: Path) -> None:
+    base = free_port_block(2)
+    slow = _rank(tmp_path, base, 0, "--sim-decode-ms", "2500")  # each step longer than the deadline
+    stuck = _rank(tmp_path, base + 1, 1, "--sim-decode-ms", "2500", "--stall-timeout", "0.5")
+    addresses = f"tcp://127.0.0.1:{base},tcp://127.0.0.1:{base + 1}"
+    fe = start_frontend(tmp_path, "--data-parallel-size", "2", "--data-parallel-size-local", "0",
+                        "--engine-addresses", addresses, "--engine-timeout", "1.0")
+    try:
+        with openai.OpenAI(base_url=fe.url + "/v1", api_key="x", max_retries=0, timeout=60) as client:
+            r = client.completions.create(model="tiny", prompt="hi", max_tokens=2,
+                                          extra_headers={"X-Data-Parallel-Rank": "0"})
+            assert r.choices[0].finish_reason == "length"  # two 2.5 s steps, the rank stayed alive
+            with pytest.raises(openai.APIStatusError) as err:
+                client.completions.create(model="tiny", prompt="hi", max_tokens=2,
+                                          extra_headers={"X-Data-Parallel-Rank": "1"})
+            assert err.value.status_code == 503 and "engine rank 1" in str(err.value)
+        assert "engine rank 0 is dead" not in fe.log()
+    finally:
+        fe.stop()
+        slow.stop()
+        stuck.stop()

@@ -52,6 +52,7 @@ class EngineClient:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self.stats: list[Stats] = []
+        self.beats = 0
         self.others: list[Message] = []
         self._heartbeat_s = heartbeat_s
 
@@ -89,6 +90,9 @@ class EngineClient:
                 msg = decode(frames, any_major=any_major)
                 if isinstance(msg, Stats):
                     self.stats.append(msg)
+                    continue
+                if isinstance(msg, Heartbeat):  # the engine's socket thread beats on its own
+                    self.beats += 1
                     continue
                 return msg
 

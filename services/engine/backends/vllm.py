@@ -118,7 +118,7 @@ class VllmBackend:
                 output_kind=RequestOutputKind.DELTA, detokenize=False,
             )
             params.update_from_generation_config(self._generation_config, self._eos)
-        except ValueError as exc:
+        except Exception as exc:  # vLLM's VLLMValidationError is not a ValueError
             raise RequestRejected(f"sampling: {exc}") from None
         core_request = EngineCoreRequest(
             request_id=request_id, prompt_token_ids=list(request.prompt_token_ids),

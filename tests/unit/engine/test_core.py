@@ -181,3 +181,22 @@ def test_drain_deadline_fails_leftovers_then_exits_0(parts) -> None:  # type: ig
     errors = [o for m in bridge.to(b"a", Outputs) for o in m.outputs if o.finish_reason == "error"]
     assert len(errors) == 1 and "drain deadline" in (errors[0].error or "")
     assert "drained" in bridge.to(b"a", EngineDead)[0].reason
+
+
+def test_a_backend_exception_on_add_is_a_request_error_not_a_dead_rank(parts) -> None:  # type: ignore[no-untyped-def]
+    bridge, backend, core = parts
+
+    def explode(rid: str, req: GenerateRequest) -> None:
+        raise RuntimeError("VLLMValidationError: temperature must be in [0, 2]")
+
+    backend.add = explode  # type: ignore[method-assign]
+    bridge.push(b"a", make_hello("fe-a"))
+    bridge.push(b"a", _req("bad"))
+    thread, code = _run(core)
+    _wait(lambda: any(o.finish_reason == "error" for m in bridge.to(b"a", Outputs) for o in m.outputs))
+    (out,) = [o for m in bridge.to(b"a", Outputs) for o in m.outputs]
+    assert "temperature must be in [0, 2]" in (out.error or "")
+    assert bridge.to(b"a", EngineDead) == []
+    core.request_drain()
+    thread.join(5)
+    assert code == [0]

@@ -39,3 +39,15 @@ def test_good_request_passes() -> None:
 def test_each_problem_names_field_and_range(kwargs: dict, message: str) -> None:  # type: ignore[type-arg]
     result = _check(**kwargs)
     assert result is not None and message in result
+
+
+@pytest.mark.parametrize("field", ["temperature", "top_p", "repetition_penalty", "presence_penalty"])
+def test_non_finite_floats_are_refused(field: str) -> None:
+    result = _check(**{field: float("nan")})
+    assert result is not None and f"sampling.{field}=nan: must be a finite number" in result
+
+
+def test_values_vllm_refuses_are_caught_here_first() -> None:
+    assert "must be in [0, 2]" in (_check(temperature=2.5) or "")
+    assert "below 2**31" in (_check(top_k=2**40) or "")
+    assert "(0, 2]" in (_check(repetition_penalty=3.0) or "")
