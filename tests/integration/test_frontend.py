@@ -245,3 +245,29 @@ def test_api_server_count_two_processes_share_the_port(tmp_path: Path) -> None:
         watcher.close()
         assert fe.stop() == 0
         engine.stop()
+
+
+def test_disconnect_aborts_even_when_ranks_do_not_match_list_positions(tmp_path: Path) -> None:
+    engine = start_engine(tmp_path, *SIM, "--sim-decode-ms", "2", "--data-parallel-start-rank", "3")
+    try:
+        fe = start_frontend(tmp_path, *_frontend_args(engine, 1))
+    except BaseException:
+        engine.stop()
+        raise
+    watcher = EngineClient(engine.endpoint())
+    try:
+        with openai.OpenAI(base_url=fe.url + "/v1", api_key="x", max_retries=0) as client:
+            stream = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=3000, stream=True)
+            for i, _chunk in enumerate(stream):
+                if i == 3:
+                    break
+            stream.close()
+        assert watcher.handshake(timeout_s=10).rank == 3  # type: ignore[union-attr]
+        deadline = time.monotonic() + 10
+        while watcher.utility("stats").result["in_flight"] != 0:
+            assert time.monotonic() < deadline, "the engine still runs the abandoned request"
+            time.sleep(0.1)
+    finally:
+        watcher.close()
+        fe.stop()
+        engine.stop()
