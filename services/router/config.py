@@ -1,0 +1,239 @@
+"""Router configuration types: listeners, pools and entries, read from `router --config router.yaml`.
+
+The router process builds them once at start (`load_config`); every field is documented in
+docs/router-config.md. Parsing lives in config_builder.py, cross-reference checks in config_validation.py.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar, Union
+
+APIS = ("chat", "completions", "responses", "messages", "models", "decisions")
+POLICIES = ("least_outstanding", "cache_aware")
+FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter")
+REGEX_FLAGS = {"ignorecase": re.IGNORECASE, "multiline": re.MULTILINE, "dotall": re.DOTALL,
+               "verbose": re.VERBOSE, "ascii": re.ASCII}
+
+
+class ConfigError(ValueError):
+    """An invalid router config: `errors` holds every problem found, each led by its key path."""
+
+    def __init__(self, source: str, errors: list[str]) -> None:
+        self.source = source
+        self.errors = tuple(errors)
+        super().__init__("\n".join(f"{source}: {e}" for e in errors))
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerConfig:
+    name: str
+    port: int
+    host: str = "0.0.0.0"
+    api_keys: tuple[str, ...] = field(default=(), repr=False)  # empty: no authentication
+    apis: tuple[str, ...] = APIS
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaConfig:
+    url: str  # scheme://host[:port][/prefix], no trailing slash
+
+
+@dataclass(frozen=True, slots=True)
+class DnsConfig:
+    name: str  # resolved to every A/AAAA record; each address is one replica
+    port: int = 8000
+    scheme: str = "http"
+    refresh_s: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class CacheAwareConfig:
+    cache_threshold: float = 0.5  # prefix match ratio above which the cached replica is preferred
+    balance_abs: int = 32  # ... unless load differs by more than this many requests
+    balance_rel: float = 1.5  # ... and by more than this factor
+    max_tree_chars: int = 2_000_000
+    eviction_s: float = 120.0
+
+
+@dataclass(frozen=True, slots=True)
+class HealthConfig:
+    path: str = "/health"
+    interval_s: float = 5.0
+    timeout_s: float = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerConfig:
+    failures: int = 3  # consecutive failures that open the breaker
+    cooldown_s: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class PoolConfig:
+    name: str
+    model: str  # model name sent upstream
+    replicas: tuple[ReplicaConfig, ...] = ()  # exactly one of replicas / dns is set
+    dns: DnsConfig | None = None
+    max_inflight: int = 32  # per replica
+    policy: str = "least_outstanding"
+    cache_aware: CacheAwareConfig = CacheAwareConfig()
+    health: HealthConfig = HealthConfig()
+    breaker: BreakerConfig = BreakerConfig()
+    tokenizer: str | None = None  # a --model value (checkpoints.resolve) for token counts
+    api_key: str | None = field(default=None, repr=False)  # bearer key sent upstream
+    timeout_s: float = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class KeywordSignal:
+    type: ClassVar[str] = "keyword"
+    name: str
+    keywords: tuple[str, ...]
+    mode: str = "any"  # any | all
+    case_sensitive: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RegexSignal:
+    type: ClassVar[str] = "regex"
+    name: str
+    pattern: str
+    flags: tuple[str, ...] = ()
+    compiled: re.Pattern[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        bits = 0
+        for flag in self.flags:
+            bits |= REGEX_FLAGS[flag]
+        # Compiled once here, so a request never pays for it.
+        object.__setattr__(self, "compiled", re.compile(self.pattern, bits))
+
+
+@dataclass(frozen=True, slots=True)
+class ContextLengthSignal:
+    type: ClassVar[str] = "context_length"
+    name: str
+    min_tokens: int = 0  # matched when min_tokens <= tokens < max_tokens
+    max_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingSignal:
+    type: ClassVar[str] = "embedding"
+    name: str
+    examples: tuple[str, ...]
+    threshold: float = 0.6  # cosine similarity to the closest example
+
+
+Signal = Union[KeywordSignal, RegexSignal, ContextLengthSignal, EmbeddingSignal]
+SIGNAL_TYPES: dict[str, type] = {s.type: s for s in (KeywordSignal, RegexSignal, ContextLengthSignal,
+                                                      EmbeddingSignal)}
+
+
+@dataclass(frozen=True, slots=True)
+class SignalRef:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class AnyOf:
+    items: tuple[Expr, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AllOf:
+    items: tuple[Expr, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Not:
+    item: Expr
+
+
+Expr = Union[SignalRef, AnyOf, AllOf, Not]
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRule:
+    name: str
+    when: Expr
+    pools: tuple[str, ...]  # candidate pools, in order
+
+
+@dataclass(frozen=True, slots=True)
+class StaticAlgorithm:
+    type: ClassVar[str] = "static"
+
+
+@dataclass(frozen=True, slots=True)
+class WeightedAlgorithm:
+    type: ClassVar[str] = "weighted"
+    weights: Mapping[str, float]  # pool -> relative share; candidates not listed weigh 1
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptConfig:
+    finish_reasons: tuple[str, ...] = ("stop",)
+    min_chars: int = 1
+    regex: str | None = None  # the answer must contain a match (re.search)
+    compiled: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "compiled", None if self.regex is None else re.compile(self.regex))
+
+
+@dataclass(frozen=True, slots=True)
+class EscalateAlgorithm:
+    type: ClassVar[str] = "escalate"
+    stages: tuple[str, ...]  # pools, cheapest first
+    accept: AcceptConfig = AcceptConfig()
+    deadline_s: float = 30.0  # for all stages together
+    max_calls: int = 2
+
+
+Algorithm = Union[StaticAlgorithm, WeightedAlgorithm, EscalateAlgorithm]
+ALGORITHM_TYPES: dict[str, type] = {a.type: a for a in (StaticAlgorithm, WeightedAlgorithm,
+                                                         EscalateAlgorithm)}
+
+
+@dataclass(frozen=True, slots=True)
+class EntryConfig:
+    name: str  # the public model name clients ask for
+    default: tuple[str, ...]  # candidate pools when no decision matches
+    signals: tuple[Signal, ...] = ()
+    decisions: tuple[DecisionRule, ...] = ()  # ordered; the first match wins
+    algorithm: Algorithm = StaticAlgorithm()
+
+    @property
+    def uses_embedding(self) -> bool:
+        return any(s.type == "embedding" for s in self.signals)
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    listeners: tuple[ListenerConfig, ...]
+    pools: Mapping[str, PoolConfig]  # in file order
+    entries: Mapping[str, EntryConfig]  # in file order
+    source: str = "<config>"
+
+
+def parse_config(data: object, source: str = "<config>", *,
+                 env: Mapping[str, str] | None = None) -> RouterConfig:
+    """Build a RouterConfig from parsed YAML; raise ConfigError listing every problem.
+
+    `env` (default: os.environ) supplies the variables named by `api_keys_env` / `api_key_env`.
+    """
+    # Imported here because the builder imports the types above.
+    from services.router.config_builder import build
+
+    return build(data, source, env)
+
+
+def load_config(path: Path, *, env: Mapping[str, str] | None = None) -> RouterConfig:
+    """Read and validate a router YAML file."""
+    from services.router.config_builder import read_yaml
+
+    return parse_config(read_yaml(path), str(path), env=env)

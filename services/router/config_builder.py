@@ -1,0 +1,334 @@
+"""Build a RouterConfig from parsed YAML, collecting every problem with its key path.
+
+Run once by the router process at start (via config.load_config / parse_config).
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from services.router import config_validation as rules
+from services.router.config import (
+    ALGORITHM_TYPES, APIS, FINISH_REASONS, POLICIES, REGEX_FLAGS, SIGNAL_TYPES, AcceptConfig, AllOf,
+    AnyOf, BreakerConfig, CacheAwareConfig, ConfigError, ContextLengthSignal, DecisionRule, DnsConfig,
+    EmbeddingSignal, EntryConfig, EscalateAlgorithm, Expr, HealthConfig, KeywordSignal, ListenerConfig,
+    Not, PoolConfig, RegexSignal, ReplicaConfig, RouterConfig, Signal, SignalRef, StaticAlgorithm,
+    WeightedAlgorithm)
+from services.router.config_fields import MISSING, Fields
+
+T = TypeVar("T")
+
+LISTENER_KEYS = ("name", "host", "port", "api_keys", "api_keys_env", "apis")
+POOL_KEYS = ("model", "replicas", "dns", "max_inflight", "policy", "cache_aware", "health", "breaker",
+             "tokenizer", "api_key", "api_key_env", "timeout_s")
+SIGNAL_KEYS = {"keyword": ("name", "type", "keywords", "mode", "case_sensitive"),
+               "regex": ("name", "type", "pattern", "flags"),
+               "context_length": ("name", "type", "min_tokens", "max_tokens"),
+               "embedding": ("name", "type", "examples", "threshold")}
+ALGORITHM_KEYS = {"static": ("type",), "weighted": ("type", "weights"),
+                  "escalate": ("type", "stages", "accept", "deadline_s", "max_calls")}
+OPERATORS = ("any", "all", "not")
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML keeps the last of two equal keys; a second `small:` pool would silently win."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[object] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(path: Path) -> object:
+    try:
+        return yaml.load(Path(path).read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+    except OSError as exc:
+        raise ConfigError(str(path), [f"cannot read: {exc.strerror or exc}"]) from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(str(path), [f"invalid YAML: {exc}"]) from exc
+
+
+def build(data: object, source: str, env: Mapping[str, str] | None) -> RouterConfig:
+    f = Fields(os.environ if env is None else env)
+    top = f.mapping("", data, ("listeners", "pools", "entries"), required=("listeners", "pools", "entries"))
+    listeners = f.items("listeners", top.get("listeners", MISSING), _listener)
+    _unique(f, "listeners", listeners, "port", "port")
+    _unique(f, "listeners", listeners, "name", "listener name")
+    raw_pools = f.named("pools", top.get("pools", MISSING))
+    pool_names = tuple(raw_pools)
+    pools = {name: _pool(f, f"pools.{name}", name, raw) for name, raw in raw_pools.items()}
+    entries = {name: _entry(f, f"entries.{name}", name, raw, pool_names)
+               for name, raw in f.named("entries", top.get("entries", MISSING)).items()}
+    if f.errors:
+        raise ConfigError(source, f.errors)
+    return RouterConfig(tuple(listeners), pools, entries, source)  # type: ignore[arg-type]
+
+
+def _listener(f: Fields, path: str, raw: object, i: int) -> ListenerConfig | None:
+    m = f.mapping(path, raw, LISTENER_KEYS, required=("port",))
+    name = f.string(f"{path}.name", m.get("name", f"listener-{i}"))
+    host = f.string(f"{path}.host", m.get("host", "0.0.0.0"))
+    port = f.integer(f"{path}.port", m.get("port"), 1, 65535)
+    keys = f.strings(f"{path}.api_keys", m.get("api_keys", []), allow_empty=True) or ()
+    env_keys = f.env_list(f"{path}.api_keys_env", m["api_keys_env"]) if "api_keys_env" in m else ()
+    apis = f.strings(f"{path}.apis", m.get("apis", list(APIS)))
+    for j, api in enumerate(apis or ()):
+        f.check(f"{path}.apis[{j}]", rules.unknown_name(api, APIS, "api"))
+    if None in (name, host, port, apis) or not m:
+        return None
+    return ListenerConfig(name, port, host, tuple(dict.fromkeys(keys + env_keys)), apis)  # type: ignore[arg-type]
+
+
+def _pool(f: Fields, path: str, name: str, raw: object) -> PoolConfig | None:
+    m = f.mapping(path, raw, POOL_KEYS, required=("model",))
+    if ("replicas" in m) == ("dns" in m) and m:
+        f.add(path, "set exactly one of replicas, dns")
+    replicas = f.items(f"{path}.replicas", m["replicas"], _replica) if "replicas" in m else []
+    urls = [r.url if r else None for r in replicas]
+    for i in rules.duplicates(urls):
+        if urls[i] is not None:
+            f.add(f"{path}.replicas[{i}].url", f"duplicate replica {urls[i]!r}")
+    dns = _dns(f, f"{path}.dns", m["dns"]) if "dns" in m else None
+    policy = f.choice(f"{path}.policy", m.get("policy", "least_outstanding"), POLICIES, "policy",
+                      "policies")
+    if "api_key" in m and "api_key_env" in m:
+        f.add(path, "set at most one of api_key, api_key_env")
+    api_key = f.optional(f"{path}.api_key", m.get("api_key"), f.string)
+    if "api_key_env" in m:
+        api_key = f.env_value(f"{path}.api_key_env", m["api_key_env"])
+    pool = PoolConfig(
+        name=name,
+        model=f.string(f"{path}.model", m.get("model", MISSING)) or "",
+        replicas=tuple(r for r in replicas if r),
+        dns=dns,
+        max_inflight=f.integer(f"{path}.max_inflight", m.get("max_inflight", 32), 1) or 1,
+        policy=policy or "least_outstanding",
+        cache_aware=_cache_aware(f, f"{path}.cache_aware", m.get("cache_aware", {})),
+        health=_health(f, f"{path}.health", m.get("health", {})),
+        breaker=_breaker(f, f"{path}.breaker", m.get("breaker", {})),
+        tokenizer=f.optional(f"{path}.tokenizer", m.get("tokenizer"), f.string),
+        api_key=api_key,
+        timeout_s=f.number(f"{path}.timeout_s", m.get("timeout_s", 600.0), 0, open_low=True) or 600.0,
+    )
+    return pool
+
+
+def _replica(f: Fields, path: str, raw: object, i: int) -> ReplicaConfig | None:
+    m = f.mapping(path, raw, ("url",), required=("url",))
+    url = f.string(f"{path}.url", m.get("url", MISSING))
+    if url is None or "url" not in m or not f.check(f"{path}.url", rules.url_problem(url)):
+        return None
+    return ReplicaConfig(url.rstrip("/"))
+
+
+def _dns(f: Fields, path: str, raw: object) -> DnsConfig | None:
+    m = f.mapping(path, raw, ("name", "port", "scheme", "refresh_s"), required=("name",))
+    return DnsConfig(
+        name=f.string(f"{path}.name", m.get("name", MISSING)) or "",
+        port=f.integer(f"{path}.port", m.get("port", 8000), 1, 65535) or 8000,
+        scheme=f.choice(f"{path}.scheme", m.get("scheme", "http"), ("http", "https"), "scheme") or "http",
+        refresh_s=f.number(f"{path}.refresh_s", m.get("refresh_s", 10.0), 0, open_low=True) or 10.0)
+
+
+def _cache_aware(f: Fields, path: str, raw: object) -> CacheAwareConfig:
+    m = f.mapping(path, raw, CacheAwareConfig.__dataclass_fields__)
+    d = CacheAwareConfig()
+    return CacheAwareConfig(
+        cache_threshold=_or(f.number(f"{path}.cache_threshold", m.get("cache_threshold", d.cache_threshold),
+                                     0, 1), d.cache_threshold),
+        balance_abs=_or(f.integer(f"{path}.balance_abs", m.get("balance_abs", d.balance_abs), 0),
+                        d.balance_abs),
+        balance_rel=_or(f.number(f"{path}.balance_rel", m.get("balance_rel", d.balance_rel), 1),
+                        d.balance_rel),
+        max_tree_chars=_or(f.integer(f"{path}.max_tree_chars", m.get("max_tree_chars", d.max_tree_chars), 1),
+                           d.max_tree_chars),
+        eviction_s=_or(f.number(f"{path}.eviction_s", m.get("eviction_s", d.eviction_s), 0, open_low=True),
+                       d.eviction_s))
+
+
+def _health(f: Fields, path: str, raw: object) -> HealthConfig:
+    m = f.mapping(path, raw, ("path", "interval_s", "timeout_s"))
+    d = HealthConfig()
+    probe = f.string(f"{path}.path", m.get("path", d.path))
+    if probe is not None and not probe.startswith("/"):
+        f.add(f"{path}.path", f"expected a path starting with '/', got {probe!r}")
+    return HealthConfig(
+        path=probe or d.path,
+        interval_s=_or(f.number(f"{path}.interval_s", m.get("interval_s", d.interval_s), 0, open_low=True),
+                       d.interval_s),
+        timeout_s=_or(f.number(f"{path}.timeout_s", m.get("timeout_s", d.timeout_s), 0, open_low=True),
+                      d.timeout_s))
+
+
+def _breaker(f: Fields, path: str, raw: object) -> BreakerConfig:
+    m = f.mapping(path, raw, ("failures", "cooldown_s"))
+    d = BreakerConfig()
+    return BreakerConfig(
+        failures=_or(f.integer(f"{path}.failures", m.get("failures", d.failures), 1), d.failures),
+        cooldown_s=_or(f.number(f"{path}.cooldown_s", m.get("cooldown_s", d.cooldown_s), 0, open_low=True),
+                       d.cooldown_s))
+
+
+def _entry(f: Fields, path: str, name: str, raw: object, pools: tuple[str, ...]) -> EntryConfig | None:
+    m = f.mapping(path, raw, ("signals", "decisions", "default", "algorithm"), required=("default",))
+    signals = f.items(f"{path}.signals", m.get("signals", []), _signal, allow_empty=True)
+    names = [s.name if s else None for s in signals]
+    for i in rules.duplicates(names):
+        if names[i] is not None:
+            f.add(f"{path}.signals[{i}].name", f"duplicate signal {names[i]!r}")
+    known = tuple(n for n in dict.fromkeys(names) if n is not None)
+    raw_signals = m.get("signals")
+    if isinstance(raw_signals, list):  # a broken signal still defines its name for references
+        known += tuple(s["name"] for s in raw_signals
+                       if isinstance(s, dict) and isinstance(s.get("name"), str) and s["name"] not in known)
+
+    def decision(f: Fields, p: str, raw: object, i: int) -> DecisionRule | None:
+        d = f.mapping(p, raw, ("name", "when", "pools"), required=("when", "pools"))
+        rule_name = f.string(f"{p}.name", d.get("name", f"decision-{i}"))
+        when = _expr(f, f"{p}.when", d["when"], known) if "when" in d else None
+        targets = _pool_list(f, f"{p}.pools", d.get("pools", MISSING), pools)
+        return DecisionRule(rule_name, when, targets) if rule_name and when and targets else None
+
+    decisions = f.items(f"{path}.decisions", m.get("decisions", []), decision, allow_empty=True)
+    rule_names = [d.name if d else None for d in decisions]
+    for i in rules.duplicates(rule_names):
+        if rule_names[i] is not None:
+            f.add(f"{path}.decisions[{i}].name", f"duplicate decision {rule_names[i]!r}")
+    default = _pool_list(f, f"{path}.default", m.get("default", MISSING), pools)
+    algorithm = _algorithm(f, f"{path}.algorithm", m.get("algorithm", {"type": "static"}), pools)
+    if not m or default is None or algorithm is None:
+        return None
+    return EntryConfig(name, default, tuple(s for s in signals if s), tuple(d for d in decisions if d),
+                       algorithm)
+
+
+def _signal(f: Fields, path: str, raw: object, i: int) -> Signal | None:
+    if not isinstance(raw, dict):
+        f.mapping(path, raw, ())
+        return None
+    kind = f.choice(f"{path}.type", raw.get("type"), tuple(SIGNAL_TYPES), "signal type")
+    if kind is None:
+        return None
+    m = f.mapping(path, raw, SIGNAL_KEYS[kind], required=("name",) + {
+        "keyword": ("keywords",), "regex": ("pattern",), "embedding": ("examples",)}.get(kind, ()))
+    name = f.string(f"{path}.name", m.get("name", MISSING))
+    if kind == "keyword":
+        words = f.strings(f"{path}.keywords", m.get("keywords", MISSING))
+        mode = f.choice(f"{path}.mode", m.get("mode", "any"), ("any", "all"), "mode")
+        case = f.boolean(f"{path}.case_sensitive", m.get("case_sensitive", False))
+        ok = words and mode and case is not None
+        return KeywordSignal(name, words, mode, case) if name and ok else None  # type: ignore[arg-type]
+    if kind == "regex":
+        flags = f.strings(f"{path}.flags", m.get("flags", []), allow_empty=True)
+        for j, flag in enumerate(flags or ()):
+            f.check(f"{path}.flags[{j}]", rules.unknown_name(flag, tuple(REGEX_FLAGS), "flag"))
+        pattern = f.string(f"{path}.pattern", m.get("pattern", MISSING))
+        if pattern is not None and "pattern" in m:
+            f.check(f"{path}.pattern", rules.regex_problem(pattern, flags or ()))
+        if name and pattern and flags is not None and not rules.regex_problem(pattern, flags):
+            if all(flag in REGEX_FLAGS for flag in flags):
+                return RegexSignal(name, pattern, flags)
+        return None
+    if kind == "context_length":
+        low = f.integer(f"{path}.min_tokens", m.get("min_tokens", 0), 0)
+        high = f.optional(f"{path}.max_tokens", m.get("max_tokens"), lambda p, v: f.integer(p, v, 1))
+        if low is not None and high is not None and high <= low:
+            f.add(f"{path}.max_tokens", f"expected more than min_tokens ({low}), got {high}")
+        return ContextLengthSignal(name, low, high) if name and low is not None else None
+    examples = f.strings(f"{path}.examples", m.get("examples", MISSING))
+    threshold = f.number(f"{path}.threshold", m.get("threshold", 0.6), 0, 1)
+    return EmbeddingSignal(name, examples, threshold) if name and examples and threshold is not None else None
+
+
+def _expr(f: Fields, path: str, raw: object, signals: tuple[str, ...]) -> Expr | None:
+    if isinstance(raw, str):
+        return SignalRef(raw) if f.check(path, rules.unknown_name(raw, signals, "signal")) else None
+    if not isinstance(raw, dict) or len(raw) != 1:
+        shape = f"keys {', '.join(map(str, raw))}" if isinstance(raw, dict) else repr(raw)
+        f.add(path, f"expected a signal name or a mapping with one of any, all, not; got {shape}")
+        return None
+    op, arg = next(iter(raw.items()))
+    if op not in OPERATORS:
+        f.add(f"{path}.{op}", rules.unknown_key(op, OPERATORS))
+        return None
+    if op == "not":
+        item = _expr(f, f"{path}.not", arg, signals)
+        return Not(item) if item else None
+    parts = f.items(f"{path}.{op}", arg, lambda f, p, r, i: _expr(f, p, r, signals))
+    if not parts or None in parts:
+        return None
+    return (AnyOf if op == "any" else AllOf)(tuple(parts))  # type: ignore[arg-type]
+
+
+def _pool_list(f: Fields, path: str, raw: object, pools: tuple[str, ...]) -> tuple[str, ...] | None:
+    names = f.strings(path, raw)
+    ok = names is not None
+    for i, name in enumerate(names or ()):
+        ok = f.check(f"{path}[{i}]", rules.unknown_name(name, pools, "pool")) and ok
+    return names if ok else None
+
+
+def _algorithm(f: Fields, path: str, raw: object, pools: tuple[str, ...]):  # type: ignore[no-untyped-def]
+    if not isinstance(raw, dict):
+        f.mapping(path, raw, ())
+        return None
+    kind = f.choice(f"{path}.type", raw.get("type", "static"), tuple(ALGORITHM_TYPES), "algorithm type")
+    if kind is None:
+        return None
+    m = f.mapping(path, raw, ALGORITHM_KEYS[kind], required={"weighted": ("weights",),
+                                                             "escalate": ("stages",)}.get(kind, ()))
+    if kind == "static":
+        return StaticAlgorithm()
+    if kind == "weighted":
+        weights = f.named(f"{path}.weights", m.get("weights", MISSING))
+        ok = bool(weights)
+        for pool, w in weights.items():
+            ok = f.check(f"{path}.weights.{pool}", rules.unknown_name(pool, pools, "pool")) and ok
+            ok = f.number(f"{path}.weights.{pool}", w, 0, open_low=True) is not None and ok
+        return WeightedAlgorithm({k: float(v) for k, v in weights.items()}) if ok else None
+    stages = _pool_list(f, f"{path}.stages", m.get("stages", MISSING), pools)
+    if stages is not None and len(stages) < 2:
+        f.add(f"{path}.stages", f"expected at least 2 pools, got {len(stages)}")
+    accept = _accept(f, f"{path}.accept", m.get("accept", {}))
+    deadline = f.number(f"{path}.deadline_s", m.get("deadline_s", 30.0), 0, open_low=True)
+    calls = f.integer(f"{path}.max_calls", m.get("max_calls", 2), 1)
+    if stages and len(stages) >= 2 and accept and deadline and calls:
+        return EscalateAlgorithm(stages, accept, deadline, calls)
+    return None
+
+
+def _accept(f: Fields, path: str, raw: object) -> AcceptConfig | None:
+    m = f.mapping(path, raw, ("finish_reasons", "min_chars", "regex"))
+    reasons = f.strings(f"{path}.finish_reasons", m.get("finish_reasons", ["stop"]))
+    for i, reason in enumerate(reasons or ()):
+        f.check(f"{path}.finish_reasons[{i}]", rules.unknown_name(reason, FINISH_REASONS, "finish reason"))
+    chars = f.integer(f"{path}.min_chars", m.get("min_chars", 1), 0)
+    regex = f.optional(f"{path}.regex", m.get("regex"), f.string)
+    if regex is not None:
+        f.check(f"{path}.regex", rules.regex_problem(regex))
+    if reasons is None or chars is None or any(r not in FINISH_REASONS for r in reasons):
+        return None
+    if regex is not None and rules.regex_problem(regex):
+        return None
+    return AcceptConfig(reasons, chars, regex)
+
+
+def _unique(f: Fields, path: str, items: list[Any], attr: str, what: str) -> None:
+    values = [getattr(x, attr) if x else None for x in items]
+    for i in rules.duplicates(values):
+        if values[i] is not None:
+            f.add(f"{path}[{i}].{attr}", f"duplicate {what} {values[i]!r}")
+
+
+def _or(value: T | None, default: T) -> T:
+    return default if value is None else value
+
