@@ -1,0 +1,208 @@
+"""Replicas of one pool in the router process: readiness (health checks and a circuit breaker per
+replica), the in-flight cap, and leases. No I/O: the HTTP layer and the health checker call in.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.router.policies import Policy
+from services.router.policies.least_outstanding import LeastOutstanding
+
+CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
+
+
+@dataclass(slots=True, eq=False)
+class Replica:
+    url: str
+    outstanding_bytes: int = 0  # request bytes sent and not yet finished
+    inflight: int = 0
+    last_assigned: float = 0.0  # pool-wide sequence number of its latest lease; 0: never
+    healthy: bool = True  # the latest active check passed, or there was none yet
+    health_detail: str = ""
+    breaker: str = CLOSED  # OPEN turns HALF_OPEN lazily, when the pool next looks at it
+    request_failures: int = 0  # consecutive
+    health_failures: int = 0  # consecutive
+    opened_at: float = 0.0
+    probe_inflight: bool = False
+
+
+@dataclass(slots=True, frozen=True)
+class Overloaded:
+    """Every ready replica is at the cap: answer 429 with Retry-After at once, never queue."""
+    retry_after_s: int
+    reason: str = ""
+
+
+@dataclass(slots=True, frozen=True)
+class NoReplica:
+    """No replica is ready (503); the reason gives each replica's state."""
+    reason: str
+
+
+@dataclass(slots=True, eq=False)
+class Lease:
+    replica: Replica
+    request_bytes: int
+    reason: str = ""  # the policy's explanation of this choice
+    _pool: Pool | None = field(default=None, repr=False)
+    _released: bool = field(default=False, repr=False)
+
+    def release(self, ok: bool) -> None:
+        """The request finished. ok=False for failures that blame the replica (connect error, 5xx,
+        reset); they feed its breaker. Calling again does nothing."""
+        if self._released:
+            return
+        self._released = True
+        self.replica.inflight -= 1
+        self.replica.outstanding_bytes -= self.request_bytes
+        if self._pool is not None:
+            if ok:
+                self._pool.record_success(self.replica)
+            else:
+                self._pool.record_failure(self.replica)
+
+
+class Pool:
+    def __init__(self, name: str, urls: Iterable[str], *, policy: Policy | None = None,
+                 max_inflight: int = 32, failures: int = 3, cooldown_s: float = 30.0,
+                 retry_after_s: int = 1, clock: Callable[[], float] = time.monotonic) -> None:
+        for key, value, low in (("max_inflight", max_inflight, 1), ("failures", failures, 1),
+                                ("retry_after_s", retry_after_s, 0)):
+            if not isinstance(value, int) or value < low:
+                raise ValueError(f"pool {name!r}: {key} must be an integer >= {low}, got {value!r}")
+        if not cooldown_s >= 0:
+            raise ValueError(f"pool {name!r}: cooldown_s must be >= 0, got {cooldown_s!r}")
+        self.name = name
+        self.policy: Policy = policy if policy is not None else LeastOutstanding()
+        self.max_inflight = max_inflight
+        self.failures = failures
+        self.cooldown_s = cooldown_s
+        self.retry_after_s = retry_after_s
+        self.replicas: list[Replica] = [Replica(url) for url in dict.fromkeys(urls)]
+        self._clock = clock
+        self._seq = 0
+
+    # ---- scheduling ----
+
+    def acquire(self, request_bytes: int, *, text: str | None = None,
+                exclude: frozenset[str] = frozenset()) -> Lease | Overloaded | NoReplica:
+        """Pick a replica and count the request on it. `exclude`: URLs already tried for this request."""
+        picked = self.preview(request_bytes, text=text, exclude=exclude)
+        if not isinstance(picked, Replica):
+            return picked
+        picked.inflight += 1
+        picked.outstanding_bytes += request_bytes
+        self._seq += 1
+        picked.last_assigned = self._seq
+        if picked.breaker == HALF_OPEN:
+            picked.probe_inflight = True
+        self.policy.on_assigned(picked, text)
+        return Lease(picked, request_bytes, self.policy.last_reason, self)
+
+    def preview(self, request_bytes: int, *, text: str | None = None,
+                exclude: frozenset[str] = frozenset()) -> Replica | Overloaded | NoReplica:
+        """The choice `acquire` would make, without counting it (for /v1/decisions); the policy's
+        `last_reason` explains it."""
+        if request_bytes < 0:
+            raise ValueError(f"request_bytes must be >= 0, got {request_bytes}")
+        now = self._clock()
+        candidates: list[Replica] = []
+        ready = 0
+        for r in self.replicas:
+            if r.url in exclude or not self._ready(r, now):
+                continue
+            ready += 1
+            # Half-open: one probe at a time; requests from before the breaker opened may still run.
+            if r.inflight < self.max_inflight and not (r.breaker == HALF_OPEN and r.probe_inflight):
+                candidates.append(r)
+        if candidates:
+            return self.policy.choose(candidates, request_bytes, text)
+        if ready:
+            return Overloaded(self.retry_after_s, f"pool {self.name!r}: all {ready} ready replicas are "
+                              f"at {self.max_inflight} in-flight requests or probing")
+        if not self.replicas:
+            return NoReplica(f"pool {self.name!r} has no replicas")
+        return NoReplica(f"pool {self.name!r}: no ready replica: " + "; ".join(
+            f"{r.url}: {self._describe(r, now, exclude)}" for r in self.replicas))
+
+    # ---- health and breaker ----
+
+    def record_success(self, replica: Replica) -> None:
+        state = self._breaker_state(replica, self._clock())
+        replica.request_failures = 0
+        if state == HALF_OPEN:
+            self._close(replica)
+
+    def record_failure(self, replica: Replica) -> None:
+        now = self._clock()
+        replica.request_failures += 1
+        self._on_failure(replica, now, replica.request_failures)
+
+    def record_health(self, replica: Replica, ok: bool, *, detail: str = "") -> None:
+        """An active check's result. A pass makes the replica healthy but does not close an open
+        breaker: the health endpoint answering does not prove generation works; a probe request does."""
+        if ok:
+            replica.healthy, replica.health_detail, replica.health_failures = True, "", 0
+            return
+        replica.healthy = False
+        replica.health_detail = detail or "health check failed"
+        replica.health_failures += 1
+        self._on_failure(replica, self._clock(), replica.health_failures)
+
+    def is_ready(self, replica: Replica) -> bool:
+        return self._ready(replica, self._clock())
+
+    # ---- membership and reporting ----
+
+    def get(self, url: str) -> Replica | None:
+        return next((r for r in self.replicas if r.url == url), None)
+
+    def replace_replicas(self, urls: Iterable[str]) -> None:
+        """New membership (DNS refresh). URLs that stay keep their load, health and breaker."""
+        old = {r.url: r for r in self.replicas}
+        self.replicas = [old.get(url) or Replica(url) for url in dict.fromkeys(urls)]
+        for url in old.keys() - {r.url for r in self.replicas}:
+            self.policy.on_removed(url)
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        now = self._clock()
+        return [{"url": r.url, "ready": self._ready(r, now), "healthy": r.healthy,
+                 "breaker": self._breaker_state(r, now), "inflight": r.inflight,
+                 "outstanding_bytes": r.outstanding_bytes,
+                 "consecutive_failures": max(r.request_failures, r.health_failures)}
+                for r in self.replicas]
+
+    # ---- internals ----
+
+    def _ready(self, r: Replica, now: float) -> bool:
+        return r.healthy and self._breaker_state(r, now) != OPEN
+
+    def _breaker_state(self, r: Replica, now: float) -> str:
+        if r.breaker == OPEN and now - r.opened_at >= self.cooldown_s:
+            r.breaker, r.probe_inflight = HALF_OPEN, False
+        return r.breaker
+
+    def _on_failure(self, r: Replica, now: float, consecutive: int) -> None:
+        state = self._breaker_state(r, now)
+        # Failures while open come from requests sent before it opened: they do not restart the cooldown.
+        if state == HALF_OPEN or (state == CLOSED and consecutive >= self.failures):
+            r.breaker, r.opened_at, r.probe_inflight = OPEN, now, False
+
+    @staticmethod
+    def _close(r: Replica) -> None:
+        r.breaker, r.probe_inflight = CLOSED, False
+        r.request_failures = r.health_failures = 0
+
+    def _describe(self, r: Replica, now: float, exclude: frozenset[str]) -> str:
+        states = []
+        if r.url in exclude:
+            states.append("excluded (already tried for this request)")
+        if not r.healthy:
+            states.append(f"unhealthy ({r.health_detail})")
+        if self._breaker_state(r, now) == OPEN:
+            states.append(f"breaker open after {max(r.request_failures, r.health_failures)} consecutive "
+                          f"failures, half-open in {r.opened_at + self.cooldown_s - now:.1f}s")
+        return ", ".join(states) or "ready"

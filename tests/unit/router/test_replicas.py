@@ -1,0 +1,205 @@
+from __future__ import annotations
+
+import pytest
+
+from services.router.replicas import CLOSED, HALF_OPEN, OPEN, Lease, NoReplica, Overloaded, Pool
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _pool(n: int = 3, **kw: object) -> tuple[Pool, Clock]:
+    clock = Clock()
+    return Pool("chat", [f"http://r{i}" for i in range(n)], clock=clock, **kw), clock  # type: ignore[arg-type]
+
+
+def _lease(pool: Pool, request_bytes: int = 10, **kw: object) -> Lease:
+    got = pool.acquire(request_bytes, **kw)  # type: ignore[arg-type]
+    assert isinstance(got, Lease), got
+    return got
+
+
+def test_fewest_outstanding_bytes_wins() -> None:
+    pool, _ = _pool()
+    big = _lease(pool, 5000)
+    small = _lease(pool, 100)
+    assert (big.replica.url, small.replica.url) == ("http://r0", "http://r1")
+    # Bytes, not request counts: r2 takes a second request while it holds fewer bytes than r1.
+    assert _lease(pool, 60).replica.url == "http://r2"
+    assert _lease(pool, 60).replica.url == "http://r2"
+    assert _lease(pool, 1).replica.url == "http://r1"  # 100 bytes < r2's 120 < r0's 5000
+    assert (small.replica.outstanding_bytes, small.replica.inflight) == (101, 2)
+    assert (big.replica.outstanding_bytes, big.replica.inflight) == (5000, 1)
+
+
+def test_ties_go_to_least_recently_assigned() -> None:
+    pool, _ = _pool()
+    order = []
+    for _ in range(6):
+        lease = _lease(pool, 10)
+        order.append(lease.replica.url)
+        lease.release(True)  # every replica back to 0 bytes: a tie each time
+    assert order == ["http://r0", "http://r1", "http://r2"] * 2
+    assert "tie of 3" in pool.policy.last_reason
+
+
+def test_overloaded_when_every_ready_replica_is_at_the_cap() -> None:
+    pool, _ = _pool(2, max_inflight=2, retry_after_s=3)
+    leases = [_lease(pool) for _ in range(4)]
+    got = pool.acquire(10)
+    assert isinstance(got, Overloaded) and got.retry_after_s == 3
+    leases[0].release(True)  # one slot frees up
+    assert _lease(pool).replica is leases[0].replica
+
+
+def test_a_full_replica_is_skipped_when_another_has_room() -> None:
+    pool, _ = _pool(2, max_inflight=1)
+    first = _lease(pool, 1)
+    # r1 now holds far more bytes than r0 would, but r0 is at the cap.
+    second = _lease(pool, 10**9)
+    assert second.replica is not first.replica
+    assert isinstance(pool.acquire(1), Overloaded)
+
+
+def test_no_replica_reason_names_each_replica_state() -> None:
+    pool, _ = _pool(3, failures=1, cooldown_s=10)
+    pool.record_health(pool.replicas[0], False, detail="connect refused")
+    pool.record_failure(pool.replicas[1])
+    got = pool.acquire(1, exclude=frozenset({"http://r2"}))
+    assert isinstance(got, NoReplica)
+    assert "http://r0: unhealthy (connect refused)" in got.reason
+    assert "http://r1: breaker open after 1 consecutive failures, half-open in 10.0s" in got.reason
+    assert "http://r2: excluded" in got.reason
+    assert "no replicas" in Pool("empty", []).acquire(1).reason  # type: ignore[union-attr]
+
+
+def test_exclude_retries_on_another_replica() -> None:
+    pool, _ = _pool(2)
+    first = _lease(pool)
+    first.release(False)
+    retry = _lease(pool, exclude=frozenset({first.replica.url}))
+    assert retry.replica is not first.replica
+    retry.release(True)
+    assert isinstance(pool.acquire(1, exclude=frozenset({"http://r0", "http://r1"})), NoReplica)
+
+
+def test_release_is_idempotent() -> None:
+    pool, _ = _pool(1, failures=2)
+    keep = _lease(pool, 7)
+    lease = _lease(pool, 100)
+    lease.release(False)
+    lease.release(False)
+    r = lease.replica
+    assert (r.inflight, r.outstanding_bytes) == (1, 7)
+    assert r.request_failures == 1 and r.breaker == CLOSED  # a second failure would have opened it
+    keep.release(True)
+    assert (r.inflight, r.outstanding_bytes) == (0, 0)
+
+
+def test_breaker_opens_after_n_consecutive_failures() -> None:
+    pool, _ = _pool(1, failures=3)
+    r = pool.replicas[0]
+    for _ in range(2):
+        _lease(pool).release(False)
+    _lease(pool).release(True)  # a success breaks the run
+    for _ in range(2):
+        _lease(pool).release(False)
+    assert r.breaker == CLOSED and pool.is_ready(r)
+    _lease(pool).release(False)
+    assert r.breaker == OPEN and not pool.is_ready(r)
+    assert isinstance(pool.acquire(1), NoReplica)
+
+
+def test_half_open_allows_exactly_one_probe_then_closes_on_success() -> None:
+    pool, clock = _pool(1, failures=1, cooldown_s=30)
+    r = pool.replicas[0]
+    _lease(pool).release(False)
+    clock.t += 29.9
+    assert isinstance(pool.acquire(1), NoReplica)
+    clock.t += 0.1
+    probe = _lease(pool)
+    assert pool.snapshot()[0]["breaker"] == HALF_OPEN
+    assert isinstance(pool.acquire(1), Overloaded)  # the probe is the only request let through
+    probe.release(True)
+    assert r.breaker == CLOSED
+    assert isinstance(pool.acquire(1), Lease) and isinstance(pool.acquire(1), Lease)
+
+
+def test_failed_probe_reopens_the_breaker() -> None:
+    pool, clock = _pool(1, failures=1, cooldown_s=30)
+    r = pool.replicas[0]
+    _lease(pool).release(False)
+    clock.t += 30
+    _lease(pool).release(False)
+    assert r.breaker == OPEN
+    clock.t += 29
+    assert isinstance(pool.acquire(1), NoReplica)  # the cooldown restarted at the failed probe
+    clock.t += 1
+    assert isinstance(pool.acquire(1), Lease)
+
+
+def test_failed_health_check_makes_a_replica_not_ready() -> None:
+    pool, _ = _pool(2, failures=3)
+    r0 = pool.replicas[0]
+    pool.record_health(r0, False)
+    assert not pool.is_ready(r0) and r0.breaker == CLOSED
+    assert all(_lease(pool).replica.url == "http://r1" for _ in range(3))
+    pool.record_health(r0, True)
+    assert pool.is_ready(r0)
+    assert _lease(pool).replica is r0
+
+
+def test_repeated_health_failures_open_the_breaker_and_a_pass_does_not_close_it() -> None:
+    pool, clock = _pool(1, failures=2, cooldown_s=5)
+    r = pool.replicas[0]
+    pool.record_health(r, False)
+    pool.record_health(r, False)
+    assert r.breaker == OPEN
+    pool.record_health(r, True)
+    assert not pool.is_ready(r)
+    clock.t += 5
+    _lease(pool).release(True)
+    assert r.breaker == CLOSED
+
+
+def test_replace_replicas_keeps_state_of_urls_that_stay() -> None:
+    pool, _ = _pool(2, failures=1)
+    lease = _lease(pool, 50)
+    pool.record_failure(pool.replicas[1])
+    pool.replace_replicas(["http://r1", "http://r0", "http://r9", "http://r0"])
+    assert [r.url for r in pool.replicas] == ["http://r1", "http://r0", "http://r9"]
+    assert pool.replicas[1] is lease.replica and lease.replica.outstanding_bytes == 50
+    assert pool.replicas[0].breaker == OPEN
+    pool.replace_replicas(["http://r9"])
+    lease.release(True)  # a lease on a removed replica still releases cleanly
+    assert [s["url"] for s in pool.snapshot()] == ["http://r9"]
+
+
+def test_snapshot() -> None:
+    pool, _ = _pool(2)
+    _lease(pool, 12)
+    pool.record_health(pool.replicas[1], False)
+    assert pool.snapshot() == [
+        {"url": "http://r0", "ready": True, "healthy": True, "breaker": "closed", "inflight": 1,
+         "outstanding_bytes": 12, "consecutive_failures": 0},
+        {"url": "http://r1", "ready": False, "healthy": False, "breaker": "closed", "inflight": 0,
+         "outstanding_bytes": 0, "consecutive_failures": 1},
+    ]
+
+
+def test_preview_counts_nothing() -> None:
+    pool, _ = _pool(2)
+    picked = pool.preview(10)
+    assert picked is pool.replicas[0] and picked.inflight == 0
+    assert _lease(pool).replica is picked
+
+
+@pytest.mark.parametrize("key, value", [("max_inflight", 0), ("failures", 0), ("cooldown_s", -1.0)])
+def test_settings_are_validated(key: str, value: float) -> None:
+    with pytest.raises(ValueError, match=key):
+        Pool("chat", ["http://r0"], **{key: value})  # type: ignore[arg-type]
