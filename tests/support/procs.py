@@ -157,3 +157,94 @@ def start_frontend(tmp_path: Path, *args: str, wait_status: int | None = 200) ->
             fe.stop()
             raise
     return fe
+
+
+@dataclass
+class HttpProc:
+    """A test backend or a router: a process serving HTTP on a loopback port."""
+    proc: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_http(self, path: str = "/health", timeout_s: float = 60.0) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.log_path.stem} exited ({self.proc.returncode}):\n{self.log()}")
+            try:
+                httpx.get(self.url + path, timeout=2)
+                return
+            except httpx.TransportError:
+                time.sleep(0.05)
+        raise TimeoutError(f"{self.url}{path} never answered:\n{self.log()}")
+
+    def configure(self, **settings: object) -> None:
+        """Test backend only: change its behaviour (status, delay_s, reply, finish_reason, healthy, ...)."""
+        import httpx
+
+        httpx.post(self.url + "/admin/config", json=settings, timeout=5).raise_for_status()
+
+    def reset(self) -> None:
+        """Test backend only: default behaviour, stats from zero."""
+        import httpx
+
+        httpx.post(self.url + "/admin/reset", timeout=5).raise_for_status()
+
+    def stats(self) -> dict:  # type: ignore[type-arg]
+        import httpx
+
+        return httpx.get(self.url + "/admin/stats", timeout=5).json()
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def _spawn(tmp_path: Path, stem: str, cmd: list[str], port: int) -> HttpProc:
+    log_path = tmp_path / f"{stem}-{port}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    return HttpProc(proc, port, log_path)
+
+
+def start_backend(tmp_path: Path, name: str) -> HttpProc:
+    """The OpenAI-compatible test backend (tests/support/openai_backend.py), answering "<name>:<model>"."""
+    port = free_port_block(1, spread=0)
+    backend = _spawn(tmp_path, f"backend-{name}", [sys.executable, "-m", "tests.support.openai_backend",
+                                                     "--port", str(port), "--name", name], port)
+    try:
+        backend.wait_http()
+    except BaseException:
+        backend.stop()
+        raise
+    return backend
+
+
+def start_router(tmp_path: Path, config: str, *, port: int | None = None, wait: bool = True) -> HttpProc:
+    """A router serving `config` (YAML text; `{port}` in it is replaced by the listener port)."""
+    port = port if port is not None else free_port_block(1, spread=0)
+    path = tmp_path / f"router-{port}.yaml"
+    path.write_text(config.replace("{port}", str(port)))
+    router = _spawn(tmp_path, "router", [sys.executable, "-m", "services.router", "--config", str(path)], port)
+    if wait:
+        try:
+            router.wait_http()
+        except BaseException:
+            router.stop()
+            raise
+    return router

@@ -1,0 +1,40 @@
+"""`router --config router.yaml [--port P]`: validate the config (every problem, by key path, then
+exit 2), set up logging, serve."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from services.router.config import ConfigError, load_config
+from services.router.server import run, run_loop
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="router", description="The public entry of the fleet: API keys, "
+                                     "model selection by signals and decisions, replica scheduling.")
+    parser.add_argument("--config", required=True, type=Path, help="router YAML (docs/router-config.md)")
+    parser.add_argument("--port", type=int, help="serve the first listener on this port instead")
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream request otherwise
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"router: invalid config ({len(exc.errors)} problem(s)):", file=sys.stderr)
+        for error in exc.errors:
+            print(f"  {exc.source}: {error}", file=sys.stderr)
+        sys.exit(2)
+    if args.port is not None:
+        if not 1 <= args.port <= 65535:
+            parser.error(f"--port: expected 1..65535, got {args.port}")
+        first, *rest = config.listeners
+        config = replace(config, listeners=(replace(first, port=args.port), *rest))
+    sys.exit(run_loop(run(config)))
+
+
+if __name__ == "__main__":
+    main()

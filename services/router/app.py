@@ -1,0 +1,526 @@
+"""The router's HTTP side (one ASGI app for every listener, told apart by the port a request came in
+on): API keys, the public APIs, dispatch to replicas with retry before the first byte, 429 at the
+cap, streaming passed through as it arrives, the Responses and Messages adapters, and escalate."""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import msgspec
+
+from services.router import escalate
+from services.router.adapters import AdapterError
+from services.router.adapters.anthropic import MessagesStream, anthropic_error, chat_to_message, messages_to_chat
+from services.router.adapters.responses import ResponsesStream, chat_to_response, responses_to_chat
+from services.router.config import EscalateAlgorithm, ListenerConfig, RouterConfig
+from services.router.metrics import RouterMetrics
+from services.router.replicas import Lease, NoReplica, Overloaded
+from services.router.routing import Choice, Router, UnknownModel
+from services.router.upstream import Upstream, UpstreamError
+
+log = logging.getLogger("router")
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+POST_APIS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/responses": "responses",
+             "/v1/messages": "messages", "/v1/decisions": "decisions"}
+UPSTREAM_PATH = {"chat": "/v1/chat/completions", "completions": "/v1/completions",
+                 "responses": "/v1/chat/completions", "messages": "/v1/chat/completions"}
+_ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "not_found_error",
+                405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+                502: "upstream_error", 503: "service_unavailable_error", 504: "timeout_error"}
+_JSON = [(b"content-type", b"application/json")]
+_SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+_DONE = b"data: [DONE]\n\n"
+_json = msgspec.json.Encoder()
+_decode = msgspec.json.Decoder()
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers or []
+
+
+class _ClientGone(Exception):
+    pass
+
+
+@dataclass(slots=True)
+class _Call:
+    """One public request on its way through the router."""
+    listener: ListenerConfig
+    api: str
+    request: dict[str, Any]  # the body as the client sent it
+    chat: dict[str, Any]  # as a chat or completions body (what goes upstream, but for the model)
+    choice: Choice
+    status: int = 0  # of the response started to the client
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)  # x-router-* for the client
+
+
+@dataclass(slots=True)
+class _Opened:
+    response: httpx.Response
+    lease: Lease
+    pool: str
+    attempts: int
+
+
+class RouterApp:
+    def __init__(self, config: RouterConfig, router: Router, upstream: Upstream, metrics: RouterMetrics, *,
+                 max_body_bytes: int = 32 << 20) -> None:
+        self.config = config
+        self.router = router
+        self.upstream = upstream
+        self.metrics = metrics
+        self.max_body_bytes = max_body_bytes
+        self._by_port = {listener.port: listener for listener in config.listeners}
+        self._keys = {listener.name: tuple(k.encode() for k in listener.api_keys) for listener in config.listeners}
+        self._created = int(time.time())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        server = scope.get("server")
+        listener = self._by_port.get(server[1] if server else -1, self.config.listeners[0])
+        path, method = scope["path"], scope["method"]
+        api = POST_APIS.get(path) or ("models" if path == "/v1/models" else None)
+        try:
+            if path == "/health":
+                await _send_json(send, 200, _json.encode(self._health()))
+                return
+            self._authorize(listener, scope, api)
+            if path == "/metrics":
+                await send({"type": "http.response.start", "status": 200,
+                            "headers": [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]})
+                await send({"type": "http.response.body", "body": self.metrics.render()})
+                return
+            if api is None or api not in listener.apis:
+                raise HTTPError(404, f"no route for {method} {path} on listener {listener.name!r}")
+            wanted = "GET" if api == "models" else "POST"
+            if method != wanted:
+                raise HTTPError(405, f"{path} accepts {wanted} only")
+            if api == "models":
+                await _send_json(send, 200, _json.encode(self._models()))
+            elif api == "decisions":
+                await _send_json(send, 200, _json.encode(self._decisions(await self._body(scope, receive))))
+            else:
+                await self._generate(listener, api, scope, receive, send)
+        except HTTPError as exc:
+            self.metrics.requests.labels(listener.name, api or "other", str(exc.status)).inc()
+            await _send_json(send, exc.status, _error_body(api, exc), exc.headers)
+        except _ClientGone:
+            pass
+
+    # ---- plain routes ----
+
+    def _health(self) -> dict[str, Any]:
+        return {"status": "ok", "pools": {name: {"ready": sum(1 for r in pool.snapshot() if r["ready"]),
+                                                 "replicas": len(pool.replicas)}
+                                          for name, pool in self.router.pools.items()}}
+
+    def _models(self) -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": self._created,
+                                            "owned_by": "router"} for name in self.config.entries]}
+
+    def _decisions(self, raw: bytes) -> dict[str, Any]:
+        body = _parse(raw)
+        chat = body
+        if "input" in body and "messages" not in body and "prompt" not in body:
+            chat = _adapt(responses_to_chat, body)
+        choice = self._choose(chat)
+        out = choice.describe()
+        size = len(raw)
+        for name in choice.plan:
+            picked = self.router.pools[name].preview(size, text=choice.text)
+            out["pool"] = name
+            out["replicas"] = self.router.pools[name].snapshot()
+            if isinstance(picked, Overloaded):
+                out.update(replica=None, status="overloaded", reason=picked.reason)
+            elif isinstance(picked, NoReplica):
+                out.update(replica=None, status="no_replica", reason=picked.reason)
+            else:
+                out.update(replica=picked.url, status="ok", reason=self.router.pools[name].policy.last_reason)
+                break
+            if isinstance(choice.entry.algorithm, EscalateAlgorithm):
+                break  # escalate always starts at its first stage
+        return out
+
+    def _authorize(self, listener: ListenerConfig, scope: Scope, api: str | None) -> None:
+        keys = self._keys[listener.name]
+        if not keys:
+            return
+        given = b""
+        for name, value in scope["headers"]:
+            if name == b"authorization" and value[:7].lower() == b"bearer ":
+                given = value[7:].strip()
+            elif name == b"x-api-key" and not given:
+                given = value.strip()
+        ok = False
+        for key in keys:  # every key compared, in constant time each: no early exit to time
+            ok |= hmac.compare_digest(given, key)
+        if not ok:
+            message = ("Incorrect API key provided." if given else
+                       "Missing API key: send it as `Authorization: Bearer <key>` or `x-api-key: <key>`.")
+            raise HTTPError(401, message, code="invalid_api_key")
+
+    # ---- generation ----
+
+    async def _generate(self, listener: ListenerConfig, api: str, scope: Scope, receive: Receive,
+                        send: Send) -> None:
+        raw = await self._body(scope, receive)
+        request = _parse(raw)
+        if api == "responses":
+            chat = _adapt(responses_to_chat, request)
+        elif api == "messages":
+            chat = _adapt(messages_to_chat, request)
+        else:
+            if not isinstance(request.get("model"), str):
+                raise HTTPError(400, "model: a model name (string) is required", param="model")
+            chat = request
+        call = _Call(listener, api, request, chat, self._choose(chat))
+        call.headers = [(b"x-router-entry", call.choice.entry.name.encode()),
+                        (b"x-router-decision", call.choice.decision.name.encode())]
+        self.metrics.decisions.labels(call.choice.entry.name, call.choice.decision.name).inc()
+        task = asyncio.current_task()
+        gone = asyncio.Event()
+        watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, task, gone))  # type: ignore[arg-type]
+        try:
+            if isinstance(call.choice.entry.algorithm, EscalateAlgorithm):
+                await self._escalate(call, call.choice.entry.algorithm, send)
+            else:
+                await self._dispatch(call, send)
+        except asyncio.CancelledError:
+            if not gone.is_set():
+                raise
+            # The client left: the upstream response was closed on the way out, which aborts it there.
+            task.uncancel()  # type: ignore[union-attr]
+            call.status = 499
+        finally:
+            watcher.cancel()
+            self.metrics.requests.labels(listener.name, api, str(call.status)).inc()
+
+    async def _dispatch(self, call: _Call, send: Send) -> None:
+        payloads: dict[str, bytes] = {}
+        opened = await self._open_any(call, call.choice.plan, payloads, None)
+        call.headers += [(b"x-router-pool", opened.pool.encode()),
+                         (b"x-router-replica", opened.lease.replica.url.encode()),
+                         (b"x-router-attempts", str(opened.attempts).encode())]
+        response, ok = opened.response, True
+        try:
+            if response.status_code != 200:
+                await self._upstream_refusal(call, response, send)
+            elif call.api in ("chat", "completions"):
+                ok = await self._pass_through(call, response, send)
+            elif call.chat.get("stream"):
+                ok = await self._adapt_stream(call, response, send)
+            else:
+                chat = _decode.decode(await response.aread())
+                await self._send_adapted(call, chat, send)
+        except (httpx.HTTPError, msgspec.DecodeError) as exc:
+            ok = False
+            self.metrics.upstream_errors.labels(opened.pool, opened.lease.replica.url).inc()
+            log.warning("upstream %s failed mid-response: %s", opened.lease.replica.url, exc)
+            if call.status == 0:
+                raise HTTPError(502, f"upstream {opened.lease.replica.url} failed: {type(exc).__name__}") from None
+        finally:
+            await response.aclose()
+            opened.lease.release(ok)
+
+    async def _open_any(self, call: _Call, pools: tuple[str, ...], payloads: dict[str, bytes],
+                        timeout_s: float | None, *, stream: bool | None = None) -> _Opened:
+        """The first of `pools` with a free replica that answers; the refusal that says most otherwise."""
+        refusals: list[HTTPError] = []
+        for name in pools:
+            payload = payloads.get(name)
+            if payload is None:
+                body = {**call.chat, "model": self.config.pools[name].model}
+                if stream is False:
+                    body.pop("stream", None)
+                    body.pop("stream_options", None)
+                payload = payloads[name] = _json.encode(body)
+            result = await self._open(call, name, payload, timeout_s)
+            if isinstance(result, _Opened):
+                return result
+            refusals.append(result)
+        overloaded = [r for r in refusals if r.status == 429]
+        raise overloaded[0] if overloaded else refusals[-1]
+
+    async def _open(self, call: _Call, name: str, payload: bytes, timeout_s: float | None) -> _Opened | HTTPError:
+        """One pool: a free replica, retried on the next one for failures before the first byte."""
+        pool, config = self.router.pools[name], self.config.pools[name]
+        path = UPSTREAM_PATH[call.api]
+        tried: set[str] = set()
+        last_error = ""
+        while True:
+            lease = pool.acquire(len(payload), text=call.choice.text, exclude=frozenset(tried))
+            if isinstance(lease, Overloaded):
+                if last_error:
+                    return HTTPError(502, f"pool {name!r}: {len(tried)} replica(s) failed ({last_error}) and "
+                                     "the rest are at their in-flight cap")
+                self.metrics.overloaded.labels(name).inc()
+                return HTTPError(429, f"{lease.reason}; retry after {lease.retry_after_s}s",
+                                 code="overloaded", headers=[(b"retry-after", str(lease.retry_after_s).encode())])
+            if isinstance(lease, NoReplica):
+                if last_error:
+                    return HTTPError(502, f"pool {name!r}: every replica tried failed; last: {last_error}")
+                return HTTPError(503, lease.reason, code="no_replica")
+            if tried:
+                self.metrics.retries.labels(name).inc()
+            url = lease.replica.url
+            tried.add(url)
+            started = time.perf_counter()
+            try:
+                response = await self.upstream.open(url, path, payload, api_key=config.api_key,
+                                                     timeout_s=min(config.timeout_s, timeout_s or config.timeout_s))
+            except UpstreamError as exc:
+                lease.release(False)
+                self.metrics.upstream_errors.labels(name, url).inc()
+                last_error = str(exc)
+                log.warning("pool %s: %s; trying another replica", name, exc)
+                continue
+            except BaseException:
+                lease.release(True)
+                raise
+            self.metrics.upstream_latency.labels(name).observe(time.perf_counter() - started)
+            return _Opened(response, lease, name, len(tried))
+
+    async def _pass_through(self, call: _Call, response: httpx.Response, send: Send) -> bool:
+        """Upstream bytes to the client as they arrive; False when upstream broke off."""
+        content_type = response.headers.get("content-type", "application/json").encode()
+        await self._start(call, send, 200, [(b"content-type", content_type)])
+        try:
+            async for chunk in response.aiter_raw():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except httpx.HTTPError as exc:
+            log.warning("upstream %s broke off a response: %s", response.url, exc)
+            if content_type.startswith(b"text/event-stream"):
+                error = {"error": {"message": f"upstream failed mid-stream: {type(exc).__name__}",
+                                   "type": "upstream_error", "code": 502}}
+                await send({"type": "http.response.body", "body": b"data: " + _json.encode(error) + b"\n\n",
+                            "more_body": False})
+            else:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return False
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return True
+
+    async def _adapt_stream(self, call: _Call, response: httpx.Response, send: Send) -> bool:
+        """Upstream chat chunks as Responses or Messages events, translated as each arrives."""
+        stream = _adapter_stream(call)
+        await self._start(call, send, 200, _SSE)
+        await send({"type": "http.response.body", "body": stream.start(), "more_body": True})
+        ok, done, buffer = True, False, b""
+        try:
+            async for data in response.aiter_raw():
+                buffer += data
+                *events, buffer = buffer.split(b"\n\n")
+                out = []
+                for event in events:
+                    for line in event.split(b"\n"):
+                        if not line.startswith(b"data:"):
+                            continue
+                        payload = line[5:].strip()
+                        if payload == b"[DONE]":
+                            done = True
+                        elif payload:
+                            out.append(stream.feed(_decode.decode(payload)))
+                if out:
+                    await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
+        except (httpx.HTTPError, msgspec.DecodeError) as exc:
+            log.warning("upstream %s broke off a stream: %s", response.url, exc)
+            ok = False
+        if done:
+            tail = stream.finish()
+        elif isinstance(stream, MessagesStream):
+            tail = stream.error("api_error", "upstream ended the stream early")
+        else:
+            tail = stream.error("upstream ended the stream early")
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
+        return ok
+
+    async def _send_adapted(self, call: _Call, chat: dict[str, Any], send: Send) -> None:
+        if call.api == "responses":
+            body = chat_to_response(chat, call.request)
+        elif call.api == "messages":
+            body = chat_to_message(chat, call.request)
+        else:
+            body = chat
+        await self._start(call, send, 200, _JSON)
+        await send({"type": "http.response.body", "body": _json.encode(body), "more_body": False})
+
+    async def _upstream_refusal(self, call: _Call, response: httpx.Response, send: Send) -> None:
+        """A 4xx from upstream (bad request, unknown model there, ...): passed on in the API's shape."""
+        raw = await response.aread()
+        if call.api != "messages":
+            content_type = response.headers.get("content-type", "application/json").encode()
+            await self._start(call, send, response.status_code, [(b"content-type", content_type)])
+            await send({"type": "http.response.body", "body": raw, "more_body": False})
+            return
+        try:
+            message = _decode.decode(raw)["error"]["message"]
+        except (msgspec.DecodeError, KeyError, TypeError):
+            message = raw[:500].decode(errors="replace")
+        await self._start(call, send, response.status_code, _JSON)
+        await send({"type": "http.response.body", "body": _json.encode(anthropic_error(response.status_code, message)),
+                    "more_body": False})
+
+    # ---- escalate ----
+
+    async def _escalate(self, call: _Call, algorithm: EscalateAlgorithm, send: Send) -> None:
+        """Stages in order, each answer judged whole; the first accepted one (or the last one got
+        within the deadline and call cap) goes to the client, which is told which stage it was."""
+        deadline = time.monotonic() + algorithm.deadline_s
+        calls, answer, refusal = 0, None, None
+        payloads: dict[str, bytes] = {}
+        for stage in algorithm.stages:
+            remaining = deadline - time.monotonic()
+            if calls >= algorithm.max_calls or remaining <= 0:
+                break
+            calls += 1
+            try:
+                async with asyncio.timeout(remaining):
+                    opened = await self._open_any(call, (stage,), payloads, remaining, stream=False)
+                    try:
+                        raw = await opened.response.aread()
+                        status = opened.response.status_code
+                    finally:
+                        await opened.response.aclose()
+                        opened.lease.release(True)
+            except HTTPError as exc:
+                refusal = exc
+                log.info("escalate %s: stage %s refused: %s", call.choice.entry.name, stage, exc.message)
+                continue
+            except (TimeoutError, httpx.HTTPError) as exc:
+                refusal = HTTPError(504 if isinstance(exc, TimeoutError) else 502,
+                                    f"stage {stage!r}: {type(exc).__name__} within the {algorithm.deadline_s}s deadline")
+                continue
+            if status != 200:
+                refusal = HTTPError(status if status < 500 else 502, f"stage {stage!r} answered HTTP {status}: "
+                                    f"{raw[:300].decode(errors='replace')}")
+                continue
+            completion = _decode.decode(raw)
+            why = escalate.verdict(algorithm.accept, completion)
+            answer = (stage, completion, why)
+            if why is None:
+                break
+            self.metrics.escalations.labels(call.choice.entry.name, stage).inc()
+            log.info("escalate %s: stage %s not accepted: %s", call.choice.entry.name, stage, why)
+        if answer is None:
+            raise refusal or HTTPError(504, f"no stage answered within {algorithm.deadline_s}s")
+        stage, completion, why = answer
+        call.headers += [(b"x-router-pool", stage.encode()), (b"x-router-stage", stage.encode()),
+                         (b"x-router-calls", str(calls).encode()),
+                         (b"x-router-accepted", b"true" if why is None else b"false")]
+        completion["router"] = {"stage": stage, "calls": calls, "accepted": why is None, "reason": why}
+        if not call.chat.get("stream"):
+            await self._send_adapted(call, completion, send)
+            return
+        options = call.chat.get("stream_options")
+        usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        chunks = escalate.as_chunks(completion, chat=call.api != "completions", include_usage=usage)
+        if call.api in ("chat", "completions"):
+            body = b"".join(b"data: " + _json.encode(c) + b"\n\n" for c in chunks) + _DONE
+            await self._start(call, send, 200, _SSE)
+        else:
+            stream = _adapter_stream(call)
+            body = stream.start() + b"".join(stream.feed(c) for c in chunks) + stream.finish()
+            await self._start(call, send, 200, _SSE)
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    # ---- helpers ----
+
+    def _choose(self, chat: dict[str, Any]) -> Choice:
+        try:
+            return self.router.choose(chat)
+        except UnknownModel as exc:
+            raise HTTPError(404, str(exc), param="model", code="model_not_found") from None
+
+    async def _start(self, call: _Call, send: Send, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        call.status = status
+        await send({"type": "http.response.start", "status": status, "headers": headers + call.headers})
+
+    async def _body(self, scope: Scope, receive: Receive) -> bytes:
+        limit = self.max_body_bytes
+        for name, value in scope["headers"]:
+            if name == b"content-length" and value.isdigit() and int(value) > limit:
+                raise HTTPError(413, f"request body is {int(value)} bytes; the limit is {limit}")
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _ClientGone
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise HTTPError(413, f"request body exceeds the limit of {limit} bytes")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+
+def _parse(raw: bytes) -> dict[str, Any]:
+    try:
+        body = _decode.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise HTTPError(400, f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise HTTPError(400, "the request body must be a JSON object")
+    return body
+
+
+def _adapt(translate: Callable[[dict[str, Any]], dict[str, Any]], body: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return translate(body)
+    except AdapterError as exc:
+        raise HTTPError(400, str(exc), param=exc.param or None) from None
+
+
+def _adapter_stream(call: _Call) -> ResponsesStream | MessagesStream:
+    return ResponsesStream(call.request) if call.api == "responses" else MessagesStream(call.request)
+
+
+def _error_body(api: str | None, exc: HTTPError) -> bytes:
+    if api == "messages":
+        return _json.encode(anthropic_error(exc.status, exc.message))
+    return _json.encode({"error": {"message": exc.message, "type": _ERROR_TYPES.get(exc.status, "error"),
+                                   "param": exc.param, "code": exc.code if exc.code is not None else exc.status}})
+
+
+async def _send_json(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": _JSON + (headers or [])})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], gone: asyncio.Event) -> None:
+    """hypercorn speaks ASGI 2.1: a client leaving shows only as http.disconnect from receive()."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            gone.set()
+            task.cancel()
+            return
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

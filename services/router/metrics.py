@@ -1,0 +1,60 @@
+"""Prometheus metrics of the router process, in a registry it owns; replica state is read from the
+pools at scrape time, so the hot path only bumps counters."""
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from services.router.replicas import Pool
+
+_LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class RouterMetrics:
+    def __init__(self, pools: Mapping[str, Pool]) -> None:
+        self.registry = r = CollectorRegistry()
+        self.decisions = Counter("router_decisions", "Routing decisions by entry and matched decision.",
+                                 ["entry", "decision"], registry=r)
+        self.requests = Counter("router_requests", "Requests answered, by listener, API and status.",
+                                ["listener", "api", "status"], registry=r)
+        self.overloaded = Counter("router_overloaded", "Requests answered 429 because every replica of "
+                                  "the pool was at its in-flight cap.", ["pool"], registry=r)
+        self.retries = Counter("router_retries", "Attempts retried on another replica after a failure "
+                               "before the first response byte.", ["pool"], registry=r)
+        self.upstream_errors = Counter("router_upstream_errors", "Upstream failures by pool and replica.",
+                                       ["pool", "replica"], registry=r)
+        self.escalations = Counter("router_escalations", "Escalate stages whose answer failed the "
+                                   "acceptance condition.", ["entry", "stage"], registry=r)
+        self.upstream_latency = Histogram("router_upstream_latency_seconds", "Time from sending a request "
+                                          "upstream to its response head.", ["pool"], buckets=_LATENCY,
+                                          registry=r)
+        r.register(_ReplicaCollector(pools))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _ReplicaCollector(Collector):
+    def __init__(self, pools: Mapping[str, Pool]) -> None:
+        self._pools = pools
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        labels = ["pool", "replica"]
+        inflight = GaugeMetricFamily("router_replica_inflight", "Requests in flight per replica.", labels=labels)
+        outstanding = GaugeMetricFamily("router_replica_outstanding_bytes", "Request bytes sent and not yet "
+                                        "finished per replica.", labels=labels)
+        ready = GaugeMetricFamily("router_replica_ready", "1 when the replica is healthy and its breaker "
+                                  "is not open.", labels=labels)
+        breaker = GaugeMetricFamily("router_replica_breaker_open", "1 while the replica's circuit breaker "
+                                    "is open or half-open.", labels=labels)
+        for name, pool in self._pools.items():
+            for r in pool.snapshot():
+                key = [name, r["url"]]
+                inflight.add_metric(key, r["inflight"])
+                outstanding.add_metric(key, r["outstanding_bytes"])
+                ready.add_metric(key, 1 if r["ready"] else 0)
+                breaker.add_metric(key, 0 if r["breaker"] == "closed" else 1)
+        yield from (inflight, outstanding, ready, breaker)

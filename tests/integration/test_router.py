@@ -1,0 +1,437 @@
+"""The router as a separate process in front of small OpenAI-compatible test backends (separate
+processes too): config errors, API keys, signals and decisions, escalate, replica scheduling, 429 at
+the cap, the circuit breaker, retry before the first byte, cache-aware placement, disconnects."""
+from __future__ import annotations
+
+import concurrent.futures
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.procs import HttpProc, start_backend, start_router
+
+@pytest.fixture(scope="module")
+def backends(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[HttpProc]]:
+    tmp = tmp_path_factory.mktemp("backends")
+    procs = [start_backend(tmp, name) for name in ("a", "b", "c")]
+    yield procs
+    for p in procs:
+        p.stop()
+
+
+@pytest.fixture
+def a_b_c(backends: list[HttpProc]) -> list[HttpProc]:
+    for b in backends:
+        b.reset()
+    return backends
+
+
+def _pool(name: str, model: str, backends: list[HttpProc], extra: str = "") -> str:
+    replicas = ", ".join(f"{{url: {b.url}}}" for b in backends)
+    return f"""
+  {name}:
+    model: {model}
+    replicas: [{replicas}]
+    health: {{interval_s: 0.2, timeout_s: 1}}
+{extra}"""
+
+
+def _chat(router: HttpProc, content: str = "hello", *, model: str = "fleet", key: str | None = None,
+          **extra: object) -> httpx.Response:
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    return httpx.post(router.url + "/v1/chat/completions", headers=headers, timeout=30,
+                      json={"model": model, "messages": [{"role": "user", "content": content}], **extra})
+
+
+def _decide(router: HttpProc, content: str, model: str = "fleet") -> dict:  # type: ignore[type-arg]
+    r = httpx.post(router.url + "/v1/decisions", timeout=30,
+                   json={"model": model, "messages": [{"role": "user", "content": content}]})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+# ---- start-up ----
+
+def test_invalid_config_names_the_key_and_exits_nonzero(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("""
+listeners: [{port: 9}]
+pools:
+  chat:
+    model: m
+    replicas: [{url: "http://127.0.0.1:1"}, {url: x}]
+    polcy: cache_aware
+entries:
+  fleet: {default: [chta]}
+""")
+    proc = subprocess.run([sys.executable, "-m", "services.router", "--config", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "pools.chat.replicas[1].url: expected http(s) URL, got 'x'" in proc.stderr
+    assert "pools.chat.polcy: unknown key" in proc.stderr and "did you mean 'policy'?" in proc.stderr
+    assert "entries.fleet.default[0]: unknown pool 'chta' (pools: chat)" in proc.stderr
+
+
+# ---- keys, routes, shapes ----
+
+def test_api_keys_bearer_and_x_api_key_health_open(tmp_path: Path, a_b_c: list[HttpProc]) -> None:
+    router = start_router(tmp_path, f"""
+listeners: [{{port: {{port}}, host: 127.0.0.1, api_keys: [k-one, k-two]}}]
+pools:{_pool("p", "m", a_b_c[:1])}
+entries:
+  fleet: {{default: [p]}}
+""")
+    try:
+        assert httpx.get(router.url + "/health").status_code == 200
+        missing = _chat(router)
+        assert missing.status_code == 401
+        assert missing.json()["error"]["code"] == "invalid_api_key" and "Missing API key" in missing.text
+        assert _chat(router, key="k-three").status_code == 401
+        assert _chat(router, key="k-two").status_code == 200
+        r = httpx.post(router.url + "/v1/chat/completions", headers={"x-api-key": "k-one"},
+                       json={"model": "fleet", "messages": [{"role": "user", "content": "x"}]})
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "a:m"
+        anthropic_401 = httpx.post(router.url + "/v1/messages", headers={"x-api-key": "nope"},
+                                   json={"model": "fleet", "max_tokens": 5, "messages": []})
+        assert anthropic_401.status_code == 401
+        assert anthropic_401.json()["type"] == "error"
+        assert anthropic_401.json()["error"]["type"] == "authentication_error"
+        assert httpx.get(router.url + "/metrics").status_code == 401
+        assert httpx.get(router.url + "/metrics", headers={"x-api-key": "k-one"}).status_code == 200
+    finally:
+        router.stop()
+
+
+def test_models_unknown_model_bad_json_and_apis_per_listener(tmp_path: Path, a_b_c: list[HttpProc]) -> None:
+    router = start_router(tmp_path, f"""
+listeners:
+  - {{name: public, port: {{port}}, host: 127.0.0.1, apis: [chat, models]}}
+pools:{_pool("p", "m", a_b_c[:1])}
+entries:
+  fleet: {{default: [p]}}
+  other: {{default: [p]}}
+""")
+    try:
+        models = httpx.get(router.url + "/v1/models").json()
+        assert [m["id"] for m in models["data"]] == ["fleet", "other"]
+        unknown = _chat(router, model="nope")
+        assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
+        assert "fleet, other" in unknown.json()["error"]["message"]
+        bad = httpx.post(router.url + "/v1/chat/completions", content=b"{not json")
+        assert bad.status_code == 400 and "not valid JSON" in bad.json()["error"]["message"]
+        assert httpx.post(router.url + "/v1/completions", json={"model": "fleet", "prompt": "x"}).status_code == 404
+        assert httpx.get(router.url + "/v1/chat/completions").status_code == 405
+        assert _chat(router).status_code == 200  # the bad requests cost nothing
+    finally:
+        router.stop()
+
+
+# ---- signals and decisions ----
+
+SIGNALS_CONFIG = """
+listeners: [{{port: {{port}}, host: 127.0.0.1}}]
+pools:{pools}
+entries:
+  fleet:
+    signals:
+      - {{name: urgent, type: keyword, keywords: [urgent, asap], mode: any}}
+      - {{name: both, type: keyword, keywords: [Alpha, Beta], mode: all, case_sensitive: true}}
+      - {{name: code, type: regex, pattern: "def \\\\w+\\\\(", flags: []}}
+      - {{name: long, type: context_length, min_tokens: 200}}
+      - {{name: poetry, type: embedding, threshold: 0.5, examples: ["write a poem about the sea", "compose verses"]}}
+    decisions:
+      - {{name: code-first, when: code, pools: [big]}}
+      - {{name: urgent-short, when: {{all: [urgent, {{not: long}}]}}, pools: [fast]}}
+      - {{name: alphabet, when: both, pools: [big]}}
+      - {{name: long, when: long, pools: [big]}}
+      - {{name: poems, when: poetry, pools: [fast]}}
+    default: [small]
+"""
+
+
+def test_each_signal_kind_decision_order_and_default(tmp_path: Path, a_b_c: list[HttpProc]) -> None:
+    a, b, c = a_b_c
+    pools = _pool("small", "small-m", [a]) + _pool("fast", "fast-m", [b]) + _pool("big", "big-m", [c])
+    router = start_router(tmp_path, SIGNALS_CONFIG.format(pools=pools))
+    try:
+        plain = _decide(router, "what is the weather")
+        assert plain["decision"] == "default" and plain["matched_default"] and plain["pool"] == "small"
+        assert set(plain["signals"]) == {"urgent", "both", "code", "long", "poetry"}
+        assert not any(s["matched"] for s in plain["signals"].values())
+
+        urgent = _decide(router, "URGENT: reset my password")
+        assert urgent["signals"]["urgent"]["matched"] and urgent["decision"] == "urgent-short"
+        assert urgent["pool"] == "fast" and urgent["replica"] == b.url
+        assert _decide(router, "an insurgent army")["decision"] == "default"  # whole words only
+
+        assert _decide(router, "Alpha and Beta")["decision"] == "alphabet"
+        assert _decide(router, "alpha and beta")["decision"] == "default"  # case-sensitive
+        assert _decide(router, "Alpha only")["decision"] == "default"  # mode all
+
+        # Two decisions match: the first in file order wins.
+        both = _decide(router, "urgent: def foo(x): return x")
+        assert both["signals"]["code"]["matched"] and both["signals"]["urgent"]["matched"]
+        assert both["decision"] == "code-first" and both["pool"] == "big"
+
+        long_urgent = _decide(router, "urgent " + "word " * 400)
+        assert long_urgent["signals"]["long"]["matched"] and long_urgent["decision"] == "long"
+
+        poem = _decide(router, "please write me a short poem about the ocean")
+        assert poem["signals"]["poetry"]["matched"] and poem["decision"] == "poems"
+        assert poem["signals"]["poetry"]["score"] >= 0.5
+
+        # The decision is what dispatch does: the pool's replica answers with the pool's model name.
+        r = _chat(router, "asap please")
+        assert r.json()["choices"][0]["message"]["content"] == "b:fast-m"
+        assert r.headers["x-router-decision"] == "urgent-short" and r.headers["x-router-pool"] == "fast"
+        assert _chat(router, "hi").json()["choices"][0]["message"]["content"] == "a:small-m"
+        metrics = httpx.get(router.url + "/metrics").text
+        assert 'router_decisions_total{decision="urgent-short",entry="fleet"} 1.0' in metrics
+    finally:
+        router.stop()
+
+
+# ---- escalate ----
+
+def test_escalate_calls_the_next_stage_only_when_the_first_fails(tmp_path: Path, a_b_c: list[HttpProc]) -> None:
+    a, b, _ = a_b_c
+    router = start_router(tmp_path, f"""
+listeners: [{{port: {{port}}, host: 127.0.0.1}}]
+pools:{_pool("cheap", "cheap-m", [a])}{_pool("strong", "strong-m", [b])}
+entries:
+  fleet:
+    default: [cheap]
+    algorithm:
+      type: escalate
+      stages: [cheap, strong]
+      accept: {{finish_reasons: [stop], min_chars: 4, regex: "answer"}}
+      deadline_s: 10
+      max_calls: 2
+""")
+    try:
+        a.configure(reply="the answer is 4")
+        good = _chat(router)
+        assert good.status_code == 200 and good.headers["x-router-stage"] == "cheap"
+        assert good.json()["router"] == {"stage": "cheap", "calls": 1, "accepted": True, "reason": None}
+        assert b.stats()["requests"] == 0
+
+        a.configure(finish_reason="length")  # cut off: not accepted
+        b.configure(reply="the answer, carefully")
+        escalated = _chat(router)
+        assert escalated.headers["x-router-stage"] == "strong" and escalated.headers["x-router-calls"] == "2"
+        assert escalated.json()["choices"][0]["message"]["content"] == "the answer, carefully"
+        assert b.stats()["models"] == ["strong-m"]
+        assert "stream" not in a.stats()["last_body"]  # a stage's answer is judged whole
+
+        # A streaming client gets the chosen stage's answer as a stream.
+        with httpx.stream("POST", router.url + "/v1/chat/completions", timeout=30, json={
+                "model": "fleet", "stream": True, "messages": [{"role": "user", "content": "x"}]}) as r:
+            assert r.headers["x-router-stage"] == "strong"
+            events = [line for line in r.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "data: [DONE]" and '"the answer, carefully"' in events[0]
+
+        b.configure(reply="nope")  # neither accepted: the last stage's answer, marked so
+        last = _chat(router)
+        assert last.headers["x-router-accepted"] == "false"
+        assert last.json()["router"]["reason"] == "no match for 'answer'"
+
+        a.configure(status=500)  # a failing first stage is one call of the budget
+        b.configure(reply="the answer")
+        failed_first = _chat(router)
+        assert failed_first.status_code == 200 and failed_first.headers["x-router-stage"] == "strong"
+    finally:
+        router.stop()
+
+
+def test_escalate_deadline_is_shared(tmp_path: Path, a_b_c: list[HttpProc]) -> None:
+    a, b, _ = a_b_c
+    router = start_router(tmp_path, f"""
+listeners: [{{port: {{port}}, host: 127.0.0.1}}]
+pools:{_pool("cheap", "cheap-m", [a])}{_pool("strong", "strong-m", [b])}
+entries:
+  fleet:
+    default: [cheap]
+    algorithm: {{type: escalate, stages: [cheap, strong], deadline_s: 0.5}}
+""")
+    try:
+        a.configure(delay_s=2.0)
+        r = _chat(router)
+        assert r.status_code == 504 and "deadline" in r.json()["error"]["message"]
+        assert b.stats()["requests"] == 0  # no time was left for the second stage
+    finally:
+        router.stop()
+
+
+# ---- scheduling ----
+
+def _sched_router(tmp_path: Path, backends: list[HttpProc], extra: str = "") -> HttpProc:
+    return start_router(tmp_path, f"""
+listeners: [{{port: {{port}}, host: 127.0.0.1}}]
+pools:{_pool("p", "m", backends, extra)}
+entries:
+  fleet: {{default: [p]}}
+""")
+
+
+def test_fewest_outstanding_bytes_then_least_recently_assigned(tmp_path: Path, a_b_c: list[HttpProc]) -> None:
+    a, b, _ = a_b_c
+    router = _sched_router(tmp_path, [a, b])
+    try:
+        # Idle replicas tie: turns alternate, least recently assigned first.
+        replicas = [_chat(router).headers["x-router-replica"] for _ in range(4)]
+        assert replicas[0] != replicas[1] and replicas[:2] == replicas[2:]
+        for proc in (a, b):
+            proc.configure(delay_s=1.5)
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            big = pool.submit(_chat, router, "x" * 20_000)  # a large prompt: many outstanding bytes
+            time.sleep(0.3)
+            small = pool.submit(_chat, router, "y")
+            time.sleep(0.3)
+            # Both replicas hold one request; the one holding fewer bytes gets the next.
+            third = pool.submit(_chat, router, "z")
+            big_on, small_on, third_on = (f.result().headers["x-router-replica"] for f in (big, small, third))
+        assert small_on != big_on and third_on == small_on
+    finally:
+        router.stop()
+
+
+def test_429_with_retry_after_at_the_cap(tmp_path: Path, a_b_c: list[HttpProc]) -> None:
+    a, b, _ = a_b_c
+    router = _sched_router(tmp_path, [a, b], "    max_inflight: 1\n")
+    try:
+        a.configure(delay_s=2.0)
+        b.configure(delay_s=2.0)
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            busy = [pool.submit(_chat, router) for _ in range(2)]
+            time.sleep(0.5)
+            started = time.monotonic()
+            refused = _chat(router)
+            waited = time.monotonic() - started
+            assert all(f.result().status_code == 200 for f in busy)
+        assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+        error = refused.json()["error"]
+        assert error["type"] == "rate_limit_error" and "in-flight" in error["message"]
+        assert waited < 1.5  # answered at once, not queued behind the 2 s requests
+        assert 'router_overloaded_total{pool="p"} 1.0' in httpx.get(router.url + "/metrics").text
+    finally:
+        router.stop()
+
+
+def test_retry_before_first_byte_and_circuit_breaker(tmp_path: Path, a_b_c: list[HttpProc]) -> None:
+    a, b, _ = a_b_c
+    router = _sched_router(tmp_path, [a, b], "    breaker: {failures: 2, cooldown_s: 1.0}\n")
+    try:
+        b.configure(status=500)
+        answered = [_chat(router) for _ in range(6)]
+        assert all(r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "a:m" for r in answered)
+        retried = [r for r in answered if r.headers["x-router-attempts"] == "2"]
+        assert len(retried) == 2  # b failed twice, each retried on a; then its breaker opened
+        assert b.stats()["requests"] == 2
+        state = {r["url"]: r for r in _decide(router, "x")["replicas"]}
+        assert state[b.url]["breaker"] == "open" and not state[b.url]["ready"]
+
+        b.configure(status=200)
+        time.sleep(1.2)  # the cool-down passes: one probe request is let through, and it succeeds
+        seen = {_chat(router).headers["x-router-replica"] for _ in range(4)}
+        assert b.url in seen
+        state = {r["url"]: r for r in _decide(router, "x")["replicas"]}
+        assert state[b.url]["breaker"] == "closed"
+        assert 'router_retries_total{pool="p"} 2.0' in httpx.get(router.url + "/metrics").text
+    finally:
+        router.stop()
+
+
+def test_health_checks_take_a_replica_out_and_back(tmp_path: Path, a_b_c: list[HttpProc]) -> None:
+    a, b, _ = a_b_c
+    router = _sched_router(tmp_path, [a, b], "    breaker: {failures: 1, cooldown_s: 0.5}\n")
+    try:
+        b.configure(healthy=False)
+        time.sleep(0.6)
+        assert {_chat(router).headers["x-router-replica"] for _ in range(4)} == {a.url}
+        b.configure(healthy=True)
+        deadline = time.monotonic() + 10
+        while b.url not in {_chat(router).headers["x-router-replica"] for _ in range(2)}:
+            assert time.monotonic() < deadline, "b never came back"
+            time.sleep(0.2)
+    finally:
+        router.stop()
+
+
+def test_no_retry_after_bytes_reached_the_client(tmp_path: Path, a_b_c: list[HttpProc]) -> None:
+    doomed = start_backend(tmp_path, "doomed")
+    b = a_b_c[1]
+    router = _sched_router(tmp_path, [doomed, b])
+    try:
+        doomed.configure(chunks=50, chunk_delay_s=0.05)
+        # Neither replica was ever assigned: the tie goes to the first listed, the doomed one.
+        with httpx.stream("POST", router.url + "/v1/chat/completions", timeout=30, json={
+                "model": "fleet", "stream": True, "messages": [{"role": "user", "content": "x"}]}) as r:
+            assert r.headers["x-router-replica"] == doomed.url
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: ")
+            doomed.proc.kill()
+            rest = list(lines)
+        data = [line for line in rest if line.startswith("data: ")]
+        assert "data: [DONE]" not in data and "upstream failed mid-stream" in data[-1]
+        assert b.stats()["requests"] == 0  # the broken stream was not retried elsewhere
+        # Failures before the first byte are: the dead replica's connection is refused, b answers.
+        r = _chat(router)
+        assert r.status_code == 200 and r.headers["x-router-replica"] == b.url
+    finally:
+        router.stop()
+        doomed.stop()
+
+
+def test_client_disconnect_closes_the_upstream_request(tmp_path: Path, a_b_c: list[HttpProc]) -> None:
+    a = a_b_c[0]
+    router = _sched_router(tmp_path, [a])
+    try:
+        a.configure(chunks=100, chunk_delay_s=0.05)
+        with httpx.stream("POST", router.url + "/v1/chat/completions", timeout=30, json={
+                "model": "fleet", "stream": True, "messages": [{"role": "user", "content": "x"}]}) as r:
+            next(r.iter_lines())
+        deadline = time.monotonic() + 5
+        while a.stats()["disconnected"] < 1:
+            assert time.monotonic() < deadline, a.stats()
+            time.sleep(0.05)
+        assert a.stats()["completed"] == 0
+        state = _decide(router, "x")["replicas"][0]
+        assert state["inflight"] == 0 and state["outstanding_bytes"] == 0
+    finally:
+        router.stop()
+
+
+# ---- cache-aware ----
+
+def test_cache_aware_returns_a_prefix_to_its_replica_and_falls_back_under_imbalance(
+        tmp_path: Path, a_b_c: list[HttpProc]) -> None:
+    router = _sched_router(tmp_path, a_b_c, """    policy: cache_aware
+    cache_aware: {cache_threshold: 0.5, balance_abs: 2, balance_rel: 1.5}
+""")
+    try:
+        prefixes = [f"document {i}: " + f"lorem ipsum {i} " * 200 for i in range(3)]
+        homes = [_chat(router, p + "question one").headers["x-router-replica"] for p in prefixes]
+        assert len(set(homes)) == 3  # new prefixes go to the replica with the smallest tree
+        for _ in range(2):
+            again = [_chat(router, p + "another question").headers["x-router-replica"] for p in prefixes]
+            assert again == homes
+
+        # Load the first prefix's home with 3 slow requests: max - min in-flight 3 > 2 and 3 > 1.5 x 0.
+        home = next(b for b in a_b_c if b.url == homes[0])
+        home.configure(delay_s=2.0)
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            slow = [pool.submit(_chat, router, prefixes[0] + f"slow {i}") for i in range(3)]
+            deadline = time.monotonic() + 5
+            while home.stats()["inflight"] < 3:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            decision = _decide(router, prefixes[0] + "yet another")
+            assert decision["replica"] != homes[0] and "imbalance" in decision["reason"]
+            [f.result() for f in slow]
+    finally:
+        router.stop()

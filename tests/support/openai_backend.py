@@ -1,0 +1,186 @@
+"""A small OpenAI-compatible backend for router tests and benchmarks, run as its own process:
+`python -m tests.support.openai_backend --port P --name a`.
+
+Chat and completions, streamed or not, answer `reply` (default "<name>:<model>") with no delay unless
+told; its behaviour changes at run time through POST /admin/config (status, delay_s, chunk_delay_s,
+chunks, reply, finish_reason, healthy), POST /admin/reset restores the defaults and zeroes the stats,
+and it reports what it saw at GET /admin/stats.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from typing import Any
+
+import msgspec
+
+_json = msgspec.json.Encoder()
+_decode = msgspec.json.Decoder()
+
+
+class Backend:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.settings: dict[str, Any] = {}
+        self.defaults: dict[str, Any] = {"status": 200, "delay_s": 0.0, "chunk_delay_s": 0.0, "chunks": 3,
+                                         "reply": None, "finish_reason": "stop", "healthy": True}
+        self.stats: dict[str, Any] = {}
+        self.reset()
+
+    def reset(self) -> None:
+        """Back to the defaults, and stats from zero (in-flight requests still count down)."""
+        self.settings = dict(self.defaults)
+        inflight = self.stats.get("inflight", 0)
+        self.stats = {"requests": 0, "inflight": inflight, "completed": 0, "disconnected": 0, "models": [],
+                      "last_body": None}
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                await send({"type": message["type"] + ".complete"})
+                if message["type"] == "lifespan.shutdown":
+                    return
+        path = scope["path"]
+        if path == "/health":
+            healthy = self.settings["healthy"]
+            await _send(send, 200 if healthy else 503, {"status": "ok" if healthy else "unhealthy"})
+        elif path == "/admin/stats":
+            await _send(send, 200, self.stats)
+        elif path == "/admin/reset":
+            self.reset()
+            await _send(send, 200, self.settings)
+        elif path == "/admin/config":
+            self.settings.update(_decode.decode(await _body(receive)))
+            await _send(send, 200, self.settings)
+        elif path == "/v1/models":
+            await _send(send, 200, {"object": "list", "data": [{"id": self.name, "object": "model"}]})
+        elif path in ("/v1/chat/completions", "/v1/completions"):
+            await self._generate(path == "/v1/chat/completions", await _body(receive), receive, send)
+        else:
+            await _send(send, 404, {"error": {"message": f"no route {path}", "type": "not_found_error"}})
+
+    async def _generate(self, chat: bool, raw: bytes, receive: Any, send: Any) -> None:
+        s, stats = self.settings, self.stats
+        body = _decode.decode(raw)
+        stats["requests"] += 1
+        stats["models"].append(body.get("model"))
+        stats["last_body"] = body
+        stats["inflight"] += 1
+        try:
+            if s["delay_s"]:
+                await asyncio.sleep(s["delay_s"])
+            if s["status"] != 200:
+                await _send(send, s["status"], {"error": {"message": f"{self.name} is told to fail",
+                                                          "type": "server_error", "code": s["status"]}})
+                return
+            text = s["reply"] if s["reply"] is not None else f"{self.name}:{body.get('model')}"
+            if body.get("stream"):
+                if not await self._stream(chat, body, text, receive, send):
+                    return
+            else:
+                await _send(send, 200, _completion(chat, body, text, s["finish_reason"]))
+            stats["completed"] += 1
+        finally:
+            stats["inflight"] -= 1
+
+    async def _stream(self, chat: bool, body: dict[str, Any], text: str, receive: Any, send: Any) -> bool:
+        """False when the client left before the end."""
+        s = self.settings
+        gone = asyncio.Event()
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone.set()
+
+        watcher = asyncio.get_running_loop().create_task(watch())
+        try:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/event-stream")]})
+            n = max(1, int(s["chunks"]))
+            pieces = [text[i * len(text) // n:(i + 1) * len(text) // n] for i in range(n)]
+            for i, piece in enumerate(pieces):
+                if gone.is_set():
+                    self.stats["disconnected"] += 1
+                    return False
+                delta: dict[str, Any] = {"content": piece}
+                if chat and i == 0:
+                    delta["role"] = "assistant"
+                choice = {"index": 0, "delta": delta} if chat else {"index": 0, "text": piece}
+                choice["finish_reason"] = s["finish_reason"] if i == n - 1 else None
+                await send({"type": "http.response.body", "body": _sse(_chunk(chat, body, [choice])),
+                            "more_body": True})
+                if s["chunk_delay_s"]:
+                    await asyncio.sleep(s["chunk_delay_s"])
+            if (body.get("stream_options") or {}).get("include_usage"):
+                usage = _usage(body, text)
+                await send({"type": "http.response.body", "body": _sse({**_chunk(chat, body, []), "usage": usage}),
+                            "more_body": True})
+            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+            return True
+        finally:
+            watcher.cancel()
+
+
+def _completion(chat: bool, body: dict[str, Any], text: str, finish: str) -> dict[str, Any]:
+    choice: dict[str, Any] = ({"index": 0, "message": {"role": "assistant", "content": text}} if chat
+                              else {"index": 0, "text": text})
+    choice["finish_reason"] = finish
+    return {"id": "cmpl-test", "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()), "model": body.get("model"), "choices": [choice],
+            "usage": _usage(body, text)}
+
+
+def _chunk(chat: bool, body: dict[str, Any], choices: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"id": "cmpl-test", "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": int(time.time()), "model": body.get("model"), "choices": choices}
+
+
+def _usage(body: dict[str, Any], text: str) -> dict[str, int]:
+    prompt = len(_json.encode(body.get("messages") or body.get("prompt") or "")) // 4
+    completion = max(1, len(text) // 4)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _sse(data: dict[str, Any]) -> bytes:
+    return b"data: " + _json.encode(data) + b"\n\n"
+
+
+async def _body(receive: Any) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+async def _send(send: Any, status: int, data: Any) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": _json.encode(data)})
+
+
+def main() -> None:
+    from hypercorn.asyncio import serve
+    from hypercorn.config import Config
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--name", default="backend")
+    args = parser.parse_args()
+    config = Config()
+    config.bind = [f"127.0.0.1:{args.port}"]
+    config.accesslog = None
+    config.backlog = 2048
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(serve(Backend(args.name), config))  # type: ignore[arg-type]
+    else:
+        uvloop.run(serve(Backend(args.name), config))  # type: ignore[arg-type]
+
+
+if __name__ == "__main__":
+    main()
