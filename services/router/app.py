@@ -86,6 +86,7 @@ class RouterApp:
         self.max_body_bytes = max_body_bytes
         self._by_port = {listener.port: listener for listener in config.listeners}
         self._keys = {listener.name: tuple(k.encode() for k in listener.api_keys) for listener in config.listeners}
+        self._entries = {listener.name: listener.entries or tuple(config.entries) for listener in config.listeners}
         self._created = int(time.time())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -114,9 +115,9 @@ class RouterApp:
             if method != wanted:
                 raise HTTPError(405, f"{path} accepts {wanted} only")
             if api == "models":
-                await _send_json(send, 200, _json.encode(self._models()))
+                await _send_json(send, 200, _json.encode(self._models(listener)))
             elif api == "decisions":
-                await _send_json(send, 200, _json.encode(self._decisions(await self._body(scope, receive))))
+                await _send_json(send, 200, _json.encode(self._decisions(listener, await self._body(scope, receive))))
             else:
                 await self._generate(listener, api, scope, receive, send)
         except HTTPError as exc:
@@ -132,16 +133,16 @@ class RouterApp:
                                                  "replicas": len(pool.replicas)}
                                           for name, pool in self.router.pools.items()}}
 
-    def _models(self) -> dict[str, Any]:
+    def _models(self, listener: ListenerConfig) -> dict[str, Any]:
         return {"object": "list", "data": [{"id": name, "object": "model", "created": self._created,
-                                            "owned_by": "router"} for name in self.config.entries]}
+                                            "owned_by": "router"} for name in self._entries[listener.name]]}
 
-    def _decisions(self, raw: bytes) -> dict[str, Any]:
+    def _decisions(self, listener: ListenerConfig, raw: bytes) -> dict[str, Any]:
         body = _parse(raw)
         chat = body
         if "input" in body and "messages" not in body and "prompt" not in body:
             chat = _adapt(responses_to_chat, body)
-        choice = self._choose(chat)
+        choice = self._choose(listener, chat)
         out = choice.describe()
         size = len(raw)
         for name in choice.plan:
@@ -191,7 +192,7 @@ class RouterApp:
             if not isinstance(request.get("model"), str):
                 raise HTTPError(400, "model: a model name (string) is required", param="model")
             chat = request
-        call = _Call(listener, api, request, chat, self._choose(chat))
+        call = _Call(listener, api, request, chat, self._choose(listener, chat))
         call.headers = [(b"x-router-entry", call.choice.entry.name.encode()),
                         (b"x-router-decision", call.choice.decision.name.encode())]
         self.metrics.decisions.labels(call.choice.entry.name, call.choice.decision.name).inc()
@@ -443,7 +444,12 @@ class RouterApp:
 
     # ---- helpers ----
 
-    def _choose(self, chat: dict[str, Any]) -> Choice:
+    def _choose(self, listener: ListenerConfig, chat: dict[str, Any]) -> Choice:
+        served = self._entries[listener.name]
+        model = chat.get("model")
+        if model not in served:
+            raise HTTPError(404, f"The model `{model}` does not exist; available: {', '.join(served)}",
+                            param="model", code="model_not_found")
         try:
             return self.router.choose(chat)
         except UnknownModel as exc:

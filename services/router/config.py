@@ -34,6 +34,7 @@ class ListenerConfig:
     host: str = "0.0.0.0"
     api_keys: tuple[str, ...] = field(default=(), repr=False)  # empty: no authentication
     apis: tuple[str, ...] = APIS
+    entries: tuple[str, ...] = ()  # the public model names served here; empty: all
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +53,7 @@ class DnsConfig:
 @dataclass(frozen=True, slots=True)
 class CacheAwareConfig:
     cache_threshold: float = 0.5  # prefix match ratio above which the cached replica is preferred
-    balance_abs: int = 32  # ... unless load differs by more than this many requests
+    balance_abs: int = 16  # ... unless in-flight counts differ by more than this (below the cap of 32)
     balance_rel: float = 1.5  # ... and by more than this factor
     max_tree_chars: int = 2_000_000
     eviction_s: float = 120.0

@@ -22,7 +22,7 @@ from services.router.config_fields import MISSING, Fields
 
 T = TypeVar("T")
 
-LISTENER_KEYS = ("name", "host", "port", "api_keys", "api_keys_env", "apis")
+LISTENER_KEYS = ("name", "host", "port", "api_keys", "api_keys_env", "apis", "entries")
 POOL_KEYS = ("model", "replicas", "dns", "max_inflight", "policy", "cache_aware", "health", "breaker",
              "tokenizer", "api_key", "api_key_env", "timeout_s")
 SIGNAL_KEYS = {"keyword": ("name", "type", "keywords", "mode", "case_sensitive"),
@@ -66,8 +66,12 @@ def build(data: object, source: str, env: Mapping[str, str] | None) -> RouterCon
     raw_pools = f.named("pools", top.get("pools", MISSING))
     pool_names = tuple(raw_pools)
     pools = {name: _pool(f, f"pools.{name}", name, raw) for name, raw in raw_pools.items()}
-    entries = {name: _entry(f, f"entries.{name}", name, raw, pool_names)
-               for name, raw in f.named("entries", top.get("entries", MISSING)).items()}
+    raw_entries = f.named("entries", top.get("entries", MISSING))
+    entries = {name: _entry(f, f"entries.{name}", name, raw, pool_names) for name, raw in raw_entries.items()}
+    for i, listener in enumerate(listeners):
+        for j, entry in enumerate(listener.entries if listener else ()):
+            f.check(f"listeners[{i}].entries[{j}]", rules.unknown_name(entry, tuple(raw_entries), "entry",
+                                                                        "entries"))
     if f.errors:
         raise ConfigError(source, f.errors)
     return RouterConfig(tuple(listeners), pools, entries, source)  # type: ignore[arg-type]
@@ -83,9 +87,11 @@ def _listener(f: Fields, path: str, raw: object, i: int) -> ListenerConfig | Non
     apis = f.strings(f"{path}.apis", m.get("apis", list(APIS)))
     for j, api in enumerate(apis or ()):
         f.check(f"{path}.apis[{j}]", rules.unknown_name(api, APIS, "api"))
-    if None in (name, host, port, apis) or not m:
+    entries = f.strings(f"{path}.entries", m["entries"]) if "entries" in m else ()
+    if None in (name, host, port, apis, entries) or not m:
         return None
-    return ListenerConfig(name, port, host, tuple(dict.fromkeys(keys + env_keys)), apis)  # type: ignore[arg-type]
+    return ListenerConfig(name, port, host, tuple(dict.fromkeys(keys + env_keys)), apis,  # type: ignore[arg-type]
+                          entries)  # type: ignore[arg-type]
 
 
 def _pool(f: Fields, path: str, name: str, raw: object) -> PoolConfig | None:

@@ -110,23 +110,44 @@ entries:
 def test_models_unknown_model_bad_json_and_apis_per_listener(tmp_path: Path, a_b_c: list[HttpProc]) -> None:
     router = start_router(tmp_path, f"""
 listeners:
-  - {{name: public, port: {{port}}, host: 127.0.0.1, apis: [chat, models]}}
+  - {{name: public, port: {{port}}, host: 127.0.0.1, apis: [chat, models], entries: [fleet, other]}}
 pools:{_pool("p", "m", a_b_c[:1])}
 entries:
   fleet: {{default: [p]}}
   other: {{default: [p]}}
+  internal: {{default: [p]}}
 """)
     try:
         models = httpx.get(router.url + "/v1/models").json()
         assert [m["id"] for m in models["data"]] == ["fleet", "other"]
         unknown = _chat(router, model="nope")
         assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
-        assert "fleet, other" in unknown.json()["error"]["message"]
+        assert "available: fleet, other" in unknown.json()["error"]["message"]
+        assert _chat(router, model="internal").status_code == 404  # an entry this listener does not serve
         bad = httpx.post(router.url + "/v1/chat/completions", content=b"{not json")
         assert bad.status_code == 400 and "not valid JSON" in bad.json()["error"]["message"]
         assert httpx.post(router.url + "/v1/completions", json={"model": "fleet", "prompt": "x"}).status_code == 404
         assert httpx.get(router.url + "/v1/chat/completions").status_code == 405
-        assert _chat(router).status_code == 200  # the bad requests cost nothing
+        assert _chat(router, model="other").status_code == 200  # the bad requests cost nothing
+    finally:
+        router.stop()
+
+
+def test_dns_discovered_replicas(tmp_path: Path, a_b_c: list[HttpProc]) -> None:
+    a = a_b_c[0]
+    router = start_router(tmp_path, f"""
+listeners: [{{port: {{port}}, host: 127.0.0.1}}]
+pools:
+  p:
+    model: m
+    dns: {{name: localhost, port: {a.port}, refresh_s: 0.5}}
+entries:
+  fleet: {{default: [p]}}
+""")
+    try:
+        r = _chat(router)
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "a:m"
+        assert r.headers["x-router-replica"] in (f"http://127.0.0.1:{a.port}", f"http://[::1]:{a.port}")
     finally:
         router.stop()
 

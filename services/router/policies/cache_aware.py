@@ -162,10 +162,10 @@ def _least_loaded(r: Replica) -> tuple[int, int, float]:
 
 class CacheAware:
     """Imbalance is measured in in-flight requests, as sgl-router does, over the candidates the pool
-    passes (ready and below its cap). With the default cap of 32 and balance_abs=32 the fallback
-    cannot fire: the cap then bounds imbalance on its own; lower balance_abs to use it."""
+    passes (ready and below its cap). sgl-router's default of 64 could never fire under the
+    default cap of 32 requests per replica, so ours is 16."""
 
-    def __init__(self, *, cache_threshold: float = 0.5, balance_abs: int = 32, balance_rel: float = 1.5,
+    def __init__(self, *, cache_threshold: float = 0.5, balance_abs: int = 16, balance_rel: float = 1.5,
                  max_tree_chars: int = 2_000_000, eviction_s: float = 120.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if not 0.0 <= cache_threshold <= 1.0:

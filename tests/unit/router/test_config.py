@@ -142,6 +142,9 @@ def _entry(data: dict[str, Any]) -> dict[str, Any]:
 POOL_KEYS = ("model, replicas, dns, max_inflight, policy, cache_aware, health, breaker, tokenizer, "
              "api_key, api_key_env, timeout_s")
 INVALID = {
+    "listener serving an entry that does not exist": (
+        lambda d: d["listeners"][0].update(entries=["auto", "autp"]),
+        "listeners[0].entries[1]: unknown entry 'autp' (entries: auto)"),
     "bad replica url": (
         lambda d: _pool(d)["replicas"].append({"url": "x"}),
         "pools.chat.replicas[1].url: expected http(s) URL, got 'x'"),
