@@ -1,5 +1,6 @@
-"""`make up`: the fleet on this machine as separate processes: headless engine ranks, then a frontend
-with --data-parallel-size-local 0 that connects to them. Prints the URL; Ctrl-C stops everything."""
+"""`make up`: the fleet on this machine as separate processes: headless engine ranks, a frontend with
+--data-parallel-size-local 0 that connects to them, and the router in front (deploy/router.yaml).
+Prints the router's URL, the one to use; Ctrl-C stops everything."""
 from __future__ import annotations
 
 import argparse
@@ -8,8 +9,10 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 ENGINE_PORT = 5555
+ROUTER_CONFIG = Path(__file__).resolve().parent.parent / "router.yaml"
 
 
 def main() -> int:
@@ -18,6 +21,7 @@ def main() -> int:
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--model", default="tiny")
+    p.add_argument("--router-config", type=Path, default=ROUTER_CONFIG)
     args = p.parse_args()
     py = sys.executable
     engines = subprocess.Popen([py, "-m", "services.engine", "--headless", "--model", args.model,
@@ -27,7 +31,8 @@ def main() -> int:
     frontend = subprocess.Popen([py, "-m", "services.frontend", "--model", args.model, "--host", "127.0.0.1",
                                  "--port", str(args.port), "--data-parallel-size", str(args.ranks),
                                  "--data-parallel-size-local", "0", "--engine-addresses", addresses])
-    procs = [frontend, engines]
+    router = subprocess.Popen([py, "-m", "services.router", "--config", str(args.router_config)])
+    procs = [router, frontend, engines]
     stopping = False
 
     def stop(*_: object) -> None:
@@ -36,14 +41,17 @@ def main() -> int:
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
-    url = f"http://127.0.0.1:{args.port}"
+    frontend_url = f"http://127.0.0.1:{args.port}"
+    url = f"http://127.0.0.1:{_first_port(args.router_config)}"
     announced = False
     while not stopping and all(proc.poll() is None for proc in procs):
-        if not announced and _ready(url):
+        if not announced and _ok(frontend_url + "/ready") and _ok(url + "/health"):
             announced = True
-            print(f"\nfleet ready: {url} (model {args.model}, {args.ranks} {args.backend} engine ranks)\n"
+            print(f"\nfleet ready: {url} (the router: entries tiny, auto, careful; see deploy/router.yaml)\n"
+                  f"  behind it: frontend {frontend_url}, {args.ranks} {args.backend} engine ranks, model "
+                  f"{args.model}\n  routing decisions: POST /v1/decisions on the ops listener\n"
                   f"try:\n  curl {url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
-                  f"    -d '{{\"model\": \"{args.model}\", \"messages\": [{{\"role\": \"user\", \"content\": "
+                  f"    -d '{{\"model\": \"auto\", \"messages\": [{{\"role\": \"user\", \"content\": "
                   f"\"Hello!\"}}], \"max_tokens\": 32}}'\nCtrl-C stops it.\n", flush=True)
         time.sleep(0.5)
     for proc in procs:
@@ -57,9 +65,15 @@ def main() -> int:
     return 0 if stopping else 1
 
 
-def _ready(url: str) -> bool:
+def _first_port(config: Path) -> int:
+    from services.router.config import load_config
+
+    return load_config(config).listeners[0].port
+
+
+def _ok(url: str) -> bool:
     try:
-        with urllib.request.urlopen(url + "/ready", timeout=1) as r:
+        with urllib.request.urlopen(url, timeout=1) as r:
             return r.status == 200
     except OSError:
         return False

@@ -378,3 +378,12 @@ def test_the_input_is_not_modified() -> None:
     data = copy.deepcopy(FULL)
     parse_config(data, env=ENV)
     assert data == FULL
+
+
+def test_the_deploy_example_config_is_valid() -> None:
+    """`make up` serves deploy/router.yaml: it must load, with or without its optional key variable."""
+    path = Path(__file__).resolve().parents[3] / "deploy" / "router.yaml"
+    open_config = load_config(path, env={})
+    assert list(open_config.entries) == ["tiny", "auto", "careful"] and open_config.listeners[0].api_keys == ()
+    keyed = load_config(path, env={"ROUTER_API_KEYS": "k1, k2"})
+    assert keyed.listeners[0].api_keys == ("k1", "k2")
