@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from services.router.config import parse_config
+from services.router.escalate import as_chunks, verdict
+from services.router.routing import Router, UnknownModel
+
+CONFIG = {
+    "listeners": [{"port": 8080}],
+    "pools": {name: {"model": f"{name}-m", "replicas": [{"url": f"http://{name}:8000"}]}
+              for name in ("small", "big", "other")},
+    "entries": {
+        "static": {"signals": [{"name": "code", "type": "regex", "pattern": "def "}],
+                   "decisions": [{"name": "code", "when": "code", "pools": ["big", "small"]}],
+                   "default": ["small", "other"]},
+        "weighted": {"default": ["small", "big", "other"],
+                     "algorithm": {"type": "weighted", "weights": {"small": 3, "big": 1}}},
+        "escalate": {"default": ["small"],
+                     "algorithm": {"type": "escalate", "stages": ["small", "big"],
+                                   "accept": {"finish_reasons": ["stop"], "min_chars": 3, "regex": "ok"}}},
+    },
+}
+
+
+def _router() -> Router:
+    return Router(parse_config(CONFIG), rng=random.Random(7))
+
+
+def _body(model: str, text: str = "hello") -> dict:  # type: ignore[type-arg]
+    return {"model": model, "messages": [{"role": "user", "content": text}]}
+
+
+def test_static_plan_is_the_candidates_in_order() -> None:
+    router = _router()
+    assert router.choose(_body("static")).plan == ("small", "other")
+    code = router.choose(_body("static", "def f(): pass"))
+    assert code.decision.name == "code" and code.plan == ("big", "small")
+    assert code.describe()["signals"]["code"]["matched"] is True
+
+
+def test_weighted_draws_the_first_pool_by_weight_then_the_rest_in_order() -> None:
+    router = _router()
+    plans = [router.choose(_body("weighted")).plan for _ in range(5000)]
+    firsts = Counter(p[0] for p in plans)
+    # small 3, big 1, other unlisted = 1: shares 0.6, 0.2, 0.2.
+    assert abs(firsts["small"] / 5000 - 0.6) < 0.03 and abs(firsts["big"] / 5000 - 0.2) < 0.03
+    assert all(sorted(p) == ["big", "other", "small"] for p in plans)
+    assert ("big", "small", "other") in plans
+
+
+def test_escalate_plan_is_its_stages() -> None:
+    assert _router().choose(_body("escalate")).plan == ("small", "big")
+
+
+def test_unknown_model() -> None:
+    with pytest.raises(UnknownModel, match="available: static, weighted, escalate"):
+        _router().choose(_body("nope"))
+
+
+def _completion(text: str, finish: str = "stop") -> dict:  # type: ignore[type-arg]
+    return {"id": "c", "created": 1, "model": "m", "usage": {"prompt_tokens": 1, "completion_tokens": 2},
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}]}
+
+
+def test_escalate_verdict() -> None:
+    accept = parse_config(CONFIG).entries["escalate"].algorithm.accept  # type: ignore[union-attr]
+    assert verdict(accept, _completion("it is ok")) is None
+    assert verdict(accept, _completion("it is ok", "length")) == "finish_reason 'length' not in ['stop']"
+    assert verdict(accept, _completion("ok")) == "2 chars < min_chars 3"
+    assert verdict(accept, _completion("fine answer")) == "no match for 'ok'"
+    assert verdict(accept, {"choices": []}) is not None
+    completions = {"choices": [{"index": 0, "text": "ok then", "finish_reason": "stop"}]}
+    assert verdict(accept, completions) is None
+
+
+def test_as_chunks_replays_an_answer_as_a_stream() -> None:
+    chunks = as_chunks(_completion("hi there"), chat=True, include_usage=True)
+    assert [c["object"] for c in chunks] == ["chat.completion.chunk"] * 3
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": "hi there"}
+    assert chunks[1]["choices"][0]["finish_reason"] == "stop" and chunks[2]["usage"]["completion_tokens"] == 2
+    assert len(as_chunks(_completion("x"), chat=True, include_usage=False)) == 2
+    text = as_chunks({"choices": [{"index": 0, "text": "t", "finish_reason": "length"}]}, chat=False,
+                     include_usage=False)
+    assert text[0]["choices"][0] == {"index": 0, "text": "t", "finish_reason": "length"}
