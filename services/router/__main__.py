@@ -20,7 +20,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream request otherwise
     try:
         config = load_config(args.config)
     except ConfigError as exc:

@@ -11,7 +11,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import msgspec
 
 from services.router import escalate
@@ -22,7 +21,7 @@ from services.router.config import EscalateAlgorithm, ListenerConfig, RouterConf
 from services.router.metrics import RouterMetrics
 from services.router.replicas import Lease, NoReplica, Overloaded
 from services.router.routing import Choice, Router, UnknownModel
-from services.router.upstream import Upstream, UpstreamError
+from services.router.upstream import READ_ERRORS, Response, Upstream, UpstreamError
 
 log = logging.getLogger("router")
 
@@ -70,7 +69,7 @@ class _Call:
 
 @dataclass(slots=True)
 class _Opened:
-    response: httpx.Response
+    response: Response
     lease: Lease
     pool: str
     attempts: int
@@ -222,23 +221,23 @@ class RouterApp:
                          (b"x-router-attempts", str(opened.attempts).encode())]
         response, ok = opened.response, True
         try:
-            if response.status_code != 200:
+            if response.status != 200:
                 await self._upstream_refusal(call, response, send)
             elif call.api in ("chat", "completions"):
                 ok = await self._pass_through(call, response, send)
             elif call.chat.get("stream"):
                 ok = await self._adapt_stream(call, response, send)
             else:
-                chat = _decode.decode(await response.aread())
+                chat = _decode.decode(await response.read())
                 await self._send_adapted(call, chat, send)
-        except (httpx.HTTPError, msgspec.DecodeError) as exc:
+        except (*READ_ERRORS, msgspec.DecodeError) as exc:
             ok = False
             self.metrics.upstream_errors.labels(opened.pool, opened.lease.replica.url).inc()
             log.warning("upstream %s failed mid-response: %s", opened.lease.replica.url, exc)
             if call.status == 0:
                 raise HTTPError(502, f"upstream {opened.lease.replica.url} failed: {type(exc).__name__}") from None
         finally:
-            await response.aclose()
+            response.close()
             opened.lease.release(ok)
 
     async def _open_any(self, call: _Call, pools: tuple[str, ...], payloads: dict[str, bytes],
@@ -299,34 +298,42 @@ class RouterApp:
             self.metrics.upstream_latency.labels(name).observe(time.perf_counter() - started)
             return _Opened(response, lease, name, len(tried))
 
-    async def _pass_through(self, call: _Call, response: httpx.Response, send: Send) -> bool:
-        """Upstream bytes to the client as they arrive; False when upstream broke off."""
-        content_type = response.headers.get("content-type", "application/json").encode()
-        await self._start(call, send, 200, [(b"content-type", content_type)])
+    async def _pass_through(self, call: _Call, response: Response, send: Send) -> bool:
+        """Upstream bytes to the client: a stream as each piece arrives, a JSON body in one send once
+        complete (it is useless to a client before then). False when upstream broke off."""
+        content_type = response.content_type.encode()
+        streaming = content_type.startswith(b"text/event-stream")
         try:
-            async for chunk in response.aiter_raw():
+            if not streaming:
+                body = await response.read()
+                await self._start(call, send, 200, [(b"content-type", content_type),
+                                                    (b"content-length", str(len(body)).encode())])
+                await send({"type": "http.response.body", "body": body, "more_body": False})
+                return True
+            await self._start(call, send, 200, [(b"content-type", content_type)])
+            async for chunk in response.chunks():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except httpx.HTTPError as exc:
+        except READ_ERRORS as exc:
             log.warning("upstream %s broke off a response: %s", response.url, exc)
-            if content_type.startswith(b"text/event-stream"):
+            if call.status == 0:
+                raise
+            if streaming:
                 error = {"error": {"message": f"upstream failed mid-stream: {type(exc).__name__}",
                                    "type": "upstream_error", "code": 502}}
                 await send({"type": "http.response.body", "body": b"data: " + _json.encode(error) + b"\n\n",
                             "more_body": False})
-            else:
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
             return False
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return True
 
-    async def _adapt_stream(self, call: _Call, response: httpx.Response, send: Send) -> bool:
+    async def _adapt_stream(self, call: _Call, response: Response, send: Send) -> bool:
         """Upstream chat chunks as Responses or Messages events, translated as each arrives."""
         stream = _adapter_stream(call)
         await self._start(call, send, 200, _SSE)
         await send({"type": "http.response.body", "body": stream.start(), "more_body": True})
         ok, done, buffer = True, False, b""
         try:
-            async for data in response.aiter_raw():
+            async for data in response.chunks():
                 buffer += data
                 *events, buffer = buffer.split(b"\n\n")
                 out = []
@@ -341,7 +348,7 @@ class RouterApp:
                             out.append(stream.feed(_decode.decode(payload)))
                 if out:
                     await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
-        except (httpx.HTTPError, msgspec.DecodeError) as exc:
+        except (*READ_ERRORS, msgspec.DecodeError) as exc:
             log.warning("upstream %s broke off a stream: %s", response.url, exc)
             ok = False
         if done:
@@ -360,23 +367,24 @@ class RouterApp:
             body = chat_to_message(chat, call.request)
         else:
             body = chat
-        await self._start(call, send, 200, _JSON)
-        await send({"type": "http.response.body", "body": _json.encode(body), "more_body": False})
+        data = _json.encode(body)
+        await self._start(call, send, 200, [*_JSON, (b"content-length", str(len(data)).encode())])
+        await send({"type": "http.response.body", "body": data, "more_body": False})
 
-    async def _upstream_refusal(self, call: _Call, response: httpx.Response, send: Send) -> None:
+    async def _upstream_refusal(self, call: _Call, response: Response, send: Send) -> None:
         """A 4xx from upstream (bad request, unknown model there, ...): passed on in the API's shape."""
-        raw = await response.aread()
+        raw = await response.read()
         if call.api != "messages":
-            content_type = response.headers.get("content-type", "application/json").encode()
-            await self._start(call, send, response.status_code, [(b"content-type", content_type)])
+            content_type = response.content_type.encode()
+            await self._start(call, send, response.status, [(b"content-type", content_type)])
             await send({"type": "http.response.body", "body": raw, "more_body": False})
             return
         try:
             message = _decode.decode(raw)["error"]["message"]
         except (msgspec.DecodeError, KeyError, TypeError):
             message = raw[:500].decode(errors="replace")
-        await self._start(call, send, response.status_code, _JSON)
-        await send({"type": "http.response.body", "body": _json.encode(anthropic_error(response.status_code, message)),
+        await self._start(call, send, response.status, _JSON)
+        await send({"type": "http.response.body", "body": _json.encode(anthropic_error(response.status, message)),
                     "more_body": False})
 
     # ---- escalate ----
@@ -394,18 +402,20 @@ class RouterApp:
             calls += 1
             try:
                 async with asyncio.timeout(remaining):
-                    opened = await self._open_any(call, (stage,), payloads, remaining, stream=False)
+                    # The shared deadline is this timeout's: a shorter one inside would fail the stage
+                    # a moment early and leave a sliver of time for the next stage to be called in.
+                    opened = await self._open_any(call, (stage,), payloads, None, stream=False)
                     try:
-                        raw = await opened.response.aread()
-                        status = opened.response.status_code
+                        raw = await opened.response.read()
+                        status = opened.response.status
                     finally:
-                        await opened.response.aclose()
+                        opened.response.close()
                         opened.lease.release(True)
             except HTTPError as exc:
                 refusal = exc
                 log.info("escalate %s: stage %s refused: %s", call.choice.entry.name, stage, exc.message)
                 continue
-            except (TimeoutError, httpx.HTTPError) as exc:
+            except READ_ERRORS as exc:
                 refusal = HTTPError(504 if isinstance(exc, TimeoutError) else 502,
                                     f"stage {stage!r}: {type(exc).__name__} within the {algorithm.deadline_s}s deadline")
                 continue
@@ -508,7 +518,8 @@ def _error_body(api: str | None, exc: HTTPError) -> bytes:
 
 
 async def _send_json(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": _JSON + (headers or [])})
+    await send({"type": "http.response.start", "status": status,
+                "headers": [*_JSON, (b"content-length", str(len(body)).encode()), *(headers or [])]})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 

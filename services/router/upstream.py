@@ -1,8 +1,19 @@
-"""Calls to replicas: one shared httpx client, a response opened in streaming mode so bytes pass
-through as they arrive, and the rule for what may be retried (nothing sent to the client yet)."""
+"""Calls to replicas from the router process: one shared aiohttp session (keep-alive connections per
+replica), responses opened so bytes pass through as they arrive, and the rule for what may be retried
+(nothing reached the client yet).
+
+aiohttp rather than httpx: httpcore's pool walks every pooled connection (a poll() each) on every
+request, which made it most of the router's CPU at 64 concurrent requests (encode/httpcore#1035).
+"""
 from __future__ import annotations
 
-import httpx
+import asyncio
+from collections.abc import AsyncIterator
+
+import aiohttp
+
+# Errors of a replica or the network while a response is read: the stream broke off.
+READ_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 
 
 class UpstreamError(Exception):
@@ -13,41 +24,80 @@ class UpstreamError(Exception):
         self.url = url
 
 
+class Response:
+    """An upstream response whose head has arrived; the body is read or streamed, then closed."""
+
+    __slots__ = ("_raw", "status", "content_type", "url")
+
+    def __init__(self, raw: aiohttp.ClientResponse) -> None:
+        self._raw = raw
+        self.status = raw.status
+        self.content_type = raw.headers.get("content-type", "application/json")
+        self.url = str(raw.url)
+
+    async def read(self) -> bytes:
+        return await self._raw.read()
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """Body bytes as they arrive, without waiting to fill a buffer."""
+        async for chunk in self._raw.content.iter_any():
+            yield chunk
+
+    def close(self) -> None:
+        """Done with it: a finished body gives the connection back to the pool; an unfinished one
+        closes it, which is how the replica learns the request was abandoned."""
+        if self._raw.content.at_eof():
+            self._raw.release()
+        else:
+            self._raw.close()
+
+
 class Upstream:
     def __init__(self) -> None:
-        self.client = httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
-            timeout=httpx.Timeout(connect=5.0, read=None, write=30.0, pool=5.0),
-        )
+        # limit=0: no pool-wide cap; the router's per-replica in-flight cap bounds connections.
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60, enable_cleanup_closed=True),
+            auto_decompress=False, skip_auto_headers=("User-Agent",))
 
     async def open(self, base_url: str, path: str, body: bytes, *, api_key: str | None,
-                   timeout_s: float) -> httpx.Response:
+                   timeout_s: float) -> Response:
         """POST and wait for the response head. Connection errors and 5xx/429 heads raise
-        UpstreamError (retryable); other statuses are returned for the caller to pass on."""
+        UpstreamError (retryable); other statuses are returned for the caller to pass on.
+        `timeout_s` bounds the wait for the head and then each read (a stalled stream)."""
         # identity: bytes pass through to the client as they are, without re-encoding.
         headers = {"content-type": "application/json", "accept-encoding": "identity"}
         if api_key:
             headers["authorization"] = f"Bearer {api_key}"
-        request = self.client.build_request("POST", base_url + path, content=body, headers=headers,
-                                            timeout=httpx.Timeout(timeout_s, connect=5.0))
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=timeout_s)
         try:
-            response = await self.client.send(request, stream=True)
-        except httpx.TransportError as exc:
-            raise UpstreamError(base_url, f"{type(exc).__name__}: {exc}") from None
-        if response.status_code >= 500 or response.status_code == 429:
-            detail = (await response.aread())[:300].decode(errors="replace")
-            await response.aclose()
-            raise UpstreamError(base_url, f"HTTP {response.status_code}: {detail}")
-        return response
+            raw = await self.session.post(base_url + path, data=body, headers=headers, timeout=timeout)
+        except READ_ERRORS as exc:
+            raise UpstreamError(base_url, _describe(exc)) from None
+        if raw.status >= 500 or raw.status == 429:
+            try:
+                detail = (await raw.read())[:300].decode(errors="replace")
+            except READ_ERRORS:
+                detail = ""
+            raw.release()
+            raise UpstreamError(base_url, f"HTTP {raw.status}: {detail}")
+        return Response(raw)
 
     async def get_ok(self, url: str, timeout_s: float, *, api_key: str | None = None) -> tuple[bool, str]:
         """An active health check: any status below 400 passes."""
         headers = {"authorization": f"Bearer {api_key}"} if api_key else None
         try:
-            r = await self.client.get(url, timeout=timeout_s, headers=headers)
-        except httpx.HTTPError as exc:
-            return False, f"{type(exc).__name__}: {exc}"
-        return r.status_code < 400, f"HTTP {r.status_code}"
+            async with self.session.get(url, headers=headers,
+                                        timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+                await r.read()
+                return r.status < 400, f"HTTP {r.status}"
+        except READ_ERRORS as exc:
+            return False, _describe(exc)
 
     async def close(self) -> None:
-        await self.client.aclose()
+        await self.session.close()
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, asyncio.TimeoutError):
+        return "timed out"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
