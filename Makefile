@@ -36,6 +36,9 @@ bench: $(STAMP)
 	$(PY) bench/frontend_stream.py
 	$(PY) bench/detokenizer.py
 	$(PY) bench/chat_template.py
+	$(PY) bench/router_policy.py
+	$(PY) bench/router_latency.py
+	$(PY) bench/router_cache.py
 
 clean:
 	rm -rf $(VENV)

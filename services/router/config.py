@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import ClassVar, Union
 
 APIS = ("chat", "completions", "responses", "messages", "models", "decisions")
-POLICIES = ("least_outstanding", "cache_aware")
+POLICIES = ("least_outstanding", "cache_aware", "round_robin")
 FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter")
 REGEX_FLAGS = {"ignorecase": re.IGNORECASE, "multiline": re.MULTILINE, "dotall": re.DOTALL,
                "verbose": re.VERBOSE, "ascii": re.ASCII}

@@ -18,6 +18,7 @@ from services.router.config import (
 from services.router.decisions import Decision, decide
 from services.router.policies.cache_aware import CacheAware
 from services.router.policies.least_outstanding import LeastOutstanding
+from services.router.policies.round_robin import RoundRobin
 from services.router.replicas import Pool
 from services.router.signals import SignalResult, evaluate, request_text, tokenizer_counter
 
@@ -98,6 +99,8 @@ def _build_pool(config: PoolConfig) -> Pool:
         policy: Any = CacheAware(cache_threshold=c.cache_threshold, balance_abs=c.balance_abs,
                                  balance_rel=c.balance_rel, max_tree_chars=c.max_tree_chars,
                                  eviction_s=c.eviction_s)
+    elif config.policy == "round_robin":
+        policy = RoundRobin()
     else:
         policy = LeastOutstanding()
     urls = [r.url for r in config.replicas]

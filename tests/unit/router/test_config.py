@@ -176,8 +176,8 @@ INVALID = {
         lambda d: (_pool(d).pop("replicas"), _pool(d).update(dns={"port": 1})),
         "pools.chat.dns.name: required"),
     "unknown policy": (
-        lambda d: _pool(d).update(policy="round_robin"),
-        "pools.chat.policy: unknown policy 'round_robin' (policies: least_outstanding, cache_aware)"),
+        lambda d: _pool(d).update(policy="random"),
+        "pools.chat.policy: unknown policy 'random' (policies: least_outstanding, cache_aware, round_robin)"),
     "cache threshold out of range": (
         lambda d: _pool(d).update(cache_aware={"cache_threshold": 1.5}),
         "pools.chat.cache_aware.cache_threshold: expected number in 0..1, got 1.5"),
