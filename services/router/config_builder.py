@@ -287,6 +287,10 @@ def _algorithm(f: Fields, path: str, raw: object, pools: tuple[str, ...]):  # ty
     if not isinstance(raw, dict):
         f.mapping(path, raw, ())
         return None
+    if raw.get("type") == "cache_aware":
+        f.add(f"{path}.type", "cache_aware chooses a replica inside a pool, not a pool: set `policy: "
+                              "cache_aware` on the pools (pools.<name>.policy) and keep this static")
+        return None
     kind = f.choice(f"{path}.type", raw.get("type", "static"), tuple(ALGORITHM_TYPES), "algorithm type")
     if kind is None:
         return None

@@ -142,6 +142,10 @@ def _entry(data: dict[str, Any]) -> dict[str, Any]:
 POOL_KEYS = ("model, replicas, dns, max_inflight, policy, cache_aware, health, breaker, tokenizer, "
              "api_key, api_key_env, timeout_s")
 INVALID = {
+    "cache_aware asked of an entry": (
+        lambda d: _entry(d).update(algorithm={"type": "cache_aware"}),
+        "entries.auto.algorithm.type: cache_aware chooses a replica inside a pool, not a pool: set `policy: "
+        "cache_aware` on the pools (pools.<name>.policy) and keep this static"),
     "listener serving an entry that does not exist": (
         lambda d: d["listeners"][0].update(entries=["auto", "autp"]),
         "listeners[0].entries[1]: unknown entry 'autp' (entries: auto)"),
