@@ -133,8 +133,9 @@ def test_errors_from_the_frontend_pass_through(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model="assistant", messages=CHAT, max_tokens=0)
     assert err.value.param == "max_tokens"
-    with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=client.base_url, api_key="wrong", max_retries=0).models.list()
+    with openai.OpenAI(base_url=client.base_url, api_key="wrong", max_retries=0) as wrong:
+        with pytest.raises(openai.AuthenticationError):
+            wrong.models.list()
 
 
 def test_cache_aware_sends_a_repeated_prefix_to_the_same_instance(fleet) -> None:  # type: ignore[no-untyped-def]

@@ -34,3 +34,4 @@ def test_chat_and_completion_through_vllm(frontend: FrontendProc) -> None:
     assert text == chat.choices[0].message.content  # greedy: the same tokens both ways
     done = client.completions.create(model="tiny", prompt="The capital of France is", max_tokens=8, temperature=0)
     assert done.choices[0].finish_reason == "length" and done.usage.completion_tokens == 8  # type: ignore[union-attr]
+    client.close()
