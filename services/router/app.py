@@ -21,6 +21,7 @@ from services.router.config import EscalateAlgorithm, ListenerConfig, RouterConf
 from services.router.metrics import RouterMetrics
 from services.router.replicas import Lease, NoReplica, Overloaded
 from services.router.routing import Choice, Router, UnknownModel
+from services.router.sse import SSEData
 from services.router.upstream import READ_ERRORS, Response, Upstream, UpstreamError
 
 log = logging.getLogger("router")
@@ -41,6 +42,7 @@ _SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")
 _DONE = b"data: [DONE]\n\n"
 _json = msgspec.json.Encoder()
 _decode = msgspec.json.Decoder()
+OFF_LOOP_BYTES = 256 << 10  # requests larger than this are routed (signals evaluated) off the event loop
 
 
 class HTTPError(Exception):
@@ -49,10 +51,28 @@ class HTTPError(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.headers = headers or []
+        self.counted = False  # in router_requests_total already
 
 
 class _ClientGone(Exception):
     pass
+
+
+class _Tracked:
+    """The ASGI send of one request, remembering whether the response started and completed."""
+
+    __slots__ = ("_send", "started", "complete")
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.started = self.complete = False
+
+    async def __call__(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+        elif not message.get("more_body", False):
+            self.complete = True
+        await self._send(message)
 
 
 @dataclass(slots=True)
@@ -65,6 +85,7 @@ class _Call:
     choice: Choice
     status: int = 0  # of the response started to the client
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)  # x-router-* for the client
+    escalation: dict[str, Any] | None = None  # which escalate stage answered, told in non-streamed bodies
 
 
 @dataclass(slots=True)
@@ -98,6 +119,7 @@ class RouterApp:
         listener = self._by_port.get(server[1] if server else -1, self.config.listeners[0])
         path, method = scope["path"], scope["method"]
         api = POST_APIS.get(path) or ("models" if path == "/v1/models" else None)
+        send = _Tracked(send)
         try:
             if path == "/health":
                 await _send_json(send, 200, _json.encode(self._health()))
@@ -120,10 +142,18 @@ class RouterApp:
             else:
                 await self._generate(listener, api, scope, receive, send)
         except HTTPError as exc:
-            self.metrics.requests.labels(listener.name, api or "other", str(exc.status)).inc()
+            if not exc.counted:
+                self.metrics.requests.labels(listener.name, api or "other", str(exc.status)).inc()
             await _send_json(send, exc.status, _error_body(api, exc), exc.headers)
         except _ClientGone:
             pass
+        except Exception as exc:
+            # A bug, or an upstream answer no branch expected: the client still gets an error in its API's shape.
+            log.exception("%s %s failed", method, path)
+            if not send.started:
+                await _send_json(send, 500, _error_body(api, HTTPError(500, f"internal error: {type(exc).__name__}")))
+            elif not send.complete:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     # ---- plain routes ----
 
@@ -191,18 +221,27 @@ class RouterApp:
             if not isinstance(request.get("model"), str):
                 raise HTTPError(400, "model: a model name (string) is required", param="model")
             chat = request
-        call = _Call(listener, api, request, chat, self._choose(listener, chat))
+        if len(raw) > OFF_LOOP_BYTES:  # counting tokens or embedding a long text would stall every stream
+            choice = await asyncio.to_thread(self._choose, listener, chat)
+        else:
+            choice = self._choose(listener, chat)
+        call = _Call(listener, api, request, chat, choice)
         call.headers = [(b"x-router-entry", call.choice.entry.name.encode()),
                         (b"x-router-decision", call.choice.decision.name.encode())]
         self.metrics.decisions.labels(call.choice.entry.name, call.choice.decision.name).inc()
         task = asyncio.current_task()
         gone = asyncio.Event()
-        watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, task, gone))  # type: ignore[arg-type]
+        watcher = asyncio.get_running_loop().create_task(
+            _watch_disconnect(receive, task, gone, send))  # type: ignore[arg-type]
         try:
             if isinstance(call.choice.entry.algorithm, EscalateAlgorithm):
                 await self._escalate(call, call.choice.entry.algorithm, send)
             else:
                 await self._dispatch(call, send)
+        except HTTPError as exc:
+            call.status, exc.counted = exc.status, True
+            exc.headers = call.headers + exc.headers
+            raise
         except asyncio.CancelledError:
             if not gone.is_set():
                 raise
@@ -219,23 +258,26 @@ class RouterApp:
         call.headers += [(b"x-router-pool", opened.pool.encode()),
                          (b"x-router-replica", opened.lease.replica.url.encode()),
                          (b"x-router-attempts", str(opened.attempts).encode())]
-        response, ok = opened.response, True
+        response = opened.response
+        ok: bool | None = None  # None: abandoned (the client left), which says nothing about the replica
         try:
             if response.status != 200:
                 await self._upstream_refusal(call, response, send)
+                ok = True
             elif call.api in ("chat", "completions"):
                 ok = await self._pass_through(call, response, send)
             elif call.chat.get("stream"):
                 ok = await self._adapt_stream(call, response, send)
             else:
-                chat = _decode.decode(await response.read())
+                chat = _decode_object(await response.read())
                 await self._send_adapted(call, chat, send)
-        except (*READ_ERRORS, msgspec.DecodeError) as exc:
+                ok = True
+        except (*READ_ERRORS, UpstreamError) as exc:
             ok = False
-            self.metrics.upstream_errors.labels(opened.pool, opened.lease.replica.url).inc()
+            self.metrics.upstream_errors.labels(opened.pool).inc()
             log.warning("upstream %s failed mid-response: %s", opened.lease.replica.url, exc)
             if call.status == 0:
-                raise HTTPError(502, f"upstream {opened.lease.replica.url} failed: {type(exc).__name__}") from None
+                raise HTTPError(502, f"upstream {opened.lease.replica.url} failed: {exc}") from None
         finally:
             response.close()
             opened.lease.release(ok)
@@ -257,7 +299,11 @@ class RouterApp:
                 return result
             refusals.append(result)
         overloaded = [r for r in refusals if r.status == 429]
-        raise overloaded[0] if overloaded else refusals[-1]
+        if overloaded:
+            for name in pools:
+                self.metrics.overloaded.labels(name).inc()
+            raise overloaded[0]
+        raise refusals[-1]
 
     async def _open(self, call: _Call, name: str, payload: bytes, timeout_s: float | None) -> _Opened | HTTPError:
         """One pool: a free replica, retried on the next one for failures before the first byte."""
@@ -271,7 +317,6 @@ class RouterApp:
                 if last_error:
                     return HTTPError(502, f"pool {name!r}: {len(tried)} replica(s) failed ({last_error}) and "
                                      "the rest are at their in-flight cap")
-                self.metrics.overloaded.labels(name).inc()
                 return HTTPError(429, f"{lease.reason}; retry after {lease.retry_after_s}s",
                                  code="overloaded", headers=[(b"retry-after", str(lease.retry_after_s).encode())])
             if isinstance(lease, NoReplica):
@@ -288,13 +333,14 @@ class RouterApp:
                                                      timeout_s=min(config.timeout_s, timeout_s or config.timeout_s))
             except UpstreamError as exc:
                 lease.release(False)
-                self.metrics.upstream_errors.labels(name, url).inc()
+                self.metrics.upstream_errors.labels(name).inc()
                 last_error = str(exc)
                 log.warning("pool %s: %s; trying another replica", name, exc)
                 continue
             except BaseException:
-                lease.release(True)
+                lease.release(None)
                 raise
+            lease.succeeded()  # the head came back: for the breaker, that is the replica answering
             self.metrics.upstream_latency.labels(name).observe(time.perf_counter() - started)
             return _Opened(response, lease, name, len(tried))
 
@@ -331,24 +377,27 @@ class RouterApp:
         stream = _adapter_stream(call)
         await self._start(call, send, 200, _SSE)
         await send({"type": "http.response.body", "body": stream.start(), "more_body": True})
-        ok, done, buffer = True, False, b""
+        ok, done, reader = True, False, SSEData()
+
+        def translate(events: list[bytes]) -> bytes:
+            nonlocal done
+            out = []
+            for data in events:
+                if data.strip() == b"[DONE]":
+                    done = True
+                elif data.strip():
+                    out.append(_shaped(stream.feed, _decode_object(data)))
+            return b"".join(out)
+
         try:
-            async for data in response.chunks():
-                buffer += data
-                *events, buffer = buffer.split(b"\n\n")
-                out = []
-                for event in events:
-                    for line in event.split(b"\n"):
-                        if not line.startswith(b"data:"):
-                            continue
-                        payload = line[5:].strip()
-                        if payload == b"[DONE]":
-                            done = True
-                        elif payload:
-                            out.append(stream.feed(_decode.decode(payload)))
+            async for chunk in response.chunks():
+                out = translate(reader.feed(chunk))
                 if out:
-                    await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
-        except (*READ_ERRORS, msgspec.DecodeError) as exc:
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+            out = translate(reader.finish())
+            if out:
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+        except (*READ_ERRORS, UpstreamError) as exc:
             log.warning("upstream %s broke off a stream: %s", response.url, exc)
             ok = False
         if done:
@@ -362,11 +411,13 @@ class RouterApp:
 
     async def _send_adapted(self, call: _Call, chat: dict[str, Any], send: Send) -> None:
         if call.api == "responses":
-            body = chat_to_response(chat, call.request)
+            body = _shaped(chat_to_response, chat, call.request)
         elif call.api == "messages":
-            body = chat_to_message(chat, call.request)
+            body = _shaped(chat_to_message, chat, call.request)
         else:
             body = chat
+        if call.escalation is not None:
+            body["router"] = call.escalation
         data = _json.encode(body)
         await self._start(call, send, 200, [*_JSON, (b"content-length", str(len(data)).encode())])
         await send({"type": "http.response.body", "body": data, "more_body": False})
@@ -392,63 +443,71 @@ class RouterApp:
     async def _escalate(self, call: _Call, algorithm: EscalateAlgorithm, send: Send) -> None:
         """Stages in order, each answer judged whole; the first accepted one (or the last one got
         within the deadline and call cap) goes to the client, which is told which stage it was."""
-        deadline = time.monotonic() + algorithm.deadline_s
+        # The loop's clock, the one its timers fire by (uvloop's lags time.monotonic() a little).
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + algorithm.deadline_s
         calls, answer, refusal = 0, None, None
         payloads: dict[str, bytes] = {}
         for stage in algorithm.stages:
-            remaining = deadline - time.monotonic()
-            if calls >= algorithm.max_calls or remaining <= 0:
+            if calls >= algorithm.max_calls or loop.time() >= deadline:
                 break
             calls += 1
+            opened: _Opened | None = None
+            outcome: bool | None = None  # for the replica's breaker: a passed deadline says nothing
             try:
-                async with asyncio.timeout(remaining):
+                async with asyncio.timeout_at(deadline):
                     # The shared deadline is this timeout's: a shorter one inside would fail the stage
                     # a moment early and leave a sliver of time for the next stage to be called in.
                     opened = await self._open_any(call, (stage,), payloads, None, stream=False)
-                    try:
-                        raw = await opened.response.read()
-                        status = opened.response.status
-                    finally:
-                        opened.response.close()
-                        opened.lease.release(True)
+                    raw = await opened.response.read()
+                status = opened.response.status
+                completion = _decode_object(raw) if status == 200 else {}
+                outcome = True
             except HTTPError as exc:
                 refusal = exc
                 log.info("escalate %s: stage %s refused: %s", call.choice.entry.name, stage, exc.message)
                 continue
-            except READ_ERRORS as exc:
-                refusal = HTTPError(504 if isinstance(exc, TimeoutError) else 502,
-                                    f"stage {stage!r}: {type(exc).__name__} within the {algorithm.deadline_s}s deadline")
+            except (*READ_ERRORS, UpstreamError) as exc:
+                timed_out = isinstance(exc, TimeoutError)
+                outcome = None if timed_out else False
+                refusal = HTTPError(504 if timed_out else 502, f"stage {stage!r}: no answer within the "
+                                    f"{algorithm.deadline_s}s deadline" if timed_out else f"stage {stage!r}: {exc}")
                 continue
+            finally:
+                if opened is not None:
+                    opened.response.close()
+                    opened.lease.release(outcome)
             if status != 200:
                 refusal = HTTPError(status if status < 500 else 502, f"stage {stage!r} answered HTTP {status}: "
                                     f"{raw[:300].decode(errors='replace')}")
                 continue
-            completion = _decode.decode(raw)
             why = escalate.verdict(algorithm.accept, completion)
-            answer = (stage, completion, why)
+            answer = (stage, opened, completion, why)
             if why is None:
                 break
             self.metrics.escalations.labels(call.choice.entry.name, stage).inc()
             log.info("escalate %s: stage %s not accepted: %s", call.choice.entry.name, stage, why)
         if answer is None:
             raise refusal or HTTPError(504, f"no stage answered within {algorithm.deadline_s}s")
-        stage, completion, why = answer
-        call.headers += [(b"x-router-pool", stage.encode()), (b"x-router-stage", stage.encode()),
-                         (b"x-router-calls", str(calls).encode()),
+        stage, opened, completion, why = answer
+        call.headers += [(b"x-router-pool", stage.encode()),
+                         (b"x-router-replica", opened.lease.replica.url.encode()),
+                         (b"x-router-attempts", str(opened.attempts).encode()),
+                         (b"x-router-stage", stage.encode()), (b"x-router-calls", str(calls).encode()),
                          (b"x-router-accepted", b"true" if why is None else b"false")]
-        completion["router"] = {"stage": stage, "calls": calls, "accepted": why is None, "reason": why}
+        call.escalation = {"stage": stage, "calls": calls, "accepted": why is None, "reason": why}
         if not call.chat.get("stream"):
             await self._send_adapted(call, completion, send)
             return
         options = call.chat.get("stream_options")
         usage = isinstance(options, dict) and bool(options.get("include_usage"))
-        chunks = escalate.as_chunks(completion, chat=call.api != "completions", include_usage=usage)
+        chunks = _shaped(escalate.as_chunks, completion, chat=call.api != "completions", include_usage=usage)
         if call.api in ("chat", "completions"):
             body = b"".join(b"data: " + _json.encode(c) + b"\n\n" for c in chunks) + _DONE
             await self._start(call, send, 200, _SSE)
         else:
             stream = _adapter_stream(call)
-            body = stream.start() + b"".join(stream.feed(c) for c in chunks) + stream.finish()
+            body = stream.start() + b"".join(_shaped(stream.feed, c) for c in chunks) + stream.finish()
             await self._start(call, send, 200, _SSE)
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
@@ -489,6 +548,26 @@ class RouterApp:
                 return b"".join(chunks)
 
 
+def _shaped(translate: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """An adapter's translation of an upstream answer; a chat body of another shape than chat's
+    (choices that are not objects, say) is the replica's fault, not a crash of the router."""
+    try:
+        return translate(*args, **kwargs)
+    except (AttributeError, TypeError, KeyError, IndexError) as exc:
+        raise UpstreamError("upstream", f"answered a body that is not a chat completion: {exc!r}") from None
+
+
+def _decode_object(raw: bytes) -> dict[str, Any]:
+    """An upstream JSON body or chunk, which must be an object: anything else is the replica's fault."""
+    try:
+        value = _decode.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise UpstreamError("upstream", f"answered invalid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise UpstreamError("upstream", f"answered JSON that is not an object: {raw[:100]!r}")
+    return value
+
+
 def _parse(raw: bytes) -> dict[str, Any]:
     try:
         body = _decode.decode(raw)
@@ -523,13 +602,16 @@ async def _send_json(send: Send, status: int, body: bytes, headers: list[tuple[b
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], gone: asyncio.Event) -> None:
-    """hypercorn speaks ASGI 2.1: a client leaving shows only as http.disconnect from receive()."""
+async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], gone: asyncio.Event,
+                            send: _Tracked) -> None:
+    """A client leaving shows only as http.disconnect from receive(). uvicorn also returns it once the
+    response is complete, which must not cancel the handler's remaining bookkeeping."""
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            gone.set()
-            task.cancel()
+            if not send.complete:
+                gone.set()
+                task.cancel()
             return
 
 

@@ -64,6 +64,7 @@ class HealthConfig:
     path: str = "/health"
     interval_s: float = 5.0
     timeout_s: float = 2.0
+    failures: int = 2  # consecutive failed checks that take a replica out
 
 
 @dataclass(frozen=True, slots=True)

@@ -162,7 +162,7 @@ def _cache_aware(f: Fields, path: str, raw: object) -> CacheAwareConfig:
 
 
 def _health(f: Fields, path: str, raw: object) -> HealthConfig:
-    m = f.mapping(path, raw, ("path", "interval_s", "timeout_s"))
+    m = f.mapping(path, raw, ("path", "interval_s", "timeout_s", "failures"))
     d = HealthConfig()
     probe = f.string(f"{path}.path", m.get("path", d.path))
     if probe is not None and not probe.startswith("/"):
@@ -172,7 +172,8 @@ def _health(f: Fields, path: str, raw: object) -> HealthConfig:
         interval_s=_or(f.number(f"{path}.interval_s", m.get("interval_s", d.interval_s), 0, open_low=True),
                        d.interval_s),
         timeout_s=_or(f.number(f"{path}.timeout_s", m.get("timeout_s", d.timeout_s), 0, open_low=True),
-                      d.timeout_s))
+                      d.timeout_s),
+        failures=_or(f.integer(f"{path}.failures", m.get("failures", d.failures), 1), d.failures))
 
 
 def _breaker(f: Fields, path: str, raw: object) -> BreakerConfig:

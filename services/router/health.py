@@ -81,6 +81,8 @@ class HealthChecker:
         if urls != [r.url for r in pool.replicas]:
             log.info("pool %s: %s resolves to %s", name, dns.name, ", ".join(urls) or "nothing")
             pool.replace_replicas(urls)
+            if self._tasks:  # serving: check the new members now rather than at the next round
+                await self.check_once(name)
 
 
 def replica_url(scheme: str, address: str, port: int) -> str:

@@ -21,11 +21,13 @@ class RouterMetrics:
         self.requests = Counter("router_requests", "Requests answered, by listener, API and status.",
                                 ["listener", "api", "status"], registry=r)
         self.overloaded = Counter("router_overloaded", "Requests answered 429 because every replica of "
-                                  "the pool was at its in-flight cap.", ["pool"], registry=r)
+                                  "every candidate pool was at its in-flight cap, by candidate pool.", ["pool"],
+                                  registry=r)
         self.retries = Counter("router_retries", "Attempts retried on another replica after a failure "
                                "before the first response byte.", ["pool"], registry=r)
-        self.upstream_errors = Counter("router_upstream_errors", "Upstream failures by pool and replica.",
-                                       ["pool", "replica"], registry=r)
+        # By pool only: replicas come and go with DNS, and per-replica state is in the gauges below.
+        self.upstream_errors = Counter("router_upstream_errors", "Upstream failures (before or during a "
+                                       "response) by pool.", ["pool"], registry=r)
         self.escalations = Counter("router_escalations", "Escalate stages whose answer failed the "
                                    "acceptance condition.", ["entry", "stage"], registry=r)
         self.upstream_latency = Histogram("router_upstream_latency_seconds", "Time from sending a request "

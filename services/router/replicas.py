@@ -47,30 +47,46 @@ class Lease:
     replica: Replica
     request_bytes: int
     reason: str = ""  # the policy's explanation of this choice
+    probe: bool = False  # sent while the breaker was half-open: its outcome decides the breaker
     _pool: Pool | None = field(default=None, repr=False)
+    _outcome: bool | None = field(default=None, repr=False)  # recorded success / failure
     _released: bool = field(default=False, repr=False)
 
-    def release(self, ok: bool) -> None:
-        """The request finished. ok=False for failures that blame the replica (connect error, 5xx,
-        reset); they feed its breaker. Calling again does nothing."""
+    def succeeded(self) -> None:
+        """The replica answered (a response head that is not 5xx or 429): recorded once."""
+        if self._outcome is None and self._pool is not None:
+            self._outcome = True
+            self._pool.record_success(self.replica, probe=self.probe)
+
+    def failed(self) -> None:
+        """A failure that blames the replica (connect error, 5xx, a response that broke off)."""
+        if self._outcome is not False and self._pool is not None:
+            self._outcome = False
+            self._pool.record_failure(self.replica, probe=self.probe)
+
+    def release(self, ok: bool | None) -> None:
+        """The request is over: ok=True succeeded, False failed (see above), None abandoned (the
+        client left, a deadline passed), which says nothing about the replica. Only the first call counts."""
         if self._released:
             return
         self._released = True
+        if ok:
+            self.succeeded()
+        elif ok is False:
+            self.failed()
         self.replica.inflight -= 1
         self.replica.outstanding_bytes -= self.request_bytes
-        if self._pool is not None:
-            if ok:
-                self._pool.record_success(self.replica)
-            else:
-                self._pool.record_failure(self.replica)
+        if self.probe and self._outcome is None:
+            self.replica.probe_inflight = False  # an abandoned probe: the next request probes
 
 
 class Pool:
     def __init__(self, name: str, urls: Iterable[str], *, policy: Policy | None = None,
                  max_inflight: int = 32, failures: int = 3, cooldown_s: float = 30.0,
-                 retry_after_s: int = 1, clock: Callable[[], float] = time.monotonic) -> None:
+                 unhealthy_after: int = 1, retry_after_s: int = 1,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         for key, value, low in (("max_inflight", max_inflight, 1), ("failures", failures, 1),
-                                ("retry_after_s", retry_after_s, 0)):
+                                ("unhealthy_after", unhealthy_after, 1), ("retry_after_s", retry_after_s, 0)):
             if not isinstance(value, int) or value < low:
                 raise ValueError(f"pool {name!r}: {key} must be an integer >= {low}, got {value!r}")
         if not cooldown_s >= 0:
@@ -79,6 +95,7 @@ class Pool:
         self.policy: Policy = policy if policy is not None else LeastOutstanding()
         self.max_inflight = max_inflight
         self.failures = failures
+        self.unhealthy_after = unhealthy_after
         self.cooldown_s = cooldown_s
         self.retry_after_s = retry_after_s
         self.replicas: list[Replica] = [Replica(url) for url in dict.fromkeys(urls)]
@@ -97,10 +114,11 @@ class Pool:
         picked.outstanding_bytes += request_bytes
         self._seq += 1
         picked.last_assigned = self._seq
-        if picked.breaker == HALF_OPEN:
+        probe = picked.breaker == HALF_OPEN
+        if probe:
             picked.probe_inflight = True
         self.policy.on_assigned(picked, text)
-        return Lease(picked, request_bytes, self.policy.last_reason, self)
+        return Lease(picked, request_bytes, self.policy.last_reason, probe, self)
 
     def preview(self, request_bytes: int, *, text: str | None = None,
                 exclude: frozenset[str] = frozenset()) -> Replica | Overloaded | NoReplica:
@@ -130,26 +148,35 @@ class Pool:
 
     # ---- health and breaker ----
 
-    def record_success(self, replica: Replica) -> None:
+    def record_success(self, replica: Replica, *, probe: bool = False) -> None:
+        """Only the half-open probe closes the breaker; requests from before it opened change nothing."""
         state = self._breaker_state(replica, self._clock())
-        replica.request_failures = 0
-        if state == HALF_OPEN:
+        if probe and state == HALF_OPEN:
             self._close(replica)
+        elif state == CLOSED:
+            replica.request_failures = 0
 
-    def record_failure(self, replica: Replica) -> None:
+    def record_failure(self, replica: Replica, *, probe: bool = False) -> None:
         now = self._clock()
-        replica.request_failures += 1
-        self._on_failure(replica, now, replica.request_failures)
+        state = self._breaker_state(replica, now)
+        if probe and state == HALF_OPEN:
+            replica.breaker, replica.opened_at, replica.probe_inflight = OPEN, now, False
+        elif state == CLOSED:
+            replica.request_failures += 1
+            self._on_failure(replica, now, replica.request_failures)
 
     def record_health(self, replica: Replica, ok: bool, *, detail: str = "") -> None:
-        """An active check's result. A pass makes the replica healthy but does not close an open
-        breaker: the health endpoint answering does not prove generation works; a probe request does."""
+        """An active check's result. `unhealthy_after` consecutive failed checks take the replica out
+        (one slow answer under load should not empty a pool). A pass makes it healthy but does not
+        close an open breaker: the health endpoint answering does not prove generation works; a
+        probe request does."""
         if ok:
             replica.healthy, replica.health_detail, replica.health_failures = True, "", 0
             return
-        replica.healthy = False
-        replica.health_detail = detail or "health check failed"
         replica.health_failures += 1
+        replica.health_detail = detail or "health check failed"
+        if replica.health_failures >= self.unhealthy_after:
+            replica.healthy = False
         self._on_failure(replica, self._clock(), replica.health_failures)
 
     def is_ready(self, replica: Replica) -> bool:

@@ -105,4 +105,5 @@ def _build_pool(config: PoolConfig) -> Pool:
         policy = LeastOutstanding()
     urls = [r.url for r in config.replicas]
     return Pool(config.name, urls, policy=policy, max_inflight=config.max_inflight,
-                failures=config.breaker.failures, cooldown_s=config.breaker.cooldown_s)
+                failures=config.breaker.failures, cooldown_s=config.breaker.cooldown_s,
+                unhealthy_after=config.health.failures)

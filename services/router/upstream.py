@@ -70,7 +70,9 @@ class Upstream:
             headers["authorization"] = f"Bearer {api_key}"
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=timeout_s)
         try:
-            raw = await self.session.post(base_url + path, data=body, headers=headers, timeout=timeout)
+            # No redirects: following one would turn the POST into a bodiless GET.
+            raw = await self.session.post(base_url + path, data=body, headers=headers, timeout=timeout,
+                                          allow_redirects=False)
         except READ_ERRORS as exc:
             raise UpstreamError(base_url, _describe(exc)) from None
         if raw.status >= 500 or raw.status == 429:
@@ -78,7 +80,8 @@ class Upstream:
                 detail = (await raw.read())[:300].decode(errors="replace")
             except READ_ERRORS:
                 detail = ""
-            raw.release()
+            finally:
+                raw.close()
             raise UpstreamError(base_url, f"HTTP {raw.status}: {detail}")
         return Response(raw)
 

@@ -4,6 +4,7 @@ the cap, the circuit breaker, retry before the first byte, cache-aware placement
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import subprocess
 import sys
 import time
@@ -239,6 +240,7 @@ entries:
         good = _chat(router)
         assert good.status_code == 200 and good.headers["x-router-stage"] == "cheap"
         assert good.json()["router"] == {"stage": "cheap", "calls": 1, "accepted": True, "reason": None}
+        assert good.headers["x-router-replica"] == a.url and good.headers["x-router-attempts"] == "1"
         assert b.stats()["requests"] == 0
 
         a.configure(finish_reason="length")  # cut off: not accepted
@@ -372,7 +374,7 @@ def test_health_checks_take_a_replica_out_and_back(tmp_path: Path, a_b_c: list[H
     router = _sched_router(tmp_path, [a, b], "    breaker: {failures: 1, cooldown_s: 0.5}\n")
     try:
         b.configure(healthy=False)
-        time.sleep(0.6)
+        time.sleep(1.0)  # two failed checks, 0.2 s apart, take it out
         assert {_chat(router).headers["x-router-replica"] for _ in range(4)} == {a.url}
         b.configure(healthy=True)
         deadline = time.monotonic() + 10
@@ -454,5 +456,54 @@ def test_cache_aware_returns_a_prefix_to_its_replica_and_falls_back_under_imbala
             decision = _decide(router, prefixes[0] + "yet another")
             assert decision["replica"] != homes[0] and "imbalance" in decision["reason"]
             [f.result() for f in slow]
+    finally:
+        router.stop()
+
+
+# ---- odd upstreams ----
+
+def test_adapters_read_crlf_event_streams(tmp_path: Path, a_b_c: list[HttpProc]) -> None:
+    a = a_b_c[0]
+    router = _sched_router(tmp_path, [a])
+    try:
+        a.configure(newline="\r\n", reply="hello there")
+        with httpx.stream("POST", router.url + "/v1/responses", timeout=30,
+                          json={"model": "fleet", "input": "hi", "stream": True}) as r:
+            events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+        assert events[-1]["type"] == "response.completed"
+        assert events[-1]["response"]["output"][0]["content"][0]["text"] == "hello there"
+        with httpx.stream("POST", router.url + "/v1/messages", timeout=30, json={
+                "model": "fleet", "max_tokens": 5, "stream": True,
+                "messages": [{"role": "user", "content": "hi"}]}) as r:
+            kinds = [json.loads(line[6:])["type"] for line in r.iter_lines() if line.startswith("data: ")]
+        assert kinds[-1] == "message_stop" and kinds.count("content_block_delta") == 3
+    finally:
+        router.stop()
+
+
+def test_an_upstream_answer_of_the_wrong_shape_is_a_502_in_the_apis_shape(
+        tmp_path: Path, a_b_c: list[HttpProc]) -> None:
+    a = a_b_c[0]
+    router = _sched_router(tmp_path, [a])
+    try:
+        a.configure(raw_body="[1, 2]")
+        messages = httpx.post(router.url + "/v1/messages", timeout=30, json={
+            "model": "fleet", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})
+        assert messages.status_code == 502 and messages.json()["type"] == "error"
+        assert "not an object" in messages.json()["error"]["message"]
+        responses = httpx.post(router.url + "/v1/responses", timeout=30, json={"model": "fleet", "input": "hi"})
+        assert responses.status_code == 502 and responses.json()["error"]["type"] == "upstream_error"
+        a.configure(raw_body='{"choices": [null]}')
+        odd = httpx.post(router.url + "/v1/responses", timeout=30, json={"model": "fleet", "input": "hi"})
+        assert odd.status_code == 502 and "not a chat completion" in odd.json()["error"]["message"]
+        with httpx.stream("POST", router.url + "/v1/responses", timeout=30,
+                          json={"model": "fleet", "input": "hi", "stream": True}) as r:
+            events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+        assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
+        a.configure(raw_body=None)
+        assert _chat(router).status_code == 200  # nothing else was lost
+        metrics = httpx.get(router.url + "/metrics").text
+        assert 'router_requests_total{api="messages",listener="listener-0",status="502"} 1.0' in metrics
+        assert 'status="0"' not in metrics  # each answer counted once, under its status
     finally:
         router.stop()

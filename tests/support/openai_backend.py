@@ -3,8 +3,8 @@
 
 Chat and completions, streamed or not, answer `reply` (default "<name>:<model>") with no delay unless
 told; its behaviour changes at run time through POST /admin/config (status, delay_s, chunk_delay_s,
-chunks, reply, finish_reason, healthy), POST /admin/reset restores the defaults and zeroes the stats,
-and it reports what it saw at GET /admin/stats.
+chunks, reply, finish_reason, healthy, newline, raw_body), POST /admin/reset restores the defaults
+and zeroes the stats, and it reports what it saw at GET /admin/stats.
 """
 from __future__ import annotations
 
@@ -24,7 +24,10 @@ class Backend:
         self.name = name
         self.settings: dict[str, Any] = {}
         self.defaults: dict[str, Any] = {"status": 200, "delay_s": 0.0, "chunk_delay_s": 0.0, "chunks": 3,
-                                         "reply": None, "finish_reason": "stop", "healthy": True}
+                                         "reply": None, "finish_reason": "stop", "healthy": True,
+                                         # Misbehaviours: SSE line ending, and a body to send instead of
+                                         # the completion (as is, or as one event's data when streaming).
+                                         "newline": "\n", "raw_body": None}
         self.stats: dict[str, Any] = {}
         self.reset()
 
@@ -76,7 +79,9 @@ class Backend:
                                                           "type": "server_error", "code": s["status"]}})
                 return
             text = s["reply"] if s["reply"] is not None else f"{self.name}:{body.get('model')}"
-            if body.get("stream"):
+            if s["raw_body"] is not None:
+                await self._raw(bool(body.get("stream")), s["raw_body"].encode(), s["newline"].encode(), send)
+            elif body.get("stream"):
                 if not await self._stream(chat, body, text, receive, send):
                     return
             else:
@@ -84,6 +89,13 @@ class Backend:
             stats["completed"] += 1
         finally:
             stats["inflight"] -= 1
+
+    async def _raw(self, stream: bool, raw: bytes, newline: bytes, send: Any) -> None:
+        kind = b"text/event-stream" if stream else b"application/json"
+        if stream:
+            raw = b"data: " + raw + newline * 2 + b"data: [DONE]" + newline * 2
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", kind)]})
+        await send({"type": "http.response.body", "body": raw})
 
     async def _stream(self, chat: bool, body: dict[str, Any], text: str, receive: Any, send: Any) -> bool:
         """False when the client left before the end."""
@@ -110,15 +122,17 @@ class Backend:
                     delta["role"] = "assistant"
                 choice = {"index": 0, "delta": delta} if chat else {"index": 0, "text": piece}
                 choice["finish_reason"] = s["finish_reason"] if i == n - 1 else None
-                await send({"type": "http.response.body", "body": _sse(_chunk(chat, body, [choice])),
+                await send({"type": "http.response.body", "body": _sse(_chunk(chat, body, [choice]), s["newline"]),
                             "more_body": True})
                 if s["chunk_delay_s"]:
                     await asyncio.sleep(s["chunk_delay_s"])
             if (body.get("stream_options") or {}).get("include_usage"):
                 usage = _usage(body, text)
-                await send({"type": "http.response.body", "body": _sse({**_chunk(chat, body, []), "usage": usage}),
+                await send({"type": "http.response.body", "body": _sse({**_chunk(chat, body, []), "usage": usage},
+                                                                 s["newline"]),
                             "more_body": True})
-            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+            done = b"data: [DONE]" + s["newline"].encode() * 2
+            await send({"type": "http.response.body", "body": done, "more_body": False})
             return True
         finally:
             watcher.cancel()
@@ -144,8 +158,8 @@ def _usage(body: dict[str, Any], text: str) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def _sse(data: dict[str, Any]) -> bytes:
-    return b"data: " + _json.encode(data) + b"\n\n"
+def _sse(data: dict[str, Any], newline: str = "\n") -> bytes:
+    return b"data: " + _json.encode(data) + newline.encode() * 2
 
 
 async def _body(receive: Any) -> bytes:

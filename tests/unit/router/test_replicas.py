@@ -203,3 +203,58 @@ def test_preview_counts_nothing() -> None:
 def test_settings_are_validated(key: str, value: float) -> None:
     with pytest.raises(ValueError, match=key):
         Pool("chat", ["http://r0"], **{key: value})  # type: ignore[arg-type]
+
+
+def test_an_abandoned_probe_lets_the_next_request_probe() -> None:
+    pool, clock = _pool(1, failures=1, cooldown_s=30)
+    r = pool.replicas[0]
+    _lease(pool).release(False)
+    clock.t += 30
+    probe = _lease(pool)
+    assert probe.probe
+    probe.release(None)  # the client left: nothing learned about the replica
+    assert r.breaker == HALF_OPEN and r.request_failures == 1
+    again = _lease(pool)
+    assert again.probe
+    again.succeeded()  # the response head is enough to close it
+    assert r.breaker == CLOSED
+    again.release(True)
+
+
+def test_requests_from_before_the_breaker_opened_do_not_move_it() -> None:
+    pool, clock = _pool(1, failures=2, cooldown_s=30, max_inflight=8)
+    r = pool.replicas[0]
+    old_ok, old_bad = _lease(pool), _lease(pool)
+    _lease(pool).release(False)
+    _lease(pool).release(False)
+    assert r.breaker == OPEN
+    clock.t += 30
+    probe = _lease(pool)
+    old_ok.release(True)  # not the probe: the breaker stays half-open, one probe at a time
+    assert r.breaker == HALF_OPEN and isinstance(pool.acquire(1), Overloaded)
+    old_bad.release(False)  # nor does a late failure reopen it under the running probe
+    assert r.breaker == HALF_OPEN and r.probe_inflight
+    probe.release(True)
+    assert r.breaker == CLOSED
+
+
+def test_abandoned_requests_do_not_reset_the_failure_count() -> None:
+    pool, _ = _pool(1, failures=3)
+    r = pool.replicas[0]
+    _lease(pool).release(False)
+    _lease(pool).release(False)
+    _lease(pool).release(None)
+    assert r.request_failures == 2
+    _lease(pool).release(False)
+    assert r.breaker == OPEN
+
+
+def test_unhealthy_after_consecutive_failed_checks() -> None:
+    pool, _ = _pool(2, unhealthy_after=2, failures=5)
+    r0 = pool.replicas[0]
+    pool.record_health(r0, False, detail="timed out")
+    assert pool.is_ready(r0)  # one slow check under load does not take it out
+    pool.record_health(r0, False, detail="timed out")
+    assert not pool.is_ready(r0) and pool.snapshot()[0]["healthy"] is False
+    pool.record_health(r0, True)
+    assert pool.is_ready(r0)
