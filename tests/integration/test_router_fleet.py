@@ -3,7 +3,6 @@ the official openai and anthropic SDKs: chat, completions, responses and message
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import anthropic
 import httpx

@@ -36,20 +36,36 @@ def _is_free(port: int) -> bool:
 
 
 @dataclass
-class EngineProc:
+class Proc:
+    """A service process started by a test, its output in a log file kept for failures."""
     proc: subprocess.Popen[bytes]
     port: int
-    pub_port: int
     log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM, then SIGKILL after `timeout_s`; the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+@dataclass
+class EngineProc(Proc):
+    pub_port: int = 0
 
     def endpoint(self, rank_offset: int = 0) -> str:
         return f"tcp://127.0.0.1:{self.port + rank_offset}"
 
     def pub_endpoint(self, rank_offset: int = 0) -> str:
         return f"tcp://127.0.0.1:{self.pub_port + rank_offset}"
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
 
     def wait_log(self, text: str, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -70,15 +86,6 @@ class EngineProc:
                 raise TimeoutError(f"engine not ready within {timeout_s}s:\n{self.log()}")
             time.sleep(0.05)
 
-    def stop(self, timeout_s: float = 30.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
 
 
 def start_engine(tmp_path: Path, *args: str, ranks: int = 1, env: dict[str, str] | None = None,
@@ -89,7 +96,7 @@ def start_engine(tmp_path: Path, *args: str, ranks: int = 1, env: dict[str, str]
            "--port", str(port), "--data-parallel-size-local", str(ranks), *args]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-    engine = EngineProc(proc, port, port + 100, log_path)
+    engine = EngineProc(proc, port, log_path, port + 100)
     if wait:
         try:
             engine.wait_ready(ranks)
@@ -100,78 +107,12 @@ def start_engine(tmp_path: Path, *args: str, ranks: int = 1, env: dict[str, str]
 
 
 @dataclass
-class FrontendProc:
-    proc: subprocess.Popen[bytes]
-    port: int
-    log_path: Path
+class HttpProc(Proc):
+    """A process serving HTTP on a loopback port: a test backend, a router, a frontend."""
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def wait_ready(self, timeout_s: float = 120.0, *, status: int = 200) -> dict:  # type: ignore[type-arg]
-        """Poll /ready until it answers `status` (fails at once if the process exits)."""
-        import httpx
-
-        deadline = time.monotonic() + timeout_s
-        last: object = None
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"frontend exited ({self.proc.returncode}):\n{self.log()}")
-            try:
-                r = httpx.get(self.url + "/ready", timeout=2)
-                last = (r.status_code, r.text)
-                if r.status_code == status:
-                    return r.json()
-            except httpx.TransportError as exc:
-                last = exc
-            time.sleep(0.1)
-        raise TimeoutError(f"/ready never answered {status} (last: {last}):\n{self.log()}")
-
-    def stop(self, timeout_s: float = 30.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
-
-
-def start_frontend(tmp_path: Path, *args: str, wait_status: int | None = 200) -> FrontendProc:
-    port = free_port_block(1, spread=0)
-    log_path = tmp_path / f"frontend-{port}.log"
-    cmd = [sys.executable, "-m", "services.frontend", "--model", "tiny", "--host", "127.0.0.1",
-           "--port", str(port), *args]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    fe = FrontendProc(proc, port, log_path)
-    if wait_status is not None:
-        try:
-            fe.wait_ready(status=wait_status)
-        except BaseException:
-            fe.stop()
-            raise
-    return fe
-
-
-@dataclass
-class HttpProc:
-    """A test backend or a router: a process serving HTTP on a loopback port."""
-    proc: subprocess.Popen[bytes]
-    port: int
-    log_path: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
 
     def wait_http(self, path: str = "/health", timeout_s: float = 60.0) -> None:
         import httpx
@@ -204,15 +145,46 @@ class HttpProc:
 
         return httpx.get(self.url + "/admin/stats", timeout=5).json()
 
-    def stop(self, timeout_s: float = 30.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+
+
+@dataclass
+class FrontendProc(HttpProc):
+    def wait_ready(self, timeout_s: float = 120.0, *, status: int = 200) -> dict:  # type: ignore[type-arg]
+        """Poll /ready until it answers `status` (fails at once if the process exits)."""
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        last: object = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"frontend exited ({self.proc.returncode}):\n{self.log()}")
             try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+                r = httpx.get(self.url + "/ready", timeout=2)
+                last = (r.status_code, r.text)
+                if r.status_code == status:
+                    return r.json()
+            except httpx.TransportError as exc:
+                last = exc
+            time.sleep(0.1)
+        raise TimeoutError(f"/ready never answered {status} (last: {last}):\n{self.log()}")
+
+
+
+def start_frontend(tmp_path: Path, *args: str, wait_status: int | None = 200) -> FrontendProc:
+    port = free_port_block(1, spread=0)
+    log_path = tmp_path / f"frontend-{port}.log"
+    cmd = [sys.executable, "-m", "services.frontend", "--model", "tiny", "--host", "127.0.0.1",
+           "--port", str(port), *args]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    fe = FrontendProc(proc, port, log_path)
+    if wait_status is not None:
+        try:
+            fe.wait_ready(status=wait_status)
+        except BaseException:
+            fe.stop()
+            raise
+    return fe
 
 
 def _spawn(tmp_path: Path, stem: str, cmd: list[str], port: int) -> HttpProc:

@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from services.router.adapters import AdapterError
+from services.router.adapters import AdapterError, ask_stream, text_parts
 
 _json = msgspec.json.Encoder()
 _STOP_REASONS = {"length": "max_tokens", "content_filter": "refusal", "tool_calls": "tool_use"}
@@ -56,13 +56,7 @@ def messages_to_chat(body: dict[str, Any]) -> dict[str, Any]:
             raise AdapterError("stop_sequences", "must be a list of non-empty strings")
         if stops:
             chat["stop"] = stops
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise AdapterError("stream", "must be a boolean")
-    if stream:
-        # message_delta reports usage, and upstream sends it only when asked.
-        chat["stream"] = True
-        chat["stream_options"] = {"include_usage": True}
+    ask_stream(body, chat)
     return chat
 
 
@@ -100,22 +94,8 @@ def _messages(messages: Any) -> list[dict[str, Any]]:
 
 
 def _content(content: Any, where: str) -> str | list[dict[str, str]]:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise AdapterError(where, "must be a string or a list of content blocks")
-    parts = []
-    for j, block in enumerate(content):
-        kind = block.get("type") if isinstance(block, dict) else None
-        if kind != "text":
-            raise AdapterError(f"{where}[{j}]", f"content block type {kind!r} is not supported; only 'text'")
-        text = block.get("text")
-        if not isinstance(text, str):
-            raise AdapterError(f"{where}[{j}].text", "must be a string")
-        # cache_control and citations are dropped: prefix caching upstream is automatic.
-        parts.append({"type": "text", "text": text})
-    # Kept as chat text parts, so upstream joins them exactly as it does for chat clients.
-    return parts
+    # cache_control and citations are dropped: prefix caching upstream is automatic.
+    return text_parts(content, where, ("text",), "content block")
 
 
 def chat_to_message(chat: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from services.router.adapters import AdapterError
+from services.router.adapters import AdapterError, ask_stream, text_parts
 
 _json = msgspec.json.Encoder()
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system",
@@ -44,13 +44,7 @@ def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise AdapterError(name, "must be a number")
             chat[name] = value
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise AdapterError("stream", "must be a boolean")
-    if stream:
-        # The completed event reports usage, and upstream sends it only when asked.
-        chat["stream"] = True
-        chat["stream_options"] = {"include_usage": True}
+    ask_stream(body, chat)
     return chat
 
 
@@ -97,22 +91,7 @@ def _input_messages(items: Any) -> list[dict[str, Any]]:
 
 
 def _content(content: Any, where: str) -> str | list[dict[str, str]]:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise AdapterError(where, "must be a string or a list of text parts")
-    parts = []
-    for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in _TEXT_PARTS:
-            raise AdapterError(f"{where}[{j}]",
-                               f"content part type {kind!r} is not supported; only {list(_TEXT_PARTS)}")
-        text = part.get("text")
-        if not isinstance(text, str):
-            raise AdapterError(f"{where}[{j}].text", "must be a string")
-        parts.append({"type": "text", "text": text})
-    # Kept as chat text parts, so upstream joins them exactly as it does for chat clients.
-    return parts
+    return text_parts(content, where, _TEXT_PARTS, "content part")
 
 
 def chat_to_response(chat: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from anthropic.types.shared import ErrorResponse
 
 from services.frontend import responses as upstream
 from services.router.adapters import AdapterError
+from tests.support.sdk_mock import sse_events, sse_http
 from services.router.adapters.anthropic import MessagesStream, anthropic_error, chat_to_message, messages_to_chat
 
 MODEL = "qwen-test"
@@ -51,21 +52,8 @@ def replay(chunks: list[dict[str, Any]], seen: list[dict[str, Any]]) -> Callable
 
 
 def client(serve: Callable[[dict[str, Any]], Iterator[bytes]], raw: list[bytes] | None = None) -> anthropic.Anthropic:
-    def handle(request: httpx2.Request) -> httpx2.Response:
-        events = list(serve(json.loads(request.content)))
-        if raw is not None:
-            raw.extend(events)
-        return httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=iter(events))
-    http = httpx2.Client(transport=httpx2.MockTransport(handle))
-    return anthropic.Anthropic(api_key="test", base_url="http://router.test", http_client=http, max_retries=0)
-
-
-def sse_events(raw: list[bytes]) -> list[tuple[str, dict[str, Any]]]:
-    out = []
-    for block in b"".join(raw).decode().split("\n\n")[:-1]:
-        name, data = block.split("\n")
-        out.append((name.removeprefix("event: "), json.loads(data.removeprefix("data: "))))
-    return out
+    return anthropic.Anthropic(api_key="test", base_url="http://router.test", http_client=sse_http(serve, raw),
+                               max_retries=0)
 
 
 # request translation

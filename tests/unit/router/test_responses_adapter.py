@@ -17,6 +17,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 
 from services.frontend import responses as upstream
 from services.router.adapters import AdapterError
+from tests.support.sdk_mock import sse_events, sse_http
 from services.router.adapters.responses import ResponsesStream, chat_to_response, responses_to_chat
 
 MODEL = "qwen-test"
@@ -48,21 +49,8 @@ def replay(chunks: list[dict[str, Any]], seen: list[dict[str, Any]]) -> Callable
 
 
 def client(serve: Callable[[dict[str, Any]], Iterator[bytes]], raw: list[bytes] | None = None) -> openai.OpenAI:
-    def handle(request: httpx2.Request) -> httpx2.Response:
-        events = list(serve(json.loads(request.content)))
-        if raw is not None:
-            raw.extend(events)
-        return httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=iter(events))
-    http = httpx2.Client(transport=httpx2.MockTransport(handle))
-    return openai.OpenAI(api_key="test", base_url="http://router.test/v1", http_client=http, max_retries=0)
-
-
-def sse_events(raw: list[bytes]) -> list[tuple[str, dict[str, Any]]]:
-    out = []
-    for block in b"".join(raw).decode().split("\n\n")[:-1]:
-        name, data = block.split("\n")
-        out.append((name.removeprefix("event: "), json.loads(data.removeprefix("data: "))))
-    return out
+    return openai.OpenAI(api_key="test", base_url="http://router.test/v1", http_client=sse_http(serve, raw),
+                         max_retries=0)
 
 
 # request translation
