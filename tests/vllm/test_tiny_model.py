@@ -3,7 +3,6 @@ enough (many distinct ids, non-ASCII text) to exercise detokenization."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
