@@ -24,9 +24,10 @@ Inbound = tuple[int, int, list[Any]]  # (engine index, channel, frames)
 
 class Bridge:
     def __init__(self, loop: asyncio.AbstractEventLoop, on_batch: Callable[[list[Inbound]], None],
-                 identity: str) -> None:
+                 identity: str, on_dead: Callable[[str], None] | None = None) -> None:
         self._loop = loop
         self._on_batch = on_batch
+        self._on_dead = on_dead  # told, on the loop, why the socket thread stopped when nobody asked it to
         self._identity = identity.encode()
         self._ctx = zmq.Context()
         self._commands: deque[tuple[str, int, Any]] = deque()
@@ -118,10 +119,15 @@ class Bridge:
                         self._replace(poller, subs, channel_of, index, sock, SUB)
                 if batch:
                     self._loop.call_soon_threadsafe(self._on_batch, batch)
-        except zmq.ZMQError as exc:
-            log.error("frontend socket thread stopped: %s", exc)
         except RuntimeError:  # the event loop closed under us during shutdown
             pass
+        except Exception as exc:  # zmq.ZMQError, or a bug: without this thread no engine is reachable
+            log.exception("frontend socket thread stopped")
+            if not self._closing and self._on_dead is not None:
+                try:
+                    self._loop.call_soon_threadsafe(self._on_dead, f"{type(exc).__name__}: {exc}")
+                except RuntimeError:
+                    pass
         finally:
             for sock in [*dealers.values(), *subs.values()]:
                 sock.close()

@@ -88,12 +88,13 @@ class EngineSet:
         self._calls: dict[int, asyncio.Future[UtilityResult]] = {}
         self._next_call = 0
         self.changed = asyncio.Event()  # set whenever an engine's state changes
+        self.broken: str | None = None  # why the socket thread stopped: the process cannot serve
 
     # ---- lifecycle ----
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._bridge = Bridge(loop, self._on_batch, self._frontend_id)
+        self._bridge = Bridge(loop, self._on_batch, self._frontend_id, on_dead=self._on_bridge_dead)
         for e in self.engines:
             self._bridge.connect(e.index, e.address)
         self._ticker = loop.create_task(self._tick())
@@ -259,6 +260,13 @@ class EngineSet:
             if stream is not None:
                 self._finished(engine, stream)
                 stream.fail(f"engine rank {engine.rank} is unreachable")
+
+    def _on_bridge_dead(self, reason: str) -> None:
+        """No engine can be reached any more: fail everything in flight at once, not by deadline."""
+        self.broken = f"the frontend's engine socket thread stopped: {reason}"
+        for e in self.engines:
+            self._mark_dead(e, self.broken)
+        self.changed.set()
 
     def _mark_dead(self, engine: Engine, reason: str) -> None:
         if engine.state == "dead":

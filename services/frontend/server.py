@@ -68,11 +68,16 @@ async def run(config: FrontendConfig, server_index: int = 0) -> int:
 
     async def supervise_children() -> None:
         nonlocal code
-        while (managed is not None or siblings) and not stop.is_set():
+        while not stop.is_set():
             rc = managed.exited() if managed is not None else None
             dead = [p for p in siblings if not p.is_alive()]
             if rc is not None or dead:
                 log.error("%s exited; stopping", "managed engines" if rc is not None else dead[0].name)
+                code = 1
+                stop.set()
+            elif engines.broken is not None:
+                # Serving nothing but errors while looking alive helps nobody: exit for a restart.
+                log.error("%s; stopping", engines.broken)
                 code = 1
                 stop.set()
             await asyncio.sleep(0.5)
