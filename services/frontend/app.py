@@ -200,7 +200,9 @@ class Frontend:
         try:
             if req.stream:
                 await run.stream(send, responses.ChunkWriter(request_id, self.model.name, chat=chat),
-                                 req.stream_options is not None and req.stream_options.include_usage)
+                                 req.stream_options is not None and req.stream_options.include_usage,
+                                 req.stream_options is not None and req.stream_options.include_usage
+                                 and req.stream_options.continuous_usage_stats)
             else:
                 await run.complete(send, chat)
         finally:
@@ -253,7 +255,7 @@ class _Run:
     """Turns one request's engine outputs into text: detokenize, stop strings, counts, timings."""
 
     __slots__ = ("fe", "req", "sink", "detok", "stops", "started", "last", "completion_tokens",
-                 "cached_tokens", "finish", "stop_reason")
+                 "cached_tokens", "finish", "stop_reason", "counts")
 
     def __init__(self, fe: Frontend, req: Any, stream: Stream, ids: list[int], started: float) -> None:
         self.fe, self.req, self.sink, self.started = fe, req, stream, started
@@ -265,13 +267,15 @@ class _Run:
         self.cached_tokens = 0
         self.finish: str | None = None
         self.stop_reason: int | str | None = None
+        self.counts: list[int] = []  # completion tokens so far at each of the latest pieces
 
     async def pieces(self) -> list[str]:
         """Text of everything the engine produced since the last call; sets finish when done."""
         outs = await self.sink.next()
         now = time.monotonic()
         m = self.fe.metrics
-        pieces = []
+        pieces: list[str] = []
+        counts = self.counts = []
         for out in outs:
             n = len(out.new_token_ids)
             if n:
@@ -294,11 +298,13 @@ class _Run:
                     self.fe.engines.abort(self.sink)
                     if text:
                         pieces.append(text)
+                        counts.append(self.completion_tokens)
                     break
                 if out.finish_reason is not None:
                     text += self.stops.flush()
             if text:
                 pieces.append(text)
+                counts.append(self.completion_tokens)
             if out.finish_reason is not None:
                 self.finish, self.stop_reason = out.finish_reason, out.stop_reason
                 break
@@ -325,19 +331,27 @@ class _Run:
                      self.stop_reason, self._done())
         await _send_json(send, 200, body, [(b"x-data-parallel-rank", str(self.sink.rank).encode())])
 
-    async def stream(self, send: Send, writer: responses.ChunkWriter, include_usage: bool) -> None:
+    async def stream(self, send: Send, writer: responses.ChunkWriter, include_usage: bool,
+                     continuous_usage: bool = False) -> None:
+        """continuous_usage: every chunk carries the usage so far (vLLM's continuous_usage_stats)."""
         await send({"type": "http.response.start", "status": 200,
                     "headers": [*_SSE_HEADERS, (b"x-data-parallel-rank", str(self.sink.rank).encode())]})
         first = writer.role() if writer._chat else b""
         text = writer.text
         try:
+            prompt_len = self.sink.prompt_len
             while self.finish is None:
-                events = [text(p) for p in await self.pieces()]
+                if continuous_usage:
+                    pieces = await self.pieces()
+                    events = [text(p, responses.usage(prompt_len, n)) for p, n in zip(pieces, self.counts)]
+                else:
+                    events = [text(p) for p in await self.pieces()]
                 if first:
                     events.insert(0, first)
                     first = b""
                 if self.finish is not None:
-                    events.append(writer.finish(self.finish, self.stop_reason))
+                    so_far = responses.usage(prompt_len, self.completion_tokens) if continuous_usage else None
+                    events.append(writer.finish(self.finish, self.stop_reason, so_far))
                     use = self._done()
                     if include_usage:
                         events.append(writer.usage(use))

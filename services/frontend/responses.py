@@ -39,10 +39,14 @@ class ChunkWriter:
     def role(self) -> bytes:
         return self._head + b'"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n'
 
-    def text(self, piece: str) -> bytes:
-        return self._text_prefix + _json.encode(piece) + self._text_suffix
+    def text(self, piece: str, use: dict[str, Any] | None = None) -> bytes:
+        """`use`: the usage so far, for stream_options.continuous_usage_stats."""
+        if use is None:
+            return self._text_prefix + _json.encode(piece) + self._text_suffix
+        return (self._text_prefix + _json.encode(piece) + self._text_suffix[:-3] + b',"usage":'
+                + _json.encode(use) + b"}\n\n")
 
-    def finish(self, reason: str, stop_reason: int | str | None = None) -> bytes:
+    def finish(self, reason: str, stop_reason: int | str | None = None, use: dict[str, Any] | None = None) -> bytes:
         choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": reason}
         if self._chat:
             choice["delta"] = {}
@@ -50,7 +54,7 @@ class ChunkWriter:
             choice["text"] = ""
         if stop_reason is not None:
             choice["stop_reason"] = stop_reason
-        return self._event({"choices": [choice]})
+        return self._event({"choices": [choice], "usage": use} if use is not None else {"choices": [choice]})
 
     def usage(self, body: dict[str, Any]) -> bytes:
         return self._event({"choices": [], "usage": body})

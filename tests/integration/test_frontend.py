@@ -73,6 +73,21 @@ def test_chat_streaming_with_usage_matches_non_streaming(client: openai.OpenAI) 
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 20  # type: ignore[union-attr]
 
 
+def test_continuous_usage_stats_on_every_chunk(client: openai.OpenAI) -> None:
+    chunks = list(client.completions.create(
+        model="tiny", prompt="Once upon a time", max_tokens=12, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}))  # type: ignore[typeddict-unknown-key]
+    counted = [c.usage.completion_tokens for c in chunks if c.choices]  # type: ignore[union-attr]
+    assert len(counted) == len([c for c in chunks if c.choices]) and counted == sorted(counted)
+    assert 1 <= counted[0] and counted[-1] == 12  # the finish chunk carries the final count
+    prompt = {c.usage.prompt_tokens for c in chunks}  # type: ignore[union-attr]
+    assert len(prompt) == 1 and chunks[-1].usage.total_tokens == prompt.pop() + 12  # type: ignore[union-attr]
+    # Without include_usage there is no usage anywhere, as vLLM does.
+    plain = list(client.completions.create(model="tiny", prompt="Once", max_tokens=3, stream=True,
+                                           stream_options={"continuous_usage_stats": True}))  # type: ignore[typeddict-unknown-key]
+    assert all(c.usage is None for c in plain)
+
+
 def test_completions_streamed_and_not(client: openai.OpenAI) -> None:
     full = client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=10, seed=3)
     assert full.choices[0].finish_reason == "length" and full.usage.completion_tokens == 10  # type: ignore[union-attr]
