@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +40,9 @@ log = logging.getLogger(__name__)
 
 HELLO_RETRY_S = 0.5
 TICK_S = 0.05
+# A Stats snapshot may not yet count requests sent this recently before it arrived (they can still be in
+# flight to the engine, or arrive after the snapshot was taken): they stay counted on top of it.
+STATS_LAG_S = 0.02
 
 
 @dataclass(slots=True, eq=False)
@@ -55,7 +59,8 @@ class Engine:
     last_beat: float = 0.0
     beat_seq: int = 0
     stats: Stats | None = None
-    sent_since_stats: int = 0
+    sent_since_stats: int = 0  # our requests the latest Stats may not count yet
+    recent_sends: deque[float] = field(default_factory=deque)  # send times within STATS_LAG_S
     pending_prefill: int = 0  # prompt tokens of our requests that have no output yet
     inflight: dict[str, Stream] = field(default_factory=dict)
     kv: KVIndex = field(default_factory=lambda: KVIndex(-1))
@@ -133,6 +138,11 @@ class EngineSet:
         stream.rank, stream.engine_index = engine.rank, engine.index
         engine.inflight[stream.request_id] = stream
         engine.sent_since_stats += 1
+        now = time.monotonic()
+        recent = engine.recent_sends
+        while recent and recent[0] < now - STATS_LAG_S:
+            recent.popleft()
+        recent.append(now)
         engine.pending_prefill += stream.prompt_len
         self._bridge.send(engine.index, frames)
 
@@ -218,7 +228,12 @@ class EngineSet:
             return
         if current is None or msg.seq > current.seq:
             engine.stats = msg
-            engine.sent_since_stats = 0
+            # Not 0: a snapshot taken before our latest requests reached the engine would otherwise
+            # make it look idle, and a burst would all be placed on it.
+            recent, cutoff = engine.recent_sends, time.monotonic() - STATS_LAG_S
+            while recent and recent[0] < cutoff:
+                recent.popleft()
+            engine.sent_since_stats = len(recent)
 
     def _on_ready(self, engine: Engine, msg: Ready, now: float) -> None:
         if engine.state == "ready" and msg.session_epoch == engine.epoch:
@@ -234,6 +249,7 @@ class EngineSet:
         engine.kv.rank = msg.rank
         engine.ready, engine.epoch, engine.state, engine.reason = msg, msg.session_epoch, "ready", "ready"
         engine.stats, engine.sent_since_stats, engine.pending_prefill, engine.last_seen = None, 0, 0, now
+        engine.recent_sends.clear()
         engine.kv.reset()
         host = engine.address.rsplit(":", 1)[0]
         if msg.pub_port and self._bridge is not None:
