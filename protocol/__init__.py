@@ -8,6 +8,9 @@ from protocol.errors import ProtocolError
 from protocol.framing import Frames, decode, encode, peek_header
 from protocol.handshake import RejectCode, check_hello, make_hello
 from protocol.messages import (
+    ERROR_DRAINING,
+    ERROR_ENGINE,
+    ERROR_INVALID,
     MESSAGE_TYPES,
     Abort,
     AllCleared,
@@ -31,6 +34,9 @@ from protocol.messages import (
 from protocol.version import MAJOR, MINOR
 
 __all__ = [
+    "ERROR_DRAINING",
+    "ERROR_ENGINE",
+    "ERROR_INVALID",
     "MAJOR",
     "MESSAGE_TYPES",
     "MINOR",

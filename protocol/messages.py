@@ -133,7 +133,11 @@ class Logprobs(_Item):
 
 
 class RequestOutput(_Item):
-    """One request's new tokens from one engine step. finish_reason: stop, length, abort or error."""
+    """One request's new tokens from one engine step. finish_reason: stop, length, abort or error.
+
+    With finish_reason "error", error_kind says whose the fault is (since MINOR 1): ERROR_INVALID (the
+    request itself: it fails anywhere), ERROR_DRAINING (this rank takes no new work: send it to
+    another), ERROR_ENGINE (the engine failed it); None from older engines means ERROR_ENGINE."""
 
     request_id: str
     new_token_ids: list[int]
@@ -142,6 +146,10 @@ class RequestOutput(_Item):
     num_cached_tokens: int = 0
     logprobs: Logprobs | None = None
     error: str | None = None
+    error_kind: str | None = None
+
+
+ERROR_INVALID, ERROR_DRAINING, ERROR_ENGINE = "invalid", "draining", "engine"
 
 
 class Outputs(_Wire):

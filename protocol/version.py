@@ -2,4 +2,4 @@
 from __future__ import annotations
 
 MAJOR = 1
-MINOR = 0
+MINOR = 1  # 1: RequestOutput.error_kind

@@ -15,6 +15,9 @@ from typing import Any
 import zmq
 
 from protocol import (
+    ERROR_DRAINING,
+    ERROR_ENGINE,
+    ERROR_INVALID,
     Abort,
     AllCleared,
     BlockRemoved,
@@ -132,8 +135,9 @@ class CoreLoop:
         if left:
             log.warning("rank %d drain deadline passed; failing %d request(s)", self.rank, len(left))
             self.backend.abort(left)
+            # Draining: a request with nothing generated yet can still be served by another rank.
             self._fail(left, f"engine rank {self.rank} shut down (drain deadline "
-                             f"{self.config.drain_timeout_s}s) before the request finished")
+                             f"{self.config.drain_timeout_s}s) before the request finished", ERROR_DRAINING)
         self._broadcast(EngineDead(self.rank, f"engine rank {self.rank} stopped (drained)"))
         log.info("rank %d drained; exiting", self.rank)
         return True
@@ -227,8 +231,10 @@ class CoreLoop:
     def _on_generate(self, peer: Peer, req: GenerateRequest) -> None:
         internal = self._peers.internal_id(peer, req.request_id)
         error: str | None
+        kind = ERROR_INVALID
         if self._drain_deadline is not None:
             error = f"engine rank {self.rank} is draining (shutting down); send it to another rank"
+            kind = ERROR_DRAINING
         elif self._peers.owner(internal) is not None:
             error = f"request_id {req.request_id!r} is already in flight on this engine"
         else:
@@ -241,11 +247,11 @@ class CoreLoop:
                 error = str(exc)
             except Exception as exc:  # one request's bad input must never take the rank down
                 log.warning("rank %d: backend refused request %s: %r", self.rank, req.request_id, exc)
-                error = f"the engine refused the request: {exc}"
+                error, kind = f"the engine refused the request: {exc}", ERROR_ENGINE
         if error is None:
             self._peers.own(peer, internal, req.request_id)
         else:
-            self._send_outputs(peer, [RequestOutput(req.request_id, [], "error", error=error)])
+            self._send_outputs(peer, [RequestOutput(req.request_id, [], "error", error=error, error_kind=kind)])
 
     def _on_abort(self, peer: Peer, msg: Abort) -> None:
         internal = [self._peers.internal_id(peer, rid) for rid in msg.request_ids]
@@ -339,11 +345,11 @@ class CoreLoop:
     def _send_outputs(self, peer: Peer, outs: list[RequestOutput]) -> None:
         self._send(peer.identity, Outputs(self.rank, self._step, outs, time.time()))
 
-    def _fail(self, internal_ids: list[str], reason: str) -> None:
+    def _fail(self, internal_ids: list[str], reason: str, kind: str = ERROR_ENGINE) -> None:
         for internal in internal_ids:
             entry = self._peers.release(internal)
             if entry is not None:
-                self._send_outputs(entry[0], [RequestOutput(entry[1], [], "error", error=reason)])
+                self._send_outputs(entry[0], [RequestOutput(entry[1], [], "error", error=reason, error_kind=kind)])
 
     def _send(self, identity: bytes, msg: Message) -> None:
         self.bridge.send([(identity, encode(msg))])

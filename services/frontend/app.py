@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from protocol import GenerateRequest
+from protocol import ERROR_DRAINING, ERROR_INVALID, GenerateRequest
 from protocol.block_hash import block_hashes
 from services.frontend import responses
 from services.frontend.config import FrontendConfig
@@ -185,15 +185,18 @@ class Frontend:
         sampling = sampling_params(req, max_tokens, self.model.tokenizer.get_vocab_size(with_added_tokens=True))
         pinned = _pinned_rank(scope)
         stream = Stream(request_id, prompt_len, max_tokens)
+
+        def hashes(block_size: int) -> list[int]:
+            return block_hashes(ids, block_size, salt=req.cache_salt)
+
         try:
-            engine, cached = self.placement.choose(
-                self.engines.engines, prompt_len, lambda bs: block_hashes(ids, bs, salt=req.cache_salt),
-                pinned=pinned, request_id=request_id)
+            engine, cached = self.placement.choose(self.engines.engines, prompt_len, hashes, pinned=pinned,
+                                                   request_id=request_id)
         except NoEngine as exc:
             raise APIError(exc.status, str(exc), param="X-Data-Parallel-Rank" if exc.status == 400 else None) from None
-        run = _Run(self, req, stream, ids, time.monotonic())
-        self.engines.submit(engine, stream, GenerateRequest(
-            request_id, ids, sampling, time.time(), req.priority, None, req.cache_salt, pinned))
+        request = GenerateRequest(request_id, ids, sampling, time.time(), req.priority, None, req.cache_salt, pinned)
+        run = _Run(self, req, stream, ids, time.monotonic(), request, hashes)
+        self.engines.submit(engine, stream, request)
         self.metrics.running.inc()
         self.metrics.prompt_tokens.inc(prompt_len)
         watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, stream))
@@ -255,10 +258,13 @@ class _Run:
     """Turns one request's engine outputs into text: detokenize, stop strings, counts, timings."""
 
     __slots__ = ("fe", "req", "sink", "detok", "stops", "started", "last", "completion_tokens",
-                 "cached_tokens", "finish", "stop_reason", "counts")
+                 "cached_tokens", "finish", "stop_reason", "counts", "request", "hashes", "tried")
 
-    def __init__(self, fe: Frontend, req: Any, stream: Stream, ids: list[int], started: float) -> None:
+    def __init__(self, fe: Frontend, req: Any, stream: Stream, ids: list[int], started: float,
+                 request: GenerateRequest, hashes: Callable[[int], list[int]]) -> None:
         self.fe, self.req, self.sink, self.started = fe, req, stream, started
+        self.request, self.hashes = request, hashes  # to place it again if a draining rank refuses it
+        self.tried: set[int] = set()  # engine indexes that refused it while draining
         self.detok = IncrementalDetokenizer(fe.model.tokenizer, ids, skip_special_tokens=req.skip_special_tokens)
         stops = stop_list(req)
         self.stops = StopChecker(stops, include_stop_str_in_output=req.include_stop_str_in_output) if stops else None
@@ -288,8 +294,11 @@ class _Run:
                 self.completion_tokens += n
             text = self.detok.push(out.new_token_ids) if n else ""
             if out.finish_reason is not None:
+                if out.finish_reason == "error" and out.error_kind == ERROR_DRAINING and self._place_again():
+                    continue
                 if out.finish_reason in ("error", "abort"):
-                    raise EngineFailure(out.error or f"the engine ended the request ({out.finish_reason})")
+                    raise EngineFailure(out.error or f"the engine ended the request ({out.finish_reason})",
+                                        400 if out.error_kind == ERROR_INVALID else 503)
                 text += self.detok.flush()
             if self.stops is not None:
                 text, matched = self.stops.push(text)
@@ -310,6 +319,25 @@ class _Run:
                 break
         return pieces
 
+    def _place_again(self) -> bool:
+        """A draining rank turned the request away before generating any of it: place it on another
+        rank (not pinned requests: they asked for that rank). False when there is none to try."""
+        stream = self.sink
+        if self.completion_tokens or self.request.pinned_rank is not None:
+            return False
+        self.tried.add(stream.engine_index)
+        engines = [e for e in self.fe.engines.engines if e.index not in self.tried]
+        try:
+            engine, _ = self.fe.placement.choose(engines, stream.prompt_len, self.hashes,
+                                                 request_id=stream.request_id)
+        except NoEngine:
+            return False
+        log.info("request %s: rank %d is draining; placing it on rank %d", stream.request_id, stream.rank,
+                 engine.rank)
+        stream.finished = stream.started = False
+        self.fe.engines.submit(engine, stream, self.request)
+        return True
+
     def _done(self) -> dict[str, Any]:
         m = self.fe.metrics
         m.generation_tokens.inc(self.completion_tokens)
@@ -324,7 +352,7 @@ class _Run:
                 parts += await self.pieces()
         except EngineFailure as exc:
             self.fe.metrics.finished("error")
-            await _send_json(send, 503, error_body(503, str(exc)))
+            await _send_json(send, exc.status, error_body(exc.status, str(exc)))
             return
         build = responses.chat_completion if chat else responses.text_completion
         body = build(self.sink.request_id, self.fe.model.name, "".join(parts), self.finish,  # type: ignore[arg-type]
@@ -361,8 +389,8 @@ class _Run:
                                 "more_body": self.finish is None})
         except EngineFailure as exc:
             self.fe.metrics.finished("error")
-            await send({"type": "http.response.body", "body": first + writer.error(503, str(exc)) + responses.DONE,
-                        "more_body": False})
+            await send({"type": "http.response.body", "body": first + writer.error(exc.status, str(exc))
+                        + responses.DONE, "more_body": False})
 
 
 async def _watch_disconnect(receive: Receive, stream: Stream) -> None:

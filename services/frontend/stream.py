@@ -8,7 +8,12 @@ from protocol import RequestOutput
 
 
 class EngineFailure(RuntimeError):
-    """The engine serving a request died, went silent or refused it; the message says which and why."""
+    """The engine serving a request died, went silent or refused it; the message says which and why.
+    `status`: 400 when the request itself was at fault, else 503."""
+
+    def __init__(self, message: str, status: int = 503) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class Stream:

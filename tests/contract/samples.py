@@ -52,7 +52,7 @@ SAMPLES: dict[str, Message] = {
             RequestOutput("req-1", [11, 12], None, None, 16),
             RequestOutput("req-2", [151645], "stop", 151645, 0,
                           Logprobs([-0.25], [1], [[151645, 11]], [[-0.25, -1.5]])),
-            RequestOutput("req-3", [], "error", None, 0, None, "prompt too long"),
+            RequestOutput("req-3", [], "error", None, 0, None, "prompt too long", "invalid"),
         ],
         1700000001.0,
     ),

@@ -180,7 +180,28 @@ def test_drain_deadline_fails_leftovers_then_exits_0(parts) -> None:  # type: ig
     assert code == [0]
     errors = [o for m in bridge.to(b"a", Outputs) for o in m.outputs if o.finish_reason == "error"]
     assert len(errors) == 1 and "drain deadline" in (errors[0].error or "")
+    assert errors[0].error_kind == "draining"  # nothing generated yet: another rank may still serve it
     assert "drained" in bridge.to(b"a", EngineDead)[0].reason
+
+
+def test_refusals_say_whose_fault_they_are(parts) -> None:  # type: ignore[no-untyped-def]
+    bridge, _, core = parts
+    object.__setattr__(core.config, "drain_timeout_s", 0.3)
+    bridge.push(b"a", make_hello("fe-a"))
+    bridge.push(b"a", UtilityCall(1, "pause", {}))  # paused: the first request keeps the rank draining
+    bridge.push(b"a", _req("held"))
+    bridge.push(b"a", GenerateRequest("bad", [1, 10**9], SamplingParams(max_tokens=3), 0.0))
+    bridge.push(b"a", _req("held"))  # a request id already in flight here
+    thread, _ = _run(core)
+    _wait(lambda: len([o for m in bridge.to(b"a", Outputs) for o in m.outputs]) == 2)
+    core.request_drain()
+    bridge.push(b"a", _req("late"))
+    _wait(lambda: any(o.request_id == "late" for m in bridge.to(b"a", Outputs) for o in m.outputs))
+    thread.join(5)
+    kinds = [(o.request_id, o.error_kind) for m in bridge.to(b"a", Outputs) for o in m.outputs
+             if o.finish_reason == "error"]
+    # The bad token id and the duplicate id are the request's fault; the rank draining is not.
+    assert sorted(kinds) == [("bad", "invalid"), ("held", "draining"), ("held", "invalid"), ("late", "draining")]
 
 
 def test_a_backend_exception_on_add_is_a_request_error_not_a_dead_rank(parts) -> None:  # type: ignore[no-untyped-def]
@@ -195,7 +216,7 @@ def test_a_backend_exception_on_add_is_a_request_error_not_a_dead_rank(parts) ->
     thread, code = _run(core)
     _wait(lambda: any(o.finish_reason == "error" for m in bridge.to(b"a", Outputs) for o in m.outputs))
     (out,) = [o for m in bridge.to(b"a", Outputs) for o in m.outputs]
-    assert "temperature must be in [0, 2]" in (out.error or "")
+    assert "temperature must be in [0, 2]" in (out.error or "") and out.error_kind == "engine"
     assert bridge.to(b"a", EngineDead) == []
     core.request_drain()
     thread.join(5)
