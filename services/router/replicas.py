@@ -26,6 +26,7 @@ class Replica:
     request_failures: int = 0  # consecutive
     health_failures: int = 0  # consecutive
     opened_at: float = 0.0
+    opened_by_health: bool = False  # only failed health checks opened the breaker (no request failed)
     probe_inflight: bool = False
 
 
@@ -161,23 +162,26 @@ class Pool:
         state = self._breaker_state(replica, now)
         if probe and state == HALF_OPEN:
             replica.breaker, replica.opened_at, replica.probe_inflight = OPEN, now, False
+            replica.opened_by_health = False
         elif state == CLOSED:
             replica.request_failures += 1
-            self._on_failure(replica, now, replica.request_failures)
+            self._on_failure(replica, now, replica.request_failures, by_health=False)
 
     def record_health(self, replica: Replica, ok: bool, *, detail: str = "") -> None:
         """An active check's result. `unhealthy_after` consecutive failed checks take the replica out
         (one slow answer under load should not empty a pool). A pass makes it healthy but does not
         close an open breaker: the health endpoint answering does not prove generation works; a
-        probe request does."""
+        probe request does, unless only failed checks opened it (a replica that was starting up)."""
         if ok:
             replica.healthy, replica.health_detail, replica.health_failures = True, "", 0
+            if replica.breaker != CLOSED and replica.opened_by_health:
+                self._close(replica)
             return
         replica.health_failures += 1
         replica.health_detail = detail or "health check failed"
         if replica.health_failures >= self.unhealthy_after:
             replica.healthy = False
-        self._on_failure(replica, self._clock(), replica.health_failures)
+        self._on_failure(replica, self._clock(), replica.health_failures, by_health=True)
 
     def is_ready(self, replica: Replica) -> bool:
         return self._ready(replica, self._clock())
@@ -212,15 +216,19 @@ class Pool:
             r.breaker, r.probe_inflight = HALF_OPEN, False
         return r.breaker
 
-    def _on_failure(self, r: Replica, now: float, consecutive: int) -> None:
+    def _on_failure(self, r: Replica, now: float, consecutive: int, *, by_health: bool) -> None:
         state = self._breaker_state(r, now)
         # Failures while open come from requests sent before it opened: they do not restart the cooldown.
         if state == HALF_OPEN or (state == CLOSED and consecutive >= self.failures):
+            if state == CLOSED:
+                r.opened_by_health = by_health
+            elif not by_health:
+                r.opened_by_health = False
             r.breaker, r.opened_at, r.probe_inflight = OPEN, now, False
 
     @staticmethod
     def _close(r: Replica) -> None:
-        r.breaker, r.probe_inflight = CLOSED, False
+        r.breaker, r.probe_inflight, r.opened_by_health = CLOSED, False, False
         r.request_failures = r.health_failures = 0
 
     def _describe(self, r: Replica, now: float, exclude: frozenset[str]) -> str:

@@ -154,12 +154,26 @@ def test_failed_health_check_makes_a_replica_not_ready() -> None:
     assert _lease(pool).replica is r0
 
 
-def test_repeated_health_failures_open_the_breaker_and_a_pass_does_not_close_it() -> None:
+def test_a_breaker_only_health_checks_opened_closes_on_a_passing_check() -> None:
+    """A replica starting up (a frontend whose engines load for a minute) fails its checks until it
+    is ready; the first pass must let it serve at once, not after a cool-down and a probe."""
     pool, clock = _pool(1, failures=2, cooldown_s=5)
     r = pool.replicas[0]
-    pool.record_health(r, False)
-    pool.record_health(r, False)
+    for _ in range(5):
+        pool.record_health(r, False)
+        clock.t += 2
+    assert pool.snapshot()[0]["breaker"] != CLOSED and not pool.is_ready(r)
+    pool.record_health(r, True)
+    assert r.breaker == CLOSED and pool.is_ready(r)
+
+
+def test_a_breaker_requests_opened_waits_for_a_probe_even_if_checks_pass() -> None:
+    pool, clock = _pool(1, failures=2, cooldown_s=5)
+    r = pool.replicas[0]
+    _lease(pool).release(False)
+    _lease(pool).release(False)  # requests failed: /health answering proves nothing about them
     assert r.breaker == OPEN
+    pool.record_health(r, False)
     pool.record_health(r, True)
     assert not pool.is_ready(r)
     clock.t += 5
