@@ -144,7 +144,12 @@ class RouterApp:
         except HTTPError as exc:
             if not exc.counted:
                 self.metrics.requests.labels(listener.name, api or "other", str(exc.status)).inc()
-            await _send_json(send, exc.status, _error_body(api, exc), exc.headers)
+            if send.started:  # too late for a status: end what was sent
+                log.warning("%s %s failed after its response started: %s", method, path, exc.message)
+                if not send.complete:
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+            else:
+                await _send_json(send, exc.status, _error_body(api, exc), exc.headers)
         except _ClientGone:
             pass
         except Exception as exc:
@@ -241,6 +246,9 @@ class RouterApp:
         except HTTPError as exc:
             call.status, exc.counted = exc.status, True
             exc.headers = call.headers + exc.headers
+            raise
+        except Exception:
+            call.status = 500
             raise
         except asyncio.CancelledError:
             if not gone.is_set():
