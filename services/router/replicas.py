@@ -102,6 +102,7 @@ class Pool:
         self.replicas: list[Replica] = [Replica(url) for url in dict.fromkeys(urls)]
         self._clock = clock
         self._seq = 0
+        self._departed: dict[str, Replica] = {}  # left the pool with requests still running
 
     # ---- scheduling ----
 
@@ -192,11 +193,15 @@ class Pool:
         return next((r for r in self.replicas if r.url == url), None)
 
     def replace_replicas(self, urls: Iterable[str]) -> None:
-        """New membership (DNS refresh). URLs that stay keep their load, health and breaker."""
+        """New membership (DNS refresh). URLs that stay keep their load, health and breaker; one that
+        leaves with requests still running and comes back gets its counts back, so its cap holds."""
         old = {r.url: r for r in self.replicas}
-        self.replicas = [old.get(url) or Replica(url) for url in dict.fromkeys(urls)]
-        for url in old.keys() - {r.url for r in self.replicas}:
+        known = {**self._departed, **old}
+        self.replicas = [known.get(url) or Replica(url) for url in dict.fromkeys(urls)]
+        present = {r.url for r in self.replicas}
+        for url in old.keys() - present:
             self.policy.on_removed(url)
+        self._departed = {url: r for url, r in known.items() if url not in present and r.inflight > 0}
 
     def snapshot(self) -> list[dict[str, Any]]:
         now = self._clock()

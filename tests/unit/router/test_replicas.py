@@ -272,3 +272,17 @@ def test_unhealthy_after_consecutive_failed_checks() -> None:
     assert not pool.is_ready(r0) and pool.snapshot()[0]["healthy"] is False
     pool.record_health(r0, True)
     assert pool.is_ready(r0)
+
+
+def test_a_replica_that_leaves_and_returns_keeps_its_running_requests() -> None:
+    pool, _ = _pool(2, max_inflight=1)
+    running = _lease(pool)
+    url = running.replica.url
+    pool.replace_replicas([r.url for r in pool.replicas if r.url != url])
+    pool.replace_replicas(["http://r0", "http://r1"])  # DNS flapped back
+    back = pool.get(url)
+    assert back is running.replica and back.inflight == 1  # still at its cap of 1
+    running.release(True)
+    pool.replace_replicas(["http://r9"])
+    pool.replace_replicas(["http://r0", "http://r1"])
+    assert pool.get(url) is not running.replica  # nothing ran any more: a fresh start
