@@ -410,6 +410,23 @@ def test_no_retry_after_bytes_reached_the_client(tmp_path: Path, a_b_c: list[Htt
         doomed.stop()
 
 
+def test_streams_pass_through_unbuffered(tmp_path: Path, a_b_c: list[HttpProc]) -> None:
+    a = a_b_c[0]
+    router = _sched_router(tmp_path, [a])
+    try:
+        a.configure(chunks=4, chunk_delay_s=0.5)
+        with httpx.stream("POST", router.url + "/v1/completions", timeout=30, json={
+                "model": "fleet", "prompt": "x", "stream": True}) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: ")
+            # The first chunk reached the client while upstream was still producing the rest.
+            assert a.stats()["inflight"] == 1 and a.stats()["completed"] == 0
+            rest = [line for line in lines if line.startswith("data: ")]
+        assert rest[-1] == "data: [DONE]" and a.stats()["completed"] == 1
+    finally:
+        router.stop()
+
+
 def test_client_disconnect_closes_the_upstream_request(tmp_path: Path, a_b_c: list[HttpProc]) -> None:
     a = a_b_c[0]
     router = _sched_router(tmp_path, [a])
