@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.procs import HttpProc, start_backend, start_router
+from tests.support.procs import HttpProc, free_port_block, start_backend, start_router
 
 @pytest.fixture(scope="module")
 def backends(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[HttpProc]]:
@@ -76,6 +76,20 @@ entries:
     assert "pools.chat.replicas[1].url: expected http(s) URL, got 'x'" in proc.stderr
     assert "pools.chat.polcy: unknown key" in proc.stderr and "did you mean 'policy'?" in proc.stderr
     assert "entries.fleet.default[0]: unknown pool 'chta' (pools: chat)" in proc.stderr
+
+
+def test_port_flag_overrides_the_first_listener(tmp_path: Path, a_b_c: list[HttpProc]) -> None:
+    port = free_port_block(1, spread=0)
+    router = start_router(tmp_path, f"""
+listeners: [{{port: 1, host: 127.0.0.1}}]
+pools:{_pool("p", "m", a_b_c[:1])}
+entries:
+  fleet: {{default: [p]}}
+""", "--port", str(port), port=port)
+    try:
+        assert _chat(router).json()["choices"][0]["message"]["content"] == "a:m"
+    finally:
+        router.stop()
 
 
 # ---- keys, routes, shapes ----

@@ -207,12 +207,14 @@ def start_backend(tmp_path: Path, name: str) -> HttpProc:
     return backend
 
 
-def start_router(tmp_path: Path, config: str, *, port: int | None = None, wait: bool = True) -> HttpProc:
-    """A router serving `config` (YAML text; `{port}` in it is replaced by the listener port)."""
+def start_router(tmp_path: Path, config: str, *args: str, port: int | None = None, wait: bool = True) -> HttpProc:
+    """A router serving `config` (YAML text; `{port}` in it is replaced by the listener port), with
+    extra command-line `args`."""
     port = port if port is not None else free_port_block(1, spread=0)
     path = tmp_path / f"router-{port}.yaml"
     path.write_text(config.replace("{port}", str(port)))
-    router = _spawn(tmp_path, "router", [sys.executable, "-m", "services.router", "--config", str(path)], port)
+    router = _spawn(tmp_path, "router", [sys.executable, "-m", "services.router", "--config", str(path), *args],
+                    port)
     if wait:
         try:
             router.wait_http()
