@@ -323,8 +323,8 @@ class _Run:
         """A draining rank turned the request away before generating any of it: place it on another
         rank (not pinned requests: they asked for that rank). False when there is none to try."""
         stream = self.sink
-        if self.completion_tokens or self.request.pinned_rank is not None:
-            return False
+        if self.completion_tokens or self.request.pinned_rank is not None or stream.gone is not None:
+            return False  # tokens were produced, the rank was asked for, or the client left meanwhile
         self.tried.add(stream.engine_index)
         engines = [e for e in self.fe.engines.engines if e.index not in self.tried]
         try:
@@ -361,24 +361,28 @@ class _Run:
 
     async def stream(self, send: Send, writer: responses.ChunkWriter, include_usage: bool,
                      continuous_usage: bool = False) -> None:
-        """continuous_usage: every chunk carries the usage so far (vLLM's continuous_usage_stats)."""
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [*_SSE_HEADERS, (b"x-data-parallel-rank", str(self.sink.rank).encode())]})
-        first = writer.role() if writer._chat else b""
+        """continuous_usage: every chunk carries the usage so far (vLLM's continuous_usage_stats).
+
+        The response starts with the first output, so that x-data-parallel-rank names the rank that
+        serves it (also after a draining rank's refusal moved it) and a failure before any output
+        gets its own status rather than an error event."""
         text = writer.text
+        started = False
         try:
-            prompt_len = self.sink.prompt_len
             while self.finish is None:
+                pieces = await self.pieces()
                 if continuous_usage:
-                    pieces = await self.pieces()
-                    events = [text(p, responses.usage(prompt_len, n)) for p, n in zip(pieces, self.counts)]
+                    events = [text(p, self._usage(n)) for p, n in zip(pieces, self.counts)]
                 else:
-                    events = [text(p) for p in await self.pieces()]
-                if first:
-                    events.insert(0, first)
-                    first = b""
+                    events = [text(p) for p in pieces]
+                if not started:
+                    started = True
+                    await send({"type": "http.response.start", "status": 200, "headers": [
+                        *_SSE_HEADERS, (b"x-data-parallel-rank", str(self.sink.rank).encode())]})
+                    if writer._chat:
+                        events.insert(0, writer.role(self._usage(0) if continuous_usage else None))
                 if self.finish is not None:
-                    so_far = responses.usage(prompt_len, self.completion_tokens) if continuous_usage else None
+                    so_far = self._usage(self.completion_tokens) if continuous_usage else None
                     events.append(writer.finish(self.finish, self.stop_reason, so_far))
                     use = self._done()
                     if include_usage:
@@ -389,8 +393,15 @@ class _Run:
                                 "more_body": self.finish is None})
         except EngineFailure as exc:
             self.fe.metrics.finished("error")
-            await send({"type": "http.response.body", "body": first + writer.error(exc.status, str(exc))
-                        + responses.DONE, "more_body": False})
+            if not started:
+                await _send_json(send, exc.status, error_body(exc.status, str(exc)),
+                                 [(b"x-data-parallel-rank", str(self.sink.rank).encode())])
+                return
+            await send({"type": "http.response.body", "body": writer.error(exc.status, str(exc)) + responses.DONE,
+                        "more_body": False})
+
+    def _usage(self, completion_tokens: int) -> dict[str, Any]:
+        return responses.usage(self.sink.prompt_len, completion_tokens, self.cached_tokens)
 
 
 async def _watch_disconnect(receive: Receive, stream: Stream) -> None:

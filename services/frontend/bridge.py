@@ -10,6 +10,7 @@ import asyncio
 import logging
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -18,13 +19,15 @@ import zmq
 
 log = logging.getLogger(__name__)
 
-DEALER, SUB, SEND_FAILED = 0, 1, 2  # channel of an inbound item
-Inbound = tuple[int, int, list[Any]]  # (engine index, channel, frames)
+DEALER, SUB, SEND_FAILED, CONNECT_FAILED = 0, 1, 2, 3  # channel of an inbound item
+Inbound = tuple[int, int, list[Any]]  # (engine index, channel, frames; for CONNECT_FAILED: [reason])
 
 
 class Bridge:
-    def __init__(self, loop: asyncio.AbstractEventLoop, on_batch: Callable[[list[Inbound]], None],
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_batch: Callable[[list[Inbound], float], None],
                  identity: str, on_dead: Callable[[str], None] | None = None) -> None:
+        """on_batch(batch, received_at): received_at is when the thread read it (time.monotonic()), which
+        can be well before the loop runs the callback in a burst."""
         self._loop = loop
         self._on_batch = on_batch
         self._on_dead = on_dead  # told, on the loop, why the socket thread stopped when nobody asked it to
@@ -98,40 +101,52 @@ class Bridge:
                             dealers[index].send_multipart(arg, zmq.NOBLOCK)
                         except (zmq.Again, KeyError):  # no live connection (IMMEDIATE): say so
                             batch.append((index, SEND_FAILED, arg))
-                    elif op == "connect":
-                        sock = self._ctx.socket(zmq.DEALER)
-                        sock.setsockopt(zmq.IDENTITY, self._identity)
-                        # Queue only to a live connection, so a Hello or a request is never held for an
-                        # engine that is down and then delivered stale when it returns.
-                        sock.setsockopt(zmq.IMMEDIATE, 1)
-                        sock.setsockopt(zmq.LINGER, 0)
-                        sock.setsockopt(zmq.SNDHWM, 0)
-                        sock.setsockopt(zmq.RCVHWM, 0)
-                        sock.setsockopt(zmq.RECONNECT_IVL, 100)
-                        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
-                        sock.connect(arg)
-                        self._replace(poller, dealers, channel_of, index, sock, DEALER)
-                    elif op == "subscribe":
-                        sock = self._ctx.socket(zmq.SUB)
-                        sock.setsockopt(zmq.SUBSCRIBE, b"")
-                        sock.setsockopt(zmq.LINGER, 0)
-                        sock.connect(arg)
-                        self._replace(poller, subs, channel_of, index, sock, SUB)
+                    elif op in ("connect", "subscribe"):
+                        try:
+                            self._open(op, index, arg, poller, dealers, subs, channel_of)
+                        except zmq.ZMQError as exc:  # this engine's address only: the others carry on
+                            batch.append((index, CONNECT_FAILED, [f"cannot {op} to {arg}: {exc}"]))
                 if batch:
-                    self._loop.call_soon_threadsafe(self._on_batch, batch)
-        except RuntimeError:  # the event loop closed under us during shutdown
-            pass
+                    self._loop.call_soon_threadsafe(self._on_batch, batch, time.monotonic())
         except Exception as exc:  # zmq.ZMQError, or a bug: without this thread no engine is reachable
+            if self._closing or self._loop.is_closed():
+                return
             log.exception("frontend socket thread stopped")
-            if not self._closing and self._on_dead is not None:
+            if self._on_dead is not None:
                 try:
                     self._loop.call_soon_threadsafe(self._on_dead, f"{type(exc).__name__}: {exc}")
-                except RuntimeError:
+                except RuntimeError:  # the loop closed meanwhile
                     pass
         finally:
             for sock in [*dealers.values(), *subs.values()]:
                 sock.close()
             self._ctx.term()
+
+    def _open(self, op: str, index: int, address: str, poller: zmq.Poller, dealers: dict[int, zmq.Socket],
+              subs: dict[int, zmq.Socket], channel_of: dict[zmq.Socket, tuple[int, int]]) -> None:
+        if op == "connect":
+            sock = self._ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.IDENTITY, self._identity)
+            # Queue only to a live connection, so a Hello or a request is never held for an engine that
+            # is down and then delivered stale when it returns.
+            sock.setsockopt(zmq.IMMEDIATE, 1)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, 0)
+            sock.setsockopt(zmq.RCVHWM, 0)
+            sock.setsockopt(zmq.RECONNECT_IVL, 100)
+            sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+            table, channel = dealers, DEALER
+        else:
+            sock = self._ctx.socket(zmq.SUB)
+            sock.setsockopt(zmq.SUBSCRIBE, b"")
+            sock.setsockopt(zmq.LINGER, 0)
+            table, channel = subs, SUB
+        try:
+            sock.connect(address)
+        except zmq.ZMQError:
+            sock.close()
+            raise
+        self._replace(poller, table, channel_of, index, sock, channel)
 
     @staticmethod
     def _replace(poller: zmq.Poller, table: dict[int, zmq.Socket], channel_of: dict[zmq.Socket, tuple[int, int]],

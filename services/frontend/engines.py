@@ -32,7 +32,7 @@ from protocol import (
     make_hello,
 )
 from protocol.handshake import RejectCode
-from services.frontend.bridge import DEALER, SEND_FAILED, Bridge, Inbound
+from services.frontend.bridge import CONNECT_FAILED, DEALER, SEND_FAILED, Bridge, Inbound
 from services.frontend.kv_index import KVIndex
 from services.frontend.stream import Stream
 
@@ -176,10 +176,16 @@ class EngineSet:
 
     # ---- inbound: one pass over each batch from the socket thread ----
 
-    def _on_batch(self, batch: list[Inbound]) -> None:
-        now = time.monotonic()
+    def _on_batch(self, batch: list[Inbound], received_at: float | None = None) -> None:
+        now = time.monotonic() if received_at is None else received_at  # when the socket thread read it
         for index, channel, frames in batch:
             engine = self.engines[index]
+            if channel == CONNECT_FAILED:
+                log.error("engine rank %d: %s", engine.rank, frames[0])
+                self._fail_all(engine, frames[0])
+                engine.state, engine.reason = "rejected", frames[0]  # an address that cannot work: no retries
+                self.changed.set()
+                continue
             try:
                 msg = decode(frames, any_major=channel == DEALER)
             except ProtocolError as exc:
@@ -193,7 +199,7 @@ class EngineSet:
             if isinstance(msg, Outputs):
                 self._on_outputs(engine, msg)
             elif isinstance(msg, Stats):
-                self._on_stats(engine, msg)
+                self._on_stats(engine, msg, now)
             elif isinstance(msg, (BlockStored, BlockRemoved, AllCleared)):
                 if engine.state == "ready":
                     engine.kv.apply(msg)
@@ -221,7 +227,7 @@ class EngineSet:
                 del inflight[out.request_id]
             stream.feed(out)
 
-    def _on_stats(self, engine: Engine, msg: Stats) -> None:
+    def _on_stats(self, engine: Engine, msg: Stats, received_at: float | None = None) -> None:
         current = engine.stats
         # Stats come both direct and over PUB; merge by sequence number within one engine session.
         if msg.session_epoch != engine.epoch:
@@ -230,7 +236,8 @@ class EngineSet:
             engine.stats = msg
             # Not 0: a snapshot taken before our latest requests reached the engine would otherwise
             # make it look idle, and a burst would all be placed on it.
-            recent, cutoff = engine.recent_sends, time.monotonic() - STATS_LAG_S
+            received = time.monotonic() if received_at is None else received_at
+            recent, cutoff = engine.recent_sends, received - STATS_LAG_S
             while recent and recent[0] < cutoff:
                 recent.popleft()
             engine.sent_since_stats = len(recent)

@@ -36,8 +36,9 @@ class ChunkWriter:
             self._text_prefix = self._head + b'"text":'
             self._text_suffix = b',"logprobs":null,"finish_reason":null}]}\n\n'
 
-    def role(self) -> bytes:
-        return self._head + b'"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n'
+    def role(self, use: dict[str, Any] | None = None) -> bytes:
+        chunk = self._head + b'"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]'
+        return chunk + (b',"usage":' + _json.encode(use) if use is not None else b"") + b"}\n\n"
 
     def text(self, piece: str, use: dict[str, Any] | None = None) -> bytes:
         """`use`: the usage so far, for stream_options.continuous_usage_stats."""

@@ -18,7 +18,7 @@ class EngineFailure(RuntimeError):
 
 class Stream:
     __slots__ = ("request_id", "rank", "engine_index", "prompt_len", "max_tokens", "generated", "_pending", "_waiter",
-                 "_error", "finished", "started")
+                 "_error", "finished", "started", "gone")
 
     def __init__(self, request_id: str, prompt_len: int, max_tokens: int) -> None:
         self.request_id = request_id
@@ -32,6 +32,7 @@ class Stream:
         self._error: str | None = None
         self.finished = False
         self.started = False  # the engine has produced something for it (its prefill is done)
+        self.gone: str | None = None  # fail() was called: never send it to an engine again
 
     # ---- producer side (the engine dispatch pass on the event loop) ----
 
@@ -45,6 +46,7 @@ class Stream:
             waiter.set_result(None)
 
     def fail(self, message: str) -> None:
+        self.gone = self.gone or message
         if self.finished:
             return
         self.finished = True

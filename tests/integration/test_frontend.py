@@ -82,6 +82,11 @@ def test_continuous_usage_stats_on_every_chunk(client: openai.OpenAI) -> None:
     assert 1 <= counted[0] and counted[-1] == 12  # the finish chunk carries the final count
     prompt = {c.usage.prompt_tokens for c in chunks}  # type: ignore[union-attr]
     assert len(prompt) == 1 and chunks[-1].usage.total_tokens == prompt.pop() + 12  # type: ignore[union-attr]
+    chat = list(client.chat.completions.create(
+        model="tiny", messages=CHAT, max_tokens=3, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}))  # type: ignore[typeddict-unknown-key]
+    assert chat[0].choices[0].delta.role == "assistant" and chat[0].usage.completion_tokens == 0  # type: ignore[union-attr]
+    assert [c.usage.completion_tokens for c in chat if c.choices][-1] == 3  # type: ignore[union-attr]
     # Without include_usage there is no usage anywhere, as vLLM does.
     plain = list(client.completions.create(model="tiny", prompt="Once", max_tokens=3, stream=True,
                                            stream_options={"continuous_usage_stats": True}))  # type: ignore[typeddict-unknown-key]

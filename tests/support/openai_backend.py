@@ -34,9 +34,9 @@ class Backend:
     def reset(self) -> None:
         """Back to the defaults, and stats from zero (in-flight requests still count down)."""
         self.settings = dict(self.defaults)
-        inflight = self.stats.get("inflight", 0)
-        self.stats = {"requests": 0, "inflight": inflight, "completed": 0, "disconnected": 0, "models": [],
-                      "last_body": None}
+        inflight, streaming = self.stats.get("inflight", 0), self.stats.get("streaming", 0)
+        self.stats = {"requests": 0, "inflight": inflight, "streaming": streaming, "completed": 0,
+                      "disconnected": 0, "models": [], "last_body": None}
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -108,6 +108,7 @@ class Backend:
             gone.set()
 
         watcher = asyncio.get_running_loop().create_task(watch())
+        self.stats["streaming"] += 1
         try:
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-type", b"text/event-stream")]})
@@ -135,6 +136,7 @@ class Backend:
             await send({"type": "http.response.body", "body": done, "more_body": False})
             return True
         finally:
+            self.stats["streaming"] -= 1
             watcher.cancel()
 
 

@@ -33,7 +33,8 @@ def model() -> Model:
     return Model.load("tiny", "tiny")
 
 
-async def _call(app: Frontend, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+async def _call(app: Frontend, body: dict[str, Any]) -> tuple[int, Any]:
+    """Status and body (JSON, or the SSE data lines of a stream); headers land in _call.headers."""
     raw = json.dumps(body).encode()
     sent: list[dict[str, Any]] = []
     received = asyncio.Event()
@@ -49,8 +50,11 @@ async def _call(app: Frontend, body: dict[str, Any]) -> tuple[int, dict[str, Any
         sent.append(message)
 
     scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [], "query_string": b""}
-    await app(scope, receive, send)
+    await asyncio.wait_for(app(scope, receive, send), 10)  # a request left waiting is a failure, not a hang
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    _call.headers = dict(sent[0]["headers"])  # type: ignore[attr-defined]
+    if body.startswith(b"data: "):
+        return sent[0]["status"], [line[6:].decode() for line in body.split(b"\n") if line.startswith(b"data: ")]
     return sent[0]["status"], json.loads(body)
 
 
@@ -119,5 +123,48 @@ def test_a_refusal_of_the_request_itself_is_a_400(model: Model) -> None:
         status, body = await call
         assert status == 400 and body["error"]["message"] == "token id out of range"
         assert len(bridge.requests) == 1  # not retried: it would fail anywhere
+
+    asyncio.run(main())
+
+
+def test_a_stream_moved_off_a_draining_rank_names_the_rank_that_served_it(model: Model) -> None:
+    async def main() -> None:
+        app, engines, bridge = _fleet(model)
+        call = asyncio.get_running_loop().create_task(
+            _call(app, {"model": "tiny", "prompt": "hi", "max_tokens": 2, "stream": True}))
+        await _answer(engines, bridge, 1, RequestOutput("", [], "error", error="draining", error_kind="draining"))
+        second = await _answer(engines, bridge, 2, RequestOutput("", [9707, 1879], "length"))
+        status, events = await call
+        assert status == 200 and events[-1] == "[DONE]"
+        assert _call.headers[b"x-data-parallel-rank"] == str(engines.engines[second].rank).encode()  # type: ignore[attr-defined]
+
+    asyncio.run(main())
+
+
+def test_a_stream_refused_before_any_output_gets_a_status_not_an_event(model: Model) -> None:
+    async def main() -> None:
+        app, engines, bridge = _fleet(model)
+        call = asyncio.get_running_loop().create_task(
+            _call(app, {"model": "tiny", "prompt": "hi", "max_tokens": 2, "stream": True}))
+        await _answer(engines, bridge, 1, RequestOutput("", [], "error", error="bad token", error_kind="invalid"))
+        status, body = await call
+        assert status == 400 and body["error"]["message"] == "bad token"
+
+    asyncio.run(main())
+
+
+def test_a_client_gone_while_a_draining_rank_refuses_is_not_placed_again(model: Model) -> None:
+    async def main() -> None:
+        app, engines, bridge = _fleet(model)
+        call = asyncio.get_running_loop().create_task(_call(app, {"model": "tiny", "prompt": "hi", "max_tokens": 2}))
+        while not bridge.requests:
+            await asyncio.sleep(0.001)
+        index, request = bridge.requests[0]
+        stream = engines.engines[index].inflight[request.request_id]
+        # In one loop iteration: the refusal arrives, then the client's disconnect, before the handler runs.
+        await _answer(engines, bridge, 1, RequestOutput("", [], "error", error="draining", error_kind="draining"))
+        stream.fail("client disconnected")
+        status, _ = await call
+        assert status == 503 and len(bridge.requests) == 1
 
     asyncio.run(main())

@@ -4,24 +4,48 @@ import asyncio
 import time
 from typing import Any
 
+import pytest
+import zmq
+
 from protocol import GenerateRequest, SamplingParams, Stats
 from services.frontend.engines import STATS_LAG_S, EngineSet
 from services.frontend.stream import Stream
 
 
-def test_a_dead_socket_thread_fails_every_engine_at_once() -> None:
+def test_a_dead_socket_thread_fails_every_engine_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken_poll(self: zmq.Poller, timeout: int | None = None) -> list[Any]:
+        raise RuntimeError("a bug in the socket thread")
+
+    monkeypatch.setattr(zmq.Poller, "poll", broken_poll)
+
     async def main() -> None:
-        # An address zmq refuses kills the socket thread at its first connect.
-        engines = EngineSet(["bogus://nowhere", "tcp://127.0.0.1:1"], frontend_id="t", engine_timeout_s=60,
+        engines = EngineSet(["tcp://127.0.0.1:1", "tcp://127.0.0.1:2"], frontend_id="t", engine_timeout_s=60,
                             heartbeat_interval_s=1)
         engines.start()
         try:
             async with asyncio.timeout(5):
                 while engines.broken is None:
                     await asyncio.sleep(0.01)
-            assert "socket thread stopped" in engines.broken and "ZMQError" in engines.broken
+            assert "socket thread stopped" in engines.broken and "a bug in the socket thread" in engines.broken
             assert {e.state for e in engines.engines} == {"dead"}
             assert all("socket thread stopped" in reason for reason in engines.not_ready().values())
+        finally:
+            await engines.close()
+
+    asyncio.run(main())
+
+
+def test_an_address_that_cannot_work_fails_only_its_engine() -> None:
+    async def main() -> None:
+        engines = EngineSet(["bogus://nowhere", "tcp://127.0.0.1:1"], frontend_id="t", engine_timeout_s=60,
+                            heartbeat_interval_s=1)
+        engines.start()
+        try:
+            async with asyncio.timeout(5):
+                while engines.engines[0].state != "rejected":
+                    await asyncio.sleep(0.01)
+            assert "cannot connect to bogus://nowhere" in engines.engines[0].reason
+            assert engines.broken is None and engines.engines[1].state == "connecting"
         finally:
             await engines.close()
 
@@ -53,5 +77,14 @@ def test_requests_sent_just_before_a_stats_snapshot_stay_counted() -> None:
     time.sleep(STATS_LAG_S * 2)
     engines._on_stats(engine, Stats(0, 2, time.time(), running=3, waiting=0, kv_usage=0.0, session_epoch="e1"))
     assert engine.sent_since_stats == 0  # a later snapshot counts them itself
+    # What counts is when the socket thread read a snapshot, not when the busy loop got to it.
+    read_at = time.monotonic()
+    for i in range(3, 5):
+        request = GenerateRequest(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=4), time.time())
+        engines.submit(engine, Stream(f"r{i}", 3, 4), request)
+    time.sleep(STATS_LAG_S * 2)
+    engines._on_stats(engine, Stats(0, 3, time.time(), running=3, waiting=0, kv_usage=0.0, session_epoch="e1"),
+                      read_at)
+    assert engine.sent_since_stats == 2
     engines._on_stats(engine, Stats(0, 1, time.time(), running=9, waiting=0, kv_usage=0.0, session_epoch="e1"))
-    assert engine.stats is not None and engine.stats.seq == 2  # an older snapshot (via PUB) changes nothing
+    assert engine.stats is not None and engine.stats.seq == 3  # an older snapshot (via PUB) changes nothing
