@@ -42,6 +42,16 @@ def _pool(name: str, model: str, backends: list[HttpProc], extra: str = "") -> s
 {extra}"""
 
 
+def _router(tmp_path: Path, pools: str, fleet: str, *args: str, port: int | None = None) -> HttpProc:
+    """A router on one open loopback listener with `pools` (YAML of _pool) and the entry `fleet`."""
+    return start_router(tmp_path, f"""
+listeners: [{{port: {{port}}, host: 127.0.0.1}}]
+pools:{pools}
+entries:
+  fleet: {fleet}
+""", *args, port=port)
+
+
 def _chat(router: HttpProc, content: str = "hello", *, model: str = "fleet", key: str | None = None,
           **extra: object) -> httpx.Response:
     headers = {"authorization": f"Bearer {key}"} if key else {}
@@ -150,15 +160,8 @@ entries:
 
 def test_dns_discovered_replicas(tmp_path: Path, a_b_c: list[HttpProc]) -> None:
     a = a_b_c[0]
-    router = start_router(tmp_path, f"""
-listeners: [{{port: {{port}}, host: 127.0.0.1}}]
-pools:
-  p:
-    model: m
-    dns: {{name: localhost, port: {a.port}, refresh_s: 0.5}}
-entries:
-  fleet: {{default: [p]}}
-""")
+    pools = f"\n  p: {{model: m, dns: {{name: localhost, port: {a.port}, refresh_s: 0.5}}}}"
+    router = _router(tmp_path, pools, "{default: [p]}")
     try:
         r = _chat(router)
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "a:m"
@@ -236,19 +239,9 @@ def test_each_signal_kind_decision_order_and_default(tmp_path: Path, a_b_c: list
 
 def test_escalate_calls_the_next_stage_only_when_the_first_fails(tmp_path: Path, a_b_c: list[HttpProc]) -> None:
     a, b, _ = a_b_c
-    router = start_router(tmp_path, f"""
-listeners: [{{port: {{port}}, host: 127.0.0.1}}]
-pools:{_pool("cheap", "cheap-m", [a])}{_pool("strong", "strong-m", [b])}
-entries:
-  fleet:
-    default: [cheap]
-    algorithm:
-      type: escalate
-      stages: [cheap, strong]
-      accept: {{finish_reasons: [stop], min_chars: 4, regex: "answer"}}
-      deadline_s: 10
-      max_calls: 2
-""")
+    router = _router(tmp_path, _pool("cheap", "cheap-m", [a]) + _pool("strong", "strong-m", [b]),
+                     """{default: [cheap], algorithm: {type: escalate, stages: [cheap, strong], deadline_s: 10,
+                         max_calls: 2, accept: {finish_reasons: [stop], min_chars: 4, regex: "answer"}}}""")
     try:
         a.configure(reply="the answer is 4")
         good = _chat(router)
@@ -287,14 +280,8 @@ entries:
 
 def test_escalate_deadline_is_shared(tmp_path: Path, a_b_c: list[HttpProc]) -> None:
     a, b, _ = a_b_c
-    router = start_router(tmp_path, f"""
-listeners: [{{port: {{port}}, host: 127.0.0.1}}]
-pools:{_pool("cheap", "cheap-m", [a])}{_pool("strong", "strong-m", [b])}
-entries:
-  fleet:
-    default: [cheap]
-    algorithm: {{type: escalate, stages: [cheap, strong], deadline_s: 0.5}}
-""")
+    router = _router(tmp_path, _pool("cheap", "cheap-m", [a]) + _pool("strong", "strong-m", [b]),
+                     "{default: [cheap], algorithm: {type: escalate, stages: [cheap, strong], deadline_s: 0.5}}")
     try:
         a.configure(delay_s=2.0)
         r = _chat(router)
@@ -307,12 +294,7 @@ entries:
 # ---- scheduling ----
 
 def _sched_router(tmp_path: Path, backends: list[HttpProc], extra: str = "") -> HttpProc:
-    return start_router(tmp_path, f"""
-listeners: [{{port: {{port}}, host: 127.0.0.1}}]
-pools:{_pool("p", "m", backends, extra)}
-entries:
-  fleet: {{default: [p]}}
-""")
+    return _router(tmp_path, _pool("p", "m", backends, extra), "{default: [p]}")
 
 
 def test_fewest_outstanding_bytes_then_least_recently_assigned(tmp_path: Path, a_b_c: list[HttpProc]) -> None:
