@@ -426,7 +426,8 @@ def _pinned_rank(scope: Scope) -> int | None:
             try:
                 return int(value)
             except ValueError:
-                raise APIError(400, f"X-Data-Parallel-Rank must be an integer rank, got {value.decode(errors='replace')!r}",
+                got = value.decode(errors="replace")
+                raise APIError(400, f"X-Data-Parallel-Rank must be an integer rank, got {got!r}",
                                param="X-Data-Parallel-Rank") from None
     return None
 

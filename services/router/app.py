@@ -61,11 +61,12 @@ class _ClientGone(Exception):
 class _Tracked:
     """The ASGI send of one request, remembering whether the response started and completed."""
 
-    __slots__ = ("_send", "started", "complete")
+    __slots__ = ("_send", "started", "complete", "counted")
 
     def __init__(self, send: Send) -> None:
         self._send = send
         self.started = self.complete = False
+        self.counted = False  # in router_requests_total already
 
     async def __call__(self, message: dict[str, Any]) -> None:
         if message["type"] == "http.response.start":
@@ -155,6 +156,8 @@ class RouterApp:
         except Exception as exc:
             # A bug, or an upstream answer no branch expected: the client still gets an error in its API's shape.
             log.exception("%s %s failed", method, path)
+            if not send.counted:
+                self.metrics.requests.labels(listener.name, api or "other", "500").inc()
             if not send.started:
                 await _send_json(send, 500, _error_body(api, HTTPError(500, f"internal error: {type(exc).__name__}")))
             elif not send.complete:
@@ -259,6 +262,7 @@ class RouterApp:
         finally:
             watcher.cancel()
             self.metrics.requests.labels(listener.name, api, str(call.status)).inc()
+            send.counted = True  # type: ignore[attr-defined]
 
     async def _dispatch(self, call: _Call, send: Send) -> None:
         payloads: dict[str, bytes] = {}
@@ -282,13 +286,14 @@ class RouterApp:
                 ok = True
         except (*READ_ERRORS, UpstreamError) as exc:
             ok = False
-            self.metrics.upstream_errors.labels(opened.pool).inc()
             log.warning("upstream %s failed mid-response: %s", opened.lease.replica.url, exc)
             if call.status == 0:
                 raise HTTPError(502, f"upstream {opened.lease.replica.url} failed: {exc}") from None
         finally:
             response.close()
             opened.lease.release(ok)
+            if ok is False:
+                self.metrics.upstream_errors.labels(opened.pool).inc()
 
     async def _open_any(self, call: _Call, pools: tuple[str, ...], payloads: dict[str, bytes],
                         timeout_s: float | None, *, stream: bool | None = None) -> _Opened:
@@ -348,7 +353,10 @@ class RouterApp:
             except BaseException:
                 lease.release(None)
                 raise
-            lease.succeeded()  # the head came back: for the breaker, that is the replica answering
+            if lease.probe:
+                # A half-open breaker closes at the head: the replica answers. Other requests count as
+                # a success only when they end well, so responses that keep breaking off open it.
+                lease.succeeded()
             self.metrics.upstream_latency.labels(name).observe(time.perf_counter() - started)
             return _Opened(response, lease, name, len(tried))
 
@@ -385,29 +393,33 @@ class RouterApp:
         stream = _adapter_stream(call)
         await self._start(call, send, 200, _SSE)
         await send({"type": "http.response.body", "body": stream.start(), "more_body": True})
-        ok, done, reader = True, False, SSEData()
+        done, reader = False, SSEData()
 
-        def translate(events: list[bytes]) -> bytes:
+        async def translate(events: list[bytes]) -> None:
+            """Send what translates; a bad event is raised after the good ones before it went out."""
             nonlocal done
-            out = []
+            out, bad = [], None
             for data in events:
                 if data.strip() == b"[DONE]":
                     done = True
                 elif data.strip():
-                    out.append(_shaped(stream.feed, _decode_object(data)))
-            return b"".join(out)
+                    try:
+                        out.append(_shaped(stream.feed, _decode_object(data)))
+                    except UpstreamError as exc:
+                        bad = exc
+                        break
+            if out:
+                await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
+            if bad is not None:
+                raise bad
 
         try:
             async for chunk in response.chunks():
-                out = translate(reader.feed(chunk))
-                if out:
-                    await send({"type": "http.response.body", "body": out, "more_body": True})
-            out = translate(reader.finish())
-            if out:
-                await send({"type": "http.response.body", "body": out, "more_body": True})
+                await translate(reader.feed(chunk))
+            await translate(reader.finish())
         except (*READ_ERRORS, UpstreamError) as exc:
             log.warning("upstream %s broke off a stream: %s", response.url, exc)
-            ok = False
+        ok = done  # a stream that ended without [DONE] (or was no event stream at all) broke off
         if done:
             tail = stream.finish()
         elif isinstance(stream, MessagesStream):
@@ -462,8 +474,9 @@ class RouterApp:
             calls += 1
             opened: _Opened | None = None
             outcome: bool | None = None  # for the replica's breaker: a passed deadline says nothing
+            shared = asyncio.timeout_at(deadline)
             try:
-                async with asyncio.timeout_at(deadline):
+                async with shared:
                     # The shared deadline is this timeout's: a shorter one inside would fail the stage
                     # a moment early and leave a sliver of time for the next stage to be called in.
                     opened = await self._open_any(call, (stage,), payloads, None, stream=False)
@@ -476,10 +489,13 @@ class RouterApp:
                 log.info("escalate %s: stage %s refused: %s", call.choice.entry.name, stage, exc.message)
                 continue
             except (*READ_ERRORS, UpstreamError) as exc:
-                timed_out = isinstance(exc, TimeoutError)
-                outcome = None if timed_out else False
-                refusal = HTTPError(504 if timed_out else 502, f"stage {stage!r}: no answer within the "
-                                    f"{algorithm.deadline_s}s deadline" if timed_out else f"stage {stage!r}: {exc}")
+                if shared.expired():  # the shared deadline, not the replica (its own read timeout is a failure)
+                    refusal = HTTPError(504, f"stage {stage!r}: no answer within the {algorithm.deadline_s}s deadline")
+                    continue
+                outcome = False
+                self.metrics.upstream_errors.labels(stage).inc()
+                log.warning("escalate %s: stage %s failed: %s", call.choice.entry.name, stage, exc)
+                refusal = HTTPError(502, f"stage {stage!r}: {exc}")
                 continue
             finally:
                 if opened is not None:
@@ -504,6 +520,12 @@ class RouterApp:
                          (b"x-router-stage", stage.encode()), (b"x-router-calls", str(calls).encode()),
                          (b"x-router-accepted", b"true" if why is None else b"false")]
         call.escalation = {"stage": stage, "calls": calls, "accepted": why is None, "reason": why}
+        try:
+            await self._send_escalated(call, completion, send)
+        except UpstreamError as exc:  # the answer's shape is not a completion's: the replica's fault
+            raise HTTPError(502, f"stage {stage!r}: {exc}") from None
+
+    async def _send_escalated(self, call: _Call, completion: dict[str, Any], send: Send) -> None:
         if not call.chat.get("stream"):
             await self._send_adapted(call, completion, send)
             return

@@ -50,6 +50,7 @@ class Lease:
     reason: str = ""  # the policy's explanation of this choice
     probe: bool = False  # sent while the breaker was half-open: its outcome decides the breaker
     _pool: Pool | None = field(default=None, repr=False)
+    _probe_of: float = field(default=0.0, repr=False)  # the opening (opened_at) this probe tests
     _outcome: bool | None = field(default=None, repr=False)  # recorded success / failure
     _released: bool = field(default=False, repr=False)
 
@@ -77,8 +78,9 @@ class Lease:
             self.failed()
         self.replica.inflight -= 1
         self.replica.outstanding_bytes -= self.request_bytes
-        if self.probe and self._outcome is None:
-            self.replica.probe_inflight = False  # an abandoned probe: the next request probes
+        r = self.replica
+        if self.probe and self._outcome is None and r.breaker == HALF_OPEN and r.opened_at == self._probe_of:
+            r.probe_inflight = False  # an abandoned probe: the next request probes
 
 
 class Pool:
@@ -120,7 +122,7 @@ class Pool:
         if probe:
             picked.probe_inflight = True
         self.policy.on_assigned(picked, text)
-        return Lease(picked, request_bytes, self.policy.last_reason, probe, self)
+        return Lease(picked, request_bytes, self.policy.last_reason, probe, self, picked.opened_at)
 
     def preview(self, request_bytes: int, *, text: str | None = None,
                 exclude: frozenset[str] = frozenset()) -> Replica | Overloaded | NoReplica:

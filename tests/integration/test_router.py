@@ -291,6 +291,25 @@ def test_escalate_deadline_is_shared(tmp_path: Path, a_b_c: list[HttpProc]) -> N
         router.stop()
 
 
+def test_escalate_a_stalled_stage_is_that_replicas_failure_not_the_deadline(
+        tmp_path: Path, a_b_c: list[HttpProc]) -> None:
+    a, b, _ = a_b_c
+    pools = _pool("cheap", "cheap-m", [a], "    timeout_s: 0.5\n") + _pool("strong", "strong-m", [b])
+    router = _router(tmp_path, pools,
+                     "{default: [cheap], algorithm: {type: escalate, stages: [cheap, strong], deadline_s: 20}}")
+    try:
+        a.configure(delay_s=3.0)  # silent past its pool's timeout_s, well within the shared deadline
+        r = _chat(router)
+        assert r.status_code == 200 and r.headers["x-router-stage"] == "strong"
+        assert 'router_upstream_errors_total{pool="cheap"} 1.0' in httpx.get(router.url + "/metrics").text
+        for proc in (a, b):  # answers that are not completions at all: the replicas' fault, a 502
+            proc.configure(delay_s=0.0, raw_body='{"choices": [null]}')
+        odd = httpx.post(router.url + "/v1/responses", timeout=30, json={"model": "fleet", "input": "hi"})
+        assert odd.status_code == 502 and "not a chat completion" in odd.json()["error"]["message"]
+    finally:
+        router.stop()
+
+
 # ---- scheduling ----
 
 def _sched_router(tmp_path: Path, backends: list[HttpProc], extra: str = "") -> HttpProc:
@@ -500,7 +519,8 @@ def test_adapters_read_crlf_event_streams(tmp_path: Path, a_b_c: list[HttpProc])
 def test_an_upstream_answer_of_the_wrong_shape_is_a_502_in_the_apis_shape(
         tmp_path: Path, a_b_c: list[HttpProc]) -> None:
     a = a_b_c[0]
-    router = _sched_router(tmp_path, [a])
+    # Each bad answer is a failure of the replica: a breaker at its default of 3 would open midway.
+    router = _sched_router(tmp_path, [a], "    breaker: {failures: 10}\n")
     try:
         a.configure(raw_body="[1, 2]")
         messages = httpx.post(router.url + "/v1/messages", timeout=30, json={
@@ -518,8 +538,26 @@ def test_an_upstream_answer_of_the_wrong_shape_is_a_502_in_the_apis_shape(
         assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
         a.configure(raw_body=None)
         assert _chat(router).status_code == 200  # nothing else was lost
+        state = _decide(router, "x")["replicas"][0]
+        assert state["consecutive_failures"] == 0 and state["breaker"] == "closed"
         metrics = httpx.get(router.url + "/metrics").text
         assert 'router_requests_total{api="messages",listener="listener-0",status="502"} 1.0' in metrics
         assert 'status="0"' not in metrics  # each answer counted once, under its status
+    finally:
+        router.stop()
+
+
+def test_responses_that_keep_breaking_off_open_the_breaker(tmp_path: Path, a_b_c: list[HttpProc]) -> None:
+    a, b, _ = a_b_c
+    router = _sched_router(tmp_path, [a, b], "    breaker: {failures: 2, cooldown_s: 30}\n")
+    try:
+        a.configure(raw_body='{"choices": [null]}')  # a head, then an answer that is not one
+        shapes = [httpx.post(router.url + "/v1/responses", timeout=30, json={"model": "fleet", "input": "hi"})
+                  for _ in range(6)]
+        failed = [r for r in shapes if r.status_code == 502]
+        assert len(failed) == 2 and all(r.status_code == 200 for r in shapes if r not in failed)
+        state = {r["url"]: r for r in _decide(router, "x")["replicas"]}
+        assert state[a.url]["breaker"] == "open"  # two bad answers in a row: out, though each had a 200 head
+        assert 'router_upstream_errors_total{pool="p"} 2.0' in httpx.get(router.url + "/metrics").text
     finally:
         router.stop()

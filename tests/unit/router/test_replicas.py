@@ -286,3 +286,19 @@ def test_a_replica_that_leaves_and_returns_keeps_its_running_requests() -> None:
     pool.replace_replicas(["http://r9"])
     pool.replace_replicas(["http://r0", "http://r1"])
     assert pool.get(url) is not running.replica  # nothing ran any more: a fresh start
+
+
+def test_a_stale_abandoned_probe_does_not_free_a_newer_probes_slot() -> None:
+    pool, clock = _pool(1, failures=1, cooldown_s=30, max_inflight=8)
+    r = pool.replicas[0]
+    _lease(pool).release(False)
+    clock.t += 30
+    first = _lease(pool)
+    first.failed()  # the probe's head was a 5xx: open again...
+    clock.t += 30
+    second = _lease(pool)  # ...and half-open again, with a new probe
+    assert second.probe and r.probe_inflight
+    first.release(None)  # the old probe's client leaves late
+    assert r.probe_inflight and isinstance(pool.acquire(1), Overloaded)  # still one probe at a time
+    second.release(True)
+    assert r.breaker == CLOSED
