@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import checkpoints  # noqa: E402
+from timing import per_call_us  # noqa: E402
 from services.frontend.chat_template import ChatTemplate, _copy  # noqa: E402
 
 
@@ -46,16 +44,6 @@ MESSAGES: list[dict[str, Any]] = [
     {"role": "assistant", "content": "<think>\nsummarise\n</think>\n\nRain tomorrow, 18 degrees."},
     {"role": "user", "content": "Thanks! Anything else I should know? " * 3},
 ]
-
-
-def per_call_us(fn: Callable[[], object], n: int, repeat: int) -> float:
-    samples = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        samples.append((time.perf_counter() - t0) / n * 1e6)
-    return statistics.median(samples)
 
 
 def main() -> None:

@@ -7,7 +7,6 @@ Usage: python bench/protocol_codec.py [--repeat 7]
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ import msgpack
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from protocol import GenerateRequest, Outputs, RequestOutput, SamplingParams, decode, encode  # noqa: E402
+from timing import per_call_us  # noqa: E402
 
 
 @dataclass(slots=True)
@@ -48,16 +48,6 @@ def _plain_encode_request(rid: str, ids: list[int], sampling: tuple, ts: float) 
 
 def _plain_decode_request(frames: list[bytes]) -> list:  # type: ignore[type-arg]
     return msgpack.unpackb(frames[1])
-
-
-def per_call_us(fn, n: int, repeat: int) -> float:  # type: ignore[no-untyped-def]
-    samples = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        samples.append((time.perf_counter() - t0) / n * 1e6)
-    return statistics.median(samples)
 
 
 def main() -> None:

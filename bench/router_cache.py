@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from services.frontend.model import Model  # noqa: E402
+from timing import percentile  # noqa: E402
 from tests.support.procs import (  # noqa: E402
     EngineProc,
     FrontendProc,
@@ -242,11 +243,6 @@ async def drive(base: str, prompts: list[Prompt], concurrency: int, max_tokens: 
 # ---- report ----
 
 
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)] if ordered else math.nan
-
-
 def report(runs: list[Run], prompts: list[Prompt], best: list[int]) -> None:
     best_rate = sum(best) / sum(len(p.ids) for p in prompts)
     print(f"{'policy':<18} {'hit rate':>8} {'best':>6} {'ratio':>6} {'TTFT p50':>9} {'p99':>7} "
@@ -263,8 +259,8 @@ def report(runs: list[Run], prompts: list[Prompt], best: list[int]) -> None:
             spread[r.group].add(r.replica)
         per_group = statistics.mean(len(s) for s in spread.values()) if spread else math.nan
         load = sorted(Counter(r.replica for r in ok).values(), reverse=True)
-        print(f"{run.policy:<18} {rate:8.3f} {best_rate:6.3f} {rate / best_rate:6.3f} {_pct(ttft, .5):7.1f}ms "
-              f"{_pct(ttft, .99):5.0f}ms {statistics.median(hits) if hits else math.nan:6.1f}ms "
+        print(f"{run.policy:<18} {rate:8.3f} {best_rate:6.3f} {rate / best_rate:6.3f} {percentile(ttft, .5):7.1f}ms "
+              f"{percentile(ttft, .99):5.0f}ms {statistics.median(hits) if hits else math.nan:6.1f}ms "
               f"{statistics.median(misses) if misses else math.nan:7.1f}ms {run.wall_s:7.2f}  "
               f"{per_group:15.2f}  {load}")
         if len(ok) != len(run.results):

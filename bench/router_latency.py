@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 import os
 import statistics
 import sys
@@ -26,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.support.procs import start_backend, start_router  # noqa: E402
+from timing import percentile  # noqa: E402
 
 TARGET_P50_MS, TARGET_P99_MS = 1.0, 5.0
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -115,10 +115,6 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
 
 
-def pct(sorted_ms: list[float], q: float) -> float:
-    return sorted_ms[max(0, math.ceil(q * len(sorted_ms)) - 1)]
-
-
 async def measure(ports: dict[str, int], pids: list[int], concurrency: int, requests: int, rounds: int) -> None:
     per_round = max(concurrency, requests // rounds)
     for port in ports.values():  # warm-up: connections, the router's upstream pool, code paths
@@ -145,7 +141,7 @@ async def measure(ports: dict[str, int], pids: list[int], concurrency: int, requ
     stats = {}
     for name, values in samples.items():
         values.sort()
-        stats[name] = (pct(values, 0.50), pct(values, 0.99), len(values) / walls[name],
+        stats[name] = (percentile(values, 0.50), percentile(values, 0.99), len(values) / walls[name],
                        cpu[name] / len(values) * 1e6)
     (d50, d99, drps, dcpu), (r50, r99, rrps, rcpu) = stats["direct"], stats["router"]
     print(f"{concurrency:>4} {d50:8.3f} {d99:8.3f} {r50:8.3f} {r99:8.3f} {r50 - d50:8.3f} {r99 - d99:8.3f} "
