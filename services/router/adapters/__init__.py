@@ -1,6 +1,7 @@
 """Router-side translations of the OpenAI Responses and Anthropic Messages APIs to upstream chat."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
@@ -11,6 +12,17 @@ class AdapterError(ValueError):
         super().__init__(f"{param}: {message}" if param else message)
         self.param = param
         self.message = message
+
+
+def checked_model(body: Any, refuse: Callable[[dict[str, Any]], None]) -> str:
+    """The request's model name, after checking the body is an object and has nothing `refuse` rejects."""
+    if not isinstance(body, dict):
+        raise AdapterError("", "the request body must be a JSON object")
+    refuse(body)
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise AdapterError("model", "a model name (string) is required")
+    return model
 
 
 def ask_stream(body: dict[str, Any], chat: dict[str, Any]) -> None:

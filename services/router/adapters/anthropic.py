@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from services.router.adapters import AdapterError, ask_stream, text_parts
+from services.router.adapters import AdapterError, ask_stream, checked_model, text_parts
 
 _json = msgspec.json.Encoder()
 _STOP_REASONS = {"length": "max_tokens", "content_filter": "refusal", "tool_calls": "tool_use"}
@@ -20,12 +20,7 @@ _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 402: 
 
 def messages_to_chat(body: dict[str, Any]) -> dict[str, Any]:
     """A Messages request body as a chat completions body; AdapterError names what cannot be carried."""
-    if not isinstance(body, dict):
-        raise AdapterError("", "the request body must be a JSON object")
-    _refuse_unsupported(body)
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise AdapterError("model", "a model name (string) is required")
+    model = checked_model(body, _refuse_unsupported)
     max_tokens = body.get("max_tokens")
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise AdapterError("max_tokens", "is required: an integer >= 1")

@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from services.router.adapters import AdapterError, ask_stream, text_parts
+from services.router.adapters import AdapterError, ask_stream, checked_model, text_parts
 
 _json = msgspec.json.Encoder()
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system",
@@ -19,12 +19,7 @@ _TEXT_PARTS = ("input_text", "output_text")
 
 def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
     """A Responses request body as a chat completions body; AdapterError names what cannot be carried."""
-    if not isinstance(body, dict):
-        raise AdapterError("", "the request body must be a JSON object")
-    _refuse_unsupported(body)
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise AdapterError("model", "a model name (string) is required")
+    model = checked_model(body, _refuse_unsupported)
     messages: list[dict[str, Any]] = []
     instructions = body.get("instructions")
     if instructions is not None:
