@@ -1,36 +1,15 @@
-"""Builds one rank's backend from the config and the checkpoint (what `__main__` wires together)."""
+"""Builds one rank's backend from the config and the checkpoint (what the engine launcher wires
+together): a pure factory; what is read from the checkpoint's files lives in model_files.py."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from services.engine.backend import Backend
 from services.engine.config import EngineConfig
+from services.engine.model_files import eos_token_id, kv_bytes_per_block, model_config
 
 SIM_MAX_MODEL_LEN = 4096
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
-def eos_token_id(checkpoint: Path, tokenizer: Any = None) -> int | None:
-    """The tokenizer's EOS id (what vLLM's input processor uses), else the model config's."""
-    from tokenizers import Tokenizer
-
-    eos = _read_json(checkpoint / "tokenizer_config.json").get("eos_token")
-    if isinstance(eos, dict):
-        eos = eos.get("content")
-    if isinstance(eos, str):
-        tokenizer = tokenizer or Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
-        token_id = tokenizer.token_to_id(eos)
-        if token_id is not None:
-            return int(token_id)
-    fallback = _read_json(checkpoint / "config.json").get("eos_token_id")
-    if isinstance(fallback, list):
-        fallback = fallback[0] if fallback else None
-    return int(fallback) if fallback is not None else None
 
 
 def build_backend(config: EngineConfig) -> tuple[Backend, int]:
@@ -38,26 +17,26 @@ def build_backend(config: EngineConfig) -> tuple[Backend, int]:
     import checkpoints
 
     path = checkpoints.resolve(config.model, weights=config.backend == "vllm")
-    model_config = _read_json(path / "config.json")
-    vocab_size = int(model_config["vocab_size"])
+    config_json = model_config(path)
+    vocab_size = int(config_json["vocab_size"])
     if config.backend == "vllm":
         from services.engine.backends.vllm import VllmBackend
 
         return VllmBackend(config, path), vocab_size
-    return _build_sim(config, path, model_config), vocab_size
+    return _build_sim(config, path, config_json), vocab_size
 
 
-def _build_sim(config: EngineConfig, path: Path, model_config: dict[str, Any]) -> Backend:
+def _build_sim(config: EngineConfig, path: Path, config_json: dict[str, Any]) -> Backend:
     from tokenizers import Tokenizer
 
     from services.engine.backends.sim import SimBackend, SimConfig
 
     max_len = config.max_model_len or min(
-        int(model_config.get("max_position_embeddings", SIM_MAX_MODEL_LEN)), SIM_MAX_MODEL_LEN
+        int(config_json.get("max_position_embeddings", SIM_MAX_MODEL_LEN)), SIM_MAX_MODEL_LEN
     )
     num_blocks = config.sim_num_kv_blocks
     if config.kv_cache_bytes is not None:
-        num_blocks = max(1, config.kv_cache_bytes // kv_bytes_per_block(model_config, config.block_size or 16))
+        num_blocks = max(1, config.kv_cache_bytes // kv_bytes_per_block(config_json, config.block_size or 16))
     sim = SimConfig(
         block_size=config.block_size or 16,
         num_kv_blocks=num_blocks,
@@ -77,11 +56,3 @@ def _build_sim(config: EngineConfig, path: Path, model_config: dict[str, Any]) -
     regular = tokenizer.get_vocab_size(with_added_tokens=False)
     return SimBackend(sim, model=config.model, vocab_size=regular,
                       eos_token_id=eos_token_id(path, tokenizer))
-
-
-def kv_bytes_per_block(model_config: dict[str, Any], block_size: int) -> int:
-    """K and V, every layer, bf16: what one block of the real model would hold."""
-    heads = int(model_config.get("num_key_value_heads", model_config.get("num_attention_heads", 1)))
-    head_dim = int(model_config.get("head_dim") or
-                   model_config["hidden_size"] // model_config["num_attention_heads"])
-    return 2 * int(model_config["num_hidden_layers"]) * heads * head_dim * 2 * block_size

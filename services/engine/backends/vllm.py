@@ -23,7 +23,7 @@ from services.engine.backend import (
     UtilityUnsupported,
 )
 from services.engine.config import EngineConfig
-from services.engine.wiring import eos_token_id
+from services.engine.model_files import eos_token_id
 
 # In-process engine core: vLLM must not spawn its own engine process or talk over its own sockets.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
