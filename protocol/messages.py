@@ -5,13 +5,16 @@ broke. Hello and Reject are frozen across majors so a peer of any version can be
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar, Union, get_args
 
 import msgspec
 
 
 class _Wire(msgspec.Struct, array_like=True, frozen=True):
-    """Base: positional msgpack array; missing trailing fields get defaults, extra ones are ignored."""
+    """Base: positional msgpack array; missing trailing fields get defaults, extra ones are ignored.
+
+    Subclasses repeat `frozen=True`: msgspec inherits it, but type checkers (dataclass_transform)
+    read only a class's own keywords."""
 
     TAG: ClassVar[int] = 0
 
@@ -23,7 +26,7 @@ class _Item(msgspec.Struct, array_like=True, gc=False):
 # ---- handshake ---------------------------------------------------------------------------------
 
 
-class Hello(_Wire):
+class Hello(_Wire, frozen=True):
     """frontend -> engine, first message on a connection. Frozen prefix across majors."""
 
     TAG: ClassVar[int] = 1
@@ -34,7 +37,7 @@ class Hello(_Wire):
     auth_token: str | None = None
 
 
-class Ready(_Wire):
+class Ready(_Wire, frozen=True):
     """engine -> frontend: handshake accepted; what the frontend needs to place and validate work."""
 
     TAG: ClassVar[int] = 2
@@ -51,7 +54,7 @@ class Ready(_Wire):
     minor: int = 0
 
 
-class Reject(_Wire):
+class Reject(_Wire, frozen=True):
     """engine -> frontend: handshake refused. Frozen across majors."""
 
     TAG: ClassVar[int] = 3
@@ -59,7 +62,7 @@ class Reject(_Wire):
     reason: str
 
 
-class Heartbeat(_Wire):
+class Heartbeat(_Wire, frozen=True):
     """frontend -> engine liveness ping; any message from a peer also counts as a sign of life."""
 
     TAG: ClassVar[int] = 4
@@ -70,7 +73,9 @@ class Heartbeat(_Wire):
 # ---- requests ----------------------------------------------------------------------------------
 
 
-class SamplingParams(_Item, frozen=True):
+class SamplingParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
+    """_Item's settings, frozen: a type checker refuses a frozen subclass of a mutable base."""
+
     max_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
@@ -86,7 +91,7 @@ class SamplingParams(_Item, frozen=True):
     repetition_penalty: float = 1.0
 
 
-class GenerateRequest(_Wire):
+class GenerateRequest(_Wire, frozen=True):
     TAG: ClassVar[int] = 5
     request_id: str
     prompt_token_ids: list[int]
@@ -98,12 +103,12 @@ class GenerateRequest(_Wire):
     pinned_rank: int | None = None
 
 
-class Abort(_Wire):
+class Abort(_Wire, frozen=True):
     TAG: ClassVar[int] = 6
     request_ids: list[str]
 
 
-class UtilityCall(_Wire):
+class UtilityCall(_Wire, frozen=True):
     """An allowlisted engine operation by name; unknown names get an error result."""
 
     TAG: ClassVar[int] = 7
@@ -112,7 +117,7 @@ class UtilityCall(_Wire):
     args: dict[str, Any] = {}
 
 
-class UtilityResult(_Wire):
+class UtilityResult(_Wire, frozen=True):
     TAG: ClassVar[int] = 8
     call_id: int
     ok: bool
@@ -152,7 +157,7 @@ class RequestOutput(_Item):
 ERROR_INVALID, ERROR_DRAINING, ERROR_ENGINE = "invalid", "draining", "engine"
 
 
-class Outputs(_Wire):
+class Outputs(_Wire, frozen=True):
     """Everything one engine step produced for one frontend."""
 
     TAG: ClassVar[int] = 9
@@ -162,7 +167,7 @@ class Outputs(_Wire):
     timestamp: float = 0.0
 
 
-class Stats(_Wire):
+class Stats(_Wire, frozen=True):
     """engine heartbeat and load report, about every 100 ms, also when idle. seq orders snapshots."""
 
     TAG: ClassVar[int] = 10
@@ -179,7 +184,7 @@ class Stats(_Wire):
     session_epoch: str = ""
 
 
-class EngineDead(_Wire):
+class EngineDead(_Wire, frozen=True):
     TAG: ClassVar[int] = 11
     rank: int
     reason: str
@@ -188,7 +193,7 @@ class EngineDead(_Wire):
 # ---- KV-cache events (PUB socket) -------------------------------------------------------------
 
 
-class BlockStored(_Wire):
+class BlockStored(_Wire, frozen=True):
     """Full blocks now cached. Hashes are protocol.block_hash chain values, computable by anyone."""
 
     TAG: ClassVar[int] = 12
@@ -201,20 +206,20 @@ class BlockStored(_Wire):
     lora: str | None = None
 
 
-class BlockRemoved(_Wire):
+class BlockRemoved(_Wire, frozen=True):
     TAG: ClassVar[int] = 13
     rank: int
     seq: int
     block_hashes: list[int]
 
 
-class AllCleared(_Wire):
+class AllCleared(_Wire, frozen=True):
     TAG: ClassVar[int] = 14
     rank: int
     seq: int
 
 
-Message = Union[
+Message = Union[  # every message on the wire, in tag order
     Hello,
     Ready,
     Reject,
@@ -231,25 +236,9 @@ Message = Union[
     AllCleared,
 ]
 
-MESSAGE_TYPES: dict[int, type[_Wire]] = {
-    cls.TAG: cls
-    for cls in (
-        Hello,
-        Ready,
-        Reject,
-        Heartbeat,
-        GenerateRequest,
-        Abort,
-        UtilityCall,
-        UtilityResult,
-        Outputs,
-        Stats,
-        EngineDead,
-        BlockStored,
-        BlockRemoved,
-        AllCleared,
-    )
-}
+# The one list of messages: the union above; their tags come from the classes.
+MESSAGE_TYPES: dict[int, type[Message]] = {cls.TAG: cls for cls in get_args(Message)}
+assert len(MESSAGE_TYPES) == len(get_args(Message)), "two messages share a tag"
 
 # Nested structs: not messages themselves, but part of the schema lock.
 NESTED_TYPES: tuple[type[msgspec.Struct], ...] = (SamplingParams, Logprobs, RequestOutput)
