@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Literal
 
 Backend = Literal["vllm", "sim"]
@@ -83,36 +83,69 @@ def _require(ok: bool, flag: str, value: object, allowed: str) -> None:
         raise ValueError(f"{flag}={value!r} is invalid: allowed {allowed}")
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Adds "(default: X)" where there is a value to show; a flag without one says its default in words."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.required or action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """`engine --help`: defaults are EngineConfig's, written once there."""
+    d = {f.name: f.default for f in fields(EngineConfig)}
+    p = argparse.ArgumentParser(prog="engine", formatter_class=_HelpFormatter, description="Headless engine: "
+                                "a model behind the engine protocol (ZMQ ROUTER per rank + PUB for KV events and load).")
+    p.add_argument("--headless", action="store_true", help="accepted for vLLM parity; the engine is always headless")
+    p.add_argument("--model", required=True, help="'tiny' (built on first use) or a local checkpoint directory")
+    p.add_argument("--backend", choices=("vllm", "sim"), default="vllm",
+                   help="vllm: vLLM's EngineCore in-process; sim: the simulator (same protocol, a timing model)")
+    p.add_argument("--host", default=d["host"], help="address the ROUTER and PUB sockets bind")
+    p.add_argument("--port", type=int, default=d["port"], help="ROUTER port of the first local rank; rank i binds port + i")
+    p.add_argument("--pub-port", type=int, default=d["pub_port"],
+                   help="PUB port (KV events, load) of the first local rank; default: --port + 100")
+    p.add_argument("--data-parallel-size-local", type=int, default=d["data_parallel_size_local"],
+                   help="engine ranks this command starts, one process each")
+    p.add_argument("--data-parallel-start-rank", type=int, default=d["data_parallel_start_rank"],
+                   help="global rank of the first local rank")
+    p.add_argument("--max-model-len", type=int, default=d["max_model_len"],
+                   help="context length (prompt + output tokens); default: the model's, capped at 4096 for the sim")
+    p.add_argument("--kv-cache-bytes", type=int, default=d["kv_cache_bytes"],
+                   help="KV-cache size in bytes; default: vLLM's own sizing on GPUs,"
+                        " 64 MiB on CPUs, --sim-num-kv-blocks for the sim")
+    p.add_argument("--block-size", type=int, default=d["block_size"],
+                   help="tokens per KV block (8, 16, 32, 64 or 128); default: the backend's (vLLM picks per "
+                        "platform, sim 16)")
+    p.add_argument("--max-num-seqs", type=int, default=d["max_num_seqs"], help="most requests running at once")
+    p.add_argument("--max-num-batched-tokens", type=int, default=d["max_num_batched_tokens"],
+                   help="most tokens one engine step processes")
+    p.add_argument("--auth-token", default=d["auth_token"],
+                   help="a token frontends must send in their handshake; default: none asked")
+    p.add_argument("--heartbeat-interval", type=float, default=d["heartbeat_interval_s"], dest="heartbeat_interval_s",
+                   help="seconds between Stats heartbeats to every frontend, also when idle")
+    p.add_argument("--client-timeout", type=float, default=d["client_timeout_s"], dest="client_timeout_s",
+                   help="seconds a frontend may be silent before it counts as gone and its requests are aborted")
+    p.add_argument("--drain-timeout", type=float, default=d["drain_timeout_s"], dest="drain_timeout_s",
+                   help="on SIGTERM, seconds in-flight requests may still run before they are aborted")
+    p.add_argument("--stall-timeout", type=float, default=d["stall_timeout_s"], dest="stall_timeout_s",
+                   help="heartbeats stop (peers declare this rank dead) if one step runs longer than this")
+    p.add_argument("--seed", type=int, default=d["seed"], help="random seed of the backend")
+    p.add_argument("--sim-prefill-tps", type=float, default=d["sim_prefill_tps"],
+                   help="sim: prompt tokens processed per second")
+    p.add_argument("--sim-decode-ms", type=float, default=d["sim_decode_ms"], help="sim: base time of one decode step")
+    p.add_argument("--sim-decode-ms-per-seq", type=float, default=d["sim_decode_ms_per_seq"],
+                   help="sim: extra decode-step time per running request")
+    p.add_argument("--sim-instant", action="store_true", help="sim: steps take no time (the timing model is off)")
+    p.add_argument("--sim-eos-rate", type=float, default=d["sim_eos_rate"],
+                   help="sim: chance per generated token that it is EOS")
+    p.add_argument("--sim-num-kv-blocks", type=int, default=d["sim_num_kv_blocks"], help="sim: KV blocks in the pool")
+    p.add_argument("--sim-echo", action="store_true", help="sim: generate the prompt's tokens again")
+    return p
+
+
 def parse_args(argv: list[str] | None = None) -> EngineConfig:
-    p = argparse.ArgumentParser(prog="engine", description="Headless engine: a model behind the "
-                                "engine protocol (ZMQ ROUTER per rank + PUB for KV events and load).")
-    p.add_argument("--headless", action="store_true", help="accepted for vLLM parity; always headless")
-    p.add_argument("--model", required=True, help="'tiny' or a local checkpoint directory")
-    p.add_argument("--backend", choices=("vllm", "sim"), default="vllm")
-    p.add_argument("--host", default="0.0.0.0")
-    p.add_argument("--port", type=int, default=5555)
-    p.add_argument("--pub-port", type=int, default=None)
-    p.add_argument("--data-parallel-size-local", type=int, default=1)
-    p.add_argument("--data-parallel-start-rank", type=int, default=0)
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--kv-cache-bytes", type=int, default=None)
-    p.add_argument("--block-size", type=int, default=None)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    p.add_argument("--auth-token", default=None)
-    p.add_argument("--heartbeat-interval", type=float, default=0.1, dest="heartbeat_interval_s")
-    p.add_argument("--client-timeout", type=float, default=5.0, dest="client_timeout_s")
-    p.add_argument("--drain-timeout", type=float, default=30.0, dest="drain_timeout_s")
-    p.add_argument("--stall-timeout", type=float, default=60.0, dest="stall_timeout_s",
-                   help="heartbeats stop (peers declare this rank dead) if one step runs longer")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--sim-prefill-tps", type=float, default=20000.0)
-    p.add_argument("--sim-decode-ms", type=float, default=10.0)
-    p.add_argument("--sim-decode-ms-per-seq", type=float, default=0.05)
-    p.add_argument("--sim-instant", action="store_true")
-    p.add_argument("--sim-eos-rate", type=float, default=0.0)
-    p.add_argument("--sim-num-kv-blocks", type=int, default=4096)
-    p.add_argument("--sim-echo", action="store_true", help="sim generates its prompt's tokens again")
+    p = build_parser()
     ns = vars(p.parse_args(argv))
     ns.pop("headless")
     try:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,29 +56,54 @@ def _require(ok: bool, flag: str, value: object, allowed: str) -> None:
         raise ValueError(f"{flag}={value!r} is invalid: allowed {allowed}")
 
 
-def parse_args(argv: list[str] | None = None) -> FrontendConfig:
-    p = argparse.ArgumentParser(prog="frontend", description="OpenAI-compatible HTTP server over "
-                                "headless engines (engine protocol over ZMQ).")
-    p.add_argument("--model", required=True, help="'tiny' or a local checkpoint directory")
-    p.add_argument("--host", default="0.0.0.0")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--served-model-name", default=None)
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Adds "(default: X)" where there is a value to show; a flag without one says its default in words."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.required or action.default is None or action.default is False or action.default in ("", []):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """`frontend --help`: defaults are FrontendConfig's, written once there."""
+    d = {f.name: f.default for f in fields(FrontendConfig)}
+    p = argparse.ArgumentParser(prog="frontend", formatter_class=_HelpFormatter, description="OpenAI-compatible "
+                                "HTTP server over headless engines (engine protocol over ZMQ).")
+    p.add_argument("--model", required=True, help="'tiny' (built on first use) or a local checkpoint directory")
+    p.add_argument("--host", default=d["host"], help="address the HTTP server binds")
+    p.add_argument("--port", type=int, default=d["port"], help="port the HTTP server listens on")
+    p.add_argument("--served-model-name", default=d["served_model_name"],
+                   help="the model id clients send and /v1/models lists; default: --model")
     p.add_argument("--data-parallel-size", type=int, default=None,
                    help="engines to wait for (default: --data-parallel-size-local, or the number of "
                         "--engine-addresses)")
-    p.add_argument("--data-parallel-size-local", type=int, default=1,
+    p.add_argument("--data-parallel-size-local", type=int, default=d["data_parallel_size_local"],
                    help="engines to start here; 0 = connect to --engine-addresses only")
-    p.add_argument("--engine-addresses", default="", help="comma-separated tcp://HOST:PORT, rank order")
-    p.add_argument("--backend", choices=("vllm", "sim"), default="vllm", help="for engines started here")
-    p.add_argument("--engine-port", type=int, default=5555, help="first port for engines started here")
+    p.add_argument("--engine-addresses", default="",
+                   help="comma-separated tcp://HOST:PORT of the engine ranks, in rank order (with "
+                        "--data-parallel-size-local 0)")
+    p.add_argument("--backend", choices=("vllm", "sim"), default=d["backend"], help="for engines started here")
+    p.add_argument("--engine-port", type=int, default=d["engine_port"], help="first port for engines started here")
     p.add_argument("--engine-arg", action="append", default=[], dest="engine_args",
                    help="extra flag for engines started here (repeatable), e.g. --engine-arg=--sim-instant")
-    p.add_argument("--auth-token", default=None)
-    p.add_argument("--handshake-timeout", type=float, default=600.0, dest="handshake_timeout_s")
-    p.add_argument("--engine-timeout", type=float, default=2.0, dest="engine_timeout_s")
-    p.add_argument("--max-body-bytes", type=int, default=4 * 2**20)
-    p.add_argument("--api-server-count", type=int, default=1)
-    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.add_argument("--auth-token", default=d["auth_token"],
+                   help="token sent in every engine handshake (the engines' --auth-token); default: none")
+    p.add_argument("--handshake-timeout", type=float, default=d["handshake_timeout_s"], dest="handshake_timeout_s",
+                   help="seconds start-up waits for every engine to be ready before the process exits 1")
+    p.add_argument("--engine-timeout", type=float, default=d["engine_timeout_s"], dest="engine_timeout_s",
+                   help="seconds an engine may be silent before it is dead and its requests fail")
+    p.add_argument("--max-body-bytes", type=int, default=d["max_body_bytes"],
+                   help="largest request body accepted; larger ones get 413")
+    p.add_argument("--api-server-count", type=int, default=d["api_server_count"],
+                   help="HTTP server processes sharing the port (SO_REUSEPORT), each with its own engine links")
+    p.add_argument("--log-level", default=d["log_level"], choices=("debug", "info", "warning", "error"),
+                   help="log level of every process started")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> FrontendConfig:
+    p = build_parser()
     ns = vars(p.parse_args(argv))
     addresses = tuple(a.strip() for a in ns.pop("engine_addresses").split(",") if a.strip())
     local = ns["data_parallel_size_local"]

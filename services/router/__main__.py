@@ -12,12 +12,20 @@ from services.router.config import ConfigError, load_config
 from services.router.server import run, run_loop
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="router", description="The public entry of the fleet: API keys, "
                                      "model selection by signals and decisions, replica scheduling.")
-    parser.add_argument("--config", required=True, type=Path, help="router YAML (docs/router-config.md)")
-    parser.add_argument("--port", type=int, help="serve the first listener on this port instead")
-    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    parser.add_argument("--config", required=True, type=Path,
+                        help="router YAML: listeners, pools, entries (docs/router-config.md); validated at start")
+    parser.add_argument("--port", type=int,
+                        help="serve the first listener on this port instead of its configured one; default: the config's")
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
+                        help="log level (default: info)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
