@@ -15,9 +15,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import checkpoints  # noqa: E402
-from timing import per_call_us  # noqa: E402
-from services.frontend.chat_template import ChatTemplate, _copy  # noqa: E402
+from timing import per_call_us
+
+import checkpoints
+from services.frontend.chat_template import ChatTemplate, _copy
 
 
 def _tool(name: str, description: str) -> dict[str, Any]:

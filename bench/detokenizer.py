@@ -15,12 +15,12 @@ from pathlib import Path
 # Runnable as a plain script from a checkout that is not pip-installed.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tokenizers import Tokenizer  # noqa: E402
-from tokenizers.decoders import DecodeStream  # noqa: E402
+from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
 
-import checkpoints  # noqa: E402
-from services.frontend.detokenizer import IncrementalDetokenizer, warm_up  # noqa: E402
-from services.frontend.stop_strings import StopChecker  # noqa: E402
+import checkpoints
+from services.frontend.detokenizer import IncrementalDetokenizer, warm_up
+from services.frontend.stop_strings import StopChecker
 
 PARAGRAPHS = (
     "Serving large language models means streaming text one token at a time to many clients. ",

@@ -16,8 +16,9 @@ import msgpack
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from protocol import GenerateRequest, Outputs, RequestOutput, SamplingParams, decode, encode  # noqa: E402
-from timing import per_call_us  # noqa: E402
+from timing import per_call_us
+
+from protocol import GenerateRequest, Outputs, RequestOutput, SamplingParams, decode, encode
 
 
 @dataclass(slots=True)

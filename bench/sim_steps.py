@@ -13,8 +13,8 @@ from pathlib import Path
 # Runnable as a plain script from a checkout that is not pip-installed.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from protocol import GenerateRequest, SamplingParams  # noqa: E402
-from services.engine.backends.sim import SimBackend, SimConfig  # noqa: E402
+from protocol import GenerateRequest, SamplingParams
+from services.engine.backends.sim import SimBackend, SimConfig
 
 
 def build(seqs: int, prompt_len: int) -> SimBackend:

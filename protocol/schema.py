@@ -164,8 +164,11 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"wrote {LOCK_PATH} fingerprint {write_lock()['fingerprint']}")
         return 0
-    problems = ["no schema.lock.json"] if lock is None else check(lock, now)
-    print("\n".join(problems) or f"schema matches lock ({lock['fingerprint']})")  # type: ignore[index]
+    if lock is None:
+        print("no schema.lock.json")
+        return 1
+    problems = check(lock, now)
+    print("\n".join(problems) or f"schema matches lock ({lock['fingerprint']})")
     return 1 if problems else 0
 
 

@@ -91,8 +91,8 @@ class Bridge:
                     if now - self.loop_alive_at < self._stall_timeout:
                         seq += 1
                         header, body = encode(Heartbeat(seq, time.time()))
-                        for identity in self.peers:
-                            router.send_multipart([identity, header, body])
+                        for peer in self.peers:
+                            router.send_multipart([peer, header, body])
                 if router in events:
                     while True:
                         try:

@@ -95,14 +95,15 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def build_parser() -> argparse.ArgumentParser:
     """`engine --help`: defaults are EngineConfig's, written once there."""
     d = {f.name: f.default for f in fields(EngineConfig)}
-    p = argparse.ArgumentParser(prog="engine", formatter_class=_HelpFormatter, description="Headless engine: "
-                                "a model behind the engine protocol (ZMQ ROUTER per rank + PUB for KV events and load).")
+    p = argparse.ArgumentParser(prog="engine", formatter_class=_HelpFormatter, description="Headless engine: a "
+                                "model behind the engine protocol (ZMQ ROUTER per rank + PUB for KV events and load).")
     p.add_argument("--headless", action="store_true", help="accepted for vLLM parity; the engine is always headless")
     p.add_argument("--model", required=True, help="'tiny' (built on first use) or a local checkpoint directory")
     p.add_argument("--backend", choices=("vllm", "sim"), default="vllm",
                    help="vllm: vLLM's EngineCore in-process; sim: the simulator (same protocol, a timing model)")
     p.add_argument("--host", default=d["host"], help="address the ROUTER and PUB sockets bind")
-    p.add_argument("--port", type=int, default=d["port"], help="ROUTER port of the first local rank; rank i binds port + i")
+    p.add_argument("--port", type=int, default=d["port"],
+                   help="ROUTER port of the first local rank; rank i binds port + i")
     p.add_argument("--pub-port", type=int, default=d["pub_port"],
                    help="PUB port (KV events, load) of the first local rank; default: --port + 100")
     p.add_argument("--data-parallel-size-local", type=int, default=d["data_parallel_size_local"],

@@ -101,7 +101,7 @@ class CoreLoop:
                     next_beat = now + interval
                 if self._drain_requested and self._drain_deadline is None:
                     self._start_drain(now)
-                if self._drain_deadline is not None and self._drain_finished(now):
+                if self._drain_deadline is not None and self._drain_finished(now, self._drain_deadline):
                     return 0
                 # 3. One engine step, its outputs delivered when its (simulated) time is up.
                 if self._busy():
@@ -128,8 +128,8 @@ class CoreLoop:
                  self.rank, self._peers.in_flight(), self.config.drain_timeout_s)
         self._heartbeat(now)  # tell peers at once (Stats.draining) rather than at the next beat
 
-    def _drain_finished(self, now: float) -> bool:
-        if self._peers.in_flight() and now < self._drain_deadline:  # type: ignore[operator]
+    def _drain_finished(self, now: float, deadline: float) -> bool:
+        if self._peers.in_flight() and now < deadline:
             return False
         left = self._peers.all_requests()
         if left:
@@ -183,9 +183,9 @@ class CoreLoop:
 
     def _on_hello(self, identity: bytes, raw: list[Any], major: int, minor: int, now: float) -> None:
         if major != MAJOR:
-            reject = version_reject(major, minor)
-            log.warning("rank %d refused handshake from %r: %s", self.rank, identity, reject.reason)
-            self._send(identity, reject)
+            refusal = version_reject(major, minor)
+            log.warning("rank %d refused handshake from %r: %s", self.rank, identity, refusal.reason)
+            self._send(identity, refusal)
             return
         try:
             hello = decode(raw)
@@ -261,8 +261,9 @@ class CoreLoop:
             # The backend emits nothing for aborted requests; the finish comes from here.
             outs = []
             for i in known:
-                _, request_id = self._peers.release(i)  # type: ignore[misc]
-                outs.append(RequestOutput(request_id, [], "abort"))
+                released = self._peers.release(i)
+                assert released is not None  # known: every one has an owner
+                outs.append(RequestOutput(released[1], [], "abort"))
             self._send_outputs(peer, outs)
 
     def _on_utility(self, call: UtilityCall) -> UtilityResult:

@@ -5,6 +5,7 @@ name the peer too; outputs are mapped back here in one dict lookup each.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 
@@ -26,7 +27,7 @@ class Peers:
     def __len__(self) -> int:
         return len(self._by_identity)
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[Peer]:
         return iter(list(self._by_identity.values()))
 
     def get(self, identity: bytes) -> Peer | None:

@@ -7,8 +7,6 @@ from typing import Any
 
 import pytest
 
-
-
 # vllm's import trips torch's `reduce_op` FutureWarning, which the project's
 # warnings-as-errors setting would turn into a test error.
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")

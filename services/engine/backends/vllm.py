@@ -28,14 +28,14 @@ from services.engine.model_files import eos_token_id
 # In-process engine core: vLLM must not spawn its own engine process or talk over its own sockets.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-import vllm  # noqa: E402
-from vllm.config import KVEventsConfig  # noqa: E402
-from vllm.distributed import kv_events as vllm_kv  # noqa: E402
-from vllm.engine.arg_utils import EngineArgs  # noqa: E402
-from vllm.sampling_params import RequestOutputKind, SamplingParams  # noqa: E402
-from vllm.v1.engine import EngineCoreRequest  # noqa: E402
-from vllm.v1.engine.core import EngineCore  # noqa: E402
-from vllm.v1.executor.abstract import Executor  # noqa: E402
+import vllm
+from vllm.config import KVEventsConfig
+from vllm.distributed import kv_events as vllm_kv
+from vllm.engine.arg_utils import EngineArgs
+from vllm.sampling_params import RequestOutputKind, SamplingParams
+from vllm.v1.engine import EngineCoreRequest
+from vllm.v1.engine.core import EngineCore
+from vllm.v1.executor.abstract import Executor
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class VllmBackend:
         vllm_config = args.create_engine_config()
         self._core = EngineCore(vllm_config, Executor.get_class(vllm_config), log_stats=False)
         self._events = _CapturePublisher()
-        self._core.scheduler.kv_event_publisher = self._events  # type: ignore[attr-defined]
+        self._core.scheduler.kv_event_publisher = self._events
         model_config = vllm_config.model_config
         self._generation_config = model_config.try_get_generation_config()
         # As vLLM's own input processor does: the tokenizer's EOS, plus generation_config's extra ones.

@@ -207,6 +207,7 @@ class SimBackend:
         finish: str | None = None
         stop_reason: int | None = None
         if may_stop and req.eos_rate and rand() < req.eos_rate:
+            assert self._eos is not None  # eos_rate is 0 without an EOS token (__init__)
             token = self._eos
             finish = "stop"
         else:
@@ -220,7 +221,7 @@ class SimBackend:
             if stops is not None and may_stop and token in stops:
                 finish = "stop"
                 stop_reason = token
-        tokens.append(token)  # type: ignore[arg-type]
+        tokens.append(token)
         if finish is None and num_tokens + 1 >= req.max_len:
             finish = "length"
         return RequestOutput(req.request_id, [token], finish, stop_reason, req.num_cached_tokens)

@@ -60,9 +60,8 @@ def _int_at_least(name: str, value: object, low: int) -> None:
 def _float_in(
     name: str, value: object, low: float, high: float, *, low_open: bool = False
 ) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if ok:
-        ok = (value > low if low_open else value >= low) and value <= high  # type: ignore[operator]
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+          and (value > low if low_open else value >= low) and value <= high)
     if not ok:
         bracket = "(" if low_open else "["
         upper = "inf)" if high == float("inf") else f"{high}]"
