@@ -7,10 +7,8 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from services.router.replicas import Replica
+from services.router.replica import Replica
 
 
 class _Node:
