@@ -18,7 +18,12 @@ from services.router.config import (
 from services.router.decisions import Decision, decide
 from services.router.policies import build_policy
 from services.router.replicas import Pool
-from services.router.signals import SignalResult, evaluate, request_text, tokenizer_counter
+from services.router.signals import (
+    SignalResult,
+    evaluate,
+    request_text,
+    tokenizer_counter,
+)
 
 log = logging.getLogger(__name__)
 
