@@ -1,6 +1,6 @@
-"""Calls to replicas from the router process: one shared aiohttp session (keep-alive connections per
-replica), responses opened so bytes pass through as they arrive, and the rule for what may be retried
-(nothing reached the client yet).
+"""The router process's calls to replicas over aiohttp (the `Upstream` port of upstream.py): one
+shared session (keep-alive connections per replica), responses opened so bytes pass through as they
+arrive, and 5xx/429 heads raised as UpstreamError, which may be retried (nothing reached the client yet).
 
 aiohttp rather than httpx: httpcore's pool walks every pooled connection (a poll() each) on every
 request, which made it most of the router's CPU at 64 concurrent requests (encode/httpcore#1035).
@@ -12,22 +12,13 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 
-# Errors of a replica or the network while a response is read: the stream broke off.
-READ_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
+from services.router.upstream import READ_ERRORS, UpstreamError
 
 
-class UpstreamError(Exception):
-    """The replica failed before any response byte: safe to retry on another replica."""
+class AiohttpResponse:
+    """An upstream response whose head has arrived (the `UpstreamResponse` port)."""
 
-    def __init__(self, url: str, message: str) -> None:
-        super().__init__(f"{url}: {message}")
-        self.url = url
-
-
-class Response:
-    """An upstream response whose head has arrived; the body is read or streamed, then closed."""
-
-    __slots__ = ("_raw", "status", "content_type", "url")
+    __slots__ = ("_raw", "content_type", "status", "url")
 
     def __init__(self, raw: aiohttp.ClientResponse) -> None:
         self._raw = raw
@@ -52,7 +43,7 @@ class Response:
             self._raw.close()
 
 
-class Upstream:
+class AiohttpUpstream:
     def __init__(self) -> None:
         # limit=0: no pool-wide cap; the router's per-replica in-flight cap bounds connections.
         self.session = aiohttp.ClientSession(
@@ -60,7 +51,7 @@ class Upstream:
             auto_decompress=False, skip_auto_headers=("User-Agent",))
 
     async def open(self, base_url: str, path: str, body: bytes, *, api_key: str | None,
-                   timeout_s: float) -> Response:
+                   timeout_s: float) -> AiohttpResponse:
         """POST and wait for the response head. Connection errors and 5xx/429 heads raise
         UpstreamError (retryable); other statuses are returned for the caller to pass on.
         `timeout_s` bounds the wait for the head and then each read (a stalled stream)."""
@@ -83,7 +74,7 @@ class Upstream:
             finally:
                 raw.close()
             raise UpstreamError(base_url, f"HTTP {raw.status}: {detail}")
-        return Response(raw)
+        return AiohttpResponse(raw)
 
     async def get_ok(self, url: str, timeout_s: float, *, api_key: str | None = None) -> tuple[bool, str]:
         """An active health check: any status below 400 passes."""
