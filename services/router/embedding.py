@@ -107,7 +107,8 @@ class Embedder:
             scores = query @ key.transpose(0, 1, 3, 2) / math.sqrt(head_dim) + bias
             scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
             scores /= scores.sum(axis=-1, keepdims=True)
-            context = (scores @ heads(x, p + "attention.self.value")).transpose(0, 2, 1, 3).reshape(batch, length, width)
+            value = heads(x, p + "attention.self.value")
+            context = (scores @ value).transpose(0, 2, 1, 3).reshape(batch, length, width)
             x = self._norm(x + self._linear(context, p + "attention.output.dense"), p + "attention.output.LayerNorm")
             inner = _gelu(self._linear(x, p + "intermediate.dense"))
             x = self._norm(x + self._linear(inner, p + "output.dense"), p + "output.LayerNorm")

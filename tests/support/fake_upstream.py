@@ -113,7 +113,8 @@ def chunk_events(pieces: list[str], finish: str = "stop", *, done: bool = True) 
 
     events = [event([{"index": 0, "delta": {"content": p}, "finish_reason": None}]) for p in pieces]
     events.append(event([{"index": 0, "delta": {}, "finish_reason": finish}]))
-    events.append(event([], usage={"prompt_tokens": 3, "completion_tokens": len(pieces), "total_tokens": 3 + len(pieces)}))
+    usage = {"prompt_tokens": 3, "completion_tokens": len(pieces), "total_tokens": 3 + len(pieces)}
+    events.append(event([], usage=usage))
     if done:
         events.append(b"data: [DONE]\n\n")
     return tuple(events)
