@@ -98,15 +98,17 @@ class Embedder:
         for i in range(self.layers):
             p = f"encoder.layer.{i}."
 
-            def heads(name: str) -> np.ndarray:
-                y = self._linear(x, p + f"attention.self.{name}")
+            def heads(x: np.ndarray, name: str) -> np.ndarray:
+                y = self._linear(x, name)
                 # Contiguous, so the per-head products below take the BLAS path.
                 return np.ascontiguousarray(y.reshape(batch, length, self.heads, head_dim).transpose(0, 2, 1, 3))
 
-            scores = heads("query") @ heads("key").transpose(0, 1, 3, 2) / math.sqrt(head_dim) + bias
+            query, key = heads(x, p + "attention.self.query"), heads(x, p + "attention.self.key")
+            scores = query @ key.transpose(0, 1, 3, 2) / math.sqrt(head_dim) + bias
             scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
             scores /= scores.sum(axis=-1, keepdims=True)
-            context = (scores @ heads("value")).transpose(0, 2, 1, 3).reshape(batch, length, width)
+            value = heads(x, p + "attention.self.value")
+            context = (scores @ value).transpose(0, 2, 1, 3).reshape(batch, length, width)
             x = self._norm(x + self._linear(context, p + "attention.output.dense"), p + "attention.output.LayerNorm")
             inner = _gelu(self._linear(x, p + "intermediate.dense"))
             x = self._norm(x + self._linear(inner, p + "output.dense"), p + "output.LayerNorm")

@@ -76,7 +76,7 @@ class HealthChecker:
             log.warning("pool %s: cannot resolve %s (%s); keeping %d replica(s)", name, dns.name, exc,
                         len(self.pools[name].replicas))
             return
-        urls = sorted({replica_url(dns.scheme, info[4][0], dns.port) for info in infos})
+        urls = sorted({replica_url(dns.scheme, str(info[4][0]), dns.port) for info in infos})
         pool = self.pools[name]
         if urls != [r.url for r in pool.replicas]:
             log.info("pool %s: %s resolves to %s", name, dns.name, ", ".join(urls) or "nothing")

@@ -10,24 +10,9 @@ from typing import Any
 
 from services.router.policies import Policy
 from services.router.policies.least_outstanding import LeastOutstanding
+from services.router.replica import CLOSED, HALF_OPEN, OPEN, Replica
 
-CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
-
-
-@dataclass(slots=True, eq=False)
-class Replica:
-    url: str
-    outstanding_bytes: int = 0  # request bytes sent and not yet finished
-    inflight: int = 0
-    last_assigned: float = 0.0  # pool-wide sequence number of its latest lease; 0: never
-    healthy: bool = True  # the latest active check passed, or there was none yet
-    health_detail: str = ""
-    breaker: str = CLOSED  # OPEN turns HALF_OPEN lazily, when the pool next looks at it
-    request_failures: int = 0  # consecutive
-    health_failures: int = 0  # consecutive
-    opened_at: float = 0.0
-    opened_by_health: bool = False  # only failed health checks opened the breaker (no request failed)
-    probe_inflight: bool = False
+__all__ = ["CLOSED", "HALF_OPEN", "OPEN", "Lease", "NoReplica", "Overloaded", "Pool", "Replica"]
 
 
 @dataclass(slots=True, frozen=True)

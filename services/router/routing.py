@@ -16,11 +16,14 @@ from services.router.config import (
     WeightedAlgorithm,
 )
 from services.router.decisions import Decision, decide
-from services.router.policies.cache_aware import CacheAware
-from services.router.policies.least_outstanding import LeastOutstanding
-from services.router.policies.round_robin import RoundRobin
+from services.router.policies import build_policy
 from services.router.replicas import Pool
-from services.router.signals import SignalResult, evaluate, request_text, tokenizer_counter
+from services.router.signals import (
+    SignalResult,
+    evaluate,
+    request_text,
+    tokenizer_counter,
+)
 
 log = logging.getLogger(__name__)
 
@@ -94,16 +97,7 @@ class Router:
 
 
 def _build_pool(config: PoolConfig) -> Pool:
-    if config.policy == "cache_aware":
-        c = config.cache_aware
-        policy: Any = CacheAware(cache_threshold=c.cache_threshold, balance_abs=c.balance_abs,
-                                 balance_rel=c.balance_rel, max_tree_chars=c.max_tree_chars,
-                                 eviction_s=c.eviction_s)
-    elif config.policy == "round_robin":
-        policy = RoundRobin()
-    else:
-        policy = LeastOutstanding()
     urls = [r.url for r in config.replicas]
-    return Pool(config.name, urls, policy=policy, max_inflight=config.max_inflight,
+    return Pool(config.name, urls, policy=build_policy(config), max_inflight=config.max_inflight,
                 failures=config.breaker.failures, cooldown_s=config.breaker.cooldown_s,
                 unhealthy_after=config.health.failures)

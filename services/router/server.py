@@ -13,12 +13,12 @@ from typing import Any
 
 import uvicorn
 
+from services.router.aiohttp_upstream import AiohttpUpstream
 from services.router.app import RouterApp
 from services.router.config import RouterConfig
 from services.router.health import HealthChecker
 from services.router.metrics import RouterMetrics
 from services.router.routing import Router
-from services.router.upstream import Upstream
 
 log = logging.getLogger("router")
 
@@ -27,7 +27,7 @@ async def run(config: RouterConfig) -> int:
     router = Router(config)
     # Tokenizers and the embedding model load before the first request, never during one.
     await asyncio.to_thread(router.load_models)
-    upstream = Upstream()
+    upstream = AiohttpUpstream()
     checker = HealthChecker(config, router.pools, upstream)
     await checker.resolve_all()
     app = RouterApp(config, router, upstream, RouterMetrics(router.pools))

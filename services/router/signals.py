@@ -15,7 +15,13 @@ from tokenizers import Tokenizer
 
 import checkpoints
 from services.router.config import (
-    ContextLengthSignal, EmbeddingSignal, EntryConfig, KeywordSignal, RegexSignal, Signal)
+    ContextLengthSignal,
+    EmbeddingSignal,
+    EntryConfig,
+    KeywordSignal,
+    RegexSignal,
+    Signal,
+)
 
 
 @dataclass(slots=True, frozen=True)

@@ -38,7 +38,7 @@ class SSEData:
                     events.append(b"\n".join(self._data))
                     self._data = []
             elif line.startswith(b"data"):
-                field, colon, value = line.partition(b":")
+                field, _, value = line.partition(b":")
                 if field == b"data":
                     self._data.append(value[1:] if value.startswith(b" ") else value)
             # `event:`, `id:`, `retry:` and `: comment` lines carry nothing the adapters use.

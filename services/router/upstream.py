@@ -1,106 +1,78 @@
-"""Calls to replicas from the router process: one shared aiohttp session (keep-alive connections per
-replica), responses opened so bytes pass through as they arrive, and the rule for what may be retried
-(nothing reached the client yet).
-
-aiohttp rather than httpx: httpcore's pool walks every pooled connection (a poll() each) on every
-request, which made it most of the router's CPU at 64 concurrent requests (encode/httpcore#1035).
-"""
+"""The router's port to its replicas (a `typing.Protocol`, so tests drive dispatch with a fake), the
+errors that tell a failed replica from a bad request, and the checks on what a replica answered.
+The aiohttp implementation is aiohttp_upstream.py; both run in the router process."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
 
 import aiohttp
+import msgspec
 
 # Errors of a replica or the network while a response is read: the stream broke off.
 READ_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 
+_decode = msgspec.json.Decoder()
+
 
 class UpstreamError(Exception):
-    """The replica failed before any response byte: safe to retry on another replica."""
+    """The replica failed before any response byte (safe to retry on another replica), or answered
+    something that is not what its API promises (the replica's fault, a 502)."""
 
     def __init__(self, url: str, message: str) -> None:
         super().__init__(f"{url}: {message}")
         self.url = url
 
 
-class Response:
+class UpstreamResponse(Protocol):
     """An upstream response whose head has arrived; the body is read or streamed, then closed."""
 
-    __slots__ = ("_raw", "status", "content_type", "url")
-
-    def __init__(self, raw: aiohttp.ClientResponse) -> None:
-        self._raw = raw
-        self.status = raw.status
-        self.content_type = raw.headers.get("content-type", "application/json")
-        self.url = str(raw.url)
+    status: int
+    content_type: str
+    url: str
 
     async def read(self) -> bytes:
-        return await self._raw.read()
+        """The whole body."""
+        ...
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    def chunks(self) -> AsyncIterator[bytes]:
         """Body bytes as they arrive, without waiting to fill a buffer."""
-        async for chunk in self._raw.content.iter_any():
-            yield chunk
+        ...
 
     def close(self) -> None:
-        """Done with it: a finished body gives the connection back to the pool; an unfinished one
-        closes it, which is how the replica learns the request was abandoned."""
-        if self._raw.content.at_eof():
-            self._raw.release()
-        else:
-            self._raw.close()
+        """Done with it; closing an unfinished body is how the replica learns the request was abandoned."""
+        ...
 
 
-class Upstream:
-    def __init__(self) -> None:
-        # limit=0: no pool-wide cap; the router's per-replica in-flight cap bounds connections.
-        self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60, enable_cleanup_closed=True),
-            auto_decompress=False, skip_auto_headers=("User-Agent",))
-
+class Upstream(Protocol):
     async def open(self, base_url: str, path: str, body: bytes, *, api_key: str | None,
-                   timeout_s: float) -> Response:
+                   timeout_s: float) -> UpstreamResponse:
         """POST and wait for the response head. Connection errors and 5xx/429 heads raise
         UpstreamError (retryable); other statuses are returned for the caller to pass on.
         `timeout_s` bounds the wait for the head and then each read (a stalled stream)."""
-        # identity: bytes pass through to the client as they are, without re-encoding.
-        headers = {"content-type": "application/json", "accept-encoding": "identity"}
-        if api_key:
-            headers["authorization"] = f"Bearer {api_key}"
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=timeout_s)
-        try:
-            # No redirects: following one would turn the POST into a bodiless GET.
-            raw = await self.session.post(base_url + path, data=body, headers=headers, timeout=timeout,
-                                          allow_redirects=False)
-        except READ_ERRORS as exc:
-            raise UpstreamError(base_url, _describe(exc)) from None
-        if raw.status >= 500 or raw.status == 429:
-            try:
-                detail = (await raw.read())[:300].decode(errors="replace")
-            except READ_ERRORS:
-                detail = ""
-            finally:
-                raw.close()
-            raise UpstreamError(base_url, f"HTTP {raw.status}: {detail}")
-        return Response(raw)
+        ...
 
     async def get_ok(self, url: str, timeout_s: float, *, api_key: str | None = None) -> tuple[bool, str]:
-        """An active health check: any status below 400 passes."""
-        headers = {"authorization": f"Bearer {api_key}"} if api_key else None
-        try:
-            async with self.session.get(url, headers=headers,
-                                        timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
-                await r.read()
-                return r.status < 400, f"HTTP {r.status}"
-        except READ_ERRORS as exc:
-            return False, _describe(exc)
-
-    async def close(self) -> None:
-        await self.session.close()
+        """An active health check: whether it passed, and a short detail."""
+        ...
 
 
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, asyncio.TimeoutError):
-        return "timed out"
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+def decode_object(raw: bytes) -> dict[str, Any]:
+    """An upstream JSON body or chunk, which must be an object: anything else is the replica's fault."""
+    try:
+        value = _decode.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise UpstreamError("upstream", f"answered invalid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise UpstreamError("upstream", f"answered JSON that is not an object: {raw[:100]!r}")
+    return value
+
+
+def shaped(translate: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """An adapter's translation of an upstream answer; a chat body of another shape than chat's
+    (choices that are not objects, say) is the replica's fault, not a crash of the router."""
+    try:
+        return translate(*args, **kwargs)
+    except (AttributeError, TypeError, KeyError, IndexError) as exc:
+        raise UpstreamError("upstream", f"answered a body that is not a chat completion: {exc!r}") from None

@@ -1,8 +1,70 @@
-"""Router-side translations of the OpenAI Responses and Anthropic Messages APIs to upstream chat."""
+"""The router's public APIs as adapters to upstream chat/completions (router process): the `Adapter`
+interface every API implements, one module per API (openai: chat and completions as they are;
+responses; anthropic), found by name in registry.py, and the helpers the request translations share."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
+
+CHAT_PATH = "/v1/chat/completions"  # upstream's chat API, which every adapted API is translated to
+
+
+class StreamTranslator(Protocol):
+    """One streamed answer: upstream chunk dicts in, the API's SSE bytes out. start() once, feed() per
+    upstream chunk, then finish() at upstream's [DONE] or error() on a failure; after either end,
+    further calls return b""."""
+
+    def start(self) -> bytes: ...
+
+    def feed(self, chunk: dict[str, Any]) -> bytes: ...
+
+    def finish(self) -> bytes: ...
+
+    def error(self, message: str) -> bytes: ...
+
+
+class Adapter(Protocol):
+    """One public API. Pure: no I/O, the dispatcher feeds and sends."""
+
+    @property
+    def name(self) -> str:
+        """As listeners' `apis` and the metrics name it: chat, completions, responses, messages."""
+        ...
+
+    @property
+    def path(self) -> str:
+        """The public path clients POST to."""
+        ...
+
+    @property
+    def upstream_path(self) -> str:
+        """The replica's path the translated request goes to."""
+        ...
+
+    @property
+    def passthrough(self) -> bool:
+        """Upstream's answer is already this API's: its bytes go to the client as they arrive."""
+        ...
+
+    def to_chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The request as upstream's body (all but the model); AdapterError names what cannot be carried."""
+        ...
+
+    def from_chat(self, chat: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+        """A non-streamed upstream answer as this API's response body."""
+        ...
+
+    def stream(self, request: dict[str, Any]) -> StreamTranslator:
+        """A translator for one streamed answer to `request`."""
+        ...
+
+    def error_body(self, status: int, message: str, param: str | None, code: str | int | None) -> dict[str, Any]:
+        """This API's error body for an HTTP status."""
+        ...
+
+    def refusal_body(self, status: int, raw: bytes) -> bytes | None:
+        """Upstream's 4xx body (OpenAI's error shape) in this API's shape; None to pass it on as it is."""
+        ...
 
 
 class AdapterError(ValueError):

@@ -1,5 +1,6 @@
 """Anthropic Messages API <-> upstream chat completions, run in the router: request translation, the
-message object, the streaming events and error bodies. Pure: no I/O, the HTTP server feeds and sends."""
+message object, the streaming events, error bodies, and the adapter that bundles them. Pure: no I/O,
+the dispatcher feeds and sends."""
 from __future__ import annotations
 
 import uuid
@@ -7,9 +8,17 @@ from typing import Any
 
 import msgspec
 
-from services.router.adapters import AdapterError, ask_stream, checked_model, text_parts
+from services.router.adapters import (
+    CHAT_PATH,
+    AdapterError,
+    StreamTranslator,
+    ask_stream,
+    checked_model,
+    text_parts,
+)
 
 _json = msgspec.json.Encoder()
+_decode = msgspec.json.Decoder()
 _STOP_REASONS = {"length": "max_tokens", "content_filter": "refusal", "tool_calls": "tool_use"}
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",
                 403: "permission_error", 404: "not_found_error", 408: "timeout_error", 409: "conflict_error",
@@ -138,7 +147,7 @@ class MessagesStream:
     failure; after either end, further calls return b"".
     """
 
-    __slots__ = ("_request", "_id", "_finish", "_matched", "_usage", "_ended")
+    __slots__ = ("_ended", "_finish", "_id", "_matched", "_request", "_usage")
 
     def __init__(self, request: dict[str, Any]) -> None:
         self._request = request
@@ -166,7 +175,7 @@ class MessagesStream:
             err = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])}
             code = err.get("code")
             kind = anthropic_error(code, "")["error"]["type"] if isinstance(code, int) else "api_error"
-            return self.error(kind, err.get("message") or "upstream error")
+            return self.error(err.get("message") or "upstream error", kind)
         if chunk.get("usage"):
             self._usage = chunk["usage"]
         out = b""
@@ -192,12 +201,45 @@ class MessagesStream:
                                                             "stop_sequence": stop_sequence}}),
                          _event("message_stop", {"type": "message_stop"})))
 
-    def error(self, type: str, message: str) -> bytes:  # noqa: A002 - Anthropic's own field name
+    def error(self, message: str, kind: str = "api_error") -> bytes:
+        """An `error` event of Anthropic's error `kind` (its `type` field)."""
         if self._ended:
             return b""
         self._ended = True
-        return _event("error", {"type": "error", "error": {"type": type, "message": message}})
+        return _event("error", {"type": "error", "error": {"type": kind, "message": message}})
 
 
 def _event(kind: str, data: dict[str, Any]) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + _json.encode(data) + b"\n\n"
+
+
+class MessagesAdapter:
+    """POST /v1/messages, served by upstream chat; every error, upstream's too, in Anthropic's shape."""
+
+    __slots__ = ()
+    name = "messages"
+    path = "/v1/messages"
+    upstream_path = CHAT_PATH
+    passthrough = False
+
+    def to_chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        return messages_to_chat(body)
+
+    def from_chat(self, chat: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+        return chat_to_message(chat, request)
+
+    def stream(self, request: dict[str, Any]) -> StreamTranslator:
+        return MessagesStream(request)
+
+    def error_body(self, status: int, message: str, param: str | None, code: str | int | None) -> dict[str, Any]:
+        return anthropic_error(status, message)
+
+    def refusal_body(self, status: int, raw: bytes) -> bytes | None:
+        try:
+            message = _decode.decode(raw)["error"]["message"]
+        except (msgspec.DecodeError, KeyError, TypeError):
+            message = raw[:500].decode(errors="replace")
+        return _json.encode(anthropic_error(status, message))
+
+
+MESSAGES = MessagesAdapter()

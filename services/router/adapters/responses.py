@@ -1,5 +1,6 @@
 """OpenAI Responses API <-> upstream chat completions, run in the router: request translation, the
-response object, and the streaming events. Pure: no I/O, the HTTP server feeds and sends."""
+response object, the streaming events, and the adapter that bundles them. Pure: no I/O, the
+dispatcher feeds and sends."""
 from __future__ import annotations
 
 import time
@@ -8,7 +9,15 @@ from typing import Any
 
 import msgspec
 
-from services.router.adapters import AdapterError, ask_stream, checked_model, text_parts
+from services.router.adapters import (
+    CHAT_PATH,
+    AdapterError,
+    StreamTranslator,
+    ask_stream,
+    checked_model,
+    text_parts,
+)
+from services.router.adapters.openai import openai_error
 
 _json = msgspec.json.Encoder()
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system",
@@ -78,7 +87,8 @@ def _input_messages(items: Any) -> list[dict[str, Any]]:
         kind = item.get("type", "message")
         if kind != "message":
             raise AdapterError(f"{where}.type", f"input items of type {kind!r} are not supported; only messages")
-        role = _ROLES.get(item.get("role"))
+        role = item.get("role")
+        role = _ROLES.get(role) if isinstance(role, str) else None
         if role is None:
             raise AdapterError(f"{where}.role", f"must be one of {sorted(_ROLES)}")
         messages.append({"role": role, "content": _content(item.get("content"), f"{where}.content")})
@@ -159,8 +169,8 @@ class ResponsesStream:
     failure; after either end, further calls return b"".
     """
 
-    __slots__ = ("_request", "_id", "_item_id", "_created", "_seq", "_pieces", "_finish", "_usage",
-                 "_started", "_ended")
+    __slots__ = ("_created", "_ended", "_finish", "_id", "_item_id", "_pieces", "_request", "_seq", "_started",
+                 "_usage")
 
     def __init__(self, request: dict[str, Any]) -> None:
         self._request = request
@@ -216,7 +226,7 @@ class ResponsesStream:
                          self._event("response.output_item.done", output_index=0, item=item),
                          self._event(f"response.{status}", response=final)))
 
-    def error(self, message: str) -> bytes:
+    def error(self, message: str | None) -> bytes:
         """An `error` event, then `response.failed` when the response had started."""
         if self._ended:
             return b""
@@ -238,3 +248,31 @@ class ResponsesStream:
         data = _json.encode({"type": kind, "sequence_number": self._seq, **fields})
         self._seq += 1
         return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
+
+
+class ResponsesAdapter:
+    """POST /v1/responses, served by upstream chat; errors in OpenAI's shape, upstream's passed on as they are."""
+
+    __slots__ = ()
+    name = "responses"
+    path = "/v1/responses"
+    upstream_path = CHAT_PATH
+    passthrough = False
+
+    def to_chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        return responses_to_chat(body)
+
+    def from_chat(self, chat: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+        return chat_to_response(chat, request)
+
+    def stream(self, request: dict[str, Any]) -> StreamTranslator:
+        return ResponsesStream(request)
+
+    def error_body(self, status: int, message: str, param: str | None, code: str | int | None) -> dict[str, Any]:
+        return openai_error(status, message, param, code)
+
+    def refusal_body(self, status: int, raw: bytes) -> bytes | None:
+        return None
+
+
+RESPONSES = ResponsesAdapter()

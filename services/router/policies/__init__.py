@@ -1,13 +1,18 @@
-"""Replica-choice policies of the router process: one module per policy behind the `Policy` interface.
+"""Replica-choice policies of the router process: one module per policy behind the `Policy` interface,
+and the factory that builds a pool's policy from its config by name.
 
 A Pool filters its replicas (ready, below the in-flight cap, not excluded) and asks its policy to pick.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from services.router.replicas import Replica
+from services.router.config import PoolConfig
+from services.router.policies.cache_aware import CacheAware
+from services.router.policies.least_outstanding import LeastOutstanding
+from services.router.policies.round_robin import RoundRobin
+from services.router.replica import Replica
 
 
 class Policy(Protocol):
@@ -28,3 +33,25 @@ class Policy(Protocol):
     def on_removed(self, url: str) -> None:
         """The replica left the pool (DNS refresh): forget what is known about it."""
         ...
+
+
+def _cache_aware(config: PoolConfig) -> Policy:
+    c = config.cache_aware
+    return CacheAware(cache_threshold=c.cache_threshold, balance_abs=c.balance_abs, balance_rel=c.balance_rel,
+                      max_tree_chars=c.max_tree_chars, eviction_s=c.eviction_s)
+
+
+# Keyed by the names a pool's `policy` accepts (config POLICIES).
+_FACTORIES: dict[str, Callable[[PoolConfig], Policy]] = {
+    "least_outstanding": lambda config: LeastOutstanding(),
+    "cache_aware": _cache_aware,
+    "round_robin": lambda config: RoundRobin(),
+}
+
+
+def build_policy(config: PoolConfig) -> Policy:
+    """A new policy for the pool `config` describes (each pool has its own: policies keep state)."""
+    factory = _FACTORIES.get(config.policy)
+    if factory is None:
+        raise ValueError(f"pool {config.name!r}: unknown policy {config.policy!r}; one of {', '.join(_FACTORIES)}")
+    return factory(config)

@@ -7,14 +7,12 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from services.router.replicas import Replica
+from services.router.replica import Replica
 
 
 class _Node:
-    __slots__ = ("label", "children", "parent", "last_access", "entry")
+    __slots__ = ("children", "entry", "label", "last_access", "parent")
 
     def __init__(self, label: str, parent: _Node | None, now: float) -> None:
         self.label = label  # the edge from the parent; children are keyed by their label's first char
@@ -207,8 +205,8 @@ class CacheAware:
         best, matched = candidates[0], -1
         matches: dict[str, int] = {}
         for r in candidates:
-            tree = self._trees.get(r.url)
-            m = matches[r.url] = tree.match(text) if tree is not None else 0
+            held = self._trees.get(r.url)
+            m = matches[r.url] = held.match(text) if held is not None else 0
             if m > matched or (m == matched and _least_loaded(r) < _least_loaded(best)):
                 best, matched = r, m
         rate = matched / len(text)

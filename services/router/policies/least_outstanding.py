@@ -3,10 +3,7 @@ yet finished, ties to the least recently assigned. The pool's default, as DESIGN
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from services.router.replicas import Replica
+from services.router.replica import Replica
 
 
 def _load(r: Replica) -> tuple[int, float]:

@@ -3,10 +3,7 @@ the pool and skips full or unready replicas without a counter to fix up. A basel
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from services.router.replicas import Replica
+from services.router.replica import Replica
 
 
 def _last_assigned(r: Replica) -> float:

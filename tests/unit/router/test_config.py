@@ -391,3 +391,28 @@ def test_the_deploy_example_config_is_valid() -> None:
     assert list(open_config.entries) == ["tiny", "auto", "careful"] and open_config.listeners[0].api_keys == ()
     keyed = load_config(path, env={"ROUTER_API_KEYS": "k1, k2"})
     assert keyed.listeners[0].api_keys == ("k1", "k2")
+
+
+def test_keys_left_out_get_the_dataclass_defaults() -> None:
+    """The loader reads defaults from the dataclasses: a YAML user who leaves a key out gets exactly them."""
+    config = parse_config(yaml.safe_load("""
+listeners: [{port: 80}]
+pools:
+  a: {model: m, replicas: [{url: "http://x"}]}
+  b: {model: m, dns: {name: h}}
+entries:
+  e:
+    signals:
+      - {name: k, type: keyword, keywords: [x]}
+      - {name: r, type: regex, pattern: x}
+      - {name: c, type: context_length}
+      - {name: v, type: embedding, examples: [x]}
+    default: [a]
+  f: {default: [a], algorithm: {type: escalate, stages: [a, b]}}
+"""), env={})
+    assert config.listeners == (ListenerConfig("listener-0", 80),)
+    assert config.pools["a"] == PoolConfig("a", "m", (ReplicaConfig("http://x"),))
+    assert config.pools["b"] == PoolConfig("b", "m", dns=DnsConfig("h"))
+    assert config.entries["e"] == EntryConfig("e", ("a",), (
+        KeywordSignal("k", ("x",)), RegexSignal("r", "x"), ContextLengthSignal("c"), EmbeddingSignal("v", ("x",))))
+    assert config.entries["f"] == EntryConfig("f", ("a",), algorithm=EscalateAlgorithm(("a", "b")))

@@ -6,7 +6,6 @@ from collections import Counter
 import pytest
 
 from services.router.config import parse_config
-from services.router.escalate import as_chunks, verdict
 from services.router.routing import Router, UnknownModel
 
 CONFIG = {
@@ -59,30 +58,3 @@ def test_escalate_plan_is_its_stages() -> None:
 def test_unknown_model() -> None:
     with pytest.raises(UnknownModel, match="available: static, weighted, escalate"):
         _router().choose(_body("nope"))
-
-
-def _completion(text: str, finish: str = "stop") -> dict:  # type: ignore[type-arg]
-    return {"id": "c", "created": 1, "model": "m", "usage": {"prompt_tokens": 1, "completion_tokens": 2},
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}]}
-
-
-def test_escalate_verdict() -> None:
-    accept = parse_config(CONFIG).entries["escalate"].algorithm.accept  # type: ignore[union-attr]
-    assert verdict(accept, _completion("it is ok")) is None
-    assert verdict(accept, _completion("it is ok", "length")) == "finish_reason 'length' not in ['stop']"
-    assert verdict(accept, _completion("ok")) == "2 chars < min_chars 3"
-    assert verdict(accept, _completion("fine answer")) == "no match for 'ok'"
-    assert verdict(accept, {"choices": []}) is not None
-    completions = {"choices": [{"index": 0, "text": "ok then", "finish_reason": "stop"}]}
-    assert verdict(accept, completions) is None
-
-
-def test_as_chunks_replays_an_answer_as_a_stream() -> None:
-    chunks = as_chunks(_completion("hi there"), chat=True, include_usage=True)
-    assert [c["object"] for c in chunks] == ["chat.completion.chunk"] * 3
-    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": "hi there"}
-    assert chunks[1]["choices"][0]["finish_reason"] == "stop" and chunks[2]["usage"]["completion_tokens"] == 2
-    assert len(as_chunks(_completion("x"), chat=True, include_usage=False)) == 2
-    text = as_chunks({"choices": [{"index": 0, "text": "t", "finish_reason": "length"}]}, chat=False,
-                     include_usage=False)
-    assert text[0]["choices"][0] == {"index": 0, "text": "t", "finish_reason": "length"}

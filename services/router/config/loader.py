@@ -1,6 +1,6 @@
-"""Build a RouterConfig from parsed YAML, collecting every problem with its key path.
-
-Run once by the router process at start (via config.load_config / parse_config).
+"""Read the router's YAML file and build a RouterConfig from it, collecting every problem with its
+key path. Run once by the router process at start (`load_config`, or `parse_config` on parsed YAML).
+Defaults come from the dataclasses in types.py (`defaults`), never written here again.
 """
 from __future__ import annotations
 
@@ -11,14 +11,42 @@ from typing import Any, TypeVar
 
 import yaml
 
-from services.router import config_validation as rules
-from services.router.config import (
-    ALGORITHM_TYPES, APIS, FINISH_REASONS, POLICIES, REGEX_FLAGS, SIGNAL_TYPES, AcceptConfig, AllOf,
-    AnyOf, BreakerConfig, CacheAwareConfig, ConfigError, ContextLengthSignal, DecisionRule, DnsConfig,
-    EmbeddingSignal, EntryConfig, EscalateAlgorithm, Expr, HealthConfig, KeywordSignal, ListenerConfig,
-    Not, PoolConfig, RegexSignal, ReplicaConfig, RouterConfig, Signal, SignalRef, StaticAlgorithm,
-    WeightedAlgorithm)
-from services.router.config_fields import MISSING, Fields
+from services.router.config import rules
+from services.router.config.fields import MISSING, Fields, defaults
+from services.router.config.types import (
+    ALGORITHM_TYPES,
+    APIS,
+    FINISH_REASONS,
+    POLICIES,
+    REGEX_FLAGS,
+    SIGNAL_TYPES,
+    AcceptConfig,
+    Algorithm,
+    AllOf,
+    AnyOf,
+    BreakerConfig,
+    CacheAwareConfig,
+    ConfigError,
+    ContextLengthSignal,
+    DecisionRule,
+    DnsConfig,
+    EmbeddingSignal,
+    EntryConfig,
+    EscalateAlgorithm,
+    Expr,
+    HealthConfig,
+    KeywordSignal,
+    ListenerConfig,
+    Not,
+    PoolConfig,
+    RegexSignal,
+    ReplicaConfig,
+    RouterConfig,
+    Signal,
+    SignalRef,
+    StaticAlgorithm,
+    WeightedAlgorithm,
+)
 
 T = TypeVar("T")
 
@@ -50,14 +78,24 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 def read_yaml(path: Path) -> object:
     try:
-        return yaml.load(Path(path).read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+        return yaml.load(Path(path).read_text(), Loader=_UniqueKeyLoader)  # a SafeLoader subclass: no arbitrary objects
     except OSError as exc:
         raise ConfigError(str(path), [f"cannot read: {exc.strerror or exc}"]) from exc
     except yaml.YAMLError as exc:
         raise ConfigError(str(path), [f"invalid YAML: {exc}"]) from exc
 
 
-def build(data: object, source: str, env: Mapping[str, str] | None) -> RouterConfig:
+def load_config(path: Path, *, env: Mapping[str, str] | None = None) -> RouterConfig:
+    """Read and validate a router YAML file."""
+    return parse_config(read_yaml(path), str(path), env=env)
+
+
+def parse_config(data: object, source: str = "<config>", *,
+                 env: Mapping[str, str] | None = None) -> RouterConfig:
+    """Build a RouterConfig from parsed YAML; raise ConfigError listing every problem.
+
+    `env` (default: os.environ) supplies the variables named by `api_keys_env` / `api_key_env`.
+    """
     f = Fields(os.environ if env is None else env)
     top = f.mapping("", data, ("listeners", "pools", "entries"), required=("listeners", "pools", "entries"))
     listeners = f.items("listeners", top.get("listeners", MISSING), _listener)
@@ -74,24 +112,25 @@ def build(data: object, source: str, env: Mapping[str, str] | None) -> RouterCon
                                                                         "entries"))
     if f.errors:
         raise ConfigError(source, f.errors)
-    return RouterConfig(tuple(listeners), pools, entries, source)  # type: ignore[arg-type]
+    return RouterConfig(tuple(_built(x) for x in listeners), {k: _built(v) for k, v in pools.items()},
+                        {k: _built(v) for k, v in entries.items()}, source)
 
 
 def _listener(f: Fields, path: str, raw: object, i: int) -> ListenerConfig | None:
     m = f.mapping(path, raw, LISTENER_KEYS, required=("port",))
+    d = defaults(ListenerConfig)
     name = f.string(f"{path}.name", m.get("name", f"listener-{i}"))
-    host = f.string(f"{path}.host", m.get("host", "0.0.0.0"))
+    host = f.string(f"{path}.host", m.get("host", d["host"]))
     port = f.integer(f"{path}.port", m.get("port"), 1, 65535)
-    keys = f.strings(f"{path}.api_keys", m.get("api_keys", []), allow_empty=True) or ()
+    keys = (f.strings(f"{path}.api_keys", m["api_keys"], allow_empty=True) or ()) if "api_keys" in m else ()
     env_keys = f.env_list(f"{path}.api_keys_env", m["api_keys_env"]) if "api_keys_env" in m else ()
-    apis = f.strings(f"{path}.apis", m.get("apis", list(APIS)))
+    apis = f.strings(f"{path}.apis", m["apis"]) if "apis" in m else d["apis"]
     for j, api in enumerate(apis or ()):
         f.check(f"{path}.apis[{j}]", rules.unknown_name(api, APIS, "api"))
-    entries = f.strings(f"{path}.entries", m["entries"]) if "entries" in m else ()
-    if None in (name, host, port, apis, entries) or not m:
+    entries = f.strings(f"{path}.entries", m["entries"]) if "entries" in m else d["entries"]
+    if name is None or host is None or port is None or apis is None or entries is None or not m:
         return None
-    return ListenerConfig(name, port, host, tuple(dict.fromkeys(keys + env_keys)), apis,  # type: ignore[arg-type]
-                          entries)  # type: ignore[arg-type]
+    return ListenerConfig(name, port, host, tuple(dict.fromkeys(keys + env_keys)), apis, entries)
 
 
 def _pool(f: Fields, path: str, name: str, raw: object) -> PoolConfig | None:
@@ -104,28 +143,30 @@ def _pool(f: Fields, path: str, name: str, raw: object) -> PoolConfig | None:
         if urls[i] is not None:
             f.add(f"{path}.replicas[{i}].url", f"duplicate replica {urls[i]!r}")
     dns = _dns(f, f"{path}.dns", m["dns"]) if "dns" in m else None
-    policy = f.choice(f"{path}.policy", m.get("policy", "least_outstanding"), POLICIES, "policy",
-                      "policies")
+    d = defaults(PoolConfig)
+    policy = f.choice(f"{path}.policy", m.get("policy", d["policy"]), POLICIES, "policy", "policies")
     if "api_key" in m and "api_key_env" in m:
         f.add(path, "set at most one of api_key, api_key_env")
     api_key = f.optional(f"{path}.api_key", m.get("api_key"), f.string)
     if "api_key_env" in m:
         api_key = f.env_value(f"{path}.api_key_env", m["api_key_env"])
-    pool = PoolConfig(
+    # A value that failed its check falls back to the default: the config is refused anyway.
+    return PoolConfig(
         name=name,
         model=f.string(f"{path}.model", m.get("model", MISSING)) or "",
         replicas=tuple(r for r in replicas if r),
         dns=dns,
-        max_inflight=f.integer(f"{path}.max_inflight", m.get("max_inflight", 32), 1) or 1,
-        policy=policy or "least_outstanding",
+        max_inflight=_or(f.integer(f"{path}.max_inflight", m.get("max_inflight", d["max_inflight"]), 1),
+                         d["max_inflight"]),
+        policy=_or(policy, d["policy"]),
         cache_aware=_cache_aware(f, f"{path}.cache_aware", m.get("cache_aware", {})),
         health=_health(f, f"{path}.health", m.get("health", {})),
         breaker=_breaker(f, f"{path}.breaker", m.get("breaker", {})),
-        tokenizer=f.optional(f"{path}.tokenizer", m.get("tokenizer"), f.string),
+        tokenizer=f.optional(f"{path}.tokenizer", m.get("tokenizer", d["tokenizer"]), f.string),
         api_key=api_key,
-        timeout_s=f.number(f"{path}.timeout_s", m.get("timeout_s", 600.0), 0, open_low=True) or 600.0,
+        timeout_s=_or(f.number(f"{path}.timeout_s", m.get("timeout_s", d["timeout_s"]), 0, open_low=True),
+                      d["timeout_s"]),
     )
-    return pool
 
 
 def _replica(f: Fields, path: str, raw: object, i: int) -> ReplicaConfig | None:
@@ -138,56 +179,60 @@ def _replica(f: Fields, path: str, raw: object, i: int) -> ReplicaConfig | None:
 
 def _dns(f: Fields, path: str, raw: object) -> DnsConfig | None:
     m = f.mapping(path, raw, ("name", "port", "scheme", "refresh_s"), required=("name",))
+    d = defaults(DnsConfig)
     return DnsConfig(
         name=f.string(f"{path}.name", m.get("name", MISSING)) or "",
-        port=f.integer(f"{path}.port", m.get("port", 8000), 1, 65535) or 8000,
-        scheme=f.choice(f"{path}.scheme", m.get("scheme", "http"), ("http", "https"), "scheme") or "http",
-        refresh_s=f.number(f"{path}.refresh_s", m.get("refresh_s", 10.0), 0, open_low=True) or 10.0)
+        port=_or(f.integer(f"{path}.port", m.get("port", d["port"]), 1, 65535), d["port"]),
+        scheme=_or(f.choice(f"{path}.scheme", m.get("scheme", d["scheme"]), ("http", "https"), "scheme"),
+                   d["scheme"]),
+        refresh_s=_or(f.number(f"{path}.refresh_s", m.get("refresh_s", d["refresh_s"]), 0, open_low=True),
+                      d["refresh_s"]))
 
 
 def _cache_aware(f: Fields, path: str, raw: object) -> CacheAwareConfig:
-    m = f.mapping(path, raw, CacheAwareConfig.__dataclass_fields__)
-    d = CacheAwareConfig()
+    d = defaults(CacheAwareConfig)
+    m = f.mapping(path, raw, tuple(d))
     return CacheAwareConfig(
-        cache_threshold=_or(f.number(f"{path}.cache_threshold", m.get("cache_threshold", d.cache_threshold),
-                                     0, 1), d.cache_threshold),
-        balance_abs=_or(f.integer(f"{path}.balance_abs", m.get("balance_abs", d.balance_abs), 0),
-                        d.balance_abs),
-        balance_rel=_or(f.number(f"{path}.balance_rel", m.get("balance_rel", d.balance_rel), 1),
-                        d.balance_rel),
-        max_tree_chars=_or(f.integer(f"{path}.max_tree_chars", m.get("max_tree_chars", d.max_tree_chars), 1),
-                           d.max_tree_chars),
-        eviction_s=_or(f.number(f"{path}.eviction_s", m.get("eviction_s", d.eviction_s), 0, open_low=True),
-                       d.eviction_s))
+        cache_threshold=_or(f.number(f"{path}.cache_threshold", m.get("cache_threshold", d["cache_threshold"]),
+                                     0, 1), d["cache_threshold"]),
+        balance_abs=_or(f.integer(f"{path}.balance_abs", m.get("balance_abs", d["balance_abs"]), 0),
+                        d["balance_abs"]),
+        balance_rel=_or(f.number(f"{path}.balance_rel", m.get("balance_rel", d["balance_rel"]), 1),
+                        d["balance_rel"]),
+        max_tree_chars=_or(f.integer(f"{path}.max_tree_chars", m.get("max_tree_chars", d["max_tree_chars"]), 1),
+                           d["max_tree_chars"]),
+        eviction_s=_or(f.number(f"{path}.eviction_s", m.get("eviction_s", d["eviction_s"]), 0, open_low=True),
+                       d["eviction_s"]))
 
 
 def _health(f: Fields, path: str, raw: object) -> HealthConfig:
     m = f.mapping(path, raw, ("path", "interval_s", "timeout_s", "failures"))
-    d = HealthConfig()
-    probe = f.string(f"{path}.path", m.get("path", d.path))
+    d = defaults(HealthConfig)
+    probe = f.string(f"{path}.path", m.get("path", d["path"]))
     if probe is not None and not probe.startswith("/"):
         f.add(f"{path}.path", f"expected a path starting with '/', got {probe!r}")
     return HealthConfig(
-        path=probe or d.path,
-        interval_s=_or(f.number(f"{path}.interval_s", m.get("interval_s", d.interval_s), 0, open_low=True),
-                       d.interval_s),
-        timeout_s=_or(f.number(f"{path}.timeout_s", m.get("timeout_s", d.timeout_s), 0, open_low=True),
-                      d.timeout_s),
-        failures=_or(f.integer(f"{path}.failures", m.get("failures", d.failures), 1), d.failures))
+        path=probe or d["path"],
+        interval_s=_or(f.number(f"{path}.interval_s", m.get("interval_s", d["interval_s"]), 0, open_low=True),
+                       d["interval_s"]),
+        timeout_s=_or(f.number(f"{path}.timeout_s", m.get("timeout_s", d["timeout_s"]), 0, open_low=True),
+                      d["timeout_s"]),
+        failures=_or(f.integer(f"{path}.failures", m.get("failures", d["failures"]), 1), d["failures"]))
 
 
 def _breaker(f: Fields, path: str, raw: object) -> BreakerConfig:
     m = f.mapping(path, raw, ("failures", "cooldown_s"))
-    d = BreakerConfig()
+    d = defaults(BreakerConfig)
     return BreakerConfig(
-        failures=_or(f.integer(f"{path}.failures", m.get("failures", d.failures), 1), d.failures),
-        cooldown_s=_or(f.number(f"{path}.cooldown_s", m.get("cooldown_s", d.cooldown_s), 0, open_low=True),
-                       d.cooldown_s))
+        failures=_or(f.integer(f"{path}.failures", m.get("failures", d["failures"]), 1), d["failures"]),
+        cooldown_s=_or(f.number(f"{path}.cooldown_s", m.get("cooldown_s", d["cooldown_s"]), 0, open_low=True),
+                       d["cooldown_s"]))
 
 
 def _entry(f: Fields, path: str, name: str, raw: object, pools: tuple[str, ...]) -> EntryConfig | None:
     m = f.mapping(path, raw, ("signals", "decisions", "default", "algorithm"), required=("default",))
-    signals = f.items(f"{path}.signals", m.get("signals", []), _signal, allow_empty=True)
+    d = defaults(EntryConfig)
+    signals = f.items(f"{path}.signals", m.get("signals", list(d["signals"])), _signal, allow_empty=True)
     names = [s.name if s else None for s in signals]
     for i in rules.duplicates(names):
         if names[i] is not None:
@@ -199,22 +244,22 @@ def _entry(f: Fields, path: str, name: str, raw: object, pools: tuple[str, ...])
                        if isinstance(s, dict) and isinstance(s.get("name"), str) and s["name"] not in known)
 
     def decision(f: Fields, p: str, raw: object, i: int) -> DecisionRule | None:
-        d = f.mapping(p, raw, ("name", "when", "pools"), required=("when", "pools"))
-        rule_name = f.string(f"{p}.name", d.get("name", f"decision-{i}"))
-        when = _expr(f, f"{p}.when", d["when"], known) if "when" in d else None
-        targets = _pool_list(f, f"{p}.pools", d.get("pools", MISSING), pools)
+        r = f.mapping(p, raw, ("name", "when", "pools"), required=("when", "pools"))
+        rule_name = f.string(f"{p}.name", r.get("name", f"decision-{i}"))
+        when = _expr(f, f"{p}.when", r["when"], known) if "when" in r else None
+        targets = _pool_list(f, f"{p}.pools", r.get("pools", MISSING), pools)
         return DecisionRule(rule_name, when, targets) if rule_name and when and targets else None
 
-    decisions = f.items(f"{path}.decisions", m.get("decisions", []), decision, allow_empty=True)
-    rule_names = [d.name if d else None for d in decisions]
+    decisions = f.items(f"{path}.decisions", m.get("decisions", list(d["decisions"])), decision, allow_empty=True)
+    rule_names = [r.name if r else None for r in decisions]
     for i in rules.duplicates(rule_names):
         if rule_names[i] is not None:
             f.add(f"{path}.decisions[{i}].name", f"duplicate decision {rule_names[i]!r}")
     default = _pool_list(f, f"{path}.default", m.get("default", MISSING), pools)
-    algorithm = _algorithm(f, f"{path}.algorithm", m.get("algorithm", {"type": "static"}), pools)
+    algorithm = _algorithm(f, f"{path}.algorithm", m.get("algorithm", {"type": d["algorithm"].type}), pools)
     if not m or default is None or algorithm is None:
         return None
-    return EntryConfig(name, default, tuple(s for s in signals if s), tuple(d for d in decisions if d),
+    return EntryConfig(name, default, tuple(s for s in signals if s), tuple(r for r in decisions if r),
                        algorithm)
 
 
@@ -228,31 +273,31 @@ def _signal(f: Fields, path: str, raw: object, i: int) -> Signal | None:
     m = f.mapping(path, raw, SIGNAL_KEYS[kind], required=("name",) + {
         "keyword": ("keywords",), "regex": ("pattern",), "embedding": ("examples",)}.get(kind, ()))
     name = f.string(f"{path}.name", m.get("name", MISSING))
+    d = defaults(SIGNAL_TYPES[kind])
     if kind == "keyword":
         words = f.strings(f"{path}.keywords", m.get("keywords", MISSING))
-        mode = f.choice(f"{path}.mode", m.get("mode", "any"), ("any", "all"), "mode")
-        case = f.boolean(f"{path}.case_sensitive", m.get("case_sensitive", False))
-        ok = words and mode and case is not None
-        return KeywordSignal(name, words, mode, case) if name and ok else None  # type: ignore[arg-type]
+        mode = f.choice(f"{path}.mode", m.get("mode", d["mode"]), ("any", "all"), "mode")
+        case = f.boolean(f"{path}.case_sensitive", m.get("case_sensitive", d["case_sensitive"]))
+        return KeywordSignal(name, words, mode, case) if name and words and mode and case is not None else None
     if kind == "regex":
-        flags = f.strings(f"{path}.flags", m.get("flags", []), allow_empty=True)
+        flags = f.strings(f"{path}.flags", m.get("flags", list(d["flags"])), allow_empty=True)
         for j, flag in enumerate(flags or ()):
             f.check(f"{path}.flags[{j}]", rules.unknown_name(flag, tuple(REGEX_FLAGS), "flag"))
         pattern = f.string(f"{path}.pattern", m.get("pattern", MISSING))
         if pattern is not None and "pattern" in m:
             f.check(f"{path}.pattern", rules.regex_problem(pattern, flags or ()))
-        if name and pattern and flags is not None and not rules.regex_problem(pattern, flags):
-            if all(flag in REGEX_FLAGS for flag in flags):
-                return RegexSignal(name, pattern, flags)
+        if (name and pattern and flags is not None and not rules.regex_problem(pattern, flags)
+                and all(flag in REGEX_FLAGS for flag in flags)):
+            return RegexSignal(name, pattern, flags)
         return None
     if kind == "context_length":
-        low = f.integer(f"{path}.min_tokens", m.get("min_tokens", 0), 0)
-        high = f.optional(f"{path}.max_tokens", m.get("max_tokens"), lambda p, v: f.integer(p, v, 1))
+        low = f.integer(f"{path}.min_tokens", m.get("min_tokens", d["min_tokens"]), 0)
+        high = f.optional(f"{path}.max_tokens", m.get("max_tokens", d["max_tokens"]), lambda p, v: f.integer(p, v, 1))
         if low is not None and high is not None and high <= low:
             f.add(f"{path}.max_tokens", f"expected more than min_tokens ({low}), got {high}")
         return ContextLengthSignal(name, low, high) if name and low is not None else None
     examples = f.strings(f"{path}.examples", m.get("examples", MISSING))
-    threshold = f.number(f"{path}.threshold", m.get("threshold", 0.6), 0, 1)
+    threshold = f.number(f"{path}.threshold", m.get("threshold", d["threshold"]), 0, 1)
     return EmbeddingSignal(name, examples, threshold) if name and examples and threshold is not None else None
 
 
@@ -271,9 +316,10 @@ def _expr(f: Fields, path: str, raw: object, signals: tuple[str, ...]) -> Expr |
         item = _expr(f, f"{path}.not", arg, signals)
         return Not(item) if item else None
     parts = f.items(f"{path}.{op}", arg, lambda f, p, r, i: _expr(f, p, r, signals))
-    if not parts or None in parts:
+    items = tuple(part for part in parts if part is not None)
+    if not parts or len(items) < len(parts):
         return None
-    return (AnyOf if op == "any" else AllOf)(tuple(parts))  # type: ignore[arg-type]
+    return AnyOf(items) if op == "any" else AllOf(items)
 
 
 def _pool_list(f: Fields, path: str, raw: object, pools: tuple[str, ...]) -> tuple[str, ...] | None:
@@ -284,7 +330,7 @@ def _pool_list(f: Fields, path: str, raw: object, pools: tuple[str, ...]) -> tup
     return names if ok else None
 
 
-def _algorithm(f: Fields, path: str, raw: object, pools: tuple[str, ...]):  # type: ignore[no-untyped-def]
+def _algorithm(f: Fields, path: str, raw: object, pools: tuple[str, ...]) -> Algorithm | None:
     if not isinstance(raw, dict):
         f.mapping(path, raw, ())
         return None
@@ -292,7 +338,7 @@ def _algorithm(f: Fields, path: str, raw: object, pools: tuple[str, ...]):  # ty
         f.add(f"{path}.type", "cache_aware chooses a replica inside a pool, not a pool: set `policy: "
                               "cache_aware` on the pools (pools.<name>.policy) and keep this static")
         return None
-    kind = f.choice(f"{path}.type", raw.get("type", "static"), tuple(ALGORITHM_TYPES), "algorithm type")
+    kind = f.choice(f"{path}.type", raw.get("type", StaticAlgorithm.type), tuple(ALGORITHM_TYPES), "algorithm type")
     if kind is None:
         return None
     m = f.mapping(path, raw, ALGORITHM_KEYS[kind], required={"weighted": ("weights",),
@@ -309,9 +355,10 @@ def _algorithm(f: Fields, path: str, raw: object, pools: tuple[str, ...]):  # ty
     stages = _pool_list(f, f"{path}.stages", m.get("stages", MISSING), pools)
     if stages is not None and len(stages) < 2:
         f.add(f"{path}.stages", f"expected at least 2 pools, got {len(stages)}")
+    d = defaults(EscalateAlgorithm)
     accept = _accept(f, f"{path}.accept", m.get("accept", {}))
-    deadline = f.number(f"{path}.deadline_s", m.get("deadline_s", 30.0), 0, open_low=True)
-    calls = f.integer(f"{path}.max_calls", m.get("max_calls", 2), 1)
+    deadline = f.number(f"{path}.deadline_s", m.get("deadline_s", d["deadline_s"]), 0, open_low=True)
+    calls = f.integer(f"{path}.max_calls", m.get("max_calls", d["max_calls"]), 1)
     if stages and len(stages) >= 2 and accept and deadline and calls:
         return EscalateAlgorithm(stages, accept, deadline, calls)
     return None
@@ -319,11 +366,12 @@ def _algorithm(f: Fields, path: str, raw: object, pools: tuple[str, ...]):  # ty
 
 def _accept(f: Fields, path: str, raw: object) -> AcceptConfig | None:
     m = f.mapping(path, raw, ("finish_reasons", "min_chars", "regex"))
-    reasons = f.strings(f"{path}.finish_reasons", m.get("finish_reasons", ["stop"]))
+    d = defaults(AcceptConfig)
+    reasons = f.strings(f"{path}.finish_reasons", m.get("finish_reasons", list(d["finish_reasons"])))
     for i, reason in enumerate(reasons or ()):
         f.check(f"{path}.finish_reasons[{i}]", rules.unknown_name(reason, FINISH_REASONS, "finish reason"))
-    chars = f.integer(f"{path}.min_chars", m.get("min_chars", 1), 0)
-    regex = f.optional(f"{path}.regex", m.get("regex"), f.string)
+    chars = f.integer(f"{path}.min_chars", m.get("min_chars", d["min_chars"]), 0)
+    regex = f.optional(f"{path}.regex", m.get("regex", d["regex"]), f.string)
     if regex is not None:
         f.check(f"{path}.regex", rules.regex_problem(regex))
     if reasons is None or chars is None or any(r not in FINISH_REASONS for r in reasons):
@@ -342,4 +390,10 @@ def _unique(f: Fields, path: str, items: list[Any], attr: str, what: str) -> Non
 
 def _or(value: T | None, default: T) -> T:
     return default if value is None else value
+
+
+def _built(item: T | None) -> T:
+    """An item of a config without errors: a builder returns None only along with an error."""
+    assert item is not None
+    return item
 

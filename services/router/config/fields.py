@@ -1,16 +1,33 @@
 """Typed readers for YAML values that record `key.path: problem` instead of raising.
 
-Used by the config builder in the router process, so that one run reports every problem at once.
+Used by the config loader in the router process, so that one run reports every problem at once;
+`defaults` reads a config dataclass's defaults, so the loader never writes one again.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
+import math
 from collections.abc import Callable, Collection, Mapping
+from types import MappingProxyType
 from typing import Any, TypeVar
 
-from services.router import config_validation as rules
+from services.router.config import rules
 
 T = TypeVar("T")
 MISSING: Any = object()  # a required key that is absent: "required" is already reported
+
+
+@functools.cache
+def defaults(cls: type) -> Mapping[str, Any]:
+    """Field name -> default of the config dataclass `cls` (fields without one are left out)."""
+    found: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            found[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            found[f.name] = f.default_factory()
+    return MappingProxyType(found)
 
 
 def show(value: object) -> str:
@@ -68,8 +85,8 @@ class Fields:
                 self.add(path, f"expected names to be non-empty strings, got {show(key)}")
         return named
 
-    def items(self, path: str, raw: object, build: Callable[[Fields, str, Any, int], T | None],
-              *, allow_empty: bool = False) -> list[T | None]:
+    def items(self, path: str, raw: object, build: Callable[[Fields, str, Any, int], T],
+              *, allow_empty: bool = False) -> list[T]:
         """Each list item built by `build(fields, item_path, item, index)`; None for a broken one."""
         if raw is MISSING:
             return []
@@ -89,23 +106,25 @@ class Fields:
 
     def strings(self, path: str, raw: object, *, allow_empty: bool = False) -> tuple[str, ...] | None:
         items = self.items(path, raw, lambda f, p, v, i: f.string(p, v), allow_empty=allow_empty)
-        if not isinstance(raw, list) or None in items or not (items or allow_empty):
+        strings = tuple(item for item in items if item is not None)
+        if not isinstance(raw, list) or len(strings) < len(items) or not (strings or allow_empty):
             return None
-        return tuple(items)  # type: ignore[arg-type]
+        return strings
 
     def integer(self, path: str, raw: object, low: int | None = None, high: int | None = None) -> int | None:
-        ok = isinstance(raw, int) and not isinstance(raw, bool)
-        if ok and (low is None or raw >= low) and (high is None or raw <= high):  # type: ignore[operator]
-            return raw  # type: ignore[return-value]
+        if (isinstance(raw, int) and not isinstance(raw, bool) and (low is None or raw >= low)
+                and (high is None or raw <= high)):
+            return raw
         self.add(path, f"expected integer{_range(low, high, False)}, got {show(raw)}")
         return None
 
     def number(self, path: str, raw: object, low: float | None = None, high: float | None = None,
                *, open_low: bool = False) -> float | None:
-        ok = isinstance(raw, (int, float)) and not isinstance(raw, bool) and raw == raw  # not NaN
-        if ok and (low is None or raw > low or (raw == low and not open_low)) and (
-                high is None or raw <= high):  # type: ignore[operator]
-            return float(raw)  # type: ignore[arg-type]
+        if (isinstance(raw, (int, float)) and not isinstance(raw, bool)
+                and not (isinstance(raw, float) and math.isnan(raw))
+                and (low is None or raw > low or (raw == low and not open_low))
+                and (high is None or raw <= high)):
+            return float(raw)
         self.add(path, f"expected number{_range(low, high, open_low)}, got {show(raw)}")
         return None
 

@@ -1,15 +1,14 @@
 """Router configuration types: listeners, pools and entries, read from `router --config router.yaml`.
 
-The router process builds them once at start (`load_config`); every field is documented in
-docs/router-config.md. Parsing lives in config_builder.py, cross-reference checks in config_validation.py.
+The router process builds them once at start (loader.py); every field is documented in
+docs/router-config.md. A field's default is written here only: the loader reads it from the dataclass.
 """
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import ClassVar, Union
+from typing import ClassVar, TypeAlias
 
 APIS = ("chat", "completions", "responses", "messages", "models", "decisions")
 POLICIES = ("least_outstanding", "cache_aware", "round_robin")
@@ -130,7 +129,7 @@ class EmbeddingSignal:
     threshold: float = 0.6  # cosine similarity to the closest example
 
 
-Signal = Union[KeywordSignal, RegexSignal, ContextLengthSignal, EmbeddingSignal]
+Signal: TypeAlias = KeywordSignal | RegexSignal | ContextLengthSignal | EmbeddingSignal
 SIGNAL_TYPES: dict[str, type] = {s.type: s for s in (KeywordSignal, RegexSignal, ContextLengthSignal,
                                                       EmbeddingSignal)}
 
@@ -155,7 +154,7 @@ class Not:
     item: Expr
 
 
-Expr = Union[SignalRef, AnyOf, AllOf, Not]
+Expr: TypeAlias = SignalRef | AnyOf | AllOf | Not
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +195,7 @@ class EscalateAlgorithm:
     max_calls: int = 2
 
 
-Algorithm = Union[StaticAlgorithm, WeightedAlgorithm, EscalateAlgorithm]
+Algorithm: TypeAlias = StaticAlgorithm | WeightedAlgorithm | EscalateAlgorithm
 ALGORITHM_TYPES: dict[str, type] = {a.type: a for a in (StaticAlgorithm, WeightedAlgorithm,
                                                          EscalateAlgorithm)}
 
@@ -221,21 +220,3 @@ class RouterConfig:
     entries: Mapping[str, EntryConfig]  # in file order
     source: str = "<config>"
 
-
-def parse_config(data: object, source: str = "<config>", *,
-                 env: Mapping[str, str] | None = None) -> RouterConfig:
-    """Build a RouterConfig from parsed YAML; raise ConfigError listing every problem.
-
-    `env` (default: os.environ) supplies the variables named by `api_keys_env` / `api_key_env`.
-    """
-    # Imported here because the builder imports the types above.
-    from services.router.config_builder import build
-
-    return build(data, source, env)
-
-
-def load_config(path: Path, *, env: Mapping[str, str] | None = None) -> RouterConfig:
-    """Read and validate a router YAML file."""
-    from services.router.config_builder import read_yaml
-
-    return parse_config(read_yaml(path), str(path), env=env)

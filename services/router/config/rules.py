@@ -1,6 +1,6 @@
 """Value rules for the router config: URLs, regexes, names that must exist or be unique.
 
-Each rule returns a problem message (or None); the builder, run by the router at start, prefixes
+Each rule returns a problem message (or None); the loader, run by the router at start, prefixes
 it with the key path.
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ import re
 from collections.abc import Collection, Iterable, Sequence
 from urllib.parse import urlsplit
 
-from services.router.config import REGEX_FLAGS
+from services.router.config.types import REGEX_FLAGS
 
 
 def url_problem(value: str) -> str | None:

@@ -1,0 +1,16 @@
+"""The router's public APIs by name (router process): each adapter once, in the order listeners'
+`apis` list them. An API is one module in this package plus its line here."""
+from __future__ import annotations
+
+from services.router.adapters import Adapter
+from services.router.adapters.anthropic import MESSAGES
+from services.router.adapters.openai import CHAT, COMPLETIONS
+from services.router.adapters.responses import RESPONSES
+
+ADAPTERS: dict[str, Adapter] = {adapter.name: adapter for adapter in (CHAT, COMPLETIONS, RESPONSES, MESSAGES)}
+
+
+def error_shape(api: str | None) -> Adapter:
+    """The adapter whose error body `api` answers with: its own; OpenAI's (chat's) for the router's
+    routes that are no adapted API (models, decisions, metrics, paths it does not know)."""
+    return ADAPTERS.get(api or "", CHAT)

@@ -1,0 +1,44 @@
+"""The OpenAI chat and completions adapters (services/router/adapters/openai.py) and the registry
+that finds every API's adapter by name (adapters/registry.py)."""
+from __future__ import annotations
+
+import pytest
+
+from services.router.adapters import AdapterError
+from services.router.adapters.openai import CHAT, COMPLETIONS, openai_error
+from services.router.adapters.registry import ADAPTERS, error_shape
+from services.router.config import APIS
+
+
+def test_chat_and_completions_pass_through() -> None:
+    body = {"model": "m", "messages": [], "whatever": 1}
+    assert CHAT.to_chat(body) is body and CHAT.from_chat(body, {}) is body
+    assert (CHAT.path, CHAT.upstream_path, COMPLETIONS.path, COMPLETIONS.upstream_path) == (
+        "/v1/chat/completions", "/v1/chat/completions", "/v1/completions", "/v1/completions")
+    assert CHAT.passthrough and COMPLETIONS.passthrough and CHAT.refusal_body(400, b"{}") is None
+    with pytest.raises(AdapterError, match="model: a model name") as info:
+        COMPLETIONS.to_chat({"prompt": "x"})
+    assert info.value.param == "model"
+
+
+def test_replayed_chunks_are_upstreams_own_event_stream() -> None:
+    stream = CHAT.stream({})
+    assert stream.start() == b""
+    assert stream.feed({"a": 1}) == b'data: {"a":1}\n\n' and stream.finish() == b"data: [DONE]\n\n"
+    assert stream.error("gone") == b'data: {"error":{"message":"gone","type":"upstream_error","code":502}}\n\n'
+
+
+def test_the_openai_error_shape() -> None:
+    assert openai_error(429, "slow down", None, "overloaded") == {
+        "error": {"message": "slow down", "type": "rate_limit_error", "param": None, "code": "overloaded"}}
+    assert openai_error(400, "bad", "model") == {
+        "error": {"message": "bad", "type": "invalid_request_error", "param": "model", "code": 400}}
+    assert openai_error(418, "teapot")["error"]["type"] == "error"
+
+
+def test_the_registry_names_every_adapted_api_once() -> None:
+    assert list(ADAPTERS) == ["chat", "completions", "responses", "messages"]
+    assert all(name in APIS and adapter.name == name for name, adapter in ADAPTERS.items())
+    assert len({adapter.path for adapter in ADAPTERS.values()}) == len(ADAPTERS)
+    assert error_shape("messages") is ADAPTERS["messages"]
+    assert error_shape("models") is error_shape(None) is CHAT  # the router's own routes answer as OpenAI
