@@ -1,0 +1,126 @@
+"""The package layout DESIGN.md asks for, read from the source with `ast`: no import circles inside a
+service or the protocol (every import counts: module level, inside functions, under TYPE_CHECKING),
+services import `protocol` and never each other, and `protocol` needs nothing but the stdlib and msgspec."""
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("protocol", "services.engine", "services.frontend", "services.router")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules(package: str) -> dict[str, Path]:
+    base = ROOT.joinpath(*package.split("."))
+    return {_module_name(p): p for p in sorted(base.rglob("*.py"))}
+
+
+def _imports(path: Path, name: str) -> set[str]:
+    """Every module name an import statement in the file mentions (absolute, as written or resolved)."""
+    is_package = path.name == "__init__.py"
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against this module's package
+                package = name.split(".") if is_package else name.split(".")[:-1]
+                base = ".".join(package[: len(package) - node.level + 1])
+                module = f"{base}.{node.module}" if node.module else base
+            else:
+                module = node.module or ""
+            # `from pkg import name`: the submodule pkg.name when there is one (_graph trims a name that
+            # is no module back to pkg), so `from pkg import mod` does not count as importing pkg's __init__.
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _graph(package: str) -> dict[str, set[str]]:
+    modules = _modules(package)
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        edges = set()
+        for target in _imports(path, name):
+            # An import of a.b.c also runs a/__init__ and a/b/__init__; the edge that matters is to the
+            # module named, so take the longest name that is one of ours.
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                edges.add(target)
+        graph[name] = edges
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_import_circles(package: str) -> None:
+    graph = _graph(package)
+    assert len(graph) > 5 and any(graph.values()), "the walk found no package"
+    cycles = _cycles(graph)
+    assert not cycles, f"import circles in {package}: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+@pytest.mark.parametrize("package", PACKAGES[1:])
+def test_services_import_protocol_and_never_each_other(package: str) -> None:
+    others = [p for p in PACKAGES[1:] if p != package]
+    for name, path in _modules(package).items():
+        for target in _imports(path, name):
+            assert not any(target == o or target.startswith(o + ".") for o in others), \
+                f"{name} imports {target}: services share only `protocol`"
+
+
+def test_protocol_is_pure() -> None:
+    allowed = {"msgspec", "msgpack", "protocol"}
+    for name, path in _modules("protocol").items():
+        for target in _imports(path, name):
+            top = target.split(".")[0]
+            assert top in allowed or top in sys.stdlib_module_names, f"{name} imports {target}"
+
+
+def test_the_checker_finds_a_circle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
