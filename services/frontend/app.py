@@ -17,10 +17,18 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from protocol import ERROR_DRAINING, ERROR_INVALID, GenerateRequest
 from protocol.block_hash import block_hashes
 from services.frontend import responses
+from services.frontend.asgi import (
+    ClientGone,
+    header,
+    read_body,
+    send_json,
+    watch_disconnect,
+)
 from services.frontend.config import FrontendConfig
 from services.frontend.detokenizer import IncrementalDetokenizer
 from services.frontend.engines import EngineSet
@@ -41,17 +49,8 @@ from services.frontend.stream import EngineFailure, Stream
 
 log = logging.getLogger(__name__)
 
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-
 COMPLETION_DEFAULT_MAX_TOKENS = 16
-_JSON_HEADERS = [(b"content-type", b"application/json")]
 _SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
-
-
-class ClientGone(Exception):
-    pass
 
 
 class Frontend:
@@ -75,12 +74,12 @@ class Frontend:
             await self.starlette(scope, receive, send)
             return
         if scope["method"] != "POST":
-            await _send_json(send, 405, error_body(405, f"{scope['path']} accepts POST only"))
+            await send_json(send, 405, error_body(405, f"{scope['path']} accepts POST only"))
             return
         try:
             await handler(scope, receive, send)
         except APIError as exc:
-            await _send_json(send, exc.status, exc.body())
+            await send_json(send, exc.status, exc.body())
         except ClientGone:
             pass
 
@@ -106,7 +105,7 @@ class Frontend:
     # ---- generation routes (lean ASGI) ----
 
     async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = await self._body(scope, receive)
+        body = await read_body(scope, receive, self.config.max_body_bytes)
         req: ChatCompletionRequest = parse(ChatCompletionRequest, body)
         self._check_model(req.model)
         check_common(req)
@@ -140,7 +139,7 @@ class Frontend:
         return self.model.encode(text, add_special_tokens=False)
 
     async def _completions(self, scope: Scope, receive: Receive, send: Send) -> None:
-        req: CompletionRequest = parse(CompletionRequest, await self._body(scope, receive))
+        req: CompletionRequest = parse(CompletionRequest, await read_body(scope, receive, self.config.max_body_bytes))
         self._check_model(req.model)
         check_common(req)
         if req.echo or req.suffix is not None or req.logprobs is not None:
@@ -183,7 +182,7 @@ class Frontend:
                            f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the prompt, "
                            f"{max_tokens} for the completion)", param="max_tokens")
         sampling = sampling_params(req, max_tokens, self.model.tokenizer.get_vocab_size(with_added_tokens=True))
-        pinned = _pinned_rank(scope)
+        pinned = _pinned_rank(header(scope, b"x-data-parallel-rank"))
         stream = Stream(request_id, prompt_len, max_tokens)
 
         def hashes(block_size: int) -> list[int]:
@@ -199,7 +198,7 @@ class Frontend:
         self.engines.submit(engine, stream, request)
         self.metrics.running.inc()
         self.metrics.prompt_tokens.inc(prompt_len)
-        watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, stream))
+        watcher = asyncio.get_running_loop().create_task(watch_disconnect(receive, stream.fail))
         try:
             if req.stream:
                 await run.stream(send, responses.ChunkWriter(request_id, self.model.name, chat=chat),
@@ -214,25 +213,6 @@ class Frontend:
             self.metrics.running.dec()
 
     # ---- helpers ----
-
-    async def _body(self, scope: Scope, receive: Receive) -> bytes:
-        limit = self.config.max_body_bytes
-        for name, value in scope["headers"]:
-            if name == b"content-length" and value.isdigit() and int(value) > limit:
-                raise APIError(413, f"request body is {int(value)} bytes; the limit is {limit}")
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise ClientGone
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise APIError(413, f"request body exceeds the limit of {limit} bytes")
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
 
     def _check_model(self, name: str) -> None:
         if name != self.model.name:
@@ -257,8 +237,23 @@ class Frontend:
 class _Run:
     """Turns one request's engine outputs into text: detokenize, stop strings, counts, timings."""
 
-    __slots__ = ("fe", "req", "sink", "detok", "stops", "started", "last", "completion_tokens",
-                 "cached_tokens", "finish", "stop_reason", "counts", "request", "hashes", "tried")
+    __slots__ = (
+        "cached_tokens",
+        "completion_tokens",
+        "counts",
+        "detok",
+        "fe",
+        "finish",
+        "hashes",
+        "last",
+        "req",
+        "request",
+        "sink",
+        "started",
+        "stop_reason",
+        "stops",
+        "tried",
+    )
 
     def __init__(self, fe: Frontend, req: Any, stream: Stream, ids: list[int], started: float,
                  request: GenerateRequest, hashes: Callable[[int], list[int]]) -> None:
@@ -352,12 +347,12 @@ class _Run:
                 parts += await self.pieces()
         except EngineFailure as exc:
             self.fe.metrics.finished("error")
-            await _send_json(send, exc.status, error_body(exc.status, str(exc)))
+            await send_json(send, exc.status, error_body(exc.status, str(exc)))
             return
         build = responses.chat_completion if chat else responses.text_completion
         body = build(self.sink.request_id, self.fe.model.name, "".join(parts), self.finish,  # type: ignore[arg-type]
                      self.stop_reason, self._done())
-        await _send_json(send, 200, body, [(b"x-data-parallel-rank", str(self.sink.rank).encode())])
+        await send_json(send, 200, body, [(b"x-data-parallel-rank", str(self.sink.rank).encode())])
 
     async def stream(self, send: Send, writer: responses.ChunkWriter, include_usage: bool,
                      continuous_usage: bool = False) -> None:
@@ -394,7 +389,7 @@ class _Run:
         except EngineFailure as exc:
             self.fe.metrics.finished("error")
             if not started:
-                await _send_json(send, exc.status, error_body(exc.status, str(exc)),
+                await send_json(send, exc.status, error_body(exc.status, str(exc)),
                                  [(b"x-data-parallel-rank", str(self.sink.rank).encode())])
                 return
             await send({"type": "http.response.body", "body": writer.error(exc.status, str(exc)) + responses.DONE,
@@ -404,32 +399,15 @@ class _Run:
         return responses.usage(self.sink.prompt_len, completion_tokens, self.cached_tokens)
 
 
-async def _watch_disconnect(receive: Receive, stream: Stream) -> None:
-    """hypercorn speaks ASGI 2.1: the only way to see a client leave is to keep reading receive()."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            stream.fail("client disconnected")
-            return
-
-
-async def _send_json(send: Send, status: int, body: bytes,
-                     headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": _JSON_HEADERS + headers if headers else _JSON_HEADERS})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-def _pinned_rank(scope: Scope) -> int | None:
-    for name, value in scope["headers"]:
-        if name == b"x-data-parallel-rank":
-            try:
-                return int(value)
-            except ValueError:
-                got = value.decode(errors="replace")
-                raise APIError(400, f"X-Data-Parallel-Rank must be an integer rank, got {got!r}",
-                               param="X-Data-Parallel-Rank") from None
-    return None
+def _pinned_rank(value: bytes | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        got = value.decode(errors="replace")
+        raise APIError(400, f"X-Data-Parallel-Rank must be an integer rank, got {got!r}",
+                       param="X-Data-Parallel-Rank") from None
 
 
 def _message_dict(i: int, message: Any) -> dict[str, Any]:
