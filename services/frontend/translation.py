@@ -69,9 +69,11 @@ class EngineRequest:
 
 
 class Translator:
-    """One per API server process. `schema` decodes the body (types, required fields) and checks the
-    sampling ranges; this class checks the rest (model, unsupported features, prompt forms, context
-    length, the rank pin). `max_model_len` answers for the engines (503 while none has handshaken); it is
+    """One per API server process. Each check is made once, by one layer: `schema` decodes the body
+    (types, required fields) and checks the sampling ranges; `ChatTemplate.render` checks its own
+    options (add_generation_prompt with continue_final_message, a non-empty message list) for every
+    caller; this class checks the rest (model, unsupported features, prompt forms, context length,
+    the rank pin). `max_model_len` answers for the engines (503 while none has handshaken); it is
     asked only once the body has passed its own checks, so a bad body is a 400 even then."""
 
     def __init__(self, model: Model, max_model_len: Callable[[], int], *, long_prompt_chars: int,
@@ -93,12 +95,7 @@ class Translator:
             req.max_tokens = req.max_completion_tokens
         if req.logprobs or req.top_logprobs:
             raise APIError(400, "logprobs are not supported by this server yet", param="logprobs")
-        if req.add_generation_prompt and req.continue_final_message:
-            raise APIError(400, "add_generation_prompt and continue_final_message cannot both be true",
-                           param="continue_final_message")
         messages = [_message_dict(i, m) for i, m in enumerate(req.messages)]
-        if not messages:
-            raise APIError(400, "messages: at least one message is required", param="messages")
         long = len(body) > self._long_prompt_chars  # messages, tools and kwargs all count
         ids = await self._off_loop(long, self._render_and_encode, messages, req)
         return self._engine_request(req, ids, pin, chat=True, request_id=f"chatcmpl-{os.urandom(12).hex()}")
@@ -165,6 +162,8 @@ class Translator:
                 continue_final_message=req.continue_final_message,
                 chat_template_kwargs=req.chat_template_kwargs)
         except TemplateError as exc:
+            if exc.param is not None:  # a render option of the request, not the template, is at fault
+                raise APIError(400, str(exc), param=exc.param) from None
             raise APIError(400, f"chat template error: {exc}", param="messages") from None
         return self._model.encode(text, add_special_tokens=False)
 
