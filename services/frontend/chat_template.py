@@ -28,7 +28,13 @@ GENERATION_TAG = re.compile(r"\{%([-+]?)\s*(end)?generation\s*([-+]?)%\}")
 
 
 class TemplateError(ValueError):
-    """A chat template that cannot be loaded, or cannot be rendered for this request (an HTTP 400)."""
+    """A chat template that cannot be loaded, or cannot be rendered for this request (an HTTP 400).
+    `param`: the render option at fault, when it is the options that do not go together (render
+    checks them for every caller, so an HTTP frontend need not check them again)."""
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class _Float:
@@ -263,9 +269,10 @@ class ChatTemplate:
         """The prompt text of a conversation. Raises TemplateError, naming the field, on a bad request."""
         if add_generation_prompt and continue_final_message:
             raise TemplateError("add_generation_prompt and continue_final_message cannot both be true: "
-                                "set add_generation_prompt to false to continue the final message")
+                                "set add_generation_prompt to false to continue the final message",
+                                param="continue_final_message")
         if not isinstance(messages, list) or not messages:
-            raise TemplateError("messages: must be a non-empty list")
+            raise TemplateError("messages: must be a non-empty list", param="messages")
         if tools is not None and not isinstance(tools, list):
             raise TemplateError("tools: must be a list or null")
         context: dict[str, Any] = dict(self._special_tokens, documents=None)

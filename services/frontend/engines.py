@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from protocol import (
-    AllCleared,
     Abort,
+    AllCleared,
     BlockRemoved,
     BlockStored,
     EngineDead,
@@ -32,7 +32,13 @@ from protocol import (
     make_hello,
 )
 from protocol.handshake import RejectCode
-from services.frontend.bridge import CONNECT_FAILED, DEALER, SEND_FAILED, Bridge, Inbound
+from services.frontend.bridge import (
+    CONNECT_FAILED,
+    DEALER,
+    SEND_FAILED,
+    Bridge,
+    Inbound,
+)
 from services.frontend.kv_index import KVIndex
 from services.frontend.stream import Stream
 
@@ -127,7 +133,7 @@ class EngineSet:
             self.changed.clear()
             try:
                 await asyncio.wait_for(self.changed.wait(), left)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     # ---- requests ----

@@ -13,7 +13,7 @@ log = logging.getLogger(__name__)
 
 
 class KVIndex:
-    __slots__ = ("rank", "blocks", "last_seq")
+    __slots__ = ("blocks", "last_seq", "rank")
 
     def __init__(self, rank: int) -> None:
         self.rank = rank

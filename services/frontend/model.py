@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer
 
@@ -36,5 +37,5 @@ class Model:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
 
-def _read_json(path: Path) -> dict:  # type: ignore[type-arg]
+def _read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {}

@@ -22,7 +22,7 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None 
 class ChunkWriter:
     """SSE events of one streamed response (chat or text completion)."""
 
-    __slots__ = ("_head", "_text_prefix", "_text_suffix", "_chat", "_id", "_model", "_created")
+    __slots__ = ("_chat", "_created", "_head", "_id", "_model", "_text_prefix", "_text_suffix")
 
     def __init__(self, request_id: str, model: str, *, chat: bool) -> None:
         self._id, self._model, self._chat, self._created = request_id, model, chat, int(time.time())

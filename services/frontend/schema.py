@@ -5,7 +5,7 @@ the allowed ranges. Unknown fields are ignored, as OpenAI-compatible servers do.
 """
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 
@@ -25,7 +25,7 @@ class ContentPart(msgspec.Struct):
 
 class ChatMessage(msgspec.Struct, omit_defaults=True):
     role: str
-    content: Union[str, list[ContentPart], None] = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
@@ -43,7 +43,7 @@ class _Sampling(msgspec.Struct, kw_only=True):
     min_p: float | None = None
     seed: int | None = None
     n: int = 1
-    stop: Union[str, list[str], None] = None
+    stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     min_tokens: int = 0
     ignore_eos: bool = False
@@ -61,7 +61,7 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
     tools: list[dict[str, Any]] | None = None
-    tool_choice: Union[str, dict[str, Any], None] = None
+    tool_choice: str | dict[str, Any] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
@@ -71,14 +71,15 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
 
 class CompletionRequest(_Sampling, kw_only=True):
     # str, token ids, or a one-element list of either (msgspec allows one array type in a union).
-    prompt: Union[str, list[Any]]
+    prompt: str | list[Any]
     echo: bool = False
     suffix: str | None = None
     logprobs: int | None = None
     add_special_tokens: bool = True
 
 
-_decoders = {cls: msgspec.json.Decoder(cls) for cls in (ChatCompletionRequest, CompletionRequest)}
+_decoders: dict[type[msgspec.Struct], msgspec.json.Decoder[Any]] = {
+    cls: msgspec.json.Decoder(cls) for cls in (ChatCompletionRequest, CompletionRequest)}
 
 
 def parse(cls: type[msgspec.Struct], body: bytes) -> Any:

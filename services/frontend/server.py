@@ -84,6 +84,8 @@ async def run(config: FrontendConfig, server_index: int = 0) -> int:
 
     tasks = [loop.create_task(startup()), loop.create_task(supervise_children())]
     try:
+        # hypercorn types scopes and events as TypedDicts, starlette (whose types the app uses) as
+        # MutableMapping; a TypedDict is not a MutableMapping to mypy, though both are ASGI dicts.
         await serve(app, hc, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
     finally:
         for t in tasks:
@@ -101,8 +103,9 @@ async def run(config: FrontendConfig, server_index: int = 0) -> int:
 def _start_siblings(config: FrontendConfig, addresses: list[str]) -> list[multiprocessing.process.BaseProcess]:
     ctx = multiprocessing.get_context("spawn")
     sibling = replace(config, data_parallel_size_local=0, engine_addresses=tuple(addresses))
-    procs = [ctx.Process(target=_sibling_main, args=(sibling, i), name=f"api-server-{i}")
-             for i in range(1, config.api_server_count)]
+    procs: list[multiprocessing.process.BaseProcess] = [
+        ctx.Process(target=_sibling_main, args=(sibling, i), name=f"api-server-{i}")
+        for i in range(1, config.api_server_count)]
     for p in procs:
         p.start()
     return procs

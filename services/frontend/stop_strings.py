@@ -19,7 +19,7 @@ class StopChecker:
     push() returns ("", matched) and flush() returns "".
     """
 
-    __slots__ = ("_stops", "_partial", "_hold", "_include", "_tail", "_matched")
+    __slots__ = ("_hold", "_include", "_matched", "_partial", "_stops", "_tail")
 
     def __init__(self, stops: Sequence[str], *, include_stop_str_in_output: bool = False) -> None:
         for i, stop in enumerate(stops):

@@ -17,8 +17,20 @@ class EngineFailure(RuntimeError):
 
 
 class Stream:
-    __slots__ = ("request_id", "rank", "engine_index", "prompt_len", "max_tokens", "generated", "_pending", "_waiter",
-                 "_error", "finished", "started", "gone")
+    __slots__ = (
+        "_error",
+        "_pending",
+        "_waiter",
+        "engine_index",
+        "finished",
+        "generated",
+        "gone",
+        "max_tokens",
+        "prompt_len",
+        "rank",
+        "request_id",
+        "started",
+    )
 
     def __init__(self, request_id: str, prompt_len: int, max_tokens: int) -> None:
         self.request_id = request_id

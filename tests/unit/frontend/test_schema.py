@@ -3,7 +3,13 @@ from __future__ import annotations
 import pytest
 
 from services.frontend.errors import APIError
-from services.frontend.schema import ChatCompletionRequest, CompletionRequest, check_common, parse, sampling_params
+from services.frontend.schema import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    check_common,
+    parse,
+    sampling_params,
+)
 
 
 def _err(cls: type, body: bytes) -> APIError:

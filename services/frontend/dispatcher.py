@@ -1,0 +1,47 @@
+"""Sends requests to engine ranks: the placement's choice, the submit, a second placement after a
+draining rank's refusal, and the abort. Runs on each API server's event loop."""
+from __future__ import annotations
+
+import logging
+
+from services.frontend.engines import Engine, EngineSet
+from services.frontend.placement import NoEngine, Placement
+from services.frontend.stream import Stream
+from services.frontend.translation import EngineRequest
+
+log = logging.getLogger(__name__)
+
+
+class Dispatcher:
+    """The engines as the request handlers and output processing (its EnginePort) see them."""
+
+    def __init__(self, engines: EngineSet, placement: Placement) -> None:
+        self._engines = engines
+        self._placement = placement
+
+    def choose(self, request: EngineRequest) -> Engine:
+        """The engine for a new request. Raises NoEngine."""
+        engine, _ = self._placement.choose(self._engines.engines, request.prompt_len, request.block_hashes,
+                                           pinned=request.request.pinned_rank, request_id=request.request_id)
+        return engine
+
+    def submit(self, engine: Engine, stream: Stream, request: EngineRequest) -> None:
+        self._engines.submit(engine, stream, request.request)
+
+    def place_again(self, stream: Stream, request: EngineRequest, exclude: set[int]) -> bool:
+        """Place it on an engine whose index is not in `exclude`; False when none can take it."""
+        engines = [e for e in self._engines.engines if e.index not in exclude]
+        try:
+            engine, _ = self._placement.choose(engines, stream.prompt_len, request.block_hashes,
+                                               request_id=stream.request_id)
+        except NoEngine:
+            return False
+        log.info("request %s: rank %d is draining; placing it on rank %d", stream.request_id, stream.rank,
+                 engine.rank)
+        stream.finished = stream.started = False
+        self._engines.submit(engine, stream, request.request)
+        return True
+
+    def abort(self, stream: Stream) -> None:
+        """Stop a request at its engine; a no-op unless it is still running there."""
+        self._engines.abort(stream)

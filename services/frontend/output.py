@@ -1,0 +1,147 @@
+"""Output processing: the only code that loops over a request's engine outputs (detokenize, stop
+strings, finish, usage, metrics, a draining rank's refusal placed again). Runs on each API server's
+event loop, one OutputProcessor per request, in one pass over each batch of queued outputs.
+
+Per output: detokenize -> stop strings -> DeltaProcessor -> text pieces for the writers. The
+DeltaProcessor is the seam for reasoning and tool-call parsers (incremental state machines fed one
+decoded delta at a time); by default there is none and the text passes through unchanged.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+from tokenizers import Tokenizer
+
+from protocol import ERROR_DRAINING, ERROR_INVALID
+from services.frontend import responses
+from services.frontend.detokenizer import IncrementalDetokenizer
+from services.frontend.metrics import Metrics
+from services.frontend.stop_strings import StopChecker
+from services.frontend.stream import EngineFailure, Stream
+from services.frontend.translation import EngineRequest, OutputOptions
+
+
+class EnginePort(Protocol):
+    """What output processing may ask of the engines serving its request."""
+
+    def abort(self, stream: Stream) -> None:
+        """Stop the request at its engine (a stop string matched)."""
+
+    def place_again(self, stream: Stream, request: EngineRequest, exclude: set[int]) -> bool:
+        """Send it to an engine whose index is not in `exclude`; False when none can take it."""
+
+
+class DeltaProcessor(Protocol):
+    """One request's incremental parser, fed each text delta in order once stop strings are applied."""
+
+    def push(self, delta: str) -> str:
+        """The text to emit now for this delta (possibly "": it may hold text back)."""
+
+    def flush(self) -> str:
+        """At finish, once: whatever it still holds."""
+
+
+class OutputProcessor:
+    """One request's engine outputs turned into text pieces, with its counts, timings and metrics.
+
+    Call pieces() until `finish` is set. It records the request's metrics when it ends, also when it
+    fails (EngineFailure), so the writers only write."""
+
+    __slots__ = ("_deltas", "_detok", "_engines", "_last", "_metrics", "_request", "_start", "_stops",
+                 "_tried", "cached_tokens", "completion_tokens", "counts", "finish", "options", "stop_reason",
+                 "stream")
+
+    def __init__(self, stream: Stream, request: EngineRequest, *, tokenizer: Tokenizer, engines: EnginePort,
+                 metrics: Metrics, deltas: DeltaProcessor | None = None) -> None:
+        self.stream, self._request, self._engines, self._metrics = stream, request, engines, metrics
+        self.options: OutputOptions = request.output
+        self._detok = IncrementalDetokenizer(tokenizer, request.request.prompt_token_ids,
+                                             skip_special_tokens=self.options.skip_special_tokens)
+        stops = self.options.stop
+        self._stops = (StopChecker(stops, include_stop_str_in_output=self.options.include_stop_str_in_output)
+                       if stops else None)
+        self._deltas = deltas
+        self._tried: set[int] = set()  # engine indexes that refused it while draining
+        self._start = time.monotonic()
+        self._last = 0.0
+        self.completion_tokens = 0
+        self.cached_tokens = 0
+        self.finish: str | None = None
+        self.stop_reason: int | str | None = None
+        self.counts: list[int] = []  # completion tokens so far at each of the latest pieces
+
+    async def pieces(self) -> list[str]:
+        """Text of everything the engine produced since the last call; sets `finish` when done.
+        Raises EngineFailure when the engine failed or refused the request, or the client left."""
+        m = self._metrics
+        try:
+            outs = await self.stream.next()
+        except EngineFailure:
+            m.finished("error")
+            raise
+        now = time.monotonic()
+        detok, stops, deltas = self._detok, self._stops, self._deltas
+        pieces: list[str] = []
+        counts = self.counts = []
+        for out in outs:
+            n = len(out.new_token_ids)
+            if n:
+                if self.completion_tokens == 0:
+                    m.ttft.observe(now - self._start)
+                    self.cached_tokens = out.num_cached_tokens
+                else:
+                    m.itl.observe(now - self._last)
+                self._last = now
+                self.completion_tokens += n
+            text = detok.push(out.new_token_ids) if n else ""
+            reason = out.finish_reason
+            if reason is not None:
+                if reason == "error" and out.error_kind == ERROR_DRAINING and self._place_again():
+                    continue
+                if reason in ("error", "abort"):
+                    m.finished("error")
+                    raise EngineFailure(out.error or f"the engine ended the request ({reason})",
+                                        400 if out.error_kind == ERROR_INVALID else 503)
+                text += detok.flush()
+            matched = None
+            if stops is not None:
+                text, matched = stops.push(text)
+                if matched is None and reason is not None:
+                    text += stops.flush()
+            if deltas is not None:
+                if text:
+                    text = deltas.push(text)
+                if matched is not None or reason is not None:
+                    text += deltas.flush()
+            if text:
+                pieces.append(text)
+                counts.append(self.completion_tokens)
+            if matched is not None:
+                self._engines.abort(self.stream)
+                self._finished("stop", matched)
+                break
+            if reason is not None:
+                self._finished(reason, out.stop_reason)
+                break
+        return pieces
+
+    def usage(self, completion_tokens: int) -> dict[str, Any]:
+        """The usage body with this many completion tokens (the total once finished, or so far)."""
+        return responses.usage(self.stream.prompt_len, completion_tokens, self.cached_tokens)
+
+    def _finished(self, reason: str, stop_reason: int | str | None) -> None:
+        self.finish, self.stop_reason = reason, stop_reason
+        m = self._metrics
+        m.generation_tokens.inc(self.completion_tokens)
+        m.e2e.observe(time.monotonic() - self._start)
+        m.finished(reason)
+
+    def _place_again(self) -> bool:
+        """A draining rank turned the request away before generating any of it: place it on another
+        rank (not pinned requests: they asked for that rank). False when there is none to try."""
+        stream = self.stream
+        if self.completion_tokens or self._request.request.pinned_rank is not None or stream.gone is not None:
+            return False  # tokens were produced, the rank was asked for, or the client left meanwhile
+        self._tried.add(stream.engine_index)
+        return self._engines.place_again(stream, self._request, self._tried)

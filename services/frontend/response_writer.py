@@ -1,0 +1,75 @@
+"""Drives one generation response from output processing to the ASGI send: a JSON body once the request
+finishes, or SSE events with every event queued since the last wake-up joined into one body send.
+Runs on each API server's event loop."""
+from __future__ import annotations
+
+from starlette.types import Send
+
+from services.frontend import responses
+from services.frontend.asgi import send_json
+from services.frontend.errors import error_body
+from services.frontend.output import OutputProcessor
+from services.frontend.stream import EngineFailure
+
+SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+
+
+def _rank_header(outputs: OutputProcessor) -> tuple[bytes, bytes]:
+    return b"x-data-parallel-rank", str(outputs.stream.rank).encode()
+
+
+async def send_completion(send: Send, outputs: OutputProcessor, model: str) -> None:
+    """The whole response as one JSON body, once the request has finished."""
+    parts: list[str] = []
+    finish = None
+    try:
+        while finish is None:
+            parts += await outputs.pieces()
+            finish = outputs.finish
+    except EngineFailure as exc:
+        await send_json(send, exc.status, error_body(exc.status, str(exc)))
+        return
+    build = responses.chat_completion if outputs.options.chat else responses.text_completion
+    body = build(outputs.stream.request_id, model, "".join(parts), finish, outputs.stop_reason,
+                 outputs.usage(outputs.completion_tokens))
+    await send_json(send, 200, body, [_rank_header(outputs)])
+
+
+async def send_stream(send: Send, outputs: OutputProcessor, model: str) -> None:
+    """SSE events as the outputs arrive.
+
+    The response starts with the first output, so that x-data-parallel-rank names the rank that
+    serves it (also after a draining rank's refusal moved it) and a failure before any output
+    gets its own status rather than an error event."""
+    options = outputs.options
+    writer = responses.ChunkWriter(outputs.stream.request_id, model, chat=options.chat)
+    text, usage, continuous = writer.text, outputs.usage, options.continuous_usage
+    started = False
+    try:
+        while outputs.finish is None:
+            pieces = await outputs.pieces()
+            if continuous:
+                events = [text(p, usage(n)) for p, n in zip(pieces, outputs.counts)]
+            else:
+                events = [text(p) for p in pieces]
+            if not started:
+                started = True
+                await send({"type": "http.response.start", "status": 200,
+                            "headers": [*SSE_HEADERS, _rank_header(outputs)]})
+                if options.chat:
+                    events.insert(0, writer.role(usage(0) if continuous else None))
+            finish = outputs.finish
+            if finish is not None:
+                total = usage(outputs.completion_tokens)
+                events.append(writer.finish(finish, outputs.stop_reason, total if continuous else None))
+                if options.include_usage:
+                    events.append(writer.usage(total))
+                events.append(responses.DONE)
+            if events:
+                await send({"type": "http.response.body", "body": b"".join(events), "more_body": finish is None})
+    except EngineFailure as exc:
+        if not started:
+            await send_json(send, exc.status, error_body(exc.status, str(exc)), [_rank_header(outputs)])
+            return
+        await send({"type": "http.response.body", "body": writer.error(exc.status, str(exc)) + responses.DONE,
+                    "more_body": False})

@@ -1,0 +1,203 @@
+"""Request translation: an OpenAI body, checked once, turned into a ready engine request (prompt ids,
+sampling params, output options). Runs on each API server's event loop; long prompts are rendered
+and tokenized in its worker threads."""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, ParamSpec, TypeVar
+
+import msgspec
+
+from protocol import GenerateRequest
+from protocol.block_hash import block_hashes
+from services.frontend.chat_template import TemplateError
+from services.frontend.errors import APIError
+from services.frontend.model import Model
+from services.frontend.schema import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    check_common,
+    parse,
+    sampling_params,
+    stop_list,
+)
+
+COMPLETION_DEFAULT_MAX_TOKENS = 16
+PIN_HEADER = "X-Data-Parallel-Rank"
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+@dataclass(slots=True, frozen=True)
+class OutputOptions:
+    """How a request's engine outputs become its response (for output processing and the writers)."""
+
+    chat: bool
+    stream: bool
+    include_usage: bool
+    continuous_usage: bool  # every chunk carries the usage so far (vLLM's continuous_usage_stats)
+    stop: tuple[str, ...]
+    include_stop_str_in_output: bool
+    skip_special_tokens: bool
+
+
+@dataclass(slots=True, frozen=True)
+class EngineRequest:
+    """A checked request, ready to place: the message for the engine and how to present its outputs."""
+
+    request: GenerateRequest
+    max_tokens: int
+    output: OutputOptions
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.request.prompt_token_ids)
+
+    def block_hashes(self, block_size: int) -> list[int]:
+        """The prompt's chained block hashes, as the engines' KV events name their blocks."""
+        return block_hashes(self.request.prompt_token_ids, block_size, salt=self.request.cache_salt)
+
+
+class Translator:
+    """One per API server process. Each check is made once, by one layer: `schema` decodes the body
+    (types, required fields) and checks the sampling ranges; `ChatTemplate.render` checks its own
+    options (add_generation_prompt with continue_final_message, a non-empty message list) for every
+    caller; this class checks the rest (model, unsupported features, prompt forms, context length,
+    the rank pin). `max_model_len` answers for the engines (503 while none has handshaken); it is
+    asked only once the body has passed its own checks, so a bad body is a 400 even then."""
+
+    def __init__(self, model: Model, max_model_len: Callable[[], int], *, long_prompt_chars: int,
+                 max_concurrent_tokenizations: int) -> None:
+        self._model = model
+        self._max_model_len = max_model_len
+        self._long_prompt_chars = long_prompt_chars
+        self._pool = ThreadPoolExecutor(max_concurrent_tokenizations, thread_name_prefix="tokenize")
+
+    async def chat(self, body: bytes, pin: bytes | None) -> EngineRequest:
+        """A /v1/chat/completions body; `pin`: the X-Data-Parallel-Rank header, if sent."""
+        req: ChatCompletionRequest = parse(ChatCompletionRequest, body)
+        self._check_model(req.model)
+        check_common(req)
+        if req.max_completion_tokens is not None:
+            if req.max_completion_tokens < 1:
+                raise APIError(400, f"max_completion_tokens={req.max_completion_tokens} is out of range: "
+                               "must be >= 1", param="max_completion_tokens")
+            req.max_tokens = req.max_completion_tokens
+        if req.logprobs or req.top_logprobs:
+            raise APIError(400, "logprobs are not supported by this server yet", param="logprobs")
+        messages = [_message_dict(i, m) for i, m in enumerate(req.messages)]
+        long = len(body) > self._long_prompt_chars  # messages, tools and kwargs all count
+        ids = await self._off_loop(long, self._render_and_encode, messages, req)
+        return self._engine_request(req, ids, pin, chat=True, request_id=f"chatcmpl-{os.urandom(12).hex()}")
+
+    async def completion(self, body: bytes, pin: bytes | None) -> EngineRequest:
+        """A /v1/completions body; `pin`: the X-Data-Parallel-Rank header, if sent."""
+        req: CompletionRequest = parse(CompletionRequest, body)
+        self._check_model(req.model)
+        check_common(req)
+        if req.echo or req.suffix is not None or req.logprobs is not None:
+            field = "echo" if req.echo else "suffix" if req.suffix is not None else "logprobs"
+            raise APIError(400, f"{field} is not supported by this server yet", param=field)
+        prompt = req.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            if len(prompt) != 1:
+                raise APIError(400, "prompt: batches of prompts are not supported; send one prompt per request",
+                               param="prompt")
+            prompt = prompt[0]
+        if isinstance(prompt, list) and not all(type(t) is int for t in prompt):
+            raise APIError(400, "prompt: expected a string, a list of token ids, or a list with one of those",
+                           param="prompt")
+        ids: list[int]
+        if isinstance(prompt, str):
+            ids = await self._off_loop(len(prompt) > self._long_prompt_chars, self._model.encode, prompt,
+                                       add_special_tokens=req.add_special_tokens)
+        else:
+            ids = list(prompt)
+            vocab = self._model.tokenizer.get_vocab_size(with_added_tokens=True)
+            bad = next((t for t in ids if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise APIError(400, f"prompt: token id {bad} is out of range [0, {vocab})", param="prompt")
+        if not ids:
+            raise APIError(400, "prompt: must not be empty", param="prompt")
+        return self._engine_request(req, ids, pin, chat=False, request_id=f"cmpl-{os.urandom(12).hex()}")
+
+    def _engine_request(self, req: ChatCompletionRequest | CompletionRequest, ids: list[int], pin: bytes | None,
+                        *, chat: bool, request_id: str) -> EngineRequest:
+        max_len = self._max_model_len()
+        prompt_len = len(ids)
+        if prompt_len >= max_len:
+            raise APIError(400, f"This model's maximum context length is {max_len} tokens, but the prompt "
+                           f"has {prompt_len} tokens", param="messages" if chat else "prompt")
+        # As OpenAI and vLLM: chat may use the rest of the context, a text completion defaults to 16.
+        default = max_len - prompt_len if chat else min(COMPLETION_DEFAULT_MAX_TOKENS, max_len - prompt_len)
+        max_tokens = req.max_tokens if req.max_tokens is not None else default
+        if prompt_len + max_tokens > max_len:
+            raise APIError(400, f"This model's maximum context length is {max_len} tokens. However, you "
+                           f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the prompt, "
+                           f"{max_tokens} for the completion)", param="max_tokens")
+        sampling = sampling_params(req, max_tokens, self._model.tokenizer.get_vocab_size(with_added_tokens=True))
+        pinned = _pinned_rank(pin)
+        usage = req.stream_options is not None and req.stream_options.include_usage
+        continuous = usage and req.stream_options is not None and req.stream_options.continuous_usage_stats
+        output = OutputOptions(chat=chat, stream=req.stream, include_usage=usage, continuous_usage=continuous,
+                               stop=tuple(stop_list(req)), include_stop_str_in_output=req.include_stop_str_in_output,
+                               skip_special_tokens=req.skip_special_tokens)
+        request = GenerateRequest(request_id, ids, sampling, time.time(), req.priority, None, req.cache_salt, pinned)
+        return EngineRequest(request, max_tokens, output)
+
+    def _render_and_encode(self, messages: list[dict[str, Any]], req: ChatCompletionRequest) -> list[int]:
+        try:
+            text = self._model.template.render(
+                messages, tools=req.tools, add_generation_prompt=req.add_generation_prompt,
+                continue_final_message=req.continue_final_message,
+                chat_template_kwargs=req.chat_template_kwargs)
+        except TemplateError as exc:
+            if exc.param is not None:  # a render option of the request, not the template, is at fault
+                raise APIError(400, str(exc), param=exc.param) from None
+            raise APIError(400, f"chat template error: {exc}", param="messages") from None
+        return self._model.encode(text, add_special_tokens=False)
+
+    def _check_model(self, name: str) -> None:
+        if name != self._model.name:
+            raise APIError(404, f"The model `{name}` does not exist; this server serves `{self._model.name}`",
+                           param="model", code="model_not_found")
+
+    async def _off_loop(self, long: bool, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        """Long prompts are rendered and tokenized in a worker thread, so other streams keep flowing."""
+        if not long:
+            return fn(*args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+
+
+def _pinned_rank(value: bytes | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        got = value.decode(errors="replace")
+        raise APIError(400, f"{PIN_HEADER} must be an integer rank, got {got!r}", param=PIN_HEADER) from None
+
+
+def _message_dict(i: int, message: Any) -> dict[str, Any]:
+    d: dict[str, Any] = msgspec.to_builtins(message)
+    content = d.get("content")
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            if part.get("type") != "text" or part.get("text") is None:
+                raise APIError(400, f"messages[{i}].content[{j}]: only text content parts are supported",
+                               param=f"messages[{i}].content[{j}]")
+            texts.append(part["text"])
+        d["content"] = "\n".join(texts)
+    return d

@@ -1,0 +1,129 @@
+"""Output processing in process: a Stream fed by hand, a fake EnginePort, the tiny model's tokenizer."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from protocol import GenerateRequest, RequestOutput, SamplingParams
+from services.frontend.metrics import Metrics
+from services.frontend.model import Model
+from services.frontend.output import OutputProcessor
+from services.frontend.stream import EngineFailure, Stream
+from services.frontend.translation import EngineRequest, OutputOptions
+
+HELLO, WORLD, COMMA = 9707, 1879, 11  # "Hello", " world", ","
+
+
+class _Engines:
+    def __init__(self, accept: bool = True) -> None:
+        self.aborted: list[str] = []
+        self.placed: list[set[int]] = []
+        self.accept = accept
+
+    def abort(self, stream: Stream) -> None:
+        self.aborted.append(stream.request_id)
+
+    def place_again(self, stream: Stream, request: EngineRequest, exclude: set[int]) -> bool:
+        self.placed.append(set(exclude))
+        if self.accept:
+            stream.engine_index = 1
+        return self.accept
+
+
+class _Upper:
+    """A parser stand-in: upper-cases, holds back the last character until the next delta or flush."""
+
+    def __init__(self) -> None:
+        self.fed: list[str] = []
+        self.held = ""
+        self.flushes = 0
+
+    def push(self, delta: str) -> str:
+        self.fed.append(delta)
+        out, self.held = (self.held + delta)[:-1], (self.held + delta)[-1]
+        return out.upper()
+
+    def flush(self) -> str:
+        self.flushes += 1
+        out, self.held = self.held, ""
+        return out.upper()
+
+
+@pytest.fixture(scope="module")
+def model() -> Model:
+    return Model.load("tiny", "tiny")
+
+
+def _processor(model: Model, engines: _Engines, *, stop: tuple[str, ...] = (), pinned: int | None = None,
+               deltas: _Upper | None = None) -> tuple[OutputProcessor, Stream, Metrics]:
+    request = EngineRequest(GenerateRequest("r1", [1, 2, 3], SamplingParams(max_tokens=8), time.time(),
+                                            pinned_rank=pinned), 8,
+                            OutputOptions(chat=False, stream=False, include_usage=False, continuous_usage=False,
+                                          stop=stop, include_stop_str_in_output=False, skip_special_tokens=True))
+    stream = Stream("r1", 3, 8)
+    stream.engine_index = 0
+    metrics = Metrics("tiny")
+    return OutputProcessor(stream, request, tokenizer=model.tokenizer, engines=engines, metrics=metrics,
+                           deltas=deltas), stream, metrics
+
+
+async def _drain(outputs: OutputProcessor) -> str:
+    text = []
+    while outputs.finish is None:
+        text += await outputs.pieces()
+    return "".join(text)
+
+
+def _success(metrics: Metrics, reason: str) -> float | None:
+    return metrics.registry.get_sample_value("vllm:request_success_total",
+                                             {"model_name": "tiny", "finished_reason": reason})
+
+
+def test_text_counts_and_finish(model: Model) -> None:
+    outputs, stream, metrics = _processor(model, _Engines())
+    stream.feed(RequestOutput("r1", [HELLO, WORLD], None))
+    stream.feed(RequestOutput("r1", [COMMA], "length"))
+    assert asyncio.run(_drain(outputs)) == "Hello world,"
+    assert (outputs.finish, outputs.completion_tokens, outputs.counts) == ("length", 3, [2, 3])
+    assert outputs.usage(3) == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
+    assert _success(metrics, "length") == 1
+
+
+def test_a_stop_string_finishes_and_aborts_at_the_engine(model: Model) -> None:
+    engines = _Engines()
+    outputs, stream, metrics = _processor(model, engines, stop=(" wor",))
+    stream.feed(RequestOutput("r1", [HELLO], None))
+    stream.feed(RequestOutput("r1", [WORLD], None))
+    assert asyncio.run(_drain(outputs)) == "Hello"
+    assert (outputs.finish, outputs.stop_reason, engines.aborted) == ("stop", " wor", ["r1"])
+    assert _success(metrics, "stop") == 1
+
+
+def test_a_draining_refusal_is_placed_again_then_served(model: Model) -> None:
+    engines = _Engines()
+    outputs, stream, _ = _processor(model, engines)
+    stream.feed(RequestOutput("r1", [], "error", error="draining", error_kind="draining"))
+    stream.feed(RequestOutput("r1", [HELLO], "length"))
+    assert asyncio.run(_drain(outputs)) == "Hello"
+    assert engines.placed == [{0}]
+
+
+def test_a_pinned_request_is_not_moved_off_a_draining_rank(model: Model) -> None:
+    engines = _Engines()
+    outputs, stream, metrics = _processor(model, engines, pinned=0)
+    stream.feed(RequestOutput("r1", [], "error", error="rank 0 is draining", error_kind="draining"))
+    with pytest.raises(EngineFailure, match="rank 0 is draining") as info:
+        asyncio.run(_drain(outputs))
+    assert info.value.status == 503 and engines.placed == []
+    assert _success(metrics, "error") == 1
+
+
+def test_the_delta_processor_sees_text_after_stop_strings_and_is_flushed_once(model: Model) -> None:
+    upper = _Upper()
+    outputs, stream, _ = _processor(model, _Engines(), stop=(",",), deltas=upper)
+    stream.feed(RequestOutput("r1", [HELLO], None))
+    stream.feed(RequestOutput("r1", [WORLD, COMMA], None))
+    assert asyncio.run(_drain(outputs)) == "HELLO WORLD"
+    assert upper.fed == ["Hello", " world"] and upper.flushes == 1
