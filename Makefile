@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: up test venv bench clean
+.PHONY: up test lint venv bench clean
 
 venv: $(STAMP)
 
@@ -22,7 +22,12 @@ $(STAMP): pyproject.toml
 	$(PY) -c "import vllm, zmq, msgspec, tokenizers, minijinja, starlette, hypercorn"
 	touch $(STAMP)
 
-test: $(STAMP)
+# Lint and type-check first (seconds), then every test.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+test: lint
 	$(PY) -m pytest tests -q
 
 # Two headless engine ranks (vllm backend on CPU, tiny model) and a frontend on :8000; Ctrl-C stops all.

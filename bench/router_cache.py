@@ -34,8 +34,9 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from services.frontend.model import Model  # noqa: E402
 from timing import percentile  # noqa: E402
+
+from services.frontend.model import Model  # noqa: E402
 from tests.support.procs import (  # noqa: E402
     EngineProc,
     FrontendProc,
@@ -266,7 +267,7 @@ def report(runs: list[Run], prompts: list[Prompt], best: list[int]) -> None:
         if len(ok) != len(run.results):
             failed = Counter(f"{r.status} {r.error[:120]}" for r in run.results if r not in ok)
             print(f"  {len(run.results) - len(ok)} failed: {dict(failed)}")
-        wrong = sum(1 for r, p in zip(run.results, prompts) if r in ok and r.prompt_tokens != len(p.ids))
+        wrong = sum(1 for r, p in zip(run.results, prompts, strict=True) if r in ok and r.prompt_tokens != len(p.ids))
         if wrong:
             print(f"  {wrong} answers counted other prompt_tokens than the bench's tokenization")
     cache_aware = next((r for r in runs if r.policy == "cache_aware"), None)

@@ -24,8 +24,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.support.procs import start_backend, start_router  # noqa: E402
 from timing import percentile  # noqa: E402
+
+from tests.support.procs import start_backend, start_router  # noqa: E402
 
 TARGET_P50_MS, TARGET_P99_MS = 1.0, 5.0
 TICKS = os.sysconf("SC_CLK_TCK")

@@ -17,11 +17,11 @@ from pathlib import Path
 # Runnable as a plain script from a checkout that is not pip-installed.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.router.policies import Policy  # noqa: E402
-from services.router.policies.cache_aware import CacheAware, PrefixTree  # noqa: E402
-from services.router.policies.least_outstanding import LeastOutstanding  # noqa: E402
-from services.router.policies.round_robin import RoundRobin  # noqa: E402
-from services.router.replicas import Lease, Pool, Replica  # noqa: E402
+from services.router.policies import Policy
+from services.router.policies.cache_aware import CacheAware, PrefixTree
+from services.router.policies.least_outstanding import LeastOutstanding
+from services.router.policies.round_robin import RoundRobin
+from services.router.replicas import Lease, Pool, Replica
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz ,.\n"
 

@@ -172,7 +172,7 @@ class _WindowStream:
             # Only when the prompt ended mid-character (its U+FFFD becomes a real character) or a
             # decoder is non-monotonic: emit from the first difference rather than lose text.
             common = 0
-            for a, b in zip(text, prefix):
+            for a, b in zip(text, prefix, strict=False):
                 if a != b:
                     break
                 common += 1

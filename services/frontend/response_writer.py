@@ -49,7 +49,7 @@ async def send_stream(send: Send, outputs: OutputProcessor, model: str) -> None:
         while outputs.finish is None:
             pieces = await outputs.pieces()
             if continuous:
-                events = [text(p, usage(n)) for p, n in zip(pieces, outputs.counts)]
+                events = [text(p, usage(n)) for p, n in zip(pieces, outputs.counts, strict=True)]
             else:
                 events = [text(p) for p in pieces]
             if not started:

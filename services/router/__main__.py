@@ -18,7 +18,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", required=True, type=Path,
                         help="router YAML: listeners, pools, entries (docs/router-config.md); validated at start")
     parser.add_argument("--port", type=int,
-                        help="serve the first listener on this port instead of its configured one; default: the config's")
+                        help="serve the first listener on this port instead of its configured one; "
+                             "default: the config's")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                         help="log level (default: info)")
     return parser

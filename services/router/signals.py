@@ -131,7 +131,7 @@ def _evaluate(signal: Signal, text: str, token_count: Callable[[str], int] | Non
 
 
 def _keyword(signal: KeywordSignal, text: str) -> SignalResult:
-    hits = [kw for kw, pattern in zip(signal.keywords, _keyword_patterns(signal)) if pattern.search(text)]
+    hits = [kw for kw, pattern in zip(signal.keywords, _keyword_patterns(signal), strict=True) if pattern.search(text)]
     if signal.mode == "any":
         if hits:
             return SignalResult(signal.type, True, f"matched {_short(hits[0])}")

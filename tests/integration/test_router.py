@@ -16,6 +16,7 @@ import pytest
 
 from tests.support.procs import HttpProc, free_port_block, start_backend, start_router
 
+
 @pytest.fixture(scope="module")
 def backends(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[HttpProc]]:
     tmp = tmp_path_factory.mktemp("backends")

@@ -111,7 +111,7 @@ def test_any_split_of_the_text_gives_the_same_result_as_the_reference(include: b
                  for _ in range(rng.randint(1, 3))]
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 24)))
         cuts = sorted(rng.sample(range(len(text) + 1), min(len(text) + 1, rng.randint(0, 8))))
-        deltas = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+        deltas = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
         emitted, matched = run(stops, deltas, include=include)
         assert ("".join(emitted), matched) == _reference(stops, text, include), (stops, deltas)
 

@@ -9,10 +9,32 @@ import pytest
 import yaml
 
 from services.router.config import (
-    APIS, AcceptConfig, AllOf, AnyOf, BreakerConfig, CacheAwareConfig, ConfigError, ContextLengthSignal,
-    DecisionRule, DnsConfig, EmbeddingSignal, EntryConfig, EscalateAlgorithm, HealthConfig, KeywordSignal,
-    ListenerConfig, Not, PoolConfig, RegexSignal, ReplicaConfig, SignalRef, StaticAlgorithm,
-    WeightedAlgorithm, load_config, parse_config)
+    APIS,
+    AcceptConfig,
+    AllOf,
+    AnyOf,
+    BreakerConfig,
+    CacheAwareConfig,
+    ConfigError,
+    ContextLengthSignal,
+    DecisionRule,
+    DnsConfig,
+    EmbeddingSignal,
+    EntryConfig,
+    EscalateAlgorithm,
+    HealthConfig,
+    KeywordSignal,
+    ListenerConfig,
+    Not,
+    PoolConfig,
+    RegexSignal,
+    ReplicaConfig,
+    SignalRef,
+    StaticAlgorithm,
+    WeightedAlgorithm,
+    load_config,
+    parse_config,
+)
 
 FULL = yaml.safe_load(r"""
 listeners:

@@ -3,7 +3,16 @@ from __future__ import annotations
 import pytest
 
 from services.router.config import (
-    AllOf, AnyOf, DecisionRule, EntryConfig, Expr, KeywordSignal, Not, SignalRef, parse_config)
+    AllOf,
+    AnyOf,
+    DecisionRule,
+    EntryConfig,
+    Expr,
+    KeywordSignal,
+    Not,
+    SignalRef,
+    parse_config,
+)
 from services.router.decisions import Decision, decide, holds
 from services.router.signals import SignalResult, evaluate
 

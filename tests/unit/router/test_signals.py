@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from services.router.config import (
-    ContextLengthSignal, EmbeddingSignal, EntryConfig, KeywordSignal, RegexSignal, Signal)
+from services.router.config import ContextLengthSignal, EmbeddingSignal, EntryConfig, KeywordSignal, RegexSignal, Signal
 from services.router.signals import SignalResult, approx_tokens, evaluate, request_text, tokenizer_counter
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -158,7 +157,7 @@ class FakeEmbedder:
         return [self._vector(t) for t in texts]
 
     def best_match(self, vector: list[float], phrases: tuple[str, ...]) -> tuple[float, int]:
-        scores = [sum(a * b for a, b in zip(vector, self._vector(p))) for p in phrases]
+        scores = [sum(a * b for a, b in zip(vector, self._vector(p), strict=True)) for p in phrases]
         return max(scores), scores.index(max(scores))
 
     def _vector(self, text: str) -> list[float]:
