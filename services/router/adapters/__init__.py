@@ -4,6 +4,7 @@ responses; anthropic), found by name in registry.py, and the helpers the request
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 CHAT_PATH = "/v1/chat/completions"  # upstream's chat API, which every adapted API is translated to
@@ -23,48 +24,25 @@ class StreamTranslator(Protocol):
     def error(self, message: str) -> bytes: ...
 
 
-class Adapter(Protocol):
-    """One public API. Pure: no I/O, the dispatcher feeds and sends."""
+@dataclass(frozen=True, slots=True)
+class Adapter:
+    """One public API: what it is called, where it goes upstream, and its pure translations (no I/O:
+    the dispatcher feeds and sends). Each API's module builds its one instance; registry.py lists them."""
 
-    @property
-    def name(self) -> str:
-        """As listeners' `apis` and the metrics name it: chat, completions, responses, messages."""
-        ...
-
-    @property
-    def path(self) -> str:
-        """The public path clients POST to."""
-        ...
-
-    @property
-    def upstream_path(self) -> str:
-        """The replica's path the translated request goes to."""
-        ...
-
-    @property
-    def passthrough(self) -> bool:
-        """Upstream's answer is already this API's: its bytes go to the client as they arrive."""
-        ...
-
-    def to_chat(self, body: dict[str, Any]) -> dict[str, Any]:
-        """The request as upstream's body (all but the model); AdapterError names what cannot be carried."""
-        ...
-
-    def from_chat(self, chat: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
-        """A non-streamed upstream answer as this API's response body."""
-        ...
-
-    def stream(self, request: dict[str, Any]) -> StreamTranslator:
-        """A translator for one streamed answer to `request`."""
-        ...
-
-    def error_body(self, status: int, message: str, param: str | None, code: str | int | None) -> dict[str, Any]:
-        """This API's error body for an HTTP status."""
-        ...
-
-    def refusal_body(self, status: int, raw: bytes) -> bytes | None:
-        """Upstream's 4xx body (OpenAI's error shape) in this API's shape; None to pass it on as it is."""
-        ...
+    name: str  # as listeners' `apis` and the metrics name it: chat, completions, responses, messages
+    path: str  # the public path clients POST to
+    to_chat: Callable[[dict[str, Any]], dict[str, Any]]
+    """The request as upstream's body (all but the model); AdapterError names what cannot be carried."""
+    from_chat: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]
+    """(upstream's non-streamed answer, the client's request) -> this API's response body."""
+    stream: Callable[[dict[str, Any]], StreamTranslator]
+    """A translator for one streamed answer to the request."""
+    error_body: Callable[[int, str, str | None, str | int | None], dict[str, Any]]
+    """(status, message, param, code) -> this API's error body."""
+    refusal_body: Callable[[int, bytes], bytes | None] = lambda status, raw: None
+    """Upstream's 4xx body (OpenAI's error shape) in this API's shape; None to pass it on as it is."""
+    upstream_path: str = CHAT_PATH  # the replica's path the translated request goes to
+    passthrough: bool = False  # upstream's answer is already this API's: its bytes go to the client as they arrive
 
 
 class AdapterError(ValueError):

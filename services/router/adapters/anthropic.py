@@ -9,9 +9,8 @@ from typing import Any
 import msgspec
 
 from services.router.adapters import (
-    CHAT_PATH,
+    Adapter,
     AdapterError,
-    StreamTranslator,
     ask_stream,
     checked_model,
     text_parts,
@@ -213,33 +212,14 @@ def _event(kind: str, data: dict[str, Any]) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + _json.encode(data) + b"\n\n"
 
 
-class MessagesAdapter:
-    """POST /v1/messages, served by upstream chat; every error, upstream's too, in Anthropic's shape."""
-
-    __slots__ = ()
-    name = "messages"
-    path = "/v1/messages"
-    upstream_path = CHAT_PATH
-    passthrough = False
-
-    def to_chat(self, body: dict[str, Any]) -> dict[str, Any]:
-        return messages_to_chat(body)
-
-    def from_chat(self, chat: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
-        return chat_to_message(chat, request)
-
-    def stream(self, request: dict[str, Any]) -> StreamTranslator:
-        return MessagesStream(request)
-
-    def error_body(self, status: int, message: str, param: str | None, code: str | int | None) -> dict[str, Any]:
-        return anthropic_error(status, message)
-
-    def refusal_body(self, status: int, raw: bytes) -> bytes | None:
-        try:
-            message = _decode.decode(raw)["error"]["message"]
-        except (msgspec.DecodeError, KeyError, TypeError):
-            message = raw[:500].decode(errors="replace")
-        return _json.encode(anthropic_error(status, message))
+def _refusal_body(status: int, raw: bytes) -> bytes:
+    """Every error in Anthropic's shape, upstream's 4xx (OpenAI's shape) too."""
+    try:
+        message = _decode.decode(raw)["error"]["message"]
+    except (msgspec.DecodeError, KeyError, TypeError):
+        message = raw[:500].decode(errors="replace")
+    return _json.encode(anthropic_error(status, message))
 
 
-MESSAGES = MessagesAdapter()
+MESSAGES = Adapter("messages", "/v1/messages", messages_to_chat, chat_to_message, MessagesStream,
+                   lambda status, message, param, code: anthropic_error(status, message), _refusal_body)

@@ -3,12 +3,11 @@ adapters pass requests and answers through; the OpenAI error shape, which the Re
 router's own routes share; and the replay of whole chat/completions chunks as a stream."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
-from services.router.adapters import CHAT_PATH, AdapterError, StreamTranslator
+from services.router.adapters import CHAT_PATH, Adapter, AdapterError, StreamTranslator
 
 _json = msgspec.json.Encoder()
 _DONE = b"data: [DONE]\n\n"
@@ -43,32 +42,22 @@ class ChunkStream:
         return self.feed({"error": {"message": message, "type": "upstream_error", "code": 502}})
 
 
-@dataclass(frozen=True, slots=True)
-class PassThrough:
-    """An API upstream serves itself: the body goes up as the client sent it (but for the model)."""
-
-    name: str
-    path: str
-    upstream_path: str
-    passthrough: bool = True
-
-    def to_chat(self, body: dict[str, Any]) -> dict[str, Any]:
-        if not isinstance(body.get("model"), str):
-            raise AdapterError("model", "a model name (string) is required")
-        return body
-
-    def from_chat(self, chat: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
-        return chat
-
-    def stream(self, request: dict[str, Any]) -> StreamTranslator:
-        return ChunkStream()
-
-    def error_body(self, status: int, message: str, param: str | None, code: str | int | None) -> dict[str, Any]:
-        return openai_error(status, message, param, code)
-
-    def refusal_body(self, status: int, raw: bytes) -> bytes | None:
-        return None
+def _with_model(body: dict[str, Any]) -> dict[str, Any]:
+    """Upstream serves these APIs itself: the body goes up as the client sent it (but for the model)."""
+    if not isinstance(body.get("model"), str):
+        raise AdapterError("model", "a model name (string) is required")
+    return body
 
 
-CHAT = PassThrough("chat", "/v1/chat/completions", CHAT_PATH)
-COMPLETIONS = PassThrough("completions", "/v1/completions", "/v1/completions")
+def _as_is(chat: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+    return chat
+
+
+def _chunks(request: dict[str, Any]) -> StreamTranslator:
+    return ChunkStream()
+
+
+CHAT = Adapter("chat", "/v1/chat/completions", _with_model, _as_is, _chunks, openai_error,
+               upstream_path=CHAT_PATH, passthrough=True)
+COMPLETIONS = Adapter("completions", "/v1/completions", _with_model, _as_is, _chunks, openai_error,
+                      upstream_path="/v1/completions", passthrough=True)

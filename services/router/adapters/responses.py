@@ -10,9 +10,8 @@ from typing import Any
 import msgspec
 
 from services.router.adapters import (
-    CHAT_PATH,
+    Adapter,
     AdapterError,
-    StreamTranslator,
     ask_stream,
     checked_model,
     text_parts,
@@ -250,29 +249,5 @@ class ResponsesStream:
         return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
 
 
-class ResponsesAdapter:
-    """POST /v1/responses, served by upstream chat; errors in OpenAI's shape, upstream's passed on as they are."""
-
-    __slots__ = ()
-    name = "responses"
-    path = "/v1/responses"
-    upstream_path = CHAT_PATH
-    passthrough = False
-
-    def to_chat(self, body: dict[str, Any]) -> dict[str, Any]:
-        return responses_to_chat(body)
-
-    def from_chat(self, chat: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
-        return chat_to_response(chat, request)
-
-    def stream(self, request: dict[str, Any]) -> StreamTranslator:
-        return ResponsesStream(request)
-
-    def error_body(self, status: int, message: str, param: str | None, code: str | int | None) -> dict[str, Any]:
-        return openai_error(status, message, param, code)
-
-    def refusal_body(self, status: int, raw: bytes) -> bytes | None:
-        return None
-
-
-RESPONSES = ResponsesAdapter()
+# Errors in OpenAI's shape; upstream's own 4xx bodies are passed on as they are.
+RESPONSES = Adapter("responses", "/v1/responses", responses_to_chat, chat_to_response, ResponsesStream, openai_error)
