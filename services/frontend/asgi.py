@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from starlette.requests import ClientDisconnect, Request
 from starlette.types import Receive, Scope, Send
 
 from services.frontend.errors import APIError
@@ -30,17 +31,15 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
             raise APIError(413, f"request body is {int(value)} bytes; the limit is {limit}")
     chunks: list[bytes] = []
     size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise APIError(413, f"request body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
+    try:
+        async for chunk in Request(scope, receive).stream():  # starlette's reading of http.request messages
+            size += len(chunk)
+            if size > limit:
+                raise APIError(413, f"request body exceeds the limit of {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ClientGone from None
+    return b"".join(chunks)
 
 
 async def send_json(send: Send, status: int, body: bytes,

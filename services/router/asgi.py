@@ -1,12 +1,13 @@
 """ASGI plumbing of the router's HTTP side (router process): the request body read under a size limit,
 JSON responses, the response state of a request, the disconnect watcher, lifespan, and HTTPError,
-the error response a handler raises. Raw ASGI, no framework objects: the hot path stays thin."""
+the error response a handler raises. Raw ASGI but for starlette's body reading: the hot path stays thin."""
 from __future__ import annotations
 
 import asyncio
 import enum
 from typing import Any
 
+from starlette.requests import ClientDisconnect, Request
 from starlette.types import Message, Receive, Scope, Send
 
 JSON = [(b"content-type", b"application/json")]
@@ -63,17 +64,15 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
             raise HTTPError(413, f"request body is {int(value)} bytes; the limit is {limit}")
     chunks: list[bytes] = []
     size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise HTTPError(413, f"request body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
+    try:
+        async for chunk in Request(scope, receive).stream():  # starlette's reading of http.request messages
+            size += len(chunk)
+            if size > limit:
+                raise HTTPError(413, f"request body exceeds the limit of {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ClientGone from None
+    return b"".join(chunks)
 
 
 async def send_json(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:

@@ -1,5 +1,5 @@
 """The router's public APIs as adapters to upstream chat/completions (router process): the `Adapter`
-interface every API implements, one module per API (openai: chat and completions as they are;
+record each API builds once, one module per API (openai: chat and completions as they are;
 responses; anthropic), found by name in registry.py, and the helpers the request translations share."""
 from __future__ import annotations
 

@@ -66,14 +66,14 @@ def test_send_json_sets_type_and_length() -> None:
 def test_read_body_joins_pieces_and_enforces_the_limit() -> None:
     pieces = ({"type": "http.request", "body": b"ab", "more_body": True},
               {"type": "http.request", "body": b"cd", "more_body": False})
-    assert asyncio.run(read_body({"headers": []}, _receiver(*pieces), 4)) == b"abcd"
+    assert asyncio.run(read_body({"type": "http", "headers": []}, _receiver(*pieces), 4)) == b"abcd"
     with pytest.raises(HTTPError, match="exceeds the limit of 3 bytes") as counted:
-        asyncio.run(read_body({"headers": []}, _receiver(*pieces), 3))
+        asyncio.run(read_body({"type": "http", "headers": []}, _receiver(*pieces), 3))
     assert counted.value.status == 413
     with pytest.raises(HTTPError, match="request body is 10 bytes; the limit is 4"):
-        asyncio.run(read_body({"headers": [(b"content-length", b"10")]}, _receiver(), 4))
+        asyncio.run(read_body({"type": "http", "headers": [(b"content-length", b"10")]}, _receiver(), 4))
     with pytest.raises(ClientGone):
-        asyncio.run(read_body({"headers": []}, _receiver({"type": "http.disconnect"}), 4))
+        asyncio.run(read_body({"type": "http", "headers": []}, _receiver({"type": "http.disconnect"}), 4))
 
 
 def test_a_disconnect_cancels_the_handler_only_before_the_response_completed() -> None:
