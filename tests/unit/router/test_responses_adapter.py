@@ -110,6 +110,8 @@ def test_harmless_defaults_are_accepted() -> None:
     ({"background": True}, "background"),
     ({"truncation": "auto"}, "truncation"),
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}, "text.format"),
+    # A role that is no string was looked up in a dict and crashed the router (a 500) before.
+    ({"input": [{"role": ["user"], "content": "hi"}]}, "input[0].role"),
 ])
 def test_unsupported_requests_name_the_field(change: dict[str, Any], param: str) -> None:
     with pytest.raises(AdapterError) as info:
