@@ -21,7 +21,8 @@ from services.router.policies import Policy
 from services.router.policies.cache_aware import CacheAware, PrefixTree
 from services.router.policies.least_outstanding import LeastOutstanding
 from services.router.policies.round_robin import RoundRobin
-from services.router.replicas import Lease, Pool, Replica
+from services.router.replica import Replica
+from services.router.replicas import Lease, Pool
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz ,.\n"
 

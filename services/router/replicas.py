@@ -12,8 +12,6 @@ from services.router.policies import Policy
 from services.router.policies.least_outstanding import LeastOutstanding
 from services.router.replica import CLOSED, HALF_OPEN, OPEN, Replica
 
-__all__ = ["CLOSED", "HALF_OPEN", "OPEN", "Lease", "NoReplica", "Overloaded", "Pool", "Replica"]
-
 
 @dataclass(slots=True, frozen=True)
 class Overloaded:

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.router.replicas import CLOSED, HALF_OPEN, OPEN, Lease, NoReplica, Overloaded, Pool
+from services.router.replica import CLOSED, HALF_OPEN, OPEN
+from services.router.replicas import Lease, NoReplica, Overloaded, Pool
 
 
 class Clock:
