@@ -7,6 +7,8 @@ from typing import Any
 
 import msgspec
 
+from services.frontend.parsers import ParsedDelta, ToolCall, ToolCallDelta
+
 _json = msgspec.json.Encoder()
 DONE = b"data: [DONE]\n\n"
 
@@ -47,6 +49,21 @@ class ChunkWriter:
         return (self._text_prefix + _json.encode(piece) + self._text_suffix[:-3] + b',"usage":'
                 + _json.encode(use) + b"}\n\n")
 
+    def delta(self, parsed: ParsedDelta, use: dict[str, Any] | None = None) -> bytes:
+        """A chunk of a parser's delta: content, reasoning (vLLM's two names for it) and tool-call deltas.
+        A call's first delta carries its index, id, type and name; later ones argument fragments only."""
+        delta: dict[str, Any] = {}
+        if parsed.reasoning:
+            delta["reasoning_content"] = delta["reasoning"] = parsed.reasoning
+        if parsed.content:
+            delta["content"] = parsed.content
+        if parsed.tool_calls:
+            delta["tool_calls"] = [_call_delta(call) for call in parsed.tool_calls]
+        fields: dict[str, Any] = {"choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]}
+        if use is not None:
+            fields["usage"] = use
+        return self._event(fields)
+
     def finish(self, reason: str, stop_reason: int | str | None = None, use: dict[str, Any] | None = None) -> bytes:
         choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": reason}
         if self._chat:
@@ -71,13 +88,37 @@ class ChunkWriter:
 
 
 def chat_completion(request_id: str, model: str, text: str, finish: str, stop_reason: int | str | None,
-                    use: dict[str, Any]) -> bytes:
+                    use: dict[str, Any], *, reasoning: str | None = None,
+                    tool_calls: list[ToolCall] | None = None) -> bytes:
+    """`reasoning` and `tool_calls` are None when no parser ran: the message then has neither field."""
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if reasoning is not None:
+        # vLLM's field, under its older name and its newer one; null when the model did not reason.
+        message["reasoning_content"] = message["reasoning"] = reasoning or None
+    if tool_calls is not None:
+        message["tool_calls"] = [_tool_call(call) for call in tool_calls]
+        if tool_calls and not text:
+            message["content"] = None  # as OpenAI: a message of tool calls alone has no content
     return _json.encode({
         "id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+        "choices": [{"index": 0, "message": message,
                      "logprobs": None, "finish_reason": finish, "stop_reason": stop_reason}],
         "usage": use,
     })
+
+
+def _call_delta(call: ToolCallDelta) -> dict[str, Any]:
+    function: dict[str, Any] = {"arguments": call.arguments}
+    out: dict[str, Any] = {"index": call.index, "function": function}
+    if call.id is not None:
+        out["id"], out["type"] = call.id, "function"
+    if call.name is not None:
+        function["name"] = call.name
+    return out
+
+
+def _tool_call(call: ToolCall) -> dict[str, Any]:
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
 
 
 def text_completion(request_id: str, model: str, text: str, finish: str, stop_reason: int | str | None,
