@@ -135,8 +135,11 @@ class _ByteStream:
     def finish(self) -> str:
         if not self._pending:
             return ""
+        # Decoded as final, as from_utf8_lossy ends: a valid incomplete sequence is one U+FFFD, but a
+        # held prefix that no byte can complete (ED A1, a surrogate's) is one per byte.
+        text = utf_8_decode(self._pending, "replace", True)[0]
         self._pending = b""
-        return _REPLACEMENT  # what from_utf8_lossy gives an incomplete trailing sequence
+        return text
 
 
 class _WindowStream:
