@@ -132,3 +132,16 @@ def test_required_and_named_are_refused_even_with_a_parser() -> None:
     assert "required" in _refused_choice("required", enable=True, parser="hermes").message
     named = {"function": {"name": "web-search_2"}}
     assert "'web-search_2'" in _refused_choice(named, enable=True, parser="hermes").message
+
+
+def test_schema_checks_are_cached_by_the_schemas_json() -> None:
+    pytest.importorskip("jsonschema")
+    from services.frontend.tools import _schema_problem
+
+    tool = _tool(name="cached", parameters={"type": "object", "properties": {"n": {"type": "integer"}}})
+    check_tools([tool])
+    hits = _schema_problem.cache_info().hits
+    check_tools([copy.deepcopy(tool)])
+    assert _schema_problem.cache_info().hits == hits + 1
+    bad = _tool(name="f", parameters={"type": 5})
+    assert _refused_tools([bad]).message == _refused_tools([copy.deepcopy(bad)]).message
