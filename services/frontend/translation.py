@@ -11,12 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
-import msgspec
-
 from protocol import GenerateRequest
 from protocol.block_hash import block_hashes
 from services.frontend.chat_template import TemplateError
 from services.frontend.errors import APIError
+from services.frontend.messages import template_messages
 from services.frontend.model import Model
 from services.frontend.schema import (
     ChatCompletionRequest,
@@ -26,6 +25,7 @@ from services.frontend.schema import (
     sampling_params,
     stop_list,
 )
+from services.frontend.tools import check_tools, resolve_tool_choice
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 PIN_HEADER = "X-Data-Parallel-Rank"
@@ -45,6 +45,9 @@ class OutputOptions:
     stop: tuple[str, ...]
     include_stop_str_in_output: bool
     skip_special_tokens: bool
+    tools: tuple[dict[str, Any], ...] = ()  # checked, as the request gave them
+    tool_choice: str | dict[str, Any] = "none"  # "none", "auto", "required" or a named-function dict
+    parallel_tool_calls: bool = True
 
 
 @dataclass(slots=True, frozen=True)
@@ -72,13 +75,18 @@ class Translator:
     """One per API server process. Each check is made once, by one layer: `schema` decodes the body
     (types, required fields) and checks the sampling ranges; `ChatTemplate.render` checks its own
     options (add_generation_prompt with continue_final_message, a non-empty message list) for every
-    caller; this class checks the rest (model, unsupported features, prompt forms, context length,
-    the rank pin). `max_model_len` answers for the engines (503 while none has handshaken); it is
-    asked only once the body has passed its own checks, so a bad body is a 400 even then."""
+    caller; `messages.py` checks message shapes and `tools.py` tools and tool_choice; this class
+    checks the rest (model, unsupported features, prompt forms, context length, the rank pin).
+    `max_model_len` answers for the engines (503 while none has handshaken); it is asked only once
+    the body has passed its own checks, so a bad body is a 400 even then. `enable_auto_tool_choice`
+    and `tool_call_parser`: the server's flags that tool_choice "auto" needs (vLLM's)."""
 
     def __init__(self, model: Model, max_model_len: Callable[[], int], *, long_prompt_chars: int,
-                 max_concurrent_tokenizations: int) -> None:
+                 max_concurrent_tokenizations: int, enable_auto_tool_choice: bool = False,
+                 tool_call_parser: str | None = None) -> None:
         self._model = model
+        self._enable_auto_tool_choice = enable_auto_tool_choice
+        self._tool_call_parser = tool_call_parser
         self._max_model_len = max_model_len
         self._long_prompt_chars = long_prompt_chars
         self._pool = ThreadPoolExecutor(max_concurrent_tokenizations, thread_name_prefix="tokenize")
@@ -95,10 +103,15 @@ class Translator:
             req.max_tokens = req.max_completion_tokens
         if req.logprobs or req.top_logprobs:
             raise APIError(400, "logprobs are not supported by this server yet", param="logprobs")
-        messages = [_message_dict(i, m) for i, m in enumerate(req.messages)]
+        tools = check_tools(req.tools)
+        choice = resolve_tool_choice(req.tool_choice, tools, enable_auto_tool_choice=self._enable_auto_tool_choice,
+                                     tool_call_parser=self._tool_call_parser)
+        messages = template_messages(req.messages)
         long = len(body) > self._long_prompt_chars  # messages, tools and kwargs all count
         ids = await self._off_loop(long, self._render_and_encode, messages, req)
-        return self._engine_request(req, ids, pin, chat=True, request_id=f"chatcmpl-{os.urandom(12).hex()}")
+        return self._engine_request(req, ids, pin, chat=True, request_id=f"chatcmpl-{os.urandom(12).hex()}",
+                                    tools=tools, tool_choice=choice,
+                                    parallel_tool_calls=req.parallel_tool_calls is not False)
 
     async def completion(self, body: bytes, pin: bytes | None) -> EngineRequest:
         """A /v1/completions body; `pin`: the X-Data-Parallel-Rank header, if sent."""
@@ -132,7 +145,9 @@ class Translator:
         return self._engine_request(req, ids, pin, chat=False, request_id=f"cmpl-{os.urandom(12).hex()}")
 
     def _engine_request(self, req: ChatCompletionRequest | CompletionRequest, ids: list[int], pin: bytes | None,
-                        *, chat: bool, request_id: str) -> EngineRequest:
+                        *, chat: bool, request_id: str, tools: tuple[dict[str, Any], ...] = (),
+                        tool_choice: str | dict[str, Any] = "none", parallel_tool_calls: bool = True
+                        ) -> EngineRequest:
         max_len = self._max_model_len()
         prompt_len = len(ids)
         if prompt_len >= max_len:
@@ -151,7 +166,8 @@ class Translator:
         continuous = usage and req.stream_options is not None and req.stream_options.continuous_usage_stats
         output = OutputOptions(chat=chat, stream=req.stream, include_usage=usage, continuous_usage=continuous,
                                stop=tuple(stop_list(req)), include_stop_str_in_output=req.include_stop_str_in_output,
-                               skip_special_tokens=req.skip_special_tokens)
+                               skip_special_tokens=req.skip_special_tokens, tools=tools,
+                               tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls)
         request = GenerateRequest(request_id, ids, sampling, time.time(), req.priority, None, req.cache_salt, pinned)
         return EngineRequest(request, max_tokens, output)
 
@@ -188,16 +204,3 @@ def _pinned_rank(value: bytes | None) -> int | None:
         got = value.decode(errors="replace")
         raise APIError(400, f"{PIN_HEADER} must be an integer rank, got {got!r}", param=PIN_HEADER) from None
 
-
-def _message_dict(i: int, message: Any) -> dict[str, Any]:
-    d: dict[str, Any] = msgspec.to_builtins(message)
-    content = d.get("content")
-    if isinstance(content, list):
-        texts = []
-        for j, part in enumerate(content):
-            if part.get("type") != "text" or part.get("text") is None:
-                raise APIError(400, f"messages[{i}].content[{j}]: only text content parts are supported",
-                               param=f"messages[{i}].content[{j}]")
-            texts.append(part["text"])
-        d["content"] = "\n".join(texts)
-    return d
