@@ -11,13 +11,9 @@ import re
 from typing import Any
 
 import msgspec
+from jsonschema import Draft202012Validator, SchemaError
 
 from services.frontend.errors import APIError
-
-try:  # a maintained JSON Schema validator, where installed (vLLM and mistral_common bring it)
-    from jsonschema import Draft202012Validator, SchemaError
-except ImportError:  # pragma: no cover - then `parameters` is only checked to be an object
-    Draft202012Validator = None
 
 TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's rule for function names
 CHOICES = '"none", "auto", "required" or {"type": "function", "function": {"name": ...}}'
@@ -74,8 +70,6 @@ def _check_tool(where: str, tool: dict[str, Any]) -> str:
 def _check_parameters(field: str, schema: Any) -> None:
     if not isinstance(schema, dict):
         raise _refuse(field, f"must be a JSON Schema object, got {type(schema).__name__}")
-    if Draft202012Validator is None:
-        return
     problem = _schema_problem(_encoder.encode(schema))
     if problem is not None:
         at, message = problem

@@ -73,7 +73,6 @@ def test_name_at_the_limit_is_accepted() -> None:
 
 
 def test_parameters_must_be_a_valid_json_schema() -> None:
-    pytest.importorskip("jsonschema")
     bad = _tool(name="f", parameters={"type": "object", "properties": {"city": {"type": "strin"}}})
     err = _refused_tools([WEATHER, bad])
     assert err.param == "tools[1].function.parameters.properties.city.type"
@@ -135,7 +134,6 @@ def test_required_and_named_are_refused_even_with_a_parser() -> None:
 
 
 def test_schema_checks_are_cached_by_the_schemas_json() -> None:
-    pytest.importorskip("jsonschema")
     from services.frontend.tools import _schema_problem
 
     tool = _tool(name="cached", parameters={"type": "object", "properties": {"n": {"type": "integer"}}})
