@@ -1,0 +1,45 @@
+"""Incremental reasoning and tool-call parsers for a request's streamed text, by the names of
+vLLM's --reasoning-parser and --tool-call-parser flags. Runs in frontend API-server processes."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from services.frontend.parsers.chain import Chain
+from services.frontend.parsers.deepseek_r1 import deepseek_r1
+from services.frontend.parsers.delta import OutputParser, ParsedDelta, ToolCall, ToolCallDelta
+from services.frontend.parsers.hermes import HermesToolParser
+from services.frontend.parsers.qwen3 import qwen3
+
+__all__ = ["REASONING_PARSERS", "TOOL_PARSERS", "OutputParser", "ParsedDelta", "ToolCall", "ToolCallDelta",
+           "build_parser"]
+
+# name -> factory(tools): the request's tools (OpenAI shape) give parameter types where a format needs them.
+TOOL_PARSERS: dict[str, Callable[[list[dict[str, Any]] | None], OutputParser]] = {
+    "hermes": lambda tools: HermesToolParser(),
+}
+# name -> factory(prompt): the rendered prompt tells whether the template opened the reasoning.
+REASONING_PARSERS: dict[str, Callable[[str], OutputParser]] = {
+    "deepseek_r1": deepseek_r1,
+    "qwen3": qwen3,
+}
+
+
+def build_parser(tool_parser: str | None, reasoning_parser: str | None, *,
+                 tools: list[dict[str, Any]] | None = None, prompt: str = "") -> OutputParser | None:
+    """One request's parser: reasoning first, then tool calls in its content; None for neither."""
+    tool = _factory(TOOL_PARSERS, "tool_call_parser", tool_parser)
+    reasoning = _factory(REASONING_PARSERS, "reasoning_parser", reasoning_parser)
+    tool_part = tool(tools) if tool is not None else None
+    reasoning_part = reasoning(prompt) if reasoning is not None else None
+    if tool_part is not None and reasoning_part is not None:
+        return Chain(reasoning_part, tool_part)
+    return tool_part if tool_part is not None else reasoning_part
+
+
+def _factory(registry: dict[str, Any], field: str, name: str | None) -> Any:
+    if name is None:
+        return None
+    if name not in registry:
+        raise ValueError(f"{field}: unknown parser {name!r}; expected one of {', '.join(sorted(registry))}")
+    return registry[name]
