@@ -15,7 +15,8 @@ import checkpoints
 from services.frontend.detokenizer import IncrementalDetokenizer
 from services.frontend.parsers import OutputParser, ParsedDelta
 
-TAGS = ("<tool_call", "</tool_call", "<think", "</think", "<function", "</function", "<parameter", "</parameter")
+TAGS = ("<tool_call>", "</tool_call>", "<think>", "</think>", "<function=", "</function>", "<parameter=",
+        "</parameter>")
 
 
 @dataclass(frozen=True, slots=True)
