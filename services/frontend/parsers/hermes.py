@@ -24,6 +24,7 @@ import re
 
 from services.frontend.parsers.call_blocks import CallBlockParser
 from services.frontend.parsers.delta import ParsedDelta
+from services.frontend.parsers.json_scan import JsonScan
 
 __all__ = ["HermesToolParser"]
 
@@ -34,7 +35,7 @@ _HEADER_, _ARGUMENTS, _TAIL = 0, 1, 2
 class HermesToolParser(CallBlockParser):
     """`<tool_call>` JSON blocks to tool calls, arguments streamed as the model writes them."""
 
-    __slots__ = ("_depth", "_escaped", "_in_string", "_phase")
+    __slots__ = ("_phase", "_scan")
 
     def __init__(self) -> None:
         super().__init__()
@@ -42,8 +43,7 @@ class HermesToolParser(CallBlockParser):
 
     def _begin(self) -> None:
         self._phase = _HEADER_
-        self._depth = 0
-        self._in_string = self._escaped = False
+        self._scan = JsonScan()
 
     def _body(self, out: ParsedDelta, *, final: bool) -> bool:
         if self._phase == _HEADER_:
@@ -62,37 +62,11 @@ class HermesToolParser(CallBlockParser):
 
     def _scan_arguments(self, out: ParsedDelta) -> bool:
         """Stream the arguments text in `_buf` up to the close of the object; True once closed."""
-        buf = self._buf
-        depth, in_string, escaped = self._depth, self._in_string, self._escaped
-        end = -1
-        for i, ch in enumerate(buf):
-            if in_string:
-                if escaped:
-                    escaped = False
-                elif ch == "\\":
-                    escaped = True
-                elif ch == '"':
-                    in_string = False
-            elif ch == '"':
-                in_string = True
-            elif ch in "{[":
-                depth += 1
-            elif ch in "}]":
-                depth -= 1
-                if depth == 0:
-                    end = i + 1
-                    break
-            elif ch == "<":  # never JSON outside a string: the model left the object unclosed
-                end = i
-                break
-        self._depth, self._in_string, self._escaped = depth, in_string, escaped
-        if end < 0:
-            self._add_arguments(out, buf)
-            self._buf = ""
-            return False
+        buf, scan = self._buf, self._scan
+        end = scan.scan(buf, stop_at_lt=True)
         self._add_arguments(out, buf[:end])
         self._buf = buf[end:]
-        return True
+        return scan.closed or scan.stopped
 
     def _whole(self, out: ParsedDelta, *, final: bool) -> bool:
         """A body not in the streamable shape: parse it once it is closed (or the output ended)."""
