@@ -9,6 +9,7 @@ from services.frontend.parsers.chain import Chain
 from services.frontend.parsers.deepseek_r1 import deepseek_r1
 from services.frontend.parsers.delta import OutputParser, ParsedDelta, ToolCall, ToolCallDelta
 from services.frontend.parsers.hermes import HermesToolParser
+from services.frontend.parsers.llama3_json import Llama3JsonToolParser
 from services.frontend.parsers.qwen3 import qwen3
 from services.frontend.parsers.qwen3_coder import Qwen3CoderToolParser
 
@@ -18,6 +19,8 @@ __all__ = ["REASONING_PARSERS", "TOOL_PARSERS", "OutputParser", "ParsedDelta", "
 # name -> factory(tools): the request's tools (OpenAI shape) give parameter types where a format needs them.
 TOOL_PARSERS: dict[str, Callable[[list[dict[str, Any]] | None], OutputParser]] = {
     "hermes": lambda tools: HermesToolParser(),
+    "llama3_json": lambda tools: Llama3JsonToolParser(),
+    "llama4_json": lambda tools: Llama3JsonToolParser(),
     "qwen3_coder": Qwen3CoderToolParser,
 }
 # name -> factory(prompt): the rendered prompt tells whether the template opened the reasoning.
