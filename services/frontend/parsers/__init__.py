@@ -1,36 +1,50 @@
-"""Incremental reasoning and tool-call parsers (frontend API server process): the deltas they emit and
-the one interface output processing drives. Placeholder for the parser package's own module."""
+"""Incremental reasoning and tool-call parsers for a request's streamed text, by the names of
+vLLM's --reasoning-parser and --tool-call-parser flags. Runs in frontend API-server processes."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any
+
+from services.frontend.parsers.chain import Chain
+from services.frontend.parsers.deepseek_r1 import deepseek_r1
+from services.frontend.parsers.delta import OutputParser, ParsedDelta, ToolCall, ToolCallDelta
+from services.frontend.parsers.hermes import HermesToolParser
+from services.frontend.parsers.llama3_json import Llama3JsonToolParser
+from services.frontend.parsers.qwen3 import qwen3
+from services.frontend.parsers.qwen3_coder import Qwen3CoderToolParser
+
+__all__ = ["REASONING_PARSERS", "TOOL_PARSERS", "OutputParser", "ParsedDelta", "ToolCall", "ToolCallDelta",
+           "build_parser"]
+
+# name -> factory(tools): the request's tools (OpenAI shape) give parameter types where a format needs them.
+TOOL_PARSERS: dict[str, Callable[[list[dict[str, Any]] | None], OutputParser]] = {
+    "hermes": lambda tools: HermesToolParser(),
+    "llama3_json": lambda tools: Llama3JsonToolParser(),
+    "llama4_json": lambda tools: Llama3JsonToolParser(),
+    "qwen3_coder": Qwen3CoderToolParser,
+}
+# name -> factory(prompt): the rendered prompt tells whether the template opened the reasoning.
+REASONING_PARSERS: dict[str, Callable[[str], OutputParser]] = {
+    "deepseek_r1": deepseek_r1,
+    "qwen3": qwen3,
+}
 
 
-@dataclass(slots=True)
-class ToolCallDelta:
-    index: int
-    id: str | None = None
-    name: str | None = None
-    arguments: str = ""
+def build_parser(tool_parser: str | None, reasoning_parser: str | None, *,
+                 tools: list[dict[str, Any]] | None = None, prompt: str = "") -> OutputParser | None:
+    """One request's parser: reasoning first, then tool calls in its content; None for neither."""
+    tool = _factory(TOOL_PARSERS, "tool_call_parser", tool_parser)
+    reasoning = _factory(REASONING_PARSERS, "reasoning_parser", reasoning_parser)
+    tool_part = tool(tools) if tool is not None else None
+    reasoning_part = reasoning(prompt) if reasoning is not None else None
+    if tool_part is not None and reasoning_part is not None:
+        return Chain(reasoning_part, tool_part)
+    return tool_part if tool_part is not None else reasoning_part
 
 
-@dataclass(slots=True)
-class ParsedDelta:
-    content: str = ""
-    reasoning: str = ""
-    tool_calls: list[ToolCallDelta] = field(default_factory=list)
-
-
-@dataclass(slots=True, frozen=True)
-class ToolCall:
-    id: str
-    name: str
-    arguments: str
-
-
-class OutputParser(Protocol):
-    def push(self, text: str) -> ParsedDelta: ...
-
-    def flush(self) -> ParsedDelta: ...
-
-    def calls(self) -> list[ToolCall]: ...
+def _factory(registry: dict[str, Any], field: str, name: str | None) -> Any:
+    if name is None:
+        return None
+    if name not in registry:
+        raise ValueError(f"{field}: unknown parser {name!r}; expected one of {', '.join(sorted(registry))}")
+    return registry[name]

@@ -1,0 +1,191 @@
+"""The `qwen3_coder` tool-call parser (Qwen3-Coder, Qwen3.5): XML-style calls,
+`<tool_call>\\n<function=NAME>\\n<parameter=P>\\nVALUE\\n</parameter>\\n...</function>\\n</tool_call>`,
+whose values are typed by the request's tool schemas. Runs in frontend API-server processes.
+
+The arguments are the JSON object `json.dumps({P: value, ...}, ensure_ascii=False)`, streamed as
+`{` with the call's name, then `"P": value` (`, ` between) as each parameter completes, then `}`.
+A value loses one newline at each end; it is typed by the parameter's schema as vLLM does: a string
+type (or no schema) keeps the text; "null"/"None" is null for a nullable or non-string type;
+integer and number types take the number when the text is one; boolean takes true/false in any
+case; object, array and other types take the text as JSON when it parses. Anything else stays the
+string the model wrote (vLLM also tries Python literals; here the value must be JSON).
+
+A `</parameter>` ends a value only when `<parameter=`, `</function>`, `</tool_call>` or the end of
+output follows it (whitespace aside), so a value may contain the tag (code that mentions it).
+Where the model strays: a block that does not begin with `<function=NAME>` is returned as
+content, tags included, at its `</tool_call>` (or at flush). Output cut inside a call completes it
+with what arrived (vLLM's non-streaming parser also takes a value running to the end), so its
+arguments are still a JSON object; a half-written tag at the cut is dropped from the value.
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from services.frontend.parsers.call_blocks import CallBlockParser
+from services.frontend.parsers.delta import ParsedDelta
+from services.frontend.parsers.tags import held_suffix
+
+__all__ = ["Qwen3CoderToolParser"]
+
+FUNCTION = "<function="
+FUNCTION_END = "</function>"
+PARAMETER = "<parameter="
+PARAMETER_END = "</parameter>"
+_AFTER_VALUE = (PARAMETER, FUNCTION_END, CallBlockParser.END)
+_FUNC, _PARAMS, _VALUE, _TAIL = 0, 1, 2, 3
+_STRING_TYPES = frozenset({"string", "str", "text", "varchar", "char", "enum"})
+
+
+class Qwen3CoderToolParser(CallBlockParser):
+    """`<function=NAME>` blocks to tool calls; one argument fragment per parameter."""
+
+    __slots__ = ("_count", "_param", "_phase", "_properties", "_schemas")
+
+    def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
+        super().__init__()
+        self._schemas = _parameter_schemas(tools or [])
+        self._properties: dict[str, Any] = {}
+        self._begin()
+
+    def _begin(self) -> None:
+        self._phase = _FUNC
+        self._param = ""
+        self._count = 0
+
+    def _body(self, out: ParsedDelta, *, final: bool) -> bool:
+        while True:
+            if self._phase == _FUNC:
+                head = self._buf.lstrip()
+                if head.startswith(FUNCTION) and (gt := head.find(">")) >= 0:
+                    name = head[len(FUNCTION):gt]
+                    self._properties = self._schemas.get(name, {})
+                    self._open_call(out, name, "{")
+                    self._buf = head[gt + 1:]
+                    self._phase = _PARAMS
+                elif not final and (FUNCTION.startswith(head) or head.startswith(FUNCTION)):
+                    return False
+                else:
+                    return self._not_a_call(out, final=final)
+            elif self._phase == _PARAMS:
+                head = self._buf.lstrip()
+                if head.startswith(PARAMETER) and (gt := head.find(">")) >= 0:
+                    self._param = head[len(PARAMETER):gt]
+                    self._buf = head[gt + 1:]
+                    self._phase = _VALUE
+                elif not final and any(tag.startswith(head) for tag in (PARAMETER, FUNCTION_END)) \
+                        or head.startswith(PARAMETER) and not final:
+                    self._buf = head
+                    return False
+                else:  # </function>, or the model went on without closing it
+                    self._buf = head[len(FUNCTION_END):] if head.startswith(FUNCTION_END) else head
+                    self._add_arguments(out, "}")
+                    self._phase = _TAIL
+            elif self._phase == _VALUE:
+                end = self._value_end(final=final)
+                if end is None:
+                    return False
+                value, self._buf = self._buf[:end], self._buf[end + len(PARAMETER_END):]
+                self._add_parameter(out, value)
+                self._phase = _PARAMS
+            else:
+                return self._end_at(out, final=final)
+
+    def _value_end(self, *, final: bool) -> int | None:
+        """Where the open value's real `</parameter>` is; None while that cannot be told yet."""
+        buf = self._buf
+        pos = 0
+        while (end := buf.find(PARAMETER_END, pos)) >= 0:
+            rest = buf[end + len(PARAMETER_END):].lstrip()
+            if rest.startswith(_AFTER_VALUE):
+                return end
+            if any(tag.startswith(rest) for tag in _AFTER_VALUE):
+                return end if final else None  # what follows could still make it the end
+            pos = end + 1
+        if not final:
+            return None
+        cut = len(buf) - held_suffix(buf, (PARAMETER_END,))
+        self._buf = buf[:cut] + PARAMETER_END  # the value runs to the end of output
+        return cut
+
+    def _add_parameter(self, out: ParsedDelta, text: str) -> None:
+        if text.startswith("\n"):
+            text = text[1:]
+        if text.endswith("\n"):
+            text = text[:-1]
+        value = _typed(text, self._properties.get(self._param))
+        sep = ", " if self._count else ""
+        self._count += 1
+        self._add_arguments(out, f"{sep}{json.dumps(self._param, ensure_ascii=False)}: "
+                                 f"{json.dumps(value, ensure_ascii=False)}")
+
+    def _not_a_call(self, out: ParsedDelta, *, final: bool) -> bool:
+        buf = self._buf
+        end = buf.find(self.END)
+        if end < 0 and not final:
+            return False
+        body = buf if end < 0 else buf[:end + len(self.END)]
+        self._buf = "" if end < 0 else buf[end + len(self.END):]
+        out.content += self.START + body
+        return True
+
+
+def _parameter_schemas(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """function name -> its parameters' property schemas, from the request's tools."""
+    schemas: dict[str, dict[str, Any]] = {}
+    for tool in tools:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            continue
+        parameters = function.get("parameters")
+        properties = parameters.get("properties") if isinstance(parameters, dict) else None
+        schemas[function["name"]] = properties if isinstance(properties, dict) else {}
+    return schemas
+
+
+def _schema_type(schema: Any) -> tuple[str, bool]:
+    """(the first non-null type, whether null is allowed); "string" when none is given."""
+    if not isinstance(schema, dict):
+        return "string", False
+    options = schema.get("type")
+    if options is None and isinstance(schema.get("anyOf"), list):
+        options = [o.get("type") for o in schema["anyOf"] if isinstance(o, dict)]
+    if not isinstance(options, list):
+        options = [options]
+    names = [str(o).strip().lower() for o in options if o is not None]
+    kinds = [n for n in names if n != "null"]
+    return (kinds[0] if kinds else "string"), "null" in names
+
+
+def _typed(text: str, schema: Any) -> Any:
+    kind, nullable = _schema_type(schema)
+    is_null = text.lower() in ("null", "none")
+    if kind in _STRING_TYPES:
+        return None if nullable and is_null else text
+    if is_null:
+        return None
+    if kind.startswith(("int", "uint", "long", "short", "unsigned")):
+        try:
+            return int(text)
+        except ValueError:
+            return text
+    if kind.startswith(("num", "float")):
+        try:
+            number = float(text)
+        except ValueError:
+            return text
+        if not math.isfinite(number):
+            return text
+        return int(number) if number.is_integer() else number
+    if kind in ("boolean", "bool", "binary"):
+        low = text.strip().lower()
+        return low == "true" if low in ("true", "false") else text
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except ValueError:
+        return text
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is no JSON value")

@@ -1,0 +1,81 @@
+"""The frame shared by reasoning parsers that mark reasoning with `<think>...</think>`: reasoning
+until `</think>`, content after it. Runs in frontend API-server processes."""
+from __future__ import annotations
+
+from services.frontend.parsers.delta import ParsedDelta, ToolCall
+from services.frontend.parsers.tags import held_suffix
+
+__all__ = ["ThinkParser", "prompt_opens_think"]
+
+START = "<think>"
+END = "</think>"
+_OPENING, _REASONING, _CLOSED, _CONTENT = 0, 1, 2, 3
+
+
+def prompt_opens_think(prompt: str) -> bool:
+    """Whether the rendered prompt ends inside a `<think>` it opened (the generation prompt of
+    templates that start the model's reasoning for it)."""
+    return prompt.rfind(START) > prompt.rfind(END)
+
+
+class ThinkParser:
+    """`[<think>]reasoning</think>content`.
+
+    At the start the parser looks for a `<think>` the model writes itself (leading whitespace
+    before it is dropped). Without one the output is reasoning when `starts_in_reasoning` (the
+    prompt opened it), else all of it is content. A `<think>` later in the output is text.
+    Whitespace right after `</think>` (the template's separator) is dropped, so a reply that is
+    only tool calls has no content "\\n\\n"; vLLM keeps it. Without `</think>` the reasoning runs
+    to the end of the output (vLLM: a truncated reasoning is all reasoning).
+    """
+
+    __slots__ = ("_buf", "_default", "_state")
+
+    def __init__(self, *, starts_in_reasoning: bool) -> None:
+        self._buf = ""
+        self._state = _OPENING
+        self._default = _REASONING if starts_in_reasoning else _CONTENT
+
+    def push(self, text: str) -> ParsedDelta:
+        out = ParsedDelta()
+        self._buf += text
+        self._run(out, final=False)
+        return out
+
+    def flush(self) -> ParsedDelta:
+        out = ParsedDelta()
+        self._run(out, final=True)
+        return out
+
+    def calls(self) -> list[ToolCall]:
+        return []
+
+    def _run(self, out: ParsedDelta, *, final: bool) -> None:
+        if self._state == _OPENING:
+            buf = self._buf
+            head = buf.lstrip()
+            if head.startswith(START):
+                self._buf = head[len(START):]
+                self._state = _REASONING
+            elif START.startswith(head) and not final:
+                return  # still "", whitespace or a prefix of <think>
+            else:
+                self._state = self._default
+        if self._state == _REASONING:
+            buf = self._buf
+            end = buf.find(END)
+            if end < 0:
+                cut = len(buf) - (0 if final else held_suffix(buf, (END,)))
+                out.reasoning += buf[:cut]
+                self._buf = buf[cut:]
+                return
+            out.reasoning += buf[:end]
+            self._buf = buf[end + len(END):]
+            self._state = _CLOSED
+        if self._state == _CLOSED:
+            self._buf = self._buf.lstrip()
+            if not self._buf:
+                return
+            self._state = _CONTENT
+        out.content += self._buf
+        self._buf = ""
