@@ -29,6 +29,7 @@ from services.frontend.errors import APIError, error_body
 from services.frontend.metrics import Metrics
 from services.frontend.model import Model
 from services.frontend.output import OutputProcessor
+from services.frontend.parsers import build_parser
 from services.frontend.placement import NoEngine, Placement
 from services.frontend.response_writer import send_completion, send_stream
 from services.frontend.stream import Stream
@@ -44,7 +45,9 @@ class Frontend:
         self.placement = Placement()
         self.dispatcher = Dispatcher(engines, self.placement)
         self.translator = Translator(model, self._max_model_len, long_prompt_chars=config.long_prompt_chars,
-                                     max_concurrent_tokenizations=config.max_concurrent_tokenizations)
+                                     max_concurrent_tokenizations=config.max_concurrent_tokenizations,
+                                     enable_auto_tool_choice=config.enable_auto_tool_choice,
+                                     tool_call_parser=config.tool_call_parser, reasoning_parser=config.reasoning_parser)
         self._created = int(time.time())
         self._lean: dict[str, Callable[[bytes, bytes | None], Awaitable[EngineRequest]]] = {
             "/v1/chat/completions": self.translator.chat, "/v1/completions": self.translator.completion}
@@ -97,8 +100,13 @@ class Frontend:
             engine = self.dispatcher.choose(request)
         except NoEngine as exc:
             raise APIError(exc.status, str(exc), param=PIN_HEADER if exc.status == 400 else None) from None
+        options = request.output
+        parser = None
+        if options.tool_parser is not None or options.reasoning_parser is not None:
+            parser = build_parser(options.tool_parser, options.reasoning_parser, tools=list(options.tools),
+                                  prompt=options.prompt_tail)
         outputs = OutputProcessor(stream, request, tokenizer=self.model.tokenizer, engines=self.dispatcher,
-                                  metrics=self.metrics)
+                                  metrics=self.metrics, parser=parser)
         self.dispatcher.submit(engine, stream, request)
         self.metrics.running.inc()
         self.metrics.prompt_tokens.inc(request.prompt_len)

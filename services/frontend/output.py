@@ -114,7 +114,7 @@ class OutputProcessor:
                     self._add(parser.push(text), pieces)
                 if matched is not None or reason is not None:
                     self._add(parser.flush(), pieces)
-                    self.calls = parser.calls()
+                    self.calls = parser.calls() if self.options.parallel_tool_calls else parser.calls()[:1]
             if matched is not None:
                 self._engines.abort(self.stream)
                 self._finished("stop", matched)
@@ -130,7 +130,10 @@ class OutputProcessor:
         return self._parser is not None
 
     def _add(self, parsed: ParsedDelta, pieces: list[Piece]) -> None:
-        """A parser's delta as a piece: plain text when it holds nothing but content."""
+        """A parser's delta as a piece: plain text when it holds nothing but content. With
+        parallel_tool_calls false only the first call is kept, as vLLM does."""
+        if parsed.tool_calls and not self.options.parallel_tool_calls:
+            parsed.tool_calls = [call for call in parsed.tool_calls if call.index == 0]
         if parsed.reasoning or parsed.tool_calls:
             pieces.append(parsed)
         elif parsed.content:

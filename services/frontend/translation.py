@@ -8,7 +8,7 @@ import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ParamSpec, TypeVar
 
 from protocol import GenerateRequest
@@ -28,6 +28,7 @@ from services.frontend.schema import (
 from services.frontend.tools import check_tools, resolve_tool_choice
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16
+PROMPT_TAIL_CHARS = 4096  # of the rendered prompt, kept for the reasoning parser (not the whole prompt)
 PIN_HEADER = "X-Data-Parallel-Rank"
 
 _P = ParamSpec("_P")
@@ -48,6 +49,9 @@ class OutputOptions:
     tools: tuple[dict[str, Any], ...] = ()  # checked, as the request gave them
     tool_choice: str | dict[str, Any] = "none"  # "none", "auto", "required" or a named-function dict
     parallel_tool_calls: bool = True
+    tool_parser: str | None = None  # the --tool-call-parser when this request's tool_choice is "auto"
+    reasoning_parser: str | None = None  # the --reasoning-parser, for chat
+    prompt_tail: str = ""  # the rendered prompt's end: whether the template opened the reasoning
 
 
 @dataclass(slots=True, frozen=True)
@@ -83,8 +87,9 @@ class Translator:
 
     def __init__(self, model: Model, max_model_len: Callable[[], int], *, long_prompt_chars: int,
                  max_concurrent_tokenizations: int, enable_auto_tool_choice: bool = False,
-                 tool_call_parser: str | None = None) -> None:
+                 tool_call_parser: str | None = None, reasoning_parser: str | None = None) -> None:
         self._model = model
+        self._reasoning_parser = reasoning_parser
         self._enable_auto_tool_choice = enable_auto_tool_choice
         self._tool_call_parser = tool_call_parser
         self._max_model_len = max_model_len
@@ -108,10 +113,13 @@ class Translator:
                                      tool_call_parser=self._tool_call_parser)
         messages = template_messages(req.messages)
         long = len(body) > self._long_prompt_chars  # messages, tools and kwargs all count
-        ids = await self._off_loop(long, self._render_and_encode, messages, req)
-        return self._engine_request(req, ids, pin, chat=True, request_id=f"chatcmpl-{os.urandom(12).hex()}",
-                                    tools=tools, tool_choice=choice,
-                                    parallel_tool_calls=req.parallel_tool_calls is not False)
+        text, ids = await self._off_loop(long, self._render_and_encode, messages, req)
+        request = self._engine_request(req, ids, pin, chat=True, request_id=f"chatcmpl-{os.urandom(12).hex()}")
+        output = replace(request.output, tools=tools, tool_choice=choice,
+                         parallel_tool_calls=req.parallel_tool_calls is not False,
+                         tool_parser=self._tool_call_parser if choice == "auto" and tools else None,
+                         reasoning_parser=self._reasoning_parser, prompt_tail=text[-PROMPT_TAIL_CHARS:])
+        return replace(request, output=output)
 
     async def completion(self, body: bytes, pin: bytes | None) -> EngineRequest:
         """A /v1/completions body; `pin`: the X-Data-Parallel-Rank header, if sent."""
@@ -145,9 +153,7 @@ class Translator:
         return self._engine_request(req, ids, pin, chat=False, request_id=f"cmpl-{os.urandom(12).hex()}")
 
     def _engine_request(self, req: ChatCompletionRequest | CompletionRequest, ids: list[int], pin: bytes | None,
-                        *, chat: bool, request_id: str, tools: tuple[dict[str, Any], ...] = (),
-                        tool_choice: str | dict[str, Any] = "none", parallel_tool_calls: bool = True
-                        ) -> EngineRequest:
+                        *, chat: bool, request_id: str) -> EngineRequest:
         max_len = self._max_model_len()
         prompt_len = len(ids)
         if prompt_len >= max_len:
@@ -166,12 +172,12 @@ class Translator:
         continuous = usage and req.stream_options is not None and req.stream_options.continuous_usage_stats
         output = OutputOptions(chat=chat, stream=req.stream, include_usage=usage, continuous_usage=continuous,
                                stop=tuple(stop_list(req)), include_stop_str_in_output=req.include_stop_str_in_output,
-                               skip_special_tokens=req.skip_special_tokens, tools=tools,
-                               tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls)
+                               skip_special_tokens=req.skip_special_tokens)
         request = GenerateRequest(request_id, ids, sampling, time.time(), req.priority, None, req.cache_salt, pinned)
         return EngineRequest(request, max_tokens, output)
 
-    def _render_and_encode(self, messages: list[dict[str, Any]], req: ChatCompletionRequest) -> list[int]:
+    def _render_and_encode(self, messages: list[dict[str, Any]],
+                           req: ChatCompletionRequest) -> tuple[str, list[int]]:
         try:
             text = self._model.template.render(
                 messages, tools=req.tools, add_generation_prompt=req.add_generation_prompt,
@@ -181,7 +187,7 @@ class Translator:
             if exc.param is not None:  # a render option of the request, not the template, is at fault
                 raise APIError(400, str(exc), param=exc.param) from None
             raise APIError(400, f"chat template error: {exc}", param="messages") from None
-        return self._model.encode(text, add_special_tokens=False)
+        return text, self._model.encode(text, add_special_tokens=False)
 
     def _check_model(self, name: str) -> None:
         if name != self._model.name:
