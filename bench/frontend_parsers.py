@@ -124,11 +124,11 @@ def main() -> None:
                 print(f"  {name:16s} median {median:5.1f} us  x{median / base_median:4.2f}  "
                       f"({seen[name]} tokens/stream; runs: {', '.join(f'{x:.1f}' for x in runs)})")
         finally:
-            for proc, _ in frontends.values():
+            for proc, _ in frontends.values():  # frontends first: a stopping engine is no news to them then
                 proc.send_signal(signal.SIGTERM)
-            engine.send_signal(signal.SIGTERM)
             for proc, _ in frontends.values():
                 proc.wait(60)
+            engine.send_signal(signal.SIGTERM)
             engine.wait(60)
 
 
