@@ -24,13 +24,14 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None 
 class ChunkWriter:
     """SSE events of one streamed response (chat or text completion)."""
 
-    __slots__ = ("_chat", "_created", "_head", "_id", "_model", "_text_prefix", "_text_suffix")
+    __slots__ = ("_chat", "_created", "_delta_prefix", "_head", "_id", "_model", "_text_prefix", "_text_suffix")
 
     def __init__(self, request_id: str, model: str, *, chat: bool) -> None:
         self._id, self._model, self._chat, self._created = request_id, model, chat, int(time.time())
         head = _json.encode({"id": request_id, "object": "chat.completion.chunk" if chat else "text_completion",
                              "created": self._created, "model": model})[:-1]
         self._head = b"data: " + head + b',"choices":[{"index":0,'
+        self._delta_prefix = self._head + b'"delta":{'
         if chat:
             self._text_prefix = self._head + b'"delta":{"content":'
             self._text_suffix = b'},"logprobs":null,"finish_reason":null}]}\n\n'
@@ -52,6 +53,10 @@ class ChunkWriter:
     def delta(self, parsed: ParsedDelta, use: dict[str, Any] | None = None) -> bytes:
         """A chunk of a parser's delta: content, reasoning (vLLM's two names for it) and tool-call deltas.
         A call's first delta carries its index, id, type and name; later ones argument fragments only."""
+        if use is None and not parsed.content:
+            fast = self._fast_delta(parsed)
+            if fast is not None:
+                return fast
         delta: dict[str, Any] = {}
         if parsed.reasoning:
             delta["reasoning_content"] = delta["reasoning"] = parsed.reasoning
@@ -63,6 +68,20 @@ class ChunkWriter:
         if use is not None:
             fields["usage"] = use
         return self._event(fields)
+
+    def _fast_delta(self, parsed: ParsedDelta) -> bytes | None:
+        """The two deltas of nearly every parsed token, reasoning text or one call's argument fragment,
+        built around their one encoded string as text() does; None for any other shape."""
+        if parsed.reasoning and not parsed.tool_calls:
+            piece = _json.encode(parsed.reasoning)
+            return (self._delta_prefix + b'"reasoning_content":' + piece + b',"reasoning":' + piece
+                    + self._text_suffix)
+        calls = parsed.tool_calls
+        if not parsed.reasoning and len(calls) == 1 and calls[0].id is None and calls[0].name is None:
+            return (self._delta_prefix + b'"tool_calls":[{"index":' + str(calls[0].index).encode()
+                    + b',"function":{"arguments":' + _json.encode(calls[0].arguments) + b"}}]"
+                    + self._text_suffix)
+        return None
 
     def finish(self, reason: str, stop_reason: int | str | None = None, use: dict[str, Any] | None = None) -> bytes:
         choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": reason}

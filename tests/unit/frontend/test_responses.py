@@ -52,3 +52,17 @@ def test_delta_chunks_carry_reasoning_content_and_tool_call_fragments() -> None:
         0, None, '{"x"')
     assert call.function is not None and call.function.name is None
     assert later.usage is not None and later.usage.completion_tokens == 4
+
+
+def test_the_prebuilt_reasoning_and_argument_chunks_read_as_the_general_ones() -> None:
+    writer = responses.ChunkWriter("c1", "m", chat=True)
+    cases = [(ParsedDelta("", 'a "quoted" thought\n'), {"reasoning_content": 'a "quoted" thought\n',
+                                                        "reasoning": 'a "quoted" thought\n'}),
+             (ParsedDelta("", "", [ToolCallDelta(3, None, None, '{"é": "}')]),
+              {"tool_calls": [{"index": 3, "function": {"arguments": '{"é": "}'}}]})]
+    for parsed, delta in cases:
+        fast = json.loads(writer.delta(parsed)[6:])
+        assert fast["choices"] == [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]
+        assert {k: fast[k] for k in ("id", "object", "model")} == {"id": "c1", "object": "chat.completion.chunk",
+                                                                  "model": "m"}
+        assert _chunk(writer.delta(parsed)).choices[0].delta.model_dump(exclude_none=True) != {}
