@@ -95,3 +95,17 @@ def test_reasoning_then_a_call() -> None:
     expected = Final("", "I need the weather.\n", (("get_weather", '{"city": "Lyon"}'),))
     check_all_ways(lambda: build_parser("qwen3_coder", "qwen3", tools=TOOLS,  # type: ignore[arg-type,return-value]
                                         prompt="<|im_start|>assistant\n<think>\n"), text, expected)
+
+
+@pytest.mark.parametrize(("text", "reasoning", "calls", "real"), [
+    ("Call it.\n" + call("get_weather", city="Lyon") + "\n",  # no </think>: the call ends the reasoning
+     "Call it.\n", (("get_weather", '{"city": "Lyon"}'),), True),
+    ("A <tool_call> mention, then a real one.\n<tool_call>  \n<function=ping>\n</function>\n</tool_call>",
+     "A <tool_call> mention, then a real one.\n", (("ping", "{}"),), False),
+    ("Ends with a mention: <tool_call>\n", "Ends with a mention: <tool_call>\n", (), False),
+])
+def test_a_tool_call_ends_unclosed_reasoning(text: str, reasoning: str, calls: tuple[tuple[str, str], ...],
+                                             real: bool) -> None:
+    check_all_ways(lambda: build_parser("qwen3_coder", "qwen3", tools=TOOLS,  # type: ignore[arg-type,return-value]
+                                        prompt="<|im_start|>assistant\n<think>\n"), text,
+                   Final("", reasoning, calls), tags_are_real=real)
