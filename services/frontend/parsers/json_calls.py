@@ -26,13 +26,14 @@ START, BETWEEN, HEADER, ARGUMENTS, TAIL, AFTER, CONTENT = range(7)
 class JsonCallsParser:
     """JSON call objects; a subclass decides in `_step` where they begin (phase START)."""
 
-    __slots__ = ("_buf", "_calls", "_make_id", "_phase", "_scan", "_separators", "_terminator")
+    __slots__ = ("_buf", "_calls", "_make_id", "_phase", "_scan", "_scanned", "_separators", "_terminator")
 
     def __init__(self, *, separators: str, terminator: str = "",
                  make_id: Callable[[], str] = make_call_id) -> None:
         self._buf = ""
         self._phase = START
         self._scan = JsonScan()
+        self._scanned = 0  # how much of `_buf` the scan of an object in another shape has read
         self._calls: list[ToolCall] = []
         self._separators = separators + " \t\r\n"
         self._terminator = terminator  # ends the calls (mistral's "]"); "" for none
@@ -66,6 +67,7 @@ class JsonCallsParser:
                 self._buf, self._phase = head[len(self._terminator):], AFTER
             else:
                 self._phase = HEADER if head.startswith("{") else CONTENT
+                self._scan, self._scanned = JsonScan(), 0
         elif phase == HEADER:
             header = _HEADER.match(self._buf)
             if header is None:
@@ -101,8 +103,9 @@ class JsonCallsParser:
 
     def _whole(self, out: ParsedDelta, *, final: bool) -> bool:
         """An object not in the streamable shape: parse it once it closes; False while it is open."""
-        scan = JsonScan()
-        end = scan.scan(self._buf)
+        scan = self._scan  # read on from where the last push left it: one pass over a long object
+        end = self._scanned + scan.scan(self._buf[self._scanned:])
+        self._scanned = end
         if not scan.closed:
             if not final:
                 return False
