@@ -36,6 +36,7 @@ FUNCTION_END = "</function>"
 PARAMETER = "<parameter="
 PARAMETER_END = "</parameter>"
 _AFTER_VALUE = (PARAMETER, FUNCTION_END, CallBlockParser.END)
+_AFTER_LONGEST = max(map(len, _AFTER_VALUE))
 _FUNC, _PARAMS, _VALUE, _TAIL = 0, 1, 2, 3
 _STRING_TYPES = frozenset({"string", "str", "text", "varchar", "char", "enum"})
 
@@ -43,7 +44,8 @@ _STRING_TYPES = frozenset({"string", "str", "text", "varchar", "char", "enum"})
 class Qwen3CoderToolParser(CallBlockParser):
     """`<function=NAME>` blocks to tool calls; one argument fragment per parameter."""
 
-    __slots__ = ("_count", "_emitted", "_opened", "_param", "_phase", "_properties", "_schemas", "_streaming")
+    __slots__ = ("_count", "_emitted", "_opened", "_param", "_phase", "_properties", "_schemas", "_search",
+                 "_streaming")
 
     def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
         super().__init__()
@@ -57,6 +59,7 @@ class Qwen3CoderToolParser(CallBlockParser):
         self._count = 0  # parameters sent (or begun) in the open call
         self._streaming = self._opened = False
         self._emitted = 0  # characters of the open string value sent
+        self._search = 0
 
     def _body(self, out: ParsedDelta, *, final: bool) -> bool:
         while True:
@@ -101,14 +104,16 @@ class Qwen3CoderToolParser(CallBlockParser):
         """(where the open value's real `</parameter>` is, or None while that cannot be told yet;
         how much of `_buf` is value text for sure)."""
         buf = self._buf
-        pos = 0
-        while (end := buf.find(PARAMETER_END, pos)) >= 0:
-            rest = buf[end + len(PARAMETER_END):].lstrip()
-            if rest.startswith(_AFTER_VALUE):
+        while (end := buf.find(PARAMETER_END, self._search)) >= 0:
+            after = end + len(PARAMETER_END)
+            while after < len(buf) and buf[after].isspace():
+                after += 1
+            if buf.startswith(_AFTER_VALUE, after):
                 return end, end
-            if any(tag.startswith(rest) for tag in _AFTER_VALUE):
+            rest = buf[after:after + _AFTER_LONGEST]
+            if len(rest) < _AFTER_LONGEST and any(tag.startswith(rest) for tag in _AFTER_VALUE):
                 return (end if final else None), end  # what follows could still make it the end
-            pos = end + 1
+            self._search = end + 1  # text inside the value: never looked at again
         cut = len(buf) - held_suffix(buf, (PARAMETER_END,))
         if not final:
             return None, cut
@@ -120,6 +125,7 @@ class Qwen3CoderToolParser(CallBlockParser):
         kind, nullable = _schema_type(self._properties.get(name))
         self._streaming = kind in _STRING_TYPES and not nullable  # a nullable one may be "null"
         self._opened, self._emitted = False, 0
+        self._search = 0  # where in `_buf` a `</parameter>` that may end the value can begin
 
     def _stream_value(self, out: ParsedDelta, sure: int) -> None:
         """Send what is surely string text: not the first newline, nor a newline that may be the last."""
