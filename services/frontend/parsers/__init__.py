@@ -10,6 +10,8 @@ from services.frontend.parsers.deepseek_r1 import deepseek_r1
 from services.frontend.parsers.delta import OutputParser, ParsedDelta, ToolCall, ToolCallDelta
 from services.frontend.parsers.hermes import HermesToolParser
 from services.frontend.parsers.llama3_json import Llama3JsonToolParser
+from services.frontend.parsers.mistral import MistralToolParser
+from services.frontend.parsers.pythonic import PythonicToolParser
 from services.frontend.parsers.qwen3 import qwen3
 from services.frontend.parsers.qwen3_coder import Qwen3CoderToolParser
 
@@ -21,6 +23,8 @@ TOOL_PARSERS: dict[str, Callable[[list[dict[str, Any]] | None], OutputParser]] =
     "hermes": lambda tools: HermesToolParser(),
     "llama3_json": lambda tools: Llama3JsonToolParser(),
     "llama4_json": lambda tools: Llama3JsonToolParser(),
+    "mistral": lambda tools: MistralToolParser(),
+    "pythonic": lambda tools: PythonicToolParser(),
     "qwen3_coder": Qwen3CoderToolParser,
 }
 # name -> factory(prompt): the rendered prompt tells whether the template opened the reasoning.

@@ -8,11 +8,11 @@ The final arguments are that same raw text, so streamed fragments always join to
 
 Choices where the model strays (vLLM's behaviour where it has one):
 - A body in another shape (keys in another order, arguments given as a JSON string) is held until
-  `</tool_call>` and parsed whole; a valid call is sent in one delta with arguments
-  `json.dumps(arguments, ensure_ascii=False)`. A body that is no call (bad JSON, no name, arguments
-  no object) is returned as content, tags included, as vLLM returns unparseable output as content.
-- Output cut inside a body whose header never completed: returned as content at flush, tags
-  included (nothing of it was sent as a call). Cut inside the arguments: the call keeps the text
+  `</tool_call>` (or the end of output) and parsed whole; a valid call is sent in one delta with
+  arguments `json.dumps(arguments, ensure_ascii=False)`. A body that is no call (bad JSON, no name,
+  arguments no object) is returned as content, tags included, as vLLM returns unparseable output
+  as content. So is a body cut before its header completed (nothing of it was sent as a call).
+- Output cut inside the arguments: the call keeps the text
   streamed so far (it cannot be unsent, as in vLLM's streaming), which is then no complete JSON;
   finish_reason "length" tells the client. A `<` outside a JSON string ends the arguments early.
 - Text after the arguments object and before `</tool_call>` is the call's framing and is dropped.

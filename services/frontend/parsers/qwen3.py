@@ -7,8 +7,8 @@ the prompt ends inside an open `<think>` (Qwen3.5-style templates, or a generati
 in `<think>\\n`) the output starts in reasoning; otherwise it is reasoning only if it begins with
 `<think>`, and all content if no `<think>` appears (enable_thinking=false renders an empty, closed
 think block into the prompt, so that case is content too). A missing `</think>` leaves everything
-after `<think>` reasoning, as in vLLM. vLLM's implicit end of reasoning at a `<tool_call>` followed
-by `<function=` (Qwen3.5 calling a tool without closing its reasoning) is not implemented here.
+after `<think>` reasoning, as in vLLM. As in vLLM, a `<tool_call>` followed by `<function=` also
+ends the reasoning (Qwen3.5 calling a tool without closing it) and the content begins at it.
 """
 from __future__ import annotations
 
@@ -18,4 +18,4 @@ __all__ = ["qwen3"]
 
 
 def qwen3(prompt: str = "") -> ThinkParser:
-    return ThinkParser(starts_in_reasoning=prompt_opens_think(prompt))
+    return ThinkParser(starts_in_reasoning=prompt_opens_think(prompt), tool_call_ends=True)

@@ -9,6 +9,8 @@ __all__ = ["ThinkParser", "prompt_opens_think"]
 
 START = "<think>"
 END = "</think>"
+TOOL_CALL = "<tool_call>"
+FUNCTION = "<function="
 _OPENING, _REASONING, _CLOSED, _CONTENT = 0, 1, 2, 3
 
 
@@ -27,14 +29,19 @@ class ThinkParser:
     Whitespace right after `</think>` (the template's separator) is dropped, so a reply that is
     only tool calls has no content "\\n\\n"; vLLM keeps it. Without `</think>` the reasoning runs
     to the end of the output (vLLM: a truncated reasoning is all reasoning).
+
+    With `tool_call_ends`, a `<tool_call>` followed (whitespace aside) by `<function=` also ends
+    the reasoning, and the content begins at it: Qwen3.5 may call a tool without closing its
+    reasoning. A `<tool_call>` followed by anything else is reasoning text.
     """
 
-    __slots__ = ("_buf", "_default", "_state")
+    __slots__ = ("_buf", "_default", "_ends", "_state")
 
-    def __init__(self, *, starts_in_reasoning: bool) -> None:
+    def __init__(self, *, starts_in_reasoning: bool, tool_call_ends: bool = False) -> None:
         self._buf = ""
         self._state = _OPENING
         self._default = _REASONING if starts_in_reasoning else _CONTENT
+        self._ends = (END, TOOL_CALL) if tool_call_ends else (END,)
 
     def push(self, text: str) -> ParsedDelta:
         out = ParsedDelta()
@@ -64,14 +71,21 @@ class ThinkParser:
         if self._state == _REASONING:
             buf = self._buf
             end = buf.find(END)
-            if end < 0:
-                cut = len(buf) - (0 if final else held_suffix(buf, (END,)))
+            call, undecided = self._tool_call(final=final)
+            if call >= 0 and (end < 0 or call < end):
+                out.reasoning += buf[:call]
+                self._buf = buf[call:]
+                self._state = _CONTENT
+            elif end >= 0:
+                out.reasoning += buf[:end]
+                self._buf = buf[end + len(END):]
+                self._state = _CLOSED
+            else:
+                cut = len(buf) - (0 if final else held_suffix(buf, self._ends))
+                cut = min(cut, undecided) if undecided >= 0 else cut
                 out.reasoning += buf[:cut]
                 self._buf = buf[cut:]
                 return
-            out.reasoning += buf[:end]
-            self._buf = buf[end + len(END):]
-            self._state = _CLOSED
         if self._state == _CLOSED:
             self._buf = self._buf.lstrip()
             if not self._buf:
@@ -79,3 +93,19 @@ class ThinkParser:
             self._state = _CONTENT
         out.content += self._buf
         self._buf = ""
+
+    def _tool_call(self, *, final: bool) -> tuple[int, int]:
+        """(where a `<tool_call>` that ends the reasoning begins in `_buf`, where one begins that
+        may still do so when more text comes); -1 for none."""
+        if len(self._ends) == 1:
+            return -1, -1
+        buf = self._buf
+        pos = 0
+        while (at := buf.find(TOOL_CALL, pos)) >= 0:
+            rest = buf[at + len(TOOL_CALL):].lstrip()
+            if rest.startswith(FUNCTION):
+                return at, -1
+            if not final and FUNCTION.startswith(rest):
+                return -1, at
+            pos = at + 1
+        return -1, -1

@@ -16,7 +16,7 @@ from services.frontend.detokenizer import IncrementalDetokenizer
 from services.frontend.parsers import OutputParser, ParsedDelta
 
 TAGS = ("<tool_call>", "</tool_call>", "<think>", "</think>", "<function=", "</function>", "<parameter=",
-        "</parameter>")
+        "</parameter>", "[TOOL_CALLS]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +58,12 @@ def splittings(text: str, *, seeds: int = 60) -> Iterator[tuple[str, list[str]]]
         yield f"split[{cut}]", [text[:cut], text[cut:]]
 
 
-def drive(parser: OutputParser, pieces: list[str]) -> tuple[Final, list[ParsedDelta]]:
+def openai_id(call_id: str) -> bool:
+    return call_id.startswith("call_") and len(call_id) == 29 and call_id[5:].isalnum()
+
+
+def drive(parser: OutputParser, pieces: list[str], *,
+          id_ok: Callable[[str], bool] = openai_id) -> tuple[Final, list[ParsedDelta]]:
     """Push the pieces, flush, and check the deltas reassemble to the final result."""
     deltas = [parser.push(piece) for piece in pieces]
     deltas.append(parser.flush())
@@ -75,7 +80,7 @@ def drive(parser: OutputParser, pieces: list[str]) -> tuple[Final, list[ParsedDe
             seen[piece.index].append(piece.arguments)
     assert len(seen) == len(calls), "a call was never streamed"
     for index, call in enumerate(calls):
-        assert call.id.startswith("call_") and len(call.id) == 29 and call.id[5:].isalnum(), call.id
+        assert id_ok(call.id), call.id
         assert "".join(seen[index]) == call.arguments, f"call {index}: streamed arguments differ from final"
     final = Final("".join(d.content for d in deltas), "".join(d.reasoning for d in deltas),
                   tuple((c.name, c.arguments) for c in calls))
@@ -83,11 +88,11 @@ def drive(parser: OutputParser, pieces: list[str]) -> tuple[Final, list[ParsedDe
 
 
 def check_all_ways(make: Callable[[], OutputParser], text: str, expected: Final, *, tags_are_real: bool = True,
-                   seeds: int = 60) -> int:
+                   seeds: int = 60, id_ok: Callable[[str], bool] = openai_id) -> int:
     """Every splitting gives `expected`; with real tags no content piece holds a tag fragment."""
     runs = 0
     for label, pieces in splittings(text, seeds=seeds):
-        final, deltas = drive(make(), pieces)
+        final, deltas = drive(make(), pieces, id_ok=id_ok)
         assert final == expected, f"{label}: {pieces!r}"
         if tags_are_real:
             for delta in deltas:

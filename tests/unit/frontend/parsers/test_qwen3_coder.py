@@ -76,14 +76,18 @@ def test_every_splitting_gives_the_same_result(text: str, content: str, calls: l
     assert [(name, json.loads(arguments)) for name, arguments in final.calls] == calls
 
 
-def test_parameters_stream_as_each_completes() -> None:
+def test_strings_stream_as_they_arrive_and_other_values_once_complete() -> None:
     parser = Qwen3CoderToolParser(TOOLS)
     first = parser.push("<tool_call>\n<function=get_weather>\n<parameter=city>\nPar")
-    assert [(d.index, d.name, d.arguments) for d in first.tool_calls] == [(0, "get_weather", "{")]
-    second = parser.push("is\n</parameter>\n<parameter=days>\n2\n</parameter>\n")
+    assert [(d.index, d.name, d.arguments) for d in first.tool_calls] == [(0, "get_weather", '{"city": "Par')]
+    second = parser.push('is "X"\n\n</param')  # the last newline and the half tag are held
+    assert [(d.id, d.arguments) for d in second.tool_calls] == [(None, 'is \\"X\\"\\n')]
+    third = parser.push("eter>\n<parameter=days>\n2\n</parameter>\n")
     # days is held: until a tag follows its </parameter>, that could still be text inside the value.
-    assert [(d.id, d.arguments) for d in second.tool_calls] == [(None, '"city": "Paris"')]
+    assert [(d.id, d.arguments) for d in third.tool_calls] == [(None, '"')]
     assert [d.arguments for d in parser.push("</function>\n</tool_call>").tool_calls] == [', "days": 2}']
+    parser.flush()
+    assert json.loads(parser.calls()[0].arguments) == {"city": 'Paris "X"\n', "days": 2}
 
 
 def test_reasoning_then_a_call() -> None:
@@ -91,3 +95,17 @@ def test_reasoning_then_a_call() -> None:
     expected = Final("", "I need the weather.\n", (("get_weather", '{"city": "Lyon"}'),))
     check_all_ways(lambda: build_parser("qwen3_coder", "qwen3", tools=TOOLS,  # type: ignore[arg-type,return-value]
                                         prompt="<|im_start|>assistant\n<think>\n"), text, expected)
+
+
+@pytest.mark.parametrize(("text", "reasoning", "calls", "real"), [
+    ("Call it.\n" + call("get_weather", city="Lyon") + "\n",  # no </think>: the call ends the reasoning
+     "Call it.\n", (("get_weather", '{"city": "Lyon"}'),), True),
+    ("A <tool_call> mention, then a real one.\n<tool_call>  \n<function=ping>\n</function>\n</tool_call>",
+     "A <tool_call> mention, then a real one.\n", (("ping", "{}"),), False),
+    ("Ends with a mention: <tool_call>\n", "Ends with a mention: <tool_call>\n", (), False),
+])
+def test_a_tool_call_ends_unclosed_reasoning(text: str, reasoning: str, calls: tuple[tuple[str, str], ...],
+                                             real: bool) -> None:
+    check_all_ways(lambda: build_parser("qwen3_coder", "qwen3", tools=TOOLS,  # type: ignore[arg-type,return-value]
+                                        prompt="<|im_start|>assistant\n<think>\n"), text,
+                   Final("", reasoning, calls), tags_are_real=real)

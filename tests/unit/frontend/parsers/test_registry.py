@@ -23,7 +23,7 @@ def test_both_names_give_a_chain() -> None:
 
 
 def test_names_are_vllms_flags() -> None:
-    assert {"hermes", "qwen3_coder", "llama3_json", "llama4_json"} <= set(TOOL_PARSERS)
+    assert {"hermes", "qwen3_coder", "llama3_json", "llama4_json", "pythonic", "mistral"} <= set(TOOL_PARSERS)
     assert {"qwen3", "deepseek_r1"} <= set(REASONING_PARSERS)
 
 
