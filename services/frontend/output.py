@@ -147,8 +147,10 @@ class OutputProcessor:
         return responses.usage(self.stream.prompt_len, completion_tokens, self.cached_tokens)
 
     def _finished(self, reason: str, stop_reason: int | str | None) -> None:
-        # As vLLM: a model that stopped after calling tools finished with "tool_calls" (metrics keep "stop").
-        self.finish = "tool_calls" if self.calls and reason == "stop" else reason
+        # As vLLM: a model that stopped after calling tools on its own (tool_choice "auto") finished with
+        # "tool_calls"; a forced call finishes "stop". Metrics keep the engine's reason.
+        auto = self.calls and reason == "stop" and self.options.tool_choice == "auto"
+        self.finish = "tool_calls" if auto else reason
         self.stop_reason = stop_reason
         m = self._metrics
         m.generation_tokens.inc(self.completion_tokens)

@@ -19,7 +19,6 @@ TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's rule for function nam
 CHOICES = '"none", "auto", "required" or {"type": "function", "function": {"name": ...}}'
 AUTO_NEEDS_FLAGS = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
 _encoder = msgspec.json.Encoder()
-_NOT_YET = "is not supported by this server yet: it needs guaranteed structured output"
 
 
 def _refuse(field: str, problem: str) -> APIError:
@@ -103,11 +102,27 @@ def resolve_tool_choice(choice: Any, tools: tuple[dict[str, Any], ...], *, enabl
             raise APIError(400, AUTO_NEEDS_FLAGS, param="tool_choice")
         return "auto"
     if choice == "required":
-        raise APIError(400, f"tool_choice 'required' {_NOT_YET}", param="tool_choice")
+        return "required"
     if not isinstance(choice, dict):
         raise APIError(400, f"tool_choice: {choice!r} is not one of {CHOICES}", param="tool_choice")
-    name = _named_function(choice, tools)
-    raise APIError(400, f"tool_choice naming function {name!r} {_NOT_YET}", param="tool_choice")
+    return {"type": "function", "function": {"name": _named_function(choice, tools)}}
+
+
+def forced_schema(choice: str | dict[str, Any], tools: tuple[dict[str, Any], ...], *, parallel: bool) -> str:
+    """The JSON Schema (as JSON text) the output of a forced tool_choice must match, as vLLM builds it:
+    a named function's parameters, or for "required" an array of {"name", "parameters"} objects, one
+    shape per tool (at most one item without parallel_tool_calls)."""
+    params = {tool["function"]["name"]: tool["function"].get("parameters") or {"type": "object"} for tool in tools}
+    if isinstance(choice, dict):
+        return _encoder.encode(params[choice["function"]["name"]]).decode()
+    item = {"anyOf": [{"type": "object", "properties": {"name": {"type": "string", "enum": [name]},
+                                                          "parameters": schema},
+                       "required": ["name", "parameters"], "additionalProperties": False}
+                      for name, schema in params.items()]}
+    array: dict[str, Any] = {"type": "array", "minItems": 1, "items": item}
+    if not parallel:
+        array["maxItems"] = 1
+    return _encoder.encode(array).decode()
 
 
 def _named_function(choice: dict[str, Any], tools: tuple[dict[str, Any], ...]) -> str:

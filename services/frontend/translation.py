@@ -11,6 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, ParamSpec, TypeVar
 
+import msgspec
+
 from protocol import GenerateRequest
 from protocol.block_hash import block_hashes
 from services.frontend.chat_template import TemplateError
@@ -25,7 +27,7 @@ from services.frontend.schema import (
     sampling_params,
     stop_list,
 )
-from services.frontend.tools import check_tools, resolve_tool_choice
+from services.frontend.tools import check_tools, forced_schema, resolve_tool_choice
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 PROMPT_TAIL_CHARS = 4096  # of the rendered prompt, kept for the reasoning parser (not the whole prompt)
@@ -87,8 +89,10 @@ class Translator:
 
     def __init__(self, model: Model, max_model_len: Callable[[], int], *, long_prompt_chars: int,
                  max_concurrent_tokenizations: int, enable_auto_tool_choice: bool = False,
-                 tool_call_parser: str | None = None, reasoning_parser: str | None = None) -> None:
+                 tool_call_parser: str | None = None, reasoning_parser: str | None = None,
+                 structured_output_problem: Callable[[], str | None] = lambda: None) -> None:
         self._model = model
+        self._structured_output_problem = structured_output_problem
         self._reasoning_parser = reasoning_parser
         self._enable_auto_tool_choice = enable_auto_tool_choice
         self._tool_call_parser = tool_call_parser
@@ -111,12 +115,21 @@ class Translator:
         tools = check_tools(req.tools)
         choice = resolve_tool_choice(req.tool_choice, tools, enable_auto_tool_choice=self._enable_auto_tool_choice,
                                      tool_call_parser=self._tool_call_parser)
+        parallel = req.parallel_tool_calls is not False
+        schema = None
+        if choice == "required" or isinstance(choice, dict):
+            problem = self._structured_output_problem()
+            if problem is not None:
+                what = "'required'" if choice == "required" else "naming a function"
+                raise APIError(400, f"tool_choice {what} needs guaranteed structured output, which {problem}",
+                               param="tool_choice")
+            schema = forced_schema(choice, tools, parallel=parallel)
         messages = template_messages(req.messages)
         long = len(body) > self._long_prompt_chars  # messages, tools and kwargs all count
         text, ids = await self._off_loop(long, self._render_and_encode, messages, req)
-        request = self._engine_request(req, ids, pin, chat=True, request_id=f"chatcmpl-{os.urandom(12).hex()}")
-        output = replace(request.output, tools=tools, tool_choice=choice,
-                         parallel_tool_calls=req.parallel_tool_calls is not False,
+        request = self._engine_request(req, ids, pin, chat=True, request_id=f"chatcmpl-{os.urandom(12).hex()}",
+                                       json_schema=schema)
+        output = replace(request.output, tools=tools, tool_choice=choice, parallel_tool_calls=parallel,
                          tool_parser=self._tool_call_parser if choice == "auto" and tools else None,
                          reasoning_parser=self._reasoning_parser, prompt_tail=text[-PROMPT_TAIL_CHARS:])
         return replace(request, output=output)
@@ -153,7 +166,7 @@ class Translator:
         return self._engine_request(req, ids, pin, chat=False, request_id=f"cmpl-{os.urandom(12).hex()}")
 
     def _engine_request(self, req: ChatCompletionRequest | CompletionRequest, ids: list[int], pin: bytes | None,
-                        *, chat: bool, request_id: str) -> EngineRequest:
+                        *, chat: bool, request_id: str, json_schema: str | None = None) -> EngineRequest:
         max_len = self._max_model_len()
         prompt_len = len(ids)
         if prompt_len >= max_len:
@@ -167,6 +180,8 @@ class Translator:
                            f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the prompt, "
                            f"{max_tokens} for the completion)", param="max_tokens")
         sampling = sampling_params(req, max_tokens, self._model.tokenizer.get_vocab_size(with_added_tokens=True))
+        if json_schema is not None:
+            sampling = msgspec.structs.replace(sampling, json_schema=json_schema)
         pinned = _pinned_rank(pin)
         usage = req.stream_options is not None and req.stream_options.include_usage
         continuous = usage and req.stream_options is not None and req.stream_options.continuous_usage_stats

@@ -81,3 +81,11 @@ def test_bad_arguments_in_the_history_are_a_400_naming_the_field(client: openai.
     body = _bad_request(client, messages=messages)
     assert body["param"] == "messages[2].tool_calls[0].function.arguments"
     assert "not valid JSON" in body["message"]
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_a_forced_tool_choice_is_refused_on_engines_that_cannot_guarantee_it(client: openai.OpenAI,
+                                                                              choice: Any) -> None:
+    body = _bad_request(client, messages=ROUND_TRIP[:1], tools=[WEATHER], tool_choice=choice)
+    assert body["param"] == "tool_choice"
+    assert "needs guaranteed structured output, which engine rank 0 cannot give (its sim backend" in body["message"]

@@ -75,7 +75,8 @@ def _processor(model: Model, engines: _Engines, *, stop: tuple[str, ...] = (), p
     request = EngineRequest(GenerateRequest("r1", [1, 2, 3], SamplingParams(max_tokens=8), time.time(),
                                             pinned_rank=pinned), 8,
                             OutputOptions(chat=False, stream=False, include_usage=False, continuous_usage=False,
-                                          stop=stop, include_stop_str_in_output=False, skip_special_tokens=True))
+                                          stop=stop, include_stop_str_in_output=False, skip_special_tokens=True,
+                                          tool_choice="auto"))
     stream = Stream("r1", 3, 8)
     stream.engine_index = 0
     metrics = Metrics("tiny")

@@ -104,11 +104,6 @@ def test_auto_needs_both_server_flags() -> None:
     ("auto", (), "tool_choice", "When using `tool_choice`, `tools` must be set."),
     ("required", (), "tool_choice", "When using `tool_choice`, `tools` must be set."),
     ({"type": "function", "function": {"name": "get_weather"}}, (), "tool_choice", "`tools` must be set"),
-    ("required", (WEATHER,), "tool_choice",
-     "tool_choice 'required' is not supported by this server yet: it needs guaranteed structured output"),
-    ({"type": "function", "function": {"name": "get_weather"}}, (WEATHER, SEARCH), "tool_choice",
-     "tool_choice naming function 'get_weather' is not supported by this server yet: it needs guaranteed "
-     "structured output"),
     ("any", (WEATHER,), "tool_choice",
      'tool_choice: \'any\' is not one of "none", "auto", "required" or {"type": "function", "function": '
      '{"name": ...}}'),
@@ -127,10 +122,27 @@ def test_bad_tool_choice_is_a_400_naming_the_field(choice: Any, tools: tuple[dic
     assert err.param == param and needle in err.message, err.message
 
 
-def test_required_and_named_are_refused_even_with_a_parser() -> None:
-    assert "required" in _refused_choice("required", enable=True, parser="hermes").message
-    named = {"function": {"name": "web-search_2"}}
-    assert "'web-search_2'" in _refused_choice(named, enable=True, parser="hermes").message
+def test_required_and_named_need_no_parser_and_name_the_function_as_given() -> None:
+    assert _choice("required", (WEATHER,)) == "required"
+    named = {"function": {"name": "web-search_2"}}  # type may be left out, as OpenAI's SDK allows
+    assert _choice(named, (WEATHER, SEARCH)) == {"type": "function", "function": {"name": "web-search_2"}}
+
+
+def test_forced_schemas_are_the_parameters_or_an_array_of_named_calls() -> None:
+    import json
+
+    from services.frontend.tools import forced_schema
+
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    assert json.loads(forced_schema(named, (WEATHER, SEARCH), parallel=True)) == WEATHER["function"]["parameters"]
+    array = json.loads(forced_schema("required", (WEATHER, SEARCH), parallel=True))
+    assert array["type"] == "array" and array["minItems"] == 1 and "maxItems" not in array
+    shapes = array["items"]["anyOf"]
+    assert [s["properties"]["name"] for s in shapes] == [{"type": "string", "enum": ["get_weather"]},
+                                                          {"type": "string", "enum": ["web-search_2"]}]
+    assert shapes[0]["properties"]["parameters"] == WEATHER["function"]["parameters"]
+    assert shapes[1]["properties"]["parameters"] == {"type": "object"}  # a tool without parameters
+    assert json.loads(forced_schema("required", (WEATHER,), parallel=False))["maxItems"] == 1
 
 
 def test_schema_checks_are_cached_by_the_schemas_json() -> None:

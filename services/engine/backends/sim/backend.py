@@ -180,6 +180,9 @@ class SimBackend:
         if low < 0 or high >= MAX_TOKEN_ID:
             bad = low if low < 0 else high
             raise RequestRejected(f"prompt_token_ids must be in [0, 2**31), got token id {bad}")
+        if request.sampling.json_schema is not None:
+            # Refused, never ignored: a client relying on the schema must not get free text.
+            raise RequestRejected("sampling.json_schema: the sim backend cannot guarantee structured output")
         if request.lora is not None and request.lora not in self._loras:
             raise RequestRejected(
                 f"lora {request.lora!r} is not loaded; loaded: {sorted(self._loras)}"

@@ -234,6 +234,8 @@ def test_kv_events_stay_consistent_under_churn() -> None:
         (req([1], lora="missing"), "lora"),
         (req([1], max_tokens=0), "max_tokens"),
         (req([1], min_tokens=17), "min_tokens"),
+        # Refused, not ignored: the sim cannot make its output match a schema.
+        (req([1], json_schema='{"type": "object"}'), "json_schema"),
     ],
 )
 def test_rejections_name_the_field(request_: GenerateRequest, field: str) -> None:
