@@ -29,7 +29,7 @@ _ROLES = {"user": "user", "assistant": "assistant", "system": "system",
           # Most chat templates know no "developer" role; it means what "system" means there.
           "developer": "system"}
 _TEXT_PARTS = ("input_text", "output_text")
-_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 
 
 def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
