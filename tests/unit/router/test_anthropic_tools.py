@@ -12,7 +12,8 @@ import pydantic
 import pytest
 from anthropic.types import Message, RawMessageStreamEvent
 
-from services.router.adapters.anthropic import MessagesStream, chat_to_message, messages_to_chat, tool_input
+from services.router.adapters.anthropic import MessagesStream, chat_to_message, tool_input
+from services.router.adapters.anthropic_request import messages_to_chat
 from tests.support.sdk_mock import sse_events, sse_http
 
 MODEL = "qwen-test"

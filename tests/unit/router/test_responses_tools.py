@@ -12,7 +12,8 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 
 from services.router.adapters import AdapterError
-from services.router.adapters.responses import ResponsesStream, chat_to_response, responses_to_chat
+from services.router.adapters.responses import ResponsesStream, chat_to_response
+from services.router.adapters.responses_request import responses_to_chat
 from tests.support.sdk_mock import sse_events, sse_http
 
 MODEL = "qwen-test"
