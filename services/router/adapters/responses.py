@@ -15,6 +15,8 @@ from services.router.adapters.openai import openai_error
 from services.router.adapters.responses_request import responses_to_chat
 
 _json = msgspec.json.Encoder()
+
+
 def chat_to_response(chat: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
     """A non-streamed chat completion as a Responses `response` object echoing the request's settings:
     output items in the order reasoning, message (when there is text, or nothing else), function calls."""

@@ -157,9 +157,10 @@ def _input_messages(items: Any) -> list[dict[str, Any]]:
             continue
         _close_turn(messages, turn)
         turn = None
-        messages.append({"role": role, "content": content})
-        if role == "assistant":
-            turn = messages.pop()
+        if role == "assistant":  # the function calls that follow join it
+            turn = {"role": role, "content": content}
+        else:
+            messages.append({"role": role, "content": content})
     _close_turn(messages, turn)
     return messages
 
