@@ -27,7 +27,7 @@ def chat_to_message(chat: dict[str, Any], request: dict[str, Any]) -> dict[str, 
     choice = (chat.get("choices") or [{}])[0]
     message = choice.get("message") or {}
     text = message.get("content") or ""
-    reasoning = reasoning_of(message)
+    reasoning = reasoning_of(message) if thinks(request) else ""
     content: list[dict[str, Any]] = []
     if reasoning:
         content.append(_thinking_block(reasoning))
@@ -41,6 +41,13 @@ def chat_to_message(chat: dict[str, Any], request: dict[str, Any]) -> dict[str, 
             "model": request.get("model") or chat.get("model", ""), "content": content,
             "stop_reason": stop_reason, "stop_sequence": stop_sequence,
             "usage": _usage(chat.get("usage")) or {"input_tokens": 0, "output_tokens": 0}}
+
+
+def thinks(request: dict[str, Any]) -> bool:
+    """Whether the client enabled thinking: only then are thinking blocks answered, as Anthropic does, so a
+    client that reads content[0] as text still finds text when the upstream model reasons unasked."""
+    thinking = request.get("thinking")
+    return isinstance(thinking, dict) and thinking.get("type") == "enabled"
 
 
 def _thinking_block(thinking: str) -> dict[str, Any]:
@@ -94,17 +101,19 @@ class MessagesStream:
     """One streamed message: chat chunk dicts in, Anthropic SSE events out (`event:` + `data:` lines).
 
     Content blocks open when their first delta arrives and close when the next opens, one at a time as
-    Anthropic sends them: thinking (upstream's reasoning deltas), text (content deltas), one tool_use per
-    upstream tool call, whose argument fragments go out as they are as input_json_delta. The ping follows
-    the first block's start, as Anthropic's does.
+    Anthropic sends them: thinking (upstream's reasoning deltas, when the client enabled thinking), text
+    (content deltas), one tool_use per upstream tool call, whose argument fragments go out as they are
+    as input_json_delta. The ping follows the first block's start, as Anthropic's does.
     Call start() once, feed() per upstream chunk, then finish() at upstream's [DONE] or error() on a
     failure; after either end, further calls return b"".
     """
 
-    __slots__ = ("_blocks", "_calls", "_ended", "_finish", "_id", "_kind", "_matched", "_request", "_usage")
+    __slots__ = ("_blocks", "_calls", "_ended", "_finish", "_id", "_kind", "_matched", "_request", "_thinks",
+                 "_usage")
 
     def __init__(self, request: dict[str, Any]) -> None:
         self._request = request
+        self._thinks = thinks(request)
         self._id = f"msg_{uuid.uuid4().hex}"
         self._blocks = 0  # blocks opened so far; the open one, if any, is the last
         self._kind: str | None = None  # of the open block: thinking, text or tool_use
@@ -135,7 +144,7 @@ class MessagesStream:
         out = b""
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
-            reasoning = reasoning_of(delta)
+            reasoning = reasoning_of(delta) if self._thinks else ""
             if reasoning:
                 out += self._delta("thinking", {"type": "thinking_delta", "thinking": reasoning})
             piece = delta.get("content")

@@ -22,6 +22,7 @@ WEATHER = {"name": "weather", "description": "The weather in a city", "cache_con
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 TIME = {"type": "custom", "name": "time", "input_schema": {"type": "object", "properties": {}}}
 EVENTS: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(RawMessageStreamEvent)
+THINK = {"model": MODEL, "thinking": {"type": "enabled", "budget_tokens": 1024}}
 
 
 def answer(content: str | None, reasoning: str | None = None, calls: tuple[tuple[str, str, str], ...] = (),
@@ -160,7 +161,7 @@ def test_an_error_result_given_as_a_string_is_led_by_error() -> None:
 
 
 def test_thinking_text_and_tool_use_blocks_in_that_order() -> None:
-    message = Message.model_validate(chat_to_message(FULL_ANSWER, {"model": MODEL}))
+    message = Message.model_validate(chat_to_message(FULL_ANSWER, THINK))
     assert [block.type for block in message.content] == ["thinking", "text", "tool_use", "tool_use"]
     thinking, text, weather, time = message.content
     assert thinking.type == "thinking" and (thinking.thinking, thinking.signature) == ("Weather, then time.", "")
@@ -173,8 +174,17 @@ def test_thinking_text_and_tool_use_blocks_in_that_order() -> None:
 
 def test_tool_use_alone_and_reasoning_under_its_newer_name() -> None:
     message = Message.model_validate(chat_to_message(
-        answer(None, "hm", (("call_a", "weather", '{"city": "Oslo"}'),), field="reasoning"), {"model": MODEL}))
+        answer(None, "hm", (("call_a", "weather", '{"city": "Oslo"}'),), field="reasoning"), THINK))
     assert [block.type for block in message.content] == ["thinking", "tool_use"]
+
+
+def test_reasoning_the_client_did_not_enable_is_not_answered() -> None:
+    for request in ({"model": MODEL}, {"model": MODEL, "thinking": {"type": "disabled"}}):
+        message = Message.model_validate(chat_to_message(FULL_ANSWER, request))
+        assert [block.type for block in message.content] == ["text", "tool_use", "tool_use"]
+    with client(serve_chunks(FULL_STREAM)).messages.stream(model=MODEL, max_tokens=64, messages=HI) as stream:
+        final = stream.get_final_message()
+    assert without_id(final) == without_id(Message.model_validate(chat_to_message(FULL_ANSWER, {"model": MODEL})))
 
 
 @pytest.mark.parametrize(("arguments", "expected"), [
@@ -209,8 +219,9 @@ def test_the_sdk_sends_tools_the_adapter_reads() -> None:
 
 def test_a_streamed_tool_turn_accumulates_in_the_sdk_to_the_non_streamed_message() -> None:
     raw: list[bytes] = []
-    with client(serve_chunks(FULL_STREAM), raw).messages.stream(model=MODEL, max_tokens=64, messages=HI,
-                                                                tools=[WEATHER, TIME]) as stream:
+    with client(serve_chunks(FULL_STREAM), raw).messages.stream(model=MODEL, max_tokens=2048, messages=HI,
+                                                                tools=[WEATHER, TIME],
+                                                                thinking=THINK["thinking"]) as stream:
         events = list(stream)
         final = stream.get_final_message()
     parsed = sse_events(raw)
@@ -233,7 +244,7 @@ def test_a_streamed_tool_turn_accumulates_in_the_sdk_to_the_non_streamed_message
     fragments = [data["delta"]["partial_json"] for _, data in parsed
                  if data.get("delta", {}).get("type") == "input_json_delta"]
     assert fragments == ['{"city": ', '"Paris"}', "{", "}"]
-    whole = Message.model_validate(chat_to_message(FULL_ANSWER, {"model": MODEL}))
+    whole = Message.model_validate(chat_to_message(FULL_ANSWER, THINK))
     assert without_id(final) == without_id(whole)
     assert [e.type for e in events].count("input_json") == 4  # the SDK's own event per fragment
 
@@ -256,7 +267,7 @@ def test_thinking_cut_by_max_tokens() -> None:
         thoughts = [e.thinking for e in stream if e.type == "thinking"]
         final = stream.get_final_message()
     assert thoughts == ["long ", "thought"]
-    whole = Message.model_validate(chat_to_message(answer(None, "long thought", finish="length"), {"model": MODEL}))
+    whole = Message.model_validate(chat_to_message(answer(None, "long thought", finish="length"), THINK))
     assert without_id(final) == without_id(whole) and final.stop_reason == "max_tokens"
 
 

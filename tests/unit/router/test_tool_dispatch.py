@@ -87,7 +87,8 @@ def test_responses_tool_turn_whole() -> None:
 
 
 def test_messages_tool_turn_streamed() -> None:
-    r, sent = post("/v1/messages", {"model": "fleet", "max_tokens": 64, "messages": HI, "stream": True,
+    r, sent = post("/v1/messages", {"model": "fleet", "max_tokens": 2048, "messages": HI, "stream": True,
+                                    "thinking": {"type": "enabled", "budget_tokens": 1024},
                                     "tools": MESSAGES_TOOLS, "tool_choice": {"type": "tool", "name": "weather"}},
                    Reply(chunks=stream_bytes(), content_type=SSE))
     assert sent["tool_choice"] == {"type": "function", "function": {"name": "weather"}}
@@ -105,7 +106,8 @@ def test_messages_tool_turn_streamed() -> None:
 
 
 def test_messages_tool_turn_whole() -> None:
-    r, _ = post("/v1/messages", {"model": "fleet", "max_tokens": 64, "messages": HI, "tools": MESSAGES_TOOLS},
+    r, _ = post("/v1/messages", {"model": "fleet", "max_tokens": 2048, "messages": HI, "tools": MESSAGES_TOOLS,
+                                 "thinking": {"type": "enabled", "budget_tokens": 1024}},
                 Reply(chunks=(json.dumps(WHOLE).encode(),)))
     message = Message.model_validate(r.json())
     assert [block.type for block in message.content] == ["thinking", "tool_use"]
