@@ -7,10 +7,11 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import anthropic
 import openai
 import pytest
 
-from tests.support.procs import EngineProc, FrontendProc, start_engine, start_frontend
+from tests.support.procs import EngineProc, FrontendProc, HttpProc, start_engine, start_frontend, start_router
 
 THINK = "The user asks for the weather; I should call the tool."
 ONE_CALL = ('<think>\n' + THINK + '\n</think>\n\nLet me check.\n<tool_call>\n'
@@ -34,7 +35,7 @@ TOOLS: list[Any] = [{"type": "function", "function": {
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EngineProc, FrontendProc]]:
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EngineProc, FrontendProc, HttpProc]]:
     tmp = tmp_path_factory.mktemp("tools")
     script = tmp / "script.json"
     script.write_text(json.dumps(SCRIPT))
@@ -44,14 +45,24 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EngineProc
         fe = start_frontend(tmp, "--data-parallel-size-local", "0", "--engine-addresses", engine.endpoint(),
                             "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
                             "--reasoning-parser", "qwen3")
-        yield engine, fe
-        fe.stop()
+        try:
+            router = start_router(tmp, f"""
+listeners: [{{port: {{port}}, host: 127.0.0.1}}]
+pools:
+  tiny: {{model: tiny, replicas: [{{url: {fe.url}}}]}}
+entries:
+  tiny: {{default: [tiny]}}
+""")
+            yield engine, fe, router
+            router.stop()
+        finally:
+            fe.stop()
     finally:
         engine.stop()
 
 
 @pytest.fixture(scope="module")
-def client(fleet: tuple[EngineProc, FrontendProc]) -> Iterator[openai.OpenAI]:
+def client(fleet: tuple[EngineProc, FrontendProc, HttpProc]) -> Iterator[openai.OpenAI]:
     with openai.OpenAI(base_url=fleet[1].url + "/v1", api_key="unused", max_retries=0, timeout=60) as c:
         yield c
 
@@ -150,3 +161,71 @@ def test_no_reasoning_and_no_calls_is_plain_content(client: openai.OpenAI) -> No
     assert got == {"content": PLAIN, "reasoning": "", "calls": [], "finish": "stop"}
     off = _whole(client, messages=_ask("say plain"), extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     assert off == {"content": PLAIN, "reasoning": "", "calls": [], "finish": "stop"}
+
+
+
+# ---- through the router: the Anthropic Messages and OpenAI Responses APIs over the same frontend ----
+
+ANTHROPIC_TOOLS: list[Any] = [{"name": "get_weather", "description": "Current weather of a city",
+                               "input_schema": TOOLS[0]["function"]["parameters"]}]
+
+
+@pytest.fixture(scope="module")
+def claude(fleet: tuple[EngineProc, FrontendProc, HttpProc]) -> Iterator[anthropic.Anthropic]:
+    with anthropic.Anthropic(base_url=fleet[2].url, api_key="unused", max_retries=0, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def router_openai(fleet: tuple[EngineProc, FrontendProc, HttpProc]) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=fleet[2].url + "/v1", api_key="unused", max_retries=0, timeout=60) as c:
+        yield c
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_messages_tool_use_and_a_tool_result_round_trip(claude: anthropic.Anthropic, stream: bool) -> None:
+    ask: list[Any] = [{"role": "user", "content": "weather in Paris?"}]
+    kwargs: dict[str, Any] = {"model": "tiny", "max_tokens": 200, "tools": ANTHROPIC_TOOLS}
+    if stream:
+        with claude.messages.stream(messages=ask, **kwargs) as events:
+            message = events.get_final_message()
+    else:
+        message = claude.messages.create(messages=ask, **kwargs)
+    assert message.stop_reason == "tool_use"
+    [text, use] = message.content
+    assert text.type == "text" and text.text.strip() == "Let me check."
+    assert use.type == "tool_use" and use.name == "get_weather" and use.input == {"city": "Paris", "unit": "°C"}
+    history = [*ask, {"role": "assistant", "content": [block.model_dump() for block in message.content]},
+               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                             "content": json.dumps({"sky": "sunny"})}]}]
+    final = claude.messages.create(messages=history, **kwargs)
+    assert final.stop_reason == "end_turn"
+    assert [b.text for b in final.content if b.type == "text"] == ["It is sunny in Paris."]
+
+
+def test_messages_thinking_blocks_when_thinking_is_enabled(claude: anthropic.Anthropic) -> None:
+    message = claude.messages.create(model="tiny", max_tokens=2000, tools=ANTHROPIC_TOOLS,
+                                     thinking={"type": "enabled", "budget_tokens": 1024},
+                                     messages=[{"role": "user", "content": "weather in Paris?"}])
+    assert [b.type for b in message.content] == ["thinking", "text", "tool_use"]
+    assert message.content[0].thinking.strip() == THINK  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses_function_calls_and_their_output(router_openai: openai.OpenAI, stream: bool) -> None:
+    tools: list[Any] = [{"type": "function", "name": "get_weather", "description": "Current weather of a city",
+                         "parameters": TOOLS[0]["function"]["parameters"]}]
+    if stream:
+        with router_openai.responses.stream(model="tiny", input="two cities please", tools=tools) as events:
+            response = events.get_final_response()
+    else:
+        response = router_openai.responses.create(model="tiny", input="two cities please", tools=tools)
+    calls = [item for item in response.output if item.type == "function_call"]
+    assert [json.loads(c.arguments) for c in calls] == [{"city": "Paris"},  # type: ignore[union-attr]
+                                                        {"city": "Tōkyō", "note": 'a } and " inside'}]
+    follow = [{"type": "message", "role": "user", "content": "two cities please"},
+              *[c.model_dump(exclude_none=True) for c in calls],
+              *[{"type": "function_call_output", "call_id": c.call_id, "output": "sunny"}  # type: ignore[union-attr]
+                for c in calls]]
+    final = router_openai.responses.create(model="tiny", input=follow, tools=tools)
+    assert final.output_text.strip() == "It is sunny in Paris."
