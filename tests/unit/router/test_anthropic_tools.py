@@ -289,3 +289,14 @@ def test_malformed_streamed_arguments_go_out_as_they_are() -> None:
             stream.until_done()
     assert "".join(json.loads(line[6:])["delta"]["partial_json"] for line in b"".join(raw).decode().split("\n")
                    if line.startswith("data: ") and "input_json_delta" in line) == '{"city": Oslo}'
+
+
+
+def test_an_escalated_answer_replayed_as_a_stream_keeps_its_thinking_and_tool_use() -> None:
+    from services.router.escalate import as_chunks
+
+    chunks = as_chunks(FULL_ANSWER, chat=True, include_usage=True)
+    with client(serve_chunks(chunks)).messages.stream(model=MODEL, max_tokens=2048, messages=HI,
+                                                      tools=[WEATHER, TIME], thinking=THINK["thinking"]) as stream:
+        final = stream.get_final_message()
+    assert without_id(final) == without_id(Message.model_validate(chat_to_message(FULL_ANSWER, THINK)))
