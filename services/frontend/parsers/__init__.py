@@ -7,6 +7,7 @@ from typing import Any
 
 from services.frontend.parsers.chain import Chain
 from services.frontend.parsers.deepseek_r1 import deepseek_r1
+from services.frontend.parsers.deepseek_v3 import DeepSeekV3ToolParser, DeepSeekV31ToolParser
 from services.frontend.parsers.delta import OutputParser, ParsedDelta, ToolCall, ToolCallDelta
 from services.frontend.parsers.hermes import HermesToolParser
 from services.frontend.parsers.llama3_json import Llama3JsonToolParser
@@ -20,6 +21,8 @@ __all__ = ["REASONING_PARSERS", "TOOL_PARSERS", "OutputParser", "ParsedDelta", "
 
 # name -> factory(tools): the request's tools (OpenAI shape) give parameter types where a format needs them.
 TOOL_PARSERS: dict[str, Callable[[list[dict[str, Any]] | None], OutputParser]] = {
+    "deepseek_v3": lambda tools: DeepSeekV3ToolParser(),
+    "deepseek_v31": lambda tools: DeepSeekV31ToolParser(),
     "hermes": lambda tools: HermesToolParser(),
     "llama3_json": lambda tools: Llama3JsonToolParser(),
     "llama4_json": lambda tools: Llama3JsonToolParser(),
