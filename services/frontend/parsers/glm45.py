@@ -3,12 +3,13 @@ frontend API-server processes.
 
 Calls: `<tool_call>NAME\\n<arg_key>K</arg_key>\\n<arg_value>V</arg_value>\\n...</tool_call>` (GLM-4.7
 writes no newline after NAME). The arguments are the JSON object
-`json.dumps({K: value, ...}, ensure_ascii=False)`, streamed as `{` with the call's name, then each
-`"K": value` (`, ` between) once its `</arg_value>` has arrived, then `}`. Keys and values are
-stripped, as in vLLM. A value is typed by its parameter's schema as in qwen3_coder (a string type
-keeps the text; integer, number, boolean, null and JSON types take the value when the text is one);
-a parameter the tools do not describe takes the text as JSON when it parses, else the text (vLLM
-also tries Python literals).
+`json.dumps({K: value, ...}, ensure_ascii=False)`, streamed as `{` with the call's name, then
+`"K": value` (`, ` between), then `}`. A value of a string type streams as it arrives (JSON-escaped;
+whitespace at its ends and what could begin `</arg_value>` held back); others are sent once their
+`</arg_value>` has arrived. Keys and values are stripped, as in vLLM. A value is typed by its
+parameter's schema as in qwen3_coder (a string type keeps the text; integer, number, boolean, null
+and JSON types take the value when the text is one); a parameter the tools do not describe takes
+the text as JSON when it parses, else the text (vLLM also tries Python literals).
 
 Where the model strays: a block whose name is empty, or cut before the name's line ended, is
 returned as content, tags included. A value runs to its `</arg_value>` (so it may hold
@@ -28,7 +29,7 @@ from typing import Any
 
 from services.frontend.parsers.call_blocks import CallBlockParser
 from services.frontend.parsers.delta import ParsedDelta
-from services.frontend.parsers.schema_types import parameter_schemas, typed_value
+from services.frontend.parsers.schema_types import STRING_TYPES, parameter_schemas, schema_type, typed_value
 from services.frontend.parsers.tags import held_suffix
 from services.frontend.parsers.think import ThinkParser, prompt_closes_think
 
@@ -38,13 +39,13 @@ KEY = "<arg_key>"
 KEY_END = "</arg_key>"
 VALUE = "<arg_value>"
 VALUE_END = "</arg_value>"
-_NAME, _PAIRS, _TAIL = 0, 1, 2
+_NAME, _PAIRS, _VALUE, _TAIL = 0, 1, 2, 3
 
 
 class Glm45ToolParser(CallBlockParser):
     """`<tool_call>NAME` blocks of key/value pairs to tool calls; one fragment per pair."""
 
-    __slots__ = ("_count", "_phase", "_properties", "_schemas")
+    __slots__ = ("_count", "_key", "_opened", "_phase", "_properties", "_schemas", "_search", "_streaming")
 
     def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
         super().__init__()
@@ -54,13 +55,18 @@ class Glm45ToolParser(CallBlockParser):
 
     def _begin(self) -> None:
         self._phase = _NAME
-        self._count = 0  # pairs sent in the open call
+        self._count = 0  # pairs sent (or begun) in the open call
+        self._key = ""
+        self._streaming = self._opened = False
+        self._search = 0
 
     def _body(self, out: ParsedDelta, *, final: bool) -> bool:
         if self._phase == _NAME and not self._name(out, final=final):
             return self._phase == _TAIL
-        if self._phase == _PAIRS and not self._pairs(out, final=final):
-            return False
+        while self._phase in (_PAIRS, _VALUE):
+            moved = self._pairs(out, final=final) if self._phase == _PAIRS else self._value(out, final=final)
+            if not moved:
+                return False
         return self._end_at(out, final=final)
 
     def _name(self, out: ParsedDelta, *, final: bool) -> bool:
@@ -82,24 +88,81 @@ class Glm45ToolParser(CallBlockParser):
         return True
 
     def _pairs(self, out: ParsedDelta, *, final: bool) -> bool:
-        """Send each complete key/value pair; True once the pairs are over and `}` is sent."""
-        while True:
-            head = self._buf.lstrip()
-            self._buf = head
-            if head.startswith(KEY):
-                pair = _pair(head, final=final)
-                if pair is None:
-                    return False
-                key, value, used = pair
-                self._buf = head[used:]
-                if key is not None:
-                    self._add_pair(out, key, value)
-                    continue
-            elif not final and any(tag.startswith(head) and tag != head for tag in (KEY, self.END)):
+        """Between pairs: begin the next value, or send `}` when the pairs are over; False while
+        that cannot be told yet."""
+        head = self._buf.lstrip()
+        self._buf = head
+        if head.startswith(KEY):
+            start = _value_start(head, final=final)
+            if start is None:
                 return False
-            self._add_arguments(out, "}")
-            self._phase = _TAIL
+            key, at = start
+            self._buf = head[at:]
+            if key is not None:
+                self._begin_value(key)
+                return True
+        elif not final and any(tag.startswith(head) and tag != head for tag in (KEY, self.END)):
+            return False
+        self._add_arguments(out, "}")
+        self._phase = _TAIL
+        return True
+
+    def _begin_value(self, key: str) -> None:
+        self._key, self._phase = key, _VALUE
+        schema = self._properties.get(key)
+        kind, nullable = schema_type(schema)
+        self._streaming = schema is not None and kind in STRING_TYPES and not nullable  # "null" may be null
+        self._opened = False
+        self._search = 0  # where in `_buf` a `</arg_value>` can begin
+
+    def _value(self, out: ParsedDelta, *, final: bool) -> bool:
+        """Send the open value once its `</arg_value>` (or the end of output) arrives; a string
+        streams. False while it is open."""
+        if self._streaming:
+            return self._stream(out, final=final)
+        buf = self._buf
+        end = buf.find(VALUE_END, self._search)
+        if end < 0:
+            if not final:
+                self._search = max(0, len(buf) - len(VALUE_END) + 1)  # each character looked at once
+                return False
+            end = len(buf) - held_suffix(buf, (VALUE_END,))
+            self._buf = ""
+        else:
+            self._buf = buf[end + len(VALUE_END):]
+        self._add_pair(out, self._key, buf[:end].strip())
+        self._phase = _PAIRS
+        return True
+
+    def _stream(self, out: ParsedDelta, *, final: bool) -> bool:
+        """A string value: send what arrived, but not leading whitespace, nor trailing whitespace
+        or what could begin `</arg_value>` (they may be the value's end)."""
+        buf = self._buf
+        if not self._opened:
+            buf = self._buf = buf.lstrip()
+            if not buf and not final:
+                return False
+        end = buf.find(VALUE_END)
+        if end >= 0 or final:
+            stop = end if end >= 0 else len(buf) - held_suffix(buf, (VALUE_END,))
+            self._send_string(out, buf[:stop].rstrip(), close=True)
+            self._buf = buf[stop + len(VALUE_END):] if end >= 0 else ""
+            self._phase = _PAIRS
             return True
+        piece = buf[:len(buf) - held_suffix(buf, (VALUE_END,))].rstrip()
+        if piece:
+            self._send_string(out, piece, close=False)
+            self._buf = buf[len(piece):]
+        return False
+
+    def _send_string(self, out: ParsedDelta, piece: str, *, close: bool) -> None:
+        head = ""
+        if not self._opened:
+            head = f'{", " if self._count else ""}{json.dumps(self._key, ensure_ascii=False)}: "'
+            self._opened = True
+            self._count += 1
+        # JSON escapes character by character, so escaped pieces join to the escaped whole.
+        self._add_arguments(out, head + json.dumps(piece, ensure_ascii=False)[1:-1] + ('"' if close else ""))
 
     def _add_pair(self, out: ParsedDelta, key: str, text: str) -> None:
         schema = self._properties.get(key)
@@ -121,28 +184,22 @@ class Glm45ToolParser(CallBlockParser):
         return False
 
 
-def _pair(head: str, *, final: bool) -> tuple[str | None, str, int] | None:
-    """(key, value text, length used) of the pair `head` begins with; key None for a pair that is
-    not one (cut in its key, or no `<arg_value>` after it); None while more text is needed."""
+def _value_start(head: str, *, final: bool) -> tuple[str | None, int] | None:
+    """(key, where its value begins) of the pair `head` begins with; key None (and where the pair's
+    text ends) for a pair that is none (cut in its key, no `<arg_value>` after it); None while more
+    text is needed."""
     key_end = head.find(KEY_END)
     if key_end < 0:
-        return (None, "", len(head)) if final else None
+        return (None, len(head)) if final else None
     key = head[len(KEY):key_end].strip()
     rest = key_end + len(KEY_END)
     while rest < len(head) and head[rest].isspace():
         rest += 1
-    if not head.startswith(VALUE, rest):
-        if not final and VALUE.startswith(head[rest:]):
-            return None
-        return None, "", rest  # no value: what follows is framing
-    start = rest + len(VALUE)
-    end = head.find(VALUE_END, start)
-    if end >= 0:
-        return key, head[start:end].strip(), end + len(VALUE_END)
-    if not final:
+    if head.startswith(VALUE, rest):
+        return key, rest + len(VALUE)
+    if not final and VALUE.startswith(head[rest:]):
         return None
-    cut = len(head) - held_suffix(head, (VALUE_END,))
-    return key, head[start:cut].strip(), len(head)
+    return None, rest  # no value: what follows is framing
 
 
 def _untyped(text: str) -> Any:

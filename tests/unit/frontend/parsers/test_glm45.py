@@ -54,6 +54,10 @@ CASES: list[tuple[str, str, str, list[tuple[str, dict[str, Any]]], bool]] = [
      [("write", {"path": "a.py", "content": CODE.strip()})], True),
     ("values and keys are stripped", "<tool_call>ping\n<arg_key> k </arg_key>  <arg_value>\n v \n</arg_value>"
                                      "</tool_call>", "", [("ping", {"k": "v"})], True),
+    ("empty and blank string values", call("write", path="", content=" \n "), "",
+     [("write", {"path": "", "content": ""})], True),
+    ("a string value with inner whitespace", call("write", content="a  \n\n b\t"), "",
+     [("write", {"content": "a  \n\n b"})], True),
     # Cut and malformed outputs.
     ("no end tag", "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Rome</arg_value>", "",
      [("get_weather", {"city": "Rome"})], True),
@@ -80,13 +84,16 @@ def test_every_splitting_gives_the_same_result(text: str, content: str, calls: l
     assert [(name, json.loads(arguments)) for name, arguments in final.calls] == calls
 
 
-def test_the_name_is_sent_first_and_each_pair_once_complete() -> None:
+def test_strings_stream_as_they_arrive_and_other_values_once_complete() -> None:
     parser = Glm45ToolParser(TOOLS)
     assert parser.push("Sure. <tool_call>get_weather").content == "Sure. "
-    first = parser.push("\n<arg_key>city</arg_key><arg_value>Pa")
-    assert [(d.index, d.name, d.arguments) for d in first.tool_calls] == [(0, "get_weather", "{")]
-    second = parser.push("ris</arg_value><arg_key>days</arg_key><arg_value>2</arg_value></tool_call>")
-    assert [(d.id, d.arguments) for d in second.tool_calls] == [(None, '"city": "Paris", "days": 2}')]
+    first = parser.push("\n<arg_key>city</arg_key><arg_value> Pa")
+    assert [(d.index, d.name, d.arguments) for d in first.tool_calls] == [(0, "get_weather", '{"city": "Pa')]
+    assert [d.arguments for d in parser.push('ris "x" \n').tool_calls] == ['ris \\"x\\"']
+    second = parser.push("</arg_value><arg_key>days</arg_key><arg_value>2")
+    assert [(d.id, d.arguments) for d in second.tool_calls] == [(None, '"')]
+    assert parser.push("</arg_value></tool_call>").tool_calls[0].arguments == ', "days": 2}'
+    assert json.loads(parser.calls()[0].arguments) == {"city": 'Paris "x"', "days": 2}
 
 
 PLAIN = "[gMASK]<sop><|user|>\nhi<|assistant|>"
