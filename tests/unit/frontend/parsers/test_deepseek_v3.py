@@ -55,6 +55,8 @@ def cases(call: Any) -> list[tuple[str, str, str, tuple[tuple[str, str], ...], b
          True),
         ("unicode and nested", "Ça va? " + section(call("search", TRICKY)), "Ça va? ",
          (("search", args(TRICKY)),), True),
+        ("a second section after text", section(call("f", {})) + "\nThen: " + section(call("g", {"b": 2})), "Then: ",
+         (("f", "{}"), ("g", args({"b": 2}))), True),
         ("no section end", CALLS_BEGIN + call("f", {"x": 1}), "", (("f", '{"x": 1}'),), True),
         ("stray text inside the section is dropped", CALLS_BEGIN + " junk " + call("f", {}) + " more " + CALLS_END,
          "", (("f", "{}"),), True),

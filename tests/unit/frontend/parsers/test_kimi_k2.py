@@ -54,6 +54,8 @@ CASES: list[tuple[str, str, str, tuple[tuple[str, str, str], ...], bool]] = [
      "", (("functions.f:0", "f", "{}"),), True),
     ("a header that is no id drops the call", section(f"{CALL_BEGIN}get_weather{ARGUMENT_BEGIN}{{}}{CALL_END}",
                                                       call("g", {}, 1)), "", (("functions.g:1", "g", "{}"),), True),
+    ("a repeated id is passed on", section(call("f", {}), call("f", {"a": 1})), "",
+     (("functions.f:0", "f", "{}"), ("functions.f:0", "f", args({"a": 1}))), True),
     ("no section end", BEGIN + call("f", {"x": 1}), "", (("functions.f:0", "f", '{"x": 1}'),), True),
     ("a call with no section is text", call("f", {}), call("f", {}), (), False),
     ("cut in the section tag", "Hi " + BEGIN[:9], "Hi " + BEGIN[:9], (), False),
