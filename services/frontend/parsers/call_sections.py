@@ -37,6 +37,7 @@ class CallSectionParser:
     CALL_END = ""
     HEADER_END = ""
     ARGUMENTS_PREFIX = ""  # dropped before the arguments when present (DeepSeek-V3's "```json")
+    ARGUMENTS_SUFFIX = ""  # dropped after raw arguments when present (its closing "```")
 
     __slots__ = ("_buf", "_calls", "_prefixed", "_scan", "_state")
 
@@ -172,9 +173,9 @@ class CallSectionParser:
         if stop < 0 and not final:
             return False
         text = (buf if stop < 0 else buf[:stop]).strip()
-        prefix = self.ARGUMENTS_PREFIX[:3]  # a closing fence is framing too
-        if prefix and text.endswith(prefix):
-            text = text[:-len(prefix)].rstrip()
+        suffix = self.ARGUMENTS_SUFFIX
+        if suffix and text.endswith(suffix):
+            text = text[:-len(suffix)].rstrip()
         self._add_arguments(out, text or "{}")
         self._buf = "" if stop < 0 else buf[stop:]
         self._state = _FRAMING

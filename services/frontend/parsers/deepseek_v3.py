@@ -30,6 +30,7 @@ class DeepSeekV3ToolParser(CallSectionParser):
     CALL_END = CALL_END
     HEADER_END = "\n"
     ARGUMENTS_PREFIX = "```json"
+    ARGUMENTS_SUFFIX = "```"
 
     __slots__ = ()
 
