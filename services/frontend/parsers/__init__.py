@@ -7,8 +7,11 @@ from typing import Any
 
 from services.frontend.parsers.chain import Chain
 from services.frontend.parsers.deepseek_r1 import deepseek_r1
+from services.frontend.parsers.deepseek_v3 import DeepSeekV3ToolParser, DeepSeekV31ToolParser
 from services.frontend.parsers.delta import OutputParser, ParsedDelta, ToolCall, ToolCallDelta
+from services.frontend.parsers.glm45 import Glm45ToolParser, glm45
 from services.frontend.parsers.hermes import HermesToolParser
+from services.frontend.parsers.kimi_k2 import KimiK2ToolParser, kimi_k2
 from services.frontend.parsers.llama3_json import Llama3JsonToolParser
 from services.frontend.parsers.mistral import MistralToolParser
 from services.frontend.parsers.pythonic import PythonicToolParser
@@ -20,7 +23,11 @@ __all__ = ["REASONING_PARSERS", "TOOL_PARSERS", "OutputParser", "ParsedDelta", "
 
 # name -> factory(tools): the request's tools (OpenAI shape) give parameter types where a format needs them.
 TOOL_PARSERS: dict[str, Callable[[list[dict[str, Any]] | None], OutputParser]] = {
+    "deepseek_v3": lambda tools: DeepSeekV3ToolParser(),
+    "deepseek_v31": lambda tools: DeepSeekV31ToolParser(),
+    "glm45": Glm45ToolParser,
     "hermes": lambda tools: HermesToolParser(),
+    "kimi_k2": lambda tools: KimiK2ToolParser(),
     "llama3_json": lambda tools: Llama3JsonToolParser(),
     "llama4_json": lambda tools: Llama3JsonToolParser(),
     "mistral": lambda tools: MistralToolParser(),
@@ -30,6 +37,8 @@ TOOL_PARSERS: dict[str, Callable[[list[dict[str, Any]] | None], OutputParser]] =
 # name -> factory(prompt): the rendered prompt tells whether the template opened the reasoning.
 REASONING_PARSERS: dict[str, Callable[[str], OutputParser]] = {
     "deepseek_r1": deepseek_r1,
+    "glm45": glm45,
+    "kimi_k2": kimi_k2,
     "qwen3": qwen3,
 }
 

@@ -22,11 +22,11 @@ arguments are still a JSON object; a half-written tag at the cut is dropped from
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 from services.frontend.parsers.call_blocks import CallBlockParser
 from services.frontend.parsers.delta import ParsedDelta
+from services.frontend.parsers.schema_types import STRING_TYPES, parameter_schemas, schema_type, typed_value
 from services.frontend.parsers.tags import held_suffix
 
 __all__ = ["Qwen3CoderToolParser"]
@@ -38,7 +38,6 @@ PARAMETER_END = "</parameter>"
 _AFTER_VALUE = (PARAMETER, FUNCTION_END, CallBlockParser.END)
 _AFTER_LONGEST = max(map(len, _AFTER_VALUE))
 _FUNC, _PARAMS, _VALUE, _TAIL = 0, 1, 2, 3
-_STRING_TYPES = frozenset({"string", "str", "text", "varchar", "char", "enum"})
 
 
 class Qwen3CoderToolParser(CallBlockParser):
@@ -49,7 +48,7 @@ class Qwen3CoderToolParser(CallBlockParser):
 
     def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
         super().__init__()
-        self._schemas = _parameter_schemas(tools or [])
+        self._schemas = parameter_schemas(tools or [])
         self._properties: dict[str, Any] = {}
         self._begin()
 
@@ -122,8 +121,8 @@ class Qwen3CoderToolParser(CallBlockParser):
 
     def _begin_value(self, name: str) -> None:
         self._param, self._phase = name, _VALUE
-        kind, nullable = _schema_type(self._properties.get(name))
-        self._streaming = kind in _STRING_TYPES and not nullable  # a nullable one may be "null"
+        kind, nullable = schema_type(self._properties.get(name))
+        self._streaming = kind in STRING_TYPES and not nullable  # a nullable one may be "null"
         self._opened, self._emitted = False, 0
         self._search = 0  # where in `_buf` a `</parameter>` that may end the value can begin
 
@@ -156,7 +155,7 @@ class Qwen3CoderToolParser(CallBlockParser):
         if self._streaming:
             self._send_string(out, text[self._emitted:], close=True)
             return
-        value = _typed(text, self._properties.get(self._param))
+        value = typed_value(text, self._properties.get(self._param))
         sep = ", " if self._count else ""
         self._count += 1
         self._add_arguments(out, f"{sep}{json.dumps(self._param, ensure_ascii=False)}: "
@@ -172,62 +171,3 @@ class Qwen3CoderToolParser(CallBlockParser):
         out.content += self.START + body
         return True
 
-
-def _parameter_schemas(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """function name -> its parameters' property schemas, from the request's tools."""
-    schemas: dict[str, dict[str, Any]] = {}
-    for tool in tools:
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            continue
-        parameters = function.get("parameters")
-        properties = parameters.get("properties") if isinstance(parameters, dict) else None
-        schemas[function["name"]] = properties if isinstance(properties, dict) else {}
-    return schemas
-
-
-def _schema_type(schema: Any) -> tuple[str, bool]:
-    """(the first non-null type, whether null is allowed); "string" when none is given."""
-    if not isinstance(schema, dict):
-        return "string", False
-    options = schema.get("type")
-    if options is None and isinstance(schema.get("anyOf"), list):
-        options = [o.get("type") for o in schema["anyOf"] if isinstance(o, dict)]
-    if not isinstance(options, list):
-        options = [options]
-    names = [str(o).strip().lower() for o in options if o is not None]
-    kinds = [n for n in names if n != "null"]
-    return (kinds[0] if kinds else "string"), "null" in names
-
-
-def _typed(text: str, schema: Any) -> Any:
-    kind, nullable = _schema_type(schema)
-    is_null = text.lower() in ("null", "none")
-    if kind in _STRING_TYPES:
-        return None if nullable and is_null else text
-    if is_null:
-        return None
-    if kind.startswith(("int", "uint", "long", "short", "unsigned")):
-        try:
-            return int(text)
-        except ValueError:
-            return text
-    if kind.startswith(("num", "float")):
-        try:
-            number = float(text)
-        except ValueError:
-            return text
-        if not math.isfinite(number):
-            return text
-        return int(number) if number.is_integer() else number
-    if kind in ("boolean", "bool", "binary"):
-        low = text.strip().lower()
-        return low == "true" if low in ("true", "false") else text
-    try:
-        return json.loads(text, parse_constant=_no_constant)
-    except ValueError:
-        return text
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is no JSON value")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from services.frontend.parsers.delta import ParsedDelta, ToolCall
 from services.frontend.parsers.tags import held_suffix
 
-__all__ = ["ThinkParser", "prompt_opens_think"]
+__all__ = ["ThinkParser", "prompt_closes_think", "prompt_opens_think"]
 
 START = "<think>"
 END = "</think>"
@@ -20,6 +20,12 @@ def prompt_opens_think(prompt: str) -> bool:
     return prompt.rfind(START) > prompt.rfind(END)
 
 
+def prompt_closes_think(prompt: str) -> bool:
+    """Whether the rendered prompt ends with a closed, `...</think>`, block (the generation prompt
+    of templates with thinking switched off)."""
+    return prompt.rstrip().endswith(END)
+
+
 class ThinkParser:
     """`[<think>]reasoning</think>content`.
 
@@ -32,16 +38,21 @@ class ThinkParser:
 
     With `tool_call_ends`, a `<tool_call>` followed (whitespace aside) by `<function=` also ends
     the reasoning, and the content begins at it: Qwen3.5 may call a tool without closing its
-    reasoning. A `<tool_call>` followed by anything else is reasoning text.
+    reasoning. A `<tool_call>` followed by anything else is reasoning text. Each tag in
+    `content_starts` ends the reasoning too, and the content begins at it (Kimi-K2 opening its
+    tool-call section without closing its reasoning).
     """
 
-    __slots__ = ("_buf", "_default", "_ends", "_state")
+    __slots__ = ("_buf", "_default", "_ends", "_starts", "_state", "_tool_call_ends")
 
-    def __init__(self, *, starts_in_reasoning: bool, tool_call_ends: bool = False) -> None:
+    def __init__(self, *, starts_in_reasoning: bool, tool_call_ends: bool = False,
+                 content_starts: tuple[str, ...] = ()) -> None:
         self._buf = ""
         self._state = _OPENING
         self._default = _REASONING if starts_in_reasoning else _CONTENT
-        self._ends = (END, TOOL_CALL) if tool_call_ends else (END,)
+        self._tool_call_ends = tool_call_ends
+        self._starts = content_starts
+        self._ends = (END, *((TOOL_CALL,) if tool_call_ends else ()), *content_starts)
 
     def push(self, text: str) -> ParsedDelta:
         out = ParsedDelta()
@@ -95,17 +106,19 @@ class ThinkParser:
         self._buf = ""
 
     def _tool_call(self, *, final: bool) -> tuple[int, int]:
-        """(where a `<tool_call>` that ends the reasoning begins in `_buf`, where one begins that
-        may still do so when more text comes); -1 for none."""
-        if len(self._ends) == 1:
-            return -1, -1
+        """(where a tag that ends the reasoning and begins the content is in `_buf`, where a
+        `<tool_call>` begins that may still be one when more text comes); -1 for none."""
         buf = self._buf
+        found = [at for tag in self._starts if (at := buf.find(tag)) >= 0]
+        start = min(found, default=-1)
+        if not self._tool_call_ends:
+            return start, -1
         pos = 0
-        while (at := buf.find(TOOL_CALL, pos)) >= 0:
+        while (at := buf.find(TOOL_CALL, pos)) >= 0 and (start < 0 or at < start):
             rest = buf[at + len(TOOL_CALL):].lstrip()
             if rest.startswith(FUNCTION):
                 return at, -1
             if not final and FUNCTION.startswith(rest):
-                return -1, at
+                return start, at
             pos = at + 1
-        return -1, -1
+        return start, -1

@@ -16,7 +16,11 @@ from services.frontend.detokenizer import IncrementalDetokenizer
 from services.frontend.parsers import OutputParser, ParsedDelta
 
 TAGS = ("<tool_call>", "</tool_call>", "<think>", "</think>", "<function=", "</function>", "<parameter=",
-        "</parameter>", "[TOOL_CALLS]")
+        "</parameter>", "[TOOL_CALLS]", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>",
+        "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>",
+        "<｜tool▁sep｜>",
+        "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_section_begin|>",
+        "<|tool_call_section_end|>", "<|tool_call_begin|>", "<|tool_call_end|>", "<|tool_call_argument_begin|>")
 
 
 @dataclass(frozen=True, slots=True)
