@@ -89,6 +89,10 @@ class SamplingParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    # Since MINOR 2: the output must match this JSON Schema (JSON text), guaranteed by the engine's
+    # structured-output support, or the request is refused. An older engine would ignore it: the
+    # frontend sends it only to engines whose Ready says MINOR >= 2.
+    json_schema: str | None = None
 
 
 class GenerateRequest(_Wire, frozen=True):

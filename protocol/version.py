@@ -2,4 +2,4 @@
 from __future__ import annotations
 
 MAJOR = 1
-MINOR = 1  # 1: RequestOutput.error_kind
+MINOR = 2  # 1: RequestOutput.error_kind; 2: SamplingParams.json_schema

@@ -36,6 +36,7 @@ class EngineConfig:
     sim_eos_rate: float = 0.0
     sim_num_kv_blocks: int = 4096
     sim_echo: bool = False
+    sim_script: str | None = None  # YAML or JSON rules {match, reply}: scripted replies (backends/sim/script.py)
 
     def __post_init__(self) -> None:
         _require(self.backend in ("vllm", "sim"), "--backend", self.backend, "vllm or sim")
@@ -58,6 +59,8 @@ class EngineConfig:
         _require(self.drain_timeout_s >= 0, "--drain-timeout", self.drain_timeout_s, ">= 0")
         _require(self.stall_timeout_s > self.heartbeat_interval_s, "--stall-timeout", self.stall_timeout_s,
                  "> --heartbeat-interval")
+        _require(self.sim_script is None or self.backend == "sim", "--sim-script", self.sim_script,
+                 "only with --backend sim")
 
     @property
     def first_pub_port(self) -> int:
@@ -142,6 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sim: chance per generated token that it is EOS")
     p.add_argument("--sim-num-kv-blocks", type=int, default=d["sim_num_kv_blocks"], help="sim: KV blocks in the pool")
     p.add_argument("--sim-echo", action="store_true", help="sim: generate the prompt's tokens again")
+    p.add_argument("--sim-script", default=d["sim_script"], metavar="FILE",
+                   help="sim: scripted replies, a YAML or JSON list of {match: REGEX, reply: TEXT}; the first rule "
+                        "whose regex (re.DOTALL) searches the decoded prompt gives the reply, token by token, then "
+                        "EOS; it ignores stop_token_ids, min_tokens and ignore_eos, only max_tokens cuts it short; "
+                        "other prompts get random tokens")
     return p
 
 

@@ -2,6 +2,7 @@
 instead of reaching the model (an out-of-vocab id would crash a real forward pass)."""
 from __future__ import annotations
 
+import json
 import math
 
 from protocol import GenerateRequest
@@ -45,4 +46,11 @@ def problem(req: GenerateRequest, *, vocab_size: int, max_model_len: int) -> str
         return "sampling.presence_penalty and frequency_penalty must be in [-2, 2]"
     if any(t < 0 or t >= vocab_size for t in s.stop_token_ids):
         return f"sampling.stop_token_ids: token ids must be in [0, {vocab_size})"
+    if s.json_schema is not None:
+        try:
+            schema = json.loads(s.json_schema)
+        except ValueError as exc:
+            return f"sampling.json_schema: not valid JSON ({exc})"
+        if not isinstance(schema, dict):
+            return "sampling.json_schema: must be a JSON Schema object"
     return None

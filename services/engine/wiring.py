@@ -30,6 +30,7 @@ def _build_sim(config: EngineConfig, path: Path, config_json: dict[str, Any]) ->
     from tokenizers import Tokenizer
 
     from services.engine.backends.sim import SimBackend, SimConfig
+    from services.engine.backends.sim.script import Script, load_script
 
     max_len = config.max_model_len or min(
         int(config_json.get("max_position_embeddings", SIM_MAX_MODEL_LEN)), SIM_MAX_MODEL_LEN
@@ -54,5 +55,12 @@ def _build_sim(config: EngineConfig, path: Path, config_json: dict[str, Any]) ->
     # Generated ids come from the regular vocabulary: special tokens would end or garble streams.
     tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
     regular = tokenizer.get_vocab_size(with_added_tokens=False)
+    script: Script | None = None
+    if config.sim_script is not None:
+        # Special tokens are kept both ways: rules may match chat-template markers, replies may hold
+        # added tokens such as Qwen3's <tool_call>.
+        script = load_script(config.sim_script,
+                             lambda text: tokenizer.encode(text, add_special_tokens=False).ids,
+                             lambda ids: tokenizer.decode(ids, skip_special_tokens=False))
     return SimBackend(sim, model=config.model, vocab_size=regular,
-                      eos_token_id=eos_token_id(path, tokenizer))
+                      eos_token_id=eos_token_id(path, tokenizer), script=script)

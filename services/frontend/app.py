@@ -29,6 +29,8 @@ from services.frontend.errors import APIError, error_body
 from services.frontend.metrics import Metrics
 from services.frontend.model import Model
 from services.frontend.output import OutputProcessor
+from services.frontend.parsers import OutputParser, build_parser
+from services.frontend.parsers.forced import NamedToolParser, RequiredToolParser
 from services.frontend.placement import NoEngine, Placement
 from services.frontend.response_writer import send_completion, send_stream
 from services.frontend.stream import Stream
@@ -44,7 +46,10 @@ class Frontend:
         self.placement = Placement()
         self.dispatcher = Dispatcher(engines, self.placement)
         self.translator = Translator(model, self._max_model_len, long_prompt_chars=config.long_prompt_chars,
-                                     max_concurrent_tokenizations=config.max_concurrent_tokenizations)
+                                     max_concurrent_tokenizations=config.max_concurrent_tokenizations,
+                                     enable_auto_tool_choice=config.enable_auto_tool_choice,
+                                     tool_call_parser=config.tool_call_parser, reasoning_parser=config.reasoning_parser,
+                                     structured_output_problem=self._structured_output_problem)
         self._created = int(time.time())
         self._lean: dict[str, Callable[[bytes, bytes | None], Awaitable[EngineRequest]]] = {
             "/v1/chat/completions": self.translator.chat, "/v1/completions": self.translator.completion}
@@ -97,8 +102,18 @@ class Frontend:
             engine = self.dispatcher.choose(request)
         except NoEngine as exc:
             raise APIError(exc.status, str(exc), param=PIN_HEADER if exc.status == 400 else None) from None
+        options = request.output
+        parser: OutputParser | None = None
+        # A forced tool_choice's output is structured from its first token: no reasoning to split off.
+        if isinstance(options.tool_choice, dict):
+            parser = NamedToolParser(options.tool_choice["function"]["name"])
+        elif options.tool_choice == "required":
+            parser = RequiredToolParser()
+        elif options.tool_parser is not None or options.reasoning_parser is not None:
+            parser = build_parser(options.tool_parser, options.reasoning_parser, tools=list(options.tools),
+                                  prompt=options.prompt_tail)
         outputs = OutputProcessor(stream, request, tokenizer=self.model.tokenizer, engines=self.dispatcher,
-                                  metrics=self.metrics)
+                                  metrics=self.metrics, parser=parser)
         self.dispatcher.submit(engine, stream, request)
         self.metrics.running.inc()
         self.metrics.prompt_tokens.inc(request.prompt_len)
@@ -112,6 +127,16 @@ class Frontend:
             watcher.cancel()
             self.dispatcher.abort(stream)  # a no-op unless it is still running at its engine
             self.metrics.running.dec()
+
+    def _structured_output_problem(self) -> str | None:
+        """Why the ready engines cannot guarantee a JSON Schema, or None: the vllm backend can, from
+        protocol MINOR 2 on (an older engine would drop SamplingParams.json_schema unread)."""
+        for engine in self.engines.engines:
+            ready = engine.ready
+            if ready is not None and (ready.backend != "vllm" or (ready.major, ready.minor) < (1, 2)):
+                return (f"engine rank {engine.rank} cannot give (its {ready.backend} backend, protocol "
+                        f"{ready.major}.{ready.minor}; the vllm backend with protocol 1.2 or newer can)")
+        return None
 
     def _max_model_len(self, *, or_zero: bool = False) -> int:
         lens = [e.max_model_len for e in self.engines.engines if e.ready is not None]

@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field, fields
 
+from services.frontend.parsers import REASONING_PARSERS, TOOL_PARSERS
+
 
 @dataclass(frozen=True, slots=True)
 class FrontendConfig:
@@ -26,6 +28,9 @@ class FrontendConfig:
     long_prompt_chars: int = 2000  # longer prompts are rendered/tokenized off the event loop
     api_server_count: int = 1
     log_level: str = "info"
+    enable_auto_tool_choice: bool = False  # tool_choice "auto" is served (needs tool_call_parser)
+    tool_call_parser: str | None = None  # a name in services/frontend/parsers TOOL_PARSERS
+    reasoning_parser: str | None = None  # a name in REASONING_PARSERS
     frontend_id: str = field(default="")
 
     def __post_init__(self) -> None:
@@ -38,6 +43,12 @@ class FrontendConfig:
         _require(self.max_body_bytes >= 1024, "--max-body-bytes", self.max_body_bytes, ">= 1024")
         _require(1 <= self.api_server_count <= 64, "--api-server-count", self.api_server_count, "1..64")
         _require(self.backend in ("vllm", "sim"), "--backend", self.backend, "vllm or sim")
+        _require(not self.enable_auto_tool_choice or self.tool_call_parser is not None,
+                 "--enable-auto-tool-choice", True, "only with --tool-call-parser")
+        _require(self.tool_call_parser in (None, *TOOL_PARSERS), "--tool-call-parser", self.tool_call_parser,
+                 ", ".join(sorted(TOOL_PARSERS)))
+        _require(self.reasoning_parser in (None, *REASONING_PARSERS), "--reasoning-parser", self.reasoning_parser,
+                 ", ".join(sorted(REASONING_PARSERS)))
         if self.data_parallel_size_local == 0:
             _require(len(self.engine_addresses) == self.data_parallel_size, "--engine-addresses",
                      ",".join(self.engine_addresses),
@@ -99,6 +110,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="HTTP server processes sharing the port (SO_REUSEPORT), each with its own engine links")
     p.add_argument("--log-level", default=d["log_level"], choices=("debug", "info", "warning", "error"),
                    help="log level of every process started")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="serve tool_choice \"auto\" (the default beside tools): parse the model's tool calls "
+                        "with --tool-call-parser, as vLLM's flag does")
+    p.add_argument("--tool-call-parser", default=d["tool_call_parser"], metavar="NAME",
+                   help=f"the model family's tool-call format ({', '.join(sorted(TOOL_PARSERS))}); default: none")
+    p.add_argument("--reasoning-parser", default=d["reasoning_parser"], metavar="NAME",
+                   help="split the model's reasoning into reasoning_content "
+                        f"({', '.join(sorted(REASONING_PARSERS))}); default: none")
     return p
 
 

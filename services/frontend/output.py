@@ -2,9 +2,10 @@
 strings, finish, usage, metrics, a draining rank's refusal placed again). Runs on each API server's
 event loop, one OutputProcessor per request, in one pass over each batch of queued outputs.
 
-Per output: detokenize -> stop strings -> DeltaProcessor -> text pieces for the writers. The
-DeltaProcessor is the seam for reasoning and tool-call parsers (incremental state machines fed one
-decoded delta at a time); by default there is none and the text passes through unchanged.
+Per output: detokenize -> stop strings -> the request's OutputParser (reasoning and tool-call parsers,
+incremental state machines fed one decoded delta at a time: services/frontend/parsers/) -> pieces
+for the writers. A piece is plain content text (a str: the only kind without a parser, so that path
+pays nothing for parsing) or a ParsedDelta carrying reasoning and tool-call deltas.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from protocol import ERROR_DRAINING, ERROR_INVALID
 from services.frontend import responses
 from services.frontend.detokenizer import IncrementalDetokenizer
 from services.frontend.metrics import Metrics
+from services.frontend.parsers import OutputParser, ParsedDelta, ToolCall
 from services.frontend.stop_strings import StopChecker
 from services.frontend.stream import EngineFailure, Stream
 from services.frontend.translation import EngineRequest, OutputOptions
@@ -32,14 +34,7 @@ class EnginePort(Protocol):
         """Send it to an engine whose index is not in `exclude`; False when none can take it."""
 
 
-class DeltaProcessor(Protocol):
-    """One request's incremental parser, fed each text delta in order once stop strings are applied."""
-
-    def push(self, delta: str) -> str:
-        """The text to emit now for this delta (possibly "": it may hold text back)."""
-
-    def flush(self) -> str:
-        """At finish, once: whatever it still holds."""
+Piece = str | ParsedDelta  # content text, or a parser's delta with reasoning or tool calls
 
 
 class OutputProcessor:
@@ -48,12 +43,12 @@ class OutputProcessor:
     Call pieces() until `finish` is set. It records the request's metrics when it ends, also when it
     fails (EngineFailure), so the writers only write."""
 
-    __slots__ = ("_deltas", "_detok", "_engines", "_last", "_metrics", "_request", "_start", "_stops",
-                 "_tried", "cached_tokens", "completion_tokens", "counts", "finish", "options", "stop_reason",
-                 "stream")
+    __slots__ = ("_detok", "_engines", "_last", "_metrics", "_parser", "_request", "_start", "_stops",
+                 "_tried", "cached_tokens", "calls", "completion_tokens", "counts", "finish", "options",
+                 "stop_reason", "stream")
 
     def __init__(self, stream: Stream, request: EngineRequest, *, tokenizer: Tokenizer, engines: EnginePort,
-                 metrics: Metrics, deltas: DeltaProcessor | None = None) -> None:
+                 metrics: Metrics, parser: OutputParser | None = None) -> None:
         self.stream, self._request, self._engines, self._metrics = stream, request, engines, metrics
         self.options: OutputOptions = request.output
         self._detok = IncrementalDetokenizer(tokenizer, request.request.prompt_token_ids,
@@ -61,7 +56,8 @@ class OutputProcessor:
         stops = self.options.stop
         self._stops = (StopChecker(stops, include_stop_str_in_output=self.options.include_stop_str_in_output)
                        if stops else None)
-        self._deltas = deltas
+        self._parser = parser
+        self.calls: list[ToolCall] = []  # the tool calls the parser found, once finished
         self._tried: set[int] = set()  # engine indexes that refused it while draining
         self._start = time.monotonic()
         self._last = 0.0
@@ -71,7 +67,7 @@ class OutputProcessor:
         self.stop_reason: int | str | None = None
         self.counts: list[int] = []  # completion tokens so far at each of the latest pieces
 
-    async def pieces(self) -> list[str]:
+    async def pieces(self) -> list[Piece]:
         """Text of everything the engine produced since the last call; sets `finish` when done.
         Raises EngineFailure when the engine failed or refused the request, or the client left."""
         m = self._metrics
@@ -81,8 +77,8 @@ class OutputProcessor:
             m.finished("error")
             raise
         now = time.monotonic()
-        detok, stops, deltas = self._detok, self._stops, self._deltas
-        pieces: list[str] = []
+        detok, stops, parser = self._detok, self._stops, self._parser
+        pieces: list[Piece] = []
         counts = self.counts = []
         for out in outs:
             n = len(out.new_token_ids)
@@ -109,14 +105,16 @@ class OutputProcessor:
                 text, matched = stops.push(text)
                 if matched is None and reason is not None:
                     text += stops.flush()
-            if deltas is not None:
+            if parser is None:
                 if text:
-                    text = deltas.push(text)
+                    pieces.append(text)
+                    counts.append(self.completion_tokens)
+            else:
+                if text:
+                    self._add(parser.push(text), pieces)
                 if matched is not None or reason is not None:
-                    text += deltas.flush()
-            if text:
-                pieces.append(text)
-                counts.append(self.completion_tokens)
+                    self._add(parser.flush(), pieces)
+                    self.calls = parser.calls() if self.options.parallel_tool_calls else parser.calls()[:1]
             if matched is not None:
                 self._engines.abort(self.stream)
                 self._finished("stop", matched)
@@ -126,12 +124,34 @@ class OutputProcessor:
                 break
         return pieces
 
+    @property
+    def parsing(self) -> bool:
+        """A parser runs: the response carries reasoning and tool-call fields."""
+        return self._parser is not None
+
+    def _add(self, parsed: ParsedDelta, pieces: list[Piece]) -> None:
+        """A parser's delta as a piece: plain text when it holds nothing but content. With
+        parallel_tool_calls false only the first call is kept, as vLLM does."""
+        if parsed.tool_calls and not self.options.parallel_tool_calls:
+            parsed.tool_calls = [call for call in parsed.tool_calls if call.index == 0]
+        if parsed.reasoning or parsed.tool_calls:
+            pieces.append(parsed)
+        elif parsed.content:
+            pieces.append(parsed.content)
+        else:
+            return
+        self.counts.append(self.completion_tokens)
+
     def usage(self, completion_tokens: int) -> dict[str, Any]:
         """The usage body with this many completion tokens (the total once finished, or so far)."""
         return responses.usage(self.stream.prompt_len, completion_tokens, self.cached_tokens)
 
     def _finished(self, reason: str, stop_reason: int | str | None) -> None:
-        self.finish, self.stop_reason = reason, stop_reason
+        # As vLLM: a model that stopped after calling tools on its own (tool_choice "auto") finished with
+        # "tool_calls"; a forced call finishes "stop". Metrics keep the engine's reason.
+        auto = self.calls and reason == "stop" and self.options.tool_choice == "auto"
+        self.finish = "tool_calls" if auto else reason
+        self.stop_reason = stop_reason
         m = self._metrics
         m.generation_tokens.inc(self.completion_tokens)
         m.e2e.observe(time.monotonic() - self._start)

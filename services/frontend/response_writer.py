@@ -21,17 +21,28 @@ def _rank_header(outputs: OutputProcessor) -> tuple[bytes, bytes]:
 async def send_completion(send: Send, outputs: OutputProcessor, model: str) -> None:
     """The whole response as one JSON body, once the request has finished."""
     parts: list[str] = []
+    reasoning: list[str] = []
     finish = None
     try:
         while finish is None:
-            parts += await outputs.pieces()
+            for piece in await outputs.pieces():
+                if isinstance(piece, str):
+                    parts.append(piece)
+                else:
+                    parts.append(piece.content)
+                    reasoning.append(piece.reasoning)
             finish = outputs.finish
     except EngineFailure as exc:
         await send_json(send, exc.status, error_body(exc.status, str(exc)))
         return
-    build = responses.chat_completion if outputs.options.chat else responses.text_completion
-    body = build(outputs.stream.request_id, model, "".join(parts), finish, outputs.stop_reason,
-                 outputs.usage(outputs.completion_tokens))
+    use = outputs.usage(outputs.completion_tokens)
+    if outputs.options.chat:
+        body = responses.chat_completion(outputs.stream.request_id, model, "".join(parts), finish, outputs.stop_reason,
+                                         use, reasoning="".join(reasoning) if outputs.parsing else None,
+                                         tool_calls=outputs.calls if outputs.parsing else None)
+    else:
+        body = responses.text_completion(outputs.stream.request_id, model, "".join(parts), finish,
+                                         outputs.stop_reason, use)
     await send_json(send, 200, body, [_rank_header(outputs)])
 
 
@@ -49,9 +60,10 @@ async def send_stream(send: Send, outputs: OutputProcessor, model: str) -> None:
         while outputs.finish is None:
             pieces = await outputs.pieces()
             if continuous:
-                events = [text(p, usage(n)) for p, n in zip(pieces, outputs.counts, strict=True)]
+                events = [text(p, usage(n)) if isinstance(p, str) else writer.delta(p, usage(n))
+                          for p, n in zip(pieces, outputs.counts, strict=True)]
             else:
-                events = [text(p) for p in pieces]
+                events = [text(p) if isinstance(p, str) else writer.delta(p) for p in pieces]
             if not started:
                 started = True
                 await send({"type": "http.response.start", "status": 200,

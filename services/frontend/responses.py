@@ -7,6 +7,8 @@ from typing import Any
 
 import msgspec
 
+from services.frontend.parsers import ParsedDelta, ToolCall, ToolCallDelta
+
 _json = msgspec.json.Encoder()
 DONE = b"data: [DONE]\n\n"
 
@@ -22,13 +24,14 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None 
 class ChunkWriter:
     """SSE events of one streamed response (chat or text completion)."""
 
-    __slots__ = ("_chat", "_created", "_head", "_id", "_model", "_text_prefix", "_text_suffix")
+    __slots__ = ("_chat", "_created", "_delta_prefix", "_head", "_id", "_model", "_text_prefix", "_text_suffix")
 
     def __init__(self, request_id: str, model: str, *, chat: bool) -> None:
         self._id, self._model, self._chat, self._created = request_id, model, chat, int(time.time())
         head = _json.encode({"id": request_id, "object": "chat.completion.chunk" if chat else "text_completion",
                              "created": self._created, "model": model})[:-1]
         self._head = b"data: " + head + b',"choices":[{"index":0,'
+        self._delta_prefix = self._head + b'"delta":{'
         if chat:
             self._text_prefix = self._head + b'"delta":{"content":'
             self._text_suffix = b'},"logprobs":null,"finish_reason":null}]}\n\n'
@@ -46,6 +49,39 @@ class ChunkWriter:
             return self._text_prefix + _json.encode(piece) + self._text_suffix
         return (self._text_prefix + _json.encode(piece) + self._text_suffix[:-3] + b',"usage":'
                 + _json.encode(use) + b"}\n\n")
+
+    def delta(self, parsed: ParsedDelta, use: dict[str, Any] | None = None) -> bytes:
+        """A chunk of a parser's delta: content, reasoning (vLLM's two names for it) and tool-call deltas.
+        A call's first delta carries its index, id, type and name; later ones argument fragments only."""
+        if use is None and not parsed.content:
+            fast = self._fast_delta(parsed)
+            if fast is not None:
+                return fast
+        delta: dict[str, Any] = {}
+        if parsed.reasoning:
+            delta["reasoning_content"] = delta["reasoning"] = parsed.reasoning
+        if parsed.content:
+            delta["content"] = parsed.content
+        if parsed.tool_calls:
+            delta["tool_calls"] = [_call_delta(call) for call in parsed.tool_calls]
+        fields: dict[str, Any] = {"choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]}
+        if use is not None:
+            fields["usage"] = use
+        return self._event(fields)
+
+    def _fast_delta(self, parsed: ParsedDelta) -> bytes | None:
+        """The two deltas of nearly every parsed token, reasoning text or one call's argument fragment,
+        built around their one encoded string as text() does; None for any other shape."""
+        if parsed.reasoning and not parsed.tool_calls:
+            piece = _json.encode(parsed.reasoning)
+            return (self._delta_prefix + b'"reasoning_content":' + piece + b',"reasoning":' + piece
+                    + self._text_suffix)
+        calls = parsed.tool_calls
+        if not parsed.reasoning and len(calls) == 1 and calls[0].id is None and calls[0].name is None:
+            return (self._delta_prefix + b'"tool_calls":[{"index":' + str(calls[0].index).encode()
+                    + b',"function":{"arguments":' + _json.encode(calls[0].arguments) + b"}}]"
+                    + self._text_suffix)
+        return None
 
     def finish(self, reason: str, stop_reason: int | str | None = None, use: dict[str, Any] | None = None) -> bytes:
         choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": reason}
@@ -71,13 +107,37 @@ class ChunkWriter:
 
 
 def chat_completion(request_id: str, model: str, text: str, finish: str, stop_reason: int | str | None,
-                    use: dict[str, Any]) -> bytes:
+                    use: dict[str, Any], *, reasoning: str | None = None,
+                    tool_calls: list[ToolCall] | None = None) -> bytes:
+    """`reasoning` and `tool_calls` are None when no parser ran: the message then has neither field."""
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if reasoning is not None:
+        # vLLM's field, under its older name and its newer one; null when the model did not reason.
+        message["reasoning_content"] = message["reasoning"] = reasoning or None
+    if tool_calls is not None:
+        message["tool_calls"] = [_tool_call(call) for call in tool_calls]
+        if tool_calls and not text:
+            message["content"] = None  # as OpenAI: a message of tool calls alone has no content
     return _json.encode({
         "id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+        "choices": [{"index": 0, "message": message,
                      "logprobs": None, "finish_reason": finish, "stop_reason": stop_reason}],
         "usage": use,
     })
+
+
+def _call_delta(call: ToolCallDelta) -> dict[str, Any]:
+    function: dict[str, Any] = {"arguments": call.arguments}
+    out: dict[str, Any] = {"index": call.index, "function": function}
+    if call.id is not None:
+        out["id"], out["type"] = call.id, "function"
+    if call.name is not None:
+        function["name"] = call.name
+    return out
+
+
+def _tool_call(call: ToolCall) -> dict[str, Any]:
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
 
 
 def text_completion(request_id: str, model: str, text: str, finish: str, stop_reason: int | str | None,

@@ -24,6 +24,8 @@ class ContentPart(msgspec.Struct):
 
 
 class ChatMessage(msgspec.Struct, omit_defaults=True):
+    """A message as sent; `messages.py` checks its shape per role and makes the template's dict."""
+
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
@@ -60,8 +62,11 @@ class _Sampling(msgspec.Struct, kw_only=True):
 class ChatCompletionRequest(_Sampling, kw_only=True):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
+    # Shapes checked in `tools.py`; kept as given, since the template renders them as they came.
     tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    # UNSET (absent) means "auto" beside tools, as in vLLM; an explicit null means "none".
+    tool_choice: str | dict[str, Any] | None | msgspec.UnsetType = msgspec.UNSET
+    parallel_tool_calls: bool | None = True
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
@@ -88,7 +93,7 @@ def parse(cls: type[msgspec.Struct], body: bytes) -> Any:
     try:
         return _decoders[cls].decode(body)
     except msgspec.ValidationError as exc:
-        if str(exc).startswith("Expected `object`"):
+        if str(exc).startswith("Expected `object`") and " - at `$" not in str(exc):  # the body itself
             raise APIError(400, "request body must be a JSON object") from None
         raise from_validation(exc) from None
     except msgspec.DecodeError as exc:

@@ -8,7 +8,7 @@ import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ParamSpec, TypeVar
 
 import msgspec
@@ -17,6 +17,7 @@ from protocol import GenerateRequest
 from protocol.block_hash import block_hashes
 from services.frontend.chat_template import TemplateError
 from services.frontend.errors import APIError
+from services.frontend.messages import template_messages
 from services.frontend.model import Model
 from services.frontend.schema import (
     ChatCompletionRequest,
@@ -26,8 +27,10 @@ from services.frontend.schema import (
     sampling_params,
     stop_list,
 )
+from services.frontend.tools import check_tools, forced_schema, resolve_tool_choice
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16
+PROMPT_TAIL_CHARS = 4096  # of the rendered prompt, kept for the reasoning parser (not the whole prompt)
 PIN_HEADER = "X-Data-Parallel-Rank"
 
 _P = ParamSpec("_P")
@@ -45,6 +48,12 @@ class OutputOptions:
     stop: tuple[str, ...]
     include_stop_str_in_output: bool
     skip_special_tokens: bool
+    tools: tuple[dict[str, Any], ...] = ()  # checked, as the request gave them
+    tool_choice: str | dict[str, Any] = "none"  # "none", "auto", "required" or a named-function dict
+    parallel_tool_calls: bool = True
+    tool_parser: str | None = None  # the --tool-call-parser when this request's tool_choice is "auto"
+    reasoning_parser: str | None = None  # the --reasoning-parser, for chat
+    prompt_tail: str = ""  # the rendered prompt's end: whether the template opened the reasoning
 
 
 @dataclass(slots=True, frozen=True)
@@ -72,13 +81,21 @@ class Translator:
     """One per API server process. Each check is made once, by one layer: `schema` decodes the body
     (types, required fields) and checks the sampling ranges; `ChatTemplate.render` checks its own
     options (add_generation_prompt with continue_final_message, a non-empty message list) for every
-    caller; this class checks the rest (model, unsupported features, prompt forms, context length,
-    the rank pin). `max_model_len` answers for the engines (503 while none has handshaken); it is
-    asked only once the body has passed its own checks, so a bad body is a 400 even then."""
+    caller; `messages.py` checks message shapes and `tools.py` tools and tool_choice; this class
+    checks the rest (model, unsupported features, prompt forms, context length, the rank pin).
+    `max_model_len` answers for the engines (503 while none has handshaken); it is asked only once
+    the body has passed its own checks, so a bad body is a 400 even then. `enable_auto_tool_choice`
+    and `tool_call_parser`: the server's flags that tool_choice "auto" needs (vLLM's)."""
 
     def __init__(self, model: Model, max_model_len: Callable[[], int], *, long_prompt_chars: int,
-                 max_concurrent_tokenizations: int) -> None:
+                 max_concurrent_tokenizations: int, enable_auto_tool_choice: bool = False,
+                 tool_call_parser: str | None = None, reasoning_parser: str | None = None,
+                 structured_output_problem: Callable[[], str | None] = lambda: None) -> None:
         self._model = model
+        self._structured_output_problem = structured_output_problem
+        self._reasoning_parser = reasoning_parser
+        self._enable_auto_tool_choice = enable_auto_tool_choice
+        self._tool_call_parser = tool_call_parser
         self._max_model_len = max_model_len
         self._long_prompt_chars = long_prompt_chars
         self._pool = ThreadPoolExecutor(max_concurrent_tokenizations, thread_name_prefix="tokenize")
@@ -95,10 +112,27 @@ class Translator:
             req.max_tokens = req.max_completion_tokens
         if req.logprobs or req.top_logprobs:
             raise APIError(400, "logprobs are not supported by this server yet", param="logprobs")
-        messages = [_message_dict(i, m) for i, m in enumerate(req.messages)]
+        tools = check_tools(req.tools)
+        choice = resolve_tool_choice(req.tool_choice, tools, enable_auto_tool_choice=self._enable_auto_tool_choice,
+                                     tool_call_parser=self._tool_call_parser)
+        parallel = req.parallel_tool_calls is not False
+        schema = None
+        if choice == "required" or isinstance(choice, dict):
+            problem = self._structured_output_problem()
+            if problem is not None:
+                what = "'required'" if choice == "required" else "naming a function"
+                raise APIError(400, f"tool_choice {what} needs guaranteed structured output, which {problem}",
+                               param="tool_choice")
+            schema = forced_schema(choice, tools, parallel=parallel)
+        messages = template_messages(req.messages)
         long = len(body) > self._long_prompt_chars  # messages, tools and kwargs all count
-        ids = await self._off_loop(long, self._render_and_encode, messages, req)
-        return self._engine_request(req, ids, pin, chat=True, request_id=f"chatcmpl-{os.urandom(12).hex()}")
+        text, ids = await self._off_loop(long, self._render_and_encode, messages, req)
+        request = self._engine_request(req, ids, pin, chat=True, request_id=f"chatcmpl-{os.urandom(12).hex()}",
+                                       json_schema=schema)
+        output = replace(request.output, tools=tools, tool_choice=choice, parallel_tool_calls=parallel,
+                         tool_parser=self._tool_call_parser if choice == "auto" and tools else None,
+                         reasoning_parser=self._reasoning_parser, prompt_tail=text[-PROMPT_TAIL_CHARS:])
+        return replace(request, output=output)
 
     async def completion(self, body: bytes, pin: bytes | None) -> EngineRequest:
         """A /v1/completions body; `pin`: the X-Data-Parallel-Rank header, if sent."""
@@ -132,7 +166,7 @@ class Translator:
         return self._engine_request(req, ids, pin, chat=False, request_id=f"cmpl-{os.urandom(12).hex()}")
 
     def _engine_request(self, req: ChatCompletionRequest | CompletionRequest, ids: list[int], pin: bytes | None,
-                        *, chat: bool, request_id: str) -> EngineRequest:
+                        *, chat: bool, request_id: str, json_schema: str | None = None) -> EngineRequest:
         max_len = self._max_model_len()
         prompt_len = len(ids)
         if prompt_len >= max_len:
@@ -146,6 +180,8 @@ class Translator:
                            f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the prompt, "
                            f"{max_tokens} for the completion)", param="max_tokens")
         sampling = sampling_params(req, max_tokens, self._model.tokenizer.get_vocab_size(with_added_tokens=True))
+        if json_schema is not None:
+            sampling = msgspec.structs.replace(sampling, json_schema=json_schema)
         pinned = _pinned_rank(pin)
         usage = req.stream_options is not None and req.stream_options.include_usage
         continuous = usage and req.stream_options is not None and req.stream_options.continuous_usage_stats
@@ -155,7 +191,8 @@ class Translator:
         request = GenerateRequest(request_id, ids, sampling, time.time(), req.priority, None, req.cache_salt, pinned)
         return EngineRequest(request, max_tokens, output)
 
-    def _render_and_encode(self, messages: list[dict[str, Any]], req: ChatCompletionRequest) -> list[int]:
+    def _render_and_encode(self, messages: list[dict[str, Any]],
+                           req: ChatCompletionRequest) -> tuple[str, list[int]]:
         try:
             text = self._model.template.render(
                 messages, tools=req.tools, add_generation_prompt=req.add_generation_prompt,
@@ -165,7 +202,7 @@ class Translator:
             if exc.param is not None:  # a render option of the request, not the template, is at fault
                 raise APIError(400, str(exc), param=exc.param) from None
             raise APIError(400, f"chat template error: {exc}", param="messages") from None
-        return self._model.encode(text, add_special_tokens=False)
+        return text, self._model.encode(text, add_special_tokens=False)
 
     def _check_model(self, name: str) -> None:
         if name != self._model.name:
@@ -188,16 +225,3 @@ def _pinned_rank(value: bytes | None) -> int | None:
         got = value.decode(errors="replace")
         raise APIError(400, f"{PIN_HEADER} must be an integer rank, got {got!r}", param=PIN_HEADER) from None
 
-
-def _message_dict(i: int, message: Any) -> dict[str, Any]:
-    d: dict[str, Any] = msgspec.to_builtins(message)
-    content = d.get("content")
-    if isinstance(content, list):
-        texts = []
-        for j, part in enumerate(content):
-            if part.get("type") != "text" or part.get("text") is None:
-                raise APIError(400, f"messages[{i}].content[{j}]: only text content parts are supported",
-                               param=f"messages[{i}].content[{j}]")
-            texts.append(part["text"])
-        d["content"] = "\n".join(texts)
-    return d

@@ -53,8 +53,8 @@ def as_chunks(completion: dict[str, Any], *, chat: bool, include_usage: bool) ->
         index = choice.get("index", i)
         if chat:
             message = choice.get("message") or {}
-            delta = {"role": message.get("role", "assistant"), "content": message.get("content") or ""}
-            chunks.append({**base, "choices": [{"index": index, "delta": delta, "finish_reason": None}]})
+            for delta in _deltas(message):
+                chunks.append({**base, "choices": [{"index": index, "delta": delta, "finish_reason": None}]})
             chunks.append({**base, "choices": [{"index": index, "delta": {},
                                                 "finish_reason": choice.get("finish_reason")}]})
         else:
@@ -63,6 +63,24 @@ def as_chunks(completion: dict[str, Any], *, chat: bool, include_usage: bool) ->
     if include_usage and completion.get("usage"):
         chunks.append({**base, "choices": [], "usage": completion["usage"]})
     return chunks
+
+
+def _deltas(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """A whole message as a stream's deltas, in the order a stream sends them: reasoning, content,
+    then each tool call whole (its first delta, with all its arguments)."""
+    role = message.get("role", "assistant")
+    reasoning = message.get("reasoning_content") or message.get("reasoning")
+    calls = message.get("tool_calls")
+    calls = calls if isinstance(calls, list) else []
+    if not reasoning and not calls:
+        return [{"role": role, "content": message.get("content") or ""}]
+    deltas: list[dict[str, Any]] = []
+    if reasoning:
+        deltas.append({"role": role, "reasoning_content": reasoning})
+    if message.get("content") or not deltas:
+        deltas.append({"content": message.get("content") or "", **({} if deltas else {"role": role})})
+    deltas.extend({"tool_calls": [{"index": j, **call}]} for j, call in enumerate(calls))
+    return deltas
 
 
 class Escalator:

@@ -35,6 +35,7 @@ SAMPLES: dict[str, Message] = {
             max_tokens=32, temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, seed=1234,
             min_tokens=2, stop_token_ids=[151643], ignore_eos=True, logprobs=2,
             presence_penalty=0.5, frequency_penalty=-0.5, repetition_penalty=1.1,
+            json_schema='{"type": "object"}',
         ),
         1700000000.5,
         priority=-1,

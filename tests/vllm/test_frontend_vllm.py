@@ -2,6 +2,7 @@
 answering the official openai SDK, streamed and not."""
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import openai
@@ -34,4 +35,47 @@ def test_chat_and_completion_through_vllm(frontend: FrontendProc) -> None:
     assert text == chat.choices[0].message.content  # greedy: the same tokens both ways
     done = client.completions.create(model="tiny", prompt="The capital of France is", max_tokens=8, temperature=0)
     assert done.choices[0].finish_reason == "length" and done.usage.completion_tokens == 8  # type: ignore[union-attr]
+    client.close()
+
+
+TOOLS: list = [  # type: ignore[type-arg]
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Tokyo"]},
+                                         "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city", "days"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
+        "required": ["zone"], "additionalProperties": False}}},
+]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_forced_tool_choice_gives_calls_that_match_the_tools_schemas(frontend: FrontendProc, stream: bool) -> None:
+    """Random weights write no calls on their own: only vLLM's structured output makes these valid."""
+    from jsonschema import validate
+
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    client = openai.OpenAI(base_url=frontend.url + "/v1", api_key="x", max_retries=0, timeout=120)
+    ask = [{"role": "user", "content": "weather and time?"}]
+    for choice in ("required", {"type": "function", "function": {"name": "get_time"}}):
+        # One call at most: random weights would add array items until max_tokens cut them.
+        kwargs = {"model": "tiny", "messages": ask, "tools": TOOLS, "tool_choice": choice, "max_tokens": 200,
+                  "temperature": 0, "parallel_tool_calls": False}
+        if stream:
+            calls: dict[int, dict[str, str]] = {}
+            for chunk in client.chat.completions.create(stream=True, **kwargs):  # type: ignore[call-overload]
+                for c in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                    entry = calls.setdefault(c.index, {"name": "", "arguments": ""})
+                    entry["name"] += (c.function.name or "") if c.function else ""
+                    entry["arguments"] += (c.function.arguments or "") if c.function else ""
+            got = [(v["name"], v["arguments"]) for _, v in sorted(calls.items())]
+        else:
+            r = client.chat.completions.create(**kwargs)  # type: ignore[call-overload]
+            assert r.choices[0].finish_reason == "stop"
+            got = [(c.function.name, c.function.arguments) for c in r.choices[0].message.tool_calls or []]
+        assert got, choice
+        if isinstance(choice, dict):
+            assert [name for name, _ in got] == ["get_time"]
+        for name, arguments in got:
+            validate(json.loads(arguments), schemas[name])
     client.close()

@@ -29,10 +29,10 @@ from services.engine.model_files import eos_token_id
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 import vllm
-from vllm.config import KVEventsConfig
+from vllm.config import KVEventsConfig, StructuredOutputsConfig
 from vllm.distributed import kv_events as vllm_kv
 from vllm.engine.arg_utils import EngineArgs
-from vllm.sampling_params import RequestOutputKind, SamplingParams
+from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 from vllm.v1.engine import EngineCoreRequest
 from vllm.v1.engine.core import EngineCore
 from vllm.v1.executor.abstract import Executor
@@ -74,8 +74,11 @@ class VllmBackend:
             seed=config.seed,
             kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="null"),
             disable_log_stats=True,
+            # Structured output as compact JSON: with free whitespace a weak model pads an answer until
+            # max_tokens cuts it (vLLM makes this engine-wide, not per request).
+            structured_outputs_config=StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True),
         )
-        vllm_config = args.create_engine_config()
+        vllm_config = self._vllm_config = args.create_engine_config()
         self._core = EngineCore(vllm_config, Executor.get_class(vllm_config), log_stats=False)
         self._events = _CapturePublisher()
         self._core.scheduler.kv_event_publisher = self._events
@@ -118,6 +121,11 @@ class VllmBackend:
                 output_kind=RequestOutputKind.DELTA, detokenize=False,
             )
             params.update_from_generation_config(self._generation_config, self._eos)
+            if s.json_schema is not None:
+                params.structured_outputs = StructuredOutputsParams(json=s.json_schema)
+                config = self._vllm_config
+                params.verify(config.model_config, config.speculative_config, config.structured_outputs_config,
+                              self._core.structured_output_manager.tokenizer)
         except Exception as exc:  # vLLM's VLLMValidationError is not a ValueError
             raise RequestRejected(f"sampling: {exc}") from None
         core_request = EngineCoreRequest(

@@ -1,8 +1,9 @@
 """The router's public APIs as adapters to upstream chat/completions (router process): the `Adapter`
 record each API builds once, one module per API (openai: chat and completions as they are;
-responses; anthropic), found by name in registry.py, and the helpers the request translations share."""
+responses; anthropic), found by name in registry.py, and the helpers the translations share."""
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -92,3 +93,55 @@ def text_parts(content: Any, where: str, kinds: tuple[str, ...], noun: str) -> s
             raise AdapterError(f"{where}[{j}].text", "must be a string")
         parts.append({"type": "text", "text": text})
     return parts
+
+
+def chat_function(name: Any, description: Any, parameters: Any, where: str) -> dict[str, Any]:
+    """One function tool in chat's shape; `where` names the tool in the client's request."""
+    if not isinstance(name, str) or not name:
+        raise AdapterError(f"{where}.name", "a function name (non-empty string) is required")
+    function: dict[str, Any] = {"name": name}
+    if description is not None:
+        if not isinstance(description, str):
+            raise AdapterError(f"{where}.description", "must be a string")
+        function["description"] = description
+    if parameters is not None:
+        if not isinstance(parameters, dict):
+            raise AdapterError(f"{where}.parameters", "must be a JSON schema object")
+        function["parameters"] = parameters
+    return {"type": "function", "function": function}
+
+
+def chat_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    """One tool call of an assistant message, in chat's shape."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def reasoning_of(message: dict[str, Any]) -> str:
+    """The reasoning text of an answer message or a stream delta ("" if none): vLLM's reasoning
+    parsers name it `reasoning_content` (older) or `reasoning` (newer), this fleet's frontend the former."""
+    text = message.get("reasoning_content")
+    if not text:
+        text = message.get("reasoning")
+    return text if isinstance(text, str) else ""
+
+
+def answer_calls(message: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(id, name, arguments) of each tool call in a non-streamed answer's message."""
+    calls = []
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") or {}
+        calls.append((call.get("id") or f"call_{uuid.uuid4().hex[:24]}", function.get("name") or "",
+                      function.get("arguments") or ""))
+    return calls
+
+
+def call_deltas(delta: dict[str, Any]) -> list[tuple[int, str | None, str | None, str]]:
+    """(index, id, name, arguments fragment) of each tool call piece in a stream delta; the first piece
+    of a call carries its id and name, the later ones fragments of its arguments (joined per index)."""
+    out = []
+    for i, piece in enumerate(delta.get("tool_calls") or ()):
+        function = piece.get("function") or {}
+        index = piece.get("index", i)
+        out.append((index if isinstance(index, int) else i, piece.get("id"), function.get("name"),
+                    function.get("arguments") or ""))
+    return out

@@ -1,6 +1,6 @@
-"""Anthropic Messages API <-> upstream chat completions, run in the router: request translation, the
-message object, the streaming events, error bodies, and the adapter that bundles them. Pure: no I/O,
-the dispatcher feeds and sends."""
+"""Anthropic Messages API <-> upstream chat completions, run in the router: the message object (thinking,
+text and tool_use blocks), the streaming events, error bodies, and the adapter that bundles them with
+the request translation (anthropic_request.py). Pure: no I/O, the dispatcher feeds and sends."""
 from __future__ import annotations
 
 import uuid
@@ -8,13 +8,8 @@ from typing import Any
 
 import msgspec
 
-from services.router.adapters import (
-    Adapter,
-    AdapterError,
-    ask_stream,
-    checked_model,
-    text_parts,
-)
+from services.router.adapters import Adapter, answer_calls, call_deltas, reasoning_of
+from services.router.adapters.anthropic_request import messages_to_chat
 
 _json = msgspec.json.Encoder()
 _decode = msgspec.json.Decoder()
@@ -26,92 +21,55 @@ _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 402: 
                 503: "overloaded_error", 504: "timeout_error", 529: "overloaded_error"}
 
 
-def messages_to_chat(body: dict[str, Any]) -> dict[str, Any]:
-    """A Messages request body as a chat completions body; AdapterError names what cannot be carried."""
-    model = checked_model(body, _refuse_unsupported)
-    max_tokens = body.get("max_tokens")
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise AdapterError("max_tokens", "is required: an integer >= 1")
-    messages: list[dict[str, Any]] = []
-    system = body.get("system")
-    if system is not None and system != "":
-        messages.append({"role": "system", "content": _content(system, "system")})
-    messages.extend(_messages(body.get("messages")))
-    chat: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": max_tokens}
-    if messages[-1]["role"] == "assistant":
-        # A final assistant turn is a prefill: the model continues it rather than starting a new turn.
-        chat["continue_final_message"], chat["add_generation_prompt"] = True, False
-    for name, low, high in (("temperature", 0.0, 1.0), ("top_p", 0.0, 1.0)):
-        value = body.get(name)
-        if value is not None:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-                raise AdapterError(name, f"must be a number in [{low}, {high}]")
-            chat[name] = value
-    top_k = body.get("top_k")
-    if top_k is not None:
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-            raise AdapterError("top_k", "must be an integer >= 0")
-        if top_k > 0:  # Anthropic's 0 and chat's absent both mean "no top-k"
-            chat["top_k"] = top_k
-    stops = body.get("stop_sequences")
-    if stops is not None:
-        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-            raise AdapterError("stop_sequences", "must be a list of non-empty strings")
-        if stops:
-            chat["stop"] = stops
-    ask_stream(body, chat)
-    return chat
-
-
-def _refuse_unsupported(body: dict[str, Any]) -> None:
-    """Fields that would change the answer if dropped silently; metadata, service_tier and the like are ignored."""
-    if body.get("tools"):
-        raise AdapterError("tools", "tools are not supported by this server")
-    choice = body.get("tool_choice")
-    if choice is not None and (not isinstance(choice, dict) or choice.get("type") not in ("auto", "none")):
-        raise AdapterError("tool_choice", "only {'type': 'auto'} and {'type': 'none'} are supported (no tools)")
-    thinking = body.get("thinking")
-    if thinking is not None and (not isinstance(thinking, dict) or thinking.get("type") != "disabled"):
-        raise AdapterError("thinking", "extended thinking is not supported by this server")
-    for name in ("mcp_servers", "container", "output_format"):
-        if body.get(name):
-            raise AdapterError(name, "is not supported by this server")
-    config = body.get("output_config")
-    if isinstance(config, dict) and config.get("format"):
-        raise AdapterError("output_config.format", "structured outputs are not supported by this server")
-
-
-def _messages(messages: Any) -> list[dict[str, Any]]:
-    if not isinstance(messages, list) or not messages:
-        raise AdapterError("messages", "is required: a non-empty list of messages")
-    out = []
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise AdapterError(where, "must be a message object")
-        role = message.get("role")
-        if role not in ("user", "assistant"):
-            raise AdapterError(f"{where}.role", "must be 'user' or 'assistant'")
-        out.append({"role": role, "content": _content(message.get("content"), f"{where}.content")})
-    return out
-
-
-def _content(content: Any, where: str) -> str | list[dict[str, str]]:
-    # cache_control and citations are dropped: prefix caching upstream is automatic.
-    return text_parts(content, where, ("text",), "content block")
-
-
 def chat_to_message(chat: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
-    """A non-streamed chat completion as an Anthropic `message` object."""
+    """A non-streamed chat completion as an Anthropic `message` object: blocks in the order thinking,
+    text, tool_use."""
     choice = (chat.get("choices") or [{}])[0]
-    text = (choice.get("message") or {}).get("content") or ""
+    message = choice.get("message") or {}
+    text = message.get("content") or ""
+    reasoning = reasoning_of(message) if thinks(request) else ""
+    content: list[dict[str, Any]] = []
+    if reasoning:
+        content.append(_thinking_block(reasoning))
+    # Anthropic answers an empty completion with no blocks, not an empty text block.
+    if text:
+        content.append({"type": "text", "text": text})
+    content.extend(_tool_use_block(call_id, name, tool_input(arguments))
+                   for call_id, name, arguments in answer_calls(message))
     stop_reason, stop_sequence = _stop(choice.get("finish_reason"), choice.get("stop_reason"), request)
     return {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant",
-            "model": request.get("model") or chat.get("model", ""),
-            # Anthropic answers an empty completion with no blocks, not an empty text block.
-            "content": [{"type": "text", "text": text}] if text else [],
+            "model": request.get("model") or chat.get("model", ""), "content": content,
             "stop_reason": stop_reason, "stop_sequence": stop_sequence,
             "usage": _usage(chat.get("usage")) or {"input_tokens": 0, "output_tokens": 0}}
+
+
+def thinks(request: dict[str, Any]) -> bool:
+    """Whether the client enabled thinking: only then are thinking blocks answered, as Anthropic does, so a
+    client that reads content[0] as text still finds text when the upstream model reasons unasked."""
+    thinking = request.get("thinking")
+    return isinstance(thinking, dict) and thinking.get("type") == "enabled"
+
+
+def _thinking_block(thinking: str) -> dict[str, Any]:
+    # The SDK's ThinkingBlock requires a signature; nothing here signs thinking, so it is empty.
+    return {"type": "thinking", "thinking": thinking, "signature": ""}
+
+
+def _tool_use_block(call_id: str, name: str, tool_input: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "tool_use", "id": call_id, "name": name, "input": tool_input}
+
+
+def tool_input(arguments: str) -> dict[str, Any]:
+    """A call's arguments as a tool_use input. No arguments is {}; arguments that are no JSON object
+    (a model's malformed call) are kept whole under "_raw_arguments", so the client sees what the model
+    wrote rather than a 502 for a reply the replica served correctly."""
+    if not arguments.strip():
+        return {}
+    try:
+        value = _decode.decode(arguments)
+    except msgspec.DecodeError:
+        value = None
+    return value if isinstance(value, dict) else {"_raw_arguments": arguments}
 
 
 def _stop(finish_reason: str | None, matched: Any, request: dict[str, Any]) -> tuple[str, str | None]:
@@ -142,15 +100,24 @@ def anthropic_error(status: int, message: str) -> dict[str, Any]:
 class MessagesStream:
     """One streamed message: chat chunk dicts in, Anthropic SSE events out (`event:` + `data:` lines).
 
+    Content blocks open when their first delta arrives and close when the next opens, one at a time as
+    Anthropic sends them: thinking (upstream's reasoning deltas, when the client enabled thinking), text
+    (content deltas), one tool_use per upstream tool call, whose argument fragments go out as they are
+    as input_json_delta. The ping follows the first block's start, as Anthropic's does.
     Call start() once, feed() per upstream chunk, then finish() at upstream's [DONE] or error() on a
     failure; after either end, further calls return b"".
     """
 
-    __slots__ = ("_ended", "_finish", "_id", "_matched", "_request", "_usage")
+    __slots__ = ("_blocks", "_calls", "_ended", "_finish", "_id", "_kind", "_matched", "_request", "_thinks",
+                 "_usage")
 
     def __init__(self, request: dict[str, Any]) -> None:
         self._request = request
+        self._thinks = thinks(request)
         self._id = f"msg_{uuid.uuid4().hex}"
+        self._blocks = 0  # blocks opened so far; the open one, if any, is the last
+        self._kind: str | None = None  # of the open block: thinking, text or tool_use
+        self._calls: dict[int, int] = {}  # upstream's tool call index -> its block's index
         self._finish: str | None = None
         self._matched: Any = None
         self._usage: dict[str, Any] | None = None
@@ -161,10 +128,7 @@ class MessagesStream:
         message = {"id": self._id, "type": "message", "role": "assistant", "model": self._request.get("model", ""),
                    "content": [], "stop_reason": None, "stop_sequence": None,
                    "usage": {"input_tokens": input_tokens or 0, "output_tokens": 0}}
-        return b"".join((_event("message_start", {"type": "message_start", "message": message}),
-                         _event("content_block_start", {"type": "content_block_start", "index": 0,
-                                                        "content_block": {"type": "text", "text": ""}}),
-                         _event("ping", {"type": "ping"})))
+        return _event("message_start", {"type": "message_start", "message": message})
 
     def feed(self, chunk: dict[str, Any]) -> bytes:
         """One parsed upstream chunk; an upstream error chunk ends the stream with an error event."""
@@ -179,13 +143,58 @@ class MessagesStream:
             self._usage = chunk["usage"]
         out = b""
         for choice in chunk.get("choices") or ():
-            piece = (choice.get("delta") or {}).get("content")
+            delta = choice.get("delta") or {}
+            reasoning = reasoning_of(delta) if self._thinks else ""
+            if reasoning:
+                out += self._delta("thinking", {"type": "thinking_delta", "thinking": reasoning})
+            piece = delta.get("content")
             if piece:
-                out += _event("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                                      "delta": {"type": "text_delta", "text": piece}})
+                out += self._delta("text", {"type": "text_delta", "text": piece})
+            for index, call_id, name, fragment in call_deltas(delta):
+                out += self._call(index, call_id, name, fragment)
             if choice.get("finish_reason"):
                 self._finish, self._matched = choice["finish_reason"], choice.get("stop_reason")
         return out
+
+    def _delta(self, kind: str, delta: dict[str, Any]) -> bytes:
+        out = b""
+        if self._kind != kind:
+            out += self._open(kind, {"type": "text", "text": ""} if kind == "text" else _thinking_block(""))
+        return out + _event("content_block_delta", {"type": "content_block_delta", "index": self._blocks - 1,
+                                                    "delta": delta})
+
+    def _call(self, index: int, call_id: str | None, name: str | None, fragment: str) -> bytes:
+        out = b""
+        block = self._calls.get(index)
+        if block is None:
+            out += self._open("tool_use", _tool_use_block(call_id or f"toolu_{uuid.uuid4().hex[:24]}", name or "", {}))
+            block = self._calls[index] = self._blocks - 1
+        if fragment:
+            # A fragment of a call whose block a later one closed (upstream interleaving calls, which
+            # vLLM does not) still goes out at its own block's index.
+            out += _event("content_block_delta", {"type": "content_block_delta", "index": block,
+                                                  "delta": {"type": "input_json_delta", "partial_json": fragment}})
+        return out
+
+    def _open(self, kind: str, block: dict[str, Any]) -> bytes:
+        out = self._close()
+        out += _event("content_block_start", {"type": "content_block_start", "index": self._blocks,
+                                              "content_block": block})
+        if self._blocks == 0:
+            out += _PING
+        self._blocks += 1
+        self._kind = kind
+        return out
+
+    def _close(self) -> bytes:
+        kind, self._kind = self._kind, None
+        if kind is None:
+            return b""
+        out = b""
+        if kind == "thinking":  # Anthropic signs thinking before its block stops; here the signature is empty
+            out = _event("content_block_delta", {"type": "content_block_delta", "index": self._blocks - 1,
+                                                 "delta": {"type": "signature_delta", "signature": ""}})
+        return out + _event("content_block_stop", {"type": "content_block_stop", "index": self._blocks - 1})
 
     def finish(self) -> bytes:
         if self._ended:
@@ -194,7 +203,7 @@ class MessagesStream:
         stop_reason, stop_sequence = _stop(self._finish, self._matched, self._request)
         # Usage on message_delta is cumulative and overwrites message_start's, so a late count lands.
         usage = _usage(self._usage) or {"output_tokens": 0}
-        return b"".join((_event("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        return b"".join((self._close() if self._blocks else _PING,
                          _event("message_delta", {"type": "message_delta", "usage": usage,
                                                   "delta": {"stop_reason": stop_reason,
                                                             "stop_sequence": stop_sequence}}),
@@ -210,6 +219,9 @@ class MessagesStream:
 
 def _event(kind: str, data: dict[str, Any]) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + _json.encode(data) + b"\n\n"
+
+
+_PING = _event("ping", {"type": "ping"})
 
 
 def _refusal_body(status: int, raw: bytes) -> bytes:

@@ -51,3 +51,9 @@ def test_values_vllm_refuses_are_caught_here_first() -> None:
     assert "must be in [0, 2]" in (_check(temperature=2.5) or "")
     assert "below 2**31" in (_check(top_k=2**40) or "")
     assert "(0, 2]" in (_check(repetition_penalty=3.0) or "")
+
+
+def test_a_json_schema_must_be_a_json_object() -> None:
+    assert _check(json_schema='{"type": "object"}') is None
+    assert "sampling.json_schema: not valid JSON" in (_check(json_schema="{'type': 1}") or "")
+    assert _check(json_schema="[1]") == "sampling.json_schema: must be a JSON Schema object"

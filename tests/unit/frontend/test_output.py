@@ -10,6 +10,7 @@ from protocol import GenerateRequest, RequestOutput, SamplingParams
 from services.frontend.metrics import Metrics
 from services.frontend.model import Model
 from services.frontend.output import OutputProcessor
+from services.frontend.parsers import ParsedDelta, ToolCall, ToolCallDelta
 from services.frontend.stream import EngineFailure, Stream
 from services.frontend.translation import EngineRequest, OutputOptions
 
@@ -33,22 +34,35 @@ class _Engines:
 
 
 class _Upper:
-    """A parser stand-in: upper-cases, holds back the last character until the next delta or flush."""
+    """A parser stand-in: upper-cases, holds back the last character until the next delta or flush;
+    text after a "|" is reasoning; at flush it reports one tool call when `call` is set."""
 
-    def __init__(self) -> None:
+    def __init__(self, call: bool = False) -> None:
         self.fed: list[str] = []
         self.held = ""
         self.flushes = 0
+        self.call = call
 
-    def push(self, delta: str) -> str:
+    def push(self, delta: str) -> ParsedDelta:
         self.fed.append(delta)
         out, self.held = (self.held + delta)[:-1], (self.held + delta)[-1]
-        return out.upper()
+        return self._parsed(out)
 
-    def flush(self) -> str:
+    def flush(self) -> ParsedDelta:
         self.flushes += 1
         out, self.held = self.held, ""
-        return out.upper()
+        parsed = self._parsed(out)
+        if self.call:
+            parsed.tool_calls = [ToolCallDelta(0, "call_1", "f", "{}")]
+        return parsed
+
+    def calls(self) -> list[ToolCall]:
+        return [ToolCall("call_1", "f", "{}")] if self.call else []
+
+    @staticmethod
+    def _parsed(text: str) -> ParsedDelta:
+        content, _, reasoning = text.partition("|")
+        return ParsedDelta(content.upper(), reasoning)
 
 
 @pytest.fixture(scope="module")
@@ -61,18 +75,19 @@ def _processor(model: Model, engines: _Engines, *, stop: tuple[str, ...] = (), p
     request = EngineRequest(GenerateRequest("r1", [1, 2, 3], SamplingParams(max_tokens=8), time.time(),
                                             pinned_rank=pinned), 8,
                             OutputOptions(chat=False, stream=False, include_usage=False, continuous_usage=False,
-                                          stop=stop, include_stop_str_in_output=False, skip_special_tokens=True))
+                                          stop=stop, include_stop_str_in_output=False, skip_special_tokens=True,
+                                          tool_choice="auto"))
     stream = Stream("r1", 3, 8)
     stream.engine_index = 0
     metrics = Metrics("tiny")
     return OutputProcessor(stream, request, tokenizer=model.tokenizer, engines=engines, metrics=metrics,
-                           deltas=deltas), stream, metrics
+                           parser=deltas), stream, metrics
 
 
 async def _drain(outputs: OutputProcessor) -> str:
     text = []
     while outputs.finish is None:
-        text += await outputs.pieces()
+        text += [p if isinstance(p, str) else p.content for p in await outputs.pieces()]
     return "".join(text)
 
 
@@ -127,3 +142,25 @@ def test_the_delta_processor_sees_text_after_stop_strings_and_is_flushed_once(mo
     stream.feed(RequestOutput("r1", [WORLD, COMMA], None))
     assert asyncio.run(_drain(outputs)) == "HELLO WORLD"
     assert upper.fed == ["Hello", " world"] and upper.flushes == 1
+
+
+def test_parser_deltas_with_reasoning_are_pieces_of_their_own_and_calls_finish_with_tool_calls(model: Model) -> None:
+    parser = _Upper(call=True)
+    outputs, stream, metrics = _processor(model, _Engines(), deltas=parser)
+    stream.feed(RequestOutput("r1", [HELLO, COMMA], None))
+    stream.feed(RequestOutput("r1", [WORLD], "stop"))
+    pieces: list[object] = []
+    while outputs.finish is None:
+        pieces += asyncio.run(outputs.pieces())
+    assert pieces == ["HELLO", ", WORL", ParsedDelta("D", "", [ToolCallDelta(0, "call_1", "f", "{}")])]
+    assert outputs.calls == [ToolCall("call_1", "f", "{}")]
+    assert outputs.finish == "tool_calls"
+    assert _success(metrics, "stop") == 1  # metrics keep the engine's reason
+
+
+def test_plain_content_from_a_parser_stays_a_str_piece(model: Model) -> None:
+    outputs, stream, _ = _processor(model, _Engines(), deltas=_Upper())
+    stream.feed(RequestOutput("r1", [HELLO, WORLD], "length"))
+    pieces = asyncio.run(outputs.pieces())
+    assert pieces == ["HELLO WORL", "D"] and outputs.counts == [2, 2] and outputs.calls == []
+    assert outputs.finish == "length"

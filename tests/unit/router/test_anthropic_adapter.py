@@ -18,7 +18,8 @@ from anthropic.types.shared import ErrorResponse
 
 from services.frontend import responses as upstream
 from services.router.adapters import AdapterError
-from services.router.adapters.anthropic import MessagesStream, anthropic_error, chat_to_message, messages_to_chat
+from services.router.adapters.anthropic import MessagesStream, anthropic_error, chat_to_message
+from services.router.adapters.anthropic_request import messages_to_chat
 from tests.support.sdk_mock import sse_events, sse_http
 
 MODEL = "qwen-test"
@@ -97,9 +98,14 @@ def test_streaming_always_asks_upstream_for_usage() -> None:
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}]},
      "messages[0].content[1]"),
     ({"messages": [*HI, {"role": "assistant", "content": [
-        {"type": "tool_use", "id": "t1", "name": "f", "input": {}}]}]}, "messages[1].content[0]"),
-    ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "1"}]}]},
-     "messages[0].content[0]"),
+        {"type": "tool_use", "id": "t1", "name": "f", "input": "{}"}]}]}, "messages[1].content[0].input"),
+    ({"messages": [*HI, {"role": "assistant", "content": [
+        {"type": "server_tool_use", "id": "t1", "name": "web_search", "input": {}}]}]}, "messages[1].content[0]"),
+    ({"messages": [{"role": "user", "content": [{"type": "tool_result", "content": "1"}]}]},
+     "messages[0].content[0].tool_use_id"),
+    ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}]}]},
+     "messages[0].content[0].content[0]"),
     ({"system": [{"type": "image"}]}, "system[0]"),
     ({"messages": [{"role": "system", "content": "x"}]}, "messages[0].role"),
     ({"messages": []}, "messages"),
@@ -109,9 +115,15 @@ def test_streaming_always_asks_upstream_for_usage() -> None:
     ({"temperature": 1.5}, "temperature"),
     ({"top_k": -1}, "top_k"),
     ({"stop_sequences": "###"}, "stop_sequences"),
-    ({"tools": [{"name": "f", "input_schema": {"type": "object"}}]}, "tools"),
+    ({"tools": [{"name": "f", "input_schema": {"type": "object"}},
+                {"type": "web_search_20250305", "name": "web_search"}]}, "tools[1].type"),
+    ({"tools": [{"name": "f"}]}, "tools[0].input_schema"),
+    ({"tools": [{"name": "", "input_schema": {"type": "object"}}]}, "tools[0].name"),
     ({"tool_choice": {"type": "any"}}, "tool_choice"),
-    ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
+    ({"tools": [{"name": "f", "input_schema": {}}], "tool_choice": {"type": "tool", "name": "g"}},
+     "tool_choice.name"),
+    ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking.budget_tokens"),  # not < max_tokens
+    ({"thinking": {"type": "adaptive"}}, "thinking.type"),
 ])
 def test_unsupported_requests_name_the_field(change: dict[str, Any], param: str) -> None:
     with pytest.raises(AdapterError) as info:

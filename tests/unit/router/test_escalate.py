@@ -197,3 +197,15 @@ def test_as_chunks_replays_an_answer_as_a_stream() -> None:
     text = as_chunks({"choices": [{"index": 0, "text": "t", "finish_reason": "length"}]}, chat=False,
                      include_usage=False)
     assert text[0]["choices"][0] == {"index": 0, "text": "t", "finish_reason": "length"}
+
+
+def test_as_chunks_carries_reasoning_and_tool_calls_for_the_adapters() -> None:
+    calls = [{"id": "call_a", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}},
+             {"id": "call_b", "type": "function", "function": {"name": "g", "arguments": "{}"}}]
+    completion = {"id": "c", "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+        "role": "assistant", "content": None, "reasoning_content": "why", "tool_calls": calls}}]}
+    chunks = as_chunks(completion, chat=True, include_usage=False)
+    assert [c["choices"][0]["delta"] for c in chunks] == [
+        {"role": "assistant", "reasoning_content": "why"}, {"tool_calls": [{"index": 0, **calls[0]}]},
+        {"tool_calls": [{"index": 1, **calls[1]}]}, {}]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"

@@ -17,7 +17,8 @@ from openai.types.responses import Response, ResponseStreamEvent
 
 from services.frontend import responses as upstream
 from services.router.adapters import AdapterError
-from services.router.adapters.responses import ResponsesStream, chat_to_response, responses_to_chat
+from services.router.adapters.responses import ResponsesStream, chat_to_response
+from services.router.adapters.responses_request import responses_to_chat
 from tests.support.sdk_mock import sse_events, sse_http
 
 MODEL = "qwen-test"
@@ -92,7 +93,7 @@ def test_harmless_defaults_are_accepted() -> None:
     ({"input": [{"role": "user", "content": [{"type": "input_text", "text": "x"},
                                              {"type": "input_image", "image_url": "http://x/y.png"}]}]},
      "input[0].content[1]"),
-    ({"input": [{"role": "user", "content": "x"}, {"type": "function_call_output", "call_id": "c", "output": "1"}]},
+    ({"input": [{"role": "user", "content": "x"}, {"type": "computer_call", "call_id": "c", "action": {}}]},
      "input[1].type"),
     ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role"),
     ({"input": []}, "input"),
@@ -102,11 +103,27 @@ def test_harmless_defaults_are_accepted() -> None:
     ({"max_output_tokens": 0}, "max_output_tokens"),
     ({"temperature": "hot"}, "temperature"),
     ({"stream": "yes"}, "stream"),
-    ({"tools": [{"type": "function", "name": "f"}]}, "tools"),
+    ({"tools": [{"type": "function", "name": "f"}, {"type": "web_search"}]}, "tools[1].type"),
+    ({"tools": [{"type": "file_search", "vector_store_ids": ["vs"]}]}, "tools[0].type"),
+    ({"tools": [{"type": "function"}]}, "tools[0].name"),
+    ({"tools": [{"type": "function", "name": "f", "parameters": "x"}]}, "tools[0].parameters"),
+    ({"tools": [{"type": "function", "name": "f", "strict": "yes"}]}, "tools[0].strict"),
+    ({"tools": {"type": "function", "name": "f"}}, "tools"),
+    ({"tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "function", "name": "g"}},
+     "tool_choice.name"),
+    ({"tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "web_search"}}, "tool_choice"),
+    ({"tools": [{"type": "function", "name": "f"}], "parallel_tool_calls": "no"}, "parallel_tool_calls"),
+    ({"input": [{"type": "function_call", "call_id": "c1", "arguments": "{}"}]}, "input[0].name"),
+    ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input[0].call_id"),
+    ({"input": [{"type": "function_call", "call_id": "c1", "name": "f", "arguments": {}}]}, "input[0].arguments"),
+    ({"input": [{"type": "function_call_output", "output": "1"}]}, "input[0].call_id"),
+    ({"input": [{"type": "function_call_output", "call_id": "c", "output": 1}]}, "input[0].output"),
+    ({"input": [{"type": "reasoning", "id": "rs", "summary": [{"type": "x"}]}]}, "input[0].summary[0]"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"previous_response_id": "resp_1"}, "previous_response_id"),
     ({"conversation": "conv_1"}, "conversation"),
-    ({"reasoning": {"effort": "high"}}, "reasoning"),
+    ({"reasoning": {"effort": "huge"}}, "reasoning.effort"),
+    ({"reasoning": "high"}, "reasoning"),
     ({"background": True}, "background"),
     ({"truncation": "auto"}, "truncation"),
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}, "text.format"),

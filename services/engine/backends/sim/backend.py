@@ -22,6 +22,7 @@ from services.engine.backend import (
 from services.engine.backends.sim.block_pool import BlockPool
 from services.engine.backends.sim.config import SimConfig
 from services.engine.backends.sim.scheduler import Scheduler, SimRequest
+from services.engine.backends.sim.script import Script
 
 SIM_VERSION = "0.1.0"
 MAX_TOKEN_ID = 2**31  # exclusive; token ids travel as 32-bit values (protocol.block_hash)
@@ -37,6 +38,7 @@ class SimBackend:
         vocab_size: int,
         eos_token_id: int | None,
         version: str = SIM_VERSION,
+        script: Script | None = None,
     ) -> None:
         if not isinstance(vocab_size, int) or vocab_size < 1:
             raise ValueError(f"vocab_size must be an int >= 1, got {vocab_size!r}")
@@ -61,6 +63,7 @@ class SimBackend:
         self._pool = BlockPool(config.num_kv_blocks, config.block_size)
         self._scheduler = Scheduler(config, self._pool, self._sample)
         self._echo = config.echo
+        self._script = script
         self._loras: set[str] = set()
         self._asleep = False
 
@@ -86,6 +89,8 @@ class SimBackend:
             min_len=len(prompt) + params.min_tokens,
             stop_ids=frozenset(params.stop_token_ids) if params.stop_token_ids else None,
             eos_rate=0.0 if params.ignore_eos else self._eos_rate,
+            # Decoding the prompt costs time: only when a script is loaded.
+            reply=self._script.reply_for(prompt) if self._script is not None else None,
         )
         self._scheduler.add(req)
 
@@ -175,6 +180,9 @@ class SimBackend:
         if low < 0 or high >= MAX_TOKEN_ID:
             bad = low if low < 0 else high
             raise RequestRejected(f"prompt_token_ids must be in [0, 2**31), got token id {bad}")
+        if request.sampling.json_schema is not None:
+            # Refused, never ignored: a client relying on the schema must not get free text.
+            raise RequestRejected("sampling.json_schema: the sim backend cannot guarantee structured output")
         if request.lora is not None and request.lora not in self._loras:
             raise RequestRejected(
                 f"lora {request.lora!r} is not loaded; loaded: {sorted(self._loras)}"
@@ -199,6 +207,8 @@ class SimBackend:
 
     def _sample(self, req: SimRequest) -> RequestOutput:
         """The next token of a request whose tokens are all computed, and vLLM's stop checks."""
+        if req.reply is not None:
+            return self._scripted(req, req.reply)
         tokens = req.token_ids
         num_tokens = len(tokens)
         # As vLLM's min_tokens logits processor: EOS and stop tokens are masked until then.
@@ -225,6 +235,29 @@ class SimBackend:
         if finish is None and num_tokens + 1 >= req.max_len:
             finish = "length"
         return RequestOutput(req.request_id, [token], finish, stop_reason, req.num_cached_tokens)
+
+    def _scripted(self, req: SimRequest, reply: tuple[int, ...]) -> RequestOutput:
+        """The reply's next token; after the last one EOS, as if sampled ("stop", stop_reason None).
+
+        A scripted reply ignores stop_token_ids, min_tokens, ignore_eos and --sim-eos-rate; only
+        max_tokens (or max_model_len) cuts it short. Indexed by tokens generated, so a preempted
+        request resumes where it was.
+        """
+        tokens = req.token_ids
+        i = len(tokens) - req.num_prompt
+        finish: str | None = None
+        if i < len(reply):
+            token = reply[i]
+            if i + 1 == len(reply) and self._eos is None:  # no EOS to end with: the reply ends it
+                finish = "stop"
+        else:
+            assert self._eos is not None  # without EOS the last reply token finished the request
+            token = self._eos
+            finish = "stop"
+        tokens.append(token)
+        if finish is None and len(tokens) >= req.max_len:
+            finish = "length"
+        return RequestOutput(req.request_id, [token], finish, None, req.num_cached_tokens)
 
     def _substitute(self, token: int, masked: frozenset[int] | None) -> int:
         """The next regular token that is neither EOS (only eos_rate emits it) nor masked."""

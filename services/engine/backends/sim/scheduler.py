@@ -32,6 +32,7 @@ class SimRequest:
     min_len: int  # no EOS or stop token before this many tokens (min_tokens)
     stop_ids: frozenset[int] | None
     eos_rate: float  # 0 when ignore_eos or the model has no EOS
+    reply: tuple[int, ...] | None = None  # a scripted reply (--sim-script) replaces sampling
     # Scheduling state.
     seq: int = 0  # tie-break after (priority, arrival); unique per add
     state: int = WAITING

@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ from services.engine.backend import (
     UtilityUnsupported,
 )
 from services.engine.backends.sim import SimBackend, SimConfig
+from services.engine.backends.sim.script import Rule, Script
 
 VOCAB = 1000
 EOS = 1000  # a special token past the regular vocabulary, as in real tokenizers
@@ -232,6 +234,8 @@ def test_kv_events_stay_consistent_under_churn() -> None:
         (req([1], lora="missing"), "lora"),
         (req([1], max_tokens=0), "max_tokens"),
         (req([1], min_tokens=17), "min_tokens"),
+        # Refused, not ignored: the sim cannot make its output match a schema.
+        (req([1], json_schema='{"type": "object"}'), "json_schema"),
     ],
 )
 def test_rejections_name_the_field(request_: GenerateRequest, field: str) -> None:
@@ -335,3 +339,68 @@ def test_echo_replays_the_prompt_in_order() -> None:
     b = backend(echo=True)
     out = run(b, req([5, 6, 7], rid="e", max_tokens=7))
     assert out["e"]["tokens"] == [5, 6, 7, 5, 6, 7, 5]
+
+
+# ---- scripted replies (--sim-script) ------------------------------------------------------------
+
+REPLY = '<tool_call>\n{"name": "get_weather"}\n</tool_call>'
+
+
+def chars(text: str) -> list[int]:  # a one-token-per-character tokenizer, ids inside VOCAB
+    return [ord(c) for c in text]
+
+
+def scripted(rules: list[tuple[str, str]], *, eos: int | None = EOS, **overrides: Any) -> SimBackend:
+    script = Script([Rule(re.compile(m, re.DOTALL), r, tuple(chars(r))) for m, r in rules],
+                    lambda ids: "".join(map(chr, ids)))
+    config = SimConfig(**{"instant": True, **overrides})
+    return SimBackend(config, model="sim-model", vocab_size=VOCAB, eos_token_id=eos, script=script)
+
+
+def test_scripted_reply_one_token_per_step_then_eos_as_if_sampled() -> None:
+    b = scripted([("weather", REPLY)])
+    b.add("r", req(chars("what is the weather in Paris?"), max_tokens=100))
+    steps = []
+    while b.has_work():
+        outs = b.step().outputs
+        assert len(outs) == 1 and len(outs[0].new_token_ids) == 1
+        steps.append((outs[0].new_token_ids[0], outs[0].finish_reason, outs[0].stop_reason))
+    assert [t for t, _, _ in steps] == chars(REPLY) + [EOS]
+    assert all(f is None for _, f, _ in steps[:-1]) and steps[-1] == (EOS, "stop", None)
+
+
+def test_scripted_reply_cut_by_max_tokens_finishes_with_length() -> None:
+    shorter = run(scripted([("weather", REPLY)]), req(chars("weather?"), max_tokens=5))["r"]
+    assert (shorter["tokens"], shorter["finish"], shorter["stop"]) == (chars(REPLY)[:5], "length", None)
+    # Room for the reply but not the EOS after it: "length", as a model that would say EOS next.
+    exact = run(scripted([("weather", REPLY)]), req(chars("weather?"), max_tokens=len(REPLY)))["r"]
+    assert (exact["tokens"], exact["finish"]) == (chars(REPLY), "length")
+
+
+def test_scripted_reply_without_an_eos_token_stops_on_its_last_token() -> None:
+    result = run(scripted([("weather", "sunny")], eos=None), req(chars("weather?")))["r"]
+    assert (result["tokens"], result["finish"], result["stop"]) == (chars("sunny"), "stop", None)
+
+
+def test_first_matching_rule_wins_and_other_prompts_sample_as_without_a_script() -> None:
+    b = scripted([("weather", "one"), ("weather|time", "two")])
+    prompt = chars("hello, nothing to match")
+    out = run(b, req(chars("weather and time"), rid="a"), req(chars("time?"), rid="b"), req(prompt, rid="c"))
+    assert out["a"]["tokens"] == chars("one") + [EOS]
+    assert out["b"]["tokens"] == chars("two") + [EOS]
+    assert out["c"]["tokens"] == run(backend(), req(prompt, rid="c"))["c"]["tokens"]  # seeded, unchanged
+    assert out["c"]["finish"] == "length"
+
+
+def test_scripted_reply_ignores_stop_ids_min_tokens_ignore_eos_and_eos_rate() -> None:
+    b = scripted([("weather", "sunny")], eos_rate=1.0)
+    sampling = {"stop_token_ids": [ord("n")], "min_tokens": 8, "ignore_eos": True, "max_tokens": 16}
+    result = run(b, req(chars("weather?"), **sampling))["r"]
+    assert (result["tokens"], result["finish"], result["stop"]) == (chars("sunny") + [EOS], "stop", None)
+
+
+def test_scripted_reply_resumes_where_it_was_after_preemption() -> None:
+    # 4 blocks of 4 tokens; each request grows to 11 tokens (3 blocks): one is preempted and recomputed.
+    b = scripted([("w", "abcdefgh")], block_size=4, num_kv_blocks=4, max_model_len=16, max_num_seqs=2)
+    out = run(b, req(chars("w1"), rid="x"), req(chars("w2"), rid="y"))
+    assert out["x"]["tokens"] == out["y"]["tokens"] == chars("abcdefgh") + [EOS]

@@ -1,0 +1,123 @@
+"""The frame shared by tool parsers whose calls sit in <tool_call>...</tool_call> blocks: text outside
+the blocks is content, a subclass parses each block's body. Runs in frontend API-server processes."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.frontend.parsers.delta import ParsedDelta, ToolCall, ToolCallDelta, make_call_id
+from services.frontend.parsers.tags import held_suffix
+
+__all__ = ["CallBlockParser"]
+
+
+@dataclass(slots=True)
+class _Call:
+    id: str
+    name: str
+    arguments: list[str] = field(default_factory=list)
+
+
+class CallBlockParser:
+    """Content until a `<tool_call>`; then the subclass's `_body` consumes the block.
+
+    Text before the first block is content, verbatim. Whitespace right after a call (the newline
+    between parallel calls, the one before the end of output) is dropped, as vLLM drops everything
+    after the first block; any other text after a call is content, so no text is lost.
+    """
+
+    START = "<tool_call>"
+    END = "</tool_call>"
+
+    __slots__ = ("_after", "_buf", "_calls", "_calls_before", "_inside")
+
+    def __init__(self) -> None:
+        self._buf = ""  # text received and not yet emitted or consumed
+        self._inside = False
+        self._after = False  # a call just ended: drop the whitespace that follows it
+        self._calls: list[_Call] = []
+        self._calls_before = 0  # calls made before the open block
+
+    def push(self, text: str) -> ParsedDelta:
+        out = ParsedDelta()
+        self._buf += text
+        self._run(out, final=False)
+        return out
+
+    def flush(self) -> ParsedDelta:
+        out = ParsedDelta()
+        self._run(out, final=True)
+        return out
+
+    def calls(self) -> list[ToolCall]:
+        return [ToolCall(c.id, c.name, "".join(c.arguments)) for c in self._calls]
+
+    def _run(self, out: ParsedDelta, *, final: bool) -> None:
+        while True:
+            if self._inside:
+                if not self._body(out, final=final):
+                    return
+                self._inside = False
+                self._after = len(self._calls) > self._calls_before
+                continue
+            buf = self._buf
+            if self._after:
+                buf = buf.lstrip()
+                if not buf:
+                    self._buf = ""
+                    return
+                self._after = False
+            start = buf.find(self.START)
+            if start >= 0:
+                out.content += buf[:start]
+                self._buf = buf[start + len(self.START):]
+                self._inside = True
+                self._calls_before = len(self._calls)
+                self._begin()
+                continue
+            cut = len(buf) - (0 if final else held_suffix(buf, (self.START,)))
+            out.content += buf[:cut]
+            self._buf = buf[cut:]
+            return
+
+    def _begin(self) -> None:
+        """A block opened: reset the body's state (`_buf` holds the text after `<tool_call>`)."""
+        raise NotImplementedError
+
+    def _body(self, out: ParsedDelta, *, final: bool) -> bool:
+        """Consume the block's body from `_buf`; True once the block is over (always when `final`),
+        with `_buf` left at the text after it."""
+        raise NotImplementedError
+
+    def _open_call(self, out: ParsedDelta, name: str, arguments: str = "") -> None:
+        call = _Call(make_call_id(), name, [arguments] if arguments else [])
+        out.tool_calls.append(ToolCallDelta(len(self._calls), call.id, name, arguments))
+        self._calls.append(call)
+
+    def _add_arguments(self, out: ParsedDelta, text: str) -> None:
+        """Stream more of the open call's arguments (one delta per call per push)."""
+        if not text:
+            return
+        index = len(self._calls) - 1
+        self._calls[index].arguments.append(text)
+        last = out.tool_calls[-1] if out.tool_calls else None
+        if last is not None and last.index == index:
+            last.arguments += text
+        else:
+            out.tool_calls.append(ToolCallDelta(index, None, None, text))
+
+    def _end_at(self, out: ParsedDelta, *, final: bool) -> bool:
+        """After a call's own text: skip to the end of the block (what is left of the body is the
+        call's framing, as vLLM ignores it). A new `<tool_call>` also ends it."""
+        buf = self._buf
+        end, start = buf.find(self.END), buf.find(self.START)
+        if start >= 0 and (end < 0 or start < end):
+            self._buf = buf[start:]
+            return True
+        if end >= 0:
+            self._buf = buf[end + len(self.END):]
+            return True
+        if final:
+            self._buf = ""
+            return True
+        self._buf = buf[len(buf) - held_suffix(buf, (self.END, self.START)):]
+        return False

@@ -1,0 +1,157 @@
+"""The frame shared by tool parsers whose calls are bare JSON objects, `{"name": ..., "arguments":
+{...}}`, one after another (llama3_json, mistral's JSON array). Runs in frontend API-server processes.
+
+Arguments stream as the model's own text once `{"name": "NAME", "arguments": ` (or "parameters")
+has arrived; an object in another shape is parsed once it closes and sent in one delta as
+`json.dumps(arguments, ensure_ascii=False)`. An object that is no call is returned as content, and
+so is everything after it. Separators and whitespace between calls are dropped, text after the calls
+is content. Cut before a call's name arrived: content; cut inside the arguments: the call keeps what
+was streamed (then no complete JSON), as in vLLM's streaming.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+
+from services.frontend.parsers.delta import ParsedDelta, ToolCall, ToolCallDelta, make_call_id
+from services.frontend.parsers.json_scan import JsonScan
+
+__all__ = ["JsonCallsParser"]
+
+_HEADER = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
+START, BETWEEN, HEADER, ARGUMENTS, TAIL, AFTER, CONTENT = range(7)
+
+
+class JsonCallsParser:
+    """JSON call objects; a subclass decides in `_step` where they begin (phase START)."""
+
+    __slots__ = ("_buf", "_calls", "_make_id", "_phase", "_scan", "_scanned", "_separators", "_terminator")
+
+    def __init__(self, *, separators: str, terminator: str = "",
+                 make_id: Callable[[], str] = make_call_id) -> None:
+        self._buf = ""
+        self._phase = START
+        self._scan = JsonScan()
+        self._scanned = 0  # how much of `_buf` the scan of an object in another shape has read
+        self._calls: list[ToolCall] = []
+        self._separators = separators + " \t\r\n"
+        self._terminator = terminator  # ends the calls (mistral's "]"); "" for none
+        self._make_id = make_id
+
+    def push(self, text: str) -> ParsedDelta:
+        out = ParsedDelta()
+        self._buf += text
+        while self._step(out, final=False):
+            pass
+        return out
+
+    def flush(self) -> ParsedDelta:
+        out = ParsedDelta()
+        while self._step(out, final=True):
+            pass
+        return out
+
+    def calls(self) -> list[ToolCall]:
+        return list(self._calls)
+
+    def _step(self, out: ParsedDelta, *, final: bool) -> bool:
+        """Advance one phase; False when it needs more text (or, at flush, is done)."""
+        phase = self._phase
+        if phase == BETWEEN:
+            head = self._buf.lstrip(self._separators)
+            self._buf = head
+            if not head:
+                return False
+            if self._terminator and head.startswith(self._terminator):
+                self._buf, self._phase = head[len(self._terminator):], AFTER
+            else:
+                self._phase = HEADER if head.startswith("{") else CONTENT
+                self._scan, self._scanned = JsonScan(), 0
+        elif phase == HEADER:
+            header = _HEADER.match(self._buf)
+            if header is None:
+                return self._whole(out, final=final)
+            self._open(out, json.loads(header.group(1)), "")
+            self._buf = self._buf[header.end():]
+            self._phase, self._scan = ARGUMENTS, JsonScan()
+        elif phase == ARGUMENTS:
+            end = self._scan.scan(self._buf)
+            self._add_arguments(out, self._buf[:end])
+            self._buf = self._buf[end:]
+            if not self._scan.closed:
+                return False
+            self._phase, self._scan = TAIL, JsonScan(depth=1)
+        elif phase == TAIL:  # the rest of the call's object is framing: skip to its close
+            end = self._scan.scan(self._buf)
+            self._buf = self._buf[end:]
+            if not self._scan.closed:
+                return False
+            self._phase = BETWEEN
+        elif phase == AFTER:
+            self._buf = self._buf.lstrip()
+            if not self._buf:
+                return False
+            self._phase = CONTENT
+        elif phase == CONTENT:
+            out.content += self._buf
+            self._buf = ""
+            return False
+        else:
+            raise AssertionError(f"phase {phase} belongs to the subclass")
+        return True
+
+    def _whole(self, out: ParsedDelta, *, final: bool) -> bool:
+        """An object not in the streamable shape: parse it once it closes; False while it is open."""
+        scan = self._scan  # read on from where the last push left it: one pass over a long object
+        end = self._scanned + scan.scan(self._buf[self._scanned:])
+        self._scanned = end
+        if not scan.closed:
+            if not final:
+                return False
+            self._phase = CONTENT  # cut before it was a call
+            return True
+        text, self._buf = self._buf[:end], self._buf[end:]
+        call = _parse_call(text)
+        if call is None:
+            out.content += text
+            self._phase = CONTENT
+        else:
+            self._open(out, *call)
+            self._phase = BETWEEN
+        return True
+
+    def _open(self, out: ParsedDelta, name: str, arguments: str) -> None:
+        call = ToolCall(self._make_id(), name, arguments)
+        out.tool_calls.append(ToolCallDelta(len(self._calls), call.id, name, arguments))
+        self._calls.append(call)
+
+    def _add_arguments(self, out: ParsedDelta, text: str) -> None:
+        if not text:
+            return
+        index = len(self._calls) - 1
+        self._calls[index].arguments += text
+        last = out.tool_calls[-1] if out.tool_calls else None
+        if last is not None and last.index == index:
+            last.arguments += text
+        else:
+            out.tool_calls.append(ToolCallDelta(index, None, None, text))
+
+
+def _parse_call(text: str) -> tuple[str, str] | None:
+    """(name, arguments JSON) of an object that is one call, else None."""
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    arguments = obj.get("arguments", obj.get("parameters"))
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return None
+    if not isinstance(arguments, dict):
+        return None
+    return obj["name"], json.dumps(arguments, ensure_ascii=False)

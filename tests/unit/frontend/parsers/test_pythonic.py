@@ -1,0 +1,54 @@
+"""The pythonic tool parser: a leading Python list of calls, however the output was split."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from services.frontend.parsers.pythonic import PythonicToolParser
+from tests.unit.frontend.parsers.harness import Final, args, check_all_ways, drive
+
+# (id, model output, final content, final calls as (name, arguments object))
+CASES: list[tuple[str, str, str, list[tuple[str, dict[str, Any]]]]] = [
+    ("plain", "Paris is sunny (mostly).", "Paris is sunny (mostly).", []),
+    ("empty", "", "", []),
+    ("a list that is no call", "[1] See the reference.", "[1] See the reference.", []),
+    ("a link", "[the docs](https://example.com)", "[the docs](https://example.com)", []),
+    ("empty list", "[]", "[]", []),
+    ("one call", '[get_weather(city="Paris", days=3)]', "", [("get_weather", {"city": "Paris", "days": 3})]),
+    ("no arguments", "[ping()]", "", [("ping", {})]),
+    ("parallel", "[f(a=1), g(b='x'),\n h(c=None, d=True, e=-2.5)]", "",
+     [("f", {"a": 1}), ("g", {"b": "x"}), ("h", {"c": None, "d": True, "e": -2.5})]),
+    ("nested and tricky strings", "[search(q='naïve 日本語 🎉, \"quoted\" ) ] \\' done', "
+     "opts={'a': [1, (2, 3)], 'b': {'c': 'x)y'}}, tags=[])]", "",
+     [("search", {"q": "naïve 日本語 🎉, \"quoted\" ) ] ' done", "opts": {"a": [1, [2, 3]], "b": {"c": "x)y"}},
+                  "tags": []})]),
+    ("trailing comma", "[f(a=1,)]", "", [("f", {"a": 1})]),
+    ("leading whitespace, text after", "\n[f(a=1)]\n\nDone.", "Done.", [("f", {"a": 1})]),
+    ("a value that is no literal", "[f(a=x + 1, b=2)]", "", [("f", {"a": "x + 1", "b": 2})]),
+    ("positional arguments are dropped", "[f(1, b=2)]", "", [("f", {"b": 2})]),
+    ("cut before the call", "[get_wea", "[get_wea", []),
+    ("cut in a value", "[f(a=1, b='hal", "", [("f", {"a": 1})]),
+    ("cut in an escape", "[f(a='x\\", "", [("f", {})]),
+    ("cut between calls", "[f(a=1), g", ", g", [("f", {"a": 1})]),
+    ("the list broken after a call", "[f(a=1), 5]", ", 5]", [("f", {"a": 1})]),
+]
+
+
+@pytest.mark.parametrize(("text", "content", "calls"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_every_splitting_gives_the_same_result(text: str, content: str,
+                                               calls: list[tuple[str, dict[str, Any]]]) -> None:
+    expected = Final(content, "", tuple((name, args(obj)) for name, obj in calls))
+    check_all_ways(PythonicToolParser, text, expected)
+    final, _ = drive(PythonicToolParser(), [text])
+    assert [(name, json.loads(arguments)) for name, arguments in final.calls] == calls
+
+
+def test_each_value_streams_as_it_completes() -> None:
+    parser = PythonicToolParser()
+    first = parser.push('[get_weather(city="Par')
+    assert [(d.index, d.name, d.arguments) for d in first.tool_calls] == [(0, "get_weather", "{")]
+    second = parser.push('is", days=')
+    assert [(d.id, d.arguments) for d in second.tool_calls] == [(None, '"city": "Paris"')]
+    assert [d.arguments for d in parser.push("3)]").tool_calls] == [', "days": 3}']

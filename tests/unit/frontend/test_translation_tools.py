@@ -1,0 +1,85 @@
+"""Translator.chat with tools, tool_choice and tool-call histories: what reaches the engine and the output."""
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from services.frontend.errors import APIError
+from services.frontend.model import Model
+from services.frontend.translation import EngineRequest, Translator
+from tests.unit.frontend.test_messages import EXPECTED_QWEN3, ROUND_TRIP, WEATHER
+
+
+@pytest.fixture(scope="module")
+def model() -> Model:
+    return Model.load("tiny", "tiny")
+
+
+def _translator(model: Model, **flags: Any) -> Translator:
+    return Translator(model, lambda: 4096, long_prompt_chars=2000, max_concurrent_tokenizations=1, **flags)
+
+
+@pytest.fixture(scope="module")
+def translator(model: Model) -> Iterator[Translator]:
+    yield _translator(model)
+
+
+def _chat(translator: Translator, **body: Any) -> EngineRequest:
+    raw = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], **body}).encode()
+    return asyncio.run(translator.chat(raw, None))
+
+
+def _refused(translator: Translator, **body: Any) -> APIError:
+    with pytest.raises(APIError) as info:
+        _chat(translator, **body)
+    assert info.value.status == 400
+    return info.value
+
+
+def test_round_trip_with_tool_choice_none_renders_tools_and_is_carried(translator: Translator,
+                                                                       model: Model) -> None:
+    req = _chat(translator, messages=ROUND_TRIP, tools=[WEATHER], tool_choice="none", parallel_tool_calls=False)
+    assert req.request.prompt_token_ids == model.encode(EXPECTED_QWEN3, add_special_tokens=False)
+    assert (req.output.tools, req.output.tool_choice, req.output.parallel_tool_calls) == ((WEATHER,), "none", False)
+
+
+def test_without_tools_the_options_are_the_defaults(translator: Translator) -> None:
+    out = _chat(translator).output
+    assert (out.tools, out.tool_choice, out.parallel_tool_calls) == ((), "none", True)
+    assert _chat(translator, tool_choice="none").output.tool_choice == "none"
+    assert _chat(translator, parallel_tool_calls=None).output.parallel_tool_calls is True
+
+
+def test_tools_without_tool_choice_mean_auto_which_needs_the_server_flags(translator: Translator,
+                                                                          model: Model) -> None:
+    err = _refused(translator, tools=[WEATHER])
+    assert err.param == "tool_choice"
+    assert err.message == '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+    enabled = _translator(model, enable_auto_tool_choice=True, tool_call_parser="hermes")
+    assert _chat(enabled, tools=[WEATHER]).output.tool_choice == "auto"
+    assert _chat(enabled, tools=[WEATHER], tool_choice=None).output.tool_choice == "none"
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"tools": [WEATHER, {"type": "function", "function": {"name": "bad name"}}], "tool_choice": "none"},
+     "tools[1].function.name"),
+    ({"tool_choice": "auto"}, "tool_choice"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "other"}}},
+     "tool_choice.function.name"),
+    ({"messages": ROUND_TRIP[:2] + [{"role": "assistant", "tool_calls": [
+        {"function": {"name": "get_weather", "arguments": "{oops"}}]}], "tools": [WEATHER], "tool_choice": "none"},
+     "messages[2].tool_calls[0].function.arguments"),
+    ({"messages": [{"role": "narrator", "content": "x"}]}, "messages[0].role"),
+])
+def test_refusals_name_the_field(translator: Translator, body: dict[str, Any], param: str) -> None:
+    assert _refused(translator, **body).param == param
+
+
+def test_null_user_content_is_rendered_empty_not_a_template_error(translator: Translator, model: Model) -> None:
+    req = _chat(translator, messages=[{"role": "system", "content": None}, {"role": "user"}])
+    text = "<|im_start|>system\n<|im_end|>\n<|im_start|>user\n<|im_end|>\n<|im_start|>assistant\n"
+    assert req.request.prompt_token_ids == model.encode(text, add_special_tokens=False)
