@@ -90,8 +90,13 @@ class OutputProcessor:
                     m.itl.observe(now - self._last)
                 self._last = now
                 self.completion_tokens += n
-            text = detok.push(out.new_token_ids) if n else ""
             reason = out.finish_reason
+            if reason == "stop" and n and not isinstance(out.stop_reason, str):
+                # The EOS or stop token that ended it is no text, as in vLLM: shown otherwise when
+                # skip_special_tokens is false, or when the stop token id is a regular token.
+                text = detok.push(out.new_token_ids[:-1]) if n > 1 else ""
+            else:
+                text = detok.push(out.new_token_ids) if n else ""
             if reason is not None:
                 if reason == "error" and out.error_kind == ERROR_DRAINING and self._place_again():
                     continue

@@ -15,6 +15,7 @@ from services.frontend.stream import EngineFailure, Stream
 from services.frontend.translation import EngineRequest, OutputOptions
 
 HELLO, WORLD, COMMA = 9707, 1879, 11  # "Hello", " world", ","
+IM_END = 151645  # Qwen3's EOS
 
 
 class _Engines:
@@ -71,11 +72,11 @@ def model() -> Model:
 
 
 def _processor(model: Model, engines: _Engines, *, stop: tuple[str, ...] = (), pinned: int | None = None,
-               deltas: _Upper | None = None) -> tuple[OutputProcessor, Stream, Metrics]:
+               deltas: _Upper | None = None, skip: bool = True) -> tuple[OutputProcessor, Stream, Metrics]:
     request = EngineRequest(GenerateRequest("r1", [1, 2, 3], SamplingParams(max_tokens=8), time.time(),
                                             pinned_rank=pinned), 8,
                             OutputOptions(chat=False, stream=False, include_usage=False, continuous_usage=False,
-                                          stop=stop, include_stop_str_in_output=False, skip_special_tokens=True,
+                                          stop=stop, include_stop_str_in_output=False, skip_special_tokens=skip,
                                           tool_choice="auto"))
     stream = Stream("r1", 3, 8)
     stream.engine_index = 0
@@ -148,7 +149,7 @@ def test_parser_deltas_with_reasoning_are_pieces_of_their_own_and_calls_finish_w
     parser = _Upper(call=True)
     outputs, stream, metrics = _processor(model, _Engines(), deltas=parser)
     stream.feed(RequestOutput("r1", [HELLO, COMMA], None))
-    stream.feed(RequestOutput("r1", [WORLD], "stop"))
+    stream.feed(RequestOutput("r1", [WORLD, IM_END], "stop"))  # the EOS that ended it is no text
     pieces: list[object] = []
     while outputs.finish is None:
         pieces += asyncio.run(outputs.pieces())
@@ -164,3 +165,15 @@ def test_plain_content_from_a_parser_stays_a_str_piece(model: Model) -> None:
     pieces = asyncio.run(outputs.pieces())
     assert pieces == ["HELLO WORL", "D"] and outputs.counts == [2, 2] and outputs.calls == []
     assert outputs.finish == "length"
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_the_token_that_stopped_a_request_is_no_text(model: Model, skip: bool) -> None:
+    """As vLLM: neither EOS (a special token shown when skip_special_tokens is false) nor a stop token id
+    (which may be a regular token) is part of the text; both count as completion tokens."""
+    for last in (IM_END, COMMA):
+        outputs, stream, _ = _processor(model, _Engines(), skip=skip)
+        stream.feed(RequestOutput("r1", [HELLO], None))
+        stream.feed(RequestOutput("r1", [WORLD, last], "stop", stop_reason=None if last == IM_END else last))
+        assert asyncio.run(_drain(outputs)) == "Hello world"
+        assert outputs.completion_tokens == 3
