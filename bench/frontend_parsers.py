@@ -15,14 +15,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from frontend_stream import ROOT, _cpu_seconds, _free_port
+from frontend_stream import ROOT, _cpu_seconds, _free_port, wait_ready
 
 REASONING = "<think>\n" + "Let me think about which city and which unit the user wants. " * 8 + "\n</think>\n\n"
 ARGS = {"city": "Paris", "unit": "celsius", "days": 5, "detail": "hourly " * 20}
@@ -65,19 +63,6 @@ async def _round(base: str, streams: int, prompt: str, tools: bool) -> tuple[int
     return sum(t for t, _ in results), sum(c for _, c in results)
 
 
-def _wait_ready(base: str) -> None:
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            if urllib.request.urlopen(base + "/ready", timeout=1).status == 200:
-                return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{base} not ready")
-        time.sleep(0.2)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--streams", type=int, default=256)
@@ -104,7 +89,7 @@ def main() -> None:
                                          "--log-level", "warning", *flags], cwd=ROOT)
                 frontends[name] = (proc, f"http://127.0.0.1:{port}")
             for name, (_, base) in frontends.items():
-                _wait_ready(base)
+                wait_ready(base)
                 asyncio.run(_round(base, 8, MODES[name][1], name != "no parser"))  # warm-up
             per_token: dict[str, list[float]] = {name: [] for name in MODES}
             seen: dict[str, int] = {}

@@ -60,6 +60,20 @@ async def _round(base: str, streams: int, tokens: int) -> tuple[int, float]:
         return sum(counts), time.perf_counter() - t0
 
 
+def wait_ready(base: str, timeout_s: float = 120.0) -> None:
+    """Until the frontend's /ready says 200 (its engines handshaken)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if urllib.request.urlopen(base + "/ready", timeout=1).status == 200:
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{base} not ready")
+        time.sleep(0.2)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--streams", type=int, default=256)
@@ -81,16 +95,7 @@ def main() -> None:
                                  "--log-level", "warning"], cwd=ROOT)
     base = f"http://127.0.0.1:{http_port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if urllib.request.urlopen(base + "/ready", timeout=1).status == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError("fleet not ready")
-            time.sleep(0.2)
+        wait_ready(base)
         asyncio.run(_round(base, 8, 20))  # warm-up
         per_token, rates = [], []
         for _ in range(args.repeat):
