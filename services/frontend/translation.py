@@ -19,6 +19,7 @@ from services.frontend.chat_template import TemplateError
 from services.frontend.errors import APIError
 from services.frontend.messages import template_messages
 from services.frontend.model import Model
+from services.frontend.parsers import KEEPS_SPECIAL_TOKENS
 from services.frontend.schema import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -129,8 +130,10 @@ class Translator:
         text, ids = await self._off_loop(long, self._render_and_encode, messages, req)
         request = self._engine_request(req, ids, pin, chat=True, request_id=f"chatcmpl-{os.urandom(12).hex()}",
                                        json_schema=schema)
+        tool_parser = self._tool_call_parser if choice == "auto" and tools else None
+        skip = request.output.skip_special_tokens and tool_parser not in KEEPS_SPECIAL_TOKENS
         output = replace(request.output, tools=tools, tool_choice=choice, parallel_tool_calls=parallel,
-                         tool_parser=self._tool_call_parser if choice == "auto" and tools else None,
+                         skip_special_tokens=skip, tool_parser=tool_parser,
                          reasoning_parser=self._reasoning_parser, prompt_tail=text[-PROMPT_TAIL_CHARS:])
         return replace(request, output=output)
 

@@ -18,8 +18,8 @@ from services.frontend.parsers.pythonic import PythonicToolParser
 from services.frontend.parsers.qwen3 import qwen3
 from services.frontend.parsers.qwen3_coder import Qwen3CoderToolParser
 
-__all__ = ["REASONING_PARSERS", "TOOL_PARSERS", "OutputParser", "ParsedDelta", "ToolCall", "ToolCallDelta",
-           "build_parser"]
+__all__ = ["KEEPS_SPECIAL_TOKENS", "REASONING_PARSERS", "TOOL_PARSERS", "OutputParser", "ParsedDelta", "ToolCall",
+           "ToolCallDelta", "build_parser"]
 
 # name -> factory(tools): the request's tools (OpenAI shape) give parameter types where a format needs them.
 TOOL_PARSERS: dict[str, Callable[[list[dict[str, Any]] | None], OutputParser]] = {
@@ -34,6 +34,9 @@ TOOL_PARSERS: dict[str, Callable[[list[dict[str, Any]] | None], OutputParser]] =
     "pythonic": lambda tools: PythonicToolParser(),
     "qwen3_coder": Qwen3CoderToolParser,
 }
+# Families whose call marker is a special token of their tokenizers (Mistral's [TOOL_CALLS]): the
+# detokenizer must keep special tokens for the parser to see it, as vLLM's parser asks of a request.
+KEEPS_SPECIAL_TOKENS = frozenset({"mistral"})
 # name -> factory(prompt): the rendered prompt tells whether the template opened the reasoning.
 REASONING_PARSERS: dict[str, Callable[[str], OutputParser]] = {
     "deepseek_r1": deepseek_r1,

@@ -83,3 +83,16 @@ def test_null_user_content_is_rendered_empty_not_a_template_error(translator: Tr
     req = _chat(translator, messages=[{"role": "system", "content": None}, {"role": "user"}])
     text = "<|im_start|>system\n<|im_end|>\n<|im_start|>user\n<|im_end|>\n<|im_start|>assistant\n"
     assert req.request.prompt_token_ids == model.encode(text, add_special_tokens=False)
+
+
+def test_the_parsers_of_each_request_and_what_the_detokenizer_keeps_for_them(model: Model) -> None:
+    hermes = _translator(model, enable_auto_tool_choice=True, tool_call_parser="hermes", reasoning_parser="qwen3")
+    options = _chat(hermes, tools=[WEATHER]).output
+    assert (options.tool_parser, options.reasoning_parser, options.skip_special_tokens) == ("hermes", "qwen3", True)
+    assert options.prompt_tail.endswith("<|im_start|>assistant\n")
+    assert _chat(hermes, tools=[WEATHER], tool_choice="none").output.tool_parser is None
+    assert _chat(hermes).output.tool_parser is None  # no tools, nothing to call
+    # Mistral's [TOOL_CALLS] is a special token: kept in the text for its parser, as vLLM's parser asks.
+    mistral = _translator(model, enable_auto_tool_choice=True, tool_call_parser="mistral")
+    assert _chat(mistral, tools=[WEATHER]).output.skip_special_tokens is False
+    assert _chat(mistral, tools=[WEATHER], tool_choice="none").output.skip_special_tokens is True
