@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from services.frontend.parsers.delta import ParsedDelta, ToolCall, ToolCallDelta, make_call_id
-from services.frontend.parsers.tags import held_suffix
+from services.frontend.parsers.tags import BufferedParser, held_suffix
 
 __all__ = ["CallBlockParser"]
 
@@ -17,7 +17,7 @@ class _Call:
     arguments: list[str] = field(default_factory=list)
 
 
-class CallBlockParser:
+class CallBlockParser(BufferedParser):
     """Content until a `<tool_call>`; then the subclass's `_body` consumes the block.
 
     Text before the first block is content, verbatim. Whitespace right after a call (the newline
@@ -28,34 +28,23 @@ class CallBlockParser:
     START = "<tool_call>"
     END = "</tool_call>"
 
-    __slots__ = ("_after", "_buf", "_calls", "_calls_before", "_inside")
+    __slots__ = ("_after", "_calls", "_calls_before", "_inside")
 
     def __init__(self) -> None:
-        self._buf = ""  # text received and not yet emitted or consumed
+        super().__init__()
         self._inside = False
         self._after = False  # a call just ended: drop the whitespace that follows it
         self._calls: list[_Call] = []
         self._calls_before = 0  # calls made before the open block
 
-    def push(self, text: str) -> ParsedDelta:
-        out = ParsedDelta()
-        self._buf += text
-        self._run(out, final=False)
-        return out
-
-    def flush(self) -> ParsedDelta:
-        out = ParsedDelta()
-        self._run(out, final=True)
-        return out
-
     def calls(self) -> list[ToolCall]:
         return [ToolCall(c.id, c.name, "".join(c.arguments)) for c in self._calls]
 
-    def _run(self, out: ParsedDelta, *, final: bool) -> None:
+    def _step(self, out: ParsedDelta, *, final: bool) -> bool:
         while True:
             if self._inside:
                 if not self._body(out, final=final):
-                    return
+                    return False
                 self._inside = False
                 self._after = len(self._calls) > self._calls_before
                 continue
@@ -64,7 +53,7 @@ class CallBlockParser:
                 buf = buf.lstrip()
                 if not buf:
                     self._buf = ""
-                    return
+                    return False
                 self._after = False
             start = buf.find(self.START)
             if start >= 0:
@@ -77,7 +66,7 @@ class CallBlockParser:
             cut = len(buf) - (0 if final else held_suffix(buf, (self.START,)))
             out.content += buf[:cut]
             self._buf = buf[cut:]
-            return
+            return False
 
     def _begin(self) -> None:
         """A block opened: reset the body's state (`_buf` holds the text after `<tool_call>`)."""

@@ -21,14 +21,14 @@ from __future__ import annotations
 
 from services.frontend.parsers.delta import ParsedDelta, ToolCall, ToolCallDelta
 from services.frontend.parsers.json_scan import JsonScan
-from services.frontend.parsers.tags import held_suffix
+from services.frontend.parsers.tags import BufferedParser, held_suffix
 
 __all__ = ["CallSectionParser"]
 
 _TEXT, _SECTION, _HEADER, _ARGUMENTS, _JSON, _RAW, _FRAMING, _AFTER = range(8)
 
 
-class CallSectionParser:
+class CallSectionParser(BufferedParser):
     """Calls in a section of special tokens; a subclass sets the tokens and reads headers."""
 
     SECTION_BEGIN: tuple[str, ...] = ()
@@ -39,27 +39,14 @@ class CallSectionParser:
     ARGUMENTS_PREFIX = ""  # dropped before the arguments when present (DeepSeek-V3's "```json")
     ARGUMENTS_SUFFIX = ""  # dropped after raw arguments when present (its closing "```")
 
-    __slots__ = ("_buf", "_calls", "_prefixed", "_scan", "_state")
+    __slots__ = ("_calls", "_prefixed", "_scan", "_state")
 
     def __init__(self) -> None:
-        self._buf = ""  # text received and not yet emitted or consumed
+        super().__init__()
         self._state = _TEXT
         self._scan = JsonScan()
         self._prefixed = False  # ARGUMENTS_PREFIX was looked for
         self._calls: list[ToolCall] = []
-
-    def push(self, text: str) -> ParsedDelta:
-        out = ParsedDelta()
-        self._buf += text
-        while self._step(out, final=False):
-            pass
-        return out
-
-    def flush(self) -> ParsedDelta:
-        out = ParsedDelta()
-        while self._step(out, final=True):
-            pass
-        return out
 
     def calls(self) -> list[ToolCall]:
         return list(self._calls)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from services.frontend.parsers.delta import ParsedDelta, ToolCall, ToolCallDelta, make_call_id
 from services.frontend.parsers.json_scan import JsonScan
+from services.frontend.parsers.tags import BufferedParser
 
 __all__ = ["JsonCallsParser"]
 
@@ -23,14 +24,14 @@ _HEADER = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments
 START, BETWEEN, HEADER, ARGUMENTS, TAIL, AFTER, CONTENT = range(7)
 
 
-class JsonCallsParser:
+class JsonCallsParser(BufferedParser):
     """JSON call objects; a subclass decides in `_step` where they begin (phase START)."""
 
-    __slots__ = ("_buf", "_calls", "_make_id", "_phase", "_scan", "_scanned", "_separators", "_terminator")
+    __slots__ = ("_calls", "_make_id", "_phase", "_scan", "_scanned", "_separators", "_terminator")
 
     def __init__(self, *, separators: str, terminator: str = "",
                  make_id: Callable[[], str] = make_call_id) -> None:
-        self._buf = ""
+        super().__init__()
         self._phase = START
         self._scan = JsonScan()
         self._scanned = 0  # how much of `_buf` the scan of an object in another shape has read
@@ -38,19 +39,6 @@ class JsonCallsParser:
         self._separators = separators + " \t\r\n"
         self._terminator = terminator  # ends the calls (mistral's "]"); "" for none
         self._make_id = make_id
-
-    def push(self, text: str) -> ParsedDelta:
-        out = ParsedDelta()
-        self._buf += text
-        while self._step(out, final=False):
-            pass
-        return out
-
-    def flush(self) -> ParsedDelta:
-        out = ParsedDelta()
-        while self._step(out, final=True):
-            pass
-        return out
 
     def calls(self) -> list[ToolCall]:
         return list(self._calls)
