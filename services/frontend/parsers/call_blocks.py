@@ -2,19 +2,10 @@
 the blocks is content, a subclass parses each block's body. Runs in frontend API-server processes."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from services.frontend.parsers.delta import ParsedDelta, ToolCall, ToolCallDelta, make_call_id
+from services.frontend.parsers.delta import CallLog, ParsedDelta, ToolCall, make_call_id
 from services.frontend.parsers.tags import BufferedParser, held_suffix
 
 __all__ = ["CallBlockParser"]
-
-
-@dataclass(slots=True)
-class _Call:
-    id: str
-    name: str
-    arguments: list[str] = field(default_factory=list)
 
 
 class CallBlockParser(BufferedParser):
@@ -34,11 +25,11 @@ class CallBlockParser(BufferedParser):
         super().__init__()
         self._inside = False
         self._after = False  # a call just ended: drop the whitespace that follows it
-        self._calls: list[_Call] = []
+        self._calls = CallLog()
         self._calls_before = 0  # calls made before the open block
 
     def calls(self) -> list[ToolCall]:
-        return [ToolCall(c.id, c.name, "".join(c.arguments)) for c in self._calls]
+        return self._calls.complete()
 
     def _step(self, out: ParsedDelta, *, final: bool) -> bool:
         while True:
@@ -78,21 +69,7 @@ class CallBlockParser(BufferedParser):
         raise NotImplementedError
 
     def _open_call(self, out: ParsedDelta, name: str, arguments: str = "") -> None:
-        call = _Call(make_call_id(), name, [arguments] if arguments else [])
-        out.tool_calls.append(ToolCallDelta(len(self._calls), call.id, name, arguments))
-        self._calls.append(call)
-
-    def _add_arguments(self, out: ParsedDelta, text: str) -> None:
-        """Stream more of the open call's arguments (one delta per call per push)."""
-        if not text:
-            return
-        index = len(self._calls) - 1
-        self._calls[index].arguments.append(text)
-        last = out.tool_calls[-1] if out.tool_calls else None
-        if last is not None and last.index == index:
-            last.arguments += text
-        else:
-            out.tool_calls.append(ToolCallDelta(index, None, None, text))
+        self._calls.open(out, make_call_id(), name, arguments)
 
     def _end_at(self, out: ParsedDelta, *, final: bool) -> bool:
         """After a call's own text: skip to the end of the block (what is left of the body is the

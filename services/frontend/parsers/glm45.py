@@ -103,7 +103,7 @@ class Glm45ToolParser(CallBlockParser):
                 return True
         elif not final and any(tag.startswith(head) and tag != head for tag in (KEY, self.END)):
             return False
-        self._add_arguments(out, "}")
+        self._calls.add(out, "}")
         self._phase = _TAIL
         return True
 
@@ -162,14 +162,14 @@ class Glm45ToolParser(CallBlockParser):
             self._opened = True
             self._count += 1
         # JSON escapes character by character, so escaped pieces join to the escaped whole.
-        self._add_arguments(out, head + json.dumps(piece, ensure_ascii=False)[1:-1] + ('"' if close else ""))
+        self._calls.add(out, head + json.dumps(piece, ensure_ascii=False)[1:-1] + ('"' if close else ""))
 
     def _add_pair(self, out: ParsedDelta, key: str, text: str) -> None:
         schema = self._properties.get(key)
         value = _untyped(text) if schema is None else typed_value(text, schema)
         sep = ", " if self._count else ""
         self._count += 1
-        self._add_arguments(out, f"{sep}{json.dumps(key, ensure_ascii=False)}: {json.dumps(value, ensure_ascii=False)}")
+        self._calls.add(out, f"{sep}{json.dumps(key, ensure_ascii=False)}: {json.dumps(value, ensure_ascii=False)}")
 
     def _not_a_call(self, out: ParsedDelta, *, final: bool) -> bool:
         """The block is returned as content once it ends; False while it has not."""

@@ -64,7 +64,7 @@ class HermesToolParser(CallBlockParser):
         """Stream the arguments text in `_buf` up to the close of the object; True once closed."""
         buf, scan = self._buf, self._scan
         end = scan.scan(buf, stop_at_lt=True)
-        self._add_arguments(out, buf[:end])
+        self._calls.add(out, buf[:end])
         self._buf = buf[end:]
         return scan.closed or scan.stopped
 

@@ -14,7 +14,7 @@ import json
 import re
 from collections.abc import Callable
 
-from services.frontend.parsers.delta import ParsedDelta, ToolCall, ToolCallDelta, make_call_id
+from services.frontend.parsers.delta import CallLog, ParsedDelta, ToolCall, make_call_id
 from services.frontend.parsers.json_scan import JsonScan
 from services.frontend.parsers.tags import BufferedParser
 
@@ -35,13 +35,13 @@ class JsonCallsParser(BufferedParser):
         self._phase = START
         self._scan = JsonScan()
         self._scanned = 0  # how much of `_buf` the scan of an object in another shape has read
-        self._calls: list[ToolCall] = []
+        self._calls = CallLog()
         self._separators = separators + " \t\r\n"
         self._terminator = terminator  # ends the calls (mistral's "]"); "" for none
         self._make_id = make_id
 
     def calls(self) -> list[ToolCall]:
-        return list(self._calls)
+        return self._calls.complete()
 
     def _step(self, out: ParsedDelta, *, final: bool) -> bool:
         """Advance one phase; False when it needs more text (or, at flush, is done)."""
@@ -65,7 +65,7 @@ class JsonCallsParser(BufferedParser):
             self._phase, self._scan = ARGUMENTS, JsonScan()
         elif phase == ARGUMENTS:
             end = self._scan.scan(self._buf)
-            self._add_arguments(out, self._buf[:end])
+            self._calls.add(out, self._buf[:end])
             self._buf = self._buf[end:]
             if not self._scan.closed:
                 return False
@@ -110,20 +110,7 @@ class JsonCallsParser(BufferedParser):
         return True
 
     def _open(self, out: ParsedDelta, name: str, arguments: str) -> None:
-        call = ToolCall(self._make_id(), name, arguments)
-        out.tool_calls.append(ToolCallDelta(len(self._calls), call.id, name, arguments))
-        self._calls.append(call)
-
-    def _add_arguments(self, out: ParsedDelta, text: str) -> None:
-        if not text:
-            return
-        index = len(self._calls) - 1
-        self._calls[index].arguments += text
-        last = out.tool_calls[-1] if out.tool_calls else None
-        if last is not None and last.index == index:
-            last.arguments += text
-        else:
-            out.tool_calls.append(ToolCallDelta(index, None, None, text))
+        self._calls.open(out, self._make_id(), name, arguments)
 
 
 def _parse_call(text: str) -> tuple[str, str] | None:

@@ -18,7 +18,7 @@ import json
 import re
 from typing import Any
 
-from services.frontend.parsers.delta import ParsedDelta, ToolCall, ToolCallDelta, make_call_id
+from services.frontend.parsers.delta import CallLog, ParsedDelta, ToolCall, make_call_id
 from services.frontend.parsers.tags import BufferedParser
 
 __all__ = ["PythonicToolParser"]
@@ -39,7 +39,7 @@ class PythonicToolParser(BufferedParser):
     def __init__(self) -> None:
         super().__init__()
         self._phase = _START
-        self._calls: list[ToolCall] = []
+        self._calls = CallLog()
         self._count = 0  # keyword values sent for the open call
         self._keyword: str | None = None
         self._stack: list[str] = []  # open brackets inside the value being scanned
@@ -47,7 +47,7 @@ class PythonicToolParser(BufferedParser):
         self._scanned = 0  # how much of _buf the value scan has read
 
     def calls(self) -> list[ToolCall]:
-        return list(self._calls)
+        return self._calls.complete()
 
     def _step(self, out: ParsedDelta, *, final: bool) -> bool:
         while True:
@@ -148,29 +148,18 @@ class PythonicToolParser(BufferedParser):
         return -1
 
     def _open(self, out: ParsedDelta, name: str) -> None:
-        call = ToolCall(make_call_id(), name, "{")
-        out.tool_calls.append(ToolCallDelta(len(self._calls), call.id, name, "{"))
-        self._calls.append(call)
+        self._calls.open(out, make_call_id(), name, "{")
         self._count = 0
 
     def _close(self, out: ParsedDelta) -> None:
-        self._add_arguments(out, "}")
+        self._calls.add(out, "}")
 
     def _add_value(self, out: ParsedDelta, source: str) -> None:
         if self._keyword is None:
             return
         sep = ", " if self._count else ""
         self._count += 1
-        self._add_arguments(out, f"{sep}{json.dumps(self._keyword, ensure_ascii=False)}: {_json_value(source)}")
-
-    def _add_arguments(self, out: ParsedDelta, text: str) -> None:
-        index = len(self._calls) - 1
-        self._calls[index].arguments += text
-        last = out.tool_calls[-1] if out.tool_calls else None
-        if last is not None and last.index == index:
-            last.arguments += text
-        else:
-            out.tool_calls.append(ToolCallDelta(index, None, None, text))
+        self._calls.add(out, f"{sep}{json.dumps(self._keyword, ensure_ascii=False)}: {_json_value(source)}")
 
 
 def _json_value(source: str) -> str:

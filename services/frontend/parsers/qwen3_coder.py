@@ -85,7 +85,7 @@ class Qwen3CoderToolParser(CallBlockParser):
                     return False
                 else:  # </function>, or the model went on without closing it
                     self._buf = head[len(FUNCTION_END):] if head.startswith(FUNCTION_END) else head
-                    self._add_arguments(out, "}")
+                    self._calls.add(out, "}")
                     self._phase = _TAIL
             elif self._phase == _VALUE:
                 end, sure = self._value_end(final=final)
@@ -145,7 +145,7 @@ class Qwen3CoderToolParser(CallBlockParser):
             self._opened = True
             self._count += 1
         # JSON escapes character by character, so escaped pieces join to the escaped whole.
-        self._add_arguments(out, head + json.dumps(piece, ensure_ascii=False)[1:-1] + ('"' if close else ""))
+        self._calls.add(out, head + json.dumps(piece, ensure_ascii=False)[1:-1] + ('"' if close else ""))
 
     def _add_parameter(self, out: ParsedDelta, text: str) -> None:
         if text.startswith("\n"):
@@ -158,7 +158,7 @@ class Qwen3CoderToolParser(CallBlockParser):
         value = typed_value(text, self._properties.get(self._param))
         sep = ", " if self._count else ""
         self._count += 1
-        self._add_arguments(out, f"{sep}{json.dumps(self._param, ensure_ascii=False)}: "
+        self._calls.add(out, f"{sep}{json.dumps(self._param, ensure_ascii=False)}: "
                                  f"{json.dumps(value, ensure_ascii=False)}")
 
     def _not_a_call(self, out: ParsedDelta, *, final: bool) -> bool:
