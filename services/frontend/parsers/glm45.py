@@ -29,7 +29,13 @@ from typing import Any
 
 from services.frontend.parsers.call_blocks import CallBlockParser
 from services.frontend.parsers.delta import ParsedDelta
-from services.frontend.parsers.schema_types import STRING_TYPES, parameter_schemas, schema_type, typed_value
+from services.frontend.parsers.schema_types import (
+    STRING_TYPES,
+    json_or_text,
+    parameter_schemas,
+    schema_type,
+    typed_value,
+)
 from services.frontend.parsers.tags import held_suffix
 from services.frontend.parsers.think import ThinkParser, prompt_closes_think
 
@@ -166,7 +172,7 @@ class Glm45ToolParser(CallBlockParser):
 
     def _add_pair(self, out: ParsedDelta, key: str, text: str) -> None:
         schema = self._properties.get(key)
-        value = _untyped(text) if schema is None else typed_value(text, schema)
+        value = json_or_text(text) if schema is None else typed_value(text, schema)
         sep = ", " if self._count else ""
         self._count += 1
         self._calls.add(out, f"{sep}{json.dumps(key, ensure_ascii=False)}: {json.dumps(value, ensure_ascii=False)}")
@@ -200,18 +206,6 @@ def _value_start(head: str, *, final: bool) -> tuple[str | None, int] | None:
     if not final and VALUE.startswith(head[rest:]):
         return None
     return None, rest  # no value: what follows is framing
-
-
-def _untyped(text: str) -> Any:
-    """A parameter without a schema: its JSON value when the text is one, else the text."""
-    try:
-        return json.loads(text, parse_constant=_no_constant)
-    except ValueError:
-        return text
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is no JSON value")
 
 
 def glm45(prompt: str = "") -> ThinkParser:
