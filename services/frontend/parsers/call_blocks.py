@@ -1,11 +1,17 @@
 """The frame shared by tool parsers whose calls sit in <tool_call>...</tool_call> blocks: text outside
-the blocks is content, a subclass parses each block's body. Runs in frontend API-server processes."""
+the blocks is content, a subclass parses each block's body; and the part shared by the XML-style
+formats, whose arguments are key/value pairs typed by the tools' schemas. Runs in frontend API-server
+processes."""
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from services.frontend.parsers.delta import CallLog, ParsedDelta, ToolCall, make_call_id
+from services.frontend.parsers.schema_types import parameter_schemas
 from services.frontend.parsers.tags import BufferedParser, held_suffix
 
-__all__ = ["CallBlockParser"]
+__all__ = ["CallBlockParser", "KeyValueBlockParser"]
 
 
 class CallBlockParser(BufferedParser):
@@ -71,6 +77,18 @@ class CallBlockParser(BufferedParser):
     def _open_call(self, out: ParsedDelta, name: str, arguments: str = "") -> None:
         self._calls.open(out, make_call_id(), name, arguments)
 
+    def _block_as_content(self, out: ParsedDelta, *, final: bool) -> bool:
+        """A block that is no call is returned as content, tags included, once it ends (or at
+        flush); False while it has not."""
+        buf = self._buf
+        end = buf.find(self.END)
+        if end < 0 and not final:
+            return False
+        body = buf if end < 0 else buf[:end + len(self.END)]
+        self._buf = "" if end < 0 else buf[end + len(self.END):]
+        out.content += self.START + body
+        return True
+
     def _end_at(self, out: ParsedDelta, *, final: bool) -> bool:
         """After a call's own text: skip to the end of the block (what is left of the body is the
         call's framing, as vLLM ignores it). A new `<tool_call>` also ends it."""
@@ -87,3 +105,43 @@ class CallBlockParser(BufferedParser):
             return True
         self._buf = buf[len(buf) - held_suffix(buf, (self.END, self.START)):]
         return False
+
+
+class KeyValueBlockParser(CallBlockParser):
+    """Blocks whose arguments are key/value pairs: the JSON object `{"K": value, ...}`, sent as `{`
+    with the call's name, then one `"K": value` per pair (`, ` between), then `}`. A subclass reads
+    the pairs and types each value by its parameter's schema in the request's tools."""
+
+    __slots__ = ("_count", "_key", "_opened", "_properties", "_schemas")
+
+    def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
+        super().__init__()
+        self._schemas = parameter_schemas(tools or [])
+        self._properties: dict[str, Any] = {}  # the open call's parameter schemas
+        self._begin()
+
+    def _begin(self) -> None:
+        self._count = 0  # pairs sent (or begun) in the open call
+        self._key = ""  # the open pair's key
+        self._opened = False  # the open string value's opening quote was sent
+
+    def _open_object(self, out: ParsedDelta, name: str) -> None:
+        self._properties = self._schemas.get(name, {})
+        self._open_call(out, name, "{")
+
+    def _send_string(self, out: ParsedDelta, piece: str, *, close: bool) -> None:
+        """Stream a piece of the open pair's string value (its key and quote first)."""
+        head = ""
+        if not self._opened:
+            head = f'{", " if self._count else ""}{json.dumps(self._key, ensure_ascii=False)}: "'
+            self._opened = True
+            self._count += 1
+        # JSON escapes character by character, so escaped pieces join to the escaped whole.
+        self._calls.add(out, head + json.dumps(piece, ensure_ascii=False)[1:-1] + ('"' if close else ""))
+
+    def _send_value(self, out: ParsedDelta, value: Any) -> None:
+        """Send the open pair whole."""
+        sep = ", " if self._count else ""
+        self._count += 1
+        key = json.dumps(self._key, ensure_ascii=False)
+        self._calls.add(out, f"{sep}{key}: {json.dumps(value, ensure_ascii=False)}")
