@@ -18,7 +18,7 @@ from services.frontend.parsers.delta import CallLog, ParsedDelta, ToolCall, make
 from services.frontend.parsers.json_scan import JsonScan
 from services.frontend.parsers.tags import BufferedParser
 
-__all__ = ["JsonCallsParser"]
+__all__ = ["JsonCallsParser", "parse_call"]
 
 _HEADER = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
 START, BETWEEN, HEADER, ARGUMENTS, TAIL, AFTER, CONTENT = range(7)
@@ -100,7 +100,7 @@ class JsonCallsParser(BufferedParser):
             self._phase = CONTENT  # cut before it was a call
             return True
         text, self._buf = self._buf[:end], self._buf[end:]
-        call = _parse_call(text)
+        call = parse_call(text)
         if call is None:
             out.content += text
             self._phase = CONTENT
@@ -113,15 +113,17 @@ class JsonCallsParser(BufferedParser):
         self._calls.open(out, self._make_id(), name, arguments)
 
 
-def _parse_call(text: str) -> tuple[str, str] | None:
-    """(name, arguments JSON) of an object that is one call, else None."""
+def parse_call(text: str, *, parameters: bool = True) -> tuple[str, str] | None:
+    """(name, arguments JSON) of an object that is one call, else None. Its arguments are an object,
+    or a JSON string of one, under "arguments" (or, with `parameters`, "parameters" when there is no
+    "arguments")."""
     try:
         obj = json.loads(text)
     except ValueError:
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
-    arguments = obj.get("arguments", obj.get("parameters"))
+    arguments = obj.get("arguments", obj.get("parameters") if parameters else None)
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
