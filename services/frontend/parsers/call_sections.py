@@ -185,4 +185,3 @@ class CallSectionParser(BufferedParser):
         """Where the open call ends in `buf`: its CALL_END, else the next CALL_BEGIN or SECTION_END; -1."""
         found = [at for tag in self._stops() if (at := buf.find(tag)) >= 0]
         return min(found, default=-1)
-
