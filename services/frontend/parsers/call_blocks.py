@@ -1,23 +1,20 @@
 """The frame shared by tool parsers whose calls sit in <tool_call>...</tool_call> blocks: text outside
-the blocks is content, a subclass parses each block's body. Runs in frontend API-server processes."""
+the blocks is content, a subclass parses each block's body; and the part shared by the XML-style
+formats, whose arguments are key/value pairs typed by the tools' schemas. Runs in frontend API-server
+processes."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from typing import Any
 
-from services.frontend.parsers.delta import ParsedDelta, ToolCall, ToolCallDelta, make_call_id
-from services.frontend.parsers.tags import held_suffix
+from services.frontend.parsers.delta import CallLog, ParsedDelta, ToolCall, make_call_id
+from services.frontend.parsers.schema_types import parameter_schemas
+from services.frontend.parsers.tags import BufferedParser, held_suffix
 
-__all__ = ["CallBlockParser"]
-
-
-@dataclass(slots=True)
-class _Call:
-    id: str
-    name: str
-    arguments: list[str] = field(default_factory=list)
+__all__ = ["CallBlockParser", "KeyValueBlockParser"]
 
 
-class CallBlockParser:
+class CallBlockParser(BufferedParser):
     """Content until a `<tool_call>`; then the subclass's `_body` consumes the block.
 
     Text before the first block is content, verbatim. Whitespace right after a call (the newline
@@ -28,34 +25,23 @@ class CallBlockParser:
     START = "<tool_call>"
     END = "</tool_call>"
 
-    __slots__ = ("_after", "_buf", "_calls", "_calls_before", "_inside")
+    __slots__ = ("_after", "_calls", "_calls_before", "_inside")
 
     def __init__(self) -> None:
-        self._buf = ""  # text received and not yet emitted or consumed
+        super().__init__()
         self._inside = False
         self._after = False  # a call just ended: drop the whitespace that follows it
-        self._calls: list[_Call] = []
+        self._calls = CallLog()
         self._calls_before = 0  # calls made before the open block
 
-    def push(self, text: str) -> ParsedDelta:
-        out = ParsedDelta()
-        self._buf += text
-        self._run(out, final=False)
-        return out
-
-    def flush(self) -> ParsedDelta:
-        out = ParsedDelta()
-        self._run(out, final=True)
-        return out
-
     def calls(self) -> list[ToolCall]:
-        return [ToolCall(c.id, c.name, "".join(c.arguments)) for c in self._calls]
+        return self._calls.complete()
 
-    def _run(self, out: ParsedDelta, *, final: bool) -> None:
+    def _step(self, out: ParsedDelta, *, final: bool) -> bool:
         while True:
             if self._inside:
                 if not self._body(out, final=final):
-                    return
+                    return False
                 self._inside = False
                 self._after = len(self._calls) > self._calls_before
                 continue
@@ -64,7 +50,7 @@ class CallBlockParser:
                 buf = buf.lstrip()
                 if not buf:
                     self._buf = ""
-                    return
+                    return False
                 self._after = False
             start = buf.find(self.START)
             if start >= 0:
@@ -77,7 +63,7 @@ class CallBlockParser:
             cut = len(buf) - (0 if final else held_suffix(buf, (self.START,)))
             out.content += buf[:cut]
             self._buf = buf[cut:]
-            return
+            return False
 
     def _begin(self) -> None:
         """A block opened: reset the body's state (`_buf` holds the text after `<tool_call>`)."""
@@ -89,21 +75,19 @@ class CallBlockParser:
         raise NotImplementedError
 
     def _open_call(self, out: ParsedDelta, name: str, arguments: str = "") -> None:
-        call = _Call(make_call_id(), name, [arguments] if arguments else [])
-        out.tool_calls.append(ToolCallDelta(len(self._calls), call.id, name, arguments))
-        self._calls.append(call)
+        self._calls.open(out, make_call_id(), name, arguments)
 
-    def _add_arguments(self, out: ParsedDelta, text: str) -> None:
-        """Stream more of the open call's arguments (one delta per call per push)."""
-        if not text:
-            return
-        index = len(self._calls) - 1
-        self._calls[index].arguments.append(text)
-        last = out.tool_calls[-1] if out.tool_calls else None
-        if last is not None and last.index == index:
-            last.arguments += text
-        else:
-            out.tool_calls.append(ToolCallDelta(index, None, None, text))
+    def _block_as_content(self, out: ParsedDelta, *, final: bool) -> bool:
+        """A block that is no call is returned as content, tags included, once it ends (or at
+        flush); False while it has not."""
+        buf = self._buf
+        end = buf.find(self.END)
+        if end < 0 and not final:
+            return False
+        body = buf if end < 0 else buf[:end + len(self.END)]
+        self._buf = "" if end < 0 else buf[end + len(self.END):]
+        out.content += self.START + body
+        return True
 
     def _end_at(self, out: ParsedDelta, *, final: bool) -> bool:
         """After a call's own text: skip to the end of the block (what is left of the body is the
@@ -121,3 +105,43 @@ class CallBlockParser:
             return True
         self._buf = buf[len(buf) - held_suffix(buf, (self.END, self.START)):]
         return False
+
+
+class KeyValueBlockParser(CallBlockParser):
+    """Blocks whose arguments are key/value pairs: the JSON object `{"K": value, ...}`, sent as `{`
+    with the call's name, then one `"K": value` per pair (`, ` between), then `}`. A subclass reads
+    the pairs and types each value by its parameter's schema in the request's tools."""
+
+    __slots__ = ("_count", "_key", "_opened", "_properties", "_schemas")
+
+    def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
+        super().__init__()
+        self._schemas = parameter_schemas(tools or [])
+        self._properties: dict[str, Any] = {}  # the open call's parameter schemas
+        self._begin()
+
+    def _begin(self) -> None:
+        self._count = 0  # pairs sent (or begun) in the open call
+        self._key = ""  # the open pair's key
+        self._opened = False  # the open string value's opening quote was sent
+
+    def _open_object(self, out: ParsedDelta, name: str) -> None:
+        self._properties = self._schemas.get(name, {})
+        self._open_call(out, name, "{")
+
+    def _send_string(self, out: ParsedDelta, piece: str, *, close: bool) -> None:
+        """Stream a piece of the open pair's string value (its key and quote first)."""
+        head = ""
+        if not self._opened:
+            head = f'{", " if self._count else ""}{json.dumps(self._key, ensure_ascii=False)}: "'
+            self._opened = True
+            self._count += 1
+        # JSON escapes character by character, so escaped pieces join to the escaped whole.
+        self._calls.add(out, head + json.dumps(piece, ensure_ascii=False)[1:-1] + ('"' if close else ""))
+
+    def _send_value(self, out: ParsedDelta, value: Any) -> None:
+        """Send the open pair whole."""
+        sep = ", " if self._count else ""
+        self._count += 1
+        key = json.dumps(self._key, ensure_ascii=False)
+        self._calls.add(out, f"{sep}{key}: {json.dumps(value, ensure_ascii=False)}")

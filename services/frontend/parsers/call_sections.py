@@ -19,16 +19,16 @@ call whose CALL_END is missing ends at the next CALL_BEGIN or SECTION_END.
 """
 from __future__ import annotations
 
-from services.frontend.parsers.delta import ParsedDelta, ToolCall, ToolCallDelta
+from services.frontend.parsers.delta import CallLog, ParsedDelta, ToolCall
 from services.frontend.parsers.json_scan import JsonScan
-from services.frontend.parsers.tags import held_suffix
+from services.frontend.parsers.tags import BufferedParser, held_suffix
 
 __all__ = ["CallSectionParser"]
 
 _TEXT, _SECTION, _HEADER, _ARGUMENTS, _JSON, _RAW, _FRAMING, _AFTER = range(8)
 
 
-class CallSectionParser:
+class CallSectionParser(BufferedParser):
     """Calls in a section of special tokens; a subclass sets the tokens and reads headers."""
 
     SECTION_BEGIN: tuple[str, ...] = ()
@@ -39,30 +39,17 @@ class CallSectionParser:
     ARGUMENTS_PREFIX = ""  # dropped before the arguments when present (DeepSeek-V3's "```json")
     ARGUMENTS_SUFFIX = ""  # dropped after raw arguments when present (its closing "```")
 
-    __slots__ = ("_buf", "_calls", "_prefixed", "_scan", "_state")
+    __slots__ = ("_calls", "_prefixed", "_scan", "_state")
 
     def __init__(self) -> None:
-        self._buf = ""  # text received and not yet emitted or consumed
+        super().__init__()
         self._state = _TEXT
         self._scan = JsonScan()
         self._prefixed = False  # ARGUMENTS_PREFIX was looked for
-        self._calls: list[ToolCall] = []
-
-    def push(self, text: str) -> ParsedDelta:
-        out = ParsedDelta()
-        self._buf += text
-        while self._step(out, final=False):
-            pass
-        return out
-
-    def flush(self) -> ParsedDelta:
-        out = ParsedDelta()
-        while self._step(out, final=True):
-            pass
-        return out
+        self._calls = CallLog()
 
     def calls(self) -> list[ToolCall]:
-        return list(self._calls)
+        return self._calls.complete()
 
     def _header(self, header: str) -> tuple[str, str] | None:
         """(name, call id) from the text between CALL_BEGIN and HEADER_END; None if it is no header."""
@@ -87,7 +74,7 @@ class CallSectionParser:
             return self._arguments(final=final)
         if state == _JSON:
             end = self._scan.scan(self._buf, stop_at_lt=True)
-            self._add_arguments(out, self._buf[:end])
+            self._calls.add(out, self._buf[:end])
             self._buf = self._buf[end:]
             if self._scan.closed or self._scan.stopped:
                 self._state = _FRAMING
@@ -161,8 +148,7 @@ class CallSectionParser:
             self._state = _FRAMING
             return True
         name, call_id = call
-        out.tool_calls.append(ToolCallDelta(len(self._calls), call_id, name, ""))
-        self._calls.append(ToolCall(call_id, name, ""))
+        self._calls.open(out, call_id, name)
         self._state, self._prefixed = _ARGUMENTS, False
         return True
 
@@ -176,7 +162,7 @@ class CallSectionParser:
         suffix = self.ARGUMENTS_SUFFIX
         if suffix and text.endswith(suffix):
             text = text[:-len(suffix)].rstrip()
-        self._add_arguments(out, text or "{}")
+        self._calls.add(out, text or "{}")
         self._buf = "" if stop < 0 else buf[stop:]
         self._state = _FRAMING
         return stop >= 0
@@ -199,15 +185,3 @@ class CallSectionParser:
         """Where the open call ends in `buf`: its CALL_END, else the next CALL_BEGIN or SECTION_END; -1."""
         found = [at for tag in self._stops() if (at := buf.find(tag)) >= 0]
         return min(found, default=-1)
-
-    def _add_arguments(self, out: ParsedDelta, text: str) -> None:
-        if not text:
-            return
-        index = len(self._calls) - 1
-        self._calls[index].arguments += text
-        last = out.tool_calls[-1] if out.tool_calls else None
-        if last is not None and last.index == index:
-            last.arguments += text
-        else:
-            out.tool_calls.append(ToolCallDelta(index, None, None, text))
-

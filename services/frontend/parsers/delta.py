@@ -7,7 +7,7 @@ import string
 from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["OutputParser", "ParsedDelta", "ToolCall", "ToolCallDelta", "make_call_id"]
+__all__ = ["CallLog", "OutputParser", "ParsedDelta", "ToolCall", "ToolCallDelta", "make_call_id"]
 
 _ID_ALPHABET = string.ascii_letters + string.digits
 
@@ -38,6 +38,46 @@ class ToolCall:
     id: str
     name: str
     arguments: str
+
+
+@dataclass(slots=True)
+class _Call:
+    id: str
+    name: str
+    arguments: list[str]  # the streamed fragments, joined once at the end
+
+
+class CallLog:
+    """A tool parser's calls, and the deltas that stream them: `open` sends a call's id and name,
+    `add` more of the last call's arguments, joined to this push's delta of that call if it has one
+    (one delta per call per push)."""
+
+    __slots__ = ("_calls",)
+
+    def __init__(self) -> None:
+        self._calls: list[_Call] = []
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def open(self, out: ParsedDelta, call_id: str, name: str, arguments: str = "") -> None:
+        out.tool_calls.append(ToolCallDelta(len(self._calls), call_id, name, arguments))
+        self._calls.append(_Call(call_id, name, [arguments] if arguments else []))
+
+    def add(self, out: ParsedDelta, text: str) -> None:
+        """Stream more of the last call's arguments."""
+        if not text:
+            return
+        index = len(self._calls) - 1
+        self._calls[index].arguments.append(text)
+        last = out.tool_calls[-1] if out.tool_calls else None
+        if last is not None and last.index == index:
+            last.arguments += text
+        else:
+            out.tool_calls.append(ToolCallDelta(index, None, None, text))
+
+    def complete(self) -> list[ToolCall]:
+        return [ToolCall(c.id, c.name, "".join(c.arguments)) for c in self._calls]
 
 
 class OutputParser(Protocol):

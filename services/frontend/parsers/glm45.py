@@ -24,12 +24,9 @@ closed `<think></think>` (the template's enable_thinking=false), when it is all 
 """
 from __future__ import annotations
 
-import json
-from typing import Any
-
-from services.frontend.parsers.call_blocks import CallBlockParser
+from services.frontend.parsers.call_blocks import KeyValueBlockParser
 from services.frontend.parsers.delta import ParsedDelta
-from services.frontend.parsers.schema_types import STRING_TYPES, parameter_schemas, schema_type, typed_value
+from services.frontend.parsers.schema_types import STRING_TYPES, json_or_text, schema_type, typed_value
 from services.frontend.parsers.tags import held_suffix
 from services.frontend.parsers.think import ThinkParser, prompt_closes_think
 
@@ -42,22 +39,15 @@ VALUE_END = "</arg_value>"
 _NAME, _PAIRS, _VALUE, _TAIL = 0, 1, 2, 3
 
 
-class Glm45ToolParser(CallBlockParser):
+class Glm45ToolParser(KeyValueBlockParser):
     """`<tool_call>NAME` blocks of key/value pairs to tool calls; one fragment per pair."""
 
-    __slots__ = ("_count", "_key", "_opened", "_phase", "_properties", "_schemas", "_search", "_streaming")
-
-    def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
-        super().__init__()
-        self._schemas = parameter_schemas(tools or [])
-        self._properties: dict[str, Any] = {}
-        self._begin()
+    __slots__ = ("_phase", "_search", "_streaming")
 
     def _begin(self) -> None:
+        super()._begin()
         self._phase = _NAME
-        self._count = 0  # pairs sent (or begun) in the open call
-        self._key = ""
-        self._streaming = self._opened = False
+        self._streaming = False
         self._search = 0
 
     def _body(self, out: ParsedDelta, *, final: bool) -> bool:
@@ -81,8 +71,7 @@ class Glm45ToolParser(CallBlockParser):
         name = buf[:at].strip()
         if not name:
             return self._not_a_call(out, final=final)
-        self._properties = self._schemas.get(name, {})
-        self._open_call(out, name, "{")
+        self._open_object(out, name)
         self._buf = buf[at + 1:] if buf[at] == "\n" else buf[at:]
         self._phase = _PAIRS
         return True
@@ -103,7 +92,7 @@ class Glm45ToolParser(CallBlockParser):
                 return True
         elif not final and any(tag.startswith(head) and tag != head for tag in (KEY, self.END)):
             return False
-        self._add_arguments(out, "}")
+        self._calls.add(out, "}")
         self._phase = _TAIL
         return True
 
@@ -130,7 +119,7 @@ class Glm45ToolParser(CallBlockParser):
             self._buf = ""
         else:
             self._buf = buf[end + len(VALUE_END):]
-        self._add_pair(out, self._key, buf[:end].strip())
+        self._add_pair(out, buf[:end].strip())
         self._phase = _PAIRS
         return True
 
@@ -155,32 +144,14 @@ class Glm45ToolParser(CallBlockParser):
             self._buf = buf[len(piece):]
         return False
 
-    def _send_string(self, out: ParsedDelta, piece: str, *, close: bool) -> None:
-        head = ""
-        if not self._opened:
-            head = f'{", " if self._count else ""}{json.dumps(self._key, ensure_ascii=False)}: "'
-            self._opened = True
-            self._count += 1
-        # JSON escapes character by character, so escaped pieces join to the escaped whole.
-        self._add_arguments(out, head + json.dumps(piece, ensure_ascii=False)[1:-1] + ('"' if close else ""))
-
-    def _add_pair(self, out: ParsedDelta, key: str, text: str) -> None:
-        schema = self._properties.get(key)
-        value = _untyped(text) if schema is None else typed_value(text, schema)
-        sep = ", " if self._count else ""
-        self._count += 1
-        self._add_arguments(out, f"{sep}{json.dumps(key, ensure_ascii=False)}: {json.dumps(value, ensure_ascii=False)}")
+    def _add_pair(self, out: ParsedDelta, text: str) -> None:
+        schema = self._properties.get(self._key)
+        self._send_value(out, json_or_text(text) if schema is None else typed_value(text, schema))
 
     def _not_a_call(self, out: ParsedDelta, *, final: bool) -> bool:
-        """The block is returned as content once it ends; False while it has not."""
-        buf = self._buf
-        end = buf.find(self.END)
-        if end < 0 and not final:
-            return False
-        body = buf if end < 0 else buf[:end + len(self.END)]
-        self._buf = "" if end < 0 else buf[end + len(self.END):]
-        out.content += self.START + body
-        self._phase = _TAIL
+        """The block is returned as content once it ends (then the phase is _TAIL); False."""
+        if self._block_as_content(out, final=final):
+            self._phase = _TAIL
         return False
 
 
@@ -200,18 +171,6 @@ def _value_start(head: str, *, final: bool) -> tuple[str | None, int] | None:
     if not final and VALUE.startswith(head[rest:]):
         return None
     return None, rest  # no value: what follows is framing
-
-
-def _untyped(text: str) -> Any:
-    """A parameter without a schema: its JSON value when the text is one, else the text."""
-    try:
-        return json.loads(text, parse_constant=_no_constant)
-    except ValueError:
-        return text
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is no JSON value")
 
 
 def glm45(prompt: str = "") -> ThinkParser:

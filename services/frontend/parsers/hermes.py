@@ -24,6 +24,7 @@ import re
 
 from services.frontend.parsers.call_blocks import CallBlockParser
 from services.frontend.parsers.delta import ParsedDelta
+from services.frontend.parsers.json_calls import parse_call
 from services.frontend.parsers.json_scan import JsonScan
 
 __all__ = ["HermesToolParser"]
@@ -64,7 +65,7 @@ class HermesToolParser(CallBlockParser):
         """Stream the arguments text in `_buf` up to the close of the object; True once closed."""
         buf, scan = self._buf, self._scan
         end = scan.scan(buf, stop_at_lt=True)
-        self._add_arguments(out, buf[:end])
+        self._calls.add(out, buf[:end])
         self._buf = buf[end:]
         return scan.closed or scan.stopped
 
@@ -76,28 +77,9 @@ class HermesToolParser(CallBlockParser):
             return False
         body = buf if end < 0 else buf[:end]
         self._buf = "" if end < 0 else buf[end + len(self.END):]
-        call = _parse_call(body)
+        call = parse_call(body, parameters=False)
         if call is None:
             out.content += self.START + body + (self.END if end >= 0 else "")
         else:
             self._open_call(out, *call)
         return True
-
-
-def _parse_call(body: str) -> tuple[str, str] | None:
-    """(name, arguments JSON) of a body that is one call, else None."""
-    try:
-        obj = json.loads(body)
-    except ValueError:
-        return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
-    arguments = obj.get("arguments")
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            return None
-    if not isinstance(arguments, dict):
-        return None
-    return obj["name"], json.dumps(arguments, ensure_ascii=False)

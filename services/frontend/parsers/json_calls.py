@@ -14,46 +14,34 @@ import json
 import re
 from collections.abc import Callable
 
-from services.frontend.parsers.delta import ParsedDelta, ToolCall, ToolCallDelta, make_call_id
+from services.frontend.parsers.delta import CallLog, ParsedDelta, ToolCall, make_call_id
 from services.frontend.parsers.json_scan import JsonScan
+from services.frontend.parsers.tags import BufferedParser
 
-__all__ = ["JsonCallsParser"]
+__all__ = ["JsonCallsParser", "parse_call"]
 
 _HEADER = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
 START, BETWEEN, HEADER, ARGUMENTS, TAIL, AFTER, CONTENT = range(7)
 
 
-class JsonCallsParser:
+class JsonCallsParser(BufferedParser):
     """JSON call objects; a subclass decides in `_step` where they begin (phase START)."""
 
-    __slots__ = ("_buf", "_calls", "_make_id", "_phase", "_scan", "_scanned", "_separators", "_terminator")
+    __slots__ = ("_calls", "_make_id", "_phase", "_scan", "_scanned", "_separators", "_terminator")
 
     def __init__(self, *, separators: str, terminator: str = "",
                  make_id: Callable[[], str] = make_call_id) -> None:
-        self._buf = ""
+        super().__init__()
         self._phase = START
         self._scan = JsonScan()
         self._scanned = 0  # how much of `_buf` the scan of an object in another shape has read
-        self._calls: list[ToolCall] = []
+        self._calls = CallLog()
         self._separators = separators + " \t\r\n"
         self._terminator = terminator  # ends the calls (mistral's "]"); "" for none
         self._make_id = make_id
 
-    def push(self, text: str) -> ParsedDelta:
-        out = ParsedDelta()
-        self._buf += text
-        while self._step(out, final=False):
-            pass
-        return out
-
-    def flush(self) -> ParsedDelta:
-        out = ParsedDelta()
-        while self._step(out, final=True):
-            pass
-        return out
-
     def calls(self) -> list[ToolCall]:
-        return list(self._calls)
+        return self._calls.complete()
 
     def _step(self, out: ParsedDelta, *, final: bool) -> bool:
         """Advance one phase; False when it needs more text (or, at flush, is done)."""
@@ -77,7 +65,7 @@ class JsonCallsParser:
             self._phase, self._scan = ARGUMENTS, JsonScan()
         elif phase == ARGUMENTS:
             end = self._scan.scan(self._buf)
-            self._add_arguments(out, self._buf[:end])
+            self._calls.add(out, self._buf[:end])
             self._buf = self._buf[end:]
             if not self._scan.closed:
                 return False
@@ -112,7 +100,7 @@ class JsonCallsParser:
             self._phase = CONTENT  # cut before it was a call
             return True
         text, self._buf = self._buf[:end], self._buf[end:]
-        call = _parse_call(text)
+        call = parse_call(text)
         if call is None:
             out.content += text
             self._phase = CONTENT
@@ -122,31 +110,20 @@ class JsonCallsParser:
         return True
 
     def _open(self, out: ParsedDelta, name: str, arguments: str) -> None:
-        call = ToolCall(self._make_id(), name, arguments)
-        out.tool_calls.append(ToolCallDelta(len(self._calls), call.id, name, arguments))
-        self._calls.append(call)
-
-    def _add_arguments(self, out: ParsedDelta, text: str) -> None:
-        if not text:
-            return
-        index = len(self._calls) - 1
-        self._calls[index].arguments += text
-        last = out.tool_calls[-1] if out.tool_calls else None
-        if last is not None and last.index == index:
-            last.arguments += text
-        else:
-            out.tool_calls.append(ToolCallDelta(index, None, None, text))
+        self._calls.open(out, self._make_id(), name, arguments)
 
 
-def _parse_call(text: str) -> tuple[str, str] | None:
-    """(name, arguments JSON) of an object that is one call, else None."""
+def parse_call(text: str, *, parameters: bool = True) -> tuple[str, str] | None:
+    """(name, arguments JSON) of an object that is one call, else None. Its arguments are an object,
+    or a JSON string of one, under "arguments" (or, with `parameters`, "parameters" when there is no
+    "arguments")."""
     try:
         obj = json.loads(text)
     except ValueError:
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
-    arguments = obj.get("arguments", obj.get("parameters"))
+    arguments = obj.get("arguments", obj.get("parameters") if parameters else None)
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)

@@ -74,7 +74,7 @@ class MistralToolParser(JsonCallsParser):
                 self._phase = CONTENT
         elif phase == _ARGUMENTS:
             end = self._scan.scan(buf)
-            self._add_arguments(out, buf[:end])
+            self._calls.add(out, buf[:end])
             self._buf = buf[end:]
             if not self._scan.closed:
                 return False

@@ -18,7 +18,8 @@ import json
 import re
 from typing import Any
 
-from services.frontend.parsers.delta import ParsedDelta, ToolCall, ToolCallDelta, make_call_id
+from services.frontend.parsers.delta import CallLog, ParsedDelta, ToolCall, make_call_id
+from services.frontend.parsers.tags import BufferedParser
 
 __all__ = ["PythonicToolParser"]
 
@@ -30,36 +31,25 @@ _START, _NAME, _KEYWORDS, _VALUE, _AFTER_CALL, _AFTER_LIST, _CONTENT = range(7)
 _CLOSING = {"(": ")", "[": "]", "{": "}"}
 
 
-class PythonicToolParser:
+class PythonicToolParser(BufferedParser):
     """A leading Python list of calls to tool calls; anything else is content."""
 
-    __slots__ = ("_buf", "_calls", "_count", "_keyword", "_phase", "_quote", "_scanned", "_stack")
+    __slots__ = ("_calls", "_count", "_keyword", "_phase", "_quote", "_scanned", "_stack")
 
     def __init__(self) -> None:
-        self._buf = ""
+        super().__init__()
         self._phase = _START
-        self._calls: list[ToolCall] = []
+        self._calls = CallLog()
         self._count = 0  # keyword values sent for the open call
         self._keyword: str | None = None
         self._stack: list[str] = []  # open brackets inside the value being scanned
         self._quote = ""  # the open string's quote, or "" outside strings
         self._scanned = 0  # how much of _buf the value scan has read
 
-    def push(self, text: str) -> ParsedDelta:
-        out = ParsedDelta()
-        self._buf += text
-        self._run(out, final=False)
-        return out
-
-    def flush(self) -> ParsedDelta:
-        out = ParsedDelta()
-        self._run(out, final=True)
-        return out
-
     def calls(self) -> list[ToolCall]:
-        return list(self._calls)
+        return self._calls.complete()
 
-    def _run(self, out: ParsedDelta, *, final: bool) -> None:
+    def _step(self, out: ParsedDelta, *, final: bool) -> bool:
         while True:
             phase, buf = self._phase, self._buf
             if phase == _START:
@@ -69,14 +59,14 @@ class PythonicToolParser:
                 elif head or final:
                     self._phase = _CONTENT
                 else:
-                    return
+                    return False
             elif phase == _NAME:  # at "[" or ",": the next element must be a call
                 call = _CALL.match(buf)
                 if call is not None:
                     self._open(out, call.group(1))
                     self._buf, self._phase = buf[call.end():], _KEYWORDS
                 elif _CALL_PREFIX.match(buf) and not final:
-                    return
+                    return False
                 else:
                     self._phase = _CONTENT
             elif phase == _KEYWORDS:
@@ -93,7 +83,7 @@ class PythonicToolParser:
                     self._close(out)
                     self._buf, self._phase = "", _AFTER_CALL
                 elif _KEYWORD_PREFIX.match(buf):
-                    return
+                    return False
                 else:  # a positional argument: scanned past and dropped, as vLLM ignores it
                     self._keyword = None
                     self._begin_value()
@@ -101,7 +91,7 @@ class PythonicToolParser:
                 end = self._scan_value()
                 if end < 0:
                     if not final:
-                        return
+                        return False
                     self._buf, self._phase = "", _KEYWORDS  # cut: the half value is dropped
                     continue
                 self._add_value(out, buf[:end])
@@ -117,16 +107,16 @@ class PythonicToolParser:
                     self._buf, self._phase = head, _CONTENT
                 else:
                     self._buf = ""
-                    return
+                    return False
             elif phase == _AFTER_LIST:
                 self._buf = buf.lstrip()
                 if not self._buf:
-                    return
+                    return False
                 self._phase = _CONTENT
             else:
                 out.content += buf
                 self._buf = ""
-                return
+                return False
 
     def _begin_value(self) -> None:
         self._phase = _VALUE
@@ -158,29 +148,18 @@ class PythonicToolParser:
         return -1
 
     def _open(self, out: ParsedDelta, name: str) -> None:
-        call = ToolCall(make_call_id(), name, "{")
-        out.tool_calls.append(ToolCallDelta(len(self._calls), call.id, name, "{"))
-        self._calls.append(call)
+        self._calls.open(out, make_call_id(), name, "{")
         self._count = 0
 
     def _close(self, out: ParsedDelta) -> None:
-        self._add_arguments(out, "}")
+        self._calls.add(out, "}")
 
     def _add_value(self, out: ParsedDelta, source: str) -> None:
         if self._keyword is None:
             return
         sep = ", " if self._count else ""
         self._count += 1
-        self._add_arguments(out, f"{sep}{json.dumps(self._keyword, ensure_ascii=False)}: {_json_value(source)}")
-
-    def _add_arguments(self, out: ParsedDelta, text: str) -> None:
-        index = len(self._calls) - 1
-        self._calls[index].arguments += text
-        last = out.tool_calls[-1] if out.tool_calls else None
-        if last is not None and last.index == index:
-            last.arguments += text
-        else:
-            out.tool_calls.append(ToolCallDelta(index, None, None, text))
+        self._calls.add(out, f"{sep}{json.dumps(self._keyword, ensure_ascii=False)}: {_json_value(source)}")
 
 
 def _json_value(source: str) -> str:

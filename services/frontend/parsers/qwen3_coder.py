@@ -21,12 +21,9 @@ arguments are still a JSON object; a half-written tag at the cut is dropped from
 """
 from __future__ import annotations
 
-import json
-from typing import Any
-
-from services.frontend.parsers.call_blocks import CallBlockParser
+from services.frontend.parsers.call_blocks import CallBlockParser, KeyValueBlockParser
 from services.frontend.parsers.delta import ParsedDelta
-from services.frontend.parsers.schema_types import STRING_TYPES, parameter_schemas, schema_type, typed_value
+from services.frontend.parsers.schema_types import STRING_TYPES, schema_type, typed_value
 from services.frontend.parsers.tags import held_suffix
 
 __all__ = ["Qwen3CoderToolParser"]
@@ -40,23 +37,15 @@ _AFTER_LONGEST = max(map(len, _AFTER_VALUE))
 _FUNC, _PARAMS, _VALUE, _TAIL = 0, 1, 2, 3
 
 
-class Qwen3CoderToolParser(CallBlockParser):
+class Qwen3CoderToolParser(KeyValueBlockParser):
     """`<function=NAME>` blocks to tool calls; one argument fragment per parameter."""
 
-    __slots__ = ("_count", "_emitted", "_opened", "_param", "_phase", "_properties", "_schemas", "_search",
-                 "_streaming")
-
-    def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
-        super().__init__()
-        self._schemas = parameter_schemas(tools or [])
-        self._properties: dict[str, Any] = {}
-        self._begin()
+    __slots__ = ("_emitted", "_phase", "_search", "_streaming")
 
     def _begin(self) -> None:
+        super()._begin()
         self._phase = _FUNC
-        self._param = ""
-        self._count = 0  # parameters sent (or begun) in the open call
-        self._streaming = self._opened = False
+        self._streaming = False
         self._emitted = 0  # characters of the open string value sent
         self._search = 0
 
@@ -66,14 +55,13 @@ class Qwen3CoderToolParser(CallBlockParser):
                 head = self._buf.lstrip()
                 if head.startswith(FUNCTION) and (gt := head.find(">")) >= 0:
                     name = head[len(FUNCTION):gt]
-                    self._properties = self._schemas.get(name, {})
-                    self._open_call(out, name, "{")
+                    self._open_object(out, name)
                     self._buf = head[gt + 1:]
                     self._phase = _PARAMS
                 elif not final and (FUNCTION.startswith(head) or head.startswith(FUNCTION)):
                     return False
                 else:
-                    return self._not_a_call(out, final=final)
+                    return self._block_as_content(out, final=final)
             elif self._phase == _PARAMS:
                 head = self._buf.lstrip()
                 if head.startswith(PARAMETER) and (gt := head.find(">")) >= 0:
@@ -85,7 +73,7 @@ class Qwen3CoderToolParser(CallBlockParser):
                     return False
                 else:  # </function>, or the model went on without closing it
                     self._buf = head[len(FUNCTION_END):] if head.startswith(FUNCTION_END) else head
-                    self._add_arguments(out, "}")
+                    self._calls.add(out, "}")
                     self._phase = _TAIL
             elif self._phase == _VALUE:
                 end, sure = self._value_end(final=final)
@@ -120,7 +108,7 @@ class Qwen3CoderToolParser(CallBlockParser):
         return cut, cut
 
     def _begin_value(self, name: str) -> None:
-        self._param, self._phase = name, _VALUE
+        self._key, self._phase = name, _VALUE
         kind, nullable = schema_type(self._properties.get(name))
         self._streaming = kind in STRING_TYPES and not nullable  # a nullable one may be "null"
         self._opened, self._emitted = False, 0
@@ -138,15 +126,6 @@ class Qwen3CoderToolParser(CallBlockParser):
             self._send_string(out, buf[start + self._emitted:sure], close=False)
             self._emitted = sure - start
 
-    def _send_string(self, out: ParsedDelta, piece: str, *, close: bool) -> None:
-        head = ""
-        if not self._opened:
-            head = f'{", " if self._count else ""}{json.dumps(self._param, ensure_ascii=False)}: "'
-            self._opened = True
-            self._count += 1
-        # JSON escapes character by character, so escaped pieces join to the escaped whole.
-        self._add_arguments(out, head + json.dumps(piece, ensure_ascii=False)[1:-1] + ('"' if close else ""))
-
     def _add_parameter(self, out: ParsedDelta, text: str) -> None:
         if text.startswith("\n"):
             text = text[1:]
@@ -155,19 +134,4 @@ class Qwen3CoderToolParser(CallBlockParser):
         if self._streaming:
             self._send_string(out, text[self._emitted:], close=True)
             return
-        value = typed_value(text, self._properties.get(self._param))
-        sep = ", " if self._count else ""
-        self._count += 1
-        self._add_arguments(out, f"{sep}{json.dumps(self._param, ensure_ascii=False)}: "
-                                 f"{json.dumps(value, ensure_ascii=False)}")
-
-    def _not_a_call(self, out: ParsedDelta, *, final: bool) -> bool:
-        buf = self._buf
-        end = buf.find(self.END)
-        if end < 0 and not final:
-            return False
-        body = buf if end < 0 else buf[:end + len(self.END)]
-        self._buf = "" if end < 0 else buf[end + len(self.END):]
-        out.content += self.START + body
-        return True
-
+        self._send_value(out, typed_value(text, self._properties.get(self._key)))

@@ -6,7 +6,7 @@ import json
 import math
 from typing import Any
 
-__all__ = ["STRING_TYPES", "parameter_schemas", "schema_type", "typed_value"]
+__all__ = ["STRING_TYPES", "json_or_text", "parameter_schemas", "schema_type", "typed_value"]
 
 STRING_TYPES = frozenset({"string", "str", "text", "varchar", "char", "enum"})
 
@@ -62,6 +62,11 @@ def typed_value(text: str, schema: Any) -> Any:
     if kind in ("boolean", "bool", "binary"):
         low = text.strip().lower()
         return low == "true" if low in ("true", "false") else text
+    return json_or_text(text)
+
+
+def json_or_text(text: str) -> Any:
+    """The JSON value `text` is (NaN and Infinity are none), else the text itself."""
     try:
         return json.loads(text, parse_constant=_no_constant)
     except ValueError:

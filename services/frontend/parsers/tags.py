@@ -1,10 +1,40 @@
-"""Holding back the end of a text that could still begin a tag, so that no half tag is emitted.
-Used by every output parser (frontend API-server processes)."""
+"""The frame every output parser shares (frontend API-server processes): text that cannot be emitted
+yet waits in a buffer, and the end of a text that could still begin a tag is held back, so that no
+half tag is emitted."""
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["held_suffix"]
+from services.frontend.parsers.delta import ParsedDelta
+
+__all__ = ["BufferedParser", "held_suffix"]
+
+
+class BufferedParser:
+    """`push` appends the text to `_buf` and runs `_step` until it returns False; `flush` does the
+    same with `final` set. A subclass's `_step` advances its state and emits into `out`."""
+
+    __slots__ = ("_buf",)
+
+    def __init__(self) -> None:
+        self._buf = ""  # text received and not yet emitted or consumed
+
+    def push(self, text: str) -> ParsedDelta:
+        out = ParsedDelta()
+        self._buf += text
+        while self._step(out, final=False):
+            pass
+        return out
+
+    def flush(self) -> ParsedDelta:
+        out = ParsedDelta()
+        while self._step(out, final=True):
+            pass
+        return out
+
+    def _step(self, out: ParsedDelta, *, final: bool) -> bool:
+        """Advance; False when more text is needed (or, at flush, all is done)."""
+        raise NotImplementedError
 
 
 def held_suffix(text: str, tags: Sequence[str]) -> int:

@@ -3,7 +3,7 @@ until `</think>`, content after it. Runs in frontend API-server processes."""
 from __future__ import annotations
 
 from services.frontend.parsers.delta import ParsedDelta, ToolCall
-from services.frontend.parsers.tags import held_suffix
+from services.frontend.parsers.tags import BufferedParser, held_suffix
 
 __all__ = ["ThinkParser", "prompt_closes_think", "prompt_opens_think"]
 
@@ -26,7 +26,7 @@ def prompt_closes_think(prompt: str) -> bool:
     return prompt.rstrip().endswith(END)
 
 
-class ThinkParser:
+class ThinkParser(BufferedParser):
     """`[<think>]reasoning</think>content`.
 
     At the start the parser looks for a `<think>` the model writes itself (leading whitespace
@@ -43,32 +43,21 @@ class ThinkParser:
     tool-call section without closing its reasoning).
     """
 
-    __slots__ = ("_buf", "_default", "_ends", "_starts", "_state", "_tool_call_ends")
+    __slots__ = ("_default", "_ends", "_starts", "_state", "_tool_call_ends")
 
     def __init__(self, *, starts_in_reasoning: bool, tool_call_ends: bool = False,
                  content_starts: tuple[str, ...] = ()) -> None:
-        self._buf = ""
+        super().__init__()
         self._state = _OPENING
         self._default = _REASONING if starts_in_reasoning else _CONTENT
         self._tool_call_ends = tool_call_ends
         self._starts = content_starts
         self._ends = (END, *((TOOL_CALL,) if tool_call_ends else ()), *content_starts)
 
-    def push(self, text: str) -> ParsedDelta:
-        out = ParsedDelta()
-        self._buf += text
-        self._run(out, final=False)
-        return out
-
-    def flush(self) -> ParsedDelta:
-        out = ParsedDelta()
-        self._run(out, final=True)
-        return out
-
     def calls(self) -> list[ToolCall]:
         return []
 
-    def _run(self, out: ParsedDelta, *, final: bool) -> None:
+    def _step(self, out: ParsedDelta, *, final: bool) -> bool:
         if self._state == _OPENING:
             buf = self._buf
             head = buf.lstrip()
@@ -76,7 +65,7 @@ class ThinkParser:
                 self._buf = head[len(START):]
                 self._state = _REASONING
             elif START.startswith(head) and not final:
-                return  # still "", whitespace or a prefix of <think>
+                return False  # still "", whitespace or a prefix of <think>
             else:
                 self._state = self._default
         if self._state == _REASONING:
@@ -96,14 +85,15 @@ class ThinkParser:
                 cut = min(cut, undecided) if undecided >= 0 else cut
                 out.reasoning += buf[:cut]
                 self._buf = buf[cut:]
-                return
+                return False
         if self._state == _CLOSED:
             self._buf = self._buf.lstrip()
             if not self._buf:
-                return
+                return False
             self._state = _CONTENT
         out.content += self._buf
         self._buf = ""
+        return False
 
     def _tool_call(self, *, final: bool) -> tuple[int, int]:
         """(where a tag that ends the reasoning and begins the content is in `_buf`, where a
