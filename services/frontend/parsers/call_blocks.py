@@ -5,6 +5,7 @@ processes."""
 from __future__ import annotations
 
 import json
+from abc import abstractmethod
 from typing import Any
 
 from services.frontend.parsers.delta import CallLog, ParsedDelta, ToolCall, make_call_id
@@ -65,14 +66,14 @@ class CallBlockParser(BufferedParser):
             self._buf = buf[cut:]
             return False
 
+    @abstractmethod
     def _begin(self) -> None:
         """A block opened: reset the body's state (`_buf` holds the text after `<tool_call>`)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _body(self, out: ParsedDelta, *, final: bool) -> bool:
         """Consume the block's body from `_buf`; True once the block is over (always when `final`),
         with `_buf` left at the text after it."""
-        raise NotImplementedError
 
     def _open_call(self, out: ParsedDelta, name: str, arguments: str = "") -> None:
         self._calls.open(out, make_call_id(), name, arguments)

@@ -19,6 +19,8 @@ call whose CALL_END is missing ends at the next CALL_BEGIN or SECTION_END.
 """
 from __future__ import annotations
 
+from abc import abstractmethod
+
 from services.frontend.parsers.delta import CallLog, ParsedDelta, ToolCall
 from services.frontend.parsers.json_scan import JsonScan
 from services.frontend.parsers.tags import BufferedParser, held_suffix
@@ -51,9 +53,9 @@ class CallSectionParser(BufferedParser):
     def calls(self) -> list[ToolCall]:
         return self._calls.complete()
 
+    @abstractmethod
     def _header(self, header: str) -> tuple[str, str] | None:
         """(name, call id) from the text between CALL_BEGIN and HEADER_END; None if it is no header."""
-        raise NotImplementedError
 
     def _step(self, out: ParsedDelta, *, final: bool) -> bool:
         """Advance one state; False when more text is needed (or, at flush, all is done)."""

@@ -3,6 +3,7 @@ yet waits in a buffer, and the end of a text that could still begin a tag is hel
 half tag is emitted."""
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 from services.frontend.parsers.delta import ParsedDelta
@@ -10,7 +11,7 @@ from services.frontend.parsers.delta import ParsedDelta
 __all__ = ["BufferedParser", "held_suffix"]
 
 
-class BufferedParser:
+class BufferedParser(ABC):
     """`push` appends the text to `_buf` and runs `_step` until it returns False; `flush` does the
     same with `final` set. A subclass's `_step` advances its state and emits into `out`."""
 
@@ -32,9 +33,9 @@ class BufferedParser:
             pass
         return out
 
+    @abstractmethod
     def _step(self, out: ParsedDelta, *, final: bool) -> bool:
         """Advance; False when more text is needed (or, at flush, all is done)."""
-        raise NotImplementedError
 
 
 def held_suffix(text: str, tags: Sequence[str]) -> int:
