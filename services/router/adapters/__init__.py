@@ -95,6 +95,16 @@ def text_parts(content: Any, where: str, kinds: tuple[str, ...], noun: str) -> s
     return parts
 
 
+def tool_list(body: dict[str, Any]) -> list[Any]:
+    """The request's `tools`: absent or null is none, anything but a list a 400."""
+    tools = body.get("tools")
+    if tools is None:
+        return []
+    if not isinstance(tools, list):
+        raise AdapterError("tools", "must be a list of tools")
+    return tools
+
+
 def chat_function(name: Any, description: Any, parameters: Any, where: str) -> dict[str, Any]:
     """One function tool in chat's shape; `where` names the tool in the client's request."""
     if not isinstance(name, str) or not name:

@@ -7,7 +7,15 @@ from typing import Any
 
 import msgspec
 
-from services.router.adapters import AdapterError, ask_stream, chat_call, chat_function, checked_model, text_parts
+from services.router.adapters import (
+    AdapterError,
+    ask_stream,
+    chat_call,
+    chat_function,
+    checked_model,
+    text_parts,
+    tool_list,
+)
 
 _json = msgspec.json.Encoder()
 
@@ -63,13 +71,8 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
 
 def _ask_tools(body: dict[str, Any], chat: dict[str, Any]) -> None:
     """Client tools, tool_choice and disable_parallel_tool_use in chat's shape; server tools are refused."""
-    tools = body.get("tools")
-    if tools is None:
-        tools = []
-    if not isinstance(tools, list):
-        raise AdapterError("tools", "must be a list of tools")
     names = set()
-    for i, tool in enumerate(tools):
+    for i, tool in enumerate(tool_list(body)):
         if not isinstance(tool, dict):
             raise AdapterError(f"tools[{i}]", "must be a tool object")
         kind = tool.get("type")

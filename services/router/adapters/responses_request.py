@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.router.adapters import AdapterError, ask_stream, chat_call, chat_function, checked_model, text_parts
+from services.router.adapters import (
+    AdapterError,
+    ask_stream,
+    chat_call,
+    chat_function,
+    checked_model,
+    text_parts,
+    tool_list,
+)
 
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system",
           # Most chat templates know no "developer" role; it means what "system" means there.
@@ -69,13 +77,8 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
 
 def _ask_tools(body: dict[str, Any], chat: dict[str, Any]) -> None:
     """Function tools, tool_choice and parallel_tool_calls in chat's shape; other tool types are refused."""
-    tools = body.get("tools")
-    if tools is None:
-        tools = []
-    if not isinstance(tools, list):
-        raise AdapterError("tools", "must be a list of tools")
     names = set()
-    for i, tool in enumerate(tools):
+    for i, tool in enumerate(tool_list(body)):
         kind = tool.get("type") if isinstance(tool, dict) else None
         if kind != "function":
             raise AdapterError(f"tools[{i}].type", f"tool type {kind!r} is not supported; only 'function'")
