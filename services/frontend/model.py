@@ -20,6 +20,7 @@ class Model:
     tokenizer: Tokenizer
     template: ChatTemplate
     eos_token_id: int | None
+    special_tokens: frozenset[str] = frozenset()  # the tokenizer's added tokens marked special
 
     @classmethod
     def load(cls, model: str, name: str) -> Model:
@@ -31,7 +32,8 @@ class Model:
             eos = eos.get("content")
         eos_id = tokenizer.token_to_id(eos) if isinstance(eos, str) else None
         warm_up(tokenizer)  # build the detokenizer's byte table now, not on the first request
-        return cls(name, path, tokenizer, ChatTemplate.from_checkpoint(path), eos_id)
+        special = frozenset(t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special)
+        return cls(name, path, tokenizer, ChatTemplate.from_checkpoint(path), eos_id, special)
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids

@@ -19,7 +19,7 @@ from services.frontend.chat_template import TemplateError
 from services.frontend.errors import APIError
 from services.frontend.messages import template_messages
 from services.frontend.model import Model
-from services.frontend.parsers import KEEPS_SPECIAL_TOKENS
+from services.frontend.parsers import REASONING_MARKERS, TOOL_MARKERS, keeps_special_tokens
 from services.frontend.schema import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -97,6 +97,9 @@ class Translator:
         self._reasoning_parser = reasoning_parser
         self._enable_auto_tool_choice = enable_auto_tool_choice
         self._tool_call_parser = tool_call_parser
+        # Whether a parser's tags are special tokens of this tokenizer: its requests keep them.
+        self._tool_tags_special = keeps_special_tokens(TOOL_MARKERS, tool_call_parser, model.special_tokens)
+        self._reasoning_tags_special = keeps_special_tokens(REASONING_MARKERS, reasoning_parser, model.special_tokens)
         self._max_model_len = max_model_len
         self._long_prompt_chars = long_prompt_chars
         self._pool = ThreadPoolExecutor(max_concurrent_tokenizations, thread_name_prefix="tokenize")
@@ -131,7 +134,8 @@ class Translator:
         request = self._engine_request(req, ids, pin, chat=True, request_id=f"chatcmpl-{os.urandom(12).hex()}",
                                        json_schema=schema)
         tool_parser = self._tool_call_parser if choice == "auto" and tools else None
-        skip = request.output.skip_special_tokens and tool_parser not in KEEPS_SPECIAL_TOKENS
+        keep = self._reasoning_tags_special or (tool_parser is not None and self._tool_tags_special)
+        skip = request.output.skip_special_tokens and not keep
         output = replace(request.output, tools=tools, tool_choice=choice, parallel_tool_calls=parallel,
                          skip_special_tokens=skip, tool_parser=tool_parser,
                          reasoning_parser=self._reasoning_parser, prompt_tail=text[-PROMPT_TAIL_CHARS:])

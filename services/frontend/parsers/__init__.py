@@ -3,23 +3,35 @@ vLLM's --reasoning-parser and --tool-call-parser flags. Runs in frontend API-ser
 from __future__ import annotations
 
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from typing import Any
 
+from services.frontend.parsers import glm45 as glm45_tags
+from services.frontend.parsers import kimi_k2 as kimi_tags
+from services.frontend.parsers.call_blocks import CallBlockParser
 from services.frontend.parsers.chain import Chain
 from services.frontend.parsers.deepseek_r1 import deepseek_r1
-from services.frontend.parsers.deepseek_v3 import DeepSeekV3ToolParser, DeepSeekV31ToolParser
+from services.frontend.parsers.deepseek_v3 import (
+    CALL_BEGIN,
+    CALL_END,
+    CALLS_BEGIN,
+    CALLS_END,
+    SEP,
+    DeepSeekV3ToolParser,
+    DeepSeekV31ToolParser,
+)
 from services.frontend.parsers.delta import OutputParser, ParsedDelta, ToolCall, ToolCallDelta
 from services.frontend.parsers.glm45 import Glm45ToolParser, glm45
 from services.frontend.parsers.hermes import HermesToolParser
 from services.frontend.parsers.kimi_k2 import KimiK2ToolParser, kimi_k2
-from services.frontend.parsers.llama3_json import Llama3JsonToolParser
-from services.frontend.parsers.mistral import MistralToolParser
+from services.frontend.parsers.llama3_json import PYTHON_TAG, Llama3JsonToolParser
+from services.frontend.parsers.mistral import BOT, MistralToolParser
 from services.frontend.parsers.pythonic import PythonicToolParser
 from services.frontend.parsers.qwen3 import qwen3
 from services.frontend.parsers.qwen3_coder import Qwen3CoderToolParser
 
-__all__ = ["KEEPS_SPECIAL_TOKENS", "REASONING_PARSERS", "TOOL_PARSERS", "OutputParser", "ParsedDelta", "ToolCall",
-           "ToolCallDelta", "build_parser"]
+__all__ = ["REASONING_MARKERS", "REASONING_PARSERS", "TOOL_MARKERS", "TOOL_PARSERS", "OutputParser", "ParsedDelta",
+           "ToolCall", "ToolCallDelta", "build_parser", "keeps_special_tokens"]
 
 # name -> factory(tools): the request's tools (OpenAI shape) give parameter types where a format needs them.
 TOOL_PARSERS: dict[str, Callable[[list[dict[str, Any]] | None], OutputParser]] = {
@@ -34,9 +46,27 @@ TOOL_PARSERS: dict[str, Callable[[list[dict[str, Any]] | None], OutputParser]] =
     "pythonic": lambda tools: PythonicToolParser(),
     "qwen3_coder": Qwen3CoderToolParser,
 }
-# Families whose call marker is a special token of their tokenizers (Mistral's [TOOL_CALLS]): the
-# detokenizer must keep special tokens for the parser to see it, as vLLM's parser asks of a request.
-KEEPS_SPECIAL_TOKENS = frozenset({"mistral"})
+# The tags each family's output is read by. Where the served model's tokenizer marks one of them
+# special (Mistral's [TOOL_CALLS], Kimi's section tags, GLM-4.5's <tool_call>), skipping special
+# tokens would hide it from the parser: such a request keeps them (`keeps_special_tokens`), as
+# vLLM's parsers ask of a request.
+_THINK = ("<think>", "</think>")
+TOOL_MARKERS: dict[str, tuple[str, ...]] = {
+    "deepseek_v3": (CALLS_BEGIN, CALLS_END, CALL_BEGIN, CALL_END, SEP),
+    "deepseek_v31": (CALLS_BEGIN, CALLS_END, CALL_BEGIN, CALL_END, SEP),
+    "glm45": (CallBlockParser.START, CallBlockParser.END, glm45_tags.KEY, glm45_tags.KEY_END, glm45_tags.VALUE,
+              glm45_tags.VALUE_END),
+    "hermes": (CallBlockParser.START, CallBlockParser.END),
+    "kimi_k2": (*kimi_tags.SECTION_BEGIN, *kimi_tags.SECTION_END, kimi_tags.CALL_BEGIN, kimi_tags.CALL_END,
+                kimi_tags.ARGUMENT_BEGIN),
+    "llama3_json": (PYTHON_TAG,),
+    "llama4_json": (PYTHON_TAG,),
+    "mistral": (BOT, "[ARGS]"),
+    "pythonic": (),
+    "qwen3_coder": (CallBlockParser.START, CallBlockParser.END),
+}
+REASONING_MARKERS: dict[str, tuple[str, ...]] = {
+    "deepseek_r1": _THINK, "glm45": _THINK, "kimi_k2": (*_THINK, *kimi_tags.SECTION_BEGIN), "qwen3": _THINK}
 # name -> factory(prompt): the rendered prompt tells whether the template opened the reasoning.
 REASONING_PARSERS: dict[str, Callable[[str], OutputParser]] = {
     "deepseek_r1": deepseek_r1,
@@ -64,3 +94,8 @@ def _factory(registry: dict[str, Any], field: str, name: str | None) -> Any:
     if name not in registry:
         raise ValueError(f"{field}: unknown parser {name!r}; expected one of {', '.join(sorted(registry))}")
     return registry[name]
+
+
+def keeps_special_tokens(markers: dict[str, tuple[str, ...]], name: str | None, special: AbstractSet[str]) -> bool:
+    """Whether the family `name` reads a tag that is one of the tokenizer's `special` tokens."""
+    return name is not None and any(tag in special for tag in markers.get(name, ()))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -92,7 +93,27 @@ def test_the_parsers_of_each_request_and_what_the_detokenizer_keeps_for_them(mod
     assert options.prompt_tail.endswith("<|im_start|>assistant\n")
     assert _chat(hermes, tools=[WEATHER], tool_choice="none").output.tool_parser is None
     assert _chat(hermes).output.tool_parser is None  # no tools, nothing to call
-    # Mistral's [TOOL_CALLS] is a special token: kept in the text for its parser, as vLLM's parser asks.
-    mistral = _translator(model, enable_auto_tool_choice=True, tool_call_parser="mistral")
-    assert _chat(mistral, tools=[WEATHER]).output.skip_special_tokens is False
-    assert _chat(mistral, tools=[WEATHER], tool_choice="none").output.skip_special_tokens is True
+    # Qwen3's <tool_call> and <think> are added tokens but not special ones: nothing to keep for them.
+    assert {"<tool_call>", "<think>"}.isdisjoint(model.special_tokens) and "<|im_end|>" in model.special_tokens
+
+
+@pytest.mark.parametrize(("tool_parser", "reasoning_parser", "special"), [
+    ("mistral", None, {"[TOOL_CALLS]"}),  # Mistral's tokenizers
+    ("kimi_k2", None, {"<|tool_calls_section_begin|>", "<|tool_call_begin|>"}),  # Kimi K2's
+    ("glm45", None, {"<tool_call>", "<arg_key>"}),  # GLM-4.5's
+    ("hermes", "deepseek_r1", {"<think>"}),  # a reasoning tag marked special
+])
+def test_a_parsers_tag_that_the_tokenizer_marks_special_is_kept_in_the_text(
+        model: Model, tool_parser: str, reasoning_parser: str | None, special: set[str]) -> None:
+    marked = replace(model, special_tokens=model.special_tokens | special)
+    server = _translator(marked, enable_auto_tool_choice=True, tool_call_parser=tool_parser,
+                         reasoning_parser=reasoning_parser)
+    assert _chat(server, tools=[WEATHER]).output.skip_special_tokens is False
+    # Without a parser that reads those tags the request's own setting holds.
+    expect = reasoning_parser is None
+    assert _chat(server, tools=[WEATHER], tool_choice="none").output.skip_special_tokens is expect
+    assert _chat(server).output.skip_special_tokens is expect
+    assert _chat(server, tools=[WEATHER], skip_special_tokens=False).output.skip_special_tokens is False
+    # The same parser over a tokenizer where those tags are ordinary text keeps nothing.
+    plain = _translator(model, enable_auto_tool_choice=True, tool_call_parser=tool_parser)
+    assert _chat(plain, tools=[WEATHER]).output.skip_special_tokens is True
