@@ -29,7 +29,7 @@ from services.frontend.errors import APIError, error_body
 from services.frontend.metrics import Metrics
 from services.frontend.model import Model
 from services.frontend.output import OutputProcessor
-from services.frontend.parsers import OutputParser, build_parser
+from services.frontend.parsers import OutputParser, TokenOutputParser, build_parser
 from services.frontend.parsers.forced import NamedToolParser, RequiredToolParser
 from services.frontend.placement import NoEngine, Placement
 from services.frontend.response_writer import send_completion, send_stream
@@ -103,7 +103,7 @@ class Frontend:
         except NoEngine as exc:
             raise APIError(exc.status, str(exc), param=PIN_HEADER if exc.status == 400 else None) from None
         options = request.output
-        parser: OutputParser | None = None
+        parser: OutputParser | TokenOutputParser | None = None
         # A forced tool_choice's output is structured from its first token: no reasoning to split off.
         if isinstance(options.tool_choice, dict):
             parser = NamedToolParser(options.tool_choice["function"]["name"])

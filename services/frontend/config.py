@@ -4,7 +4,12 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field, fields
 
-from services.frontend.parsers import REASONING_PARSERS, TOOL_PARSERS
+from services.frontend.parsers import (
+    HARMONY_REASONING_PARSERS,
+    HARMONY_TOOL_PARSERS,
+    REASONING_PARSER_NAMES,
+    TOOL_PARSER_NAMES,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,8 +34,8 @@ class FrontendConfig:
     api_server_count: int = 1
     log_level: str = "info"
     enable_auto_tool_choice: bool = False  # tool_choice "auto" is served (needs tool_call_parser)
-    tool_call_parser: str | None = None  # a name in services/frontend/parsers TOOL_PARSERS
-    reasoning_parser: str | None = None  # a name in REASONING_PARSERS
+    tool_call_parser: str | None = None  # a name in services/frontend/parsers TOOL_PARSER_NAMES
+    reasoning_parser: str | None = None  # a name in REASONING_PARSER_NAMES
     frontend_id: str = field(default="")
 
     def __post_init__(self) -> None:
@@ -45,10 +50,15 @@ class FrontendConfig:
         _require(self.backend in ("vllm", "sim"), "--backend", self.backend, "vllm or sim")
         _require(not self.enable_auto_tool_choice or self.tool_call_parser is not None,
                  "--enable-auto-tool-choice", True, "only with --tool-call-parser")
-        _require(self.tool_call_parser in (None, *TOOL_PARSERS), "--tool-call-parser", self.tool_call_parser,
-                 ", ".join(sorted(TOOL_PARSERS)))
-        _require(self.reasoning_parser in (None, *REASONING_PARSERS), "--reasoning-parser", self.reasoning_parser,
-                 ", ".join(sorted(REASONING_PARSERS)))
+        _require(self.tool_call_parser in (None, *TOOL_PARSER_NAMES), "--tool-call-parser", self.tool_call_parser,
+                 ", ".join(TOOL_PARSER_NAMES))
+        _require(self.reasoning_parser in (None, *REASONING_PARSER_NAMES), "--reasoning-parser",
+                 self.reasoning_parser, ", ".join(REASONING_PARSER_NAMES))
+        harmony = (self.tool_call_parser in HARMONY_TOOL_PARSERS, self.reasoning_parser in HARMONY_REASONING_PARSERS)
+        _require(self.tool_call_parser is None or self.reasoning_parser is None or harmony[0] == harmony[1],
+                 "--reasoning-parser", self.reasoning_parser,
+                 f"a parser of the same format as --tool-call-parser {self.tool_call_parser} (harmony's openai "
+                 "parsers read gpt-oss output, which no other family writes)")
         if self.data_parallel_size_local == 0:
             _require(len(self.engine_addresses) == self.data_parallel_size, "--engine-addresses",
                      ",".join(self.engine_addresses),
@@ -56,6 +66,11 @@ class FrontendConfig:
         for address in self.engine_addresses:
             _require(address.startswith("tcp://") and address.rsplit(":", 1)[-1].isdigit(),
                      "--engine-addresses", address, "tcp://HOST:PORT")
+
+    @property
+    def harmony(self) -> bool:
+        """The output is gpt-oss's harmony format (an openai parser is named)."""
+        return self.tool_call_parser in HARMONY_TOOL_PARSERS or self.reasoning_parser in HARMONY_REASONING_PARSERS
 
     @property
     def model_name(self) -> str:
@@ -114,10 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serve tool_choice \"auto\" (the default beside tools): parse the model's tool calls "
                         "with --tool-call-parser, as vLLM's flag does")
     p.add_argument("--tool-call-parser", default=d["tool_call_parser"], metavar="NAME",
-                   help=f"the model family's tool-call format ({', '.join(sorted(TOOL_PARSERS))}); default: none")
+                   help=f"the model family's tool-call format ({', '.join(TOOL_PARSER_NAMES)}); default: none")
     p.add_argument("--reasoning-parser", default=d["reasoning_parser"], metavar="NAME",
                    help="split the model's reasoning into reasoning_content "
-                        f"({', '.join(sorted(REASONING_PARSERS))}); default: none")
+                        f"({', '.join(REASONING_PARSER_NAMES)}); default: none")
     return p
 
 

@@ -4,8 +4,11 @@ event loop, one OutputProcessor per request, in one pass over each batch of queu
 
 Per output: detokenize -> stop strings -> the request's OutputParser (reasoning and tool-call parsers,
 incremental state machines fed one decoded delta at a time: services/frontend/parsers/) -> pieces
-for the writers. A piece is plain content text (a str: the only kind without a parser, so that path
-pays nothing for parsing) or a ParsedDelta carrying reasoning and tool-call deltas.
+for the writers. A TokenOutputParser (gpt-oss harmony, whose markers are special tokens) takes the
+output's token ids in place of all three: it decodes its own messages, and the request has no
+stop strings (translation refuses them). A piece is plain content text (a str: the only kind
+without a parser, so that path pays nothing for parsing) or a ParsedDelta carrying reasoning and
+tool-call deltas.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from protocol import ERROR_DRAINING, ERROR_INVALID
 from services.frontend import responses
 from services.frontend.detokenizer import IncrementalDetokenizer
 from services.frontend.metrics import Metrics
-from services.frontend.parsers import OutputParser, ParsedDelta, ToolCall
+from services.frontend.parsers import OutputParser, ParsedDelta, TokenOutputParser, ToolCall
 from services.frontend.stop_strings import StopChecker
 from services.frontend.stream import EngineFailure, Stream
 from services.frontend.translation import EngineRequest, OutputOptions
@@ -44,11 +47,11 @@ class OutputProcessor:
     fails (EngineFailure), so the writers only write."""
 
     __slots__ = ("_detok", "_engines", "_last", "_metrics", "_parser", "_request", "_start", "_stops",
-                 "_tried", "cached_tokens", "calls", "completion_tokens", "counts", "finish", "options",
-                 "stop_reason", "stream")
+                 "_token_parser", "_tried", "cached_tokens", "calls", "completion_tokens", "counts", "finish",
+                 "options", "stop_reason", "stream")
 
     def __init__(self, stream: Stream, request: EngineRequest, *, tokenizer: Tokenizer, engines: EnginePort,
-                 metrics: Metrics, parser: OutputParser | None = None) -> None:
+                 metrics: Metrics, parser: OutputParser | TokenOutputParser | None = None) -> None:
         self.stream, self._request, self._engines, self._metrics = stream, request, engines, metrics
         self.options: OutputOptions = request.output
         self._detok = IncrementalDetokenizer(tokenizer, request.request.prompt_token_ids,
@@ -56,7 +59,12 @@ class OutputProcessor:
         stops = self.options.stop
         self._stops = (StopChecker(stops, include_stop_str_in_output=self.options.include_stop_str_in_output)
                        if stops else None)
-        self._parser = parser
+        self._parser: OutputParser | None = None
+        self._token_parser: TokenOutputParser | None = None
+        if isinstance(parser, TokenOutputParser):
+            self._token_parser = parser
+        else:
+            self._parser = parser
         self.calls: list[ToolCall] = []  # the tool calls the parser found, once finished
         self._tried: set[int] = set()  # engine indexes that refused it while draining
         self._start = time.monotonic()
@@ -77,7 +85,7 @@ class OutputProcessor:
             m.finished("error")
             raise
         now = time.monotonic()
-        detok, stops, parser = self._detok, self._stops, self._parser
+        detok, stops, parser, token_parser = self._detok, self._stops, self._parser, self._token_parser
         pieces: list[Piece] = []
         counts = self.counts = []
         for out in outs:
@@ -91,6 +99,22 @@ class OutputProcessor:
                 self._last = now
                 self.completion_tokens += n
             reason = out.finish_reason
+            if reason == "error" and out.error_kind == ERROR_DRAINING and self._place_again():
+                continue
+            if reason in ("error", "abort"):
+                m.finished("error")
+                raise EngineFailure(out.error or f"the engine ended the request ({reason})",
+                                    400 if out.error_kind == ERROR_INVALID else 503)
+            if token_parser is not None:
+                # Every id, the stop token too: harmony reads <|call|> and <|return|>.
+                if n:
+                    self._add(token_parser.push_tokens(out.new_token_ids), pieces)
+                if reason is not None:
+                    self._add(token_parser.flush(), pieces)
+                    self._keep_calls(token_parser.calls())
+                    self._finished(reason, out.stop_reason)
+                    break
+                continue
             if reason == "stop" and n and not isinstance(out.stop_reason, str):
                 # The EOS or stop token that ended it is no text, as in vLLM: shown otherwise when
                 # skip_special_tokens is false, or when the stop token id is a regular token.
@@ -98,12 +122,6 @@ class OutputProcessor:
             else:
                 text = detok.push(out.new_token_ids) if n else ""
             if reason is not None:
-                if reason == "error" and out.error_kind == ERROR_DRAINING and self._place_again():
-                    continue
-                if reason in ("error", "abort"):
-                    m.finished("error")
-                    raise EngineFailure(out.error or f"the engine ended the request ({reason})",
-                                        400 if out.error_kind == ERROR_INVALID else 503)
                 text += detok.flush()
             matched = None
             if stops is not None:
@@ -119,7 +137,7 @@ class OutputProcessor:
                     self._add(parser.push(text), pieces)
                 if matched is not None or reason is not None:
                     self._add(parser.flush(), pieces)
-                    self.calls = parser.calls() if self.options.parallel_tool_calls else parser.calls()[:1]
+                    self._keep_calls(parser.calls())
             if matched is not None:
                 self._engines.abort(self.stream)
                 self._finished("stop", matched)
@@ -129,10 +147,13 @@ class OutputProcessor:
                 break
         return pieces
 
+    def _keep_calls(self, calls: list[ToolCall]) -> None:
+        self.calls = calls if self.options.parallel_tool_calls else calls[:1]
+
     @property
     def parsing(self) -> bool:
         """A parser runs: the response carries reasoning and tool-call fields."""
-        return self._parser is not None
+        return self._parser is not None or self._token_parser is not None
 
     def _add(self, parsed: ParsedDelta, pieces: list[Piece]) -> None:
         """A parser's delta as a piece: plain text when it holds nothing but content. With

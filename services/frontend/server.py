@@ -19,6 +19,7 @@ from services.frontend.engines import EngineSet
 from services.frontend.managed import ManagedEngines
 from services.frontend.metrics import Metrics
 from services.frontend.model import Model
+from services.frontend.parsers.harmony import tokenizer_problem
 
 log = logging.getLogger("frontend")
 
@@ -27,6 +28,12 @@ async def run(config: FrontendConfig, server_index: int = 0) -> int:
     """One API server process. Server 0 also starts managed engines and the other API servers, which
     bind the same port (SO_REUSEPORT: the kernel spreads connections) with their own engine links."""
     model = Model.load(config.model, config.model_name)
+    if config.harmony:
+        problem = tokenizer_problem(model.tokenizer.token_to_id)
+        if problem is not None:
+            log.error("--tool-call-parser/--reasoning-parser %s: %s",
+                      config.tool_call_parser or config.reasoning_parser, problem)
+            return 1
     managed = None
     addresses = list(config.engine_addresses)
     if config.data_parallel_size_local > 0:

@@ -19,7 +19,13 @@ from services.frontend.chat_template import TemplateError
 from services.frontend.errors import APIError
 from services.frontend.messages import template_messages
 from services.frontend.model import Model
-from services.frontend.parsers import REASONING_MARKERS, TOOL_MARKERS, keeps_special_tokens
+from services.frontend.parsers import (
+    HARMONY_REASONING_PARSERS,
+    HARMONY_TOOL_PARSERS,
+    REASONING_MARKERS,
+    TOOL_MARKERS,
+    keeps_special_tokens,
+)
 from services.frontend.schema import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -100,6 +106,8 @@ class Translator:
         # Whether a parser's tags are special tokens of this tokenizer: its requests keep them.
         self._tool_tags_special = keeps_special_tokens(TOOL_MARKERS, tool_call_parser, model.special_tokens)
         self._reasoning_tags_special = keeps_special_tokens(REASONING_MARKERS, reasoning_parser, model.special_tokens)
+        # gpt-oss: every chat output is harmony messages, read by token id (parsers/harmony.py).
+        self._harmony = tool_call_parser in HARMONY_TOOL_PARSERS or reasoning_parser in HARMONY_REASONING_PARSERS
         self._max_model_len = max_model_len
         self._long_prompt_chars = long_prompt_chars
         self._pool = ThreadPoolExecutor(max_concurrent_tokenizations, thread_name_prefix="tokenize")
@@ -133,12 +141,16 @@ class Translator:
         text, ids = await self._off_loop(long, self._render_and_encode, messages, req)
         request = self._engine_request(req, ids, pin, chat=True, request_id=f"chatcmpl-{os.urandom(12).hex()}",
                                        json_schema=schema)
+        if self._harmony and request.output.stop and schema is None:
+            raise APIError(400, "stop strings are not supported with gpt-oss's harmony output (the openai "
+                           "parsers read it by token, not as text); use stop_token_ids", param="stop")
         tool_parser = self._tool_call_parser if choice == "auto" and tools else None
         keep = self._reasoning_tags_special or (tool_parser is not None and self._tool_tags_special)
         skip = request.output.skip_special_tokens and not keep
+        reasoning_parser = (self._reasoning_parser or "openai") if self._harmony else self._reasoning_parser
         output = replace(request.output, tools=tools, tool_choice=choice, parallel_tool_calls=parallel,
                          skip_special_tokens=skip, tool_parser=tool_parser,
-                         reasoning_parser=self._reasoning_parser, prompt_tail=text[-PROMPT_TAIL_CHARS:])
+                         reasoning_parser=reasoning_parser, prompt_tail=text[-PROMPT_TAIL_CHARS:])
         return replace(request, output=output)
 
     async def completion(self, body: bytes, pin: bytes | None) -> EngineRequest:

@@ -20,8 +20,9 @@ from services.frontend.parsers.deepseek_v3 import (
     DeepSeekV3ToolParser,
     DeepSeekV31ToolParser,
 )
-from services.frontend.parsers.delta import OutputParser, ParsedDelta, ToolCall, ToolCallDelta
+from services.frontend.parsers.delta import OutputParser, ParsedDelta, TokenOutputParser, ToolCall, ToolCallDelta
 from services.frontend.parsers.glm45 import Glm45ToolParser, glm45
+from services.frontend.parsers.harmony import HarmonyParser
 from services.frontend.parsers.hermes import HermesToolParser
 from services.frontend.parsers.kimi_k2 import KimiK2ToolParser, kimi_k2
 from services.frontend.parsers.llama3_json import PYTHON_TAG, Llama3JsonToolParser
@@ -30,8 +31,9 @@ from services.frontend.parsers.pythonic import PythonicToolParser
 from services.frontend.parsers.qwen3 import qwen3
 from services.frontend.parsers.qwen3_coder import Qwen3CoderToolParser
 
-__all__ = ["REASONING_MARKERS", "REASONING_PARSERS", "TOOL_MARKERS", "TOOL_PARSERS", "OutputParser", "ParsedDelta",
-           "ToolCall", "ToolCallDelta", "build_parser", "keeps_special_tokens"]
+__all__ = ["HARMONY_REASONING_PARSERS", "HARMONY_TOOL_PARSERS", "REASONING_MARKERS", "REASONING_PARSERS",
+           "REASONING_PARSER_NAMES", "TOOL_MARKERS", "TOOL_PARSERS", "TOOL_PARSER_NAMES", "OutputParser", "ParsedDelta",
+           "TokenOutputParser", "ToolCall", "ToolCallDelta", "build_parser", "keeps_special_tokens"]
 
 # name -> factory(tools): the request's tools (OpenAI shape) give parameter types where a format needs them.
 TOOL_PARSERS: dict[str, Callable[[list[dict[str, Any]] | None], OutputParser]] = {
@@ -76,9 +78,20 @@ REASONING_PARSERS: dict[str, Callable[[str], OutputParser]] = {
 }
 
 
+# gpt-oss's harmony format, one parser for both (its markers are special tokens: read by token id).
+HARMONY_TOOL_PARSERS = frozenset({"openai"})
+HARMONY_REASONING_PARSERS = frozenset({"openai", "openai_gptoss"})  # vLLM's name, and the short one
+TOOL_PARSER_NAMES = tuple(sorted({*TOOL_PARSERS, *HARMONY_TOOL_PARSERS}))
+REASONING_PARSER_NAMES = tuple(sorted({*REASONING_PARSERS, *HARMONY_REASONING_PARSERS}))
+
+
 def build_parser(tool_parser: str | None, reasoning_parser: str | None, *,
-                 tools: list[dict[str, Any]] | None = None, prompt: str = "") -> OutputParser | None:
-    """One request's parser: reasoning first, then tool calls in its content; None for neither."""
+                 tools: list[dict[str, Any]] | None = None,
+                 prompt: str = "") -> OutputParser | TokenOutputParser | None:
+    """One request's parser: reasoning first, then tool calls in its content; None for neither.
+    Harmony's names give the one harmony parser, reading calls when `tool_parser` names it."""
+    if tool_parser in HARMONY_TOOL_PARSERS or reasoning_parser in HARMONY_REASONING_PARSERS:
+        return HarmonyParser(calls=tool_parser in HARMONY_TOOL_PARSERS)
     tool = _factory(TOOL_PARSERS, "tool_call_parser", tool_parser)
     reasoning = _factory(REASONING_PARSERS, "reasoning_parser", reasoning_parser)
     tool_part = tool(tools) if tool is not None else None

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import secrets
 import string
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
-__all__ = ["CallLog", "OutputParser", "ParsedDelta", "ToolCall", "ToolCallDelta", "make_call_id"]
+__all__ = ["CallLog", "OutputParser", "ParsedDelta", "TokenOutputParser", "ToolCall", "ToolCallDelta", "make_call_id"]
 
 _ID_ALPHABET = string.ascii_letters + string.digits
 
@@ -85,6 +86,21 @@ class OutputParser(Protocol):
 
     def push(self, text: str) -> ParsedDelta:
         """The parsed pieces that may be emitted now (text that could begin a tag is held)."""
+
+    def flush(self) -> ParsedDelta:
+        """At finish, once: whatever is still held."""
+
+    def calls(self) -> list[ToolCall]:
+        """The calls seen, in order (complete after flush)."""
+
+
+@runtime_checkable
+class TokenOutputParser(Protocol):
+    """A parser of a format whose markers are special tokens (gpt-oss harmony): fed each output's
+    token ids in order, instead of detokenized text."""
+
+    def push_tokens(self, ids: Sequence[int]) -> ParsedDelta:
+        """The parsed pieces these ids release."""
 
     def flush(self) -> ParsedDelta:
         """At finish, once: whatever is still held."""

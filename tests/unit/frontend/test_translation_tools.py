@@ -117,3 +117,15 @@ def test_a_parsers_tag_that_the_tokenizer_marks_special_is_kept_in_the_text(
     # The same parser over a tokenizer where those tags are ordinary text keeps nothing.
     plain = _translator(model, enable_auto_tool_choice=True, tool_call_parser=tool_parser)
     assert _chat(plain, tools=[WEATHER]).output.skip_special_tokens is True
+
+
+def test_harmony_reads_every_chat_output_and_refuses_stop_strings(model: Model) -> None:
+    """gpt-oss: the openai parsers read every chat output by token; stop strings cannot be matched."""
+    server = _translator(model, enable_auto_tool_choice=True, tool_call_parser="openai")
+    options = _chat(server, tools=[WEATHER]).output
+    assert (options.tool_parser, options.reasoning_parser) == ("openai", "openai")
+    assert (_chat(server).output.tool_parser, _chat(server).output.reasoning_parser) == (None, "openai")
+    err = _refused(server, stop=["\n\n"])
+    assert err.param == "stop" and "stop_token_ids" in str(err)
+    assert _chat(server, stop=[]).output.stop == ()
+    assert _chat(_translator(model, reasoning_parser="openai_gptoss")).output.reasoning_parser == "openai_gptoss"

@@ -13,7 +13,7 @@ from tokenizers import Tokenizer
 
 import checkpoints
 from services.frontend.detokenizer import IncrementalDetokenizer
-from services.frontend.parsers import OutputParser, ParsedDelta
+from services.frontend.parsers import OutputParser, ParsedDelta, TokenOutputParser
 
 TAGS = ("<tool_call>", "</tool_call>", "<think>", "</think>", "<function=", "</function>", "<parameter=",
         "</parameter>", "[TOOL_CALLS]", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>",
@@ -71,6 +71,13 @@ def drive(parser: OutputParser, pieces: list[str], *,
     """Push the pieces, flush, and check the deltas reassemble to the final result."""
     deltas = [parser.push(piece) for piece in pieces]
     deltas.append(parser.flush())
+    return reassemble(parser, deltas, id_ok=id_ok), deltas
+
+
+def reassemble(parser: OutputParser | TokenOutputParser, deltas: list[ParsedDelta], *,
+               id_ok: Callable[[str], bool] = openai_id) -> Final:
+    """What a client of these deltas ends with, checked against the parser's final calls: each call
+    begins once, in order, with its id and name, and its streamed arguments join to the final ones."""
     calls = parser.calls()
     seen: dict[int, list[str]] = {}
     for delta in deltas:
@@ -86,9 +93,8 @@ def drive(parser: OutputParser, pieces: list[str], *,
     for index, call in enumerate(calls):
         assert id_ok(call.id), call.id
         assert "".join(seen[index]) == call.arguments, f"call {index}: streamed arguments differ from final"
-    final = Final("".join(d.content for d in deltas), "".join(d.reasoning for d in deltas),
-                  tuple((c.name, c.arguments) for c in calls))
-    return final, deltas
+    return Final("".join(d.content for d in deltas), "".join(d.reasoning for d in deltas),
+                 tuple((c.name, c.arguments) for c in calls))
 
 
 def check_all_ways(make: Callable[[], OutputParser], text: str, expected: Final, *, tags_are_real: bool = True,
