@@ -30,7 +30,7 @@ class FrontendConfig:
     heartbeat_interval_s: float = 0.5
     max_body_bytes: int = 4 * 2**20
     max_concurrent_tokenizations: int = 2
-    long_prompt_chars: int = 2000  # longer prompts are rendered/tokenized off the event loop
+    long_prompt_chars: int = 2000  # longer bodies are prepared in worker processes (workers.py)
     api_server_count: int = 1
     log_level: str = "info"
     enable_auto_tool_choice: bool = False  # tool_choice "auto" is served (needs tool_call_parser)

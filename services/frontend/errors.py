@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import msgspec
 
@@ -20,6 +21,14 @@ class APIError(Exception):
 
     def body(self) -> bytes:
         return error_body(self.status, self.message, self.param, self.code)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled whole (raised in a worker process, re-raised in the API server)."""
+        return _rebuild, (self.status, self.message, self.param, self.code)
+
+
+def _rebuild(status: int, message: str, param: str | None, code: str | None) -> APIError:
+    return APIError(status, message, param=param, code=code)
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> bytes:

@@ -97,6 +97,7 @@ async def run(config: FrontendConfig, server_index: int = 0) -> int:
     finally:
         for t in tasks:
             t.cancel()
+        app.translator.close()
         await engines.close()
         for p in siblings:
             p.terminate()

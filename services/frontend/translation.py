@@ -1,15 +1,14 @@
 """Request translation: an OpenAI body, checked once, turned into a ready engine request (prompt ids,
-sampling params, output options). Runs on each API server's event loop; long prompts are rendered
-and tokenized in its worker threads."""
+sampling params, output options). Runs on each API server's event loop; long bodies are parsed,
+rendered and tokenized in its worker processes (workers.py)."""
 from __future__ import annotations
 
-import asyncio
 import os
 import time
+from array import array
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 import msgspec
 
@@ -35,13 +34,12 @@ from services.frontend.schema import (
     stop_list,
 )
 from services.frontend.tools import check_tools, forced_schema, resolve_tool_choice
+from services.frontend.workers import PreparePool
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 PROMPT_TAIL_CHARS = 4096  # of the rendered prompt, kept for the reasoning parser (not the whole prompt)
 PIN_HEADER = "X-Data-Parallel-Rank"
 
-_P = ParamSpec("_P")
-_T = TypeVar("_T")
 
 
 @dataclass(slots=True, frozen=True)
@@ -84,36 +82,38 @@ class EngineRequest:
         return block_hashes(self.request.prompt_token_ids, block_size, salt=self.request.cache_salt)
 
 
-class Translator:
-    """One per API server process. Each check is made once, by one layer: `schema` decodes the body
-    (types, required fields) and checks the sampling ranges; `ChatTemplate.render` checks its own
-    options (add_generation_prompt with continue_final_message, a non-empty message list) for every
-    caller; `messages.py` checks message shapes and `tools.py` tools and tool_choice; this class
-    checks the rest (model, unsupported features, prompt forms, context length, the rank pin).
-    `max_model_len` answers for the engines (503 while none has handshaken); it is asked only once
-    the body has passed its own checks, so a bad body is a 400 even then. `enable_auto_tool_choice`
-    and `tool_call_parser`: the server's flags that tool_choice "auto" needs (vLLM's)."""
+@dataclass(slots=True)
+class Prepared:
+    """A body with every check that needs no engine passed, rendered and tokenized. Built on the
+    event loop for short bodies and in a worker process for long ones (so it pickles small: the
+    request keeps no messages or prompt, the ids travel as an array)."""
 
-    def __init__(self, model: Model, max_model_len: Callable[[], int], *, long_prompt_chars: int,
-                 max_concurrent_tokenizations: int, enable_auto_tool_choice: bool = False,
-                 tool_call_parser: str | None = None, reasoning_parser: str | None = None,
-                 structured_output_problem: Callable[[], str | None] = lambda: None) -> None:
+    req: ChatCompletionRequest | CompletionRequest
+    ids: array[int]
+    chat: bool
+    prompt_tail: str = ""  # chat: the rendered prompt's end
+    tools: tuple[dict[str, Any], ...] = ()
+    tool_choice: str | dict[str, Any] = "none"
+    parallel_tool_calls: bool = True
+    json_schema: str | None = None  # a forced tool_choice's schema
+
+
+class Preparer:
+    """Parse, check, render and tokenize: the part of translation that needs no engine state. Each
+    check is made once, by one layer: `schema` decodes the body (types, required fields) and checks
+    the sampling ranges; `ChatTemplate.render` checks its own options (add_generation_prompt with
+    continue_final_message, a non-empty message list) for every caller; `messages.py` checks message
+    shapes and `tools.py` tools and tool_choice; this class the model, unsupported features and
+    prompt forms. `enable_auto_tool_choice` and `tool_call_parser`: the server's flags that
+    tool_choice "auto" needs (vLLM's)."""
+
+    def __init__(self, model: Model, *, enable_auto_tool_choice: bool = False,
+                 tool_call_parser: str | None = None) -> None:
         self._model = model
-        self._structured_output_problem = structured_output_problem
-        self._reasoning_parser = reasoning_parser
         self._enable_auto_tool_choice = enable_auto_tool_choice
         self._tool_call_parser = tool_call_parser
-        # Whether a parser's tags are special tokens of this tokenizer: its requests keep them.
-        self._tool_tags_special = keeps_special_tokens(TOOL_MARKERS, tool_call_parser, model.special_tokens)
-        self._reasoning_tags_special = keeps_special_tokens(REASONING_MARKERS, reasoning_parser, model.special_tokens)
-        # gpt-oss: every chat output is harmony messages, read by token id (parsers/harmony.py).
-        self._harmony = tool_call_parser in HARMONY_TOOL_PARSERS or reasoning_parser in HARMONY_REASONING_PARSERS
-        self._max_model_len = max_model_len
-        self._long_prompt_chars = long_prompt_chars
-        self._pool = ThreadPoolExecutor(max_concurrent_tokenizations, thread_name_prefix="tokenize")
 
-    async def chat(self, body: bytes, pin: bytes | None) -> EngineRequest:
-        """A /v1/chat/completions body; `pin`: the X-Data-Parallel-Rank header, if sent."""
+    def chat(self, body: bytes) -> Prepared:
         req: ChatCompletionRequest = parse(ChatCompletionRequest, body)
         self._check_model(req.model)
         check_common(req)
@@ -130,31 +130,22 @@ class Translator:
         parallel = req.parallel_tool_calls is not False
         schema = None
         if choice == "required" or isinstance(choice, dict):
-            problem = self._structured_output_problem()
-            if problem is not None:
-                what = "'required'" if choice == "required" else "naming a function"
-                raise APIError(400, f"tool_choice {what} needs guaranteed structured output, which {problem}",
-                               param="tool_choice")
             schema = forced_schema(choice, tools, parallel=parallel)
         messages = template_messages(req.messages)
-        long = len(body) > self._long_prompt_chars  # messages, tools and kwargs all count
-        text, ids = await self._off_loop(long, self._render_and_encode, messages, req)
-        request = self._engine_request(req, ids, pin, chat=True, request_id=f"chatcmpl-{os.urandom(12).hex()}",
-                                       json_schema=schema)
-        if self._harmony and request.output.stop and schema is None:
-            raise APIError(400, "stop strings are not supported with gpt-oss's harmony output (the openai "
-                           "parsers read it by token, not as text); use stop_token_ids", param="stop")
-        tool_parser = self._tool_call_parser if choice == "auto" and tools else None
-        keep = self._reasoning_tags_special or (tool_parser is not None and self._tool_tags_special)
-        skip = request.output.skip_special_tokens and not keep
-        reasoning_parser = (self._reasoning_parser or "openai") if self._harmony else self._reasoning_parser
-        output = replace(request.output, tools=tools, tool_choice=choice, parallel_tool_calls=parallel,
-                         skip_special_tokens=skip, tool_parser=tool_parser,
-                         reasoning_parser=reasoning_parser, prompt_tail=text[-PROMPT_TAIL_CHARS:])
-        return replace(request, output=output)
+        try:
+            text = self._model.template.render(
+                messages, tools=req.tools, add_generation_prompt=req.add_generation_prompt,
+                continue_final_message=req.continue_final_message,
+                chat_template_kwargs=req.chat_template_kwargs)
+        except TemplateError as exc:
+            if exc.param is not None:  # a render option of the request, not the template, is at fault
+                raise APIError(400, str(exc), param=exc.param) from None
+            raise APIError(400, f"chat template error: {exc}", param="messages") from None
+        ids = array("l", self._model.encode(text, add_special_tokens=False))
+        return Prepared(msgspec.structs.replace(req, messages=[], tools=None), ids, True, text[-PROMPT_TAIL_CHARS:],
+                        tools, choice, parallel, schema)
 
-    async def completion(self, body: bytes, pin: bytes | None) -> EngineRequest:
-        """A /v1/completions body; `pin`: the X-Data-Parallel-Rank header, if sent."""
+    def completion(self, body: bytes) -> Prepared:
         req: CompletionRequest = parse(CompletionRequest, body)
         self._check_model(req.model)
         check_common(req)
@@ -170,24 +161,102 @@ class Translator:
         if isinstance(prompt, list) and not all(type(t) is int for t in prompt):
             raise APIError(400, "prompt: expected a string, a list of token ids, or a list with one of those",
                            param="prompt")
-        ids: list[int]
         if isinstance(prompt, str):
-            ids = await self._off_loop(len(prompt) > self._long_prompt_chars, self._model.encode, prompt,
-                                       add_special_tokens=req.add_special_tokens)
+            ids = array("l", self._model.encode(prompt, add_special_tokens=req.add_special_tokens))
         else:
-            ids = list(prompt)
+            try:
+                ids = array("l", prompt)
+            except OverflowError:
+                ids = array("l")
+                bad = next(t for t in prompt if not -2**63 <= t < 2**63)
+                raise APIError(400, f"prompt: token id {bad} is out of range", param="prompt") from None
             vocab = self._model.tokenizer.get_vocab_size(with_added_tokens=True)
-            bad = next((t for t in ids if not 0 <= t < vocab), None)
-            if bad is not None:
+            if ids and not (0 <= min(ids) and max(ids) < vocab):
+                bad = next(t for t in ids if not 0 <= t < vocab)
                 raise APIError(400, f"prompt: token id {bad} is out of range [0, {vocab})", param="prompt")
         if not ids:
             raise APIError(400, "prompt: must not be empty", param="prompt")
-        return self._engine_request(req, ids, pin, chat=False, request_id=f"cmpl-{os.urandom(12).hex()}")
+        return Prepared(msgspec.structs.replace(req, prompt=""), ids, False)
 
-    def _engine_request(self, req: ChatCompletionRequest | CompletionRequest, ids: list[int], pin: bytes | None,
-                        *, chat: bool, request_id: str, json_schema: str | None = None) -> EngineRequest:
+    def _check_model(self, name: str) -> None:
+        if name != self._model.name:
+            raise APIError(404, f"The model `{name}` does not exist.", param="model")
+
+
+class Translator:
+    """One per API server process: a Preparer's work (on the event loop for bodies up to
+    `long_prompt_chars`, in `max_concurrent_tokenizations` worker processes past it: rendering and
+    tokenizing hold the GIL, so a worker thread would stall every stream; see docs/frontend.md), then
+    the checks that need the engines. `max_model_len` answers for the engines (503 while none has
+    handshaken); it is asked only once the body has passed its own checks, so a bad body is a 400
+    even then."""
+
+    def __init__(self, model: Model, max_model_len: Callable[[], int], *, long_prompt_chars: int,
+                 max_concurrent_tokenizations: int, enable_auto_tool_choice: bool = False,
+                 tool_call_parser: str | None = None, reasoning_parser: str | None = None,
+                 structured_output_problem: Callable[[], str | None] = lambda: None) -> None:
+        self._model = model
+        self._structured_output_problem = structured_output_problem
+        self._reasoning_parser = reasoning_parser
+        self._tool_call_parser = tool_call_parser
+        self._preparer = Preparer(model, enable_auto_tool_choice=enable_auto_tool_choice,
+                                  tool_call_parser=tool_call_parser)
+        # Whether a parser's tags are special tokens of this tokenizer: its requests keep them.
+        self._tool_tags_special = keeps_special_tokens(TOOL_MARKERS, tool_call_parser, model.special_tokens)
+        self._reasoning_tags_special = keeps_special_tokens(REASONING_MARKERS, reasoning_parser, model.special_tokens)
+        # gpt-oss: every chat output is harmony messages, read by token id (parsers/harmony.py).
+        self._harmony = tool_call_parser in HARMONY_TOOL_PARSERS or reasoning_parser in HARMONY_REASONING_PARSERS
+        self._max_model_len = max_model_len
+        self._long_prompt_chars = long_prompt_chars
+        self._workers = PreparePool(max_concurrent_tokenizations, _start_worker,
+                                    (str(model.path), model.name, enable_auto_tool_choice, tool_call_parser),
+                                    _prepare_in_worker)
+
+    def close(self) -> None:
+        self._workers.close()
+
+    async def chat(self, body: bytes, pin: bytes | None) -> EngineRequest:
+        """A /v1/chat/completions body; `pin`: the X-Data-Parallel-Rank header, if sent."""
+        prepared = await self._prepare("chat", body)
+        req = prepared.req
+        choice, schema = prepared.tool_choice, prepared.json_schema
+        if schema is not None:
+            problem = self._structured_output_problem()
+            if problem is not None:
+                what = "'required'" if choice == "required" else "naming a function"
+                raise APIError(400, f"tool_choice {what} needs guaranteed structured output, which {problem}",
+                               param="tool_choice")
+        request = self._engine_request(req, prepared.ids, pin, chat=True,
+                                       request_id=f"chatcmpl-{os.urandom(12).hex()}", json_schema=schema)
+        if self._harmony and request.output.stop and schema is None:
+            raise APIError(400, "stop strings are not supported with gpt-oss's harmony output (the openai "
+                           "parsers read it by token, not as text); use stop_token_ids", param="stop")
+        tool_parser = self._tool_call_parser if choice == "auto" and prepared.tools else None
+        keep = self._reasoning_tags_special or (tool_parser is not None and self._tool_tags_special)
+        skip = request.output.skip_special_tokens and not keep
+        reasoning_parser = (self._reasoning_parser or "openai") if self._harmony else self._reasoning_parser
+        output = replace(request.output, tools=prepared.tools, tool_choice=choice,
+                         parallel_tool_calls=prepared.parallel_tool_calls, skip_special_tokens=skip,
+                         tool_parser=tool_parser, reasoning_parser=reasoning_parser,
+                         prompt_tail=prepared.prompt_tail)
+        return replace(request, output=output)
+
+    async def completion(self, body: bytes, pin: bytes | None) -> EngineRequest:
+        """A /v1/completions body; `pin`: the X-Data-Parallel-Rank header, if sent."""
+        prepared = await self._prepare("completion", body)
+        return self._engine_request(prepared.req, prepared.ids, pin, chat=False,
+                                    request_id=f"cmpl-{os.urandom(12).hex()}")
+
+    async def _prepare(self, kind: str, body: bytes) -> Prepared:
+        if len(body) <= self._long_prompt_chars:
+            return self._preparer.chat(body) if kind == "chat" else self._preparer.completion(body)
+        return await self._workers.prepare(kind, body)
+
+    def _engine_request(self, req: ChatCompletionRequest | CompletionRequest, token_ids: array[int],
+                        pin: bytes | None, *, chat: bool, request_id: str,
+                        json_schema: str | None = None) -> EngineRequest:
         max_len = self._max_model_len()
-        prompt_len = len(ids)
+        prompt_len = len(token_ids)
         if prompt_len >= max_len:
             raise APIError(400, f"This model's maximum context length is {max_len} tokens, but the prompt "
                            f"has {prompt_len} tokens", param="messages" if chat else "prompt")
@@ -207,32 +276,9 @@ class Translator:
         output = OutputOptions(chat=chat, stream=req.stream, include_usage=usage, continuous_usage=continuous,
                                stop=tuple(stop_list(req)), include_stop_str_in_output=req.include_stop_str_in_output,
                                skip_special_tokens=req.skip_special_tokens)
-        request = GenerateRequest(request_id, ids, sampling, time.time(), req.priority, None, req.cache_salt, pinned)
+        request = GenerateRequest(request_id, token_ids.tolist(), sampling, time.time(), req.priority, None,
+                                  req.cache_salt, pinned)
         return EngineRequest(request, max_tokens, output)
-
-    def _render_and_encode(self, messages: list[dict[str, Any]],
-                           req: ChatCompletionRequest) -> tuple[str, list[int]]:
-        try:
-            text = self._model.template.render(
-                messages, tools=req.tools, add_generation_prompt=req.add_generation_prompt,
-                continue_final_message=req.continue_final_message,
-                chat_template_kwargs=req.chat_template_kwargs)
-        except TemplateError as exc:
-            if exc.param is not None:  # a render option of the request, not the template, is at fault
-                raise APIError(400, str(exc), param=exc.param) from None
-            raise APIError(400, f"chat template error: {exc}", param="messages") from None
-        return text, self._model.encode(text, add_special_tokens=False)
-
-    def _check_model(self, name: str) -> None:
-        if name != self._model.name:
-            raise APIError(404, f"The model `{name}` does not exist; this server serves `{self._model.name}`",
-                           param="model", code="model_not_found")
-
-    async def _off_loop(self, long: bool, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
-        """Long prompts are rendered and tokenized in a worker thread, so other streams keep flowing."""
-        if not long:
-            return fn(*args, **kwargs)
-        return await asyncio.get_running_loop().run_in_executor(self._pool, lambda: fn(*args, **kwargs))
 
 
 def _pinned_rank(value: bytes | None) -> int | None:
@@ -244,3 +290,18 @@ def _pinned_rank(value: bytes | None) -> int | None:
         got = value.decode(errors="replace")
         raise APIError(400, f"{PIN_HEADER} must be an integer rank, got {got!r}", param=PIN_HEADER) from None
 
+
+# ---- in a worker process (workers.PreparePool) ----
+
+_worker: Preparer | None = None
+
+
+def _start_worker(path: str, name: str, enable_auto_tool_choice: bool, tool_call_parser: str | None) -> None:
+    global _worker
+    _worker = Preparer(Model.load(path, name), enable_auto_tool_choice=enable_auto_tool_choice,
+                       tool_call_parser=tool_call_parser)
+
+
+def _prepare_in_worker(kind: str, body: bytes) -> Prepared:
+    assert _worker is not None, "the worker's initializer has run"
+    return _worker.chat(body) if kind == "chat" else _worker.completion(body)

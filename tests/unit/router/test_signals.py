@@ -238,3 +238,27 @@ def test_embedding_model_is_imported_only_when_used(signal: dict[str, Any], deci
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == {"before": [], "after": imported, "decision": decision}
+
+
+def test_counting_a_long_text_lets_other_threads_run() -> None:
+    """The token-count signal runs off the loop for big requests; that helps only if the tokenizer
+    lets go of the GIL (tokenizers' encode does not: the loop stood still for the whole count)."""
+    import threading
+
+    from tokenizers import Tokenizer
+
+    import checkpoints
+
+    count = tokenizer_counter("tiny")
+    text = "naïve words, code {json} and 日本語 " * 60_000  # ~2 MB
+    done = threading.Event()
+    result: list[int] = []
+    worker = threading.Thread(target=lambda: (result.append(count(text)), done.set()))
+    ticks = 0
+    worker.start()
+    while not done.wait(0.002):
+        ticks += 1  # each needs the GIL
+    worker.join()
+    tokenizer = Tokenizer.from_file(str(checkpoints.resolve("tiny") / "tokenizer.json"))
+    assert result == [len(tokenizer.encode(text, add_special_tokens=False).ids)]
+    assert ticks >= 5, f"the main thread ran {ticks} times while the text was counted"
