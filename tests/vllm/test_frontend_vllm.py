@@ -79,3 +79,25 @@ def test_forced_tool_choice_gives_calls_that_match_the_tools_schemas(frontend: F
         for name, arguments in got:
             validate(json.loads(arguments), schemas[name])
     client.close()
+
+
+def test_required_streams_the_calls_it_answers_whole(frontend: FrontendProc) -> None:
+    """Greedy, so the same tokens both ways: the streamed pieces join to the whole answer's calls,
+    the first piece of each call carrying its id and name, and arrive in more than one delta."""
+    client = openai.OpenAI(base_url=frontend.url + "/v1", api_key="x", max_retries=0, timeout=120)
+    kwargs = {"model": "tiny", "messages": [{"role": "user", "content": "weather?"}], "tools": TOOLS,
+              "tool_choice": "required", "max_tokens": 200, "temperature": 0, "parallel_tool_calls": False}
+    whole = client.chat.completions.create(**kwargs)  # type: ignore[call-overload]
+    expected = [(c.id, c.function.name, c.function.arguments) for c in whole.choices[0].message.tool_calls or []]
+    pieces: list[tuple[int, str | None, str | None, str]] = []
+    for chunk in client.chat.completions.create(stream=True, **kwargs):  # type: ignore[call-overload]
+        for c in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            pieces.append((c.index, c.id, c.function.name if c.function else None,
+                           (c.function.arguments or "") if c.function else ""))
+    client.close()
+    assert len(expected) == 1 and len(pieces) > 1
+    index, call_id, name, _ = pieces[0]
+    assert index == 0 and call_id and name == expected[0][1]
+    assert all(p[0] == 0 and p[1] is None and p[2] is None for p in pieces[1:])
+    assert "".join(p[3] for p in pieces) == expected[0][2]
+    json.loads(expected[0][2])

@@ -11,17 +11,20 @@ class JsonScan:
     `scan` returns the index just past the bracket that brings the depth back to 0 (`closed` is
     then True), or, with `stop_at_lt`, the index of a `<` outside any string (`stopped`: never
     JSON, so the model left the value unclosed); else len(text), with the state kept for more.
+    A scan made with `in_string` starts just past a string's opening quote and closes just past
+    the quote that ends that string.
     """
 
-    __slots__ = ("closed", "depth", "escaped", "in_string", "stopped")
+    __slots__ = ("closed", "depth", "escaped", "in_string", "stopped", "string")
 
-    def __init__(self, depth: int = 0) -> None:
+    def __init__(self, depth: int = 0, *, in_string: bool = False) -> None:
         self.depth = depth
-        self.in_string = self.escaped = False
+        self.in_string = self.string = in_string
+        self.escaped = False
         self.closed = self.stopped = False
 
     def scan(self, text: str, *, stop_at_lt: bool = False) -> int:
-        depth, in_string, escaped = self.depth, self.in_string, self.escaped
+        depth, in_string, escaped, string = self.depth, self.in_string, self.escaped, self.string
         end = len(text)
         for i, ch in enumerate(text):
             if in_string:
@@ -31,6 +34,10 @@ class JsonScan:
                     escaped = True
                 elif ch == '"':
                     in_string = False
+                    if string:
+                        end = i + 1
+                        self.closed = True
+                        break
             elif ch == '"':
                 in_string = True
             elif ch in "{[":
