@@ -40,6 +40,7 @@ bench: $(STAMP)
 	$(PY) bench/engine_start.py
 	$(PY) bench/frontend_stream.py
 	$(PY) bench/frontend_parsers.py
+	$(PY) bench/isolation.py
 	$(PY) bench/detokenizer.py
 	$(PY) bench/chat_template.py
 	$(PY) bench/router_policy.py
