@@ -91,7 +91,14 @@ class Frontend:
                         media_type="application/json")
 
     async def _metrics(self, request: Request) -> Response:
-        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+        m, name = self.metrics, self.model.name
+        for engine in self.engines.engines:
+            rank = str(engine.rank)
+            m.engine_streams.labels(name, rank).set(len(engine.inflight))
+            stats = engine.stats
+            m.engine_running.labels(name, rank).set(stats.running if stats is not None else 0)
+            m.engine_waiting.labels(name, rank).set(stats.waiting if stats is not None else 0)
+        return Response(m.render(), media_type="text/plain; version=0.0.4")
 
     # ---- generation (lean ASGI) ----
 

@@ -35,6 +35,14 @@ class Metrics:
         self._model = model_name
         self.engines_ready = Gauge("fleet:engines_ready", "Engine ranks handshaken and alive.", labels,
                                    registry=r).labels(model_name)
+        # Set at scrape time (Frontend._metrics): what each rank holds, by its Stats and by our count.
+        ranked = ["model_name", "rank"]
+        self.engine_running = Gauge("fleet:engine_requests_running", "Requests running at each engine rank, "
+                                    "as its latest Stats says (all frontends' requests).", ranked, registry=r)
+        self.engine_waiting = Gauge("fleet:engine_requests_waiting", "Requests waiting at each engine rank, "
+                                    "as its latest Stats says.", ranked, registry=r)
+        self.engine_streams = Gauge("fleet:engine_streams_open", "This API server's requests open at each "
+                                    "engine rank.", ranked, registry=r)
 
     def finished(self, reason: str) -> None:
         self._success.labels(self._model, reason).inc()
