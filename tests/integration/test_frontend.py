@@ -11,6 +11,7 @@ import httpx
 import openai
 import pytest
 
+from services.frontend.stop_strings import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from tests.support.engine_client import EngineClient
 from tests.support.procs import EngineProc, FrontendProc, start_engine, start_frontend
 
@@ -122,6 +123,30 @@ def test_stop_string_split_across_tokens(client: openai.OpenAI) -> None:
             text = r.choices[0].message.content or ""
             assert r.choices[0].finish_reason == "stop"
         assert text == expected and stop not in text
+
+
+def test_the_largest_allowed_stop_list_is_matched_and_a_longer_one_is_a_400(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=40, seed=11)
+    full = reply.choices[0].message.content
+    assert full is not None and len(full) > 20
+    stop = full[12:16]
+    held = full[:8] + "\x00" * 5000  # runs along the text's start, so it is held back, then released
+    size = (MAX_STOP_CHARS - len(stop) - len(held)) // (MAX_STOP_STRINGS - 2)
+    stops = [stop, held, *(f"\x01{i:02}" + "\x02" * (size - 3) for i in range(MAX_STOP_STRINGS - 2))]
+    for stream in (False, True):
+        if stream:
+            chunks = list(client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=40, seed=11,
+                                                         stop=stops, stream=True))
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            finish = next(c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason)
+        else:
+            r = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=40, seed=11, stop=stops)
+            text, finish = r.choices[0].message.content or "", r.choices[0].finish_reason
+        assert (text, finish) == (full[:full.index(stop)], "stop")
+    for over in ([*stops, "x"], [*stops[:-1], stops[-1] + "x" * (MAX_STOP_CHARS - sum(map(len, stops)) + 1)]):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=4, stop=over)
+        assert err.value.body["param"] == "stop" and "at most" in err.value.body["message"]  # type: ignore[index]
 
 
 def test_pin_header_selects_the_rank(client: openai.OpenAI) -> None:
