@@ -250,6 +250,39 @@ def test_chinese_text_streams_byte_exact(tmp_path: Path) -> None:
         engine.stop()
 
 
+def test_the_stop_token_is_no_text_unless_include_stop_str_in_output(tmp_path: Path) -> None:
+    """As vLLM: the token that ended a request (a stop_token_ids entry, or EOS) is detokenized only with
+    include_stop_str_in_output. The echo sim replays the prompt's ids, so the stop token is known."""
+    engine = start_engine(tmp_path, *SIM, "--sim-instant", "--sim-echo")
+    try:
+        fe = start_frontend(tmp_path, *_frontend_args(engine, 1))
+    except BaseException:
+        engine.stop()
+        raise
+    hello, world, comma, this, is_, a, im_end = 9707, 1879, 11, 419, 374, 264, 151645
+    cases = [  # prompt ids, the stop token id, skip_special_tokens, text without and with the stop token
+        ([hello, world, comma, this, is_, a], is_, True, "Hello world, this", "Hello world, this is"),
+        ([hello, world, im_end, a], im_end, False, "Hello world", "Hello world<|im_end|>"),
+    ]
+    try:
+        with openai.OpenAI(base_url=fe.url + "/v1", api_key="x", max_retries=0) as client:
+            for prompt, stop, skip, without, with_stop in cases:
+                for include in (False, True):
+                    extra = {"stop_token_ids": [stop], "include_stop_str_in_output": include,
+                             "skip_special_tokens": skip}
+                    r = client.completions.create(model="tiny", prompt=prompt, max_tokens=10, extra_body=extra)
+                    streamed = [c.choices[0] for c in client.completions.create(
+                        model="tiny", prompt=prompt, max_tokens=10, extra_body=extra, stream=True) if c.choices]
+                    expected = with_stop if include else without
+                    assert (r.choices[0].text, r.choices[0].finish_reason) == (expected, "stop")
+                    assert r.choices[0].stop_reason == stop  # type: ignore[attr-defined]
+                    assert ("".join(c.text for c in streamed), streamed[-1].finish_reason) == (expected, "stop")
+                    assert r.usage is not None and r.usage.completion_tokens == prompt.index(stop) + 1
+    finally:
+        fe.stop()
+        engine.stop()
+
+
 def test_long_prompt_is_tokenized_off_the_loop_and_served(client: openai.OpenAI) -> None:
     long = "数据 and words " * 400  # past --long-prompt-chars: rendered and tokenized in a worker thread
     r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": long}], max_tokens=3)
