@@ -50,7 +50,9 @@ def _rank_process(config: EngineConfig) -> None:
 
 def supervise(config: EngineConfig) -> int:
     """One process per local rank; a signal is passed on, and if one rank exits the rest are stopped
-    so the deployment's supervisor restarts the whole unit rather than serving half of it silently."""
+    so the deployment's supervisor restarts the whole unit rather than serving half of it silently.
+    The unit's exit code is the first failed rank's, as a shell reports it: 1 (or 2 for bad flags),
+    or 128 + N for a rank killed by signal N."""
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_rank_process, args=(config.for_local_rank(i),),
                          name=f"engine-rank-{config.data_parallel_start_rank + i}")
@@ -73,11 +75,17 @@ def supervise(config: EngineConfig) -> int:
         for p in procs:
             p.join(timeout=0.2)
             if not p.is_alive() and p.exitcode not in (0, None) and not stopping:
-                log.error("%s exited with %s; stopping the other ranks", p.name, p.exitcode)
-                code = p.exitcode or 1
+                code = exit_status(p.exitcode)
+                how = (f"was killed by {signal.Signals(-p.exitcode).name}" if p.exitcode < 0
+                       else f"exited with {p.exitcode}")
+                log.error("%s %s; stopping the other ranks (exit code %d)", p.name, how, code)
                 stop()
-    return code or max((p.exitcode or 0) for p in procs)
+    return code or max(exit_status(p.exitcode or 0) for p in procs)
 
+
+def exit_status(exitcode: int) -> int:
+    """multiprocessing's exit code as a shell would give it: -N (killed by signal N) is 128 + N."""
+    return 128 - exitcode if exitcode < 0 else exitcode
 
 
 def setup_logging() -> None:
