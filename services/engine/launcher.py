@@ -15,32 +15,39 @@ log = logging.getLogger("engine")
 
 
 def run_rank(config: EngineConfig) -> int:
-    """One rank in this process: backend, sockets, core loop. SIGTERM/SIGINT drain it."""
-    from services.engine.bridge import Bridge
+    """One rank in this process: sockets bound first (a taken port fails at once, not after the
+    model has loaded), then the backend, then the core loop. SIGTERM/SIGINT drain it."""
+    from services.engine.bridge import BindError, Bridge
     from services.engine.core import CoreLoop
     from services.engine.wiring import build_backend
 
     started = time.monotonic()
-    try:
-        backend, vocab_size = build_backend(config)
-    except ValueError as exc:  # bad flags or checkpoint: say so plainly, no traceback
-        log.error("rank %d cannot start: %s", config.rank, exc)
-        return 2
     ctx = zmq.Context()
-    bridge = Bridge(ctx, f"tcp://{config.host}:{config.port}", f"tcp://{config.host}:{config.first_pub_port}",
-                    beat_interval_s=config.heartbeat_interval_s, stall_timeout_s=config.stall_timeout_s)
-    core = CoreLoop(config, backend, bridge, vocab_size=vocab_size)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: core.request_drain())
-    info = backend.info
-    log.info("rank %d ready in %.1fs: backend=%s model=%s max_model_len=%d kv_blocks=%d "
-             "router=tcp://%s:%d pub=tcp://%s:%d epoch=%s", config.rank, time.monotonic() - started,
-             info.name, info.model, info.max_model_len, info.num_kv_blocks, config.host, config.port,
-             config.host, config.first_pub_port, core.epoch)
-    code = core.run()
-    bridge.close()
-    ctx.term()
-    return code
+    try:
+        bridge = Bridge(ctx, f"tcp://{config.host}:{config.port}", f"tcp://{config.host}:{config.first_pub_port}",
+                        beat_interval_s=config.heartbeat_interval_s, stall_timeout_s=config.stall_timeout_s)
+    except BindError as exc:
+        log.error("rank %d cannot start: %s", config.rank, exc)
+        ctx.term()
+        return 1
+    try:
+        try:
+            backend, vocab_size = build_backend(config)
+        except ValueError as exc:  # bad flags or checkpoint: say so plainly, no traceback
+            log.error("rank %d cannot start: %s", config.rank, exc)
+            return 2
+        core = CoreLoop(config, backend, bridge, vocab_size=vocab_size)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: core.request_drain())
+        info = backend.info
+        log.info("rank %d ready in %.1fs: backend=%s model=%s max_model_len=%d kv_blocks=%d "
+                 "router=tcp://%s:%d pub=tcp://%s:%d epoch=%s", config.rank, time.monotonic() - started,
+                 info.name, info.model, info.max_model_len, info.num_kv_blocks, config.host, config.port,
+                 config.host, config.first_pub_port, core.epoch)
+        return core.run()
+    finally:
+        bridge.close()
+        ctx.term()
 
 
 def _rank_process(config: EngineConfig) -> None:

@@ -1,17 +1,44 @@
-"""Starting and ending engine processes: the exit codes a deployment's supervisor sees."""
+"""Starting and ending engine processes: ports bound before the model loads, and the exit codes a
+deployment's supervisor sees."""
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 
 from tests.integration.conftest import SIM
-from tests.support.procs import EngineProc, start_engine
+from tests.support.procs import EngineProc, free_port_block, start_engine
+
+
+def _listening(port: int) -> socket.socket:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", port))
+    sock.listen()
+    return sock
 
 
 def _no_traceback(engine: EngineProc) -> None:
     assert "Traceback" not in engine.log(), engine.log()
+
+
+def test_a_taken_port_is_one_line_naming_it_and_exit_1_before_the_model_loads(tmp_path: Path) -> None:
+    # A model that does not exist can only be found missing by loading it: exit 1 and the port in the
+    # log show that the sockets were bound first (it used to load, then die with ZMQ's traceback).
+    missing = ("--model", str(tmp_path / "no-such-model"), "--backend", "sim")
+    port = free_port_block(2, spread=0)
+    cases = [(port, missing, 1), (port + 40, (*missing, "--pub-port", str(port + 40)), 1),
+             (port + 1, SIM, 2)]  # a unit: the rank whose port is taken ends it, the other is stopped
+    for taken, args, ranks in cases:
+        with _listening(taken):
+            engine = start_engine(tmp_path, *args, ranks=ranks, port=port, wait=False)
+            code = engine.proc.wait(60)
+        lines = [line for line in engine.log().splitlines() if "cannot start" in line]
+        assert code == 1, engine.log()
+        assert len(lines) == 1 and f"tcp://127.0.0.1:{taken}: Address already in use" in lines[0], engine.log()
+        assert "no-such-model" not in engine.log()
+        _no_traceback(engine)
 
 
 def _rank_pids(supervisor: int, ranks: int) -> list[int]:
