@@ -30,7 +30,7 @@ class BindError(Exception):
 
 
 class Bridge:
-    """Binds at once, so a taken port is known before the model loads."""
+    """Binds at once, so a taken port is known before the model loads; `pub_port` is the port bound."""
 
     def __init__(self, ctx: zmq.Context, router_endpoint: str, pub_endpoint: str, *,
                  beat_interval_s: float = 0.1, stall_timeout_s: float = 60.0) -> None:
@@ -55,6 +55,8 @@ class Bridge:
                 self._router.close()
                 self._pub.close()
                 raise BindError(f"cannot bind the {name} socket to {endpoint}: {exc.strerror}") from None
+        # The port bound, also when the endpoint asked the OS for one ("tcp://host:*").
+        self.pub_port = int(self._pub.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1])
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self._closing = False

@@ -218,7 +218,7 @@ class CoreLoop:
                  MAJOR, MINOR)
         self._send(identity, Ready(
             self.rank, info.model, info.max_model_len, info.block_size, info.num_kv_blocks,
-            info.name, info.version, self.epoch, self.config.first_pub_port, MAJOR, MINOR,
+            info.name, info.version, self.epoch, self.bridge.pub_port, MAJOR, MINOR,
         ))
 
     def _on_message(self, peer: Peer, msg: Message) -> None:

@@ -23,8 +23,9 @@ def run_rank(config: EngineConfig) -> int:
 
     started = time.monotonic()
     ctx = zmq.Context()
+    pub = "*" if config.pub_port is None else str(config.pub_port)  # "*": the OS picks a free port
     try:
-        bridge = Bridge(ctx, f"tcp://{config.host}:{config.port}", f"tcp://{config.host}:{config.first_pub_port}",
+        bridge = Bridge(ctx, f"tcp://{config.host}:{config.port}", f"tcp://{config.host}:{pub}",
                         beat_interval_s=config.heartbeat_interval_s, stall_timeout_s=config.stall_timeout_s)
     except BindError as exc:
         log.error("rank %d cannot start: %s", config.rank, exc)
@@ -43,7 +44,7 @@ def run_rank(config: EngineConfig) -> int:
         log.info("rank %d ready in %.1fs: backend=%s model=%s max_model_len=%d kv_blocks=%d "
                  "router=tcp://%s:%d pub=tcp://%s:%d epoch=%s", config.rank, time.monotonic() - started,
                  info.name, info.model, info.max_model_len, info.num_kv_blocks, config.host, config.port,
-                 config.host, config.first_pub_port, core.epoch)
+                 config.host, bridge.pub_port, core.epoch)
         return core.run()
     finally:
         bridge.close()

@@ -1,5 +1,5 @@
-"""Starting and ending engine processes: ports bound before the model loads, and the exit codes a
-deployment's supervisor sees."""
+"""Starting and ending engine processes: ports bound before the model loads, PUB ports that cannot land
+on a neighbouring engine's, and the exit codes a deployment's supervisor sees."""
 from __future__ import annotations
 
 import os
@@ -8,7 +8,11 @@ import socket
 import time
 from pathlib import Path
 
+import zmq
+
+from protocol import Ready, Stats, decode
 from tests.integration.conftest import SIM
+from tests.support.engine_client import EngineClient
 from tests.support.procs import EngineProc, free_port_block, start_engine
 
 
@@ -39,6 +43,38 @@ def test_a_taken_port_is_one_line_naming_it_and_exit_1_before_the_model_loads(tm
         assert len(lines) == 1 and f"tcp://127.0.0.1:{taken}: Address already in use" in lines[0], engine.log()
         assert "no-such-model" not in engine.log()
         _no_traceback(engine)
+
+
+def test_default_pub_ports_cannot_land_on_a_neighbouring_engines_ranks(tmp_path: Path) -> None:
+    # Two units of two ranks, the second at --port + 100: the PUB default used to be port + 100 + i.
+    port = free_port_block(2, spread=100)
+    first = start_engine(tmp_path, *SIM, "--sim-instant", ranks=2, port=port)
+    try:
+        second = start_engine(tmp_path, *SIM, "--sim-instant", ranks=2, port=port + 100)
+        try:
+            routers = {port, port + 1, port + 100, port + 101}
+            pubs = first.pub_ports + second.pub_ports
+            assert len(set(pubs)) == 4 and not routers & set(pubs)
+            ctx = zmq.Context.instance()
+            for engine in (first, second):
+                for rank in range(2):
+                    client = EngineClient(engine.endpoint(rank))
+                    sub = ctx.socket(zmq.SUB)
+                    sub.setsockopt(zmq.SUBSCRIBE, b"")
+                    sub.setsockopt(zmq.LINGER, 0)
+                    try:
+                        ready = client.handshake(timeout_s=30)
+                        assert isinstance(ready, Ready) and ready.pub_port == engine.pub_ports[rank]
+                        sub.connect(f"tcp://127.0.0.1:{ready.pub_port}")  # as a frontend does on Ready
+                        assert sub.poll(5000), "no Stats on the announced PUB port"
+                        assert isinstance(decode(sub.recv_multipart()), Stats)
+                    finally:
+                        sub.close()
+                        client.close()
+        finally:
+            assert second.stop() == 0
+    finally:
+        assert first.stop() == 0
 
 
 def _rank_pids(supervisor: int, ranks: int) -> list[int]:

@@ -28,6 +28,8 @@ from services.engine.core import CoreLoop
 
 
 class FakeBridge:
+    pub_port = 5655
+
     def __init__(self) -> None:
         self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.sent: list[tuple[bytes, Any]] = []
