@@ -42,6 +42,7 @@ bench: $(STAMP)
 	$(PY) bench/frontend_parsers.py
 	$(PY) bench/isolation.py
 	$(PY) bench/detokenizer.py
+	$(PY) bench/stop_strings.py
 	$(PY) bench/chat_template.py
 	$(PY) bench/router_policy.py
 	$(PY) bench/router_latency.py

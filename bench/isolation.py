@@ -38,7 +38,9 @@ def _stop_limits() -> tuple[int, int]:
         from services.frontend import stop_strings
     except ImportError:
         return 16, 5000
-    return (getattr(stop_strings, "MAX_STOP_STRINGS", 16), getattr(stop_strings, "MAX_STOP_STRING_CHARS", 5000))
+    count = getattr(stop_strings, "MAX_STOP_STRINGS", 16)
+    total = getattr(stop_strings, "MAX_STOP_CHARS", None)
+    return count, total // count if total else 5000  # the largest list: every string as long as allowed
 
 
 def hostile_bodies() -> dict[str, bytes]:

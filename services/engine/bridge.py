@@ -25,7 +25,13 @@ log = logging.getLogger(__name__)
 Inbound = tuple[bytes, list[zmq.Frame]]  # (peer identity, frames)
 
 
+class BindError(Exception):
+    """A socket could not bind its endpoint (the port is taken, the host is not this machine's)."""
+
+
 class Bridge:
+    """Binds at once, so a taken port is known before the model loads; `pub_port` is the port bound."""
+
     def __init__(self, ctx: zmq.Context, router_endpoint: str, pub_endpoint: str, *,
                  beat_interval_s: float = 0.1, stall_timeout_s: float = 60.0) -> None:
         self.inbox: queue.SimpleQueue[Inbound] = queue.SimpleQueue()
@@ -40,10 +46,17 @@ class Bridge:
         self._router.setsockopt(zmq.SNDHWM, 0)
         self._router.setsockopt(zmq.RCVHWM, 0)
         self._router.setsockopt(zmq.LINGER, 2000)
-        self._router.bind(router_endpoint)
         self._pub = ctx.socket(zmq.PUB)
         self._pub.setsockopt(zmq.LINGER, 0)
-        self._pub.bind(pub_endpoint)
+        for name, sock, endpoint in (("ROUTER", self._router, router_endpoint), ("PUB", self._pub, pub_endpoint)):
+            try:
+                sock.bind(endpoint)
+            except zmq.ZMQError as exc:
+                self._router.close()
+                self._pub.close()
+                raise BindError(f"cannot bind the {name} socket to {endpoint}: {exc.strerror}") from None
+        # The port bound, also when the endpoint asked the OS for one ("tcp://host:*").
+        self.pub_port = int(self._pub.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1])
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self._closing = False

@@ -14,7 +14,9 @@ class EngineConfig:
     backend: Backend
     host: str = "0.0.0.0"
     port: int = 5555  # ROUTER port of the first local rank; rank i binds port + i
-    pub_port: int | None = None  # PUB port of the first local rank; default port + 100
+    # PUB port of the first local rank, rank i binds pub_port + i; default: one the OS picks for each rank,
+    # announced in Ready (a fixed offset from --port landed on a neighbouring engine's ROUTER ports).
+    pub_port: int | None = None
     data_parallel_size_local: int = 1
     data_parallel_start_rank: int = 0
     max_model_len: int | None = None  # default: the model's (capped at 4096 for the sim)
@@ -47,6 +49,12 @@ class EngineConfig:
                  self.data_parallel_start_rank, ">= 0")
         _require(self.port + self.data_parallel_size_local <= 65536, "--port", self.port,
                  "port + data-parallel-size-local <= 65536")
+        if self.pub_port is not None:
+            k = self.data_parallel_size_local
+            _require(0 < self.pub_port and self.pub_port + k <= 65536, "--pub-port", self.pub_port,
+                     "1..65535, and pub-port + data-parallel-size-local <= 65536")
+            _require(self.pub_port + k <= self.port or self.port + k <= self.pub_port, "--pub-port",
+                     self.pub_port, f"a range that misses the ROUTER ports {self.port}..{self.port + k - 1}")
         _require(self.max_model_len is None or self.max_model_len >= 16, "--max-model-len",
                  self.max_model_len, ">= 16")
         _require(self.kv_cache_bytes is None or self.kv_cache_bytes > 0, "--kv-cache-bytes",
@@ -62,16 +70,12 @@ class EngineConfig:
         _require(self.sim_script is None or self.backend == "sim", "--sim-script", self.sim_script,
                  "only with --backend sim")
 
-    @property
-    def first_pub_port(self) -> int:
-        return self.pub_port if self.pub_port is not None else self.port + 100
-
     def for_local_rank(self, i: int) -> EngineConfig:
         """The config of one rank process: its own ports and global rank, one rank each."""
         return replace(
             self,
             port=self.port + i,
-            pub_port=self.first_pub_port + i,
+            pub_port=None if self.pub_port is None else self.pub_port + i,
             data_parallel_start_rank=self.data_parallel_start_rank + i,
             data_parallel_size_local=1,
         )
@@ -108,7 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=d["port"],
                    help="ROUTER port of the first local rank; rank i binds port + i")
     p.add_argument("--pub-port", type=int, default=d["pub_port"],
-                   help="PUB port (KV events, load) of the first local rank; default: --port + 100")
+                   help="PUB port (KV events, load) of the first local rank; rank i binds pub-port + i. Default: "
+                        "a port the OS picks for each rank, so it cannot collide with another engine's; "
+                        "frontends learn it from the handshake (Ready.pub_port) and the rank logs it")
     p.add_argument("--data-parallel-size-local", type=int, default=d["data_parallel_size_local"],
                    help="engine ranks this command starts, one process each")
     p.add_argument("--data-parallel-start-rank", type=int, default=d["data_parallel_start_rank"],

@@ -134,6 +134,10 @@ class CoreLoop:
         left = self._peers.all_requests()
         if left:
             log.warning("rank %d drain deadline passed; failing %d request(s)", self.rank, len(left))
+            for internal in left:
+                entry = self._peers.owner(internal)
+                if entry is not None:
+                    self._log_aborted(entry[0], [internal], "the drain deadline passed")
             self.backend.abort(left)
             # Draining: a request with nothing generated yet can still be served by another rank.
             self._fail(left, f"engine rank {self.rank} shut down (drain deadline "
@@ -202,8 +206,10 @@ class CoreLoop:
             return
         old = self._peers.get(identity)
         if old is not None:  # the same connection handshook again: its earlier session is over
-            self.backend.abort(self._peers.leave(old))
+            orphans = self._peers.leave(old)
+            self.backend.abort(orphans)
             self.bridge.peers = tuple(p.identity for p in self._peers)
+            self._log_aborted(old, orphans, "its frontend started a new session")
         self._peers.join(identity, hello.frontend_id, now)
         self.bridge.peers = tuple(p.identity for p in self._peers)
         info = self.backend.info
@@ -212,7 +218,7 @@ class CoreLoop:
                  MAJOR, MINOR)
         self._send(identity, Ready(
             self.rank, info.model, info.max_model_len, info.block_size, info.num_kv_blocks,
-            info.name, info.version, self.epoch, self.config.first_pub_port, MAJOR, MINOR,
+            info.name, info.version, self.epoch, self.bridge.pub_port, MAJOR, MINOR,
         ))
 
     def _on_message(self, peer: Peer, msg: Message) -> None:
@@ -265,6 +271,7 @@ class CoreLoop:
                 assert released is not None  # known: every one has an owner
                 outs.append(RequestOutput(released[1], [], "abort"))
             self._send_outputs(peer, outs)
+            self._log_aborted(peer, known, "the frontend aborted it")
 
     def _on_utility(self, call: UtilityCall) -> UtilityResult:
         try:
@@ -303,6 +310,7 @@ class CoreLoop:
                         self.rank, peer.frontend_id, now - peer.last_seen, len(orphans))
             if orphans:
                 self.backend.abort(orphans)
+                self._log_aborted(peer, orphans, f"its frontend was silent for {now - peer.last_seen:.1f}s")
             # If it is only slow, not gone, this tells it to handshake again.
             self._send(peer.identity, Reject(RejectCode.EXPIRED.value, (
                 f"no message for {now - peer.last_seen:.1f}s (deadline {self.config.client_timeout_s}s): "
@@ -351,6 +359,12 @@ class CoreLoop:
             entry = self._peers.release(internal)
             if entry is not None:
                 self._send_outputs(entry[0], [RequestOutput(entry[1], [], "error", error=reason, error_kind=kind)])
+
+    def _log_aborted(self, peer: Peer, internal_ids: list[str], why: str) -> None:
+        """One line per aborted request: aborts are rare next to tokens, and each is worth finding."""
+        for internal in internal_ids:
+            log.info("rank %d aborted request %s of frontend %s: %s", self.rank, internal.split(":", 1)[1],
+                     peer.frontend_id, why)
 
     def _send(self, identity: bytes, msg: Message) -> None:
         self.bridge.send([(identity, encode(msg))])

@@ -86,6 +86,7 @@ class OutputProcessor:
             raise
         now = time.monotonic()
         detok, stops, parser, token_parser = self._detok, self._stops, self._parser, self._token_parser
+        drop_stop_token = not self.options.include_stop_str_in_output
         pieces: list[Piece] = []
         counts = self.counts = []
         for out in outs:
@@ -115,9 +116,10 @@ class OutputProcessor:
                     self._finished(reason, out.stop_reason)
                     break
                 continue
-            if reason == "stop" and n and not isinstance(out.stop_reason, str):
-                # The EOS or stop token that ended it is no text, as in vLLM: shown otherwise when
-                # skip_special_tokens is false, or when the stop token id is a regular token.
+            if reason == "stop" and n and drop_stop_token and not isinstance(out.stop_reason, str):
+                # The EOS or stop token that ended it is no text unless include_stop_str_in_output, as
+                # in vLLM: shown otherwise when skip_special_tokens is false, or when the stop token
+                # id is a regular token.
                 text = detok.push(out.new_token_ids[:-1]) if n > 1 else ""
             else:
                 text = detok.push(out.new_token_ids) if n else ""

@@ -11,6 +11,7 @@ import msgspec
 
 from protocol import SamplingParams
 from services.frontend.errors import APIError, from_validation
+from services.frontend.stop_strings import MAX_STOP_CHARS, MAX_STOP_STRINGS
 
 
 class StreamOptions(msgspec.Struct):
@@ -124,9 +125,17 @@ def check_common(req: _Sampling) -> None:
     _range(0 < req.repetition_penalty <= 2, "repetition_penalty", req.repetition_penalty, "must be in (0, 2]")
     if req.seed is not None:
         _range(-(2**63) <= req.seed < 2**63, "seed", req.seed, "must fit in 64 bits")
-    stops = stop_list(req)
-    _range(len(stops) <= 16, "stop", len(stops), "at most 16 stop strings")
-    _range(all(stops), "stop", req.stop, "stop strings must not be empty")
+    _check_stop(stop_list(req))
+
+
+def _check_stop(stops: list[str]) -> None:
+    """The limits that keep preparing a request's stop strings cheap (stop_strings.py says why)."""
+    if len(stops) > MAX_STOP_STRINGS:
+        raise APIError(400, f"stop: {len(stops)} stop strings, at most {MAX_STOP_STRINGS} are allowed", param="stop")
+    chars = sum(map(len, stops))
+    if chars > MAX_STOP_CHARS:
+        raise APIError(400, f"stop: {chars} characters in all, at most {MAX_STOP_CHARS} are allowed", param="stop")
+    _range(all(stops), "stop", stops, "stop strings must not be empty")
 
 
 def stop_list(req: _Sampling) -> list[str]:

@@ -70,8 +70,8 @@ def test_two_frontends_get_only_their_own_outputs(client_factory) -> None:  # ty
     assert ra["r0"].token_ids != rb["r0"].token_ids[:8]
 
 
-def test_abort_stops_a_request_within_one_step(client_factory) -> None:  # type: ignore[no-untyped-def]
-    c = client_factory()
+def test_abort_stops_a_request_within_one_step(client_factory, sim_engine) -> None:  # type: ignore[no-untyped-def]
+    c = client_factory(frontend_id="fe-abort")
     ready(c)
     c.generate("long", PROMPT, max_tokens=3000)
     first = c.recv()
@@ -89,6 +89,7 @@ def test_abort_stops_a_request_within_one_step(client_factory) -> None:  # type:
     assert abort_step - last_token_step <= 1
     with pytest.raises(TimeoutError):  # nothing more for it
         c.recv(0.3)
+    sim_engine.wait_log("rank 0 aborted request long of frontend fe-abort: the frontend aborted it")
 
 
 def test_silent_client_requests_are_aborted_after_deadline(client_factory, sim_engine) -> None:  # type: ignore[no-untyped-def]
@@ -99,6 +100,7 @@ def test_silent_client_requests_are_aborted_after_deadline(client_factory, sim_e
     stats = watcher.utility("stats")
     assert stats.ok and stats.result["in_flight"] == 0 and stats.result["running"] == 0
     assert "aborting its 1 request(s)" in sim_engine.log()
+    assert "aborted request forever of frontend fe-silent: its frontend was silent for" in sim_engine.log()
 
 
 def test_prefix_cache_and_kv_events(client_factory, sim_engine) -> None:  # type: ignore[no-untyped-def]

@@ -11,6 +11,7 @@ import httpx
 import openai
 import pytest
 
+from services.frontend.stop_strings import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from tests.support.engine_client import EngineClient
 from tests.support.procs import EngineProc, FrontendProc, start_engine, start_frontend
 
@@ -124,6 +125,30 @@ def test_stop_string_split_across_tokens(client: openai.OpenAI) -> None:
         assert text == expected and stop not in text
 
 
+def test_the_largest_allowed_stop_list_is_matched_and_a_longer_one_is_a_400(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=40, seed=11)
+    full = reply.choices[0].message.content
+    assert full is not None and len(full) > 20
+    stop = full[12:16]
+    held = full[:8] + "\x00" * 5000  # runs along the text's start, so it is held back, then released
+    size = (MAX_STOP_CHARS - len(stop) - len(held)) // (MAX_STOP_STRINGS - 2)
+    stops = [stop, held, *(f"\x01{i:02}" + "\x02" * (size - 3) for i in range(MAX_STOP_STRINGS - 2))]
+    for stream in (False, True):
+        if stream:
+            chunks = list(client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=40, seed=11,
+                                                         stop=stops, stream=True))
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            finish = next(c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason)
+        else:
+            r = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=40, seed=11, stop=stops)
+            text, finish = r.choices[0].message.content or "", r.choices[0].finish_reason
+        assert (text, finish) == (full[:full.index(stop)], "stop")
+    for over in ([*stops, "x"], [*stops[:-1], stops[-1] + "x" * (MAX_STOP_CHARS - sum(map(len, stops)) + 1)]):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=4, stop=over)
+        assert err.value.body["param"] == "stop" and "at most" in err.value.body["message"]  # type: ignore[index]
+
+
 def test_pin_header_selects_the_rank(client: openai.OpenAI) -> None:
     for rank in (0, 1, 1, 0):
         raw = client.chat.completions.with_raw_response.create(
@@ -220,6 +245,39 @@ def test_chinese_text_streams_byte_exact(tmp_path: Path) -> None:
         assert "".join(chunks) == text
         assert all("\ufffd" not in c for c in chunks)
         client.close()
+    finally:
+        fe.stop()
+        engine.stop()
+
+
+def test_the_stop_token_is_no_text_unless_include_stop_str_in_output(tmp_path: Path) -> None:
+    """As vLLM: the token that ended a request (a stop_token_ids entry, or EOS) is detokenized only with
+    include_stop_str_in_output. The echo sim replays the prompt's ids, so the stop token is known."""
+    engine = start_engine(tmp_path, *SIM, "--sim-instant", "--sim-echo")
+    try:
+        fe = start_frontend(tmp_path, *_frontend_args(engine, 1))
+    except BaseException:
+        engine.stop()
+        raise
+    hello, world, comma, this, is_, a, im_end = 9707, 1879, 11, 419, 374, 264, 151645
+    cases = [  # prompt ids, the stop token id, skip_special_tokens, text without and with the stop token
+        ([hello, world, comma, this, is_, a], is_, True, "Hello world, this", "Hello world, this is"),
+        ([hello, world, im_end, a], im_end, False, "Hello world", "Hello world<|im_end|>"),
+    ]
+    try:
+        with openai.OpenAI(base_url=fe.url + "/v1", api_key="x", max_retries=0) as client:
+            for prompt, stop, skip, without, with_stop in cases:
+                for include in (False, True):
+                    extra = {"stop_token_ids": [stop], "include_stop_str_in_output": include,
+                             "skip_special_tokens": skip}
+                    r = client.completions.create(model="tiny", prompt=prompt, max_tokens=10, extra_body=extra)
+                    streamed = [c.choices[0] for c in client.completions.create(
+                        model="tiny", prompt=prompt, max_tokens=10, extra_body=extra, stream=True) if c.choices]
+                    expected = with_stop if include else without
+                    assert (r.choices[0].text, r.choices[0].finish_reason) == (expected, "stop")
+                    assert r.choices[0].stop_reason == stop  # type: ignore[attr-defined]
+                    assert ("".join(c.text for c in streamed), streamed[-1].finish_reason) == (expected, "stop")
+                    assert r.usage is not None and r.usage.completion_tokens == prompt.index(stop) + 1
     finally:
         fe.stop()
         engine.stop()

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -59,13 +60,18 @@ class Proc:
 
 @dataclass
 class EngineProc(Proc):
-    pub_port: int = 0
+    # Per local rank, read from its ready line: by default each rank's PUB port is the OS's choice.
+    pub_ports: list[int] = field(default_factory=list)
 
     def endpoint(self, rank_offset: int = 0) -> str:
         return f"tcp://127.0.0.1:{self.port + rank_offset}"
 
+    @property
+    def pub_port(self) -> int:
+        return self.pub_ports[0]
+
     def pub_endpoint(self, rank_offset: int = 0) -> str:
-        return f"tcp://127.0.0.1:{self.pub_port + rank_offset}"
+        return f"tcp://127.0.0.1:{self.pub_ports[rank_offset]}"
 
     def wait_log(self, text: str, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -79,24 +85,28 @@ class EngineProc(Proc):
     def wait_ready(self, ranks: int = 1, timeout_s: float = 120.0) -> None:
         """Until every rank logged that it serves; fails at once if the process exits."""
         deadline = time.monotonic() + timeout_s
-        while self.log().count(" ready in ") < ranks:
+        while len(lines := _READY.findall(self.log())) < ranks:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"engine exited ({self.proc.returncode}) before it was ready:\n{self.log()}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"engine not ready within {timeout_s}s:\n{self.log()}")
             time.sleep(0.05)
+        self.pub_ports = [int(pub) for _, pub in sorted(lines, key=lambda line: int(line[0]))]
+
+
+_READY = re.compile(r"rank (\d+) ready in .* pub=tcp://\S+:(\d+) ")
 
 
 
 def start_engine(tmp_path: Path, *args: str, ranks: int = 1, env: dict[str, str] | None = None,
                  wait: bool = True, port: int | None = None) -> EngineProc:
-    port = port if port is not None else free_port_block(ranks)
+    port = port if port is not None else free_port_block(ranks, spread=0)
     log_path = tmp_path / f"engine-{port}.log"
     cmd = [sys.executable, "-m", "services.engine", "--headless", "--host", "127.0.0.1",
            "--port", str(port), "--data-parallel-size-local", str(ranks), *args]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-    engine = EngineProc(proc, port, log_path, port + 100)
+    engine = EngineProc(proc, port, log_path)
     if wait:
         try:
             engine.wait_ready(ranks)

@@ -10,14 +10,16 @@ def test_cli_flags_map_to_config() -> None:
                     "--data-parallel-size-local", "2", "--data-parallel-start-rank", "4",
                     "--max-model-len", "512", "--kv-cache-bytes", "1048576", "--sim-instant"])
     assert (c.model, c.backend, c.port, c.data_parallel_size_local, c.rank) == ("tiny", "sim", 7000, 2, 4)
-    assert (c.max_model_len, c.kv_cache_bytes, c.sim_instant, c.first_pub_port) == (512, 1048576, True, 7100)
+    assert (c.max_model_len, c.kv_cache_bytes, c.sim_instant, c.pub_port) == (512, 1048576, True, None)
 
 
 def test_each_local_rank_gets_its_ports_and_global_rank() -> None:
     c = EngineConfig(model="tiny", backend="sim", port=7000, data_parallel_size_local=3,
                      data_parallel_start_rank=2)
     r = c.for_local_rank(2)
-    assert (r.port, r.first_pub_port, r.rank, r.data_parallel_size_local) == (7002, 7102, 4, 1)
+    assert (r.port, r.pub_port, r.rank, r.data_parallel_size_local) == (7002, None, 4, 1)  # the OS picks it
+    fixed = EngineConfig(model="tiny", backend="sim", port=7000, pub_port=9000, data_parallel_size_local=3)
+    assert [fixed.for_local_rank(i).pub_port for i in range(3)] == [9000, 9001, 9002]
 
 
 @pytest.mark.parametrize(
@@ -28,6 +30,9 @@ def test_each_local_rank_gets_its_ports_and_global_rank() -> None:
         (["--block-size", "7"], "--block-size=7 is invalid: allowed 8, 16, 32, 64 or 128"),
         (["--client-timeout", "0.05"], "--client-timeout=0.05 is invalid"),
         (["--backend", "tpu"], "invalid choice: 'tpu'"),
+        (["--port", "7000", "--pub-port", "7001", "--data-parallel-size-local", "2"],
+         "--pub-port=7001 is invalid: allowed a range that misses the ROUTER ports 7000..7001"),
+        (["--pub-port", "65535", "--data-parallel-size-local", "2"], "--pub-port=65535 is invalid"),
     ],
 )
 def test_bad_flags_exit_with_a_message_naming_the_flag(argv: list[str], message: str,

@@ -28,6 +28,8 @@ from services.engine.core import CoreLoop
 
 
 class FakeBridge:
+    pub_port = 5655
+
     def __init__(self) -> None:
         self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.sent: list[tuple[bytes, Any]] = []
@@ -152,6 +154,27 @@ def test_same_request_id_from_two_peers_and_abort_finish(parts) -> None:  # type
     assert backend.aborted == ["1:r"]
     core.request_drain()
     thread.join(5)
+
+
+def test_each_aborted_request_is_one_log_line_saying_why(parts, caplog) -> None:  # type: ignore[no-untyped-def]
+    bridge, backend, core = parts
+    for peer in (b"a", b"b"):
+        bridge.push(peer, make_hello(f"fe-{peer.decode()}"))
+    bridge.push(b"a", _req("asked", 10**9))
+    bridge.push(b"b", _req("orphan-1", 10**9))
+    bridge.push(b"b", _req("orphan-2", 10**9))
+    thread, _ = _run(core)
+    _wait(lambda: len(bridge.to(b"b", Outputs)) > 0)
+    with caplog.at_level("INFO", logger="services.engine.core"):
+        bridge.push(b"a", Abort(["asked"]))
+        bridge.push(b"b", make_hello("fe-b"))  # the same connection handshakes again: its old session ends
+        _wait(lambda: sorted(backend.aborted) == ["1:asked", "2:orphan-1", "2:orphan-2"])
+        core.request_drain()
+        thread.join(5)
+    lines = sorted(r.getMessage() for r in caplog.records if "aborted request" in r.getMessage())
+    assert lines == ["rank 0 aborted request asked of frontend fe-a: the frontend aborted it",
+                     "rank 0 aborted request orphan-1 of frontend fe-b: its frontend started a new session",
+                     "rank 0 aborted request orphan-2 of frontend fe-b: its frontend started a new session"]
 
 
 def test_utility_error_is_a_result_not_a_crash(parts) -> None:  # type: ignore[no-untyped-def]

@@ -72,11 +72,12 @@ def model() -> Model:
 
 
 def _processor(model: Model, engines: _Engines, *, stop: tuple[str, ...] = (), pinned: int | None = None,
-               deltas: _Upper | None = None, skip: bool = True) -> tuple[OutputProcessor, Stream, Metrics]:
+               deltas: _Upper | None = None, skip: bool = True,
+               include: bool = False) -> tuple[OutputProcessor, Stream, Metrics]:
     request = EngineRequest(GenerateRequest("r1", [1, 2, 3], SamplingParams(max_tokens=8), time.time(),
                                             pinned_rank=pinned), 8,
                             OutputOptions(chat=False, stream=False, include_usage=False, continuous_usage=False,
-                                          stop=stop, include_stop_str_in_output=False, skip_special_tokens=skip,
+                                          stop=stop, include_stop_str_in_output=include, skip_special_tokens=skip,
                                           tool_choice="auto"))
     stream = Stream("r1", 3, 8)
     stream.engine_index = 0
@@ -168,12 +169,14 @@ def test_plain_content_from_a_parser_stays_a_str_piece(model: Model) -> None:
 
 
 @pytest.mark.parametrize("skip", [True, False])
-def test_the_token_that_stopped_a_request_is_no_text(model: Model, skip: bool) -> None:
+@pytest.mark.parametrize("include", [False, True])
+def test_the_token_that_stopped_a_request_is_no_text(model: Model, skip: bool, include: bool) -> None:
     """As vLLM: neither EOS (a special token shown when skip_special_tokens is false) nor a stop token id
-    (which may be a regular token) is part of the text; both count as completion tokens."""
-    for last in (IM_END, COMMA):
-        outputs, stream, _ = _processor(model, _Engines(), skip=skip)
+    (which may be a regular token) is part of the text, unless include_stop_str_in_output; both count as
+    completion tokens."""
+    for last, text in ((IM_END, "" if skip else "<|im_end|>"), (COMMA, ",")):
+        outputs, stream, _ = _processor(model, _Engines(), skip=skip, include=include)
         stream.feed(RequestOutput("r1", [HELLO], None))
         stream.feed(RequestOutput("r1", [WORLD, last], "stop", stop_reason=None if last == IM_END else last))
-        assert asyncio.run(_drain(outputs)) == "Hello world"
+        assert asyncio.run(_drain(outputs)) == "Hello world" + (text if include else "")
         assert outputs.completion_tokens == 3

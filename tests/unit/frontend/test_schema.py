@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from services.frontend.errors import APIError
@@ -10,6 +12,7 @@ from services.frontend.schema import (
     parse,
     sampling_params,
 )
+from services.frontend.stop_strings import MAX_STOP_CHARS, MAX_STOP_STRINGS
 
 
 def _err(cls: type, body: bytes) -> APIError:
@@ -48,6 +51,23 @@ def test_parses_a_full_chat_request() -> None:
 def test_errors_name_the_field(body: bytes, param: str | None, needle: str) -> None:
     err = _err(ChatCompletionRequest, body)
     assert err.status == 400 and err.param == param and needle in err.message
+
+
+def test_stop_limits_are_a_400_naming_stop_and_the_limit() -> None:
+    def body(stop: object) -> bytes:
+        return json.dumps({"model": "m", "messages": [], "stop": stop}).encode()
+
+    at_limit = ["x" * (MAX_STOP_CHARS // MAX_STOP_STRINGS)] * MAX_STOP_STRINGS
+    check_common(parse(ChatCompletionRequest, body(at_limit)))
+    check_common(parse(ChatCompletionRequest, body("y" * MAX_STOP_CHARS)))  # one string may take it all
+    err = _err(ChatCompletionRequest, body(["s"] * (MAX_STOP_STRINGS + 1)))
+    assert (err.param, err.message) == ("stop", f"stop: {MAX_STOP_STRINGS + 1} stop strings, at most "
+                                                f"{MAX_STOP_STRINGS} are allowed")
+    over = [*at_limit[1:], "z" * 300]
+    err = _err(CompletionRequest, json.dumps({"model": "m", "prompt": "p", "stop": over}).encode())
+    total = sum(map(len, over))
+    assert (err.param, err.message) == ("stop", f"stop: {total} characters in all, at most {MAX_STOP_CHARS} "
+                                                "are allowed")
 
 
 def test_completion_prompt_forms() -> None:

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from services.frontend.stop_strings import StopChecker
+from services.frontend.stop_strings import MAX_STOP_CHARS, MAX_STOP_STRINGS, StopChecker
 
 
 def run(stops: list[str], deltas: list[str], *, include: bool = False) -> tuple[list[str], str | None]:
@@ -134,3 +134,43 @@ def test_only_a_possible_start_of_a_stop_is_held_back() -> None:
                            if any(s.startswith(pushed[len(pushed) - n:]) and n < len(s) for s in stops)),
                           default=0)
             assert len(held) == longest, (stops, pushed, emitted)
+
+
+def test_a_5000_character_stop_is_held_while_it_can_match_and_cut_when_it_does() -> None:
+    # The regex over every prefix that this replaced took seconds here (quadratic in the length).
+    rng = random.Random(3)
+    stop = "".join(rng.choice("ab ") for _ in range(4999)) + "!"
+    checker = StopChecker([stop])
+    deltas = ["text: ", *(stop[i:i + 3] for i in range(0, len(stop) - 1, 3))]
+    deltas[-1] = deltas[-1].removesuffix("!")
+    assert [checker.push(d) for d in deltas] == [("text: ", None)] + [("", None)] * (len(deltas) - 1)
+    assert checker.push("!after") == ("", stop)
+    missed = StopChecker([stop])
+    assert missed.push(stop[:-1]) == ("", None) and missed.push("?") == (stop[:-1] + "?", None)
+
+
+def test_the_largest_allowed_stop_list_is_prepared_and_matched() -> None:
+    rng = random.Random(7)
+    size = MAX_STOP_CHARS // MAX_STOP_STRINGS
+    stops = ["".join(rng.choice("abc") for _ in range(size)) for _ in range(MAX_STOP_STRINGS)]
+    assert sum(map(len, stops)) == MAX_STOP_CHARS
+    target = stops[-1]
+    # A text that runs along most of several stops before the one it completes.
+    text = "".join(s[: size // 2] for s in stops[:8]) + target + "tail"
+    for include in (False, True):
+        emitted, matched = run(stops, [text[i:i + 4] for i in range(0, len(text), 4)], include=include)
+        assert (("".join(emitted), matched)
+                == _reference(stops, text, include)
+                == (text[:text.index(target) + (size if include else 0)], target))
+
+
+def test_stops_sharing_long_prefixes_and_nested_in_each_other() -> None:
+    stops = ["x" * 300 + "a", "x" * 300 + "b", "x" * 200, "x" * 300, "yx" * 100 + "z"]
+    rng = random.Random(2)
+    for _ in range(200):
+        text = "".join(rng.choice(["x" * rng.randint(1, 120), "a", "b", "yx" * rng.randint(1, 60), "z"])
+                       for _ in range(rng.randint(1, 12)))
+        cuts = sorted(rng.sample(range(len(text) + 1), min(len(text) + 1, 6)))
+        deltas = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+        emitted, matched = run(stops, deltas)
+        assert ("".join(emitted), matched) == _reference(stops, text, False), (stops, deltas)
