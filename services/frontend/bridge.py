@@ -3,6 +3,8 @@ one SUB per rank (KV events, load), bridged to the event loop.
 
 Everything received in one wake-up is handed to the loop as one batch, through one
 call_soon_threadsafe, so a burst of engine steps costs one loop wake-up, not one per message.
+Each DEALER is watched by a ZMQ socket monitor: its connection closing (the engine process died,
+or closed its socket) is told to the loop at once rather than found by heartbeat deadline.
 """
 from __future__ import annotations
 
@@ -16,11 +18,17 @@ from collections.abc import Callable
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 log = logging.getLogger(__name__)
 
-DEALER, SUB, SEND_FAILED, CONNECT_FAILED = 0, 1, 2, 3  # channel of an inbound item
+# Channel of an inbound item. SEND_FAILED: frames the DEALER refused (no live connection, so they
+# never left this process); DISCONNECTED / CONNECTED: the connection to the engine closed / was made;
+# FLUSHED: every send queued before flush() has been tried (any refused one reported before it).
+DEALER, SUB, SEND_FAILED, CONNECT_FAILED, DISCONNECTED, CONNECTED, FLUSHED = range(7)
+MONITOR = -1  # channel_of entry of a DEALER's monitor socket, never handed to the loop
 Inbound = tuple[int, int, list[Any]]  # (engine index, channel, frames; for CONNECT_FAILED: [reason])
+_WATCHED = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
 
 
 class Bridge:
@@ -52,6 +60,10 @@ class Bridge:
     def send(self, index: int, frames: list[Any]) -> None:
         self._command("send", index, frames)
 
+    def flush(self, index: int) -> None:
+        """Ask for a FLUSHED item once every send queued so far to this engine has been tried."""
+        self._command("flush", index, None)
+
     def close(self) -> None:
         self._closing = True
         self._wake()
@@ -76,6 +88,7 @@ class Bridge:
         poller.register(self._wake_r, zmq.POLLIN)
         dealers: dict[int, zmq.Socket] = {}
         subs: dict[int, zmq.Socket] = {}
+        monitors: dict[int, zmq.Socket] = {}
         channel_of: dict[zmq.Socket, tuple[int, int]] = {}
         try:
             while not self._closing:
@@ -91,19 +104,27 @@ class Bridge:
                     index, channel = channel_of[sock]
                     while True:
                         try:
-                            batch.append((index, channel, sock.recv_multipart(zmq.NOBLOCK)))
+                            frames = sock.recv_multipart(zmq.NOBLOCK)
                         except zmq.Again:
                             break
+                        if channel == MONITOR:
+                            event = parse_monitor_message(frames)["event"]
+                            batch.append((index, DISCONNECTED if event == zmq.EVENT_DISCONNECTED else CONNECTED,
+                                          []))
+                        else:
+                            batch.append((index, channel, frames))
                 while self._commands:
                     op, index, arg = self._commands.popleft()
                     if op == "send":
                         try:
                             dealers[index].send_multipart(arg, zmq.NOBLOCK)
-                        except (zmq.Again, KeyError):  # no live connection (IMMEDIATE): say so
+                        except (zmq.Again, KeyError):  # no live connection (IMMEDIATE): it never left
                             batch.append((index, SEND_FAILED, arg))
+                    elif op == "flush":
+                        batch.append((index, FLUSHED, []))
                     elif op in ("connect", "subscribe"):
                         try:
-                            self._open(op, index, arg, poller, dealers, subs, channel_of)
+                            self._open(op, index, arg, poller, dealers, subs, monitors, channel_of)
                         except zmq.ZMQError as exc:  # this engine's address only: the others carry on
                             batch.append((index, CONNECT_FAILED, [f"cannot {op} to {arg}: {exc}"]))
                 if batch:
@@ -118,12 +139,15 @@ class Bridge:
                 except RuntimeError:  # the loop closed meanwhile
                     pass
         finally:
+            for index in list(monitors):
+                self._unwatch(poller, dealers[index], monitors, channel_of, index)
             for sock in [*dealers.values(), *subs.values()]:
                 sock.close()
             self._ctx.term()
 
     def _open(self, op: str, index: int, address: str, poller: zmq.Poller, dealers: dict[int, zmq.Socket],
-              subs: dict[int, zmq.Socket], channel_of: dict[zmq.Socket, tuple[int, int]]) -> None:
+              subs: dict[int, zmq.Socket], monitors: dict[int, zmq.Socket],
+              channel_of: dict[zmq.Socket, tuple[int, int]]) -> None:
         if op == "connect":
             sock = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.IDENTITY, self._identity)
@@ -141,12 +165,34 @@ class Bridge:
             sock.setsockopt(zmq.SUBSCRIBE, b"")
             sock.setsockopt(zmq.LINGER, 0)
             table, channel = subs, SUB
+        monitor = None
         try:
+            if op == "connect":  # watched before it connects, so no event is missed
+                monitor = sock.get_monitor_socket(_WATCHED)
+                monitor.setsockopt(zmq.LINGER, 0)
             sock.connect(address)
         except zmq.ZMQError:
+            if monitor is not None:
+                sock.disable_monitor()
+                monitor.close()
             sock.close()
             raise
+        if op == "connect" and index in monitors:
+            self._unwatch(poller, dealers[index], monitors, channel_of, index)
         self._replace(poller, table, channel_of, index, sock, channel)
+        if monitor is not None:
+            monitors[index] = monitor
+            channel_of[monitor] = (index, MONITOR)
+            poller.register(monitor, zmq.POLLIN)
+
+    @staticmethod
+    def _unwatch(poller: zmq.Poller, dealer: zmq.Socket, monitors: dict[int, zmq.Socket],
+                 channel_of: dict[zmq.Socket, tuple[int, int]], index: int) -> None:
+        monitor = monitors.pop(index)
+        poller.unregister(monitor)
+        channel_of.pop(monitor, None)
+        dealer.disable_monitor()
+        monitor.close()
 
     @staticmethod
     def _replace(poller: zmq.Poller, table: dict[int, zmq.Socket], channel_of: dict[zmq.Socket, tuple[int, int]],

@@ -1,5 +1,6 @@
 """Sends requests to engine ranks: the placement's choice, the submit, a second placement after a
-draining rank's refusal, and the abort. Runs on each API server's event loop."""
+draining rank's refusal or a send that found no connection, and the abort. Runs on each API server's
+event loop."""
 from __future__ import annotations
 
 import logging
@@ -36,8 +37,9 @@ class Dispatcher:
                                                request_id=stream.request_id)
         except NoEngine:
             return False
-        log.info("request %s: rank %d is draining; placing it on rank %d", stream.request_id, stream.rank,
-                 engine.rank)
+        first = self._engines.engines[stream.engine_index]
+        why = "is draining" if first.state == "ready" else "is unreachable (the request was never sent)"
+        log.info("request %s: rank %d %s; placing it on rank %d", stream.request_id, stream.rank, why, engine.rank)
         stream.finished = stream.started = False
         self._engines.submit(engine, stream, request.request)
         return True

@@ -24,6 +24,7 @@ from protocol import (
     ProtocolError,
     Ready,
     Reject,
+    RequestOutput,
     Stats,
     UtilityCall,
     UtilityResult,
@@ -34,13 +35,16 @@ from protocol import (
 from protocol.handshake import RejectCode
 from services.frontend.bridge import (
     CONNECT_FAILED,
+    CONNECTED,
     DEALER,
+    DISCONNECTED,
+    FLUSHED,
     SEND_FAILED,
     Bridge,
     Inbound,
 )
 from services.frontend.kv_index import KVIndex
-from services.frontend.stream import Stream
+from services.frontend.stream import NOT_SENT, Stream
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +74,7 @@ class Engine:
     pending_prefill: int = 0  # prompt tokens of our requests that have no output yet
     inflight: dict[str, Stream] = field(default_factory=dict)
     kv: KVIndex = field(default_factory=lambda: KVIndex(-1))
+    lost: str | None = None  # its connection closed: in-flight requests fail once the sends queued are tried
 
     @property
     def accepting(self) -> bool:
@@ -192,6 +197,18 @@ class EngineSet:
                 engine.state, engine.reason = "rejected", frames[0]  # an address that cannot work: no retries
                 self.changed.set()
                 continue
+            if channel == DISCONNECTED:
+                self._link_lost(engine, "its connection closed (the engine process exited or closed its socket)")
+                continue
+            if channel == FLUSHED:
+                if engine.lost is not None:
+                    self._fail_all(engine, f"engine rank {engine.rank} failed: {engine.lost}")
+                    engine.lost = None
+                continue
+            if channel == CONNECTED:
+                if engine.state in ("connecting", "dead"):
+                    engine.hello_sent = 0.0  # handshake at the next tick, not at the next retry
+                continue
             try:
                 msg = decode(frames, any_major=channel == DEALER)
             except ProtocolError as exc:
@@ -261,6 +278,7 @@ class EngineSet:
         engine.rank = msg.rank
         engine.kv.rank = msg.rank
         engine.ready, engine.epoch, engine.state, engine.reason = msg, msg.session_epoch, "ready", "ready"
+        engine.lost = None
         engine.stats, engine.sent_since_stats, engine.pending_prefill, engine.last_seen = None, 0, 0, now
         engine.recent_sends.clear()
         engine.kv.reset()
@@ -284,11 +302,30 @@ class EngineSet:
         self.changed.set()
 
     def _on_send_failed(self, engine: Engine, msg: Any) -> None:
+        """The DEALER refused these frames: no connection, so they never left this process."""
+        self._link_lost(engine, "a send found no connection to it")
         if isinstance(msg, GenerateRequest):
             stream = engine.inflight.pop(msg.request_id, None)
             if stream is not None:
                 self._finished(engine, stream)
-                stream.fail(f"engine rank {engine.rank} is unreachable")
+                # Output processing places it on another rank (unless pinned, or the client left).
+                stream.feed(RequestOutput(msg.request_id, [], "error", error=f"engine rank {engine.rank} is "
+                                          "unreachable (the request was never sent)", error_kind=NOT_SENT))
+        elif isinstance(msg, UtilityCall):
+            future = self._calls.get(msg.call_id)
+            if future is not None and not future.done():
+                future.set_result(UtilityResult(msg.call_id, False, None, f"engine rank {engine.rank} is unreachable"))
+
+    def _link_lost(self, engine: Engine, reason: str) -> None:
+        """The connection to a ready engine is gone: stop placing requests on it now. Requests already
+        sent may have reached it (their outputs cannot arrive any more): they fail once every send
+        queued to it has been tried, so that one refused for want of the connection is placed again."""
+        if engine.state != "ready":
+            return
+        self._mark_dead(engine, reason, fail=False)
+        engine.lost = reason
+        if self._bridge is not None:
+            self._bridge.flush(engine.index)
 
     def _on_bridge_dead(self, reason: str) -> None:
         """No engine can be reached any more: fail everything in flight at once, not by deadline."""
@@ -297,13 +334,14 @@ class EngineSet:
             self._mark_dead(e, self.broken)
         self.changed.set()
 
-    def _mark_dead(self, engine: Engine, reason: str) -> None:
+    def _mark_dead(self, engine: Engine, reason: str, *, fail: bool = True) -> None:
         if engine.state == "dead":
             return
         log.error("engine rank %d is dead: %s", engine.rank, reason)
         engine.state, engine.reason, engine.hello_sent, engine.epoch = "dead", reason, 0.0, ""
         engine.kv.reset()
-        self._fail_all(engine, f"engine rank {engine.rank} failed: {reason}")
+        if fail:
+            self._fail_all(engine, f"engine rank {engine.rank} failed: {reason}")
         self.changed.set()
 
     def _fail_all(self, engine: Engine, reason: str) -> None:

@@ -1,6 +1,7 @@
 """Output processing: the only code that loops over a request's engine outputs (detokenize, stop
-strings, finish, usage, metrics, a draining rank's refusal placed again). Runs on each API server's
-event loop, one OutputProcessor per request, in one pass over each batch of queued outputs.
+strings, finish, usage, metrics, a request that a draining or unreachable rank did not take placed
+again). Runs on each API server's event loop, one OutputProcessor per request, in one pass over each
+batch of queued outputs.
 
 Per output: detokenize -> stop strings -> the request's OutputParser (reasoning and tool-call parsers,
 incremental state machines fed one decoded delta at a time: services/frontend/parsers/) -> pieces
@@ -23,7 +24,7 @@ from services.frontend.detokenizer import IncrementalDetokenizer
 from services.frontend.metrics import Metrics
 from services.frontend.parsers import OutputParser, ParsedDelta, TokenOutputParser, ToolCall
 from services.frontend.stop_strings import StopChecker
-from services.frontend.stream import EngineFailure, Stream
+from services.frontend.stream import NOT_SENT, EngineFailure, Stream
 from services.frontend.translation import EngineRequest, OutputOptions
 
 
@@ -38,6 +39,8 @@ class EnginePort(Protocol):
 
 
 Piece = str | ParsedDelta  # content text, or a parser's delta with reasoning or tool calls
+# Refusals that prove the rank never started the request: another rank may serve it.
+_ELSEWHERE = (ERROR_DRAINING, NOT_SENT)
 
 
 class OutputProcessor:
@@ -100,7 +103,7 @@ class OutputProcessor:
                 self._last = now
                 self.completion_tokens += n
             reason = out.finish_reason
-            if reason == "error" and out.error_kind == ERROR_DRAINING and self._place_again():
+            if reason == "error" and out.error_kind in _ELSEWHERE and self._place_again():
                 continue
             if reason in ("error", "abort"):
                 m.finished("error")
@@ -186,8 +189,8 @@ class OutputProcessor:
         m.finished(reason)
 
     def _place_again(self) -> bool:
-        """A draining rank turned the request away before generating any of it: place it on another
-        rank (not pinned requests: they asked for that rank). False when there is none to try."""
+        """A draining rank turned the request away, or it could not be sent to its rank: place it on
+        another rank (not pinned requests: they asked for that rank). False when there is none to try."""
         stream = self.stream
         if self.completion_tokens or self._request.request.pinned_rank is not None or stream.gone is not None:
             return False  # tokens were produced, the rank was asked for, or the client left meanwhile

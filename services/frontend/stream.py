@@ -6,6 +6,10 @@ import asyncio
 
 from protocol import RequestOutput
 
+# error_kind of the output that tells a stream its request was refused by the socket for want of a
+# connection: it never left this process, so it may go to another rank. Frontend-local, never on the wire.
+NOT_SENT = "not_sent"
+
 
 class EngineFailure(RuntimeError):
     """The engine serving a request died, went silent or refused it; the message says which and why.

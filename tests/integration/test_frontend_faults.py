@@ -1,9 +1,12 @@
 """Faults seen through the frontend: /ready before and after a rank joins, an engine killed
-mid-stream (error event, 503 on /ready, traffic moves, the rank rejoins after restart)."""
+mid-stream (error event, 503 on /ready, traffic moves at once, the rank rejoins after restart)."""
 from __future__ import annotations
 
+import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -46,28 +49,59 @@ def test_ready_is_503_naming_the_missing_rank_until_it_joins(tmp_path: Path) -> 
             rank1.stop()
 
 
+def _completion(url: str, **headers: str) -> httpx.Response:
+    return httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2},
+                      headers=headers, timeout=30)
+
+
+def _sse(url: str, max_tokens: int, *, on_event: Any = None, **headers: str) -> list[Any]:
+    """A streamed completion's data payloads, JSON-decoded ([DONE] kept as the string); on_event(n)
+    is called after the n-th one."""
+    events: list[Any] = []
+    with httpx.stream("POST", url + "/v1/completions", headers=headers, timeout=60,
+                      json={"model": "tiny", "prompt": "hi", "max_tokens": max_tokens, "stream": True}) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:] if line == "data: [DONE]" else json.loads(line[6:]))
+                if on_event is not None:
+                    on_event(len(events))
+    return events
+
+
 def test_engine_killed_mid_stream(tmp_path: Path) -> None:
     base = free_port_block(2)
     rank0 = _rank(tmp_path, base, 0, "--sim-decode-ms", "5")
     rank1 = _rank(tmp_path, base + 1, 1, "--sim-decode-ms", "5")
     addresses = f"tcp://127.0.0.1:{base},tcp://127.0.0.1:{base + 1}"
+    # The heartbeat deadline is long on purpose: the rank must be found dead by its connection closing.
     fe = start_frontend(tmp_path, "--data-parallel-size", "2", "--data-parallel-size-local", "0",
-                        "--engine-addresses", addresses, "--engine-timeout", "1.0")
+                        "--engine-addresses", addresses, "--engine-timeout", "10.0")
     client = openai.OpenAI(base_url=fe.url + "/v1", api_key="x", max_retries=0, timeout=30)
+    pool = ThreadPoolExecutor(8)
     try:
         stream = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=3000, stream=True,
                                                 extra_headers={"X-Data-Parallel-Rank": "1"})
         received = 0
+        burst = []
         with pytest.raises(openai.APIError) as err:
             for _ in stream:
                 received += 1
                 if received == 5:
+                    killed_at = time.monotonic()
                     rank1.proc.kill()
+                    # Requests arriving right after the kill, before any deadline: none may fail.
+                    burst = [pool.submit(_completion, fe.url) for _ in range(8)]
+        failed_after = time.monotonic() - killed_at
         assert "engine rank 1" in str(err.value)
         assert received < 3000
+        print(f"stream failed {failed_after * 1000:.0f} ms after SIGKILL (heartbeat deadline 10 s)")
+        answers = [f.result() for f in burst]
+        assert [a.status_code for a in answers] == [200] * 8, [a.text for a in answers if a.status_code != 200]
+        assert {a.headers["x-data-parallel-rank"] for a in answers} == {"0"}
         rank1.proc.wait(10)
         body = httpx.get(fe.url + "/ready").json()
-        assert body["ready"] is False and "no heartbeat" in body["missing"]["1"]
+        assert body["ready"] is False and "connection closed" in body["missing"]["1"]
         # New work goes to the surviving rank.
         for _ in range(3):
             raw = client.chat.completions.with_raw_response.create(model="tiny", messages=CHAT, max_tokens=2)
@@ -83,6 +117,7 @@ def test_engine_killed_mid_stream(tmp_path: Path) -> None:
             model="tiny", messages=CHAT, max_tokens=2, extra_headers={"X-Data-Parallel-Rank": "1"})
         assert raw.headers["x-data-parallel-rank"] == "1"
     finally:
+        pool.shutdown()
         client.close()
         fe.stop()
         rank0.stop()
