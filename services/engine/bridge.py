@@ -23,6 +23,11 @@ from protocol import Frames, Heartbeat, encode
 log = logging.getLogger(__name__)
 
 Inbound = tuple[bytes, list[zmq.Frame]]  # (peer identity, frames)
+# After the last messages (a drain's final outputs, EngineDead) the connections stay open this long
+# before the socket closes: a frontend's DEALER (ZMQ_IMMEDIATE) drops what it has not read yet when its
+# connection drops, so closing at once can lose them. Input meanwhile is read and dropped, which also
+# keeps the close from being a reset (unread input) that would discard what is still unsent.
+FAREWELL_S = 0.25
 
 
 class BindError(Exception):
@@ -127,9 +132,21 @@ class Bridge:
                     else:
                         router.send_multipart([identity, *batch[0]], copy=False)
                 if self._closing and not outbox:
+                    self._farewell()
                     return
         except zmq.ZMQError as exc:
             log.error("engine socket thread stopped: %s", exc)
         finally:
             router.close()
             pub.close()
+
+    def _farewell(self) -> None:
+        """Keep the connections open for FAREWELL_S after the last send, reading and dropping input."""
+        deadline = time.monotonic() + FAREWELL_S
+        while (left := deadline - time.monotonic()) > 0:
+            if self._router.poll(int(left * 1000) + 1):
+                try:
+                    while self._router.recv_multipart(zmq.NOBLOCK, copy=False):
+                        pass
+                except zmq.Again:
+                    pass

@@ -1,8 +1,11 @@
 """Faults seen through the frontend: /ready before and after a rank joins, an engine killed
-mid-stream (error event, 503 on /ready, traffic moves at once, the rank rejoins after restart)."""
+mid-stream (error event, 503 on /ready, traffic moves at once, the rank rejoins after restart), an
+engine drained by SIGTERM."""
 from __future__ import annotations
 
 import json
+import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -119,6 +122,40 @@ def test_engine_killed_mid_stream(tmp_path: Path) -> None:
     finally:
         pool.shutdown()
         client.close()
+        fe.stop()
+        rank0.stop()
+        rank1.stop()
+
+
+def test_an_engine_drained_by_sigterm_finishes_or_ends_its_streams_and_traffic_moves(tmp_path: Path) -> None:
+    base = free_port_block(2)
+    rank0 = _rank(tmp_path, base, 0, "--sim-decode-ms", "5")
+    rank1 = _rank(tmp_path, base + 1, 1, "--sim-decode-ms", "5", "--drain-timeout", "2")
+    addresses = f"tcp://127.0.0.1:{base},tcp://127.0.0.1:{base + 1}"
+    fe = start_frontend(tmp_path, "--data-parallel-size", "2", "--data-parallel-size-local", "0",
+                        "--engine-addresses", addresses)
+    pool = ThreadPoolExecutor(4)
+    try:
+        started = threading.Barrier(3, timeout=30)
+
+        def stream(max_tokens: int) -> list[Any]:
+            return _sse(fe.url, max_tokens, on_event=lambda n: n == 3 and started.wait(),
+                        **{"X-Data-Parallel-Rank": "1"})
+
+        short, long = pool.submit(stream, 200), pool.submit(stream, 3000)  # ~1 s and ~15 s of decoding
+        started.wait()
+        rank1.proc.send_signal(signal.SIGTERM)
+        rank1.wait_log("draining")
+        answers = [_completion(fe.url) for _ in range(6)]  # the draining rank takes no new work
+        assert [a.status_code for a in answers] == [200] * 6
+        assert {a.headers["x-data-parallel-rank"] for a in answers} == {"0"}
+        finished = short.result(timeout=30)
+        assert finished[-1] == "[DONE]" and finished[-2]["choices"][0]["finish_reason"] == "length"
+        cut = long.result(timeout=30)  # still running at the drain deadline
+        assert cut[-1] == "[DONE]" and "drain deadline" in cut[-2]["error"]["message"]
+        assert rank1.proc.wait(30) == 0
+    finally:
+        pool.shutdown()
         fe.stop()
         rank0.stop()
         rank1.stop()
