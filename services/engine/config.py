@@ -29,6 +29,7 @@ class EngineConfig:
     client_timeout_s: float = 5.0  # a frontend silent this long is gone: its requests are aborted
     drain_timeout_s: float = 30.0  # on SIGTERM, how long in-flight requests may still run
     stall_timeout_s: float = 60.0  # liveness beats stop if one engine step runs longer than this
+    max_rank_restarts: int = 5  # supervised unit: restarts of one rank within 10 minutes before the unit stops
     seed: int = 0
     # sim backend
     sim_prefill_tps: float = 20000.0
@@ -67,6 +68,7 @@ class EngineConfig:
         _require(self.drain_timeout_s >= 0, "--drain-timeout", self.drain_timeout_s, ">= 0")
         _require(self.stall_timeout_s > self.heartbeat_interval_s, "--stall-timeout", self.stall_timeout_s,
                  "> --heartbeat-interval")
+        _require(self.max_rank_restarts >= 0, "--max-rank-restarts", self.max_rank_restarts, ">= 0")
         _require(self.sim_script is None or self.backend == "sim", "--sim-script", self.sim_script,
                  "only with --backend sim")
 
@@ -140,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on SIGTERM, seconds in-flight requests may still run before they are aborted")
     p.add_argument("--stall-timeout", type=float, default=d["stall_timeout_s"], dest="stall_timeout_s",
                    help="heartbeats stop (peers declare this rank dead) if one step runs longer than this")
+    p.add_argument("--max-rank-restarts", type=int, default=d["max_rank_restarts"],
+                   help="with --data-parallel-size-local > 1: a rank that dies is started again while the others "
+                        "serve, up to this many times within 10 minutes; past that (or 0) the unit stops")
     p.add_argument("--seed", type=int, default=d["seed"], help="random seed of the backend")
     p.add_argument("--sim-prefill-tps", type=float, default=d["sim_prefill_tps"],
                    help="sim: prompt tokens processed per second")

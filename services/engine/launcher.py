@@ -6,6 +6,8 @@ import multiprocessing
 import signal
 import sys
 import time
+from collections.abc import Callable
+from multiprocessing.synchronize import Event
 
 import zmq
 
@@ -14,9 +16,10 @@ from services.engine.config import EngineConfig
 log = logging.getLogger("engine")
 
 
-def run_rank(config: EngineConfig) -> int:
+def run_rank(config: EngineConfig, on_ready: Callable[[], None] | None = None) -> int:
     """One rank in this process: sockets bound first (a taken port fails at once, not after the
-    model has loaded), then the backend, then the core loop. SIGTERM/SIGINT drain it."""
+    model has loaded), then the backend, then the core loop. SIGTERM/SIGINT drain it. `on_ready`:
+    called once it serves (the supervisor's sign that a later exit is a death, not a failed start)."""
     from services.engine.bridge import BindError, Bridge
     from services.engine.core import CoreLoop
     from services.engine.wiring import build_backend
@@ -45,50 +48,93 @@ def run_rank(config: EngineConfig) -> int:
                  "router=tcp://%s:%d pub=tcp://%s:%d epoch=%s", config.rank, time.monotonic() - started,
                  info.name, info.model, info.max_model_len, info.num_kv_blocks, config.host, config.port,
                  config.host, bridge.pub_port, core.epoch)
+        if on_ready is not None:
+            on_ready()
         return core.run()
     finally:
         bridge.close()
         ctx.term()
 
 
-def _rank_process(config: EngineConfig) -> None:
+def _rank_process(config: EngineConfig, ready: Event) -> None:
     setup_logging()
-    sys.exit(run_rank(config))
+    sys.exit(run_rank(config, ready.set))
+
+
+RESTART_WINDOW_S = 600.0  # restarts of one rank are counted over this window
+RESTART_DELAY_MAX_S = 30.0
+BAD_FLAGS = 2  # run_rank's exit code for bad flags or a bad checkpoint: starting again cannot help
 
 
 def supervise(config: EngineConfig) -> int:
-    """One process per local rank; a signal is passed on, and if one rank exits the rest are stopped
-    so the deployment's supervisor restarts the whole unit rather than serving half of it silently.
-    The unit's exit code is the first failed rank's, as a shell reports it: 1 (or 2 for bad flags),
-    or 128 + N for a rank killed by signal N."""
+    """One process per local rank; a signal is passed on. A rank that dies after it was ready
+    (killed, crashed) is started again on its ports while the other ranks keep serving: frontends
+    fail its streams, place new work on the others and take it back when it handshakes. A rank that
+    fails to start the first time, has bad flags, or dies more than --max-rank-restarts times within
+    RESTART_WINDOW_S stops the whole unit, so the deployment's supervisor sees it fail rather than a
+    unit serving on fewer ranks for good. The unit's exit code is then that rank's, as a shell
+    reports it: 1 (or 2 for bad flags), or 128 + N for a rank killed by signal N."""
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_rank_process, args=(config.for_local_rank(i),),
-                         name=f"engine-rank-{config.data_parallel_start_rank + i}")
-             for i in range(config.data_parallel_size_local)]
+    configs = [config.for_local_rank(i) for i in range(config.data_parallel_size_local)]
+    ready = [ctx.Event() for _ in configs]  # set by a rank once it serves, for its first start
+    procs: list[multiprocessing.process.BaseProcess | None] = [None] * len(configs)
+    restarts: list[list[float]] = [[] for _ in configs]  # when each rank was started again
+    due: dict[int, float] = {}  # rank index -> when to start it again
     stopping = False
+
+    def start(i: int) -> None:
+        p = ctx.Process(target=_rank_process, args=(configs[i], ready[i]), name=f"engine-rank-{configs[i].rank}")
+        p.start()
+        procs[i] = p
 
     def stop(*_: object) -> None:
         nonlocal stopping
         stopping = True
+        due.clear()
         for p in procs:
-            if p.is_alive() and p.pid is not None:
+            if p is not None and p.is_alive() and p.pid is not None:
                 p.terminate()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    for p in procs:
-        p.start()
+    for i in range(len(configs)):
+        start(i)
     code = 0
-    while any(p.is_alive() for p in procs):
-        for p in procs:
+    while due or any(p is not None and p.is_alive() for p in procs):
+        for i, p in enumerate(procs):
+            if p is None:
+                continue
             p.join(timeout=0.2)
-            if not p.is_alive() and p.exitcode not in (0, None) and not stopping:
+            if p.is_alive() or stopping or p.exitcode is None:
+                continue
+            procs[i] = None
+            if p.exitcode == 0:
+                log.warning("%s drained and exited; the other ranks keep serving", p.name)
+                continue
+            how = f"was killed by {signal.Signals(-p.exitcode).name}" if p.exitcode < 0 else f"exited with {p.exitcode}"
+            now = time.monotonic()
+            recent = restarts[i] = [t for t in restarts[i] if now - t < RESTART_WINDOW_S]
+            if p.exitcode == BAD_FLAGS or not (ready[i].is_set() or recent) or len(recent) >= config.max_rank_restarts:
                 code = exit_status(p.exitcode)
-                how = (f"was killed by {signal.Signals(-p.exitcode).name}" if p.exitcode < 0
-                       else f"exited with {p.exitcode}")
-                log.error("%s %s; stopping the other ranks (exit code %d)", p.name, how, code)
+                why = (f"{len(recent)} restart(s) within {RESTART_WINDOW_S:.0f}s already" if recent
+                       else "--max-rank-restarts 0" if ready[i].is_set() else "it did not start")
+                log.error("%s %s; stopping the other ranks (exit code %d): %s", p.name, how, code, why)
                 stop()
-    return code or max(exit_status(p.exitcode or 0) for p in procs)
+                break
+            delay = 0.0 if not recent else min(RESTART_DELAY_MAX_S, 2.0 ** (len(recent) - 1))
+            log.error("%s %s; starting it again in %.0fs (restart %d of at most %d within %.0fs); the other "
+                      "ranks keep serving", p.name, how, delay, len(recent) + 1, config.max_rank_restarts,
+                      RESTART_WINDOW_S)
+            due[i] = now + delay
+        now = time.monotonic()
+        for i, at in list(due.items()):
+            if at <= now and not stopping:
+                del due[i]
+                restarts[i].append(now)
+                start(i)
+        if due and all(p is None for p in procs):
+            time.sleep(0.2)  # every rank is waiting for its restart
+    return code or max((exit_status(p.exitcode or 0) for p in procs if p is not None), default=0)
 
 
 def exit_status(exitcode: int) -> int:

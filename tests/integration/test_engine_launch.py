@@ -89,7 +89,8 @@ def _rank_pids(supervisor: int, ranks: int) -> list[int]:
 
 
 def test_a_supervised_unit_whose_rank_is_killed_exits_128_plus_the_signal(tmp_path: Path) -> None:
-    engine = start_engine(tmp_path, *SIM, "--sim-instant", ranks=2)
+    # --max-rank-restarts 0: the unit stops at a rank's first death instead of starting it again.
+    engine = start_engine(tmp_path, *SIM, "--sim-instant", "--max-rank-restarts", "0", ranks=2)
     try:
         pids = _rank_pids(engine.proc.pid, 2)
         assert len(pids) == 2

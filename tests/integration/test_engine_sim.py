@@ -1,6 +1,8 @@
 """The engine over real tcp loopback sockets, sim backend, driven by the protocol test client."""
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import msgspec
@@ -24,7 +26,7 @@ from protocol import (
 from protocol.block_hash import block_hashes
 from tests.integration.conftest import SIM
 from tests.support.engine_client import EngineClient
-from tests.support.procs import start_engine
+from tests.support.procs import pid_listening_on, start_engine
 
 PROMPT = list(range(1000, 1064))  # 64 tokens: four full blocks of 16
 
@@ -214,6 +216,39 @@ def test_sigterm_drains_in_flight_then_exits_zero(tmp_path) -> None:  # type: ig
     finally:
         c.close()
         late.close()
+        engine.stop()
+
+
+def test_a_supervised_unit_restarts_a_killed_rank_and_stops_when_it_keeps_dying(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    engine = start_engine(tmp_path, *SIM, "--sim-instant", "--max-rank-restarts", "1", ranks=2)
+    survivor = EngineClient(engine.endpoint(0))
+    try:
+        first_epoch = ready(survivor).session_epoch
+        victim = pid_listening_on(engine.port + 1)
+        os.kill(victim, signal.SIGKILL)
+        engine.wait_log("engine-rank-1 was killed by SIGKILL; starting it again")
+        deadline = time.monotonic() + 60
+        while True:  # the same ports, a new process
+            try:
+                if pid_listening_on(engine.port + 1) != victim:
+                    break
+            except LookupError:
+                pass
+            assert time.monotonic() < deadline, engine.log()
+            time.sleep(0.05)
+        back = EngineClient(engine.endpoint(1))
+        try:
+            assert ready(back).rank == 1
+        finally:
+            back.close()
+        survivor.generate("r", PROMPT, max_tokens=4)  # rank 0 served throughout, in the same session
+        assert survivor.collect(["r"])["r"].finish_reason == "length"
+        assert survivor.handshake().session_epoch == first_epoch
+        os.kill(pid_listening_on(engine.port + 1), signal.SIGKILL)  # a second death within the window
+        assert engine.proc.wait(30) == 128 + signal.SIGKILL
+        assert "stopping the other ranks (exit code 137): 1 restart(s) within 600s already" in engine.log()
+    finally:
+        survivor.close()
         engine.stop()
 
 

@@ -1,9 +1,10 @@
 """Faults seen through the frontend: /ready before and after a rank joins, an engine killed
-mid-stream (error event, 503 on /ready, traffic moves at once, the rank rejoins after restart), an
-engine drained by SIGTERM."""
+mid-stream (error event, 503 on /ready, traffic moves at once, the rank rejoins after restart), a rank
+of a supervised unit killed (the unit keeps serving and restarts it), an engine drained by SIGTERM."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 import time
@@ -15,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.procs import EngineProc, free_port_block, start_engine, start_frontend
+from tests.support.procs import EngineProc, free_port_block, pid_listening_on, start_engine, start_frontend
 
 SIM = ("--model", "tiny", "--backend", "sim")
 CHAT = [{"role": "user", "content": "Hello there"}]
@@ -125,6 +126,36 @@ def test_engine_killed_mid_stream(tmp_path: Path) -> None:
         fe.stop()
         rank0.stop()
         rank1.stop()
+
+
+def test_a_rank_of_a_supervised_unit_killed_mid_stream(tmp_path: Path) -> None:
+    """One command serves two ranks; SIGKILL one: its stream fails at once, every new request is
+    served by the other rank meanwhile, the unit starts the killed rank again and it rejoins."""
+    port = free_port_block(2)
+    fe = start_frontend(tmp_path, "--backend", "sim", "--data-parallel-size-local", "2", "--engine-port", str(port),
+                        "--engine-arg=--sim-decode-ms=5")
+    pool = ThreadPoolExecutor(4)
+    try:
+        victim = pid_listening_on(port + 1)
+        burst = []
+
+        def kill_at(n: int) -> None:
+            if n == 5:
+                os.kill(victim, signal.SIGKILL)
+                burst.extend(pool.submit(_completion, fe.url) for _ in range(8))
+
+        events = _sse(fe.url, 3000, on_event=kill_at, **{"X-Data-Parallel-Rank": "1"})
+        assert events[-1] == "[DONE]" and "engine rank 1" in events[-2]["error"]["message"]
+        answers = [f.result() for f in burst]
+        assert [a.status_code for a in answers] == [200] * 8, [a.text for a in answers if a.status_code != 200]
+        assert {a.headers["x-data-parallel-rank"] for a in answers} == {"0"}
+        assert fe.wait_ready(status=200, timeout_s=60) == {"ready": True, "ranks": [0, 1]}
+        assert _completion(fe.url, **{"X-Data-Parallel-Rank": "1"}).status_code == 200
+        assert pid_listening_on(port + 1) != victim
+        assert fe.proc.poll() is None and "engine-rank-1 was killed by SIGKILL; starting it again" in fe.log()
+    finally:
+        pool.shutdown()
+        assert fe.stop() == 0
 
 
 def test_an_engine_drained_by_sigterm_finishes_or_ends_its_streams_and_traffic_moves(tmp_path: Path) -> None:

@@ -27,6 +27,26 @@ def free_port_block(n: int = 1, *, spread: int = 100) -> int:
     raise RuntimeError("no free port block found")
 
 
+def pid_listening_on(port: int) -> int:
+    """The process listening on a loopback TCP port (Linux /proc): how a test finds one rank of a
+    supervised unit, whose processes all look alike from outside."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                cols = line.split()
+                if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                    inodes.add(f"socket:[{cols[9]}]")
+    for pid in (int(d) for d in os.listdir("/proc") if d.isdigit()):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in fds):
+                return pid
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    raise LookupError(f"no process listens on port {port}")
+
+
 def _is_free(port: int) -> bool:
     with closing(socket.socket()) as s:
         try:
@@ -180,9 +200,9 @@ class FrontendProc(HttpProc):
 
 
 
-def start_frontend(tmp_path: Path, *args: str, wait_status: int | None = 200) -> FrontendProc:
-    port = free_port_block(1, spread=0)
-    log_path = tmp_path / f"frontend-{port}.log"
+def start_frontend(tmp_path: Path, *args: str, wait_status: int | None = 200, port: int | None = None) -> FrontendProc:
+    port = port if port is not None else free_port_block(1, spread=0)
+    log_path = tmp_path / f"frontend-{port}-{time.monotonic_ns()}.log"  # one per start: a restart keeps the port
     cmd = [sys.executable, "-m", "services.frontend", "--model", "tiny", "--host", "127.0.0.1",
            "--port", str(port), *args]
     with open(log_path, "wb") as log:
