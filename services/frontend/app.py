@@ -33,6 +33,7 @@ from services.frontend.parsers import OutputParser, TokenOutputParser, build_par
 from services.frontend.parsers.forced import NamedToolParser, RequiredToolParser
 from services.frontend.placement import NoEngine, Placement
 from services.frontend.response_writer import send_completion, send_stream
+from services.frontend.shutdown import Shutdown
 from services.frontend.stream import Stream
 from services.frontend.translation import PIN_HEADER, EngineRequest, Translator
 
@@ -45,6 +46,7 @@ class Frontend:
         self.metrics = metrics
         self.placement = Placement()
         self.dispatcher = Dispatcher(engines, self.placement)
+        self.shutdown = Shutdown()
         self.translator = Translator(model, self._max_model_len, long_prompt_chars=config.long_prompt_chars,
                                      max_concurrent_tokenizations=config.max_concurrent_tokenizations,
                                      enable_auto_tool_choice=config.enable_auto_tool_choice,
@@ -65,14 +67,20 @@ class Frontend:
         if scope["method"] != "POST":
             await send_json(send, 405, error_body(405, f"{scope['path']} accepts POST only"))
             return
-        try:
-            body = await read_body(scope, receive, self.config.max_body_bytes)
-            request = await translate(body, header(scope, b"x-data-parallel-rank"))
-            await self._generate(request, receive, send)
-        except APIError as exc:
-            await send_json(send, exc.status, exc.body())
-        except ClientGone:
-            pass
+        if self.shutdown.draining:
+            # connection: close, so a client's next request opens a connection to another replica.
+            await send_json(send, 503, error_body(503, "the frontend is shutting down; send the request to "
+                                                       "another replica"), [(b"connection", b"close")])
+            return
+        with self.shutdown.handling():
+            try:
+                body = await read_body(scope, receive, self.config.max_body_bytes)
+                request = await translate(body, header(scope, b"x-data-parallel-rank"))
+                await self._generate(request, receive, send)
+            except APIError as exc:
+                await send_json(send, exc.status, exc.body())
+            except ClientGone:
+                pass
 
     # ---- plain routes (starlette) ----
 
@@ -80,6 +88,8 @@ class Frontend:
         return JSONResponse({"status": "ok"})
 
     async def _ready(self, request: Request) -> Response:
+        if self.shutdown.draining:
+            return JSONResponse({"ready": False, "draining": True}, 503)
         missing = self.engines.not_ready()
         self.metrics.engines_ready.set(len(self.engines.engines) - len(missing))
         if missing:
@@ -104,6 +114,8 @@ class Frontend:
 
     async def _generate(self, request: EngineRequest, receive: Receive, send: Send) -> None:
         """Placement, then output processing into the writers, until the response is sent."""
+        if self.shutdown.cut is not None:  # its body or tokens arrived after the shutdown deadline
+            raise APIError(503, self.shutdown.cut)
         stream = Stream(request.request_id, request.prompt_len, request.max_tokens)
         try:
             engine = self.dispatcher.choose(request)
@@ -126,10 +138,11 @@ class Frontend:
         self.metrics.prompt_tokens.inc(request.prompt_len)
         watcher = asyncio.get_running_loop().create_task(watch_disconnect(receive, stream.fail))
         try:
-            if request.output.stream:
-                await send_stream(send, outputs, self.model.name)
-            else:
-                await send_completion(send, outputs, self.model.name)
+            with self.shutdown.running(stream):
+                if request.output.stream:
+                    await send_stream(send, outputs, self.model.name)
+                else:
+                    await send_completion(send, outputs, self.model.name)
         finally:
             watcher.cancel()
             self.dispatcher.abort(stream)  # a no-op unless it is still running at its engine

@@ -28,6 +28,7 @@ class FrontendConfig:
     handshake_timeout_s: float = 600.0  # how long start-up waits for all engines before it gives up
     engine_timeout_s: float = 2.0  # an engine silent this long is dead
     heartbeat_interval_s: float = 0.5
+    shutdown_timeout_s: float = 30.0  # on SIGTERM, how long running requests may finish (the engines' drain)
     max_body_bytes: int = 4 * 2**20
     max_concurrent_tokenizations: int = 2
     long_prompt_chars: int = 2000  # longer bodies are prepared in worker processes (workers.py)
@@ -46,6 +47,7 @@ class FrontendConfig:
         _require(self.engine_timeout_s > self.heartbeat_interval_s / 5, "--engine-timeout",
                  self.engine_timeout_s, "> 0.1 s (engines beat every 100 ms)")
         _require(self.max_body_bytes >= 1024, "--max-body-bytes", self.max_body_bytes, ">= 1024")
+        _require(self.shutdown_timeout_s >= 0, "--shutdown-timeout", self.shutdown_timeout_s, ">= 0 seconds")
         _require(1 <= self.api_server_count <= 64, "--api-server-count", self.api_server_count, "1..64")
         _require(self.backend in ("vllm", "sim"), "--backend", self.backend, "vllm or sim")
         _require(not self.enable_auto_tool_choice or self.tool_call_parser is not None,
@@ -119,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds start-up waits for every engine to be ready before the process exits 1")
     p.add_argument("--engine-timeout", type=float, default=d["engine_timeout_s"], dest="engine_timeout_s",
                    help="seconds an engine may be silent before it is dead and its requests fail")
+    p.add_argument("--shutdown-timeout", type=float, default=d["shutdown_timeout_s"], dest="shutdown_timeout_s",
+                   help="on SIGTERM or SIGINT, seconds running requests may still finish while new ones get 503; "
+                        "then each one left ends with an error (a stream: an error event and [DONE]); a second "
+                        "signal ends them at once. The default is the engines' --drain-timeout")
     p.add_argument("--max-body-bytes", type=int, default=d["max_body_bytes"],
                    help="largest request body accepted; larger ones get 413")
     p.add_argument("--api-server-count", type=int, default=d["api_server_count"],

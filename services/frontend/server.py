@@ -1,4 +1,5 @@
-"""Runs one frontend API server process: model files, engine connections, hypercorn."""
+"""Runs one frontend API server process: model files, engine connections, hypercorn, and the shutdown
+(SIGTERM or SIGINT: drain for --shutdown-timeout, then stop; shutdown.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -47,10 +48,39 @@ async def run(config: FrontendConfig, server_index: int = 0) -> int:
     engines.start()
     app = Frontend(config, model, engines, Metrics(config.model_name))
 
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    loop.set_exception_handler(_quiet_cancellations)
+    quit_ = asyncio.Event()  # shut down: drain first
+    now = asyncio.Event()  # end running requests at once (a second signal, or nothing left to serve)
+    stop = asyncio.Event()  # hypercorn's trigger, once drained
+
+    told = False  # the other API servers know: they drain on their own, at the same time
+
+    def tell_siblings() -> None:
+        nonlocal told
+        if not told:
+            told = True
+            for p in siblings:
+                if p.is_alive():
+                    p.terminate()
+
+    def on_signal(sig: signal.Signals) -> None:
+        nonlocal told
+        if quit_.is_set():
+            log.warning("%s again: ending running requests now", sig.name)
+            now.set()
+        quit_.set()
+        if sig == signal.SIGINT:
+            told = True  # a terminal's Ctrl-C reaches every process of the group by itself
+        tell_siblings()
+
+    def give_up() -> None:
+        now.set()
+        quit_.set()
+        tell_siblings()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
 
     hc = HypercornConfig()
     hc.bind = [f"{config.host}:{config.port}"]
@@ -58,7 +88,9 @@ async def run(config: FrontendConfig, server_index: int = 0) -> int:
     hc.backlog = 2048  # hypercorn's default of 100 drops connections when hundreds arrive at once
     hc.accesslog = None
     hc.keep_alive_timeout = 75
-    hc.graceful_timeout = 5
+    # Requests are drained before hypercorn is told to stop (shutdown.py); this only bounds the close of
+    # connections after that, and a response that a client stopped reading.
+    hc.graceful_timeout = 3
     code = 0
 
     async def startup() -> None:
@@ -71,25 +103,31 @@ async def run(config: FrontendConfig, server_index: int = 0) -> int:
         except TimeoutError as exc:
             log.error("%s", exc)
             code = 1
-            stop.set()
+            give_up()
 
     async def supervise_children() -> None:
         nonlocal code
-        while not stop.is_set():
+        while not quit_.is_set():
             rc = managed.exited() if managed is not None else None
             dead = [p for p in siblings if not p.is_alive()]
             if rc is not None or dead:
                 log.error("%s exited; stopping", "managed engines" if rc is not None else dead[0].name)
                 code = 1
-                stop.set()
+                give_up()
             elif engines.broken is not None:
                 # Serving nothing but errors while looking alive helps nobody: exit for a restart.
                 log.error("%s; stopping", engines.broken)
                 code = 1
-                stop.set()
+                give_up()
             await asyncio.sleep(0.5)
 
-    tasks = [loop.create_task(startup()), loop.create_task(supervise_children())]
+    async def drain_then_stop() -> None:
+        await quit_.wait()
+        await app.shutdown.drain(0.0 if now.is_set() else config.shutdown_timeout_s, now)
+        stop.set()
+
+    tasks = [loop.create_task(startup()), loop.create_task(supervise_children()),
+             loop.create_task(drain_then_stop())]
     try:
         # hypercorn types scopes and events as TypedDicts, starlette (whose types the app uses) as
         # MutableMapping; a TypedDict is not a MutableMapping to mypy, though both are ASGI dicts.
@@ -99,13 +137,25 @@ async def run(config: FrontendConfig, server_index: int = 0) -> int:
             t.cancel()
         app.translator.close()
         await engines.close()
+        tell_siblings()
         for p in siblings:
-            p.terminate()
-        for p in siblings:
-            await asyncio.to_thread(p.join, 30)
+            await asyncio.to_thread(p.join, config.shutdown_timeout_s + 10)
+            if p.is_alive():
+                log.warning("%s did not stop; killing it", p.name)
+                p.kill()
         if managed is not None:
             await asyncio.to_thread(managed.stop)
     return code
+
+
+def _quiet_cancellations(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The loop's exception handler: a CancelledError is how a task ends when it is cancelled, not an
+    error. CPython 3.11's asyncio.streams re-raises it from the done-callback of each connection task
+    that hypercorn cancels at its graceful timeout, one traceback per connection."""
+    if isinstance(context.get("exception"), asyncio.CancelledError):
+        log.debug("cancelled: %s", context.get("message"))
+        return
+    loop.default_exception_handler(context)
 
 
 def _start_siblings(config: FrontendConfig, addresses: list[str]) -> list[multiprocessing.process.BaseProcess]:

@@ -192,6 +192,46 @@ def test_an_engine_drained_by_sigterm_finishes_or_ends_its_streams_and_traffic_m
         rank1.stop()
 
 
+def test_a_frontend_drained_by_sigterm_finishes_or_ends_its_streams_at_the_deadline(tmp_path: Path) -> None:
+    engine = start_engine(tmp_path, *SIM, "--sim-decode-ms", "5")
+    fe = start_frontend(tmp_path, "--data-parallel-size-local", "0", "--engine-addresses", engine.endpoint(),
+                        "--shutdown-timeout", "2")
+    pool = ThreadPoolExecutor(4)
+    try:
+        started = threading.Barrier(5, timeout=30)
+
+        def stream(max_tokens: int) -> list[Any]:
+            return _sse(fe.url, max_tokens, on_event=lambda n: n == 3 and started.wait())
+
+        short = [pool.submit(stream, 100) for _ in range(2)]  # well within the timeout
+        long = [pool.submit(stream, 3000) for _ in range(2)]  # ~15 s: still running at the deadline
+        started.wait()
+        signalled = time.monotonic()
+        fe.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while (ready := httpx.get(fe.url + "/ready", timeout=5)).status_code != 503:
+            assert time.monotonic() < deadline, ready.text
+            time.sleep(0.02)
+        assert ready.json() == {"ready": False, "draining": True}
+        refused = _completion(fe.url)
+        assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"]
+        for f in short:
+            events = f.result(timeout=30)
+            assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "length"
+        for f in long:
+            events = f.result(timeout=30)
+            assert events[-1] == "[DONE]" and "--shutdown-timeout 2s" in events[-2]["error"]["message"]
+        ended = time.monotonic() - signalled
+        assert fe.proc.wait(30) == 0
+        print(f"frontend SIGTERM: long streams ended {ended:.2f} s after the signal (--shutdown-timeout 2), "
+              f"process exited after {time.monotonic() - signalled:.2f} s")
+        assert "Traceback" not in fe.log() and "ending 2 request(s) still running" in fe.log()
+    finally:
+        pool.shutdown()
+        fe.stop()
+        engine.stop()
+
+
 def test_managed_mode_starts_supervises_and_stops_its_engines(tmp_path: Path) -> None:
     port = free_port_block(2)
     fe = start_frontend(tmp_path, "--backend", "sim", "--data-parallel-size-local", "2", "--engine-port", str(port),

@@ -33,3 +33,10 @@ def test_flag_defaults_are_the_dataclass_defaults(parser: Callable[[], argparse.
     for action in parser()._actions:
         if action.dest in defaults and action.default not in (None, [], ""):  # lists and strings parsed later
             assert action.default == defaults[action.dest], action.dest
+
+
+def test_the_frontends_shutdown_timeout_defaults_to_the_engines_drain() -> None:
+    """A frontend stopping with its engines gives its streams as long as the engines give theirs."""
+    frontend = {f.name: f.default for f in fields(FrontendConfig)}
+    engine = {f.name: f.default for f in fields(EngineConfig)}
+    assert frontend["shutdown_timeout_s"] == engine["drain_timeout_s"]
