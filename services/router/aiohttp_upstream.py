@@ -14,6 +14,10 @@ import aiohttp
 
 from services.router.upstream import READ_ERRORS, UpstreamError
 
+# Connecting failed (refused, no route), or the connection broke before the response head: the replica
+# may be down, which a passing health check then answers (replicas.py). A timeout says it is slow.
+_UNREACHABLE = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+
 
 class AiohttpResponse:
     """An upstream response whose head has arrived (the `UpstreamResponse` port)."""
@@ -65,7 +69,7 @@ class AiohttpUpstream:
             raw = await self.session.post(base_url + path, data=body, headers=headers, timeout=timeout,
                                           allow_redirects=False)
         except READ_ERRORS as exc:
-            raise UpstreamError(base_url, _describe(exc)) from None
+            raise UpstreamError(base_url, _describe(exc), unreachable=isinstance(exc, _UNREACHABLE)) from None
         if raw.status >= 500 or raw.status == 429:
             try:
                 detail = (await raw.read())[:300].decode(errors="replace")

@@ -149,7 +149,7 @@ class Dispatcher:
                 response = await self.upstream.open(url, call.adapter.upstream_path, payload,
                                                      api_key=config.api_key, timeout_s=config.timeout_s)
             except UpstreamError as exc:
-                lease.release(False)
+                lease.release(False, unreachable=exc.unreachable)
                 self.metrics.upstream_errors.labels(name).inc()
                 last_error = str(exc)
                 log.warning("pool %s: %s; trying another replica", name, exc)

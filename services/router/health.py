@@ -41,16 +41,18 @@ class HealthChecker:
         config, pool = self.config.pools[name], self.pools[name]
 
         async def check(replica_url: str) -> None:
+            sent_at = pool.now()
             ok, detail = await self.upstream.get_ok(replica_url + config.health.path, config.health.timeout_s,
                                                     api_key=config.api_key)
             replica = pool.get(replica_url)
             if replica is None:  # left the pool (DNS) while being checked
                 return
-            was_ready = pool.is_ready(replica)
-            pool.record_health(replica, ok, detail=detail)
+            was_ready, breaker = pool.is_ready(replica), replica.breaker
+            pool.record_health(replica, ok, detail=detail, sent_at=sent_at)
             if was_ready != pool.is_ready(replica):
-                log.warning("pool %s: replica %s is %s (%s)", name, replica_url,
-                            "ready" if ok else "not ready", detail)
+                closed = " after being down: its breaker is closed" if breaker != replica.breaker else ""
+                log.warning("pool %s: replica %s is %s (%s)%s", name, replica_url,
+                            "ready" if ok else "not ready", detail, closed)
 
         await asyncio.gather(*(check(r.url) for r in list(pool.replicas)))
 

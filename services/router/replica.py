@@ -22,5 +22,7 @@ class Replica:
     request_failures: int = 0  # consecutive
     health_failures: int = 0  # consecutive
     opened_at: float = 0.0
-    opened_by_health: bool = False  # only failed health checks opened the breaker (no request failed)
+    # Since it was last seen up, it was seen down: a failed health check, or a request that could not
+    # connect. A passing check then means it came back (a restart), and closes an open breaker.
+    seen_down: bool = False
     probe_inflight: bool = False

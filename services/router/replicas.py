@@ -43,13 +43,14 @@ class Lease:
             self._outcome = True
             self._pool.record_success(self.replica, probe=self.probe)
 
-    def failed(self) -> None:
-        """A failure that blames the replica (connect error, 5xx, a response that broke off)."""
+    def failed(self, *, unreachable: bool = False) -> None:
+        """A failure that blames the replica (connect error, 5xx, a response that broke off);
+        `unreachable`: no connection could be made or it dropped before the head (it may be down)."""
         if self._outcome is not False and self._pool is not None:
             self._outcome = False
-            self._pool.record_failure(self.replica, probe=self.probe)
+            self._pool.record_failure(self.replica, probe=self.probe, unreachable=unreachable)
 
-    def release(self, ok: bool | None) -> None:
+    def release(self, ok: bool | None, *, unreachable: bool = False) -> None:
         """The request is over: ok=True succeeded, False failed (see above), None abandoned (the
         client left, a deadline passed), which says nothing about the replica. Only the first call counts."""
         if self._released:
@@ -58,7 +59,7 @@ class Lease:
         if ok:
             self.succeeded()
         elif ok is False:
-            self.failed()
+            self.failed(unreachable=unreachable)
         self.replica.inflight -= 1
         self.replica.outstanding_bytes -= self.request_bytes
         r = self.replica
@@ -134,6 +135,17 @@ class Pool:
             f"{r.url}: {self._describe(r, now, exclude)}" for r in self.replicas))
 
     # ---- health and breaker ----
+    #
+    # The breaker is passive: request failures open it (`failures` in a row), and it shuts the replica
+    # out for `cooldown_s`; then it is half-open: one probe request at a time, whose response head
+    # closes it and whose failure opens it for another cool-down. Active health checks decide
+    # `healthy` and never open the breaker or restart a cool-down; a passing check sent after the
+    # breaker opened closes it at once when the replica was seen down meanwhile (it came back, as
+    # Envoy un-ejects a host on a passing active check).
+
+    def now(self) -> float:
+        """The pool's clock: when a health check is sent, for record_health(sent_at=...)."""
+        return self._clock()
 
     def record_success(self, replica: Replica, *, probe: bool = False) -> None:
         """Only the half-open probe closes the breaker; requests from before it opened change nothing."""
@@ -142,32 +154,43 @@ class Pool:
             self._close(replica)
         elif state == CLOSED:
             replica.request_failures = 0
+            replica.seen_down = False
 
-    def record_failure(self, replica: Replica, *, probe: bool = False) -> None:
+    def record_failure(self, replica: Replica, *, probe: bool = False, unreachable: bool = False) -> None:
         now = self._clock()
+        if unreachable:
+            replica.seen_down = True
         state = self._breaker_state(replica, now)
         if probe and state == HALF_OPEN:
-            replica.breaker, replica.opened_at, replica.probe_inflight = OPEN, now, False
-            replica.opened_by_health = False
+            self._open(replica, now)
         elif state == CLOSED:
             replica.request_failures += 1
-            self._on_failure(replica, now, replica.request_failures, by_health=False)
+            if replica.request_failures >= self.failures:
+                self._open(replica, now)
+        # Failures while open come from requests sent before it opened: they do not restart the cool-down.
 
-    def record_health(self, replica: Replica, ok: bool, *, detail: str = "") -> None:
-        """An active check's result. `unhealthy_after` consecutive failed checks take the replica out
-        (one slow answer under load should not empty a pool). A pass makes it healthy but does not
-        close an open breaker: the health endpoint answering does not prove generation works; a
-        probe request does, unless only failed checks opened it (a replica that was starting up)."""
-        if ok:
-            replica.healthy, replica.health_detail, replica.health_failures = True, "", 0
-            if replica.breaker != CLOSED and replica.opened_by_health:
-                self._close(replica)
+    def record_health(self, replica: Replica, ok: bool, *, detail: str = "", sent_at: float | None = None) -> None:
+        """An active check's result; `sent_at`: when it was sent (now()), default now. `unhealthy_after`
+        consecutive failed checks take the replica out (one slow answer under load should not empty a
+        pool), one pass brings it back. A pass closes an open or half-open breaker if the replica was
+        seen down since it was last seen up and the check was sent after the breaker opened (one sent
+        before could have been answered just before the replica died). A replica whose checks pass all
+        along while its requests fail waits for the cool-down and a probe: the check answering proves
+        nothing about the requests."""
+        now = self._clock()
+        if not ok:
+            replica.health_failures += 1
+            replica.health_detail = detail or "health check failed"
+            replica.seen_down = True
+            if replica.health_failures >= self.unhealthy_after:
+                replica.healthy = False
             return
-        replica.health_failures += 1
-        replica.health_detail = detail or "health check failed"
-        if replica.health_failures >= self.unhealthy_after:
-            replica.healthy = False
-        self._on_failure(replica, self._clock(), replica.health_failures, by_health=True)
+        replica.healthy, replica.health_detail, replica.health_failures = True, "", 0
+        state = self._breaker_state(replica, now)
+        if state == CLOSED:
+            replica.seen_down = False
+        elif replica.seen_down and (now if sent_at is None else sent_at) >= replica.opened_at:
+            self._close(replica)
 
     def is_ready(self, replica: Replica) -> bool:
         return self._ready(replica, self._clock())
@@ -206,20 +229,14 @@ class Pool:
             r.breaker, r.probe_inflight = HALF_OPEN, False
         return r.breaker
 
-    def _on_failure(self, r: Replica, now: float, consecutive: int, *, by_health: bool) -> None:
-        state = self._breaker_state(r, now)
-        # Failures while open come from requests sent before it opened: they do not restart the cooldown.
-        if state == HALF_OPEN or (state == CLOSED and consecutive >= self.failures):
-            if state == CLOSED:
-                r.opened_by_health = by_health
-            elif not by_health:
-                r.opened_by_health = False
-            r.breaker, r.opened_at, r.probe_inflight = OPEN, now, False
+    @staticmethod
+    def _open(r: Replica, now: float) -> None:
+        r.breaker, r.opened_at, r.probe_inflight = OPEN, now, False
 
     @staticmethod
     def _close(r: Replica) -> None:
-        r.breaker, r.probe_inflight, r.opened_by_health = CLOSED, False, False
-        r.request_failures = r.health_failures = 0
+        r.breaker, r.probe_inflight, r.seen_down = CLOSED, False, False
+        r.request_failures = 0
 
     def _describe(self, r: Replica, now: float, exclude: frozenset[str]) -> str:
         states = []
@@ -228,6 +245,7 @@ class Pool:
         if not r.healthy:
             states.append(f"unhealthy ({r.health_detail})")
         if self._breaker_state(r, now) == OPEN:
-            states.append(f"breaker open after {max(r.request_failures, r.health_failures)} consecutive "
-                          f"failures, half-open in {r.opened_at + self.cooldown_s - now:.1f}s")
+            states.append(f"breaker open after {r.request_failures} consecutive failures, half-open in "
+                          f"{r.opened_at + self.cooldown_s - now:.1f}s" +
+                          (" or at its next passing health check" if r.seen_down else ""))
         return ", ".join(states) or "ready"

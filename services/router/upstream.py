@@ -18,11 +18,13 @@ _decode = msgspec.json.Decoder()
 
 class UpstreamError(Exception):
     """The replica failed before any response byte (safe to retry on another replica), or answered
-    something that is not what its API promises (the replica's fault, a 502)."""
+    something that is not what its API promises (the replica's fault, a 502). `unreachable`: no
+    connection could be made, or it dropped before the response head: the replica may be down."""
 
-    def __init__(self, url: str, message: str) -> None:
+    def __init__(self, url: str, message: str, *, unreachable: bool = False) -> None:
         super().__init__(f"{url}: {message}")
         self.url = url
+        self.unreachable = unreachable
 
 
 class UpstreamResponse(Protocol):

@@ -2,6 +2,8 @@
 the official openai and anthropic SDKs: chat, completions, responses and messages, streamed and not."""
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 
 import anthropic
@@ -152,3 +154,82 @@ def test_cache_aware_sends_a_repeated_prefix_to_the_same_instance(fleet) -> None
         cached.append((r.json()["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0))
     assert len(homes) == 1
     assert cached[0] == 0 and all(c > 500 for c in cached[1:])  # the instance's engine prefix cache hit
+
+
+def test_a_replica_killed_under_load_is_retried_around_and_serves_again_at_its_first_passing_check(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Two frontends behind the router under steady load; SIGKILL one: every request is retried on the
+    other before its first byte, the killed one's breaker opens; restarted on its port, it is used again
+    once a health check passes, though the breaker's cool-down (600 s) is far from over."""
+    tmp = tmp_path_factory.mktemp("router-chaos")
+    engines = [start_engine(tmp, "--model", "tiny", "--backend", "sim", "--sim-decode-ms", "1") for _ in range(2)]
+    args = [("--data-parallel-size-local", "0", "--engine-addresses", e.endpoint()) for e in engines]
+    frontends = [start_frontend(tmp, *a) for a in args]
+    replicas = ", ".join(f"{{url: {fe.url}}}" for fe in frontends)
+    router = start_router(tmp, f"""
+listeners: [{{port: {{port}}, host: 127.0.0.1, api_keys: [{KEY}]}}]
+pools:
+  tiny:
+    model: tiny
+    replicas: [{replicas}]
+    health: {{path: /ready, interval_s: 0.5, timeout_s: 1}}
+    breaker: {{failures: 2, cooldown_s: 600}}
+entries:
+  assistant: {{default: [tiny]}}
+""")
+    victim = frontends[1]
+    answers: list[tuple[float, int, str, str]] = []  # (sent at, status, replica, attempts)
+    stop = threading.Event()
+
+    def load() -> None:
+        with httpx.Client(headers={"authorization": f"Bearer {KEY}"}, timeout=30) as c:
+            while not stop.is_set():
+                sent = time.monotonic()
+                r = c.post(router.url + "/v1/chat/completions",
+                           json={"model": "assistant", "messages": CHAT, "max_tokens": 4})
+                answers.append((sent, r.status_code, r.headers.get("x-router-replica", ""),
+                                r.headers.get("x-router-attempts", "")))
+
+    def breaker() -> str:
+        state = httpx.post(router.url + "/v1/decisions", headers={"authorization": f"Bearer {KEY}"}, timeout=10,
+                           json={"model": "assistant", "messages": CHAT}).json()["replicas"]
+        return next(r["breaker"] for r in state if r["url"] == victim.url)
+
+    workers = [threading.Thread(target=load) for _ in range(4)]
+    try:
+        for w in workers:
+            w.start()
+        deadline = time.monotonic() + 30
+        while not {a[2] for a in answers} >= {fe.url for fe in frontends}:  # both serve
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        killed = time.monotonic()
+        victim.proc.kill()
+        victim.proc.wait(10)
+        while breaker() != "open":
+            assert time.monotonic() < deadline + 30, "the breaker never opened"
+            time.sleep(0.02)
+        opened = time.monotonic() - killed
+        time.sleep(0.5)  # more load while it is out
+        frontends[1] = victim = start_frontend(tmp, *args[1], port=victim.port)  # returns once /ready is 200
+        ready = time.monotonic()
+        while not any(a[0] > ready and a[2] == victim.url and a[1] == 200 for a in answers):
+            assert time.monotonic() < ready + 60, "the restarted replica was never used again"
+            time.sleep(0.02)
+        used = min(a[0] for a in answers if a[0] > ready and a[2] == victim.url)
+        stop.set()
+        for w in workers:
+            w.join(30)
+        print(f"router: breaker open {opened * 1000:.0f} ms after SIGKILL; restarted replica used again "
+              f"{(used - ready) * 1000:.0f} ms after its /ready answered 200 (cool-down 600 s)")
+        assert [a for a in answers if a[1] != 200] == []  # every failure was before the first byte: retried
+        assert any(a[3] == "2" for a in answers)  # those running on it at the kill, at least
+        assert breaker() == "closed"
+        assert "after being down: its breaker is closed" in router.log()
+    finally:
+        stop.set()
+        for w in workers:
+            w.join(30)
+        router.stop()
+        for proc in [*frontends, *engines]:
+            proc.stop()

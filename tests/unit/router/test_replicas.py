@@ -155,7 +155,7 @@ def test_failed_health_check_makes_a_replica_not_ready() -> None:
     assert _lease(pool).replica is r0
 
 
-def test_a_breaker_only_health_checks_opened_closes_on_a_passing_check() -> None:
+def test_failed_checks_never_open_the_breaker_and_one_pass_lets_a_starting_replica_serve() -> None:
     """A replica starting up (a frontend whose engines load for a minute) fails its checks until it
     is ready; the first pass must let it serve at once, not after a cool-down and a probe."""
     pool, clock = _pool(1, failures=2, cooldown_s=5)
@@ -163,23 +163,81 @@ def test_a_breaker_only_health_checks_opened_closes_on_a_passing_check() -> None
     for _ in range(5):
         pool.record_health(r, False)
         clock.t += 2
-    assert pool.snapshot()[0]["breaker"] != CLOSED and not pool.is_ready(r)
+    assert r.breaker == CLOSED and not pool.is_ready(r)
     pool.record_health(r, True)
     assert r.breaker == CLOSED and pool.is_ready(r)
 
 
-def test_a_breaker_requests_opened_waits_for_a_probe_even_if_checks_pass() -> None:
+def test_a_replica_back_from_being_down_serves_at_its_first_passing_check() -> None:
+    """Killed under load: requests could not connect and opened the breaker. Restarted, it passes a
+    check well within the cool-down; it must serve at once (Envoy un-ejects on a passing active check)."""
+    pool, clock = _pool(1, failures=2, cooldown_s=10)
+    r = pool.replicas[0]
+    _lease(pool).release(False, unreachable=True)
+    _lease(pool).release(False, unreachable=True)
+    assert r.breaker == OPEN and not pool.is_ready(r)
+    clock.t += 1.8
+    sent = pool.now()
+    clock.t += 0.01
+    pool.record_health(r, True, sent_at=sent)
+    assert r.breaker == CLOSED and pool.is_ready(r) and r.request_failures == 0
+    assert isinstance(pool.acquire(1), Lease) and isinstance(pool.acquire(1), Lease)  # closed, not a probe
+
+
+def test_a_failed_check_then_a_passing_one_closes_a_breaker_requests_opened() -> None:
+    pool, clock = _pool(1, failures=2, cooldown_s=10)
+    r = pool.replicas[0]
+    _lease(pool).release(False)
+    _lease(pool).release(False)  # 5xx heads: the process answered
+    assert r.breaker == OPEN
+    clock.t += 1
+    pool.record_health(r, False, detail="connect refused")  # then it went down (a restart)
+    clock.t += 1
+    pool.record_health(r, True)
+    assert r.breaker == CLOSED and pool.is_ready(r)
+
+
+def test_a_replica_whose_checks_pass_while_its_requests_fail_waits_for_the_cool_down_and_a_probe() -> None:
     pool, clock = _pool(1, failures=2, cooldown_s=5)
     r = pool.replicas[0]
     _lease(pool).release(False)
     _lease(pool).release(False)  # requests failed: /health answering proves nothing about them
     assert r.breaker == OPEN
-    pool.record_health(r, False)
+    clock.t += 1
     pool.record_health(r, True)
-    assert not pool.is_ready(r)
-    clock.t += 5
-    _lease(pool).release(True)
+    assert r.breaker == OPEN and not pool.is_ready(r)
+    clock.t += 4
+    probe = _lease(pool)
+    assert probe.probe and isinstance(pool.acquire(1), Overloaded)
+    probe.release(True)
     assert r.breaker == CLOSED
+
+
+def test_a_passing_check_sent_before_the_breaker_opened_does_not_close_it() -> None:
+    """It may have been answered just before the replica died."""
+    pool, clock = _pool(1, failures=1, cooldown_s=10)
+    r = pool.replicas[0]
+    sent = pool.now()
+    clock.t += 0.1
+    _lease(pool).release(False, unreachable=True)
+    clock.t += 0.1
+    pool.record_health(r, True, sent_at=sent)
+    assert r.breaker == OPEN and not pool.is_ready(r)
+
+
+def test_a_failing_check_while_half_open_does_not_restart_the_cool_down() -> None:
+    pool, clock = _pool(1, failures=1, cooldown_s=10, unhealthy_after=2)
+    r = pool.replicas[0]
+    _lease(pool).release(False)
+    clock.t += 10
+    assert pool.snapshot()[0]["breaker"] == HALF_OPEN
+    opened = r.opened_at
+    pool.record_health(r, False, detail="timed out")  # one slow check: still ready for the probe
+    assert r.breaker == HALF_OPEN and r.opened_at == opened and pool.is_ready(r)
+    pool.record_health(r, False, detail="timed out")  # out now, but the breaker's clock is untouched
+    assert not pool.is_ready(r) and r.breaker == HALF_OPEN and r.opened_at == opened
+    pool.record_health(r, True)  # seen down, now answering: closed
+    assert r.breaker == CLOSED and pool.is_ready(r)
 
 
 def test_replace_replicas_keeps_state_of_urls_that_stay() -> None:
