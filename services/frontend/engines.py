@@ -332,6 +332,7 @@ class EngineSet:
         self.broken = f"the frontend's engine socket thread stopped: {reason}"
         for e in self.engines:
             self._mark_dead(e, self.broken)
+            self._fail_all(e, f"engine rank {e.rank} failed: {self.broken}")  # one already down awaits no flush
         self.changed.set()
 
     def _mark_dead(self, engine: Engine, reason: str, *, fail: bool = True) -> None:

@@ -176,3 +176,16 @@ def test_a_pinned_request_to_an_unreachable_rank_is_a_503_naming_it(model: Model
         assert sockets.sent == []
 
     asyncio.run(main())
+
+
+def test_requests_of_a_rank_awaiting_its_flush_fail_when_the_socket_thread_dies(model: Model) -> None:
+    async def main() -> None:
+        app, engines, sockets = _fleet(model, auto=False)
+        call = asyncio.get_running_loop().create_task(request(app, "POST", "/v1/completions", BODY))
+        index, _ = await _sent(sockets, 1)
+        engines._on_batch([(index, DISCONNECTED, [])], time.monotonic())  # its FLUSHED never comes
+        engines._on_bridge_dead("a bug")
+        answer = await call
+        assert answer.status == 503 and "socket thread stopped: a bug" in answer.json()["error"]["message"]
+
+    asyncio.run(main())
