@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(PY) bench/router_policy.py
 	$(PY) bench/router_latency.py
 	$(PY) bench/router_cache.py
+	$(PY) bench/chaos.py
 
 clean:
 	rm -rf $(VENV)
