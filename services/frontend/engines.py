@@ -50,6 +50,10 @@ log = logging.getLogger(__name__)
 
 HELLO_RETRY_S = 0.5
 TICK_S = 0.05
+# A tick this late means this process itself was not running (a stall: the GIL held by a C call,
+# the process stopped or starved): no engine is judged on that round, so the socket thread can
+# first hand over what ZMQ's I/O thread received meanwhile. Our stall never fakes a dead engine.
+STALL_S = 0.25
 # A Stats snapshot may not yet count requests sent this recently before it arrived (they can still be in
 # flight to the engine, or arrive after the snapshot was taken): they stay counted on top of it.
 STATS_LAG_S = 0.02
@@ -356,13 +360,18 @@ class EngineSet:
 
     async def _tick(self) -> None:
         hello = encode(make_hello(self._frontend_id, self._auth_token))
+        last = time.monotonic()
         while True:
             now = time.monotonic()
+            gap, last = now - last, now
+            stalled = gap > STALL_S
+            if stalled:
+                log.warning("this API server did not run for %.2fs; no engine is judged on that gap", gap)
             bridge = self._bridge
             assert bridge is not None
             for e in self.engines:
                 if e.state == "ready":
-                    if now - e.last_seen > self._timeout:
+                    if now - e.last_seen > self._timeout and not stalled:
                         self._mark_dead(e, f"no heartbeat for {now - e.last_seen:.1f}s "
                                            f"(deadline {self._timeout}s)")
                     elif now - e.last_beat >= self._beat_interval:

@@ -273,3 +273,30 @@ def test_long_engine_steps_keep_the_rank_alive_but_a_stall_does_not(tmp_path: Pa
         fe.stop()
         slow.stop()
         stuck.stop()
+
+
+def test_a_frontend_that_did_not_run_for_longer_than_the_deadline_keeps_its_engines(tmp_path: Path) -> None:
+    """The frontend stopped (SIGSTOP) past its engine deadline: the engine's Stats wait in ZMQ's
+    queue meanwhile, so on waking it must not call the engine dead (a stalled frontend once failed
+    every stream with "no heartbeat"). The stream in flight carries on to its end."""
+    base = free_port_block(1)
+    engine = _rank(tmp_path, base, 0, "--sim-decode-ms", "20")
+    fe = start_frontend(tmp_path, "--data-parallel-size", "1", "--data-parallel-size-local", "0",
+                        "--engine-addresses", f"tcp://127.0.0.1:{base}", "--engine-timeout", "1.0")
+    try:
+        with openai.OpenAI(base_url=fe.url + "/v1", api_key="x", max_retries=0, timeout=60) as client:
+            stream = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=150, stream=True,
+                                                    extra_body={"ignore_eos": True})
+            chunks = iter(stream)
+            next(chunks)
+            os.kill(fe.proc.pid, signal.SIGSTOP)
+            time.sleep(2.5)  # past the frontend's 1 s deadline, within the engine's 5 s client timeout
+            os.kill(fe.proc.pid, signal.SIGCONT)
+            finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        assert finish == ["length"]
+        assert "is dead" not in fe.log() and "did not run for" in fe.log()
+        assert fe.wait_ready(status=200)["ready"] is True
+    finally:
+        os.kill(fe.proc.pid, signal.SIGCONT)
+        fe.stop()
+        engine.stop()
