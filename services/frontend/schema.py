@@ -11,6 +11,7 @@ import msgspec
 
 from protocol import SamplingParams
 from services.frontend.errors import APIError, from_validation
+from services.frontend.json_depth import MAX_DEPTH, too_deep
 from services.frontend.stop_strings import MAX_STOP_CHARS, MAX_STOP_STRINGS
 
 
@@ -91,6 +92,8 @@ _decoders: dict[type[msgspec.Struct], msgspec.json.Decoder[Any]] = {
 def parse(cls: type[msgspec.Struct], body: bytes) -> Any:
     if not body.strip():
         raise APIError(400, "request body is empty: expected a JSON object")
+    if too_deep(body):  # before decoding: the decoder and the checks after it recurse per level
+        raise APIError(400, f"request body nests too deeply: arrays and objects may nest {MAX_DEPTH} levels at most")
     try:
         return _decoders[cls].decode(body)
     except msgspec.ValidationError as exc:

@@ -27,6 +27,7 @@ from services.router.asgi import (
 from services.router.config import EscalateAlgorithm, ListenerConfig, RouterConfig
 from services.router.dispatch import Call, Dispatcher
 from services.router.escalate import Escalator
+from services.router.json_depth import MAX_DEPTH, too_deep
 from services.router.metrics import RouterMetrics
 from services.router.replicas import NoReplica, Overloaded
 from services.router.routing import Choice, Router, UnknownModel
@@ -220,6 +221,9 @@ class RouterApp:
 
 
 def _parse(raw: bytes) -> dict[str, Any]:
+    if too_deep(raw):  # before decoding: the decoder, the adapters and the encoder recurse per level
+        raise HTTPError(400, f"the request body nests too deeply: arrays and objects may nest {MAX_DEPTH} levels "
+                        "at most")
     try:
         body = _decode.decode(raw)
     except msgspec.DecodeError as exc:
