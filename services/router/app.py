@@ -127,9 +127,10 @@ class RouterApp:
 
     def _decisions(self, listener: ListenerConfig, raw: bytes) -> dict[str, Any]:
         body = _parse(raw)
-        chat = body
         if "input" in body and "messages" not in body and "prompt" not in body:
             chat = _to_chat(ADAPTERS["responses"], body)  # a Responses body: route what it would send
+        else:
+            chat = _to_chat(ADAPTERS["chat"], body)  # checks what routing reads of it (the model)
         choice = self._choose(listener, chat)
         out = choice.describe()
         size = len(raw)

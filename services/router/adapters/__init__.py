@@ -68,8 +68,8 @@ def checked_model(body: Any, refuse: Callable[[dict[str, Any]], None]) -> str:
 
 def ask_stream(body: dict[str, Any], chat: dict[str, Any]) -> None:
     """Carry `stream` over; a streamed answer needs upstream's usage chunk for its final event."""
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
         raise AdapterError("stream", "must be a boolean")
     if stream:
         chat["stream"] = True

@@ -93,7 +93,7 @@ def _ask_tools(body: dict[str, Any], chat: dict[str, Any]) -> None:
         raise AdapterError("tool_choice", f"{{'type': {kind!r}}} needs at least one tool")
     if kind == "tool":
         name = choice.get("name")
-        if name not in names:
+        if not isinstance(name, str) or name not in names:
             raise AdapterError("tool_choice.name", f"must name a tool in tools, got {name!r}")
         chat["tool_choice"] = {"type": "function", "function": {"name": name}}
     elif names:

@@ -43,9 +43,16 @@ class ChunkStream:
 
 
 def _with_model(body: dict[str, Any]) -> dict[str, Any]:
-    """Upstream serves these APIs itself: the body goes up as the client sent it (but for the model)."""
+    """Upstream serves these APIs itself: the body goes up as the client sent it (but for the model),
+    and upstream checks it. What the router reads itself is checked here: the model, and the stream
+    options that escalate answers from a whole upstream answer (upstream never sees them then)."""
     if not isinstance(body.get("model"), str):
         raise AdapterError("model", "a model name (string) is required")
+    stream, options = body.get("stream"), body.get("stream_options")
+    if stream is not None and not isinstance(stream, bool):
+        raise AdapterError("stream", "must be a boolean")
+    if options is not None and not isinstance(options, dict):
+        raise AdapterError("stream_options", "must be an object")
     return body
 
 

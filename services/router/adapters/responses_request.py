@@ -25,6 +25,7 @@ _EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
     """A Responses request body as a chat completions body; AdapterError names what cannot be carried."""
     model = checked_model(body, _refuse_unsupported)
+    _check_echoed(body)
     messages: list[dict[str, Any]] = []
     instructions = body.get("instructions")
     if instructions is not None:
@@ -60,7 +61,7 @@ def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _refuse_unsupported(body: dict[str, Any]) -> None:
-    """Fields that would change the answer if dropped silently; metadata, store, user and the like are ignored."""
+    """Fields that would change the answer if dropped silently; store, service_tier and the like are ignored."""
     for name in ("previous_response_id", "conversation", "prompt"):
         if body.get(name):
             raise AdapterError(name, "is not supported: this server stores no responses, conversations or prompts")
@@ -70,16 +71,29 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
         raise AdapterError("truncation", "only 'disabled' is supported")
     text = body.get("text")
     if text is not None:
-        fmt = text.get("format") if isinstance(text, dict) else None
+        if not isinstance(text, dict):
+            raise AdapterError("text", "must be an object")
+        fmt = text.get("format")
         if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
             raise AdapterError("text.format", "only {'type': 'text'} is supported")
+
+
+def _check_echoed(body: dict[str, Any]) -> None:
+    """Fields not carried upstream but echoed in the response object, whose shape the SDKs check."""
+    metadata = body.get("metadata")
+    if metadata is not None and not (isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())):
+        raise AdapterError("metadata", "must be an object of string values")
+    if body.get("user") is not None and not isinstance(body["user"], str):
+        raise AdapterError("user", "must be a string")
 
 
 def _ask_tools(body: dict[str, Any], chat: dict[str, Any]) -> None:
     """Function tools, tool_choice and parallel_tool_calls in chat's shape; other tool types are refused."""
     names = set()
     for i, tool in enumerate(tool_list(body)):
-        kind = tool.get("type") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict):
+            raise AdapterError(f"tools[{i}]", "must be a tool object")
+        kind = tool.get("type")
         if kind != "function":
             raise AdapterError(f"tools[{i}].type", f"tool type {kind!r} is not supported; only 'function'")
         function = chat_function(tool.get("name"), tool.get("description"), tool.get("parameters"), f"tools[{i}]")
@@ -93,7 +107,7 @@ def _ask_tools(body: dict[str, Any], chat: dict[str, Any]) -> None:
     choice = body.get("tool_choice")
     if isinstance(choice, dict) and choice.get("type") == "function":
         name = choice.get("name")
-        if name not in names:
+        if not isinstance(name, str) or name not in names:
             raise AdapterError("tool_choice.name", f"must name a function in tools, got {name!r}")
         chat["tool_choice"] = {"type": "function", "function": {"name": name}}
     elif choice == "required":
