@@ -9,6 +9,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -57,7 +58,8 @@ class Frontend:
             "/v1/chat/completions": self.translator.chat, "/v1/completions": self.translator.completion}
         self.starlette = Starlette(routes=[
             Route("/health", self._health), Route("/ready", self._ready),
-            Route("/v1/models", self._models), Route("/metrics", self._metrics)])
+            Route("/v1/models", self._models), Route("/metrics", self._metrics)],
+            exception_handlers={404: _http_error, 405: _http_error})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         translate = self._lean.get(scope["path"]) if scope["type"] == "http" else None
@@ -65,7 +67,7 @@ class Frontend:
             await self.starlette(scope, receive, send)
             return
         if scope["method"] != "POST":
-            await send_json(send, 405, error_body(405, f"{scope['path']} accepts POST only"))
+            await send_json(send, 405, error_body(405, f"{scope['path']} accepts POST only"), [(b"allow", b"POST")])
             return
         if self.shutdown.draining:
             # connection: close, so a client's next request opens a connection to another replica.
@@ -165,3 +167,17 @@ class Frontend:
                 return 0
             raise APIError(503, "no engine has handshaken yet: " + str(self.engines.not_ready()))
         return min(lens)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """starlette's 404 (no route) and 405 (a route's other method) in the OpenAI error shape, which
+    clients parse, rather than its plain text; a 405 keeps the Allow header starlette sets."""
+    assert isinstance(exc, HTTPException)
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        headers["Allow"] = ", ".join(sorted(headers.get("Allow", "").split(", ")))  # starlette's is a set's order
+        message = f"{request.url.path} accepts {headers['Allow']} only"
+    else:
+        message = f"no route for {request.method} {request.url.path}"
+    return Response(error_body(exc.status_code, message), exc.status_code, headers=headers,
+                    media_type="application/json")

@@ -110,6 +110,8 @@ def _range(ok: bool, param: str, value: object, allowed: str) -> None:
 
 
 def check_common(req: _Sampling) -> None:
+    if req.stream_options is not None and not req.stream:  # vLLM's check and message
+        raise APIError(400, "Stream options can only be defined when `stream=True`.", param="stream_options")
     _range(req.n == 1, "n", req.n, "only n=1 is supported")
     if req.temperature is not None:
         _range(0 <= req.temperature <= 2, "temperature", req.temperature, "must be in [0, 2]")

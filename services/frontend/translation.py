@@ -288,7 +288,7 @@ def _pinned_rank(value: bytes | None) -> int | None:
         return int(value)
     except ValueError:
         got = value.decode(errors="replace")
-        raise APIError(400, f"{PIN_HEADER} must be an integer rank, got {got!r}", param=PIN_HEADER) from None
+        raise APIError(400, f"{PIN_HEADER}: must be an integer rank, got {got!r}", param=PIN_HEADER) from None
 
 
 # ---- in a worker process (workers.PreparePool) ----

@@ -105,7 +105,7 @@ class RouterApp:
             raise HTTPError(404, f"no route for {method} {path} on listener {listener.name!r}")
         wanted = "GET" if api == "models" else "POST"
         if method != wanted:
-            raise HTTPError(405, f"{path} accepts {wanted} only")
+            raise HTTPError(405, f"{path} accepts {wanted} only", headers=[(b"allow", wanted.encode())])
         if api == "models":
             await send_json(send, 200, _json.encode(self._models(listener)))
         elif api == "decisions":
