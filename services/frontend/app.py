@@ -8,6 +8,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
+import msgspec
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -15,7 +16,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from services.frontend import responses
+from services.frontend import openapi, responses
 from services.frontend.asgi import (
     ClientGone,
     header,
@@ -54,11 +55,13 @@ class Frontend:
                                      tool_call_parser=config.tool_call_parser, reasoning_parser=config.reasoning_parser,
                                      structured_output_problem=self._structured_output_problem)
         self._created = int(time.time())
+        self._openapi = msgspec.json.encode(openapi.document(model.name))
         self._lean: dict[str, Callable[[bytes, bytes | None], Awaitable[EngineRequest]]] = {
             "/v1/chat/completions": self.translator.chat, "/v1/completions": self.translator.completion}
         self.starlette = Starlette(routes=[
             Route("/health", self._health), Route("/ready", self._ready),
-            Route("/v1/models", self._models), Route("/metrics", self._metrics)],
+            Route("/v1/models", self._models), Route("/metrics", self._metrics),
+            Route("/openapi.json", self._openapi_json)],
             exception_handlers={404: _http_error, 405: _http_error})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -101,6 +104,9 @@ class Frontend:
     async def _models(self, request: Request) -> Response:
         return Response(responses.models(self.model.name, self._max_model_len(or_zero=True), self._created),
                         media_type="application/json")
+
+    async def _openapi_json(self, request: Request) -> Response:
+        return Response(self._openapi, media_type="application/json")
 
     async def _metrics(self, request: Request) -> Response:
         m, name = self.metrics, self.model.name

@@ -26,8 +26,10 @@ from services.frontend.parsers import (
     keeps_special_tokens,
 )
 from services.frontend.schema import (
+    CHAT_BOUNDS,
     ChatCompletionRequest,
     CompletionRequest,
+    check_bounds,
     check_common,
     parse,
     sampling_params,
@@ -117,10 +119,8 @@ class Preparer:
         req: ChatCompletionRequest = parse(ChatCompletionRequest, body)
         self._check_model(req.model)
         check_common(req)
+        check_bounds(req, CHAT_BOUNDS)
         if req.max_completion_tokens is not None:
-            if req.max_completion_tokens < 1:
-                raise APIError(400, f"max_completion_tokens={req.max_completion_tokens} is out of range: "
-                               "must be >= 1", param="max_completion_tokens")
             req.max_tokens = req.max_completion_tokens
         if req.logprobs or req.top_logprobs:
             raise APIError(400, "logprobs are not supported by this server yet", param="logprobs")

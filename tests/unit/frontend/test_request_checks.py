@@ -5,18 +5,13 @@ routes and methods are JSON errors in the OpenAI shape (405 with Allow)."""
 from __future__ import annotations
 
 import asyncio
-import json
-import time
 from typing import Any
 
 import pytest
 
-from protocol import Ready
 from services.frontend.app import Frontend
-from services.frontend.config import FrontendConfig
-from services.frontend.engines import EngineSet
-from services.frontend.metrics import Metrics
-from services.frontend.model import Model
+from tests.support.asgi_client import Answer, request
+from tests.support.frontend_app import frontend_app
 
 HI = [{"role": "user", "content": "hi"}]
 BASES: dict[str, dict[str, Any]] = {"/v1/chat/completions": {"model": "tiny", "messages": HI},
@@ -24,46 +19,20 @@ BASES: dict[str, dict[str, Any]] = {"/v1/chat/completions": {"model": "tiny", "m
 CHAT, COMPLETIONS = BASES
 
 
-class _Bridge:
-    def send(self, index: int, frames: list[Any]) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def app() -> Frontend:
-    engines = EngineSet(["tcp://a:1"], frontend_id="t", engine_timeout_s=60, heartbeat_interval_s=1)
-    engines._bridge = _Bridge()  # type: ignore[assignment]
-    for e in engines.engines:
-        engines._on_ready(e, Ready(e.index, "tiny", 4096, 16, 1000, "sim", "test", "epoch"), time.monotonic())
-    config = FrontendConfig(model="tiny", data_parallel_size=1, data_parallel_size_local=0,
-                            engine_addresses=("tcp://a:1",))
-    return Frontend(config, Model.load("tiny", "tiny"), engines, Metrics("tiny"))
+    return frontend_app()
 
 
-def call(app: Frontend, method: str, path: str, body: Any = None,
-         headers: list[tuple[bytes, bytes]] | None = None) -> tuple[int, dict[str, str], Any]:
-    """Status, headers and JSON body of one request that must be answered before reaching an engine."""
-    raw = body if isinstance(body, bytes) else json.dumps(body).encode() if body is not None else b""
-    sent: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": raw, "more_body": False}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    scope = {"type": "http", "method": method, "path": path, "headers": headers or [], "query_string": b"",
-             "http_version": "1.1", "scheme": "http", "server": ("127.0.0.1", 8000), "root_path": ""}
-    asyncio.run(asyncio.wait_for(app(scope, receive, send), 10))
-    head = {k.decode(): v.decode() for k, v in sent[0]["headers"]}
-    data = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return sent[0]["status"], head, json.loads(data)
+def call(app: Frontend, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> Answer:
+    return asyncio.run(request(app, method, path, body, headers=headers))
 
 
-def refused_field(app: Frontend, path: str, body: Any, headers: list[tuple[bytes, bytes]] | None = None) -> str:
-    status, head, answer = call(app, "POST", path, body, headers)
-    assert status == 400 and head["content-type"] == "application/json", answer
-    error = answer["error"]
+def refused_field(app: Frontend, path: str, body: Any, headers: dict[str, str] | None = None) -> str:
+    """The field a 400 names, after checking the error's shape."""
+    answer = call(app, "POST", path, body, headers)
+    assert answer.status == 400 and answer.headers["content-type"] == "application/json", answer.body
+    error = answer.json()["error"]
     assert error["type"] == "invalid_request_error" and error["message"].startswith(f"{error['param']}: "), error
     return str(error["param"])
 
@@ -166,24 +135,23 @@ def test_a_wrong_type_is_a_400_naming_the_field(app: Frontend, path: str, change
 
 
 def test_a_pinned_rank_that_is_no_integer_is_a_400(app: Frontend) -> None:
-    for value in (b"one", b"1.5", b""):
-        assert refused_field(app, CHAT, BASES[CHAT], [(b"x-data-parallel-rank", value)]) == "X-Data-Parallel-Rank"
+    for value in ("one", "1.5", ""):
+        assert refused_field(app, CHAT, BASES[CHAT], {"x-data-parallel-rank": value}) == "X-Data-Parallel-Rank"
 
 
 @pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
 def test_stream_options_without_stream_is_a_400_as_in_vllm(app: Frontend, path: str) -> None:
     for stream in ({}, {"stream": False}):
-        body = {**BASES[path], **stream, "stream_options": {"include_usage": True}}
-        status, _, answer = call(app, "POST", path, body)
-        assert status == 400 and answer["error"] == {
+        answer = call(app, "POST", path, {**BASES[path], **stream, "stream_options": {"include_usage": True}})
+        assert answer.status == 400 and answer.json()["error"] == {
             "message": "Stream options can only be defined when `stream=True`.", "type": "invalid_request_error",
             "param": "stream_options", "code": 400}
 
 
 @pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
 def test_json_nested_too_deeply_is_a_400(app: Frontend, path: str) -> None:
-    status, _, answer = call(app, "POST", path, b'{"model": "tiny", "tools": ' + b"[" * 1000 + b"]" * 1000 + b"}")
-    assert status == 400 and "nests too deeply" in answer["error"]["message"]
+    answer = call(app, "POST", path, b'{"model": "tiny", "tools": ' + b"[" * 1000 + b"]" * 1000 + b"}")
+    assert answer.status == 400 and "nests too deeply" in answer.json()["error"]["message"]
 
 
 @pytest.mark.parametrize(("method", "path", "status", "allow", "needle"), [
@@ -195,7 +163,14 @@ def test_json_nested_too_deeply_is_a_400(app: Frontend, path: str) -> None:
 ])
 def test_unknown_routes_and_methods_are_json_errors(app: Frontend, method: str, path: str, status: int,
                                                     allow: str | None, needle: str) -> None:
-    got, head, answer = call(app, method, path)
-    assert got == status and head["content-type"] == "application/json"
-    assert head.get("allow") == allow and answer["error"]["message"] == needle
-    assert answer["error"]["type"] == ("not_found_error" if status == 404 else "invalid_request_error")
+    answer = call(app, method, path)
+    assert answer.status == status and answer.headers["content-type"] == "application/json"
+    error = answer.json()["error"]
+    assert answer.headers.get("allow") == allow and error["message"] == needle
+    assert error["type"] == ("not_found_error" if status == 404 else "invalid_request_error")
+
+
+def test_a_request_of_the_right_shape_is_answered(app: Frontend) -> None:
+    for path, body in BASES.items():
+        answer = call(app, "POST", path, {**body, "max_tokens": 1})
+        assert answer.status == 200 and answer.json()["usage"]["completion_tokens"] == 1
