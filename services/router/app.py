@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 from starlette.types import Receive, Scope, Send
 
+from services.router import openapi
 from services.router.adapters import Adapter, AdapterError
 from services.router.adapters.registry import ADAPTERS, error_shape
 from services.router.asgi import (
@@ -53,6 +54,8 @@ class RouterApp:
         self._by_port = {listener.port: listener for listener in config.listeners}
         self._keys = {listener.name: tuple(k.encode() for k in listener.api_keys) for listener in config.listeners}
         self._entries = {listener.name: listener.entries or tuple(config.entries) for listener in config.listeners}
+        self._openapi = {listener.name: _json.encode(openapi.document(listener, self._entries[listener.name]))
+                         for listener in config.listeners}
         self._created = int(time.time())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -101,6 +104,11 @@ class RouterApp:
                         "headers": [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]})
             await send({"type": "http.response.body", "body": self.metrics.render()})
             return
+        if path == "/openapi.json":
+            if method != "GET":
+                raise HTTPError(405, f"{path} accepts GET only", headers=[(b"allow", b"GET")])
+            await send_json(send, 200, self._openapi[listener.name])
+            return
         if api is None or api not in listener.apis:
             raise HTTPError(404, f"no route for {method} {path} on listener {listener.name!r}")
         wanted = "GET" if api == "models" else "POST"
@@ -127,10 +135,9 @@ class RouterApp:
 
     def _decisions(self, listener: ListenerConfig, raw: bytes) -> dict[str, Any]:
         body = _parse(raw)
-        if "input" in body and "messages" not in body and "prompt" not in body:
-            chat = _to_chat(ADAPTERS["responses"], body)  # a Responses body: route what it would send
-        else:
-            chat = _to_chat(ADAPTERS["chat"], body)  # checks what routing reads of it (the model)
+        # A Responses body is routed as what it would send; the others are checked for what routing reads.
+        shape = "messages" if "messages" in body else "completions" if "prompt" in body else "responses"
+        chat = _to_chat(ADAPTERS["chat" if shape == "messages" else shape], body)
         choice = self._choose(listener, chat)
         out = choice.describe()
         size = len(raw)

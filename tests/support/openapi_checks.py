@@ -62,17 +62,25 @@ def wrong_types(body_schema: dict[str, Any], doc: dict[str, Any], base: dict[str
     for name, schema in resolve(body_schema, doc).get("properties", {}).items():
         field = f"{where}.{name}" if where else name
         yield Probe(field, {**base, name: wrong_value(schema, doc)})
-        for branch in branches(schema, doc):
-            if branch.get("type") == "array" and "$ref" in branch.get("items", {}):
-                component = branch["items"]["$ref"].rsplit("/", 1)[1]
-                if component in bases:
-                    for probe in wrong_types(branch["items"], doc, bases[component], bases, f"{field}[0]"):
+        for branch in schema.get("anyOf", [schema]):
+            if branch.get("type") == "array":
+                for component in _components(branch.get("items", {}), bases):
+                    for probe in wrong_types(_ref(component), doc, bases[component], bases, f"{field}[0]"):
                         yield Probe(probe.field, {**base, name: [probe.body]})
-        component = next((s["$ref"].rsplit("/", 1)[1] for s in schema.get("anyOf", [schema]) if "$ref" in s), None)
-        if component in bases and resolve({"$ref": f"#/components/schemas/{component}"}, doc).get("type") == "object":
-            for probe in wrong_types({"$ref": f"#/components/schemas/{component}"}, doc, bases[component], bases,
-                                     field):
-                yield Probe(probe.field, {**base, name: probe.body})
+            else:
+                for component in _components(branch, bases):
+                    for probe in wrong_types(_ref(component), doc, bases[component], bases, field):
+                        yield Probe(probe.field, {**base, name: probe.body})
+
+
+def _ref(component: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{component}"}
+
+
+def _components(schema: dict[str, Any], bases: dict[str, dict[str, Any]]) -> list[str]:
+    """The components `schema` names (itself or its anyOf) that have a valid value in `bases`."""
+    refs = [s["$ref"].rsplit("/", 1)[1] for s in schema.get("anyOf", [schema]) if "$ref" in s]
+    return [ref for ref in refs if ref in bases]
 
 
 def documented_values(body_schema: dict[str, Any], doc: dict[str, Any]) -> Iterator[tuple[str, Any]]:

@@ -20,6 +20,7 @@ _ROLES = {"user": "user", "assistant": "assistant", "system": "system",
           "developer": "system"}
 _TEXT_PARTS = ("input_text", "output_text")
 _EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+_SUMMARIES = ("auto", "concise", "detailed")
 
 
 def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
@@ -56,6 +57,8 @@ def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
                 raise AdapterError("reasoning.effort", f"must be one of {list(_EFFORTS)}")
             chat["reasoning_effort"] = effort
         # summary is accepted and not produced: reasoning comes back as its text, with summary [].
+        if reasoning.get("summary") not in (None, *_SUMMARIES):
+            raise AdapterError("reasoning.summary", f"must be one of {list(_SUMMARIES)}")
     ask_stream(body, chat)
     return chat
 
@@ -74,8 +77,10 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
         if not isinstance(text, dict):
             raise AdapterError("text", "must be an object")
         fmt = text.get("format")
-        if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
-            raise AdapterError("text.format", "only {'type': 'text'} is supported")
+        if fmt is not None and not isinstance(fmt, dict):
+            raise AdapterError("text.format", "must be an object; only {'type': 'text'} is supported")
+        if fmt is not None and fmt.get("type") != "text":
+            raise AdapterError("text.format.type", "only 'text' is supported")
 
 
 def _check_echoed(body: dict[str, Any]) -> None:
@@ -105,7 +110,10 @@ def _ask_tools(body: dict[str, Any], chat: dict[str, Any]) -> None:
         names.add(function["function"]["name"])
         chat.setdefault("tools", []).append(function)
     choice = body.get("tool_choice")
-    if isinstance(choice, dict) and choice.get("type") == "function":
+    if isinstance(choice, dict):
+        if choice.get("type") != "function":
+            raise AdapterError("tool_choice.type", "must be 'function' (or tool_choice one of 'none', 'auto', "
+                               "'required')")
         name = choice.get("name")
         if not isinstance(name, str) or name not in names:
             raise AdapterError("tool_choice.name", f"must name a function in tools, got {name!r}")
@@ -213,8 +221,13 @@ def _reasoning_input(item: dict[str, Any], where: str) -> str:
             raise AdapterError(f"{where}.{name}", "must be a list")
         texts = []
         for j, part in enumerate(parts):
-            if not isinstance(part, dict) or part.get("type") != kind or not isinstance(part.get("text"), str):
-                raise AdapterError(f"{where}.{name}[{j}]", f"must be a {kind!r} part with a text")
+            at = f"{where}.{name}[{j}]"
+            if not isinstance(part, dict):
+                raise AdapterError(at, f"must be a {kind!r} part object")
+            if part.get("type") != kind:
+                raise AdapterError(f"{at}.type", f"must be {kind!r}")
+            if not isinstance(part.get("text"), str):
+                raise AdapterError(f"{at}.text", "must be a string")
             texts.append(part["text"])
         if texts:
             return "".join(texts)

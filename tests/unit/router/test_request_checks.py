@@ -30,10 +30,13 @@ BASES: dict[str, dict[str, Any]] = {
 }
 
 
-def post(path: str, body: Any) -> Answer:
+def _app() -> RouterApp:
     router = Router(parse_config(CONFIG))
-    app = RouterApp(router.config, router, FakeUpstream(), RouterMetrics(router.pools))
-    return asyncio.run(request(app, "POST", path, body))
+    return RouterApp(router.config, router, FakeUpstream(), RouterMetrics(router.pools))
+
+
+def post(path: str, body: Any) -> Answer:
+    return asyncio.run(request(_app(), "POST", path, body))
 
 
 def refused_field(answer: Answer) -> str:
@@ -61,6 +64,8 @@ WRONG_TYPES: list[tuple[str, dict[str, Any], str]] = [
     ("/v1/chat/completions", {"stream_options": 5}, "stream_options"),
     ("/v1/completions", {"model": ["fleet"]}, "model"),
     ("/v1/decisions", {"model": {"a": 1}, "messages": HI, "input": None}, "model"),
+    ("/v1/decisions", {"prompt": 5, "input": None}, "prompt"),
+    ("/v1/decisions", {"messages": [5], "input": None}, "messages[0]"),
     # Responses
     ("/v1/responses", {"model": 5}, "model"),
     ("/v1/responses", {"input": 5}, "input"),
@@ -87,6 +92,7 @@ WRONG_TYPES: list[tuple[str, dict[str, Any], str]] = [
     ("/v1/responses", {"top_p": [1]}, "top_p"),
     ("/v1/responses", {"reasoning": "high"}, "reasoning"),
     ("/v1/responses", {"reasoning": {"effort": ["low"]}}, "reasoning.effort"),
+    ("/v1/responses", {"reasoning": {"summary": 5}}, "reasoning.summary"),
     ("/v1/responses", {"stream": "yes"}, "stream"),
     ("/v1/responses", {"tools": {}}, "tools"),
     ("/v1/responses", {"tools": [5]}, "tools[0]"),
@@ -101,6 +107,8 @@ WRONG_TYPES: list[tuple[str, dict[str, Any], str]] = [
     ("/v1/responses", {"tools": [TOOL], "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
     ("/v1/responses", {"text": "x"}, "text"),
     ("/v1/responses", {"text": {"format": "text"}}, "text.format"),
+    ("/v1/responses", {"text": {"format": {"type": ["text"]}}}, "text.format.type"),
+    ("/v1/responses", {"tools": [TOOL], "tool_choice": {"type": 5, "name": "f"}}, "tool_choice.type"),
     ("/v1/responses", {"truncation": ["disabled"]}, "truncation"),
     ("/v1/responses", {"metadata": [1]}, "metadata"),
     ("/v1/responses", {"metadata": {"a": 1}}, "metadata"),
@@ -148,7 +156,10 @@ WRONG_TYPES: list[tuple[str, dict[str, Any], str]] = [
     ("/v1/messages", {"tools": [CLAUDE_TOOL], "tool_choice": {"type": "tool", "name": ["f"]}}, "tool_choice.name"),
     ("/v1/messages", {"tools": [CLAUDE_TOOL], "tool_choice": {"type": "auto", "disable_parallel_tool_use": "x"}},
      "tool_choice.disable_parallel_tool_use"),
-    ("/v1/messages", {"thinking": 5}, "thinking.type"),
+    ("/v1/messages", {"thinking": 5}, "thinking"),
+    ("/v1/messages", {"thinking": {"type": 5}}, "thinking.type"),
+    ("/v1/messages", {"tools": [CLAUDE_TOOL], "tool_choice": {"type": ["auto"]}}, "tool_choice.type"),
+    ("/v1/messages", {"tools": [CLAUDE_TOOL], "tool_choice": {"type": "auto", "name": 5}}, "tool_choice.name"),
     ("/v1/messages", {"max_tokens": 4096, "thinking": {"type": "enabled", "budget_tokens": "2048"}},
      "thinking.budget_tokens"),
 ]
@@ -169,6 +180,19 @@ def test_json_nested_too_deeply_is_a_400_in_the_apis_shape(path: str) -> None:
     error = answer.json()["error"]
     assert "nests too deeply" in error["message"] and "64 levels" in error["message"]
     assert ("param" in error) == (path != "/v1/messages")  # Anthropic's shape has no param
+
+
+def test_decisions_takes_each_apis_body() -> None:
+    for body in ({"model": "fleet", "prompt": "hi"}, {"model": "fleet", "messages": HI}, BASES["/v1/responses"]):
+        answer = post("/v1/decisions", body)
+        assert answer.status == 200 and answer.json()["entry"] == "fleet", answer.body
+
+
+def test_unknown_paths_and_methods_are_json_errors() -> None:
+    missing, wrong = post("/v1/nothing", {}), asyncio.run(request(_app(), "GET", "/v1/responses"))
+    assert missing.status == 404 and missing.json()["error"]["message"].startswith("no route for POST /v1/nothing")
+    assert wrong.status == 405 and wrong.headers["allow"] == "POST"
+    assert wrong.json()["error"]["message"] == "/v1/responses accepts POST only"
 
 
 @pytest.mark.parametrize("body", [b"[1]", b'"x"', b"{", b""])
