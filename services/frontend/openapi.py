@@ -20,6 +20,13 @@ ERROR_SCHEMA: dict[str, Any] = {
         "param": {"type": ["string", "null"]}, "code": {"type": ["string", "integer"]}}}}}
 
 
+_TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+PROMPT_SCHEMA: dict[str, Any] = {"anyOf": [
+    {"type": "string", "minLength": 1}, _TOKEN_IDS,
+    {"type": "array", "items": {"anyOf": [{"type": "string", "minLength": 1}, _TOKEN_IDS]}, "minItems": 1,
+     "maxItems": 1}]}
+
+
 def document(model: str) -> dict[str, Any]:
     """The OpenAPI 3.1 document of a frontend serving `model` (the only model name it accepts)."""
     (chat, completion), schemas = msgspec.json.schema_components([ChatCompletionRequest, CompletionRequest],
@@ -30,7 +37,12 @@ def document(model: str) -> dict[str, Any]:
         for field, bound in bounds.items():
             _number(properties[field]).update(bound.json_schema())
     schemas["ChatMessage"]["properties"]["role"]["enum"] = list(ROLES)
-    schemas["ContentPart"]["properties"]["type"]["enum"] = ["text"]  # messages.py refuses other parts
+    # messages.py refuses other parts, and a text part without its text.
+    schemas["ContentPart"]["properties"].update(type={"enum": ["text"]}, text={"type": "string"})
+    schemas["ContentPart"]["required"] = ["type", "text"]
+    schemas["ChatCompletionRequest"]["properties"]["messages"]["minItems"] = 1  # ChatTemplate.render's check
+    # The struct's list[Any] (msgspec takes one array type in a union): the forms Translator.completion takes.
+    schemas["CompletionRequest"]["properties"]["prompt"] = PROMPT_SCHEMA
     schemas["Error"] = ERROR_SCHEMA
     pin = {"name": PIN_HEADER, "in": "header", "required": False, "schema": {"type": "integer"},
            "description": "the data-parallel rank to run the request on"}

@@ -39,7 +39,7 @@ class ChatMessage(msgspec.Struct, omit_defaults=True):
 
 class _Sampling(msgspec.Struct, kw_only=True):
     model: str
-    stream: bool = False
+    stream: bool | None = False  # null is false, as in vLLM and OpenAI
     stream_options: StreamOptions | None = None
     max_tokens: int | None = None
     temperature: float | None = None

@@ -273,7 +273,7 @@ class Translator:
         pinned = _pinned_rank(pin)
         usage = req.stream_options is not None and req.stream_options.include_usage
         continuous = usage and req.stream_options is not None and req.stream_options.continuous_usage_stats
-        output = OutputOptions(chat=chat, stream=req.stream, include_usage=usage, continuous_usage=continuous,
+        output = OutputOptions(chat=chat, stream=bool(req.stream), include_usage=usage, continuous_usage=continuous,
                                stop=tuple(stop_list(req)), include_stop_str_in_output=req.include_stop_str_in_output,
                                skip_special_tokens=req.skip_special_tokens)
         request = GenerateRequest(request_id, token_ids.tolist(), sampling, time.time(), req.priority, None,
