@@ -34,6 +34,8 @@ def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
             raise AdapterError("instructions", "must be a string")
         messages.append({"role": "system", "content": instructions})
     messages.extend(_input_messages(body.get("input")))
+    if not messages:  # upstream would refuse its empty `messages`, a field this client never sent
+        raise AdapterError("input", "carries no message: a reasoning item alone (no text, no calls) is dropped")
     chat: dict[str, Any] = {"model": model, "messages": messages}
     _ask_tools(body, chat)
     max_out = body.get("max_output_tokens")

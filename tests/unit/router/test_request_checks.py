@@ -85,6 +85,7 @@ WRONG_TYPES: list[tuple[str, dict[str, Any], str]] = [
     ("/v1/responses", {"input": item(type="function_call_output", call_id="c", output=5)}, "input[0].output"),
     ("/v1/responses", {"input": item(type="reasoning", content="x")}, "input[0].content"),
     ("/v1/responses", {"input": item(type="reasoning", summary=[5])}, "input[0].summary[0]"),
+    ("/v1/responses", {"input": item(type="reasoning", summary=[])}, "input"),  # nothing left to send
     ("/v1/responses", {"instructions": 5}, "instructions"),
     ("/v1/responses", {"max_output_tokens": "5"}, "max_output_tokens"),
     ("/v1/responses", {"max_output_tokens": True}, "max_output_tokens"),
