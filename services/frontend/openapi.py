@@ -9,6 +9,7 @@ import msgspec
 
 from services.frontend.messages import ROLES
 from services.frontend.schema import BOUNDS, CHAT_BOUNDS, ChatCompletionRequest, CompletionRequest
+from services.frontend.stop_strings import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from services.frontend.translation import PIN_HEADER
 
 _REF = "#/components/schemas/{name}"
@@ -31,11 +32,14 @@ def document(model: str) -> dict[str, Any]:
     """The OpenAPI 3.1 document of a frontend serving `model` (the only model name it accepts)."""
     (chat, completion), schemas = msgspec.json.schema_components([ChatCompletionRequest, CompletionRequest],
                                                                    ref_template=_REF)
+    stop = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS}  # and MAX_STOP_CHARS in all
     for name, bounds in (("ChatCompletionRequest", {**BOUNDS, **CHAT_BOUNDS}), ("CompletionRequest", BOUNDS)):
         properties = schemas[name]["properties"]
         properties["model"]["enum"] = [model]
         for field, bound in bounds.items():
             _number(properties[field]).update(bound.json_schema())
+        properties["stop"] = {"anyOf": [stop, {"type": "array", "items": stop, "maxItems": MAX_STOP_STRINGS},
+                                        {"type": "null"}], "default": None}
     schemas["ChatMessage"]["properties"]["role"]["enum"] = list(ROLES)
     # messages.py refuses other parts, and a text part without its text.
     schemas["ContentPart"]["properties"].update(type={"enum": ["text"]}, text={"type": "string"})
