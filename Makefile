@@ -48,6 +48,8 @@ bench: $(STAMP)
 	$(PY) bench/router_latency.py
 	$(PY) bench/router_cache.py
 	$(PY) bench/chaos.py
+	$(PY) bench/json_depth.py
+	$(PY) bench/fuzz.py
 
 clean:
 	rm -rf $(VENV)

@@ -8,13 +8,15 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
+import msgspec
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from services.frontend import responses
+from services.frontend import openapi, responses
 from services.frontend.asgi import (
     ClientGone,
     header,
@@ -53,11 +55,14 @@ class Frontend:
                                      tool_call_parser=config.tool_call_parser, reasoning_parser=config.reasoning_parser,
                                      structured_output_problem=self._structured_output_problem)
         self._created = int(time.time())
+        self._openapi = msgspec.json.encode(openapi.document(model.name))
         self._lean: dict[str, Callable[[bytes, bytes | None], Awaitable[EngineRequest]]] = {
             "/v1/chat/completions": self.translator.chat, "/v1/completions": self.translator.completion}
         self.starlette = Starlette(routes=[
             Route("/health", self._health), Route("/ready", self._ready),
-            Route("/v1/models", self._models), Route("/metrics", self._metrics)])
+            Route("/v1/models", self._models), Route("/metrics", self._metrics),
+            Route("/openapi.json", self._openapi_json)],
+            exception_handlers={404: _http_error, 405: _http_error})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         translate = self._lean.get(scope["path"]) if scope["type"] == "http" else None
@@ -65,7 +70,7 @@ class Frontend:
             await self.starlette(scope, receive, send)
             return
         if scope["method"] != "POST":
-            await send_json(send, 405, error_body(405, f"{scope['path']} accepts POST only"))
+            await send_json(send, 405, error_body(405, f"{scope['path']} accepts POST only"), [(b"allow", b"POST")])
             return
         if self.shutdown.draining:
             # connection: close, so a client's next request opens a connection to another replica.
@@ -99,6 +104,9 @@ class Frontend:
     async def _models(self, request: Request) -> Response:
         return Response(responses.models(self.model.name, self._max_model_len(or_zero=True), self._created),
                         media_type="application/json")
+
+    async def _openapi_json(self, request: Request) -> Response:
+        return Response(self._openapi, media_type="application/json")
 
     async def _metrics(self, request: Request) -> Response:
         m, name = self.metrics, self.model.name
@@ -165,3 +173,17 @@ class Frontend:
                 return 0
             raise APIError(503, "no engine has handshaken yet: " + str(self.engines.not_ready()))
         return min(lens)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """starlette's 404 (no route) and 405 (a route's other method) in the OpenAI error shape, which
+    clients parse, rather than its plain text; a 405 keeps the Allow header starlette sets."""
+    assert isinstance(exc, HTTPException)
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        headers["Allow"] = ", ".join(sorted(headers.get("Allow", "").split(", ")))  # starlette's is a set's order
+        message = f"{request.url.path} accepts {headers['Allow']} only"
+    else:
+        message = f"no route for {request.method} {request.url.path}"
+    return Response(error_body(exc.status_code, message), exc.status_code, headers=headers,
+                    media_type="application/json")

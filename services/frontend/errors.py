@@ -6,8 +6,9 @@ from typing import Any
 
 import msgspec
 
-_TYPES = {400: "invalid_request_error", 404: "not_found_error", 413: "invalid_request_error",
-          429: "rate_limit_error", 500: "internal_server_error", 503: "service_unavailable_error"}
+_TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
+          413: "invalid_request_error", 429: "rate_limit_error", 500: "internal_server_error",
+          503: "service_unavailable_error"}
 _encoder = msgspec.json.Encoder()
 
 

@@ -5,12 +5,14 @@ the allowed ranges. Unknown fields are ignored, as OpenAI-compatible servers do.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
 from protocol import SamplingParams
 from services.frontend.errors import APIError, from_validation
+from services.frontend.json_depth import MAX_DEPTH, too_deep
 from services.frontend.stop_strings import MAX_STOP_CHARS, MAX_STOP_STRINGS
 
 
@@ -37,7 +39,7 @@ class ChatMessage(msgspec.Struct, omit_defaults=True):
 
 class _Sampling(msgspec.Struct, kw_only=True):
     model: str
-    stream: bool = False
+    stream: bool | None = False  # null is false, as in vLLM and OpenAI
     stream_options: StreamOptions | None = None
     max_tokens: int | None = None
     temperature: float | None = None
@@ -91,6 +93,8 @@ _decoders: dict[type[msgspec.Struct], msgspec.json.Decoder[Any]] = {
 def parse(cls: type[msgspec.Struct], body: bytes) -> Any:
     if not body.strip():
         raise APIError(400, "request body is empty: expected a JSON object")
+    if too_deep(body):  # before decoding: the decoder and the checks after it recurse per level
+        raise APIError(400, f"request body nests too deeply: arrays and objects may nest {MAX_DEPTH} levels at most")
     try:
         return _decoders[cls].decode(body)
     except msgspec.ValidationError as exc:
@@ -106,25 +110,57 @@ def _range(ok: bool, param: str, value: object, allowed: str) -> None:
         raise APIError(400, f"{param}={value!r} is out of range: {allowed}", param=param)
 
 
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """A number field's allowed range, checked by `check_common` and told by the OpenAPI document."""
+
+    low: float | None
+    high: float | None
+    allowed: str  # as the 400 tells it
+    low_open: bool = False  # `low` itself is out of range
+
+    def holds(self, value: float) -> bool:
+        above = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        return above and (self.high is None or value <= self.high)
+
+    def json_schema(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        if self.low is not None:
+            out["exclusiveMinimum" if self.low_open else "minimum"] = self.low
+        if self.high is not None:
+            out["maximum"] = self.high
+        return out
+
+
+# In the order they are checked; a field that is null (absent) is not.
+BOUNDS: dict[str, Bounds] = {
+    "n": Bounds(1, 1, "only n=1 is supported"),
+    "temperature": Bounds(0, 2, "must be in [0, 2]"),
+    "top_p": Bounds(0, 1, "must be in (0, 1]", low_open=True),
+    "top_k": Bounds(-1, 2**31 - 1, "must be -1 or 0 (disabled) or in [1, 2**31)"),
+    "priority": Bounds(-(2**31), 2**31 - 1, "must be in [-2**31, 2**31)"),
+    "min_p": Bounds(0, 1, "must be in [0, 1]"),
+    "max_tokens": Bounds(1, None, "must be >= 1"),
+    "min_tokens": Bounds(0, None, "must be >= 0"),
+    "presence_penalty": Bounds(-2, 2, "must be in [-2, 2]"),
+    "frequency_penalty": Bounds(-2, 2, "must be in [-2, 2]"),
+    "repetition_penalty": Bounds(0, 2, "must be in (0, 2]", low_open=True),
+    "seed": Bounds(-(2**63), 2**63 - 1, "must fit in 64 bits"),
+}
+CHAT_BOUNDS = {"max_completion_tokens": Bounds(1, None, "must be >= 1")}  # checked by the Translator
+
+
+def check_bounds(req: msgspec.Struct, bounds: dict[str, Bounds]) -> None:
+    for name, bound in bounds.items():
+        value = getattr(req, name)
+        if value is not None:
+            _range(bound.holds(value), name, value, bound.allowed)
+
+
 def check_common(req: _Sampling) -> None:
-    _range(req.n == 1, "n", req.n, "only n=1 is supported")
-    if req.temperature is not None:
-        _range(0 <= req.temperature <= 2, "temperature", req.temperature, "must be in [0, 2]")
-    if req.top_p is not None:
-        _range(0 < req.top_p <= 1, "top_p", req.top_p, "must be in (0, 1]")
-    if req.top_k is not None:
-        _range(-1 <= req.top_k < 2**31, "top_k", req.top_k, "must be -1 or 0 (disabled) or in [1, 2**31)")
-    _range(-(2**31) <= req.priority < 2**31, "priority", req.priority, "must be in [-2**31, 2**31)")
-    if req.min_p is not None:
-        _range(0 <= req.min_p <= 1, "min_p", req.min_p, "must be in [0, 1]")
-    if req.max_tokens is not None:
-        _range(req.max_tokens >= 1, "max_tokens", req.max_tokens, "must be >= 1")
-    _range(req.min_tokens >= 0, "min_tokens", req.min_tokens, "must be >= 0")
-    _range(-2 <= req.presence_penalty <= 2, "presence_penalty", req.presence_penalty, "must be in [-2, 2]")
-    _range(-2 <= req.frequency_penalty <= 2, "frequency_penalty", req.frequency_penalty, "must be in [-2, 2]")
-    _range(0 < req.repetition_penalty <= 2, "repetition_penalty", req.repetition_penalty, "must be in (0, 2]")
-    if req.seed is not None:
-        _range(-(2**63) <= req.seed < 2**63, "seed", req.seed, "must fit in 64 bits")
+    if req.stream_options is not None and not req.stream:  # vLLM's check and message
+        raise APIError(400, "Stream options can only be defined when `stream=True`.", param="stream_options")
+    check_bounds(req, BOUNDS)
     _check_stop(stop_list(req))
 
 

@@ -26,8 +26,10 @@ from services.frontend.parsers import (
     keeps_special_tokens,
 )
 from services.frontend.schema import (
+    CHAT_BOUNDS,
     ChatCompletionRequest,
     CompletionRequest,
+    check_bounds,
     check_common,
     parse,
     sampling_params,
@@ -117,10 +119,8 @@ class Preparer:
         req: ChatCompletionRequest = parse(ChatCompletionRequest, body)
         self._check_model(req.model)
         check_common(req)
+        check_bounds(req, CHAT_BOUNDS)
         if req.max_completion_tokens is not None:
-            if req.max_completion_tokens < 1:
-                raise APIError(400, f"max_completion_tokens={req.max_completion_tokens} is out of range: "
-                               "must be >= 1", param="max_completion_tokens")
             req.max_tokens = req.max_completion_tokens
         if req.logprobs or req.top_logprobs:
             raise APIError(400, "logprobs are not supported by this server yet", param="logprobs")
@@ -273,7 +273,7 @@ class Translator:
         pinned = _pinned_rank(pin)
         usage = req.stream_options is not None and req.stream_options.include_usage
         continuous = usage and req.stream_options is not None and req.stream_options.continuous_usage_stats
-        output = OutputOptions(chat=chat, stream=req.stream, include_usage=usage, continuous_usage=continuous,
+        output = OutputOptions(chat=chat, stream=bool(req.stream), include_usage=usage, continuous_usage=continuous,
                                stop=tuple(stop_list(req)), include_stop_str_in_output=req.include_stop_str_in_output,
                                skip_special_tokens=req.skip_special_tokens)
         request = GenerateRequest(request_id, token_ids.tolist(), sampling, time.time(), req.priority, None,
@@ -288,7 +288,7 @@ def _pinned_rank(value: bytes | None) -> int | None:
         return int(value)
     except ValueError:
         got = value.decode(errors="replace")
-        raise APIError(400, f"{PIN_HEADER} must be an integer rank, got {got!r}", param=PIN_HEADER) from None
+        raise APIError(400, f"{PIN_HEADER}: must be an integer rank, got {got!r}", param=PIN_HEADER) from None
 
 
 # ---- in a worker process (workers.PreparePool) ----

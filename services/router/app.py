@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 from starlette.types import Receive, Scope, Send
 
+from services.router import openapi
 from services.router.adapters import Adapter, AdapterError
 from services.router.adapters.registry import ADAPTERS, error_shape
 from services.router.asgi import (
@@ -27,6 +28,7 @@ from services.router.asgi import (
 from services.router.config import EscalateAlgorithm, ListenerConfig, RouterConfig
 from services.router.dispatch import Call, Dispatcher
 from services.router.escalate import Escalator
+from services.router.json_depth import MAX_DEPTH, too_deep
 from services.router.metrics import RouterMetrics
 from services.router.replicas import NoReplica, Overloaded
 from services.router.routing import Choice, Router, UnknownModel
@@ -52,6 +54,8 @@ class RouterApp:
         self._by_port = {listener.port: listener for listener in config.listeners}
         self._keys = {listener.name: tuple(k.encode() for k in listener.api_keys) for listener in config.listeners}
         self._entries = {listener.name: listener.entries or tuple(config.entries) for listener in config.listeners}
+        self._openapi = {listener.name: _json.encode(openapi.document(listener, self._entries[listener.name]))
+                         for listener in config.listeners}
         self._created = int(time.time())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -100,11 +104,16 @@ class RouterApp:
                         "headers": [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]})
             await send({"type": "http.response.body", "body": self.metrics.render()})
             return
+        if path == "/openapi.json":
+            if method != "GET":
+                raise HTTPError(405, f"{path} accepts GET only", headers=[(b"allow", b"GET")])
+            await send_json(send, 200, self._openapi[listener.name])
+            return
         if api is None or api not in listener.apis:
             raise HTTPError(404, f"no route for {method} {path} on listener {listener.name!r}")
         wanted = "GET" if api == "models" else "POST"
         if method != wanted:
-            raise HTTPError(405, f"{path} accepts {wanted} only")
+            raise HTTPError(405, f"{path} accepts {wanted} only", headers=[(b"allow", wanted.encode())])
         if api == "models":
             await send_json(send, 200, _json.encode(self._models(listener)))
         elif api == "decisions":
@@ -126,9 +135,9 @@ class RouterApp:
 
     def _decisions(self, listener: ListenerConfig, raw: bytes) -> dict[str, Any]:
         body = _parse(raw)
-        chat = body
-        if "input" in body and "messages" not in body and "prompt" not in body:
-            chat = _to_chat(ADAPTERS["responses"], body)  # a Responses body: route what it would send
+        # A Responses body is routed as what it would send; the others are checked for what routing reads.
+        shape = "messages" if "messages" in body else "completions" if "prompt" in body else "responses"
+        chat = _to_chat(ADAPTERS["chat" if shape == "messages" else shape], body)
         choice = self._choose(listener, chat)
         out = choice.describe()
         size = len(raw)
@@ -220,6 +229,9 @@ class RouterApp:
 
 
 def _parse(raw: bytes) -> dict[str, Any]:
+    if too_deep(raw):  # before decoding: the decoder, the adapters and the encoder recurse per level
+        raise HTTPError(400, f"the request body nests too deeply: arrays and objects may nest {MAX_DEPTH} levels "
+                        "at most")
     try:
         body = _decode.decode(raw)
     except msgspec.DecodeError as exc:

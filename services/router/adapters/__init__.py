@@ -68,8 +68,8 @@ def checked_model(body: Any, refuse: Callable[[dict[str, Any]], None]) -> str:
 
 def ask_stream(body: dict[str, Any], chat: dict[str, Any]) -> None:
     """Carry `stream` over; a streamed answer needs upstream's usage chunk for its final event."""
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
         raise AdapterError("stream", "must be a boolean")
     if stream:
         chat["stream"] = True
@@ -85,9 +85,11 @@ def text_parts(content: Any, where: str, kinds: tuple[str, ...], noun: str) -> s
         raise AdapterError(where, f"must be a string or a list of {noun}s")
     parts = []
     for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
+        if not isinstance(part, dict):
+            raise AdapterError(f"{where}[{j}]", f"must be a {noun} object")
+        kind = part.get("type")
         if kind not in kinds:
-            raise AdapterError(f"{where}[{j}]", f"{noun} type {kind!r} is not supported; only {list(kinds)}")
+            raise AdapterError(f"{where}[{j}].type", f"{noun} type {kind!r} is not supported; only {list(kinds)}")
         text = part.get("text")
         if not isinstance(text, str):
             raise AdapterError(f"{where}[{j}].text", "must be a string")

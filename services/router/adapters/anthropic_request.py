@@ -86,14 +86,18 @@ def _ask_tools(body: dict[str, Any], chat: dict[str, Any]) -> None:
     choice = body.get("tool_choice")
     if choice is None:
         return
-    kind = choice.get("type") if isinstance(choice, dict) else None
+    if not isinstance(choice, dict):
+        raise AdapterError("tool_choice", "must be an object {'type': 'auto' | 'any' | 'tool' | 'none'}")
+    kind = choice.get("type")
     if kind not in ("auto", "any", "tool", "none"):
-        raise AdapterError("tool_choice", "must be {'type': 'auto' | 'any' | 'tool' | 'none'}")
+        raise AdapterError("tool_choice.type", "must be one of 'auto', 'any', 'tool', 'none'")
+    if choice.get("name") is not None and not isinstance(choice["name"], str):
+        raise AdapterError("tool_choice.name", "must be a string")
     if kind in ("any", "tool") and not names:
         raise AdapterError("tool_choice", f"{{'type': {kind!r}}} needs at least one tool")
     if kind == "tool":
         name = choice.get("name")
-        if name not in names:
+        if not isinstance(name, str) or name not in names:
             raise AdapterError("tool_choice.name", f"must name a tool in tools, got {name!r}")
         chat["tool_choice"] = {"type": "function", "function": {"name": name}}
     elif names:
@@ -112,7 +116,9 @@ def _ask_thinking(body: dict[str, Any], chat: dict[str, Any], max_tokens: int) -
     thinking = body.get("thinking")
     if thinking is None:
         return
-    kind = thinking.get("type") if isinstance(thinking, dict) else None
+    if not isinstance(thinking, dict):
+        raise AdapterError("thinking", "must be an object {'type': 'enabled' | 'disabled', ...}")
+    kind = thinking.get("type")
     if kind == "disabled":
         chat["chat_template_kwargs"] = {"enable_thinking": False}
         return
@@ -151,7 +157,9 @@ def _assistant(blocks: list[Any], where: str) -> dict[str, Any]:
     texts: list[dict[str, str]] = []
     calls, thoughts = [], []
     for j, block in enumerate(blocks):
-        kind = block.get("type") if isinstance(block, dict) else None
+        if not isinstance(block, dict):
+            raise AdapterError(f"{where}[{j}]", "must be a content block object")
+        kind = block.get("type")
         if kind == "tool_use":
             call_id, name, arguments = block.get("id"), block.get("name"), block.get("input")
             if not isinstance(call_id, str) or not call_id:
@@ -214,9 +222,11 @@ def _content(content: Any, where: str) -> str | list[dict[str, str]]:
 
 
 def _text_block(block: Any, where: str, others: str) -> dict[str, str]:
-    kind = block.get("type") if isinstance(block, dict) else None
+    if not isinstance(block, dict):
+        raise AdapterError(where, "must be a content block object")
+    kind = block.get("type")
     if kind != "text":
-        raise AdapterError(where, f"content block type {kind!r} is not supported here; only text, {others}")
+        raise AdapterError(f"{where}.type", f"content block type {kind!r} is not supported here; only text, {others}")
     if not isinstance(block.get("text"), str):
         raise AdapterError(f"{where}.text", "must be a string")
     return {"type": "text", "text": block["text"]}

@@ -42,10 +42,40 @@ class ChunkStream:
         return self.feed({"error": {"message": message, "type": "upstream_error", "code": 502}})
 
 
-def _with_model(body: dict[str, Any]) -> dict[str, Any]:
-    """Upstream serves these APIs itself: the body goes up as the client sent it (but for the model)."""
+def _checked(body: dict[str, Any]) -> None:
+    """Upstream serves these APIs itself: the body goes up as the client sent it (but for the model),
+    and upstream checks it. What the router reads itself is checked here: the model, and the stream
+    options that escalate answers from a whole upstream answer (upstream never sees them then)."""
     if not isinstance(body.get("model"), str):
         raise AdapterError("model", "a model name (string) is required")
+    stream, options = body.get("stream"), body.get("stream_options")
+    if stream is not None and not isinstance(stream, bool):
+        raise AdapterError("stream", "must be a boolean")
+    if options is not None and not isinstance(options, dict):
+        raise AdapterError("stream_options", "must be an object")
+
+
+def _chat(body: dict[str, Any]) -> dict[str, Any]:
+    """A chat body; its messages' text is what signals read."""
+    _checked(body)
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        raise AdapterError("messages", "must be a list of messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise AdapterError(f"messages[{i}]", "must be a message object")
+        if not isinstance(message.get("role"), str):
+            raise AdapterError(f"messages[{i}].role", "must be a string")
+        if not isinstance(message.get("content"), (str, list, type(None))):
+            raise AdapterError(f"messages[{i}].content", "must be a string, a list of content parts, or null")
+    return body
+
+
+def _completion(body: dict[str, Any]) -> dict[str, Any]:
+    """A completions body; its prompt's text is what signals read."""
+    _checked(body)
+    if not isinstance(body.get("prompt"), (str, list)):
+        raise AdapterError("prompt", "must be a string, or a list of token ids or of one string")
     return body
 
 
@@ -57,7 +87,7 @@ def _chunks(request: dict[str, Any]) -> StreamTranslator:
     return ChunkStream()
 
 
-CHAT = Adapter("chat", "/v1/chat/completions", _with_model, _as_is, _chunks, openai_error,
+CHAT = Adapter("chat", "/v1/chat/completions", _chat, _as_is, _chunks, openai_error,
                upstream_path=CHAT_PATH, passthrough=True)
-COMPLETIONS = Adapter("completions", "/v1/completions", _with_model, _as_is, _chunks, openai_error,
+COMPLETIONS = Adapter("completions", "/v1/completions", _completion, _as_is, _chunks, openai_error,
                       upstream_path="/v1/completions", passthrough=True)

@@ -20,11 +20,13 @@ _ROLES = {"user": "user", "assistant": "assistant", "system": "system",
           "developer": "system"}
 _TEXT_PARTS = ("input_text", "output_text")
 _EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+_SUMMARIES = ("auto", "concise", "detailed")
 
 
 def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
     """A Responses request body as a chat completions body; AdapterError names what cannot be carried."""
     model = checked_model(body, _refuse_unsupported)
+    _check_echoed(body)
     messages: list[dict[str, Any]] = []
     instructions = body.get("instructions")
     if instructions is not None:
@@ -32,6 +34,8 @@ def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
             raise AdapterError("instructions", "must be a string")
         messages.append({"role": "system", "content": instructions})
     messages.extend(_input_messages(body.get("input")))
+    if not messages:  # upstream would refuse its empty `messages`, a field this client never sent
+        raise AdapterError("input", "carries no message: a reasoning item alone (no text, no calls) is dropped")
     chat: dict[str, Any] = {"model": model, "messages": messages}
     _ask_tools(body, chat)
     max_out = body.get("max_output_tokens")
@@ -55,12 +59,14 @@ def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
                 raise AdapterError("reasoning.effort", f"must be one of {list(_EFFORTS)}")
             chat["reasoning_effort"] = effort
         # summary is accepted and not produced: reasoning comes back as its text, with summary [].
+        if reasoning.get("summary") not in (None, *_SUMMARIES):
+            raise AdapterError("reasoning.summary", f"must be one of {list(_SUMMARIES)}")
     ask_stream(body, chat)
     return chat
 
 
 def _refuse_unsupported(body: dict[str, Any]) -> None:
-    """Fields that would change the answer if dropped silently; metadata, store, user and the like are ignored."""
+    """Fields that would change the answer if dropped silently; store, service_tier and the like are ignored."""
     for name in ("previous_response_id", "conversation", "prompt"):
         if body.get(name):
             raise AdapterError(name, "is not supported: this server stores no responses, conversations or prompts")
@@ -70,16 +76,31 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
         raise AdapterError("truncation", "only 'disabled' is supported")
     text = body.get("text")
     if text is not None:
-        fmt = text.get("format") if isinstance(text, dict) else None
-        if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
-            raise AdapterError("text.format", "only {'type': 'text'} is supported")
+        if not isinstance(text, dict):
+            raise AdapterError("text", "must be an object")
+        fmt = text.get("format")
+        if fmt is not None and not isinstance(fmt, dict):
+            raise AdapterError("text.format", "must be an object; only {'type': 'text'} is supported")
+        if fmt is not None and fmt.get("type") != "text":
+            raise AdapterError("text.format.type", "only 'text' is supported")
+
+
+def _check_echoed(body: dict[str, Any]) -> None:
+    """Fields not carried upstream but echoed in the response object, whose shape the SDKs check."""
+    metadata = body.get("metadata")
+    if metadata is not None and not (isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())):
+        raise AdapterError("metadata", "must be an object of string values")
+    if body.get("user") is not None and not isinstance(body["user"], str):
+        raise AdapterError("user", "must be a string")
 
 
 def _ask_tools(body: dict[str, Any], chat: dict[str, Any]) -> None:
     """Function tools, tool_choice and parallel_tool_calls in chat's shape; other tool types are refused."""
     names = set()
     for i, tool in enumerate(tool_list(body)):
-        kind = tool.get("type") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict):
+            raise AdapterError(f"tools[{i}]", "must be a tool object")
+        kind = tool.get("type")
         if kind != "function":
             raise AdapterError(f"tools[{i}].type", f"tool type {kind!r} is not supported; only 'function'")
         function = chat_function(tool.get("name"), tool.get("description"), tool.get("parameters"), f"tools[{i}]")
@@ -91,9 +112,12 @@ def _ask_tools(body: dict[str, Any], chat: dict[str, Any]) -> None:
         names.add(function["function"]["name"])
         chat.setdefault("tools", []).append(function)
     choice = body.get("tool_choice")
-    if isinstance(choice, dict) and choice.get("type") == "function":
+    if isinstance(choice, dict):
+        if choice.get("type") != "function":
+            raise AdapterError("tool_choice.type", "must be 'function' (or tool_choice one of 'none', 'auto', "
+                               "'required')")
         name = choice.get("name")
-        if name not in names:
+        if not isinstance(name, str) or name not in names:
             raise AdapterError("tool_choice.name", f"must name a function in tools, got {name!r}")
         chat["tool_choice"] = {"type": "function", "function": {"name": name}}
     elif choice == "required":
@@ -199,8 +223,13 @@ def _reasoning_input(item: dict[str, Any], where: str) -> str:
             raise AdapterError(f"{where}.{name}", "must be a list")
         texts = []
         for j, part in enumerate(parts):
-            if not isinstance(part, dict) or part.get("type") != kind or not isinstance(part.get("text"), str):
-                raise AdapterError(f"{where}.{name}[{j}]", f"must be a {kind!r} part with a text")
+            at = f"{where}.{name}[{j}]"
+            if not isinstance(part, dict):
+                raise AdapterError(at, f"must be a {kind!r} part object")
+            if part.get("type") != kind:
+                raise AdapterError(f"{at}.type", f"must be {kind!r}")
+            if not isinstance(part.get("text"), str):
+                raise AdapterError(f"{at}.text", "must be a string")
             texts.append(part["text"])
         if texts:
             return "".join(texts)

@@ -46,6 +46,8 @@ def test_parses_a_full_chat_request() -> None:
         (b'{"model": "m", "messages": [], "stop_token_ids": [5, 5000]}', "stop_token_ids[1]", "[0, 1000)"),
         (b'{"model": "m", "messages": [], "min_tokens": 20}', "min_tokens", "<= max_tokens (16)"),
         (b'{"model": "m", "messages": [], "seed": "x"}', "seed", "expected `int | null`, got `str`"),
+        (b'{"model": "m", "messages": [], "tools": ' + b"[" * 1000 + b"]" * 1000 + b"}", None,
+         "nests too deeply: arrays and objects may nest 64 levels at most"),
     ],
 )
 def test_errors_name_the_field(body: bytes, param: str | None, needle: str) -> None:

@@ -96,17 +96,17 @@ def test_streaming_always_asks_upstream_for_usage() -> None:
     ({"messages": [{"role": "user", "content": [
         {"type": "text", "text": "what is this"},
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}]},
-     "messages[0].content[1]"),
+     "messages[0].content[1].type"),
     ({"messages": [*HI, {"role": "assistant", "content": [
         {"type": "tool_use", "id": "t1", "name": "f", "input": "{}"}]}]}, "messages[1].content[0].input"),
     ({"messages": [*HI, {"role": "assistant", "content": [
-        {"type": "server_tool_use", "id": "t1", "name": "web_search", "input": {}}]}]}, "messages[1].content[0]"),
+        {"type": "server_tool_use", "id": "t1", "name": "web_search", "input": {}}]}]}, "messages[1].content[0].type"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_result", "content": "1"}]}]},
      "messages[0].content[0].tool_use_id"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}]}]},
-     "messages[0].content[0].content[0]"),
-    ({"system": [{"type": "image"}]}, "system[0]"),
+     "messages[0].content[0].content[0].type"),
+    ({"system": [{"type": "image"}]}, "system[0].type"),
     ({"messages": [{"role": "system", "content": "x"}]}, "messages[0].role"),
     ({"messages": []}, "messages"),
     ({"max_tokens": None}, "max_tokens"),
