@@ -96,7 +96,6 @@ class Frontend:
         if self.shutdown.draining:
             return JSONResponse({"ready": False, "draining": True}, 503)
         missing = self.engines.not_ready()
-        self.metrics.engines_ready.set(len(self.engines.engines) - len(missing))
         if missing:
             return JSONResponse({"ready": False, "missing": {str(k): v for k, v in missing.items()}}, 503)
         return JSONResponse({"ready": True, "ranks": [e.rank for e in self.engines.engines]})
@@ -109,14 +108,20 @@ class Frontend:
         return Response(self._openapi, media_type="application/json")
 
     async def _metrics(self, request: Request) -> Response:
+        self.update_gauges()
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    def update_gauges(self) -> None:
+        """The gauges read from engine state: at each scrape, and every second in each API server
+        (with several, one process answers the scrape for all)."""
         m, name = self.metrics, self.model.name
+        m.engines_ready.set(len(self.engines.engines) - len(self.engines.not_ready()))
         for engine in self.engines.engines:
             rank = str(engine.rank)
             m.engine_streams.labels(name, rank).set(len(engine.inflight))
             stats = engine.stats
             m.engine_running.labels(name, rank).set(stats.running if stats is not None else 0)
             m.engine_waiting.labels(name, rank).set(stats.waiting if stats is not None else 0)
-        return Response(m.render(), media_type="text/plain; version=0.0.4")
 
     # ---- generation (lean ASGI) ----
 

@@ -126,8 +126,13 @@ async def run(config: FrontendConfig, server_index: int = 0) -> int:
         await app.shutdown.drain(0.0 if now.is_set() else config.shutdown_timeout_s, now)
         stop.set()
 
+    async def refresh_gauges() -> None:
+        while True:
+            app.update_gauges()
+            await asyncio.sleep(1.0)
+
     tasks = [loop.create_task(startup()), loop.create_task(supervise_children()),
-             loop.create_task(drain_then_stop())]
+             loop.create_task(drain_then_stop()), loop.create_task(refresh_gauges())]
     try:
         # hypercorn types scopes and events as TypedDicts, starlette (whose types the app uses) as
         # MutableMapping; a TypedDict is not a MutableMapping to mypy, though both are ASGI dicts.
