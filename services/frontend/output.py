@@ -24,7 +24,7 @@ from services.frontend.detokenizer import IncrementalDetokenizer
 from services.frontend.metrics import Metrics
 from services.frontend.parsers import OutputParser, ParsedDelta, TokenOutputParser, ToolCall
 from services.frontend.stop_strings import StopChecker
-from services.frontend.stream import NOT_SENT, EngineFailure, Stream
+from services.frontend.stream import CLIENT_GONE, NOT_SENT, EngineFailure, Stream
 from services.frontend.translation import EngineRequest, OutputOptions
 
 
@@ -85,7 +85,9 @@ class OutputProcessor:
         try:
             outs = await self.stream.next()
         except EngineFailure:
-            m.finished("error")
+            # As vLLM: a client that left aborted its request; the tokens made before still count.
+            m.generation_tokens.inc(self.completion_tokens)
+            m.finished("abort" if self.stream.gone == CLIENT_GONE else "error")
             raise
         now = time.monotonic()
         detok, stops, parser, token_parser = self._detok, self._stops, self._parser, self._token_parser
