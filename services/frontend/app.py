@@ -28,7 +28,7 @@ from services.frontend.config import FrontendConfig
 from services.frontend.dispatcher import Dispatcher
 from services.frontend.engines import EngineSet
 from services.frontend.errors import APIError, error_body
-from services.frontend.metrics import Metrics
+from services.frontend.metrics import EngineView, Metrics
 from services.frontend.model import Model
 from services.frontend.output import OutputProcessor
 from services.frontend.parsers import OutputParser, TokenOutputParser, build_parser
@@ -46,6 +46,7 @@ class Frontend:
         self.model = model
         self.engines = engines
         self.metrics = metrics
+        metrics.watch_engines(self._engine_views)
         self.placement = Placement()
         self.dispatcher = Dispatcher(engines, self.placement)
         self.shutdown = Shutdown()
@@ -111,17 +112,18 @@ class Frontend:
         self.update_gauges()
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
 
+    def _engine_views(self) -> list[EngineView]:
+        return [EngineView(e.rank, e.stats if e.state == "ready" else None,
+                           e.ready.block_size if e.ready else 0, e.ready.num_kv_blocks if e.ready else 0)
+                for e in self.engines.engines]
+
     def update_gauges(self) -> None:
-        """The gauges read from engine state: at each scrape, and every second in each API server
-        (with several, one process answers the scrape for all)."""
+        """This process's own gauges of engine state: at each scrape, and every second in each API
+        server (with several, one process answers the scrape for all of them)."""
         m, name = self.metrics, self.model.name
         m.engines_ready.set(len(self.engines.engines) - len(self.engines.not_ready()))
         for engine in self.engines.engines:
-            rank = str(engine.rank)
-            m.engine_streams.labels(name, rank).set(len(engine.inflight))
-            stats = engine.stats
-            m.engine_running.labels(name, rank).set(stats.running if stats is not None else 0)
-            m.engine_waiting.labels(name, rank).set(stats.waiting if stats is not None else 0)
+            m.engine_streams.labels(name, str(engine.rank)).set(len(engine.inflight))
 
     # ---- generation (lean ASGI) ----
 

@@ -87,6 +87,7 @@ class OutputProcessor:
         except EngineFailure:
             # As vLLM: a client that left aborted its request; the tokens made before still count.
             m.generation_tokens.inc(self.completion_tokens)
+            m.request_done(self.stream.prompt_len, self.completion_tokens, self._request.max_tokens)
             m.finished("abort" if self.stream.gone == CLIENT_GONE else "error")
             raise
         now = time.monotonic()
@@ -102,6 +103,7 @@ class OutputProcessor:
                     self.cached_tokens = out.num_cached_tokens
                 else:
                     m.itl.observe(now - self._last)
+                    m.tpot.observe(now - self._last)
                 self._last = now
                 self.completion_tokens += n
             reason = out.finish_reason
@@ -187,6 +189,7 @@ class OutputProcessor:
         self.stop_reason = stop_reason
         m = self._metrics
         m.generation_tokens.inc(self.completion_tokens)
+        m.request_done(self.stream.prompt_len, self.completion_tokens, self._request.max_tokens)
         m.e2e.observe(time.monotonic() - self._start)
         m.finished(reason)
 
