@@ -2,18 +2,19 @@
 /detokenize round trips against what the chat route counts, render -> /inference/v1/generate giving
 the tokens the chat and completions routes give at temperature 0 (the sim's tokens are a function of
 the prompt, so equal prompts give equal tokens), a render-only frontend with no engine feeding a
-frontend with engines (a gateway's path), and bad input a 400 naming the field."""
+frontend with engines (a gateway's path), Anthropic's count_tokens through a router in front (the
+anthropic SDK), and bad input a 400 naming the field."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
 
-from tests.support.procs import EngineProc, FrontendProc, start_engine, start_frontend
+from tests.support.procs import EngineProc, FrontendProc, HttpProc, start_engine, start_frontend, start_router
 
 CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Tell me about tokens."}]
 
@@ -160,3 +161,46 @@ def test_a_gateway_renders_on_one_frontend_and_generates_on_another(render_only:
     reply = client.chat.completions.create(**body)  # type: ignore[call-overload]
     _, text, finish = _generate(url, rendered)
     assert (text, finish) == (reply.choices[0].message.content, reply.choices[0].finish_reason)
+
+
+@pytest.fixture(scope="module")
+def claude(tmp_path_factory: pytest.TempPathFactory, url: str) -> Iterator[anthropic.Anthropic]:
+    """A router in front of the frontend, spoken to with the anthropic SDK."""
+    router: HttpProc = start_router(tmp_path_factory.mktemp("router"), f"""
+listeners: [{{port: {{port}}, host: 127.0.0.1}}]
+pools:
+  tiny: {{model: tiny, replicas: [{{url: {url}}}], health: {{path: /ready, interval_s: 0.2}}}}
+entries:
+  claude-tiny: {{default: [tiny]}}
+""")
+    try:
+        with anthropic.Anthropic(base_url=router.url, api_key="unused", max_retries=0, timeout=60) as c:
+            yield c
+    finally:
+        router.stop()
+
+
+def test_count_tokens_through_the_router_counts_what_messages_bills(claude: anthropic.Anthropic, url: str) -> None:
+    tools: list[Any] = [{"name": "lookup", "description": "Look a word up",
+                         "input_schema": {"type": "object", "properties": {"word": {"type": "string"}}}}]
+    system = "You are terse."
+    # tool_choice none: the frontend here parses no calls ("auto" needs its parser flags); tools still render.
+    for extra in ({}, {"tools": tools, "tool_choice": {"type": "none"}}, {"thinking": {"type": "disabled"}}):
+        messages: list[Any] = [{"role": "user", "content": f"Count me {sorted(extra)}"}]
+        counted = claude.messages.count_tokens(model="claude-tiny", system=system, messages=messages, **extra)
+        reply = claude.messages.create(model="claude-tiny", system=system, messages=messages, max_tokens=2, **extra)
+        assert counted.input_tokens == reply.usage.input_tokens + (reply.usage.cache_read_input_tokens or 0)
+    chat = [{"role": "system", "content": system}, {"role": "user", "content": "Count me []"}]
+    assert counted.input_tokens > 0
+    alone = claude.messages.count_tokens(model="claude-tiny", system=system,
+                                         messages=[{"role": "user", "content": "Count me []"}])
+    assert alone.input_tokens == post(url, "/tokenize", {"messages": chat}).json()["count"]
+
+
+def test_count_tokens_refusals_are_anthropic_s(claude: anthropic.Anthropic) -> None:
+    with pytest.raises(anthropic.BadRequestError) as bad:
+        claude.messages.count_tokens(model="claude-tiny",
+                                     messages=[{"role": "robot", "content": "x"}])  # type: ignore[list-item,typeddict-item]
+    assert bad.value.body["error"]["message"].startswith("messages[0].role")  # type: ignore[index]
+    with pytest.raises(anthropic.NotFoundError):
+        claude.messages.count_tokens(model="nope", messages=[{"role": "user", "content": "x"}])
