@@ -51,7 +51,7 @@ class OutputProcessor:
 
     __slots__ = ("_detok", "_engines", "_last", "_metrics", "_parser", "_request", "_start", "_stops",
                  "_token_parser", "_tried", "cached_tokens", "calls", "completion_tokens", "counts", "finish",
-                 "options", "stop_reason", "stream")
+                 "options", "stop_reason", "stream", "token_ids")
 
     def __init__(self, stream: Stream, request: EngineRequest, *, tokenizer: Tokenizer, engines: EnginePort,
                  metrics: Metrics, parser: OutputParser | TokenOutputParser | None = None) -> None:
@@ -77,6 +77,9 @@ class OutputProcessor:
         self.finish: str | None = None
         self.stop_reason: int | str | None = None
         self.counts: list[int] = []  # completion tokens so far at each of the latest pieces
+        # Token-out requests (options.token_out): the ids of the latest pieces() call, every id the engine
+        # produced (the EOS or stop token too, as vLLM's token_ids), up to the one that matched a stop string.
+        self.token_ids: list[int] = []
 
     async def pieces(self) -> list[Piece]:
         """Text of everything the engine produced since the last call; sets `finish` when done.
@@ -95,6 +98,9 @@ class OutputProcessor:
         drop_stop_token = not self.options.include_stop_str_in_output
         pieces: list[Piece] = []
         counts = self.counts = []
+        ids: list[int] | None = None
+        if self.options.token_out:
+            ids = self.token_ids = []
         for out in outs:
             n = len(out.new_token_ids)
             if n:
@@ -113,6 +119,8 @@ class OutputProcessor:
                 m.finished("error")
                 raise EngineFailure(out.error or f"the engine ended the request ({reason})",
                                     400 if out.error_kind == ERROR_INVALID else 503)
+            if ids is not None and n:
+                ids.extend(out.new_token_ids)
             if token_parser is not None:
                 # Every id, the stop token too: harmony reads <|call|> and <|return|>.
                 if n:

@@ -96,7 +96,10 @@ def parse(cls: type[msgspec.Struct], body: bytes) -> Any:
     if too_deep(body):  # before decoding: the decoder and the checks after it recurse per level
         raise APIError(400, f"request body nests too deeply: arrays and objects may nest {MAX_DEPTH} levels at most")
     try:
-        return _decoders[cls].decode(body)
+        decoder = _decoders.get(cls)
+        if decoder is None:  # another module's body (tokenization.py, token_in.py): built once, at first use
+            decoder = _decoders[cls] = msgspec.json.Decoder(cls)
+        return decoder.decode(body)
     except msgspec.ValidationError as exc:
         if str(exc).startswith("Expected `object`") and " - at `$" not in str(exc):  # the body itself
             raise APIError(400, "request body must be a JSON object") from None
