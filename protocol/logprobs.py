@@ -21,7 +21,7 @@ import sys
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Union
+from typing import Any, Union
 
 from protocol.errors import ProtocolError
 from protocol.messages import PackedLogprobs
@@ -79,11 +79,11 @@ def unpack(raw_frames: Sequence[Buffer], ref: PackedLogprobs) -> Segment:
     a, b = ref.offset, ref.offset + cells
     ids, lps, rks = view[a:b].cast("i"), view[b:b + cells].cast("f"), view[b + cells:end].cast("i")
     if not _LITTLE:
-        return Segment(n, k, *(_swapped(code, v) for code, v in (("i", ids), ("f", lps), ("i", rks))))
+        return Segment(n, k, _swapped("i", ids), _swapped("f", lps), _swapped("i", rks))
     return Segment(n, k, ids, lps, rks)
 
 
-def _swapped(code: str, view: memoryview) -> array:  # type: ignore[type-arg]
+def _swapped(code: str, view: memoryview[Any]) -> array[Any]:
     out = array(code, view.tobytes())
     out.byteswap()
     return out
