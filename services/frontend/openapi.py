@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 
 from services.frontend.messages import ROLES
-from services.frontend.schema import BOUNDS, CHAT_BOUNDS, ChatCompletionRequest, CompletionRequest
+from services.frontend.schema import BOUNDS, CHAT_BOUNDS, Bounds, ChatCompletionRequest, CompletionRequest
 from services.frontend.stop_strings import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from services.frontend.translation import PIN_HEADER
 
@@ -28,12 +28,16 @@ PROMPT_SCHEMA: dict[str, Any] = {"anyOf": [
      "maxItems": 1}]}
 
 
-def document(model: str) -> dict[str, Any]:
-    """The OpenAPI 3.1 document of a frontend serving `model` (the only model name it accepts)."""
+def document(model: str, *, max_logprobs: int = 20) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of a frontend serving `model` (the only model name it accepts) with
+    `--max-logprobs`."""
     (chat, completion), schemas = msgspec.json.schema_components([ChatCompletionRequest, CompletionRequest],
                                                                    ref_template=_REF)
     stop = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS}  # and MAX_STOP_CHARS in all
-    for name, bounds in (("ChatCompletionRequest", {**BOUNDS, **CHAT_BOUNDS}), ("CompletionRequest", BOUNDS)):
+    counts = Bounds(0, max_logprobs, "")  # check_logprobs' range
+    for name, bounds in (("ChatCompletionRequest", {**BOUNDS, **CHAT_BOUNDS, "top_logprobs": counts,
+                                                    "prompt_logprobs": counts}),
+                         ("CompletionRequest", {**BOUNDS, "logprobs": counts, "prompt_logprobs": counts})):
         properties = schemas[name]["properties"]
         properties["model"]["enum"] = [model]
         for field, bound in bounds.items():
