@@ -24,7 +24,7 @@ class LogprobsFormatter:
     """`sampled(segment)` gives the entries of generated tokens, `prompt(segments, ids)` those of the
     prompt (completions' echo), `render(entries)` the JSON object a response carries as `logprobs`."""
 
-    __slots__ = ("_as_ids", "_chat", "_context", "_heads", "_offset", "_strings", "_tails", "top")
+    __slots__ = ("_as_ids", "_chat", "_context", "_fragments", "_offset", "_strings", "top")
 
     def __init__(self, strings: TokenStrings, *, chat: bool, top: int, as_token_ids: bool = False) -> None:
         self._strings = strings
@@ -33,10 +33,7 @@ class LogprobsFormatter:
         self._as_ids = as_token_ids
         self._context: list[int] = []  # the last generated ids (vLLM's correction context)
         self._offset = 0  # completions' text_offset of the next token
-        # Per id, a chat entry's text before and after its logprob: '{"token":..,"logprob":' and
-        # ',"bytes":[..]'; "" for an id whose string depends on the tokens before it.
-        self._heads: dict[int, str] = {}
-        self._tails: dict[int, str] = {}
+        self._fragments = strings.id_fragments if as_token_ids else strings.chat_fragments
 
     # ---- entries ----
 
@@ -59,33 +56,30 @@ class LogprobsFormatter:
     def _rows(self, seg: Segment, start: int, end: int, context: list[int]) -> list[Entry]:
         ids, lps, w = seg.token_ids, seg.logprobs, seg.k + 1
         top = min(self.top, seg.k)
-        heads, tails = self._heads, self._tails
+        cache, fragments = self._fragments, self._strings.fragments
+        size = len(cache)
         out: list[Entry] = []
         for i in range(start, end):
             row = i * w
             own = ids[row]
-            if self._chat:
+            frag = (cache[own] if own < size else None) or fragments(own, self._as_ids)
+            whole = bool(frag)  # its string does not depend on the tokens before it
+            if not self._chat:
+                out.append(self._completion_row(seg, row, top, context))
+            else:
+                if not whole:
+                    frag = self._fragments_in(own, context)
                 tops = []
                 for j in range(row + 1, row + 1 + top):
                     tid = ids[j]
-                    head = heads.get(tid)
-                    if not head:
-                        head, tail = self._fragments(tid, context)
-                    else:
-                        tail = tails[tid]
+                    alt = ((cache[tid] if tid < size else None) or fragments(tid, self._as_ids)
+                           or self._fragments_in(tid, context))
                     lp = lps[j]
-                    tops.append(head + repr(lp if lp > FLOOR else FLOOR) + tail + "}")
-                head = heads.get(own)
-                if not head:
-                    head, tail = self._fragments(own, context)
-                else:
-                    tail = tails[own]
+                    tops.append(alt[0] + repr(lp if lp > FLOOR else FLOOR) + alt[1] + "}")
                 lp = lps[row]
-                out.append(head + repr(lp if lp > FLOOR else FLOOR) + tail + ',"top_logprobs":['
+                out.append(frag[0] + repr(lp if lp > FLOOR else FLOOR) + frag[1] + ',"top_logprobs":['
                            + ",".join(tops) + "]}")
-            else:
-                out.append(self._completion_row(seg, row, top, context))
-            if self._strings.alone(own).endswith(REPLACEMENT):
+            if not whole:
                 context.append(own)
                 del context[:-CONTEXT_TOKENS]
             elif context:
@@ -95,43 +89,41 @@ class LogprobsFormatter:
     def _completion_row(self, seg: Segment, row: int, top: int, context: list[int]) -> Entry:
         ids, lps = seg.token_ids, seg.logprobs
         own = ids[row]
-        token = self._text(own, context)
+        key, length = self._key(own, context)
         lp = lps[row]
         own_lp = repr(lp if lp > FLOOR else FLOOR)
         # vLLM's dict: the token first, then the k most likely (the token once, at its first place).
-        keys, values = [_enc(token)], [own_lp]
+        keys, values = [key], [own_lp]
         for j in range(row + 1, row + 1 + top):
             tid = ids[j]
             if tid != own:
                 lp = lps[j]
-                keys.append(_enc(self._text(tid, context)))
+                keys.append(self._key(tid, context)[0])
                 values.append(repr(lp if lp > FLOOR else FLOOR))
         if len(set(keys)) < len(keys):  # two ids with one string: one key, its last value (a dict's)
             merged = dict(zip(keys, values, strict=True))
             keys, values = list(merged), list(merged.values())
         offset = self._offset
-        self._offset += len(token)
-        return (keys[0], own_lp, "{" + ",".join(k + ":" + v for k, v in zip(keys, values, strict=True)) + "}",
+        self._offset += length
+        return (key, own_lp, "{" + ",".join(k + ":" + v for k, v in zip(keys, values, strict=True)) + "}",
                 str(offset))
 
-    def _text(self, tid: int, context: Sequence[int]) -> str:
+    def _key(self, tid: int, context: Sequence[int]) -> tuple[str, int]:
+        """A completions token: its JSON string, and the length of the string (for text_offset)."""
         if self._as_ids:
-            return self._token_id(tid)
+            name = "token_id:" + str(tid)
+            return '"' + name + '"', len(name)
         text = self._strings.alone(tid)
-        return self._strings.corrected(tid, context) if text.endswith(REPLACEMENT) else text
-
-    def _fragments(self, tid: int, context: Sequence[int]) -> tuple[str, str]:
-        """A chat entry's text around its logprob; cached unless the string depends on `context`."""
-        strings = self._strings
-        text = strings.alone(tid)
         if text.endswith(REPLACEMENT):
-            text = strings.corrected(tid, context)
-            return '{"token":' + _enc(self._token_id(tid) if self._as_ids else text) + ',"logprob":', \
-                   ',"bytes":' + bytes_json(text)
-        head = '{"token":' + (_enc(self._token_id(tid)) if self._as_ids else strings.json(tid)) + ',"logprob":'
-        tail = ',"bytes":' + strings.bytes_json(tid)
-        self._heads[tid], self._tails[tid] = head, tail
-        return head, tail
+            text = self._strings.corrected(tid, context)
+            return _enc(text), len(text)
+        return self._strings.json(tid), len(text)
+
+    def _fragments_in(self, tid: int, context: Sequence[int]) -> tuple[str, str]:
+        """A chat entry's text around its logprob for a token whose string depends on `context`."""
+        text = self._strings.corrected(tid, context)
+        return ('{"token":' + _enc(self._token_id(tid) if self._as_ids else text) + ',"logprob":',
+                ',"bytes":' + bytes_json(text))
 
     @staticmethod
     def _token_id(tid: int) -> str:
