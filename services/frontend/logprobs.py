@@ -56,6 +56,8 @@ class LogprobsFormatter:
     def _rows(self, seg: Segment, start: int, end: int, context: list[int]) -> list[Entry]:
         ids, lps, w = seg.token_ids, seg.logprobs, seg.k + 1
         top = min(self.top, seg.k)
+        if not self._chat:
+            return [self._completion_row(seg, i * w, top, context) for i in range(start, end)]
         cache, fragments = self._fragments, self._strings.fragments
         size = len(cache)
         out: list[Entry] = []
@@ -64,26 +66,19 @@ class LogprobsFormatter:
             own = ids[row]
             frag = (cache[own] if own < size else None) or fragments(own, self._as_ids)
             whole = bool(frag)  # its string does not depend on the tokens before it
-            if not self._chat:
-                out.append(self._completion_row(seg, row, top, context))
-            else:
-                if not whole:
-                    frag = self._fragments_in(own, context)
-                tops = []
-                for j in range(row + 1, row + 1 + top):
-                    tid = ids[j]
-                    alt = ((cache[tid] if tid < size else None) or fragments(tid, self._as_ids)
-                           or self._fragments_in(tid, context))
-                    lp = lps[j]
-                    tops.append(alt[0] + repr(lp if lp > FLOOR else FLOOR) + alt[1] + "}")
-                lp = lps[row]
-                out.append(frag[0] + repr(lp if lp > FLOOR else FLOOR) + frag[1] + ',"top_logprobs":['
-                           + ",".join(tops) + "]}")
             if not whole:
-                context.append(own)
-                del context[:-CONTEXT_TOKENS]
-            elif context:
-                context.clear()  # only the tokens after the last whole character matter
+                frag = self._fragments_in(own, context)
+            tops = []
+            for j in range(row + 1, row + 1 + top):
+                tid = ids[j]
+                alt = ((cache[tid] if tid < size else None) or fragments(tid, self._as_ids)
+                       or self._fragments_in(tid, context))
+                lp = lps[j]
+                tops.append(alt[0] + repr(lp if lp > FLOOR else FLOOR) + alt[1] + "}")
+            lp = lps[row]
+            out.append(frag[0] + repr(lp if lp > FLOOR else FLOOR) + frag[1] + ',"top_logprobs":['
+                       + ",".join(tops) + "]}")
+            _advance(context, own, whole)
         return out
 
     def _completion_row(self, seg: Segment, row: int, top: int, context: list[int]) -> Entry:
@@ -105,6 +100,7 @@ class LogprobsFormatter:
             keys, values = list(merged), list(merged.values())
         offset = self._offset
         self._offset += length
+        _advance(context, own, not self._strings.alone(own).endswith(REPLACEMENT))
         return (key, own_lp, "{" + ",".join(k + ":" + v for k, v in zip(keys, values, strict=True)) + "}",
                 str(offset))
 
@@ -161,11 +157,16 @@ class LogprobsFormatter:
                     cells.append('"' + str(tid) + '":{"logprob":' + repr(lp if lp > FLOOR else FLOOR) + ',"rank":'
                                  + str(rank) + ',"decoded_token":' + _enc(text) + "}")
                 out.append("{" + ",".join(cells) + "}")
-                if strings.alone(own).endswith(REPLACEMENT):
-                    context.append(own)
-                    del context[:-CONTEXT_TOKENS]
-                elif context:
-                    context.clear()
+                _advance(context, own, not strings.alone(own).endswith(REPLACEMENT))
         out += ["null"] * (positions - len(out))  # rows an engine did not send (none should be missing)
         return "[" + ",".join(out) + "]"
 
+
+def _advance(context: list[int], own: int, whole: bool) -> None:
+    """vLLM's correction context after a position: the trailing tokens that end inside a character
+    (only those matter to the next one's string), at most CONTEXT_TOKENS of them."""
+    if not whole:
+        context.append(own)
+        del context[:-CONTEXT_TOKENS]
+    elif context:
+        context.clear()

@@ -101,6 +101,11 @@ def test_a_character_split_over_tokens_belongs_to_the_token_that_completes_it(st
     assert "".join(e["token"] for e in content) == text
     assert [e["top_logprobs"][0]["token"] for e in content] == [e["token"] for e in content]
     assert b"".join(bytes(e["bytes"]) for e in content) == text.encode()
+    columns = LogprobsFormatter(strings, chat=False, top=1)
+    rows = [row for tid in ids for row in columns.sampled(seg([([tid, tid], [-1.0, -1.0], 1)]))]
+    body = json.loads(columns.render(rows))
+    assert body["tokens"] == [e["token"] for e in content]
+    assert body["text_offset"] == [len("".join(body["tokens"][:i])) for i in range(len(ids))]
 
 
 def test_echoed_prompt_entries_start_with_a_null_and_offsets_run_into_the_completion(strings: TokenStrings) -> None:
