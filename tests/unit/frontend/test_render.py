@@ -111,7 +111,8 @@ def test_render_refuses_what_the_route_refuses(app: Frontend) -> None:
             ("/v1/chat/completions/render", {"model": "tiny", "messages": HI, "temperature": 3}, "temperature"),
             ("/v1/chat/completions/render", {"model": "gpt-9", "messages": HI}, "model"),
             ("/v1/completions/render", {"model": "tiny", "prompt": ""}, "prompt"),
-            ("/v1/completions/render", {"model": "tiny", "prompt": "x", "echo": True}, "echo")):
+            ("/v1/completions/render", {"model": "tiny", "prompt": "x", "logprobs": 21}, "logprobs"),
+            ("/v1/chat/completions/render", {"model": "tiny", "messages": HI, "top_logprobs": 2}, "top_logprobs")):
         answer = call(app, path, body)
         assert answer.status in (400, 404) and answer.json()["error"]["param"] == param, answer.body
 
