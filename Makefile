@@ -38,7 +38,7 @@ bench: $(STAMP)
 	$(PY) bench/protocol_codec.py
 	$(PY) bench/sim_steps.py
 	$(PY) bench/engine_start.py
-	$(PY) bench/frontend_stream.py
+	$(PY) bench/frontend_stream.py --top-logprobs 5
 	$(PY) bench/frontend_parsers.py
 	$(PY) bench/isolation.py
 	$(PY) bench/api_servers.py

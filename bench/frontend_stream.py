@@ -3,7 +3,10 @@ engines in instant mode (the engine costs ~nothing, so the frontend's own work i
 
 Starts a sim engine (R ranks) and a frontend as separate processes, streams N chat completions at
 once with an aiohttp client, and reads the frontend's CPU time from /proc before and after.
+With --top-logprobs K every repeat runs a round without logprobs and one with logprobs and K
+top_logprobs (the sim's fake distribution), against the same processes, and both are reported.
 Usage: python bench/frontend_stream.py [--streams 256] [--tokens 200] [--ranks 1] [--repeat 3]
+                                      [--top-logprobs 5]
 """
 from __future__ import annotations
 
@@ -49,10 +52,12 @@ async def _one(session: aiohttp.ClientSession, url: str, body: bytes) -> int:
     return tokens
 
 
-async def _round(base: str, streams: int, tokens: int) -> tuple[int, float]:
-    body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "Tell me a story"}],
-                       "max_tokens": tokens, "ignore_eos": True, "stream": True,
-                       "stream_options": {"include_usage": True}}).encode()
+async def _round(base: str, streams: int, tokens: int, top_logprobs: int | None = None) -> tuple[int, float]:
+    request = {"model": "tiny", "messages": [{"role": "user", "content": "Tell me a story"}],
+               "max_tokens": tokens, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    if top_logprobs is not None:
+        request.update(logprobs=True, top_logprobs=top_logprobs)
+    body = json.dumps(request).encode()
     conn = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=600)) as session:
         t0 = time.perf_counter()
@@ -80,6 +85,8 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=200)
     p.add_argument("--ranks", type=int, default=1)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--top-logprobs", type=int, default=None,
+                   help="also measure streams with logprobs and this many top_logprobs, side by side")
     args = p.parse_args()
     engine_port, http_port = _free_port(), _free_port()
     py = sys.executable
@@ -96,20 +103,26 @@ def main() -> None:
     base = f"http://127.0.0.1:{http_port}"
     try:
         wait_ready(base)
-        asyncio.run(_round(base, 8, 20))  # warm-up
-        per_token, rates = [], []
+        kinds: list[int | None] = [None] if args.top_logprobs is None else [None, args.top_logprobs]
+        for kind in kinds:
+            asyncio.run(_round(base, 8, 20, kind))  # warm-up
+        per_token: dict[int | None, list[float]] = {k: [] for k in kinds}
+        rates: dict[int | None, list[float]] = {k: [] for k in kinds}
         for _ in range(args.repeat):
-            cpu0 = _cpu_seconds(frontend.pid)
-            n, wall = asyncio.run(_round(base, args.streams, args.tokens))
-            cpu = _cpu_seconds(frontend.pid) - cpu0
-            assert n == args.streams * args.tokens, f"expected {args.streams * args.tokens} tokens, got {n}"
-            per_token.append(cpu / n * 1e6)
-            rates.append(n / wall)
+            for kind in kinds:  # interleaved, so both see the same machine
+                cpu0 = _cpu_seconds(frontend.pid)
+                n, wall = asyncio.run(_round(base, args.streams, args.tokens, kind))
+                cpu = _cpu_seconds(frontend.pid) - cpu0
+                assert n == args.streams * args.tokens, f"expected {args.streams * args.tokens} tokens, got {n}"
+                per_token[kind].append(cpu / n * 1e6)
+                rates[kind].append(n / wall)
         print(f"{args.streams} concurrent streams x {args.tokens} tokens, {args.ranks} sim rank(s), instant mode")
-        print(f"frontend CPU per streamed token: median {statistics.median(per_token):.1f} us "
-              f"(runs: {', '.join(f'{x:.1f}' for x in per_token)})")
-        print(f"output tokens/s through HTTP: median {statistics.median(rates):,.0f} "
-              f"(runs: {', '.join(f'{x:,.0f}' for x in rates)})")
+        for kind in kinds:
+            what = "no logprobs" if kind is None else f"logprobs, top_logprobs={kind}"
+            print(f"[{what}] frontend CPU per streamed token: median {statistics.median(per_token[kind]):.1f} us "
+                  f"(runs: {', '.join(f'{x:.1f}' for x in per_token[kind])})")
+            print(f"[{what}] output tokens/s through HTTP: median {statistics.median(rates[kind]):,.0f} "
+                  f"(runs: {', '.join(f'{x:,.0f}' for x in rates[kind])})")
     finally:
         for proc in (frontend, engine):
             proc.send_signal(signal.SIGTERM)

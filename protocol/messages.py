@@ -93,6 +93,10 @@ class SamplingParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
     # structured-output support, or the request is refused. An older engine would ignore it: the
     # frontend sends it only to engines whose Ready says MINOR >= 2.
     json_schema: str | None = None
+    # Since MINOR 3: logprobs of the prompt's tokens, with this many alternatives each (vLLM's
+    # prompt_logprobs), as packed arrays (RequestOutput.packed_prompt_logprobs). An older engine would
+    # ignore it: the frontend asks for logprobs only from engines whose Ready says MINOR >= 3.
+    prompt_logprobs: int | None = None
 
 
 class GenerateRequest(_Wire, frozen=True):
@@ -133,7 +137,10 @@ class UtilityResult(_Wire, frozen=True):
 
 
 class Logprobs(_Item):
-    """Per new token: the sampled token's logprob and rank, and the top-k alternatives."""
+    """Per new token: the sampled token's logprob and rank, and the top-k alternatives, as lists.
+
+    Written by MINOR 0-2 engines; from MINOR 3 on engines write packed arrays instead
+    (RequestOutput.packed_logprobs) and leave this None. Kept for the wire format (append only)."""
 
     sampled: list[float]
     ranks: list[int]
@@ -141,12 +148,28 @@ class Logprobs(_Item):
     top_logprobs: list[list[float]]
 
 
+class PackedLogprobs(_Item):
+    """Where one output's logprobs lie in its Outputs message's raw frames (since MINOR 3): a segment of
+    packed arrays for `positions` token positions with `k` alternatives each, at byte `offset` of raw
+    frame `frame` (0 is the first frame after the body). protocol/logprobs.py has the layout."""
+
+    frame: int
+    offset: int
+    positions: int
+    k: int
+
+
 class RequestOutput(_Item):
     """One request's new tokens from one engine step. finish_reason: stop, length, abort or error.
 
     With finish_reason "error", error_kind says whose the fault is (since MINOR 1): ERROR_INVALID (the
     request itself: it fails anywhere), ERROR_DRAINING (this rank takes no new work: send it to
-    another), ERROR_ENGINE (the engine failed it); None from older engines means ERROR_ENGINE."""
+    another), ERROR_ENGINE (the engine failed it); None from older engines means ERROR_ENGINE.
+
+    Since MINOR 3, logprobs travel as packed arrays in raw frames: `packed_logprobs` one row per new
+    token (when sampling.logprobs was set), `packed_prompt_logprobs` one row per prompt position from
+    the second on (when sampling.prompt_logprobs was set; a chunked prefill sends them in several
+    outputs, in order, before or with the first token)."""
 
     request_id: str
     new_token_ids: list[int]
@@ -156,6 +179,8 @@ class RequestOutput(_Item):
     logprobs: Logprobs | None = None
     error: str | None = None
     error_kind: str | None = None
+    packed_logprobs: PackedLogprobs | None = None
+    packed_prompt_logprobs: PackedLogprobs | None = None
 
 
 ERROR_INVALID, ERROR_DRAINING, ERROR_ENGINE = "invalid", "draining", "engine"
@@ -245,4 +270,4 @@ MESSAGE_TYPES: dict[int, type[Message]] = {cls.TAG: cls for cls in get_args(Mess
 assert len(MESSAGE_TYPES) == len(get_args(Message)), "two messages share a tag"
 
 # Nested structs: not messages themselves, but part of the schema lock.
-NESTED_TYPES: tuple[type[msgspec.Struct], ...] = (SamplingParams, Logprobs, RequestOutput)
+NESTED_TYPES: tuple[type[msgspec.Struct], ...] = (SamplingParams, Logprobs, PackedLogprobs, RequestOutput)

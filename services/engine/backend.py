@@ -4,10 +4,12 @@ The core loop owns peers and request ownership; a backend only sees engine-inter
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Union
 
-from protocol import GenerateRequest, RequestOutput
+from protocol import GenerateRequest, PackedLogprobs, RequestOutput
+from protocol.logprobs import Buffer
 
 
 class RequestRejected(ValueError):
@@ -59,6 +61,9 @@ class Cleared:
 
 
 KVEvent = Union[Stored, Removed, Cleared]
+# A packed logprobs segment (protocol/logprobs.py): the ref set on its output, and the buffers that make
+# up its bytes (token ids, logprobs, ranks), which the core loop places in its peer's raw frame.
+Segment = tuple[PackedLogprobs, Sequence[Buffer]]
 
 
 @dataclass(slots=True)
@@ -69,6 +74,8 @@ class StepResult:
     kv_events: list[KVEvent] = field(default_factory=list)
     # Simulated time this step takes (sim backend); the core loop delivers outputs after it. 0 = real.
     duration_s: float = 0.0
+    # Logprob segments of outputs that carry PackedLogprobs refs, by the output's request id.
+    segments: dict[str, list[Segment]] = field(default_factory=dict)
 
 
 class Backend(Protocol):

@@ -31,6 +31,7 @@ class EngineConfig:
     stall_timeout_s: float = 60.0  # liveness beats stop if one engine step runs longer than this
     max_rank_restarts: int = 5  # supervised unit: restarts of one rank within 10 minutes before the unit stops
     seed: int = 0
+    max_logprobs: int = 20  # most logprobs / prompt_logprobs alternatives a request may ask for (vLLM's)
     # sim backend
     sim_prefill_tps: float = 20000.0
     sim_decode_ms: float = 10.0
@@ -69,6 +70,7 @@ class EngineConfig:
         _require(self.stall_timeout_s > self.heartbeat_interval_s, "--stall-timeout", self.stall_timeout_s,
                  "> --heartbeat-interval")
         _require(self.max_rank_restarts >= 0, "--max-rank-restarts", self.max_rank_restarts, ">= 0")
+        _require(0 <= self.max_logprobs <= 1024, "--max-logprobs", self.max_logprobs, "0..1024")
         _require(self.sim_script is None or self.backend == "sim", "--sim-script", self.sim_script,
                  "only with --backend sim")
 
@@ -146,6 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --data-parallel-size-local > 1: a rank that dies is started again while the others "
                         "serve, up to this many times within 10 minutes; past that (or 0) the unit stops")
     p.add_argument("--seed", type=int, default=d["seed"], help="random seed of the backend")
+    p.add_argument("--max-logprobs", type=int, default=d["max_logprobs"],
+                   help="most alternatives a request's logprobs or prompt_logprobs may ask for, as vLLM's flag")
     p.add_argument("--sim-prefill-tps", type=float, default=d["sim_prefill_tps"],
                    help="sim: prompt tokens processed per second")
     p.add_argument("--sim-decode-ms", type=float, default=d["sim_decode_ms"], help="sim: base time of one decode step")

@@ -42,9 +42,10 @@ from protocol import (
     peek_header,
 )
 from protocol.handshake import version_reject
+from protocol.logprobs import Buffer, segment_size
 from protocol.version import MAJOR, MINOR
 from services.engine import utility, validation
-from services.engine.backend import Backend, Cleared, KVEvent, Removed, RequestRejected, Stored
+from services.engine.backend import Backend, Cleared, KVEvent, Removed, RequestRejected, Segment, Stored
 from services.engine.bridge import Bridge
 from services.engine.config import EngineConfig
 from services.engine.peers import Peer, Peers
@@ -109,7 +110,7 @@ class CoreLoop:
                     result = self.backend.step()
                     if result.duration_s > 0:
                         self._take_input_until(t0 + result.duration_s)
-                    self._deliver(result.outputs)
+                    self._deliver(result.outputs, result.segments)
                     if result.kv_events:
                         self._publish_kv(result.kv_events)
         except Exception as exc:  # the backend failed: tell every peer before the process exits
@@ -245,7 +246,8 @@ class CoreLoop:
             error = f"request_id {req.request_id!r} is already in flight on this engine"
         else:
             error = validation.problem(req, vocab_size=self._vocab_size,
-                                       max_model_len=self.backend.info.max_model_len)
+                                       max_model_len=self.backend.info.max_model_len,
+                                       max_logprobs=self.config.max_logprobs)
         if error is None:
             try:
                 self.backend.add(internal, req)
@@ -329,13 +331,17 @@ class CoreLoop:
 
     # ---- output --------------------------------------------------------------------------------
 
-    def _deliver(self, outputs: list[RequestOutput]) -> None:
-        """The one pass over a step's outputs: map ids back, release finished, group per peer."""
+    def _deliver(self, outputs: list[RequestOutput], segments: dict[str, list[Segment]] | None = None) -> None:
+        """The one pass over a step's outputs: map ids back, release finished, group per peer. Packed
+        logprob segments go into one raw frame per peer (protocol/logprobs.py), their refs pointed at it."""
         self._step += 1
         per_peer: dict[bytes, list[RequestOutput]] = {}
+        raw: dict[bytes, list[Buffer]] = {}  # per peer: the buffers of its raw frame
+        sizes: dict[bytes, int] = {}
         owner, release = self._peers.owner, self._peers.release
         for out in outputs:
-            entry = release(out.request_id) if out.finish_reason is not None else owner(out.request_id)
+            internal = out.request_id
+            entry = release(internal) if out.finish_reason is not None else owner(internal)
             if entry is None:
                 continue  # aborted or orphaned while the step ran
             peer, out.request_id = entry
@@ -344,10 +350,19 @@ class CoreLoop:
                 per_peer[peer.identity] = [out]
             else:
                 batch.append(out)
+            if segments and internal in segments:
+                buffers = raw.setdefault(peer.identity, [])
+                size = sizes.get(peer.identity, 0)
+                for ref, parts in segments[internal]:
+                    ref.frame, ref.offset = 0, size
+                    buffers.extend(parts)
+                    size += segment_size(ref.positions, ref.k)
+                sizes[peer.identity] = size
         if per_peer:
             now = time.time()
             self.bridge.send([
-                (identity, encode(Outputs(self.rank, self._step, batch, now)))
+                (identity, encode(Outputs(self.rank, self._step, batch, now),
+                                  *([b"".join(raw[identity])] if identity in raw else [])))
                 for identity, batch in per_peer.items()
             ])
 

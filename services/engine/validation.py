@@ -8,7 +8,7 @@ import math
 from protocol import GenerateRequest
 
 
-def problem(req: GenerateRequest, *, vocab_size: int, max_model_len: int) -> str | None:
+def problem(req: GenerateRequest, *, vocab_size: int, max_model_len: int, max_logprobs: int = 20) -> str | None:
     """A message naming the field and the allowed range, or None if the request is acceptable."""
     ids = req.prompt_token_ids
     if not ids:
@@ -38,8 +38,9 @@ def problem(req: GenerateRequest, *, vocab_size: int, max_model_len: int) -> str
         return f"sampling.top_k={s.top_k}: must be -1 or 0 (off) or a positive count below 2**31"
     if not 0 <= s.min_p <= 1:
         return f"sampling.min_p={s.min_p}: must be in [0, 1]"
-    if s.logprobs is not None and not 0 <= s.logprobs <= 20:
-        return f"sampling.logprobs={s.logprobs}: must be in [0, 20]"
+    for name, count in (("logprobs", s.logprobs), ("prompt_logprobs", s.prompt_logprobs)):
+        if count is not None and not 0 <= count <= max_logprobs:
+            return f"sampling.{name}={count}: must be in [0, {max_logprobs}] (this engine's --max-logprobs)"
     if not 0 < s.repetition_penalty <= 2:
         return f"sampling.repetition_penalty={s.repetition_penalty}: must be in (0, 2]"
     if not -2 <= s.presence_penalty <= 2 or not -2 <= s.frequency_penalty <= 2:

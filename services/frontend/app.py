@@ -59,9 +59,11 @@ class Frontend:
                                      enable_auto_tool_choice=config.enable_auto_tool_choice,
                                      tool_call_parser=config.tool_call_parser, reasoning_parser=config.reasoning_parser,
                                      structured_output_problem=self._structured_output_problem,
+                                     logprobs_problem=self._logprobs_problem, max_logprobs=config.max_logprobs,
                                      render_max_model_len=self._context_len)
         self._created = int(time.time())
-        self._openapi = msgspec.json.encode(openapi.document(model.name, render_only=config.render_only))
+        self._openapi = msgspec.json.encode(openapi.document(model.name, render_only=config.render_only,
+                                                             max_logprobs=config.max_logprobs))
         self._lean: dict[str, Callable[[bytes, bytes | None], Awaitable[EngineRequest]]] = {
             "/v1/chat/completions": self.translator.chat, "/v1/completions": self.translator.completion,
             "/inference/v1/generate": self.translator.generate}
@@ -218,6 +220,16 @@ class Frontend:
             if ready is not None and (ready.backend != "vllm" or (ready.major, ready.minor) < (1, 2)):
                 return (f"engine rank {engine.rank} cannot give (its {ready.backend} backend, protocol "
                         f"{ready.major}.{ready.minor}; the vllm backend with protocol 1.2 or newer can)")
+        return None
+
+    def _logprobs_problem(self) -> str | None:
+        """Why the ready engines cannot send logprobs, or None: from protocol MINOR 3 on they send them
+        packed (an older engine would drop prompt_logprobs unread, and its sim ignored logprobs)."""
+        for engine in self.engines.engines:
+            ready = engine.ready
+            if ready is not None and (ready.major, ready.minor) < (1, 3):
+                return (f"engine rank {engine.rank} does not (protocol {ready.major}.{ready.minor}; "
+                        "1.3 or newer does)")
         return None
 
     def _max_model_len(self, *, or_zero: bool = False) -> int:

@@ -39,6 +39,7 @@ class FrontendConfig:
     reasoning_parser: str | None = None  # a name in REASONING_PARSER_NAMES
     render_only: bool = False  # tokenizer, template and config only: render and tokenize, no engine
     max_model_len: int | None = None  # render-only: the context length to check (default: the model config's)
+    max_logprobs: int = 20  # most logprobs / top_logprobs / prompt_logprobs a request may ask for (vLLM's)
     frontend_id: str = field(default="")
 
     def __post_init__(self) -> None:
@@ -52,6 +53,7 @@ class FrontendConfig:
         _require(self.shutdown_timeout_s >= 0, "--shutdown-timeout", self.shutdown_timeout_s, ">= 0 seconds")
         _require(1 <= self.api_server_count <= 64, "--api-server-count", self.api_server_count, "1..64")
         _require(self.backend in ("vllm", "sim"), "--backend", self.backend, "vllm or sim")
+        _require(0 <= self.max_logprobs <= 1024, "--max-logprobs", self.max_logprobs, "0..1024")
         _require(not self.enable_auto_tool_choice or self.tool_call_parser is not None,
                  "--enable-auto-tool-choice", True, "only with --tool-call-parser")
         _require(self.tool_call_parser in (None, *TOOL_PARSER_NAMES), "--tool-call-parser", self.tool_call_parser,
@@ -156,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=d["max_model_len"],
                    help="with --render-only: the context length requests are checked against; default: the "
                         "model's config.json")
+    p.add_argument("--max-logprobs", type=int, default=d["max_logprobs"],
+                   help="most alternatives a request's logprobs, top_logprobs or prompt_logprobs may ask for "
+                        "(more is a 400), as vLLM's flag; engines started here get the same --max-logprobs")
     return p
 
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from tokenizers import Tokenizer, decoders
 
-__all__ = ["IncrementalDetokenizer", "warm_up"]
+__all__ = ["IncrementalDetokenizer", "token_pieces", "warm_up"]
 
 # Prompt tokens used as decoding context: enough for a 4-byte character split into single-byte tokens
 # plus a skipped special token or two, and (generic path) for a decoder's first-token rules such as
@@ -69,6 +69,13 @@ def _byte_table(tokenizer: Tokenizer) -> _ByteTable | None:
     if table is None:
         table = _TABLES[tokenizer] = _ByteTable(tokenizer)
     return table
+
+
+def token_pieces(tokenizer: Tokenizer) -> tuple[list[bytes | None], dict[int, tuple[str, bool]]] | None:
+    """A ByteLevel tokenizer's raw bytes of every token (None for an added token) and its added tokens'
+    (content, special); None for other decoders."""
+    table = _byte_table(tokenizer)
+    return None if table is None else (table.pieces, table.added)
 
 
 def warm_up(tokenizer: Tokenizer) -> None:

@@ -9,6 +9,7 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -224,7 +225,7 @@ class EngineSet:
             if channel == DEALER:
                 engine.last_seen = now
             if isinstance(msg, Outputs):
-                self._on_outputs(engine, msg)
+                self._on_outputs(engine, msg, frames[2:] if len(frames) > 2 else ())
             elif isinstance(msg, Stats):
                 self._on_stats(engine, msg, now)
             elif isinstance(msg, (BlockStored, BlockRemoved, AllCleared)):
@@ -241,7 +242,8 @@ class EngineSet:
                 if future is not None and not future.done():
                     future.set_result(msg)
 
-    def _on_outputs(self, engine: Engine, msg: Outputs) -> None:
+    def _on_outputs(self, engine: Engine, msg: Outputs, raw_frames: Sequence[bytes] = ()) -> None:
+        """`raw_frames`: the message's frames after its body (packed logprobs)."""
         inflight = engine.inflight
         for out in msg.outputs:
             stream = inflight.get(out.request_id)
@@ -252,7 +254,7 @@ class EngineSet:
                 engine.pending_prefill -= stream.prompt_len
             if out.finish_reason is not None:
                 del inflight[out.request_id]
-            stream.feed(out)
+            stream.feed(out, raw_frames)
 
     def _on_stats(self, engine: Engine, msg: Stats, received_at: float | None = None) -> None:
         current = engine.stats

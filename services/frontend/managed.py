@@ -23,7 +23,8 @@ class ManagedEngines:
         c = self.config
         cmd = [sys.executable, "-m", "services.engine", "--headless", "--model", c.model, "--backend", c.backend,
                "--host", "127.0.0.1", "--port", str(c.engine_port),
-               "--data-parallel-size-local", str(c.data_parallel_size_local), *c.engine_args]
+               "--data-parallel-size-local", str(c.data_parallel_size_local),
+               "--max-logprobs", str(c.max_logprobs), *c.engine_args]
         if c.auth_token:
             cmd += ["--auth-token", c.auth_token]
         log.info("starting %d %s engine rank(s): %s", c.data_parallel_size_local, c.backend, " ".join(cmd))

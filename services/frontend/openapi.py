@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 
 from services.frontend.messages import ROLES
-from services.frontend.schema import BOUNDS, CHAT_BOUNDS, ChatCompletionRequest, CompletionRequest
+from services.frontend.schema import BOUNDS, CHAT_BOUNDS, Bounds, ChatCompletionRequest, CompletionRequest
 from services.frontend.stop_strings import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from services.frontend.token_in import TokenInRequest
 from services.frontend.tokenization import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest
@@ -35,15 +35,18 @@ _BODIES = [ChatCompletionRequest, CompletionRequest, TokenInRequest, TokenizeCom
            DetokenizeRequest]
 
 
-def document(model: str, *, render_only: bool = False) -> dict[str, Any]:
-    """The OpenAPI 3.1 document of a frontend serving `model` (the only model name it accepts);
-    `render_only`: without the generation routes, which a render-only frontend does not serve."""
+def document(model: str, *, render_only: bool = False, max_logprobs: int = 20) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of a frontend serving `model` (the only model name it accepts) with
+    `--max-logprobs`; `render_only`: without the generation routes, which a render-only frontend does not serve."""
     refs, schemas = msgspec.json.schema_components(_BODIES, ref_template=_REF)
     chat, completion, token_in, tokenize_text, tokenize_chat, detokenize = refs
     stop = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS}  # and MAX_STOP_CHARS in all
     stops = {"anyOf": [stop, {"type": "array", "items": stop, "maxItems": MAX_STOP_STRINGS}, {"type": "null"}],
              "default": None}
-    for name, bounds in (("ChatCompletionRequest", {**BOUNDS, **CHAT_BOUNDS}), ("CompletionRequest", BOUNDS)):
+    counts = Bounds(0, max_logprobs, "")  # check_logprobs' range
+    for name, bounds in (("ChatCompletionRequest", {**BOUNDS, **CHAT_BOUNDS, "top_logprobs": counts,
+                                                    "prompt_logprobs": counts}),
+                         ("CompletionRequest", {**BOUNDS, "logprobs": counts, "prompt_logprobs": counts})):
         properties = schemas[name]["properties"]
         properties["model"]["enum"] = [model]
         for field, bound in bounds.items():

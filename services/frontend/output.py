@@ -14,17 +14,21 @@ tool-call deltas.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from tokenizers import Tokenizer
 
-from protocol import ERROR_DRAINING, ERROR_INVALID
+from protocol import ERROR_DRAINING, ERROR_INVALID, ProtocolError, RequestOutput
+from protocol.logprobs import Segment, unpack
 from services.frontend import responses
 from services.frontend.detokenizer import IncrementalDetokenizer
+from services.frontend.logprobs import Entry, LogprobsFormatter
 from services.frontend.metrics import Metrics
 from services.frontend.parsers import OutputParser, ParsedDelta, TokenOutputParser, ToolCall
 from services.frontend.stop_strings import StopChecker
 from services.frontend.stream import CLIENT_GONE, NOT_SENT, EngineFailure, Stream
+from services.frontend.token_strings import token_strings
 from services.frontend.translation import EngineRequest, OutputOptions
 
 
@@ -49,9 +53,10 @@ class OutputProcessor:
     Call pieces() until `finish` is set. It records the request's metrics when it ends, also when it
     fails (EngineFailure), so the writers only write."""
 
-    __slots__ = ("_detok", "_engines", "_last", "_metrics", "_parser", "_request", "_start", "_stops",
-                 "_token_parser", "_tried", "cached_tokens", "calls", "completion_tokens", "counts", "finish",
-                 "options", "stop_reason", "stream", "token_ids")
+    __slots__ = ("_detok", "_echo", "_echo_entries", "_engines", "_last", "_metrics", "_parser", "_pending",
+                 "_request", "_start", "_stops", "_token_parser", "_tried", "cached_tokens", "calls",
+                 "completion_tokens", "counts", "finish", "formatter", "logprobs", "options", "prompt_segments",
+                 "stop_reason", "stream", "tail_logprobs", "token_ids")
 
     def __init__(self, stream: Stream, request: EngineRequest, *, tokenizer: Tokenizer, engines: EnginePort,
                  metrics: Metrics, parser: OutputParser | TokenOutputParser | None = None) -> None:
@@ -80,6 +85,20 @@ class OutputProcessor:
         # Token-out requests (options.token_out): the ids of the latest pieces() call, every id the engine
         # produced (the EOS or stop token too, as vLLM's token_ids), up to the one that matched a stop string.
         self.token_ids: list[int] = []
+        # Logprobs (when asked): each of the latest pieces' entries (the formatter's), which are those of
+        # the tokens that came since the piece before it; at finish, the entries no piece took.
+        options = self.options
+        self.formatter: LogprobsFormatter | None = None
+        if options.logprobs is not None or options.prompt_logprobs is not None:
+            self.formatter = LogprobsFormatter(token_strings(tokenizer), chat=options.chat, top=options.logprobs or 0,
+                                               as_token_ids=options.return_tokens_as_token_ids)
+            stream.keeps_frames = True
+        self.logprobs: list[list[Entry]] = []
+        self.tail_logprobs: list[Entry] = []
+        self.prompt_segments: list[Segment] = []
+        self._pending: list[Entry] = []
+        self._echo = options.echo  # not yet sent
+        self._echo_entries: list[Entry] | None = None  # made once, before the first token's
 
     async def pieces(self) -> list[Piece]:
         """Text of everything the engine produced since the last call; sets `finish` when done.
@@ -96,13 +115,17 @@ class OutputProcessor:
         now = time.monotonic()
         detok, stops, parser, token_parser = self._detok, self._stops, self._parser, self._token_parser
         drop_stop_token = not self.options.include_stop_str_in_output
+        formatter = self.formatter
         pieces: list[Piece] = []
         counts = self.counts = []
         ids: list[int] | None = None
         if self.options.token_out:
             ids = self.token_ids = []
-        for out in outs:
+        self.logprobs = []
+        for i, out in enumerate(outs):
             n = len(out.new_token_ids)
+            if formatter is not None:
+                self._take_logprobs(out, self.stream.raw_frames[i], formatter)
             if n:
                 if self.completion_tokens == 0:
                     m.ttft.observe(now - self._start)
@@ -146,9 +169,14 @@ class OutputProcessor:
                 if matched is None and reason is not None:
                     text += stops.flush()
             if parser is None:
+                if self._echo is not None and (n or reason is not None):
+                    text = self._echoed(text, pieces)
                 if text:
                     pieces.append(text)
                     counts.append(self.completion_tokens)
+                    if formatter is not None:
+                        self.logprobs.append(self._pending)
+                        self._pending = []
             else:
                 if text:
                     self._add(parser.push(text), pieces)
@@ -184,12 +212,46 @@ class OutputProcessor:
         else:
             return
         self.counts.append(self.completion_tokens)
+        if self.formatter is not None:
+            self.logprobs.append(self._pending)
+            self._pending = []
+
+    def _take_logprobs(self, out: RequestOutput, raw_frames: Sequence[bytes], formatter: LogprobsFormatter) -> None:
+        """An output's packed logprobs: its tokens' entries wait for the next piece; prompt rows are kept
+        (and an echo's entries made before the first token's, which follow them in text_offset)."""
+        try:
+            if out.packed_prompt_logprobs is not None:
+                self.prompt_segments.append(unpack(raw_frames, out.packed_prompt_logprobs))
+            if (self._echo_entries is None and self._echo is not None and self.options.logprobs is not None
+                    and (out.new_token_ids or out.finish_reason in ("stop", "length"))):
+                self._echo_entries = formatter.prompt(self.prompt_segments, self._request.request.prompt_token_ids)
+            if out.packed_logprobs is not None and self.options.logprobs is not None:
+                self._pending += formatter.sampled(unpack(raw_frames, out.packed_logprobs))
+        except ProtocolError as exc:  # an engine's bug: fail this request, not the process
+            self._metrics.finished("error")
+            raise EngineFailure(f"engine rank {self.stream.rank} sent unreadable logprobs: {exc}") from None
+
+    def _echoed(self, text: str, pieces: list[Piece]) -> str:
+        """The first output's text with the echoed prompt before it, as vLLM sends it; when the output
+        has no text yet, the echo is a piece of its own (carrying the prompt's entries only)."""
+        echo, self._echo = self._echo or "", None
+        entries = self._echo_entries or []
+        if text:
+            self._pending = entries + self._pending
+            return echo + text
+        if echo:
+            pieces.append(echo)
+            self.counts.append(self.completion_tokens)
+            if self.formatter is not None:
+                self.logprobs.append(entries)
+        return ""
 
     def usage(self, completion_tokens: int) -> dict[str, Any]:
         """The usage body with this many completion tokens (the total once finished, or so far)."""
         return responses.usage(self.stream.prompt_len, completion_tokens, self.cached_tokens)
 
     def _finished(self, reason: str, stop_reason: int | str | None) -> None:
+        self.tail_logprobs, self._pending = self._pending, []
         # As vLLM: a model that stopped after calling tools on its own (tool_choice "auto") finished with
         # "tool_calls"; a forced call finishes "stop". Metrics keep the engine's reason.
         auto = self.calls and reason == "stop" and self.options.tool_choice == "auto"

@@ -20,9 +20,11 @@ _json = msgspec.json.Encoder()
 _decode = msgspec.json.Decoder()
 _FINAL_ONLY, _DELTA = 2, 1  # vLLM's RequestOutputKind, which its render sets from `stream`
 # vLLM's SamplingParams defaults of the fields the engines honour (protocol.SamplingParams' names).
+# logprobs and prompt_logprobs are the request's as vLLM's to_sampling_params sets them (chat's
+# top_logprobs once logprobs is true; an echoed completion's prompt_logprobs default to its logprobs).
 _DEFAULTS: dict[str, Any] = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
                              "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "seed": None,
-                             "ignore_eos": False, "min_tokens": 0}
+                             "ignore_eos": False, "min_tokens": 0, "logprobs": None, "prompt_logprobs": None}
 
 
 def generate_request(request: EngineRequest, model: str) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from starlette.types import Send
 from services.frontend import responses
 from services.frontend.asgi import send_json
 from services.frontend.errors import error_body
+from services.frontend.logprobs import Entry
 from services.frontend.output import OutputProcessor
 from services.frontend.stream import EngineFailure
 
@@ -23,6 +24,7 @@ async def send_completion(send: Send, outputs: OutputProcessor, model: str) -> N
     """The whole response as one JSON body, once the request has finished."""
     parts: list[str] = []
     reasoning: list[str] = []
+    entries: list[Entry] = []
     finish = None
     try:
         while finish is None:
@@ -32,18 +34,28 @@ async def send_completion(send: Send, outputs: OutputProcessor, model: str) -> N
                 else:
                     parts.append(piece.content)
                     reasoning.append(piece.reasoning)
+            for piece_entries in outputs.logprobs:
+                entries += piece_entries
             finish = outputs.finish
     except EngineFailure as exc:
         await send_json(send, exc.status, error_body(exc.status, str(exc)))
         return
     use = outputs.usage(outputs.completion_tokens)
-    if outputs.options.chat:
+    options, formatter = outputs.options, outputs.formatter
+    logprobs = prompt_logprobs = None
+    if formatter is not None:
+        if options.logprobs is not None:
+            logprobs = formatter.render(entries + outputs.tail_logprobs)
+        if options.prompt_logprobs is not None:
+            prompt_logprobs = formatter.prompt_logprobs(outputs.prompt_segments, outputs.stream.prompt_len)
+    if options.chat:
         body = responses.chat_completion(outputs.stream.request_id, model, "".join(parts), finish, outputs.stop_reason,
                                          use, reasoning="".join(reasoning) if outputs.parsing else None,
-                                         tool_calls=outputs.calls if outputs.parsing else None)
+                                         tool_calls=outputs.calls if outputs.parsing else None,
+                                         logprobs=logprobs, prompt_logprobs=prompt_logprobs)
     else:
         body = responses.text_completion(outputs.stream.request_id, model, "".join(parts), finish,
-                                         outputs.stop_reason, use)
+                                         outputs.stop_reason, use, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
     await send_json(send, 200, body, [_rank_header(outputs)])
 
 
@@ -56,11 +68,17 @@ async def send_stream(send: Send, outputs: OutputProcessor, model: str) -> None:
     options = outputs.options
     writer = responses.ChunkWriter(outputs.stream.request_id, model, chat=options.chat)
     text, usage, continuous = writer.text, outputs.usage, options.continuous_usage
+    formatter = outputs.formatter
+    render = formatter.render if formatter is not None and options.logprobs is not None else None
     started = False
     try:
         while outputs.finish is None:
             pieces = await outputs.pieces()
-            if continuous:
+            if render is not None:  # logprobs: each piece's, or null when it has none
+                events = [text(p, usage(n) if continuous else None, render(e) if e else None) if isinstance(p, str)
+                          else writer.delta(p, usage(n) if continuous else None, render(e) if e else None)
+                          for p, n, e in zip(pieces, outputs.counts, outputs.logprobs, strict=True)]
+            elif continuous:
                 events = [text(p, usage(n)) if isinstance(p, str) else writer.delta(p, usage(n))
                           for p, n in zip(pieces, outputs.counts, strict=True)]
             else:
@@ -74,7 +92,9 @@ async def send_stream(send: Send, outputs: OutputProcessor, model: str) -> None:
             finish = outputs.finish
             if finish is not None:
                 total = usage(outputs.completion_tokens)
-                events.append(writer.finish(finish, outputs.stop_reason, total if continuous else None))
+                tail = outputs.tail_logprobs
+                events.append(writer.finish(finish, outputs.stop_reason, total if continuous else None,
+                                            render(tail) if render is not None and tail else None))
                 if options.include_usage:
                     events.append(writer.usage(total))
                 events.append(responses.DONE)

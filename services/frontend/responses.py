@@ -24,7 +24,8 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None 
 class ChunkWriter:
     """SSE events of one streamed response (chat or text completion)."""
 
-    __slots__ = ("_chat", "_created", "_delta_prefix", "_head", "_id", "_model", "_text_prefix", "_text_suffix")
+    __slots__ = ("_chat", "_created", "_delta_prefix", "_head", "_id", "_lp_head", "_lp_tail", "_model",
+                 "_text_prefix", "_text_suffix")
 
     def __init__(self, request_id: str, model: str, *, chat: bool) -> None:
         self._id, self._model, self._chat, self._created = request_id, model, chat, int(time.time())
@@ -34,27 +35,34 @@ class ChunkWriter:
         self._delta_prefix = self._head + b'"delta":{'
         if chat:
             self._text_prefix = self._head + b'"delta":{"content":'
-            self._text_suffix = b'},"logprobs":null,"finish_reason":null}]}\n\n'
+            self._lp_head = b'},"logprobs":'
         else:
             self._text_prefix = self._head + b'"text":'
-            self._text_suffix = b',"logprobs":null,"finish_reason":null}]}\n\n'
+            self._lp_head = b',"logprobs":'
+        # A chunk's end; with logprobs, their JSON goes between _lp_head and _lp_tail instead of null.
+        self._lp_tail = b',"finish_reason":null}]}\n\n'
+        self._text_suffix = self._lp_head + b"null" + self._lp_tail
+
+    def _suffix(self, logprobs: str | None, use: dict[str, Any] | None) -> bytes:
+        suffix = self._text_suffix if logprobs is None else self._lp_head + logprobs.encode() + self._lp_tail
+        return suffix if use is None else suffix[:-3] + b',"usage":' + _json.encode(use) + b"}\n\n"
 
     def role(self, use: dict[str, Any] | None = None) -> bytes:
         chunk = self._head + b'"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]'
         return chunk + (b',"usage":' + _json.encode(use) if use is not None else b"") + b"}\n\n"
 
-    def text(self, piece: str, use: dict[str, Any] | None = None) -> bytes:
-        """`use`: the usage so far, for stream_options.continuous_usage_stats."""
-        if use is None:
+    def text(self, piece: str, use: dict[str, Any] | None = None, logprobs: str | None = None) -> bytes:
+        """`use`: the usage so far, for stream_options.continuous_usage_stats; `logprobs`: the JSON of
+        the piece's tokens' logprobs (LogprobsFormatter.render)."""
+        if use is None and logprobs is None:
             return self._text_prefix + _json.encode(piece) + self._text_suffix
-        return (self._text_prefix + _json.encode(piece) + self._text_suffix[:-3] + b',"usage":'
-                + _json.encode(use) + b"}\n\n")
+        return self._text_prefix + _json.encode(piece) + self._suffix(logprobs, use)
 
-    def delta(self, parsed: ParsedDelta, use: dict[str, Any] | None = None) -> bytes:
+    def delta(self, parsed: ParsedDelta, use: dict[str, Any] | None = None, logprobs: str | None = None) -> bytes:
         """A chunk of a parser's delta: content, reasoning (vLLM's two names for it) and tool-call deltas.
         A call's first delta carries its index, id, type and name; later ones argument fragments only."""
         if use is None and not parsed.content:
-            fast = self._fast_delta(parsed)
+            fast = self._fast_delta(parsed, self._text_suffix if logprobs is None else self._suffix(logprobs, None))
             if fast is not None:
                 return fast
         delta: dict[str, Any] = {}
@@ -64,27 +72,28 @@ class ChunkWriter:
             delta["content"] = parsed.content
         if parsed.tool_calls:
             delta["tool_calls"] = [_call_delta(call) for call in parsed.tool_calls]
-        fields: dict[str, Any] = {"choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]}
+        fields: dict[str, Any] = {"choices": [{"index": 0, "delta": delta, "logprobs": _raw(logprobs),
+                                               "finish_reason": None}]}
         if use is not None:
             fields["usage"] = use
         return self._event(fields)
 
-    def _fast_delta(self, parsed: ParsedDelta) -> bytes | None:
+    def _fast_delta(self, parsed: ParsedDelta, suffix: bytes) -> bytes | None:
         """The two deltas of nearly every parsed token, reasoning text or one call's argument fragment,
         built around their one encoded string as text() does; None for any other shape."""
         if parsed.reasoning and not parsed.tool_calls:
             piece = _json.encode(parsed.reasoning)
-            return (self._delta_prefix + b'"reasoning_content":' + piece + b',"reasoning":' + piece
-                    + self._text_suffix)
+            return self._delta_prefix + b'"reasoning_content":' + piece + b',"reasoning":' + piece + suffix
         calls = parsed.tool_calls
         if not parsed.reasoning and len(calls) == 1 and calls[0].id is None and calls[0].name is None:
             return (self._delta_prefix + b'"tool_calls":[{"index":' + str(calls[0].index).encode()
-                    + b',"function":{"arguments":' + _json.encode(calls[0].arguments) + b"}}]"
-                    + self._text_suffix)
+                    + b',"function":{"arguments":' + _json.encode(calls[0].arguments) + b"}}]" + suffix)
         return None
 
-    def finish(self, reason: str, stop_reason: int | str | None = None, use: dict[str, Any] | None = None) -> bytes:
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": reason}
+    def finish(self, reason: str, stop_reason: int | str | None = None, use: dict[str, Any] | None = None,
+               logprobs: str | None = None) -> bytes:
+        """`logprobs`: those of tokens no earlier chunk carried (the EOS, text a stop string cut)."""
+        choice: dict[str, Any] = {"index": 0, "logprobs": _raw(logprobs), "finish_reason": reason}
         if self._chat:
             choice["delta"] = {}
         else:
@@ -106,10 +115,18 @@ class ChunkWriter:
         return b"data: " + _json.encode(obj) + b"\n\n"
 
 
+def _raw(json_text: str | None) -> msgspec.Raw | None:
+    """Pre-rendered JSON (logprobs) placed in a body as it is."""
+    return None if json_text is None else msgspec.Raw(json_text.encode())
+
+
 def chat_completion(request_id: str, model: str, text: str, finish: str, stop_reason: int | str | None,
                     use: dict[str, Any], *, reasoning: str | None = None,
-                    tool_calls: list[ToolCall] | None = None) -> bytes:
-    """`reasoning` and `tool_calls` are None when no parser ran: the message then has neither field."""
+                    tool_calls: list[ToolCall] | None = None, logprobs: str | None = None,
+                    prompt_logprobs: str | None = None) -> bytes:
+    """`reasoning` and `tool_calls` are None when no parser ran: the message then has neither field.
+    `logprobs` and `prompt_logprobs` are JSON (LogprobsFormatter's); vLLM's prompt_logprobs field is
+    there only when asked for."""
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if reasoning is not None:
         # vLLM's field, under its older name and its newer one; null when the model did not reason.
@@ -118,12 +135,15 @@ def chat_completion(request_id: str, model: str, text: str, finish: str, stop_re
         message["tool_calls"] = [_tool_call(call) for call in tool_calls]
         if tool_calls and not text:
             message["content"] = None  # as OpenAI: a message of tool calls alone has no content
-    return _json.encode({
+    body = {
         "id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
         "choices": [{"index": 0, "message": message,
-                     "logprobs": None, "finish_reason": finish, "stop_reason": stop_reason}],
+                     "logprobs": _raw(logprobs), "finish_reason": finish, "stop_reason": stop_reason}],
         "usage": use,
-    })
+    }
+    if prompt_logprobs is not None:
+        body["prompt_logprobs"] = _raw(prompt_logprobs)
+    return _json.encode(body)
 
 
 def _call_delta(call: ToolCallDelta) -> dict[str, Any]:
@@ -141,12 +161,15 @@ def _tool_call(call: ToolCall) -> dict[str, Any]:
 
 
 def text_completion(request_id: str, model: str, text: str, finish: str, stop_reason: int | str | None,
-                    use: dict[str, Any]) -> bytes:
+                    use: dict[str, Any], *, logprobs: str | None = None, prompt_logprobs: str | None = None) -> bytes:
+    """`logprobs`, `prompt_logprobs`: as for chat_completion, the latter in the choice (vLLM's place)."""
+    choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": _raw(logprobs), "finish_reason": finish,
+                              "stop_reason": stop_reason}
+    if prompt_logprobs is not None:
+        choice["prompt_logprobs"] = _raw(prompt_logprobs)
     return _json.encode({
         "id": request_id, "object": "text_completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
-                     "stop_reason": stop_reason}],
-        "usage": use,
+        "choices": [choice], "usage": use,
     })
 
 

@@ -60,6 +60,8 @@ class _Sampling(msgspec.Struct, kw_only=True):
     priority: int = 0
     cache_salt: str | None = None
     user: str | None = None
+    prompt_logprobs: int | None = None  # vLLM's: the prompt's logprobs, in the response's prompt_logprobs
+    return_tokens_as_token_ids: bool | None = None  # vLLM's: logprobs' tokens as "token_id:N"
 
 
 class ChatCompletionRequest(_Sampling, kw_only=True):
@@ -73,14 +75,14 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
-    logprobs: bool = False
+    logprobs: bool | None = False
     top_logprobs: int | None = None
 
 
 class CompletionRequest(_Sampling, kw_only=True):
     # str, token ids, or a one-element list of either (msgspec allows one array type in a union).
     prompt: str | list[Any]
-    echo: bool = False
+    echo: bool | None = False
     suffix: str | None = None
     logprobs: int | None = None
     add_special_tokens: bool = True
@@ -165,6 +167,22 @@ def check_common(req: _Sampling) -> None:
         raise APIError(400, "Stream options can only be defined when `stream=True`.", param="stream_options")
     check_bounds(req, BOUNDS)
     _check_stop(stop_list(req))
+
+
+def check_logprobs(req: ChatCompletionRequest | CompletionRequest, max_logprobs: int) -> None:
+    """Each count in [0, --max-logprobs], and vLLM's rules with vLLM's messages: top_logprobs needs
+    logprobs (chat), prompt_logprobs cannot stream."""
+    allowed = f"must be in [0, {max_logprobs}] (the server's --max-logprobs)"
+    count = req.top_logprobs if isinstance(req, ChatCompletionRequest) else req.logprobs
+    name = "top_logprobs" if isinstance(req, ChatCompletionRequest) else "logprobs"
+    if count is not None:
+        _range(0 <= count <= max_logprobs, name, count, allowed)
+    if isinstance(req, ChatCompletionRequest) and req.top_logprobs and not req.logprobs:
+        raise APIError(400, "when using `top_logprobs`, `logprobs` must be set to true.", param="top_logprobs")
+    if req.prompt_logprobs is not None:
+        _range(0 <= req.prompt_logprobs <= max_logprobs, "prompt_logprobs", req.prompt_logprobs, allowed)
+        if req.stream:
+            raise APIError(400, "`prompt_logprobs` are not available when `stream=True`.", param="prompt_logprobs")
 
 
 def _check_stop(stops: list[str]) -> None:

@@ -3,6 +3,7 @@ the response task drains everything queued at once (one wake-up per batch, not p
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 from protocol import RequestOutput
 
@@ -24,8 +25,12 @@ class EngineFailure(RuntimeError):
 
 
 class Stream:
+    """`raw_frames`: with `keeps_frames` set (a request that asked for logprobs), the raw frames of the
+    Outputs message each output of the latest batch came in, in the batch's order."""
+
     __slots__ = (
         "_error",
+        "_frames",
         "_pending",
         "_waiter",
         "engine_index",
@@ -33,8 +38,10 @@ class Stream:
         "generated",
         "gone",
         "max_tokens",
+        "keeps_frames",
         "prompt_len",
         "rank",
+        "raw_frames",
         "request_id",
         "started",
     )
@@ -52,11 +59,16 @@ class Stream:
         self.finished = False
         self.started = False  # the engine has produced something for it (its prefill is done)
         self.gone: str | None = None  # fail() was called: never send it to an engine again
+        self.keeps_frames = False
+        self._frames: list[Sequence[bytes]] = []
+        self.raw_frames: list[Sequence[bytes]] = []
 
     # ---- producer side (the engine dispatch pass on the event loop) ----
 
-    def feed(self, out: RequestOutput) -> None:
+    def feed(self, out: RequestOutput, raw_frames: Sequence[bytes] = ()) -> None:
         self._pending.append(out)
+        if self.keeps_frames:
+            self._frames.append(raw_frames)
         self.generated += len(out.new_token_ids)
         if out.finish_reason is not None:
             self.finished = True
@@ -85,4 +97,6 @@ class Stream:
             await self._waiter
             self._waiter = None
         batch, self._pending = self._pending, []
+        if self.keeps_frames:
+            self.raw_frames, self._frames = self._frames, []
         return batch

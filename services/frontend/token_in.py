@@ -2,7 +2,7 @@
 SamplingParams as JSON), checked and turned into the engine's SamplingParams. Used by translation in
 each API server process (in a worker process for long bodies).
 
-Every field of vLLM's SamplingParams is honoured or refused: the ones the engines cannot give
+Every field of vLLM's SamplingParams is honoured or refused: the ones this route cannot give
 (logprobs, logit bias, ...) are accepted at their defaults only, so vLLM's render output (which omits
 defaults) and this frontend's both pass, and a request that relies on one gets a 400 naming it.
 """
@@ -99,6 +99,9 @@ class TokenInRequest(msgspec.Struct, kw_only=True):
 _UNSUPPORTED = ("logprobs", "prompt_logprobs", "prompt_logprob_token_ids", "prompt_logprob_start",
                 "logprob_token_ids", "logit_bias", "allowed_token_ids", "bad_words", "extra_args",
                 "thinking_token_budget", "repetition_detection", "trace_decode_token_ids", "truncate_prompt_tokens")
+# Refused here although the engines send them: vLLM's token-in answer puts them in a shape of its own
+# (token ids with logprob and rank, no strings) that this route's writer does not build yet.
+_LOGPROBS = ("logprobs", "prompt_logprobs")
 _OTHER_OUTPUTS = ("regex", "choice", "grammar", "json_object", "structural_tag")
 _json = msgspec.json.Encoder()
 
@@ -128,6 +131,9 @@ def check(req: TokenInRequest, vocab_size: int) -> array[int]:
             _range(bound.holds(value), f"{PREFIX}.{name}", value, bound.allowed)
     for name in _UNSUPPORTED:
         if getattr(sp, name) is not None:
+            if name in _LOGPROBS:
+                raise _refuse(f"{PREFIX}.{name}", "is not supported on this route yet (token-in answers carry no "
+                              "logprobs; /v1/chat/completions and /v1/completions give them)")
             raise _refuse(f"{PREFIX}.{name}", "is not supported by this server")
     if sp.skip_reading_prefix_cache:
         raise _refuse(f"{PREFIX}.skip_reading_prefix_cache", "is not supported by this server")

@@ -34,6 +34,7 @@ from services.frontend.schema import (
     CompletionRequest,
     check_bounds,
     check_common,
+    check_logprobs,
     parse,
     sampling_params,
     stop_list,
@@ -68,6 +69,10 @@ class OutputOptions:
     token_out: bool = False  # /inference/v1/generate: the response carries token ids (vLLM's shape)
     text_out: bool = False  # ... and their text as well (its return_text)
     response_id: str = ""  # the id the response names, when it is not the engine request's (the caller's)
+    logprobs: int | None = None  # alternatives shown per generated token; None: no logprobs
+    prompt_logprobs: int | None = None  # the engine's prompt_logprobs: the response's prompt_logprobs
+    echo: str | None = None  # completions' echo: the prompt's text, returned before the completion
+    return_tokens_as_token_ids: bool = False  # logprobs' tokens as "token_id:N" (vLLM's)
 
 
 @dataclass(slots=True, frozen=True)
@@ -105,6 +110,7 @@ class Prepared:
     tool_choice: str | dict[str, Any] = "none"
     parallel_tool_calls: bool = True
     json_schema: str | None = None  # a forced tool_choice's schema
+    echo: str | None = None  # a completion's prompt text, when it asked for echo
 
 
 class Preparer:
@@ -117,10 +123,11 @@ class Preparer:
     tool_choice "auto" needs (vLLM's)."""
 
     def __init__(self, model: Model, *, enable_auto_tool_choice: bool = False,
-                 tool_call_parser: str | None = None) -> None:
+                 tool_call_parser: str | None = None, max_logprobs: int = 20) -> None:
         self._model = model
         self._enable_auto_tool_choice = enable_auto_tool_choice
         self._tool_call_parser = tool_call_parser
+        self._max_logprobs = max_logprobs
 
     def chat(self, body: bytes) -> Prepared:
         req: ChatCompletionRequest = parse(ChatCompletionRequest, body)
@@ -129,8 +136,7 @@ class Preparer:
         check_bounds(req, CHAT_BOUNDS)
         if req.max_completion_tokens is not None:
             req.max_tokens = req.max_completion_tokens
-        if req.logprobs or req.top_logprobs:
-            raise APIError(400, "logprobs are not supported by this server yet", param="logprobs")
+        check_logprobs(req, self._max_logprobs)
         tools = check_tools(req.tools)
         choice = resolve_tool_choice(req.tool_choice, tools, enable_auto_tool_choice=self._enable_auto_tool_choice,
                                      tool_call_parser=self._tool_call_parser)
@@ -148,9 +154,9 @@ class Preparer:
         req: CompletionRequest = parse(CompletionRequest, body)
         self._check_model(req.model)
         check_common(req)
-        if req.echo or req.suffix is not None or req.logprobs is not None:
-            field = "echo" if req.echo else "suffix" if req.suffix is not None else "logprobs"
-            raise APIError(400, f"{field} is not supported by this server yet", param=field)
+        check_logprobs(req, self._max_logprobs)
+        if req.suffix is not None:
+            raise APIError(400, "suffix is not supported by this server yet", param="suffix")
         prompt = req.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
             if len(prompt) != 1:
@@ -175,7 +181,11 @@ class Preparer:
                 raise APIError(400, f"prompt: token id {bad} is out of range [0, {vocab})", param="prompt")
         if not ids:
             raise APIError(400, "prompt: must not be empty", param="prompt")
-        return Prepared(msgspec.structs.replace(req, prompt=""), ids, False)
+        echo = None
+        if req.echo:  # as vLLM: the text as sent, or the token ids decoded
+            echo = prompt if isinstance(prompt, str) else self._model.tokenizer.decode(ids.tolist(),
+                                                                                      skip_special_tokens=False)
+        return Prepared(msgspec.structs.replace(req, prompt=""), ids, False, echo=echo)
 
     def generate(self, body: bytes) -> Prepared:
         """An /inference/v1/generate body (token ids in: nothing to render or tokenize)."""
@@ -220,14 +230,16 @@ class Translator:
                  max_concurrent_tokenizations: int, enable_auto_tool_choice: bool = False,
                  tool_call_parser: str | None = None, reasoning_parser: str | None = None,
                  structured_output_problem: Callable[[], str | None] = lambda: None,
+                 logprobs_problem: Callable[[], str | None] = lambda: None, max_logprobs: int = 20,
                  render_max_model_len: Callable[[], int] | None = None) -> None:
         self._model = model
         self._render_max_model_len = render_max_model_len or max_model_len
         self._structured_output_problem = structured_output_problem
+        self._logprobs_problem = logprobs_problem
         self._reasoning_parser = reasoning_parser
         self._tool_call_parser = tool_call_parser
         self._preparer = Preparer(model, enable_auto_tool_choice=enable_auto_tool_choice,
-                                  tool_call_parser=tool_call_parser)
+                                  tool_call_parser=tool_call_parser, max_logprobs=max_logprobs)
         # Whether a parser's tags are special tokens of this tokenizer: its requests keep them.
         self._tool_tags_special = keeps_special_tokens(TOOL_MARKERS, tool_call_parser, model.special_tokens)
         self._reasoning_tags_special = keeps_special_tokens(REASONING_MARKERS, reasoning_parser, model.special_tokens)
@@ -236,7 +248,8 @@ class Translator:
         self._max_model_len = max_model_len
         self._long_prompt_chars = long_prompt_chars
         self._workers = PreparePool(max_concurrent_tokenizations, _start_worker,
-                                    (str(model.path), model.name, enable_auto_tool_choice, tool_call_parser),
+                                    (str(model.path), model.name, enable_auto_tool_choice, tool_call_parser,
+                                     max_logprobs),
                                     _prepare_in_worker)
 
     def close(self) -> None:
@@ -281,7 +294,7 @@ class Translator:
         prepared = await self._prepare("completion", body)
         assert isinstance(prepared.req, CompletionRequest)
         return self._engine_request(prepared.req, prepared.ids, pin, chat=False,
-                                    request_id=f"cmpl-{os.urandom(12).hex()}", render=render)
+                                    request_id=f"cmpl-{os.urandom(12).hex()}", echo=prepared.echo, render=render)
 
     async def generate(self, body: bytes, pin: bytes | None) -> EngineRequest:
         """An /inference/v1/generate body: token ids and vLLM's sampling parameters, answered in token ids."""
@@ -346,18 +359,37 @@ class Translator:
 
     def _engine_request(self, req: ChatCompletionRequest | CompletionRequest, token_ids: array[int],
                         pin: bytes | None, *, chat: bool, request_id: str,
-                        json_schema: str | None = None, render: bool = False) -> EngineRequest:
+                        json_schema: str | None = None, echo: str | None = None,
+                        render: bool = False) -> EngineRequest:
         max_tokens = self._max_tokens(len(token_ids), req.max_tokens, chat=chat, render=render,
                                       param="messages" if chat else "prompt")
         sampling = sampling_params(req, max_tokens, self._model.tokenizer.get_vocab_size(with_added_tokens=True))
         if json_schema is not None:
             sampling = msgspec.structs.replace(sampling, json_schema=json_schema)
+        # As vLLM: chat's logprobs are top_logprobs (0 when absent) once logprobs is true; an echoed
+        # completion's prompt_logprobs default to its logprobs.
+        if isinstance(req, ChatCompletionRequest):
+            logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        else:
+            logprobs = req.logprobs
+        prompt_logprobs = req.prompt_logprobs
+        if prompt_logprobs is None and echo is not None:
+            prompt_logprobs = logprobs
+        if logprobs is not None or prompt_logprobs is not None:
+            # A rendered request is checked against the engines when it comes back to the token-in route.
+            problem = None if render else self._logprobs_problem()
+            if problem is not None:
+                field = "prompt_logprobs" if req.prompt_logprobs is not None else "top_logprobs" if chat else "logprobs"
+                raise APIError(400, f"{field}: logprobs need engines that send them, which {problem}", param=field)
+            sampling = msgspec.structs.replace(sampling, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
         pinned = _pinned_rank(pin)
         usage = req.stream_options is not None and req.stream_options.include_usage
         continuous = usage and req.stream_options is not None and req.stream_options.continuous_usage_stats
         output = OutputOptions(chat=chat, stream=bool(req.stream), include_usage=usage, continuous_usage=continuous,
                                stop=tuple(stop_list(req)), include_stop_str_in_output=req.include_stop_str_in_output,
-                               skip_special_tokens=req.skip_special_tokens)
+                               skip_special_tokens=req.skip_special_tokens, logprobs=logprobs,
+                               prompt_logprobs=prompt_logprobs, echo=echo,
+                               return_tokens_as_token_ids=bool(req.return_tokens_as_token_ids))
         request = GenerateRequest(request_id, token_ids.tolist(), sampling, time.time(), req.priority, None,
                                   req.cache_salt, pinned)
         return EngineRequest(request, max_tokens, output)
@@ -378,10 +410,11 @@ def _pinned_rank(value: bytes | None) -> int | None:
 _worker: Preparer | None = None
 
 
-def _start_worker(path: str, name: str, enable_auto_tool_choice: bool, tool_call_parser: str | None) -> None:
+def _start_worker(path: str, name: str, enable_auto_tool_choice: bool, tool_call_parser: str | None,
+                  max_logprobs: int) -> None:
     global _worker
     _worker = Preparer(Model.load(path, name), enable_auto_tool_choice=enable_auto_tool_choice,
-                       tool_call_parser=tool_call_parser)
+                       tool_call_parser=tool_call_parser, max_logprobs=max_logprobs)
 
 
 # What each kind of body is prepared with, on the loop or in a worker.

@@ -14,6 +14,7 @@ from protocol import (
     Logprobs,
     Message,
     Outputs,
+    PackedLogprobs,
     Ready,
     Reject,
     RequestOutput,
@@ -22,6 +23,13 @@ from protocol import (
     UtilityCall,
     UtilityResult,
 )
+from protocol.logprobs import pack, segment_size
+
+# Raw frames after the body, where a sample has them: req-4's logprobs, one sampled row with 2
+# alternatives (its token 11 is the most likely), then 2 prompt rows with 1 alternative each.
+SAMPLE_LOGPROBS = pack([11, 11, 12], [-0.25, -0.25, -1.5], [1])
+SAMPLE_PROMPT_LOGPROBS = pack([5, 7, 6, 6], [-3.0, -0.5, -0.125, -0.125], [4, 1])
+RAW_FRAMES: dict[str, list[bytes]] = {"Outputs": [SAMPLE_LOGPROBS + SAMPLE_PROMPT_LOGPROBS]}
 
 SAMPLES: dict[str, Message] = {
     "Hello": Hello(1, 0, "0123456789abcdef", "frontend-a", "secret"),
@@ -35,7 +43,7 @@ SAMPLES: dict[str, Message] = {
             max_tokens=32, temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, seed=1234,
             min_tokens=2, stop_token_ids=[151643], ignore_eos=True, logprobs=2,
             presence_penalty=0.5, frequency_penalty=-0.5, repetition_penalty=1.1,
-            json_schema='{"type": "object"}',
+            json_schema='{"type": "object"}', prompt_logprobs=1,
         ),
         1700000000.5,
         priority=-1,
@@ -54,6 +62,8 @@ SAMPLES: dict[str, Message] = {
             RequestOutput("req-2", [151645], "stop", 151645, 0,
                           Logprobs([-0.25], [1], [[151645, 11]], [[-0.25, -1.5]])),
             RequestOutput("req-3", [], "error", None, 0, None, "prompt too long", "invalid"),
+            RequestOutput("req-4", [11], None, None, 0, None, None, None,
+                          PackedLogprobs(0, 0, 1, 2), PackedLogprobs(0, segment_size(1, 2), 2, 1)),
         ],
         1700000001.0,
     ),

@@ -2,12 +2,14 @@
 new reader fills the defaults of fields an older writer did not know."""
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import pytest
 
 from protocol import MAJOR, MESSAGE_TYPES, decode, encode
 from protocol.messages import NESTED_TYPES
-from tests.contract.samples import SAMPLES
+from tests.contract.samples import RAW_FRAMES, SAMPLES
 
 
 def _body(name: str) -> list:
@@ -47,3 +49,31 @@ def test_nested_structs_fill_defaults_too() -> None:
 def test_raw_trailing_frames_pass_through() -> None:
     frames = encode(SAMPLES["Heartbeat"], b"\x00\x01")
     assert frames[2] == b"\x00\x01" and decode(frames) == SAMPLES["Heartbeat"]
+
+
+
+class OldRequestOutput(msgspec.Struct, array_like=True):
+    """RequestOutput as a MINOR 2 frontend declares it."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    num_cached_tokens: int = 0
+    logprobs: Any = None
+    error: str | None = None
+    error_kind: str | None = None
+
+
+class OldOutputs(msgspec.Struct, array_like=True):
+    rank: int
+    step: int
+    outputs: list[OldRequestOutput]
+    timestamp: float = 0.0
+
+
+def test_a_minor_2_reader_reads_outputs_with_packed_logprobs_and_ignores_them() -> None:
+    frames = encode(SAMPLES["Outputs"], *RAW_FRAMES["Outputs"])
+    old = msgspec.msgpack.decode(frames[1], type=OldOutputs)
+    assert [(o.request_id, o.new_token_ids, o.error) for o in old.outputs] == [
+        (o.request_id, o.new_token_ids, o.error) for o in SAMPLES["Outputs"].outputs]  # type: ignore[attr-defined]

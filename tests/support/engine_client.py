@@ -28,6 +28,7 @@ from protocol import (
     encode,
     make_hello,
 )
+from protocol.logprobs import unpack
 
 
 @dataclass
@@ -38,6 +39,9 @@ class Result:
     num_cached_tokens: int = 0
     error: str | None = None
     steps: list[int] = field(default_factory=list)
+    # Packed logprobs read back, a row per position: (own token and its alternatives, their logprobs, rank).
+    logprobs: list[tuple[list[int], list[float], int]] = field(default_factory=list)
+    prompt_logprobs: list[tuple[list[int], list[float], int]] = field(default_factory=list)
 
 
 class EngineClient:
@@ -55,6 +59,7 @@ class EngineClient:
         self.beats = 0
         self.others: list[Message] = []
         self._heartbeat_s = heartbeat_s
+        self.raw_frames: list[bytes] = []  # the raw frames after the body of the last message recv() gave
 
     def close(self) -> None:
         self._closed.set()
@@ -94,6 +99,7 @@ class EngineClient:
                 if isinstance(msg, Heartbeat):  # the engine's socket thread beats on its own
                     self.beats += 1
                     continue
+                self.raw_frames = frames[2:]
                 return msg
 
     def handshake(self, hello: Message | None = None, timeout_s: float = 10.0) -> Ready | Reject:
@@ -141,6 +147,12 @@ class EngineClient:
                 r.token_ids += out.new_token_ids
                 r.steps.append(msg.step)
                 r.num_cached_tokens = max(r.num_cached_tokens, out.num_cached_tokens)
+                for ref, rows in ((out.packed_logprobs, r.logprobs), (out.packed_prompt_logprobs, r.prompt_logprobs)):
+                    if ref is not None:
+                        seg = unpack(self.raw_frames, ref)
+                        w = seg.width
+                        rows += [(list(seg.token_ids[i * w:(i + 1) * w]), list(seg.logprobs[i * w:(i + 1) * w]),
+                                  seg.ranks[i]) for i in range(seg.positions)]
                 if out.finish_reason is not None:
                     r.finish_reason, r.stop_reason, r.error = out.finish_reason, out.stop_reason, out.error
                     pending.discard(out.request_id)

@@ -1,12 +1,14 @@
 """A frontend ASGI app (services/frontend/app.py) for in-process tests: the tiny model, one engine rank
-handshaken, its socket replaced by a fake bridge that answers every request at once with one token."""
+handshaken, its socket replaced by a fake bridge that answers every request at once with one token (and
+the logprobs it asked for: every token ranked first)."""
 from __future__ import annotations
 
 import asyncio
 import time
 from typing import Any
 
-from protocol import GenerateRequest, Outputs, Ready, RequestOutput, decode
+from protocol import MAJOR, MINOR, GenerateRequest, Outputs, PackedLogprobs, Ready, RequestOutput, decode
+from protocol.logprobs import pack
 from services.frontend.app import Frontend
 from services.frontend.config import FrontendConfig
 from services.frontend.engines import EngineSet
@@ -28,19 +30,28 @@ class AnsweringBridge:
         if isinstance(message, GenerateRequest):
             self.requests.append(message)
             engine = self.engines.engines[index]
-            outputs = Outputs(engine.rank, len(self.requests), [RequestOutput(message.request_id, [9707], "length")],
-                              time.time())
-            asyncio.get_running_loop().call_soon(self.engines._on_outputs, engine, outputs)
+            out = RequestOutput(message.request_id, [9707], "length")
+            raw = b""
+            k, prompt_k = message.sampling.logprobs, message.sampling.prompt_logprobs
+            if prompt_k is not None and len(message.prompt_token_ids) > 1:  # each prompt token ranked 1st
+                rows = [t for t in message.prompt_token_ids[1:] for t in [t] * (prompt_k + 1)]
+                out.packed_prompt_logprobs = PackedLogprobs(0, 0, len(message.prompt_token_ids) - 1, prompt_k)
+                raw += pack(rows, [-1.0] * len(rows), [1] * (len(message.prompt_token_ids) - 1))
+            if k is not None:
+                out.packed_logprobs = PackedLogprobs(0, len(raw), 1, k)
+                raw += pack([9707] * (k + 1), [-0.5] * (k + 1), [1])
+            outputs = Outputs(engine.rank, len(self.requests), [out], time.time())
+            asyncio.get_running_loop().call_soon(self.engines._on_outputs, engine, outputs, [raw] if raw else [])
 
 
-def frontend_app(max_model_len: int = 4096) -> Frontend:
+def frontend_app(max_model_len: int = 4096, *, max_logprobs: int = 20) -> Frontend:
     engines = EngineSet([ADDRESS], frontend_id="test", engine_timeout_s=60, heartbeat_interval_s=1)
     engines._bridge = AnsweringBridge(engines)  # type: ignore[assignment]
     for e in engines.engines:
-        engines._on_ready(e, Ready(e.index, "tiny", max_model_len, 16, 1000, "sim", "test", "epoch"),
+        engines._on_ready(e, Ready(e.index, "tiny", max_model_len, 16, 1000, "sim", "test", "epoch", 0, MAJOR, MINOR),
                           time.monotonic())
     config = FrontendConfig(model="tiny", data_parallel_size=1, data_parallel_size_local=0,
-                            engine_addresses=(ADDRESS,))
+                            engine_addresses=(ADDRESS,), max_logprobs=max_logprobs)
     return Frontend(config, Model.load("tiny", "tiny"), engines, Metrics("tiny"))
 
 

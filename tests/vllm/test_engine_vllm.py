@@ -103,3 +103,32 @@ def test_prefix_cache_hit_reported_with_protocol_block_hashes(client: EngineClie
         assert set(expected) <= set(stored), "KV events did not carry protocol.block_hash values"
     finally:
         sub.close()
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) < 1e-4
+
+
+def test_packed_logprobs_equal_vllm_offline_generate(client: EngineClient, llm: Any) -> None:
+    """The engine's packed arrays against vLLM's own logprobs for the same greedy requests: the sampled
+    token's logprob and rank, the top-5 ids and logprobs, and the prompt's top-3 with ranks."""
+    from vllm import SamplingParams
+
+    prompts = PROMPTS[:2]
+    for i, prompt in enumerate(prompts):
+        client.generate(f"lp{i}", prompt, max_tokens=8, temperature=0.0, logprobs=5, prompt_logprobs=3)
+    ours = client.collect([f"lp{i}" for i in range(len(prompts))], 120)
+    refs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0, max_tokens=8, logprobs=5, prompt_logprobs=3), use_tqdm=False)
+    for i, ref in enumerate(refs):
+        got, out = ours[f"lp{i}"], ref.outputs[0]
+        assert got.token_ids == list(out.token_ids)
+        for rows, tokens, expected, k in ((got.logprobs, out.token_ids, out.logprobs, 5),
+                                          (got.prompt_logprobs, prompts[i][1:], ref.prompt_logprobs[1:], 3)):
+            assert len(rows) == len(tokens) == len(expected)
+            for (ids, lps, rank), tid, want in zip(rows, tokens, expected, strict=True):
+                assert ids[0] == tid and rank == want[tid].rank and _close(lps[0], want[tid].logprob)
+                tops = {t: lp.logprob for t, lp in want.items() if lp.rank <= k}
+                assert len(ids) == k + 1 and set(ids[1:]) == set(tops)
+                assert all(_close(lp, tops[t]) for t, lp in zip(ids[1:], lps[1:], strict=True))
+                assert [want[t].rank for t in ids[1:]] == list(range(1, k + 1))

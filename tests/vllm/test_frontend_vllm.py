@@ -1,9 +1,10 @@
 """End to end on the real vLLM backend: a managed frontend (it starts its own headless vllm engine)
-answering the official openai SDK, streamed and not."""
+answering the official openai SDK, streamed and not; its logprobs against vLLM's own offline LLM."""
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import openai
 import pytest
@@ -101,3 +102,57 @@ def test_required_streams_the_calls_it_answers_whole(frontend: FrontendProc) -> 
     assert all(p[0] == 0 and p[1] is None and p[2] is None for p in pieces[1:])
     assert "".join(p[3] for p in pieces) == expected[0][2]
     json.loads(expected[0][2])
+
+
+def _close(a: float | None, b: float) -> bool:
+    return a is not None and abs(a - b) < 1e-4
+
+
+def test_logprobs_equal_vllm_offline_generate(frontend: FrontendProc, llm: Any) -> None:
+    """The same greedy requests through our HTTP API and through vLLM's LLM.generate: tokens, their
+    strings (vLLM's decoded_token), the sampled logprobs and the top-5 alternatives to 1e-4, and
+    vLLM's prompt_logprobs field; chat streamed, completions not."""
+    from vllm import SamplingParams
+
+    client = openai.OpenAI(base_url=frontend.url + "/v1", api_key="x", max_retries=0, timeout=120)
+    tokenizer = llm.get_tokenizer()
+    params = SamplingParams(temperature=0, max_tokens=12, logprobs=5, prompt_logprobs=5)
+
+    # Completions with a token prompt: vLLM's columns, each top dict the token and its 5 alternatives.
+    prompt = tokenizer.encode("The capital of France is", add_special_tokens=False)
+    ref = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0]
+    out = ref.outputs[0]
+    r = client.completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=0, logprobs=5,
+                                  extra_body={"prompt_logprobs": 5})
+    lp = r.choices[0].logprobs
+    assert r.choices[0].text == out.text
+    assert lp.tokens == [step[t].decoded_token for step, t in zip(out.logprobs, out.token_ids, strict=True)]
+    for got, got_tops, step, t in zip(lp.token_logprobs, lp.top_logprobs, out.logprobs, out.token_ids, strict=True):
+        assert _close(got, step[t].logprob)
+        want = {p.decoded_token: p.logprob for p in step.values()}  # the token first, then by rank
+        assert list(got_tops) == list(want) and all(_close(got_tops[s], v) for s, v in want.items())
+    prompt_logprobs = r.choices[0].model_extra["prompt_logprobs"]
+    assert len(prompt_logprobs) == len(ref.prompt_logprobs) == len(prompt) and prompt_logprobs[0] is None
+    for got_pos, want_pos in zip(prompt_logprobs[1:], ref.prompt_logprobs[1:], strict=True):
+        assert [int(t) for t in got_pos] == list(want_pos)
+        for t, cell in got_pos.items():
+            want = want_pos[int(t)]
+            assert (cell["rank"], cell["decoded_token"]) == (want.rank, want.decoded_token)
+            assert _close(cell["logprob"], want.logprob)
+
+    # Chat, streamed: the same prompt as our template renders it; top_logprobs in rank order.
+    messages = [{"role": "user", "content": "你好, who are you?"}]
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    chat_prompt = tokenizer.encode(text, add_special_tokens=False)
+    ref = llm.generate([{"prompt_token_ids": chat_prompt}], params, use_tqdm=False)[0].outputs[0]
+    entries = [e for c in client.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0,
+                                                       logprobs=True, top_logprobs=5, stream=True)
+               if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert len(entries) == len(ref.token_ids)
+    for entry, step, t in zip(entries, ref.logprobs, ref.token_ids, strict=True):
+        assert entry.token == step[t].decoded_token and _close(entry.logprob, step[t].logprob)
+        assert entry.bytes == list(step[t].decoded_token.encode())
+        ranked = sorted((p for p in step.values() if p.rank <= 5), key=lambda p: p.rank)
+        assert [a.token for a in entry.top_logprobs] == [p.decoded_token for p in ranked]
+        assert all(_close(a.logprob, p.logprob) for a, p in zip(entry.top_logprobs, ranked, strict=True))
+    client.close()

@@ -9,7 +9,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from protocol import GenerateRequest, Logprobs, RequestOutput
+import numpy as np
+
+from protocol import GenerateRequest, PackedLogprobs, RequestOutput
 from protocol.block_hash import chain, root
 from services.engine.backend import (
     BackendInfo,
@@ -18,6 +20,7 @@ from services.engine.backend import (
     Load,
     Removed,
     RequestRejected,
+    Segment,
     StepResult,
     Stored,
     UtilityUnsupported,
@@ -72,6 +75,7 @@ class VllmBackend:
             enable_prefix_caching=True,
             enforce_eager=True,
             seed=config.seed,
+            max_logprobs=config.max_logprobs,
             kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="null"),
             disable_log_stats=True,
             # Structured output as compact JSON: with free whitespace a weak model pads an answer until
@@ -101,6 +105,7 @@ class VllmBackend:
         self._ours: dict[Any, int] = {}  # vLLM's block hash -> protocol.block_hash value
         self._salted: dict[str, int] = {}  # request's chain root, only for salted/LoRA requests
         self._prompt_lens: dict[str, int] = {}
+        self._logprobs: dict[str, tuple[int | None, int | None]] = {}  # asked (logprobs, prompt_logprobs)
         self._queries = 0
         self._hits = 0
         self._warm_up()
@@ -118,7 +123,7 @@ class VllmBackend:
                 seed=s.seed, min_tokens=s.min_tokens, stop_token_ids=list(s.stop_token_ids),
                 ignore_eos=s.ignore_eos, logprobs=s.logprobs, presence_penalty=s.presence_penalty,
                 frequency_penalty=s.frequency_penalty, repetition_penalty=s.repetition_penalty,
-                output_kind=RequestOutputKind.DELTA, detokenize=False,
+                prompt_logprobs=s.prompt_logprobs, output_kind=RequestOutputKind.DELTA, detokenize=False,
             )
             params.update_from_generation_config(self._generation_config, self._eos)
             if s.json_schema is not None:
@@ -137,6 +142,8 @@ class VllmBackend:
         req, wave = self._core.preprocess_add_request(core_request)
         self._core.add_request(req, wave)
         self._prompt_lens[request_id] = len(request.prompt_token_ids)
+        if s.logprobs is not None or s.prompt_logprobs is not None:
+            self._logprobs[request_id] = (s.logprobs, s.prompt_logprobs)
         if request.cache_salt is not None:
             self._salted[request_id] = root(request.cache_salt, None)
 
@@ -145,6 +152,7 @@ class VllmBackend:
         for rid in request_ids:
             self._prompt_lens.pop(rid, None)
             self._salted.pop(rid, None)
+            self._logprobs.pop(rid, None)
 
     def has_work(self) -> bool:
         return self._core.scheduler.has_requests()
@@ -153,9 +161,13 @@ class VllmBackend:
         outputs_by_client, executed = self._core.step()
         self._core.post_step(executed)
         result = StepResult()
+        asked = self._logprobs
         for eco in outputs_by_client.values():
             for o in eco.outputs:
-                result.outputs.append(self._convert(o))
+                out = self._convert(o)
+                result.outputs.append(out)
+                if asked and o.request_id in asked:
+                    self._pack_logprobs(o, out, result.segments)
         if self._events.batches:
             for batch in self._events.batches:
                 result.kv_events.extend(self._translate(batch.events))
@@ -174,14 +186,23 @@ class VllmBackend:
             finish = _FINISH[int(o.finish_reason)]
             self._prompt_lens.pop(o.request_id, None)
             self._salted.pop(o.request_id, None)
-        logprobs = None
-        if o.new_logprobs is not None:
+        return RequestOutput(o.request_id, o.new_token_ids, finish, o.stop_reason, cached)
+
+    def _pack_logprobs(self, o: Any, out: RequestOutput, segments: dict[str, list[Segment]]) -> None:
+        """vLLM's logprob arrays as they are (protocol/logprobs.py is their layout): row i's column 0 is
+        the position's own token, then the batch's widest top-k; ours keeps the request's k columns."""
+        k, prompt_k = self._logprobs[o.request_id]
+        if out.finish_reason is not None:
+            del self._logprobs[o.request_id]
+        found: list[Segment] = []
+        if prompt_k is not None and o.new_prompt_logprobs_tensors is not None:
+            ids, lps, ranks = (t.numpy() for t in o.new_prompt_logprobs_tensors[:3])
+            out.packed_prompt_logprobs = _segment(ids, lps, ranks, prompt_k, found)
+        if k is not None and o.new_logprobs is not None:
             lp = o.new_logprobs
-            ids, vals = lp.logprob_token_ids.tolist(), lp.logprobs.tolist()
-            # Column 0 is the sampled token; the rest are the top-k alternatives.
-            logprobs = Logprobs([row[0] for row in vals], lp.sampled_token_ranks.tolist(),
-                                [row[1:] for row in ids], [row[1:] for row in vals])
-        return RequestOutput(o.request_id, o.new_token_ids, finish, o.stop_reason, cached, logprobs)
+            out.packed_logprobs = _segment(lp.logprob_token_ids, lp.logprobs, lp.sampled_token_ranks, k, found)
+        if found:
+            segments[o.request_id] = found
 
     def _translate(self, events: list[Any]) -> list[KVEvent]:
         """vLLM's block hashes are seeded per process; publish ours, which anyone can recompute."""
@@ -234,7 +255,7 @@ class VllmBackend:
         """Run one tiny request with logprobs so the first user request does not pay for the first
         sampler/logprobs compilation."""
         started = time.monotonic()
-        params = SamplingParams(max_tokens=2, temperature=1.0, logprobs=1,
+        params = SamplingParams(max_tokens=2, temperature=1.0, logprobs=1, prompt_logprobs=1,
                                 output_kind=RequestOutputKind.DELTA, detokenize=False)
         params.update_from_generation_config(self._generation_config, self._eos)
         rid = "__warmup__"
@@ -249,6 +270,18 @@ class VllmBackend:
         self._events.batches.clear()
         self._ours.clear()
         log.info("vllm backend warmed up in %.2fs", time.monotonic() - started)
+
+
+def _segment(ids: np.ndarray, lps: np.ndarray, ranks: np.ndarray, k: int, into: list[Segment]) -> PackedLogprobs:
+    """One segment of `k` columns past the own token, from arrays of at least that many: C order,
+    int32 and float32 little-endian, copied only where vLLM's are wider or of another type."""
+    w = k + 1
+    assert ids.shape[1] >= w and lps.shape[1] >= w, f"vLLM gave {ids.shape[1]} logprob columns, {w} asked"
+    ref = PackedLogprobs(0, 0, int(ranks.shape[0]), k)
+    into.append((ref, [np.ascontiguousarray(ids[:, :w], dtype="<i4").data,
+                       np.ascontiguousarray(lps[:, :w], dtype="<f4").data,
+                       np.ascontiguousarray(ranks, dtype="<i4").data]))
+    return ref
 
 
 def _root_from(ev: Any) -> int:

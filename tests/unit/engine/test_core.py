@@ -33,6 +33,7 @@ class FakeBridge:
     def __init__(self) -> None:
         self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.sent: list[tuple[bytes, Any]] = []
+        self.raw: list[tuple[bytes, list[bytes]]] = []  # each message's raw frames, in send order
         self.published: list[Any] = []
 
     def push(self, identity: bytes, msg: Any) -> None:
@@ -40,6 +41,7 @@ class FakeBridge:
 
     def send(self, batch: list[tuple[bytes, Any]]) -> None:
         self.sent += [(identity, decode(frames)) for identity, frames in batch]
+        self.raw += [(identity, [bytes(f) for f in frames[2:]]) for identity, frames in batch]
 
     def publish(self, batch: list[Any]) -> None:
         self.published += [decode(f) for f in batch]
@@ -244,3 +246,38 @@ def test_a_backend_exception_on_add_is_a_request_error_not_a_dead_rank(parts) ->
     core.request_drain()
     thread.join(5)
     assert code == [0]
+
+
+def test_packed_logprobs_of_each_peer_travel_in_one_raw_frame_with_their_offsets(parts) -> None:  # type: ignore[no-untyped-def]
+    from protocol import PackedLogprobs
+    from protocol.logprobs import pack, unpack
+
+    bridge, _, core = parts
+    for peer in (b"a", b"b"):
+        bridge.push(peer, make_hello(peer.decode()))
+    core._take_input(0.0)  # the handshakes, on this thread: no loop runs
+    assert len(bridge.to(b"b", Ready)) == 1
+    core._peers.own(core._peers.get(b"a"), "1:x", "x")
+    core._peers.own(core._peers.get(b"a"), "1:y", "y")
+    core._peers.own(core._peers.get(b"b"), "2:z", "z")
+    outs = [RequestOutput("1:x", [5]), RequestOutput("1:y", [6]), RequestOutput("2:z", [7]), RequestOutput("1:w", [8])]
+    segments = {}
+    for out, token in zip(outs[:3], (5, 6, 7), strict=True):
+        out.packed_logprobs = PackedLogprobs(9, 9, 1, 1)
+        segments[out.request_id] = [(out.packed_logprobs, [pack([token, token + 1], [-0.5, -0.25], [2])])]
+    prompt = PackedLogprobs(9, 9, 2, 0)
+    outs[1].packed_prompt_logprobs = prompt
+    segments["1:y"].insert(0, (prompt, [memoryview(pack([1, 2], [-3.0, -4.0], [10, 20]))]))
+    core._deliver(outs, segments)  # 1:w has no owner (aborted meanwhile): dropped with no segment
+    for peer, expected in ((b"a", {"x": [5], "y": [6]}), (b"b", {"z": [7]})):
+        sent = [(m, raw) for (i, m), (j, raw) in zip(bridge.sent, bridge.raw, strict=True)
+                if i == peer and isinstance(m, Outputs) and m.outputs]
+        assert len(sent) == 1
+        msg, raw = sent[0]
+        assert len(raw) == 1 and {o.request_id: o.new_token_ids for o in msg.outputs} == expected
+        for o in msg.outputs:
+            seg = unpack(raw, o.packed_logprobs)
+            assert list(seg.token_ids) == [o.new_token_ids[0], o.new_token_ids[0] + 1] and list(seg.ranks) == [2]
+            if o.request_id == "y":
+                p = unpack(raw, o.packed_prompt_logprobs)
+                assert (list(p.token_ids), list(p.logprobs), list(p.ranks)) == ([1, 2], [-3.0, -4.0], [10, 20])

@@ -205,3 +205,93 @@ def test_an_engine_failure_is_an_error_and_its_tokens_still_count(model: Model) 
     with pytest.raises(EngineFailure):
         asyncio.run(outputs.pieces())
     assert (_success(metrics, "abort"), _success(metrics, "error"), _generated(metrics)) == (None, 1, 1)
+def _lp_processor(model: Model, *, chat: bool = True, stop: tuple[str, ...] = (), echo: str | None = None,
+                  deltas: _Upper | None = None, prompt: list[int] | None = None) -> tuple[OutputProcessor, Stream]:
+    prompt = prompt or [1, 2, 3]
+    request = EngineRequest(GenerateRequest("r1", prompt, SamplingParams(max_tokens=8), time.time()), 8,
+                            OutputOptions(chat=chat, stream=True, include_usage=False, continuous_usage=False,
+                                          stop=stop, include_stop_str_in_output=False, skip_special_tokens=True,
+                                          logprobs=1, prompt_logprobs=1 if echo else None, echo=echo))
+    stream = Stream("r1", len(prompt), 8)
+    return OutputProcessor(stream, request, tokenizer=model.tokenizer, engines=_Engines(), metrics=Metrics("tiny"),
+                           parser=deltas), stream
+
+
+def _feed(stream: Stream, tokens: list[int], finish: str | None = None, prompt: list[int] | None = None) -> None:
+    """An output with its logprobs: each token ranked 1st, its alternative the token after it."""
+    from protocol import PackedLogprobs
+    from protocol.logprobs import pack
+
+    out = RequestOutput("r1", tokens, finish)
+    raw = b""
+    if prompt:
+        out.packed_prompt_logprobs = PackedLogprobs(0, 0, len(prompt), 1)
+        raw += pack([x for t in prompt for x in (t, t)], [-2.0] * 2 * len(prompt), [1] * len(prompt))
+    out.packed_logprobs = PackedLogprobs(0, len(raw), len(tokens), 1)
+    raw += pack([x for t in tokens for x in (t, t + 1)], [-1.0, -2.0] * len(tokens), [1] * len(tokens))
+    stream.feed(out, [raw])
+
+
+def _tokens(outputs: OutputProcessor, entries: list) -> list[str]:  # type: ignore[type-arg]
+    import json
+
+    assert outputs.formatter is not None
+    rendered = json.loads(outputs.formatter.render(entries))
+    return [e["token"] for e in rendered["content"]] if "content" in rendered else rendered["tokens"]
+
+
+def test_each_piece_carries_the_logprobs_of_the_tokens_since_the_piece_before(model: Model) -> None:
+    outputs, stream = _lp_processor(model, stop=(" world!",))
+    _feed(stream, [HELLO])
+    _feed(stream, [WORLD])  # held back: it could begin the stop string
+    _feed(stream, [COMMA], "length")  # releases " world" and ","
+    pieces = asyncio.run(outputs.pieces())
+    assert pieces == ["Hello", " world,"]
+    assert [_tokens(outputs, e) for e in outputs.logprobs] == [["Hello"], [" world", ","]]
+    assert outputs.tail_logprobs == []
+
+
+def test_logprobs_of_tokens_without_text_go_with_the_finish(model: Model) -> None:
+    outputs, stream = _lp_processor(model)
+    _feed(stream, [HELLO])
+    _feed(stream, [IM_END], "stop")  # the EOS: no text, but a token the engine generated
+    assert asyncio.run(outputs.pieces()) == ["Hello"]
+    assert _tokens(outputs, outputs.tail_logprobs) == ["<|im_end|>"]
+
+
+def test_with_a_parser_every_token_has_logprobs_reasoning_and_tags_included(model: Model) -> None:
+    outputs, stream = _lp_processor(model, deltas=_Upper())
+    _feed(stream, [HELLO])
+    _feed(stream, [WORLD], "length")
+    pieces = asyncio.run(outputs.pieces())
+    assert pieces == ["HELL", "O WORL", "D"]
+    assert [_tokens(outputs, e) for e in outputs.logprobs] == [["Hello"], [" world"], []]
+
+
+def test_echo_puts_the_prompt_and_its_logprobs_before_the_first_token(model: Model) -> None:
+    outputs, stream = _lp_processor(model, chat=False, echo="Hello world", prompt=[HELLO, WORLD])
+    _feed(stream, [COMMA], prompt=[WORLD])
+    _feed(stream, [WORLD], "length")
+    pieces: list[object] = []
+    entries: list[object] = []
+    while outputs.finish is None:
+        pieces += asyncio.run(outputs.pieces())
+        for e in outputs.logprobs:
+            entries += e
+    assert pieces == ["Hello world,", " world"]
+    assert _tokens(outputs, entries) == ["Hello", " world", ",", " world"]
+    import json
+
+    assert outputs.formatter is not None
+    assert json.loads(outputs.formatter.render(entries))["text_offset"] == [0, 5, 11, 12]
+
+
+def test_unreadable_logprobs_fail_the_request_not_the_process(model: Model) -> None:
+    from protocol import PackedLogprobs
+
+    outputs, stream = _lp_processor(model)
+    out = RequestOutput("r1", [HELLO], None)
+    out.packed_logprobs = PackedLogprobs(3, 0, 1, 1)
+    stream.feed(out, [b""])
+    with pytest.raises(EngineFailure, match="unreadable logprobs"):
+        asyncio.run(outputs.pieces())

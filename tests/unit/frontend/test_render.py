@@ -4,11 +4,12 @@ send, and a frontend with no engine."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
 
-from protocol import GenerateRequest
+from protocol import GenerateRequest, Ready
 from services.frontend.app import Frontend
 from services.frontend.config import parse_args
 from tests.support.asgi_client import Answer, request
@@ -111,9 +112,35 @@ def test_render_refuses_what_the_route_refuses(app: Frontend) -> None:
             ("/v1/chat/completions/render", {"model": "tiny", "messages": HI, "temperature": 3}, "temperature"),
             ("/v1/chat/completions/render", {"model": "gpt-9", "messages": HI}, "model"),
             ("/v1/completions/render", {"model": "tiny", "prompt": ""}, "prompt"),
-            ("/v1/completions/render", {"model": "tiny", "prompt": "x", "echo": True}, "echo")):
+            ("/v1/completions/render", {"model": "tiny", "prompt": "x", "logprobs": 21}, "logprobs"),
+            ("/v1/chat/completions/render", {"model": "tiny", "messages": HI, "top_logprobs": 2}, "top_logprobs")):
         answer = call(app, path, body)
         assert answer.status in (400, 404) and answer.json()["error"]["param"] == param, answer.body
+
+
+def test_logprobs_render_as_vllm_s_sampling_params_and_the_token_in_route_refuses_them(app: Frontend) -> None:
+    """As vLLM's to_sampling_params: chat's top_logprobs once logprobs is true, and an echoed completion's
+    prompt_logprobs default to its logprobs (the echo itself is the response's, not the token-in request's)."""
+    chat = call(app, "/v1/chat/completions/render", {"model": "tiny", "messages": HI, "max_tokens": 2,
+                                                     "logprobs": True, "prompt_logprobs": 1}).json()
+    assert chat["sampling_params"] == {"max_tokens": 2, "logprobs": 0, "prompt_logprobs": 1, "output_kind": 2}
+    [text] = call(app, "/v1/completions/render", {"model": "tiny", "prompt": "x", "logprobs": 3,
+                                                  "echo": True}).json()
+    assert text["sampling_params"] == {"max_tokens": 16, "logprobs": 3, "prompt_logprobs": 3, "output_kind": 2}
+    refused = call(app, "/inference/v1/generate", chat)  # the token-in route gives no logprobs (yet)
+    assert refused.status == 400 and refused.json()["error"]["param"] == "sampling_params.logprobs"
+    assert "/v1/chat/completions and /v1/completions give them" in refused.json()["error"]["message"]
+
+
+def test_render_asks_no_engine_whether_it_sends_logprobs() -> None:
+    app = frontend_app()
+    engine = app.engines.engines[0]
+    app.engines._on_ready(engine, Ready(0, "tiny", 4096, 16, 1000, "vllm", "old", "epoch-2", 0, 1, 2),
+                          time.monotonic())
+    body = {"model": "tiny", "messages": HI, "logprobs": True, "top_logprobs": 2}
+    assert call(app, "/v1/chat/completions", body).json()["error"]["param"] == "top_logprobs"
+    rendered = call(app, "/v1/chat/completions/render", body)
+    assert rendered.status == 200 and rendered.json()["sampling_params"]["logprobs"] == 2
 
 
 # ---- render-only mode ----

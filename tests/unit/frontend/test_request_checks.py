@@ -70,6 +70,8 @@ SAMPLING: list[tuple[dict[str, Any], str]] = [
     ({"priority": "high"}, "priority"),
     ({"cache_salt": 5}, "cache_salt"),
     ({"user": 5}, "user"),
+    ({"prompt_logprobs": "1"}, "prompt_logprobs"),
+    ({"return_tokens_as_token_ids": "yes"}, "return_tokens_as_token_ids"),
 ]
 CHAT_ONLY: list[tuple[dict[str, Any], str]] = [
     ({"messages": 5}, "messages"),

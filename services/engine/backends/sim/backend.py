@@ -16,11 +16,13 @@ from services.engine.backend import (
     KVEvent,
     Load,
     RequestRejected,
+    Segment,
     StepResult,
     UtilityUnsupported,
 )
 from services.engine.backends.sim.block_pool import BlockPool
 from services.engine.backends.sim.config import SimConfig
+from services.engine.backends.sim.logprobs import FakeLogprobs
 from services.engine.backends.sim.scheduler import Scheduler, SimRequest
 from services.engine.backends.sim.script import Script
 
@@ -66,6 +68,8 @@ class SimBackend:
         self._script = script
         self._loras: set[str] = set()
         self._asleep = False
+        self._fake_logprobs = FakeLogprobs(vocab_size)
+        self._segments: dict[str, list[Segment]] = {}  # this step's packed logprobs, by request id
 
     # ---- requests ------------------------------------------------------------------------------
 
@@ -91,6 +95,8 @@ class SimBackend:
             eos_rate=0.0 if params.ignore_eos else self._eos_rate,
             # Decoding the prompt costs time: only when a script is loaded.
             reply=self._script.reply_for(prompt) if self._script is not None else None,
+            logprobs=params.logprobs,
+            prompt_logprobs=params.prompt_logprobs,
         )
         self._scheduler.add(req)
 
@@ -111,7 +117,8 @@ class SimBackend:
             if work.num_decodes:
                 per_seq = self.config.decode_ms_per_seq * work.num_scheduled
                 duration += (self.config.decode_ms + per_seq) / 1000.0
-        return StepResult(work.outputs, self._drain_events(), duration)
+        segments, self._segments = self._segments, {}
+        return StepResult(work.outputs, self._drain_events(), duration, segments)
 
     def load(self) -> Load:
         s = self._scheduler
@@ -234,7 +241,8 @@ class SimBackend:
         tokens.append(token)
         if finish is None and num_tokens + 1 >= req.max_len:
             finish = "length"
-        return RequestOutput(req.request_id, [token], finish, stop_reason, req.num_cached_tokens)
+        return self._with_logprobs(req, RequestOutput(req.request_id, [token], finish, stop_reason,
+                                                      req.num_cached_tokens))
 
     def _scripted(self, req: SimRequest, reply: tuple[int, ...]) -> RequestOutput:
         """The reply's next token; after the last one EOS, as if sampled ("stop", stop_reason None).
@@ -257,7 +265,23 @@ class SimBackend:
         tokens.append(token)
         if finish is None and len(tokens) >= req.max_len:
             finish = "length"
-        return RequestOutput(req.request_id, [token], finish, None, req.num_cached_tokens)
+        return self._with_logprobs(req, RequestOutput(req.request_id, [token], finish, None, req.num_cached_tokens))
+
+    def _with_logprobs(self, req: SimRequest, out: RequestOutput) -> RequestOutput:
+        """The fake distribution's logprobs (sim/logprobs.py) of the token just sampled, and with the
+        first one those of the prompt, when the request asked for them."""
+        if req.logprobs is None and req.prompt_logprobs is None:
+            return out
+        segments = self._segments[out.request_id] = []
+        if req.prompt_logprobs is not None and len(req.token_ids) == req.num_prompt + 1 and req.num_prompt > 1:
+            segment = self._fake_logprobs.segment(req.token_ids[1:req.num_prompt], req.prompt_logprobs)
+            out.packed_prompt_logprobs = segment[0]
+            segments.append(segment)
+        if req.logprobs is not None:
+            segment = self._fake_logprobs.segment(out.new_token_ids, req.logprobs)
+            out.packed_logprobs = segment[0]
+            segments.append(segment)
+        return out
 
     def _substitute(self, token: int, masked: frozenset[int] | None) -> int:
         """The next regular token that is neither EOS (only eos_rate emits it) nor masked."""

@@ -33,6 +33,8 @@ class SimRequest:
     stop_ids: frozenset[int] | None
     eos_rate: float  # 0 when ignore_eos or the model has no EOS
     reply: tuple[int, ...] | None = None  # a scripted reply (--sim-script) replaces sampling
+    logprobs: int | None = None  # alternatives per generated token's logprobs (sampling.logprobs)
+    prompt_logprobs: int | None = None  # the same for the prompt, sent with the first token
     # Scheduling state.
     seq: int = 0  # tie-break after (priority, arrival); unique per add
     state: int = WAITING

@@ -404,3 +404,62 @@ def test_scripted_reply_resumes_where_it_was_after_preemption() -> None:
     b = scripted([("w", "abcdefgh")], block_size=4, num_kv_blocks=4, max_model_len=16, max_num_seqs=2)
     out = run(b, req(chars("w1"), rid="x"), req(chars("w2"), rid="y"))
     assert out["x"]["tokens"] == out["y"]["tokens"] == chars("abcdefgh") + [EOS]
+
+
+def _segments(b: SimBackend, r: GenerateRequest) -> list[tuple[Any, Any, Any]]:
+    """Each output of `r` with its sampled and prompt logprob segments read back, laid end to end in
+    one frame as the core loop lays them."""
+    from protocol.logprobs import unpack
+
+    b.add(r.request_id, r)
+    got = []
+    while b.has_work():
+        result = b.step()
+        for out in result.outputs:
+            frame = b""
+            for ref, parts in result.segments.get(out.request_id, []):
+                ref.offset = len(frame)
+                frame += b"".join(parts)
+            got.append((out, None if out.packed_logprobs is None else unpack([frame], out.packed_logprobs),
+                        None if out.packed_prompt_logprobs is None else unpack([frame], out.packed_prompt_logprobs)))
+    return got
+
+
+def test_logprobs_follow_the_fixed_fake_distribution() -> None:
+    import math
+
+    got = _segments(backend(), req(PROMPT, max_tokens=6, logprobs=3))
+    assert len(got) == 6
+    for out, seg, prompt in got:
+        assert prompt is None and seg is not None and (seg.positions, seg.k) == (1, 3)
+        token = out.new_token_ids[0]
+        rank = 1 + token % 4
+        assert seg.token_ids[0] == token and seg.ranks[0] == rank
+        assert math.isclose(seg.logprobs[0], -rank * math.log(2), rel_tol=1e-6)
+        tops = list(seg.token_ids[1:])
+        assert len(set(tops)) == 3 and (token in tops) == (rank <= 3)
+        if rank <= 3:
+            assert tops[rank - 1] == token and seg.logprobs[rank] == seg.logprobs[0]
+        assert list(seg.logprobs[1:]) == sorted(seg.logprobs[1:], reverse=True)
+
+
+def test_prompt_logprobs_come_once_with_the_first_token_for_the_prompt_after_its_first() -> None:
+    got = _segments(backend(), req(PROMPT, max_tokens=3, prompt_logprobs=2))
+    first, *rest = got
+    assert first[1] is None and all(p is None and s is None for _, s, p in rest)
+    prompt = first[2]
+    assert (prompt.positions, prompt.k) == (len(PROMPT) - 1, 2)
+    assert [prompt.token_ids[i * 3] for i in range(prompt.positions)] == PROMPT[1:]
+    assert list(prompt.ranks) == [1 + t % 4 for t in PROMPT[1:]]
+    # The same token gets the same row as a generated one would.
+    one = _segments(backend(), req([7, PROMPT[5]], max_tokens=1, prompt_logprobs=2))[0][2]
+    assert list(one.token_ids) == list(prompt.token_ids[4 * 3:5 * 3])
+    assert list(one.logprobs) == list(prompt.logprobs[4 * 3:5 * 3])
+
+
+def test_no_logprobs_no_segments() -> None:
+    b = backend()
+    b.add("r", req(PROMPT, max_tokens=2))
+    while b.has_work():
+        result = b.step()
+        assert result.segments == {} and all(o.packed_logprobs is None for o in result.outputs)

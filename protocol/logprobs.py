@@ -1,0 +1,101 @@
+"""Logprobs as packed arrays in an Outputs message's raw frames (since MINOR 3), not per-token maps.
+
+Engines write segments, frontends read them; stdlib only (`array`, `memoryview`: reading is zero-copy,
+but for one-row segments, which one struct read turns into values at once).
+A RequestOutput's `packed_logprobs` (its new tokens) or `packed_prompt_logprobs` (prompt positions)
+is a `PackedLogprobs(frame, offset, positions, k)`: a segment at byte `offset` of raw frame `frame`
+(0 is the first frame after the msgpack body). With w = k + 1, a segment is three little-endian
+arrays back to back, 4 bytes an item, so every offset is a multiple of 4:
+
+    token_ids  int32[positions * w]    row-major, a row per position: column 0 is the position's own
+                                       token (the sampled one, or the prompt's), columns 1..k the k
+                                       most likely tokens, in rank order
+    logprobs   float32[positions * w]  their logprobs, in the same layout
+    ranks      int32[positions]        the rank of column 0's token among all tokens (1 = most likely)
+
+This is vLLM's own layout (its LogprobsLists), so its arrays go out as they are. Prompt rows start at
+the prompt's second token (the first has no logprob); the rows of a chunked prefill come in order.
+"""
+from __future__ import annotations
+
+import functools
+import struct
+import sys
+from array import array
+from collections.abc import Sequence
+from typing import Any, NamedTuple, Union
+
+from protocol.errors import ProtocolError
+from protocol.messages import PackedLogprobs
+
+Buffer = Union[bytes, bytearray, memoryview]
+_LITTLE = sys.byteorder == "little"
+assert array("i").itemsize == 4 and array("f").itemsize == 4, "int32/float32 must be C int/float here"
+
+
+def segment_size(positions: int, k: int) -> int:
+    """Bytes of a segment of `positions` rows with `k` alternatives each."""
+    return 4 * positions * (2 * (k + 1) + 1)
+
+
+def pack(token_ids: Sequence[int], logprobs: Sequence[float], ranks: Sequence[int]) -> bytes:
+    """One segment from flat row-major sequences (len(token_ids) == len(logprobs) == rows * (k + 1))."""
+    ids, lps, rks = array("i", token_ids), array("f", logprobs), array("i", ranks)
+    if not rks or len(ids) != len(lps) or len(ids) % len(rks):
+        raise ValueError(f"a segment needs rows * (k + 1) ids and logprobs and one rank per row, got "
+                         f"{len(ids)} ids, {len(lps)} logprobs, {len(rks)} ranks")
+    if not _LITTLE:
+        for a in (ids, lps, rks):
+            a.byteswap()
+    return ids.tobytes() + lps.tobytes() + rks.tobytes()
+
+
+class Segment(NamedTuple):
+    """One segment read: row i's own token is token_ids[i * width], its alternatives follow it."""
+
+    positions: int
+    k: int
+    token_ids: Sequence[int]
+    logprobs: Sequence[float]
+    ranks: Sequence[int]
+
+    @property
+    def width(self) -> int:
+        return self.k + 1
+
+
+def unpack(raw_frames: Sequence[Buffer], ref: PackedLogprobs) -> Segment:
+    """The segment `ref` names, as views of the frame (copied only on a big-endian host); a one-row
+    segment, a generated token's, as one struct read (cheaper than three views for a dozen values).
+    Raises ProtocolError when the frame is missing or too short, never IndexError."""
+    n, k = ref.positions, ref.k
+    if n < 0 or k < 0 or ref.offset < 0 or ref.offset % 4:
+        raise ProtocolError(f"PackedLogprobs{(ref.frame, ref.offset, n, k)}: negative or unaligned")
+    if not 0 <= ref.frame < len(raw_frames):
+        raise ProtocolError(f"PackedLogprobs names raw frame {ref.frame}, the message has {len(raw_frames)}")
+    frame = raw_frames[ref.frame]
+    end = ref.offset + segment_size(n, k)
+    size = len(frame) if isinstance(frame, (bytes, bytearray)) else memoryview(frame).nbytes
+    if end > size:
+        raise ProtocolError(f"PackedLogprobs segment ends at byte {end}, raw frame {ref.frame} has {size}")
+    if n == 1:
+        row = _row(k).unpack_from(frame, ref.offset)
+        return Segment(1, k, row[:k + 1], row[k + 1:-1], row[-1:])
+    view = memoryview(frame).cast("B")
+    cells = n * (k + 1) * 4
+    a, b = ref.offset, ref.offset + cells
+    ids, lps, rks = view[a:b].cast("i"), view[b:b + cells].cast("f"), view[b + cells:end].cast("i")
+    if not _LITTLE:
+        return Segment(n, k, _swapped("i", ids), _swapped("f", lps), _swapped("i", rks))
+    return Segment(n, k, ids, lps, rks)
+
+
+@functools.lru_cache(maxsize=64)
+def _row(k: int) -> struct.Struct:
+    return struct.Struct(f"<{k + 1}i{k + 1}fi")
+
+
+def _swapped(code: str, view: memoryview[Any]) -> array[Any]:
+    out = array(code, view.tobytes())
+    out.byteswap()
+    return out
