@@ -100,12 +100,23 @@ class Reasoning(_Shape):
     summary: Literal["auto", "concise", "detailed"] | None = None
 
 
-class TextFormat(_Shape):
-    type: Literal["text"]
+class TextFormat(_Shape, tag_field="type", tag="text"):
+    pass
+
+
+class JsonObjectFormat(_Shape, tag_field="type", tag="json_object"):
+    pass
+
+
+class JsonSchemaFormat(_Shape, tag_field="type", tag="json_schema"):
+    name: NonEmpty
+    schema: dict[str, Any]
+    strict: bool | None = None
+    description: str | None = None
 
 
 class TextOptions(_Shape):
-    format: TextFormat | None = None
+    format: Union[TextFormat, JsonObjectFormat, JsonSchemaFormat, None] = None
 
 
 class ResponsesRequest(_Shape):

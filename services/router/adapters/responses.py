@@ -102,12 +102,19 @@ def _response(resp_id: str, created_at: int, request: dict[str, Any], *, model: 
         "parallel_tool_calls": request.get("parallel_tool_calls", True) is not False,
         "previous_response_id": None, "reasoning": reasoning if isinstance(reasoning, dict) else None,
         "temperature": request.get("temperature", 1.0), "top_p": request.get("top_p", 1.0),
-        "text": {"format": {"type": "text"}},
+        "text": _text_echo(request),
         "tool_choice": tool_choice if isinstance(tool_choice, (str, dict)) else "auto",
         "tools": request.get("tools") or [],
         "truncation": "disabled", "usage": usage, "user": request.get("user"),
         "metadata": request.get("metadata") or {},
     }
+
+
+def _text_echo(request: dict[str, Any]) -> dict[str, Any]:
+    """The request's text options as OpenAI echoes them (the format asked for, else text)."""
+    text = request.get("text")
+    fmt = text.get("format") if isinstance(text, dict) else None
+    return {"format": fmt if isinstance(fmt, dict) else {"type": "text"}}
 
 
 @dataclass(slots=True)

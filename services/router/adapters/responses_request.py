@@ -61,8 +61,49 @@ def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
         # summary is accepted and not produced: reasoning comes back as its text, with summary [].
         if reasoning.get("summary") not in (None, *_SUMMARIES):
             raise AdapterError("reasoning.summary", f"must be one of {list(_SUMMARIES)}")
+    _ask_format(body, chat)
     ask_stream(body, chat)
     return chat
+
+
+_FORMATS = ("text", "json_object", "json_schema")
+
+
+def _ask_format(body: dict[str, Any], chat: dict[str, Any]) -> None:
+    """text.format as chat's response_format: json_object and json_schema (name, schema, strict,
+    description), which the frontend passes to the engine's structured output or refuses by name."""
+    text = body.get("text")
+    if text is None:
+        return
+    if not isinstance(text, dict):
+        raise AdapterError("text", "must be an object")
+    fmt = text.get("format")
+    if fmt is None:
+        return
+    if not isinstance(fmt, dict):
+        raise AdapterError("text.format", f"must be an object with a type, one of {list(_FORMATS)}")
+    kind = fmt.get("type")
+    if kind not in _FORMATS:
+        raise AdapterError("text.format.type", f"must be one of {list(_FORMATS)}")
+    if kind == "json_object":
+        chat["response_format"] = {"type": "json_object"}
+    elif kind == "json_schema":
+        name, schema, strict = fmt.get("name"), fmt.get("schema"), fmt.get("strict")
+        if not isinstance(name, str) or not name:
+            raise AdapterError("text.format.name", "is required: a non-empty string")
+        if not isinstance(schema, dict):
+            raise AdapterError("text.format.schema", "is required: a JSON Schema object")
+        if strict is not None and not isinstance(strict, bool):
+            raise AdapterError("text.format.strict", "must be a boolean")
+        spec: dict[str, Any] = {"name": name, "schema": schema}
+        if strict is not None:
+            spec["strict"] = strict
+        description = fmt.get("description")
+        if description is not None:
+            if not isinstance(description, str):
+                raise AdapterError("text.format.description", "must be a string")
+            spec["description"] = description
+        chat["response_format"] = {"type": "json_schema", "json_schema": spec}
 
 
 def _refuse_unsupported(body: dict[str, Any]) -> None:
@@ -74,15 +115,6 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
         raise AdapterError("background", "background responses are not supported by this server")
     if body.get("truncation") not in (None, "disabled"):
         raise AdapterError("truncation", "only 'disabled' is supported")
-    text = body.get("text")
-    if text is not None:
-        if not isinstance(text, dict):
-            raise AdapterError("text", "must be an object")
-        fmt = text.get("format")
-        if fmt is not None and not isinstance(fmt, dict):
-            raise AdapterError("text.format", "must be an object; only {'type': 'text'} is supported")
-        if fmt is not None and fmt.get("type") != "text":
-            raise AdapterError("text.format.type", "only 'text' is supported")
 
 
 def _check_echoed(body: dict[str, Any]) -> None:

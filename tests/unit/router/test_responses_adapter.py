@@ -126,7 +126,10 @@ def test_harmless_defaults_are_accepted() -> None:
     ({"reasoning": "high"}, "reasoning"),
     ({"background": True}, "background"),
     ({"truncation": "auto"}, "truncation"),
-    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}, "text.format.type"),
+    ({"text": {"format": {"type": "grammar"}}}, "text.format.type"),
+    ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name"),
+    ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}, "strict": "yes"}}}, "text.format.strict"),
     # A role that is no string was looked up in a dict and crashed the router (a 500) before.
     ({"input": [{"role": ["user"], "content": "hi"}]}, "input[0].role"),
 ])
@@ -230,3 +233,15 @@ def test_error_before_start_is_a_lone_error_event() -> None:
     [(name, data)] = sse_events([stream.error("no replica")])
     assert name == "error" and data["message"] == "no replica" and data["sequence_number"] == 0
     assert stream.finish() == b""
+
+
+def test_text_format_becomes_chat_response_format() -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    fmt = {"type": "json_schema", "name": "place", "schema": schema, "strict": True, "description": "a place"}
+    chat = responses_to_chat({"model": MODEL, "input": "hi", "text": {"format": fmt}})
+    assert chat["response_format"] == {"type": "json_schema", "json_schema": {
+        "name": "place", "schema": schema, "strict": True, "description": "a place"}}
+    chat = responses_to_chat({"model": MODEL, "input": "hi", "text": {"format": {"type": "json_object"}}})
+    assert chat["response_format"] == {"type": "json_object"}
+    for plain in ({"format": {"type": "text"}}, {}):
+        assert "response_format" not in responses_to_chat({"model": MODEL, "input": "hi", "text": plain})
