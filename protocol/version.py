@@ -2,4 +2,5 @@
 from __future__ import annotations
 
 MAJOR = 1
-MINOR = 2  # 1: RequestOutput.error_kind; 2: SamplingParams.json_schema
+MINOR = 3  # 1: RequestOutput.error_kind; 2: SamplingParams.json_schema; 3: SamplingParams' other
+# structured-output constraints and logits controls (regex ... bad_words)
