@@ -92,7 +92,8 @@ def _logits_problem(s: SamplingParams, vocab_size: int) -> str | None:
             return "sampling.allowed_token_ids: must list at least one token id"
         if min(s.allowed_token_ids) < 0 or max(s.allowed_token_ids) >= vocab_size:
             bad = next(t for t in s.allowed_token_ids if not 0 <= t < vocab_size)
-            return f"sampling.allowed_token_ids contains {bad}: token ids must be in [0, {vocab_size})"
+            return (f"sampling.allowed_token_ids: token id {bad} is out of range: token ids must be in "
+                    f"[0, {vocab_size})")
     if not all(word.strip() for word in s.bad_words):
         return "sampling.bad_words: an entry is empty or only whitespace"
     return None

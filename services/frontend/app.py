@@ -53,7 +53,7 @@ class Frontend:
                                      max_concurrent_tokenizations=config.max_concurrent_tokenizations,
                                      enable_auto_tool_choice=config.enable_auto_tool_choice,
                                      tool_call_parser=config.tool_call_parser, reasoning_parser=config.reasoning_parser,
-                                     structured_output_problem=self._structured_output_problem)
+                                     engine_problem=self._engine_problem)
         self._created = int(time.time())
         self._openapi = msgspec.json.encode(openapi.document(model.name))
         self._lean: dict[str, Callable[[bytes, bytes | None], Awaitable[EngineRequest]]] = {
@@ -156,14 +156,14 @@ class Frontend:
             self.dispatcher.abort(stream)  # a no-op unless it is still running at its engine
             self.metrics.running.dec()
 
-    def _structured_output_problem(self) -> str | None:
-        """Why the ready engines cannot guarantee a JSON Schema, or None: the vllm backend can, from
-        protocol MINOR 2 on (an older engine would drop SamplingParams.json_schema unread)."""
+    def _engine_problem(self, minor: int) -> str | None:
+        """Why some ready engine cannot honour what only the vllm backend does (structured output,
+        logits controls) and protocol 1.<minor> carries (an older engine would drop the fields unread), or None."""
         for engine in self.engines.engines:
             ready = engine.ready
-            if ready is not None and (ready.backend != "vllm" or (ready.major, ready.minor) < (1, 2)):
-                return (f"engine rank {engine.rank} cannot give (its {ready.backend} backend, protocol "
-                        f"{ready.major}.{ready.minor}; the vllm backend with protocol 1.2 or newer can)")
+            if ready is not None and (ready.backend != "vllm" or (ready.major, ready.minor) < (1, minor)):
+                return (f"engine rank {engine.rank} cannot (its {ready.backend} backend, protocol "
+                        f"{ready.major}.{ready.minor}; the vllm backend with protocol 1.{minor} or newer can)")
         return None
 
     def _max_model_len(self, *, or_zero: bool = False) -> int:

@@ -25,7 +25,7 @@ from services.frontend.metrics import Metrics
 from services.frontend.parsers import OutputParser, ParsedDelta, TokenOutputParser, ToolCall
 from services.frontend.stop_strings import StopChecker
 from services.frontend.stream import NOT_SENT, EngineFailure, Stream
-from services.frontend.translation import EngineRequest, OutputOptions
+from services.frontend.translation import EngineRequest, OutputOptions, refused_field
 
 
 class EnginePort(Protocol):
@@ -107,8 +107,10 @@ class OutputProcessor:
                 continue
             if reason in ("error", "abort"):
                 m.finished("error")
-                raise EngineFailure(out.error or f"the engine ended the request ({reason})",
-                                    400 if out.error_kind == ERROR_INVALID else 503)
+                if out.error_kind == ERROR_INVALID and out.error:
+                    message, param = refused_field(out.error, self.options)
+                    raise EngineFailure(message, 400, param)
+                raise EngineFailure(out.error or f"the engine ended the request ({reason})", 503)
             if token_parser is not None:
                 # Every id, the stop token too: harmony reads <|call|> and <|return|>.
                 if n:

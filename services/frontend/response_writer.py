@@ -33,7 +33,7 @@ async def send_completion(send: Send, outputs: OutputProcessor, model: str) -> N
                     reasoning.append(piece.reasoning)
             finish = outputs.finish
     except EngineFailure as exc:
-        await send_json(send, exc.status, error_body(exc.status, str(exc)))
+        await send_json(send, exc.status, error_body(exc.status, str(exc), exc.param))
         return
     use = outputs.usage(outputs.completion_tokens)
     if outputs.options.chat:
@@ -81,7 +81,7 @@ async def send_stream(send: Send, outputs: OutputProcessor, model: str) -> None:
                 await send({"type": "http.response.body", "body": b"".join(events), "more_body": finish is None})
     except EngineFailure as exc:
         if not started:
-            await send_json(send, exc.status, error_body(exc.status, str(exc)), [_rank_header(outputs)])
+            await send_json(send, exc.status, error_body(exc.status, str(exc), exc.param), [_rank_header(outputs)])
             return
         await send({"type": "http.response.body", "body": writer.error(exc.status, str(exc)) + responses.DONE,
                     "more_body": False})

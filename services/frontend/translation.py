@@ -14,6 +14,7 @@ import msgspec
 
 from protocol import GenerateRequest
 from protocol.block_hash import block_hashes
+from services.frontend import refusals
 from services.frontend.chat_template import TemplateError
 from services.frontend.errors import APIError
 from services.frontend.messages import template_messages
@@ -31,17 +32,21 @@ from services.frontend.schema import (
     CompletionRequest,
     check_bounds,
     check_common,
+    logits_controls,
     parse,
     sampling_params,
     stop_list,
 )
+from services.frontend.structured import Constraint, constraint
 from services.frontend.tools import check_tools, forced_schema, resolve_tool_choice
 from services.frontend.workers import PreparePool
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 PROMPT_TAIL_CHARS = 4096  # of the rendered prompt, kept for the reasoning parser (not the whole prompt)
 PIN_HEADER = "X-Data-Parallel-Rank"
-
+# Protocol minors that carry what the sim backend cannot honour: a forced tool_choice's JSON schema
+# (1.2), the other structured-output constraints and the logits controls (1.3).
+FORCED_TOOLS_MINOR, SAMPLING_CONTROLS_MINOR = 2, 3
 
 
 @dataclass(slots=True, frozen=True)
@@ -61,6 +66,9 @@ class OutputOptions:
     tool_parser: str | None = None  # the --tool-call-parser when this request's tool_choice is "auto"
     reasoning_parser: str | None = None  # the --reasoning-parser, for chat
     prompt_tail: str = ""  # the rendered prompt's end: whether the template opened the reasoning
+    # The request field an engine's refusal of `sampling.<name>` is about: where the structured-output
+    # constraint came from (tool_choice, response_format, ...); other sampling fields keep their name.
+    constraint_param: str | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -98,6 +106,7 @@ class Prepared:
     tool_choice: str | dict[str, Any] = "none"
     parallel_tool_calls: bool = True
     json_schema: str | None = None  # a forced tool_choice's schema
+    constraint: Constraint | None = None  # response_format, structured_outputs or a guided_* field's
 
 
 class Preparer:
@@ -122,8 +131,7 @@ class Preparer:
         check_bounds(req, CHAT_BOUNDS)
         if req.max_completion_tokens is not None:
             req.max_tokens = req.max_completion_tokens
-        if req.logprobs or req.top_logprobs:
-            raise APIError(400, "logprobs are not supported by this server yet", param="logprobs")
+        refusals.check_chat(req)
         tools = check_tools(req.tools)
         choice = resolve_tool_choice(req.tool_choice, tools, enable_auto_tool_choice=self._enable_auto_tool_choice,
                                      tool_call_parser=self._tool_call_parser)
@@ -131,27 +139,31 @@ class Preparer:
         schema = None
         if choice == "required" or isinstance(choice, dict):
             schema = forced_schema(choice, tools, parallel=parallel)
+        constrained = constraint(req)
+        if constrained is not None and schema is not None:  # as vLLM: "either ... structured outputs or tools"
+            raise APIError(400, f"{constrained.param}: a structured-output constraint cannot be combined with "
+                           "tool_choice 'required' or a named function, whose calls are constrained already",
+                           param=constrained.param)
         messages = template_messages(req.messages)
         try:
             text = self._model.template.render(
                 messages, tools=req.tools, add_generation_prompt=req.add_generation_prompt,
                 continue_final_message=req.continue_final_message,
-                chat_template_kwargs=req.chat_template_kwargs)
+                chat_template_kwargs=_template_kwargs(req))
         except TemplateError as exc:
             if exc.param is not None:  # a render option of the request, not the template, is at fault
                 raise APIError(400, str(exc), param=exc.param) from None
             raise APIError(400, f"chat template error: {exc}", param="messages") from None
-        ids = array("l", self._model.encode(text, add_special_tokens=False))
+        ids = array("l", self._model.encode(text, add_special_tokens=req.add_special_tokens))
         return Prepared(msgspec.structs.replace(req, messages=[], tools=None), ids, True, text[-PROMPT_TAIL_CHARS:],
-                        tools, choice, parallel, schema)
+                        tools, choice, parallel, schema, constrained)
 
     def completion(self, body: bytes) -> Prepared:
         req: CompletionRequest = parse(CompletionRequest, body)
         self._check_model(req.model)
         check_common(req)
-        if req.echo or req.suffix is not None or req.logprobs is not None:
-            field = "echo" if req.echo else "suffix" if req.suffix is not None else "logprobs"
-            raise APIError(400, f"{field} is not supported by this server yet", param=field)
+        refusals.check_completion(req)
+        constrained = constraint(req)
         prompt = req.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
             if len(prompt) != 1:
@@ -176,7 +188,7 @@ class Preparer:
                 raise APIError(400, f"prompt: token id {bad} is out of range [0, {vocab})", param="prompt")
         if not ids:
             raise APIError(400, "prompt: must not be empty", param="prompt")
-        return Prepared(msgspec.structs.replace(req, prompt=""), ids, False)
+        return Prepared(msgspec.structs.replace(req, prompt=""), ids, False, constraint=constrained)
 
     def _check_model(self, name: str) -> None:
         if name != self._model.name:
@@ -189,14 +201,15 @@ class Translator:
     tokenizing hold the GIL, so a worker thread would stall every stream; see docs/frontend.md), then
     the checks that need the engines. `max_model_len` answers for the engines (503 while none has
     handshaken); it is asked only once the body has passed its own checks, so a bad body is a 400
-    even then."""
+    even then. `engine_problem(minor)`: why some ready engine cannot honour what the sim backend
+    cannot and protocol 1.<minor> carries (the vllm backend can), or None."""
 
     def __init__(self, model: Model, max_model_len: Callable[[], int], *, long_prompt_chars: int,
                  max_concurrent_tokenizations: int, enable_auto_tool_choice: bool = False,
                  tool_call_parser: str | None = None, reasoning_parser: str | None = None,
-                 structured_output_problem: Callable[[], str | None] = lambda: None) -> None:
+                 engine_problem: Callable[[int], str | None] = lambda minor: None) -> None:
         self._model = model
-        self._structured_output_problem = structured_output_problem
+        self._engine_problem = engine_problem
         self._reasoning_parser = reasoning_parser
         self._tool_call_parser = tool_call_parser
         self._preparer = Preparer(model, enable_auto_tool_choice=enable_auto_tool_choice,
@@ -221,13 +234,14 @@ class Translator:
         req = prepared.req
         choice, schema = prepared.tool_choice, prepared.json_schema
         if schema is not None:
-            problem = self._structured_output_problem()
+            problem = self._engine_problem(FORCED_TOOLS_MINOR)
             if problem is not None:
                 what = "'required'" if choice == "required" else "naming a function"
                 raise APIError(400, f"tool_choice {what} needs guaranteed structured output, which {problem}",
                                param="tool_choice")
-        request = self._engine_request(req, prepared.ids, pin, chat=True,
-                                       request_id=f"chatcmpl-{os.urandom(12).hex()}", json_schema=schema)
+        forced = Constraint("tool_choice", "json_schema", schema) if schema is not None else None
+        request = self._engine_request(req, prepared.ids, pin, chat=True, request_id=f"chatcmpl-{os.urandom(12).hex()}",
+                                       constraint=forced or prepared.constraint)
         if self._harmony and request.output.stop and schema is None:
             raise APIError(400, "stop strings are not supported with gpt-oss's harmony output (the openai "
                            "parsers read it by token, not as text); use stop_token_ids", param="stop")
@@ -245,7 +259,7 @@ class Translator:
         """A /v1/completions body; `pin`: the X-Data-Parallel-Rank header, if sent."""
         prepared = await self._prepare("completion", body)
         return self._engine_request(prepared.req, prepared.ids, pin, chat=False,
-                                    request_id=f"cmpl-{os.urandom(12).hex()}")
+                                    request_id=f"cmpl-{os.urandom(12).hex()}", constraint=prepared.constraint)
 
     async def _prepare(self, kind: str, body: bytes) -> Prepared:
         if len(body) <= self._long_prompt_chars:
@@ -254,8 +268,10 @@ class Translator:
 
     def _engine_request(self, req: ChatCompletionRequest | CompletionRequest, token_ids: array[int],
                         pin: bytes | None, *, chat: bool, request_id: str,
-                        json_schema: str | None = None) -> EngineRequest:
+                        constraint: Constraint | None = None) -> EngineRequest:
+        self._check_engines(req, constraint)
         max_len = self._max_model_len()
+        token_ids = _truncated(token_ids, req.truncate_prompt_tokens, req.truncation_side, max_len)
         prompt_len = len(token_ids)
         if prompt_len >= max_len:
             raise APIError(400, f"This model's maximum context length is {max_len} tokens, but the prompt "
@@ -268,17 +284,79 @@ class Translator:
                            f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the prompt, "
                            f"{max_tokens} for the completion)", param="max_tokens")
         sampling = sampling_params(req, max_tokens, self._model.tokenizer.get_vocab_size(with_added_tokens=True))
-        if json_schema is not None:
-            sampling = msgspec.structs.replace(sampling, json_schema=json_schema)
+        if constraint is not None:
+            sampling = msgspec.structs.replace(sampling, **{constraint.kind: constraint.value})
         pinned = _pinned_rank(pin)
         usage = req.stream_options is not None and req.stream_options.include_usage
         continuous = usage and req.stream_options is not None and req.stream_options.continuous_usage_stats
         output = OutputOptions(chat=chat, stream=bool(req.stream), include_usage=usage, continuous_usage=continuous,
                                stop=tuple(stop_list(req)), include_stop_str_in_output=req.include_stop_str_in_output,
-                               skip_special_tokens=req.skip_special_tokens)
+                               skip_special_tokens=req.skip_special_tokens,
+                               constraint_param=constraint.param if constraint is not None else None)
         request = GenerateRequest(request_id, token_ids.tolist(), sampling, time.time(), req.priority, None,
                                   req.cache_salt, pinned)
         return EngineRequest(request, max_tokens, output)
+
+
+    def _check_engines(self, req: ChatCompletionRequest | CompletionRequest, constraint: Constraint | None) -> None:
+        """A 400 naming the first field that needs engines the ready ones are not (sim engines, say)."""
+        fields = [] if constraint is None or constraint.param == "tool_choice" else [constraint.param]
+        fields += logits_controls(req)
+        if not fields:
+            return
+        problem = self._engine_problem(SAMPLING_CONTROLS_MINOR)
+        if problem is not None:
+            what = "guaranteed structured output" if constraint is not None and fields[0] == constraint.param \
+                else "the engine to apply it to the logits"
+            raise APIError(400, f"{fields[0]}: needs {what}, which {problem}", param=fields[0])
+
+
+def _template_kwargs(req: ChatCompletionRequest) -> dict[str, Any] | None:
+    """chat_template_kwargs with the request fields vLLM passes to the template: `documents`, and
+    `reasoning_effort` (with `enable_thinking` false for "none", true otherwise, unless the kwargs set it)."""
+    if req.documents is None and req.reasoning_effort is None:
+        return req.chat_template_kwargs
+    kwargs = dict(req.chat_template_kwargs or {})
+    if req.documents is not None:
+        kwargs["documents"] = req.documents
+    if req.reasoning_effort is not None:
+        kwargs["reasoning_effort"] = req.reasoning_effort
+        kwargs.setdefault("enable_thinking", req.reasoning_effort != "none")
+    return kwargs
+
+
+def _truncated(ids: array[int], keep: int | None, side: str | None, max_model_len: int) -> array[int]:
+    """truncate_prompt_tokens as vLLM applies it: keep the last `keep` tokens ("left", vLLM's side for
+    generation models) or the first ("right"); -1 keeps as many as leave room for one generated token."""
+    if keep is None:
+        return ids
+    if keep == 0:
+        raise APIError(400, "truncate_prompt_tokens=0 would leave no prompt: it must be -1 or >= 1",
+                       param="truncate_prompt_tokens")
+    if keep > max_model_len:  # vLLM's check and its numbers
+        raise APIError(400, f"truncate_prompt_tokens={keep} cannot be greater than max_model_len = {max_model_len}. "
+                       "Please request a smaller truncation size.", param="truncate_prompt_tokens")
+    if keep < 0:
+        keep = max_model_len - 1
+    if len(ids) <= keep:
+        return ids
+    return ids[:keep] if side == "right" else ids[len(ids) - keep:]
+
+
+_CONSTRAINTS = frozenset({"json_schema", "regex", "choice", "grammar", "json_object", "structural_tag"})
+
+
+def refused_field(error: str, options: OutputOptions) -> tuple[str, str | None]:
+    """An engine's refusal of its request ("sampling.grammar: ...") told as the request field it is
+    about ("structured_outputs.grammar: ..."), with that field; other messages as they came."""
+    head, sep, rest = error.partition(": ")
+    name = head.removeprefix("sampling.")
+    if not sep or name == head or not name.isidentifier():
+        return error, None
+    param = options.constraint_param if name in _CONSTRAINTS else name
+    if param is None:
+        return error, None
+    return f"{param}: {rest}", param
 
 
 def _pinned_rank(value: bytes | None) -> int | None:

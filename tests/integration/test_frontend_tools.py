@@ -88,4 +88,4 @@ def test_a_forced_tool_choice_is_refused_on_engines_that_cannot_guarantee_it(cli
                                                                               choice: Any) -> None:
     body = _bad_request(client, messages=ROUND_TRIP[:1], tools=[WEATHER], tool_choice=choice)
     assert body["param"] == "tool_choice"
-    assert "needs guaranteed structured output, which engine rank 0 cannot give (its sim backend" in body["message"]
+    assert "needs guaranteed structured output, which engine rank 0 cannot (its sim backend" in body["message"]

@@ -33,11 +33,13 @@ class AnsweringBridge:
             asyncio.get_running_loop().call_soon(self.engines._on_outputs, engine, outputs)
 
 
-def frontend_app(max_model_len: int = 4096) -> Frontend:
+def frontend_app(max_model_len: int = 4096, *, backend: str = "sim", minor: int = 0) -> Frontend:
+    """`backend` and `minor`: what the engine's Ready says (a vllm engine of protocol 1.3 honours every
+    field a sim engine refuses)."""
     engines = EngineSet([ADDRESS], frontend_id="test", engine_timeout_s=60, heartbeat_interval_s=1)
     engines._bridge = AnsweringBridge(engines)  # type: ignore[assignment]
     for e in engines.engines:
-        engines._on_ready(e, Ready(e.index, "tiny", max_model_len, 16, 1000, "sim", "test", "epoch"),
+        engines._on_ready(e, Ready(e.index, "tiny", max_model_len, 16, 1000, backend, "test", "epoch", 0, 1, minor),
                           time.monotonic())
     config = FrontendConfig(model="tiny", data_parallel_size=1, data_parallel_size_local=0,
                             engine_addresses=(ADDRESS,))

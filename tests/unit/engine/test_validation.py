@@ -80,7 +80,8 @@ def test_each_structured_output_constraint_alone_passes(constraint: dict[str, ob
     ({"logit_bias": {5: 100.5}}, "sampling.logit_bias: the bias of token 5 is 100.5: must be in [-100, 100]"),
     ({"logit_bias": {5: float("nan")}}, "sampling.logit_bias: the bias of token 5 is nan"),
     ({"allowed_token_ids": []}, "sampling.allowed_token_ids: must list at least one token id"),
-    ({"allowed_token_ids": [3, 100]}, "sampling.allowed_token_ids contains 100: token ids must be in [0, 100)"),
+    ({"allowed_token_ids": [3, 100]}, "sampling.allowed_token_ids: token id 100 is out of range: token ids must "
+                                      "be in [0, 100)"),
     ({"bad_words": ["ok", " "]}, "sampling.bad_words: an entry is empty or only whitespace"),
 ])
 def test_structured_output_and_logits_controls_problems_name_the_field(kwargs: dict, message: str) -> None:  # type: ignore[type-arg]

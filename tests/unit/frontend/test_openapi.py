@@ -20,7 +20,10 @@ DOC = document("tiny")
 HI = {"role": "user", "content": "hi"}
 BODIES = {"/v1/chat/completions": ("ChatCompletionRequest", {"model": "tiny", "messages": [HI], "max_tokens": 1}),
           "/v1/completions": ("CompletionRequest", {"model": "tiny", "prompt": "hi", "max_tokens": 1})}
-NESTED = {"ChatMessage": HI, "ContentPart": {"type": "text", "text": "x"}, "StreamOptions": {}}
+NESTED = {"ChatMessage": HI, "ContentPart": {"type": "text", "text": "x"}, "StreamOptions": {},
+          "JsonSchemaResponseFormat": {"type": "json_schema", "json_schema": {"name": "n", "schema": {}}},
+          "JsonSchemaFormat": {"name": "n", "schema": {}}, "StructuralTagFormat": {"type": "structural_tag"},
+          "StructuredOutputs": {"regex": "a"}}
 
 
 def _ref(component: str) -> dict[str, Any]:
