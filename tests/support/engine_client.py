@@ -37,6 +37,7 @@ class Result:
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
     error: str | None = None
+    error_kind: str | None = None
     steps: list[int] = field(default_factory=list)
 
 
@@ -143,5 +144,6 @@ class EngineClient:
                 r.num_cached_tokens = max(r.num_cached_tokens, out.num_cached_tokens)
                 if out.finish_reason is not None:
                     r.finish_reason, r.stop_reason, r.error = out.finish_reason, out.stop_reason, out.error
+                    r.error_kind = out.error_kind
                     pending.discard(out.request_id)
         return results
