@@ -206,3 +206,15 @@ def test_an_engines_refusal_is_told_as_the_request_field() -> None:
     assert refused_field("sampling.logit_bias: out of vocab", options) == ("logit_bias: out of vocab", "logit_bias")
     assert refused_field("prompt_token_ids is empty", options) == ("prompt_token_ids is empty", None)
     assert refused_field("sampling: something", options) == ("sampling: something", None)
+
+
+def test_a_long_body_prepared_in_a_worker_keeps_its_constraint(translator: Translator) -> None:
+    """Past long_prompt_chars the body is prepared in a worker process: the constraint comes back."""
+    req = _chat(translator, messages=[{"role": "user", "content": "word " * 420}],
+                structured_outputs={"choice": ["a", "b"]}, logit_bias={"5": 1})
+    assert (req.request.sampling.choice, req.request.sampling.logit_bias) == (["a", "b"], {5: 1.0})
+    assert req.output.constraint_param == "structured_outputs.choice"
+    assert translator._workers._pool is not None  # it was a worker's
+    err = _refused(_chat, translator, messages=[{"role": "user", "content": "word " * 420}],
+                   structured_outputs={"choice": []})
+    assert err.param == "structured_outputs.choice"
