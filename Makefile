@@ -41,6 +41,7 @@ bench: $(STAMP)
 	$(PY) bench/frontend_stream.py
 	$(PY) bench/frontend_parsers.py
 	$(PY) bench/isolation.py
+	$(PY) bench/api_servers.py
 	$(PY) bench/detokenizer.py
 	$(PY) bench/stop_strings.py
 	$(PY) bench/chat_template.py

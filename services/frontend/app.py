@@ -1,12 +1,16 @@
-"""The frontend's ASGI app, one per API server process. The two generation routes are served by a lean
-ASGI handler (no middleware send wrappers, one body send per batch of queued events, disconnects
-watched directly) that runs the stages in turn; starlette routes everything else.
+"""The frontend's ASGI app, one per API server process. The generation routes (chat, completions, and
+token-in /inference/v1/generate) are served by a lean ASGI handler (no middleware send wrappers, one
+body send per batch of queued events, disconnects watched directly) that runs the stages in turn; the
+preprocessing routes (render, tokenize, detokenize: JSON in, JSON out, no engine) by a plain one;
+starlette routes everything else. In render-only mode (--render-only) there are no engines and the
+generation routes are not served.
 """
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from importlib import metadata
 
 import msgspec
 from starlette.applications import Starlette
@@ -16,7 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from services.frontend import openapi, responses
+from services.frontend import openapi, render, responses
 from services.frontend.asgi import (
     ClientGone,
     header,
@@ -28,13 +32,13 @@ from services.frontend.config import FrontendConfig
 from services.frontend.dispatcher import Dispatcher
 from services.frontend.engines import EngineSet
 from services.frontend.errors import APIError, error_body
-from services.frontend.metrics import Metrics
+from services.frontend.metrics import EngineView, Metrics
 from services.frontend.model import Model
 from services.frontend.output import OutputProcessor
 from services.frontend.parsers import OutputParser, TokenOutputParser, build_parser
 from services.frontend.parsers.forced import NamedToolParser, RequiredToolParser
 from services.frontend.placement import NoEngine, Placement
-from services.frontend.response_writer import send_completion, send_stream
+from services.frontend.response_writer import send_completion, send_stream, send_tokens
 from services.frontend.shutdown import Shutdown
 from services.frontend.stream import Stream
 from services.frontend.translation import PIN_HEADER, EngineRequest, Translator
@@ -46,6 +50,7 @@ class Frontend:
         self.model = model
         self.engines = engines
         self.metrics = metrics
+        metrics.watch_engines(self._engine_views)
         self.placement = Placement()
         self.dispatcher = Dispatcher(engines, self.placement)
         self.shutdown = Shutdown()
@@ -53,24 +58,38 @@ class Frontend:
                                      max_concurrent_tokenizations=config.max_concurrent_tokenizations,
                                      enable_auto_tool_choice=config.enable_auto_tool_choice,
                                      tool_call_parser=config.tool_call_parser, reasoning_parser=config.reasoning_parser,
-                                     engine_problem=self._engine_problem)
+                                     engine_problem=self._engine_problem, render_max_model_len=self._context_len)
         self._created = int(time.time())
-        self._openapi = msgspec.json.encode(openapi.document(model.name))
+        self._openapi = msgspec.json.encode(openapi.document(model.name, render_only=config.render_only))
         self._lean: dict[str, Callable[[bytes, bytes | None], Awaitable[EngineRequest]]] = {
-            "/v1/chat/completions": self.translator.chat, "/v1/completions": self.translator.completion}
+            "/v1/chat/completions": self.translator.chat, "/v1/completions": self.translator.completion,
+            "/inference/v1/generate": self.translator.generate}
+        # JSON in, JSON out, no engine: served in render-only mode too.
+        self._preprocess: dict[str, Callable[[bytes], Awaitable[bytes]]] = {
+            "/tokenize": self._tokenize, "/detokenize": self.translator.detokenize,
+            "/v1/chat/completions/render": self._render_chat, "/v1/completions/render": self._render_completion}
         self.starlette = Starlette(routes=[
             Route("/health", self._health), Route("/ready", self._ready),
             Route("/v1/models", self._models), Route("/metrics", self._metrics),
-            Route("/openapi.json", self._openapi_json)],
+            Route("/openapi.json", self._openapi_json), Route("/version", self._version)],
             exception_handlers={404: _http_error, 405: _http_error})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        translate = self._lean.get(scope["path"]) if scope["type"] == "http" else None
-        if translate is None:
+        path = scope["path"] if scope["type"] == "http" else None
+        translate = self._lean.get(path) if path is not None else None
+        preprocess = self._preprocess.get(path) if path is not None else None
+        if translate is None and preprocess is None:
             await self.starlette(scope, receive, send)
             return
+        if translate is not None and self.config.render_only:
+            # As vLLM's render server, which has no generation routes: a 404, saying where to go instead.
+            await send_json(send, 404, error_body(404, f"{path} is not served: this frontend runs with --render-only "
+                                                       "(no engines); POST the request to its /render route here and "
+                                                       "the tokens to /inference/v1/generate on a frontend with "
+                                                       "engines"))
+            return
         if scope["method"] != "POST":
-            await send_json(send, 405, error_body(405, f"{scope['path']} accepts POST only"), [(b"allow", b"POST")])
+            await send_json(send, 405, error_body(405, f"{path} accepts POST only"), [(b"allow", b"POST")])
             return
         if self.shutdown.draining:
             # connection: close, so a client's next request opens a connection to another replica.
@@ -80,6 +99,10 @@ class Frontend:
         with self.shutdown.handling():
             try:
                 body = await read_body(scope, receive, self.config.max_body_bytes)
+                if preprocess is not None:
+                    await send_json(send, 200, await preprocess(body))
+                    return
+                assert translate is not None
                 request = await translate(body, header(scope, b"x-data-parallel-rank"))
                 await self._generate(request, receive, send)
             except APIError as exc:
@@ -95,8 +118,9 @@ class Frontend:
     async def _ready(self, request: Request) -> Response:
         if self.shutdown.draining:
             return JSONResponse({"ready": False, "draining": True}, 503)
+        if self.config.render_only:  # the tokenizer, template and config loaded before the server started
+            return JSONResponse({"ready": True, "render_only": True})
         missing = self.engines.not_ready()
-        self.metrics.engines_ready.set(len(self.engines.engines) - len(missing))
         if missing:
             return JSONResponse({"ready": False, "missing": {str(k): v for k, v in missing.items()}}, 503)
         return JSONResponse({"ready": True, "ranks": [e.rank for e in self.engines.engines]})
@@ -108,15 +132,42 @@ class Frontend:
     async def _openapi_json(self, request: Request) -> Response:
         return Response(self._openapi, media_type="application/json")
 
+    async def _version(self, request: Request) -> Response:
+        """As vLLM's GET /version: {"version": ...}, this fleet's package version."""
+        try:
+            version = metadata.version("fleet")
+        except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+            version = "unknown"
+        return JSONResponse({"version": version})
+
+    # ---- preprocessing (JSON in, JSON out; no engine) ----
+
+    async def _tokenize(self, body: bytes) -> bytes:
+        tokenized = await self.translator.tokenize(body)
+        return tokenized.body(self._context_len())
+
+    async def _render_chat(self, body: bytes) -> bytes:
+        return render.chat_body(await self.translator.chat(body, None, render=True), self.model.name)
+
+    async def _render_completion(self, body: bytes) -> bytes:
+        return render.completion_body(await self.translator.completion(body, None, render=True), self.model.name)
+
     async def _metrics(self, request: Request) -> Response:
+        self.update_gauges()
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    def _engine_views(self) -> list[EngineView]:
+        return [EngineView(e.rank, e.stats if e.state == "ready" else None,
+                           e.ready.block_size if e.ready else 0, e.ready.num_kv_blocks if e.ready else 0)
+                for e in self.engines.engines]
+
+    def update_gauges(self) -> None:
+        """This process's own gauges of engine state: at each scrape, and every second in each API
+        server (with several, one process answers the scrape for all of them)."""
         m, name = self.metrics, self.model.name
+        m.engines_ready.set(len(self.engines.engines) - len(self.engines.not_ready()))
         for engine in self.engines.engines:
-            rank = str(engine.rank)
-            m.engine_streams.labels(name, rank).set(len(engine.inflight))
-            stats = engine.stats
-            m.engine_running.labels(name, rank).set(stats.running if stats is not None else 0)
-            m.engine_waiting.labels(name, rank).set(stats.waiting if stats is not None else 0)
-        return Response(m.render(), media_type="text/plain; version=0.0.4")
+            m.engine_streams.labels(name, str(engine.rank)).set(len(engine.inflight))
 
     # ---- generation (lean ASGI) ----
 
@@ -147,7 +198,9 @@ class Frontend:
         watcher = asyncio.get_running_loop().create_task(watch_disconnect(receive, stream.fail))
         try:
             with self.shutdown.running(stream):
-                if request.output.stream:
+                if request.output.token_out:
+                    await send_tokens(send, outputs, self.model.name)
+                elif request.output.stream:
                     await send_stream(send, outputs, self.model.name)
                 else:
                     await send_completion(send, outputs, self.model.name)
@@ -167,12 +220,25 @@ class Frontend:
         return None
 
     def _max_model_len(self, *, or_zero: bool = False) -> int:
+        if self.config.render_only:
+            return self._context_len()
         lens = [e.max_model_len for e in self.engines.engines if e.ready is not None]
         if not lens:
             if or_zero:
                 return 0
             raise APIError(503, "no engine has handshaken yet: " + str(self.engines.not_ready()))
         return min(lens)
+
+    def _context_len(self) -> int:
+        """The context length for the routes that need no engine (render, tokenize): the engines' once one
+        has handshaken, else --max-model-len or the model config's (render-only mode has no engine to ask)."""
+        lens = [e.max_model_len for e in self.engines.engines if e.ready is not None]
+        if lens:
+            return min(lens)
+        configured = self.config.max_model_len or self.model.config_max_model_len
+        if configured is None:  # render-only refuses to start so (server.py); a frontend waits for its engines
+            raise APIError(503, "no engine has handshaken yet and the model's config.json gives no context length")
+        return configured
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

@@ -8,6 +8,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.types import Receive, Scope, Send
 
 from services.frontend.errors import APIError
+from services.frontend.stream import CLIENT_GONE
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
 
@@ -54,5 +55,5 @@ async def watch_disconnect(receive: Receive, on_disconnect: Callable[[str], None
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            on_disconnect("client disconnected")
+            on_disconnect(CLIENT_GONE)
             return

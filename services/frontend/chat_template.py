@@ -280,7 +280,8 @@ class ChatTemplate:
             if not isinstance(chat_template_kwargs, dict):
                 raise TemplateError("chat_template_kwargs: must be an object")
             for key in RESERVED_KWARGS.intersection(chat_template_kwargs):
-                raise TemplateError(f"chat_template_kwargs.{key}: may not override the request's {key}")
+                raise TemplateError(f"chat_template_kwargs.{key}: may not override the request's {key}",
+                                    param=f"chat_template_kwargs.{key}")
             context.update(_copy(chat_template_kwargs, "chat_template_kwargs"))
         context["messages"] = _copy(messages, "messages")
         context["tools"] = _copy(tools, "tools")

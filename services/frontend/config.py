@@ -37,6 +37,8 @@ class FrontendConfig:
     enable_auto_tool_choice: bool = False  # tool_choice "auto" is served (needs tool_call_parser)
     tool_call_parser: str | None = None  # a name in services/frontend/parsers TOOL_PARSER_NAMES
     reasoning_parser: str | None = None  # a name in REASONING_PARSER_NAMES
+    render_only: bool = False  # tokenizer, template and config only: render and tokenize, no engine
+    max_model_len: int | None = None  # render-only: the context length to check (default: the model config's)
     frontend_id: str = field(default="")
 
     def __post_init__(self) -> None:
@@ -61,7 +63,15 @@ class FrontendConfig:
                  "--reasoning-parser", self.reasoning_parser,
                  f"a parser of the same format as --tool-call-parser {self.tool_call_parser} (harmony's openai "
                  "parsers read gpt-oss output, which no other family writes)")
-        if self.data_parallel_size_local == 0:
+        if self.render_only:
+            _require(not self.engine_addresses and self.data_parallel_size_local == 0, "--render-only", True,
+                     "without --engine-addresses or --data-parallel-size-local: a render-only frontend connects "
+                     "to no engine and starts none")
+        else:
+            _require(self.max_model_len is None, "--max-model-len", self.max_model_len,
+                     "only with --render-only (with engines, the engines say it)")
+        _require(self.max_model_len is None or self.max_model_len >= 2, "--max-model-len", self.max_model_len, ">= 2")
+        if self.data_parallel_size_local == 0 and not self.render_only:
             _require(len(self.engine_addresses) == self.data_parallel_size, "--engine-addresses",
                      ",".join(self.engine_addresses),
                      f"exactly --data-parallel-size ({self.data_parallel_size}) tcp:// addresses")
@@ -106,8 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-parallel-size", type=int, default=None,
                    help="engines to wait for (default: --data-parallel-size-local, or the number of "
                         "--engine-addresses)")
-    p.add_argument("--data-parallel-size-local", type=int, default=d["data_parallel_size_local"],
-                   help="engines to start here; 0 = connect to --engine-addresses only")
+    p.add_argument("--data-parallel-size-local", type=int, default=None,
+                   help=f"engines to start here; 0 = connect to --engine-addresses only (default: "
+                        f"{d['data_parallel_size_local']}, 0 with --render-only)")
     p.add_argument("--engine-addresses", default="",
                    help="comma-separated tcp://HOST:PORT of the engine ranks, in rank order (with "
                         "--data-parallel-size-local 0)")
@@ -139,6 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reasoning-parser", default=d["reasoning_parser"], metavar="NAME",
                    help="split the model's reasoning into reasoning_content "
                         f"({', '.join(REASONING_PARSER_NAMES)}); default: none")
+    p.add_argument("--render-only", action="store_true",
+                   help="load the tokenizer, chat template and config only, connect to no engine: serve the render "
+                        "routes, /tokenize and /detokenize (the generation routes answer 404)")
+    p.add_argument("--max-model-len", type=int, default=d["max_model_len"],
+                   help="with --render-only: the context length requests are checked against; default: the "
+                        "model's config.json")
     return p
 
 
@@ -146,6 +163,9 @@ def parse_args(argv: list[str] | None = None) -> FrontendConfig:
     p = build_parser()
     ns = vars(p.parse_args(argv))
     addresses = tuple(a.strip() for a in ns.pop("engine_addresses").split(",") if a.strip())
+    if ns["data_parallel_size_local"] is None:
+        default = next(f.default for f in fields(FrontendConfig) if f.name == "data_parallel_size_local")
+        ns["data_parallel_size_local"] = 0 if ns["render_only"] else default
     local = ns["data_parallel_size_local"]
     if ns["data_parallel_size"] is None:
         ns["data_parallel_size"] = local if local > 0 else max(1, len(addresses))

@@ -24,7 +24,7 @@ from services.frontend.detokenizer import IncrementalDetokenizer
 from services.frontend.metrics import Metrics
 from services.frontend.parsers import OutputParser, ParsedDelta, TokenOutputParser, ToolCall
 from services.frontend.stop_strings import StopChecker
-from services.frontend.stream import NOT_SENT, EngineFailure, Stream
+from services.frontend.stream import CLIENT_GONE, NOT_SENT, EngineFailure, Stream
 from services.frontend.translation import EngineRequest, OutputOptions, refused_field
 
 
@@ -51,7 +51,7 @@ class OutputProcessor:
 
     __slots__ = ("_detok", "_engines", "_last", "_metrics", "_parser", "_request", "_start", "_stops",
                  "_token_parser", "_tried", "cached_tokens", "calls", "completion_tokens", "counts", "finish",
-                 "options", "stop_reason", "stream")
+                 "options", "stop_reason", "stream", "token_ids")
 
     def __init__(self, stream: Stream, request: EngineRequest, *, tokenizer: Tokenizer, engines: EnginePort,
                  metrics: Metrics, parser: OutputParser | TokenOutputParser | None = None) -> None:
@@ -77,6 +77,9 @@ class OutputProcessor:
         self.finish: str | None = None
         self.stop_reason: int | str | None = None
         self.counts: list[int] = []  # completion tokens so far at each of the latest pieces
+        # Token-out requests (options.token_out): the ids of the latest pieces() call, every id the engine
+        # produced (the EOS or stop token too, as vLLM's token_ids), up to the one that matched a stop string.
+        self.token_ids: list[int] = []
 
     async def pieces(self) -> list[Piece]:
         """Text of everything the engine produced since the last call; sets `finish` when done.
@@ -85,13 +88,19 @@ class OutputProcessor:
         try:
             outs = await self.stream.next()
         except EngineFailure:
-            m.finished("error")
+            # As vLLM: a client that left aborted its request; the tokens made before still count.
+            m.generation_tokens.inc(self.completion_tokens)
+            m.request_done(self.stream.prompt_len, self.completion_tokens, self._request.max_tokens)
+            m.finished("abort" if self.stream.gone == CLIENT_GONE else "error")
             raise
         now = time.monotonic()
         detok, stops, parser, token_parser = self._detok, self._stops, self._parser, self._token_parser
         drop_stop_token = not self.options.include_stop_str_in_output
         pieces: list[Piece] = []
         counts = self.counts = []
+        ids: list[int] | None = None
+        if self.options.token_out:
+            ids = self.token_ids = []
         for out in outs:
             n = len(out.new_token_ids)
             if n:
@@ -100,6 +109,7 @@ class OutputProcessor:
                     self.cached_tokens = out.num_cached_tokens
                 else:
                     m.itl.observe(now - self._last)
+                    m.tpot.observe(now - self._last)
                 self._last = now
                 self.completion_tokens += n
             reason = out.finish_reason
@@ -111,6 +121,8 @@ class OutputProcessor:
                     message, param = refused_field(out.error, self.options)
                     raise EngineFailure(message, 400, param)
                 raise EngineFailure(out.error or f"the engine ended the request ({reason})", 503)
+            if ids is not None and n:
+                ids.extend(out.new_token_ids)
             if token_parser is not None:
                 # Every id, the stop token too: harmony reads <|call|> and <|return|>.
                 if n:
@@ -187,6 +199,7 @@ class OutputProcessor:
         self.stop_reason = stop_reason
         m = self._metrics
         m.generation_tokens.inc(self.completion_tokens)
+        m.request_done(self.stream.prompt_len, self.completion_tokens, self._request.max_tokens)
         m.e2e.observe(time.monotonic() - self._start)
         m.finished(reason)
 

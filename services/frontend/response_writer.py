@@ -1,5 +1,6 @@
 """Drives one generation response from output processing to the ASGI send: a JSON body once the request
-finishes, or SSE events with every event queued since the last wake-up joined into one body send.
+finishes, or SSE events with every event queued since the last wake-up joined into one body send;
+chat and text completions, and the token-out answers of /inference/v1/generate.
 Runs on each API server's event loop."""
 from __future__ import annotations
 
@@ -85,3 +86,58 @@ async def send_stream(send: Send, outputs: OutputProcessor, model: str) -> None:
             return
         await send({"type": "http.response.body", "body": writer.error(exc.status, str(exc)) + responses.DONE,
                     "more_body": False})
+
+
+async def send_tokens(send: Send, outputs: OutputProcessor, model: str) -> None:
+    """/inference/v1/generate's answer in token ids (their text too when asked): one JSON body, or SSE
+    chunks (one per wake-up: the ids of every output queued since the last) and [DONE]."""
+    options = outputs.options
+    request_id = options.response_id or outputs.stream.request_id
+    if options.stream:
+        await _stream_tokens(send, outputs, request_id)
+        return
+    ids: list[int] = []
+    parts: list[str] = []
+    finish = None
+    try:
+        while finish is None:
+            parts.extend(p if isinstance(p, str) else p.content for p in await outputs.pieces())
+            ids.extend(outputs.token_ids)
+            finish = outputs.finish
+    except EngineFailure as exc:
+        await send_json(send, exc.status, error_body(exc.status, str(exc)))
+        return
+    body = responses.generate_response(request_id, model, ids, finish, outputs.usage(outputs.completion_tokens),
+                                       "".join(parts) if options.text_out else None)
+    await send_json(send, 200, body, [_rank_header(outputs)])
+
+
+async def _stream_tokens(send: Send, outputs: OutputProcessor, request_id: str) -> None:
+    options = outputs.options
+    writer = responses.TokenChunkWriter(request_id)
+    started = False
+    try:
+        while outputs.finish is None:
+            pieces = await outputs.pieces()
+            finish = outputs.finish
+            events = []
+            if outputs.token_ids or finish is not None:
+                text = "".join(p if isinstance(p, str) else p.content for p in pieces) if options.text_out else None
+                use = outputs.usage(outputs.completion_tokens) if options.continuous_usage else None
+                events.append(writer.chunk(outputs.token_ids, finish, use, text))
+            if not started:
+                started = True
+                await send({"type": "http.response.start", "status": 200,
+                            "headers": [*SSE_HEADERS, _rank_header(outputs)]})
+            if finish is not None:
+                if options.include_usage:
+                    events.append(writer.usage(outputs.usage(outputs.completion_tokens)))
+                events.append(responses.DONE)
+            if events:
+                await send({"type": "http.response.body", "body": b"".join(events), "more_body": finish is None})
+    except EngineFailure as exc:
+        if not started:
+            await send_json(send, exc.status, error_body(exc.status, str(exc)), [_rank_header(outputs)])
+            return
+        error = b"data: " + error_body(exc.status, str(exc)) + b"\n\n"
+        await send({"type": "http.response.body", "body": error + responses.DONE, "more_body": False})

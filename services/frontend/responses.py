@@ -154,3 +154,35 @@ def models(name: str, max_model_len: int, created: int) -> bytes:
     return _json.encode({"object": "list", "data": [{
         "id": name, "object": "model", "created": created, "owned_by": "fleet", "root": name,
         "parent": None, "max_model_len": max_model_len}]})
+
+
+def generate_response(request_id: str, model: str, token_ids: list[int], finish: str, use: dict[str, Any],
+                      text: str | None = None) -> bytes:
+    """/inference/v1/generate's answer (vLLM's GenerateResponse); `text` only when the request asked."""
+    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish, "token_ids": token_ids,
+                              "routed_experts": None}
+    if text is not None:
+        choice["text"] = text
+    return _json.encode({"request_id": request_id, "model": model, "created": int(time.time()),
+                         "choices": [choice], "usage": use, "prompt_logprobs": None, "kv_transfer_params": None,
+                         "ec_transfer_params": None})
+
+
+class TokenChunkWriter:
+    """SSE events of one streamed /inference/v1/generate answer (vLLM's GenerateStreamResponse)."""
+
+    __slots__ = ("_head",)
+
+    def __init__(self, request_id: str) -> None:
+        self._head = b'data: {"request_id":' + _json.encode(request_id) + b',"choices":'
+
+    def chunk(self, token_ids: list[int], finish: str | None, use: dict[str, Any] | None = None,
+              text: str | None = None) -> bytes:
+        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish, "token_ids": token_ids,
+                                  "routed_experts": None}
+        if text is not None:
+            choice["text"] = text
+        return self._head + _json.encode([choice]) + b',"usage":' + _json.encode(use) + b"}\n\n"
+
+    def usage(self, body: dict[str, Any]) -> bytes:
+        return self._head + b'[],"usage":' + _json.encode(body) + b"}\n\n"

@@ -76,7 +76,7 @@ class StructuralTagFormat(msgspec.Struct, tag="structural_tag", tag_field="type"
 ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaResponseFormat | StructuralTagFormat
 
 
-class StructuredOutputs(msgspec.Struct, forbid_unknown_fields=True):
+class StructuredOutputsParams(msgspec.Struct, forbid_unknown_fields=True):
     """vLLM's `structured_outputs` (its StructuredOutputsParams' public fields)."""
 
     json: str | dict[str, Any] | None = None
@@ -128,7 +128,7 @@ class _Sampling(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     prompt_logprobs: int | None = None
     logprob_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
-    structured_outputs: StructuredOutputs | None = None
+    structured_outputs: StructuredOutputsParams | None = None
     request_id: str | None = None
     session_id: str | None = None
     return_tokens_as_token_ids: bool | None = None
@@ -214,7 +214,10 @@ def parse(cls: type[msgspec.Struct], body: bytes) -> Any:
     if too_deep(body):  # before decoding: the decoder and the checks after it recurse per level
         raise APIError(400, f"request body nests too deeply: arrays and objects may nest {MAX_DEPTH} levels at most")
     try:
-        return _decoders[cls].decode(body)
+        decoder = _decoders.get(cls)
+        if decoder is None:  # another module's body (tokenization.py, token_in.py): built once, at first use
+            decoder = _decoders[cls] = msgspec.json.Decoder(cls)
+        return decoder.decode(body)
     except msgspec.ValidationError as exc:
         if str(exc).startswith("Expected `object`") and " - at `$" not in str(exc):  # the body itself
             raise APIError(400, "request body must be a JSON object") from None
@@ -264,9 +267,10 @@ BOUNDS: dict[str, Bounds] = {
     "frequency_penalty": Bounds(-2, 2, "must be in [-2, 2]"),
     "repetition_penalty": Bounds(0, 2, "must be in (0, 2]", low_open=True),
     "seed": Bounds(-(2**63), 2**63 - 1, "must fit in 64 bits"),
-    # And not 0 (translation checks it: it would leave no prompt); its upper limit is the context length.
-    "truncate_prompt_tokens": Bounds(-1, None, "must be -1 (as many as the context holds) or >= 1"),
 }
+# The OpenAI routes' own (not the token-in route's sampling_params, which refuses truncation): and not 0
+# (translation checks it: it would leave no prompt); its upper limit is the context length.
+PROMPT_BOUNDS = {"truncate_prompt_tokens": Bounds(-1, None, "must be -1 (as many as the context holds) or >= 1")}
 CHAT_BOUNDS = {"max_completion_tokens": Bounds(1, None, "must be >= 1")}  # checked by the Translator
 
 
@@ -281,6 +285,7 @@ def check_common(req: _Sampling) -> None:
     if req.stream_options is not None and not req.stream:  # vLLM's check and message
         raise APIError(400, "Stream options can only be defined when `stream=True`.", param="stream_options")
     check_bounds(req, BOUNDS)
+    check_bounds(req, PROMPT_BOUNDS)
     _check_stop(stop_list(req))
 
 
@@ -319,9 +324,9 @@ def sampling_params(req: _Sampling, max_tokens: int, vocab_size: int) -> Samplin
         presence_penalty=req.presence_penalty,
         frequency_penalty=req.frequency_penalty,
         repetition_penalty=req.repetition_penalty,
-        logit_bias=_logit_bias(req.logit_bias, vocab_size),
-        allowed_token_ids=_allowed_token_ids(req.allowed_token_ids, vocab_size),
-        bad_words=_bad_words(req.bad_words),
+        logit_bias=logit_bias(req.logit_bias, vocab_size),
+        allowed_token_ids=allowed_token_ids(req.allowed_token_ids, vocab_size),
+        bad_words=bad_words(req.bad_words),
     )
 
 
@@ -333,7 +338,7 @@ def logits_controls(req: _Sampling) -> list[str]:
     return [name for name in LOGITS_CONTROLS if getattr(req, name)]
 
 
-def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float] | None:
+def logit_bias(bias: dict[str, float] | None, vocab_size: int, param: str = "logit_bias") -> dict[int, float] | None:
     """OpenAI's map of token ids (JSON object keys, so strings) to a bias in [-100, 100]."""
     if bias is None:
         return None
@@ -342,29 +347,27 @@ def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, flo
         try:
             token = int(key)
         except ValueError:
-            raise APIError(400, f"logit_bias: key {key!r} is not a token id", param="logit_bias") from None
+            raise APIError(400, f"{param}: key {key!r} is not a token id", param=param) from None
         if not 0 <= token < vocab_size:
-            raise APIError(400, f"logit_bias: token id {token} is out of range [0, {vocab_size})", param="logit_bias")
+            raise APIError(400, f"{param}: token id {token} is out of range [0, {vocab_size})", param=param)
         if not -100 <= value <= 100:  # OpenAI's range; vLLM clamps instead, which hides a client's mistake
-            raise APIError(400, f"logit_bias: the bias of token {token} is {value}: must be in [-100, 100]",
-                           param="logit_bias")
+            raise APIError(400, f"{param}: the bias of token {token} is {value}: must be in [-100, 100]", param=param)
         out[token] = float(value)
     return out or None
 
 
-def _allowed_token_ids(ids: list[int] | None, vocab_size: int) -> list[int] | None:
+def allowed_token_ids(ids: list[int] | None, vocab_size: int, param: str = "allowed_token_ids") -> list[int] | None:
     if ids is None:
         return None
     if not ids:  # vLLM's rule: an empty list would allow nothing
-        raise APIError(400, "allowed_token_ids: must list at least one token id (or be omitted)",
-                       param="allowed_token_ids")
+        raise APIError(400, f"{param}: must list at least one token id (or be omitted)", param=param)
     for i, t in enumerate(ids):
-        _range(0 <= t < vocab_size, f"allowed_token_ids[{i}]", t, f"token ids must be in [0, {vocab_size})")
+        _range(0 <= t < vocab_size, f"{param}[{i}]", t, f"token ids must be in [0, {vocab_size})")
     return list(ids)
 
 
-def _bad_words(words: list[str] | None) -> list[str]:
+def bad_words(words: list[str] | None, param: str = "bad_words") -> list[str]:
     for i, word in enumerate(words or ()):
         if not word.strip():  # vLLM's rule: a word must tokenize to at least one token
-            raise APIError(400, f"bad_words[{i}]: must not be empty or only whitespace", param=f"bad_words[{i}]")
+            raise APIError(400, f"{param}[{i}]: must not be empty or only whitespace", param=f"{param}[{i}]")
     return list(words or ())

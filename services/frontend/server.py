@@ -1,5 +1,5 @@
-"""Runs one frontend API server process: model files, engine connections, hypercorn, and the shutdown
-(SIGTERM or SIGINT: drain for --shutdown-timeout, then stop; shutdown.py)."""
+"""Runs one frontend API server process: model files, engine connections (none in render-only mode),
+hypercorn, and the shutdown (SIGTERM or SIGINT: drain for --shutdown-timeout, then stop; shutdown.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -35,6 +35,10 @@ async def run(config: FrontendConfig, server_index: int = 0) -> int:
             log.error("--tool-call-parser/--reasoning-parser %s: %s",
                       config.tool_call_parser or config.reasoning_parser, problem)
             return 1
+    if config.render_only and (config.max_model_len or model.config_max_model_len) is None:
+        log.error("--render-only: %s/config.json gives no context length (max_position_embeddings, ...); "
+                  "set --max-model-len", model.path)
+        return 1
     managed = None
     addresses = list(config.engine_addresses)
     if config.data_parallel_size_local > 0:
@@ -45,7 +49,8 @@ async def run(config: FrontendConfig, server_index: int = 0) -> int:
     frontend_id = config.frontend_id or f"frontend-{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     engines = EngineSet(addresses, frontend_id=frontend_id, engine_timeout_s=config.engine_timeout_s,
                         heartbeat_interval_s=config.heartbeat_interval_s, auth_token=config.auth_token)
-    engines.start()
+    if not config.render_only:  # render-only: no engine, so no socket thread either
+        engines.start()
     app = Frontend(config, model, engines, Metrics(config.model_name))
 
     loop = asyncio.get_running_loop()
@@ -95,6 +100,11 @@ async def run(config: FrontendConfig, server_index: int = 0) -> int:
 
     async def startup() -> None:
         nonlocal code
+        if config.render_only:
+            log.info("API server %d serving http://%s:%d (model %s), render-only: no engines, max_model_len %d",
+                     server_index, config.host, config.port, config.model_name,
+                     config.max_model_len or model.config_max_model_len)
+            return
         log.info("API server %d serving http://%s:%d (model %s); waiting for %d engine(s): %s", server_index,
                  config.host, config.port, config.model_name, len(addresses), ", ".join(addresses))
         try:
@@ -126,8 +136,13 @@ async def run(config: FrontendConfig, server_index: int = 0) -> int:
         await app.shutdown.drain(0.0 if now.is_set() else config.shutdown_timeout_s, now)
         stop.set()
 
+    async def refresh_gauges() -> None:
+        while True:
+            app.update_gauges()
+            await asyncio.sleep(1.0)
+
     tasks = [loop.create_task(startup()), loop.create_task(supervise_children()),
-             loop.create_task(drain_then_stop())]
+             loop.create_task(drain_then_stop()), loop.create_task(refresh_gauges())]
     try:
         # hypercorn types scopes and events as TypedDicts, starlette (whose types the app uses) as
         # MutableMapping; a TypedDict is not a MutableMapping to mypy, though both are ASGI dicts.

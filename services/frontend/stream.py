@@ -11,6 +11,9 @@ from protocol import RequestOutput
 NOT_SENT = "not_sent"
 
 
+# What a stream fails with when its client disconnects (its request is aborted, not failed).
+CLIENT_GONE = "client disconnected"
+
 class EngineFailure(RuntimeError):
     """The engine serving a request died, went silent or refused it; the message says which and why.
     `status`: 400 when the request itself was at fault, else 503; `param`: the request field at fault."""

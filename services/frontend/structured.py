@@ -20,7 +20,7 @@ from services.frontend.schema import (
     JsonObjectFormat,
     JsonSchemaResponseFormat,
     StructuralTagFormat,
-    StructuredOutputs,
+    StructuredOutputsParams,
     TextFormat,
 )
 from services.frontend.tools import schema_problem
@@ -60,7 +60,7 @@ def constraint(req: Any) -> Constraint | None:
     else:
         assert fmt is None or isinstance(fmt, TextFormat)
     if req.structured_outputs is not None:
-        found.append(_structured_outputs(req.structured_outputs))
+        found.append(from_structured_outputs(req.structured_outputs))
     if req.guided_json is not None:
         found.append(Constraint("guided_json", "json_schema", _json_schema("guided_json", req.guided_json)))
     if req.guided_regex is not None:
@@ -81,19 +81,20 @@ def constraint(req: Any) -> Constraint | None:
     return found[0] if found else None
 
 
-def _structured_outputs(so: StructuredOutputs) -> Constraint:
+def from_structured_outputs(so: StructuredOutputsParams | Any, at: str = "structured_outputs") -> Constraint:
+    """vLLM's StructuredOutputsParams (`so`, at the request field `at`) as its one constraint; the
+    token-in route's sampling_params.structured_outputs too."""
     kinds = [k for k in ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
              if getattr(so, k) is not None]
     if len(kinds) != 1:
         got = f"{len(kinds)} ({', '.join(kinds)})" if kinds else "none"
-        raise _refuse("structured_outputs", f"set exactly one of json, regex, choice, grammar, json_object and "
-                      f"structural_tag; got {got}")
+        raise _refuse(at, f"set exactly one of json, regex, choice, grammar, json_object and structural_tag; got {got}")
     if so.whitespace_pattern is not None:
-        raise _refuse("structured_outputs.whitespace_pattern", f"{ENGINE_BACKEND}, the engines' structured-output "
-                      "backend, takes no whitespace pattern (JSON is always compact here)")
+        raise _refuse(f"{at}.whitespace_pattern", f"{ENGINE_BACKEND}, the engines' structured-output backend, "
+                      "takes no whitespace pattern (JSON is always compact here)")
     # disable_any_whitespace: the engines always write compact JSON; disable_additional_properties:
     # xgrammar's strict mode already refuses properties a schema does not name. Both hold either way.
-    kind, where = kinds[0], f"structured_outputs.{kinds[0]}"
+    kind, where = kinds[0], f"{at}.{kinds[0]}"
     if kind == "json":
         assert so.json is not None
         return Constraint(where, "json_schema", _json_schema(where, so.json))

@@ -1,6 +1,7 @@
-"""Request translation: an OpenAI body, checked once, turned into a ready engine request (prompt ids,
-sampling params, output options). Runs on each API server's event loop; long bodies are parsed,
-rendered and tokenized in its worker processes (workers.py)."""
+"""Request translation: an OpenAI body (or a token-in one), checked once, turned into a ready engine
+request (prompt ids, sampling params, output options); and /tokenize's and /detokenize's work, which
+shares its worker processes. Runs on each API server's event loop; long bodies are parsed, rendered
+and tokenized in its worker processes (workers.py)."""
 from __future__ import annotations
 
 import os
@@ -14,7 +15,7 @@ import msgspec
 
 from protocol import GenerateRequest
 from protocol.block_hash import block_hashes
-from services.frontend import refusals
+from services.frontend import refusals, token_in, tokenization
 from services.frontend.chat_template import TemplateError
 from services.frontend.errors import APIError
 from services.frontend.messages import template_messages
@@ -29,6 +30,7 @@ from services.frontend.parsers import (
 from services.frontend.schema import (
     CHAT_BOUNDS,
     ChatCompletionRequest,
+    ChatMessage,
     CompletionRequest,
     check_bounds,
     check_common,
@@ -38,6 +40,7 @@ from services.frontend.schema import (
     stop_list,
 )
 from services.frontend.structured import Constraint, constraint
+from services.frontend.tokenization import Tokenized
 from services.frontend.tools import check_tools, forced_schema, resolve_tool_choice
 from services.frontend.workers import PreparePool
 
@@ -66,9 +69,14 @@ class OutputOptions:
     tool_parser: str | None = None  # the --tool-call-parser when this request's tool_choice is "auto"
     reasoning_parser: str | None = None  # the --reasoning-parser, for chat
     prompt_tail: str = ""  # the rendered prompt's end: whether the template opened the reasoning
+    token_out: bool = False  # /inference/v1/generate: the response carries token ids (vLLM's shape)
+    text_out: bool = False  # ... and their text as well (its return_text)
+    response_id: str = ""  # the id the response names, when it is not the engine request's (the caller's)
     # The request field an engine's refusal of `sampling.<name>` is about: where the structured-output
-    # constraint came from (tool_choice, response_format, ...); other sampling fields keep their name.
+    # constraint came from (tool_choice, response_format, ...); other sampling fields keep their name,
+    # after `param_prefix` ("sampling_params." on the token-in route).
     constraint_param: str | None = None
+    param_prefix: str = ""
 
 
 @dataclass(slots=True, frozen=True)
@@ -98,7 +106,7 @@ class Prepared:
     event loop for short bodies and in a worker process for long ones (so it pickles small: the
     request keeps no messages or prompt, the ids travel as an array)."""
 
-    req: ChatCompletionRequest | CompletionRequest
+    req: ChatCompletionRequest | CompletionRequest | token_in.TokenInRequest
     ids: array[int]
     chat: bool
     prompt_tail: str = ""  # chat: the rendered prompt's end
@@ -144,16 +152,8 @@ class Preparer:
             raise APIError(400, f"{constrained.param}: a structured-output constraint cannot be combined with "
                            "tool_choice 'required' or a named function, whose calls are constrained already",
                            param=constrained.param)
-        messages = template_messages(req.messages)
-        try:
-            text = self._model.template.render(
-                messages, tools=req.tools, add_generation_prompt=req.add_generation_prompt,
-                continue_final_message=req.continue_final_message,
-                chat_template_kwargs=_template_kwargs(req))
-        except TemplateError as exc:
-            if exc.param is not None:  # a render option of the request, not the template, is at fault
-                raise APIError(400, str(exc), param=exc.param) from None
-            raise APIError(400, f"chat template error: {exc}", param="messages") from None
+        text = self.render(req.messages, req.tools, req.add_generation_prompt, req.continue_final_message,
+                           _template_kwargs(req))
         ids = array("l", self._model.encode(text, add_special_tokens=req.add_special_tokens))
         return Prepared(msgspec.structs.replace(req, messages=[], tools=None), ids, True, text[-PROMPT_TAIL_CHARS:],
                         tools, choice, parallel, schema, constrained)
@@ -190,6 +190,31 @@ class Preparer:
             raise APIError(400, "prompt: must not be empty", param="prompt")
         return Prepared(msgspec.structs.replace(req, prompt=""), ids, False, constraint=constrained)
 
+    def generate(self, body: bytes) -> Prepared:
+        """An /inference/v1/generate body (token ids in: nothing to render or tokenize)."""
+        req: token_in.TokenInRequest = parse(token_in.TokenInRequest, body)
+        tokenization.check_model(self._model, req.model)
+        ids = token_in.check(req, self._model.tokenizer.get_vocab_size(with_added_tokens=True))
+        return Prepared(msgspec.structs.replace(req, token_ids=[]), ids, False)
+
+    def tokenize(self, body: bytes) -> Tokenized:
+        return tokenization.tokenize(self._model, body, self.render)
+
+    def detokenize(self, body: bytes) -> bytes:
+        return tokenization.detokenize(self._model, body)
+
+    def render(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None, add_generation_prompt: bool,
+               continue_final_message: bool, chat_template_kwargs: dict[str, Any] | None) -> str:
+        """The prompt text of a conversation (the chat route's and /tokenize's), errors naming the field."""
+        try:
+            return self._model.template.render(
+                template_messages(messages), tools=tools, add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message, chat_template_kwargs=chat_template_kwargs)
+        except TemplateError as exc:
+            if exc.param is not None:  # a render option of the request, not the template, is at fault
+                raise APIError(400, str(exc), param=exc.param) from None
+            raise APIError(400, f"chat template error: {exc}", param="messages") from None
+
     def _check_model(self, name: str) -> None:
         if name != self._model.name:
             raise APIError(404, f"The model `{name}` does not exist.", param="model")
@@ -201,14 +226,17 @@ class Translator:
     tokenizing hold the GIL, so a worker thread would stall every stream; see docs/frontend.md), then
     the checks that need the engines. `max_model_len` answers for the engines (503 while none has
     handshaken); it is asked only once the body has passed its own checks, so a bad body is a 400
-    even then. `engine_problem(minor)`: why some ready engine cannot honour what the sim backend
+    even then. `render_max_model_len` answers for the render routes, which need no engine (default:
+    `max_model_len`). `engine_problem(minor)`: why some ready engine cannot honour what the sim backend
     cannot and protocol 1.<minor> carries (the vllm backend can), or None."""
 
     def __init__(self, model: Model, max_model_len: Callable[[], int], *, long_prompt_chars: int,
                  max_concurrent_tokenizations: int, enable_auto_tool_choice: bool = False,
                  tool_call_parser: str | None = None, reasoning_parser: str | None = None,
-                 engine_problem: Callable[[int], str | None] = lambda minor: None) -> None:
+                 engine_problem: Callable[[int], str | None] = lambda minor: None,
+                 render_max_model_len: Callable[[], int] | None = None) -> None:
         self._model = model
+        self._render_max_model_len = render_max_model_len or max_model_len
         self._engine_problem = engine_problem
         self._reasoning_parser = reasoning_parser
         self._tool_call_parser = tool_call_parser
@@ -228,18 +256,25 @@ class Translator:
     def close(self) -> None:
         self._workers.close()
 
-    async def chat(self, body: bytes, pin: bytes | None) -> EngineRequest:
-        """A /v1/chat/completions body; `pin`: the X-Data-Parallel-Rank header, if sent."""
+    async def chat(self, body: bytes, pin: bytes | None, *, render: bool = False) -> EngineRequest:
+        """A /v1/chat/completions body; `pin`: the X-Data-Parallel-Rank header, if sent. `render`: for
+        /v1/chat/completions/render, which sends nothing to the engines and parses no output: the
+        request before the checks on what the ready engines can give and before the parsers' options
+        (the token-in route makes the engine checks when the rendered request comes back)."""
         prepared = await self._prepare("chat", body)
         req = prepared.req
+        assert isinstance(req, ChatCompletionRequest)
         choice, schema = prepared.tool_choice, prepared.json_schema
+        forced = Constraint("tool_choice", "json_schema", schema) if schema is not None else None
+        if render:
+            return self._engine_request(req, prepared.ids, pin, chat=True, constraint=forced or prepared.constraint,
+                                        render=True, request_id=f"chatcmpl-{os.urandom(12).hex()}")
         if schema is not None:
             problem = self._engine_problem(FORCED_TOOLS_MINOR)
             if problem is not None:
                 what = "'required'" if choice == "required" else "naming a function"
                 raise APIError(400, f"tool_choice {what} needs guaranteed structured output, which {problem}",
                                param="tool_choice")
-        forced = Constraint("tool_choice", "json_schema", schema) if schema is not None else None
         request = self._engine_request(req, prepared.ids, pin, chat=True, request_id=f"chatcmpl-{os.urandom(12).hex()}",
                                        constraint=forced or prepared.constraint)
         if self._harmony and request.output.stop and schema is None:
@@ -255,34 +290,94 @@ class Translator:
                          prompt_tail=prepared.prompt_tail)
         return replace(request, output=output)
 
-    async def completion(self, body: bytes, pin: bytes | None) -> EngineRequest:
-        """A /v1/completions body; `pin`: the X-Data-Parallel-Rank header, if sent."""
+    async def completion(self, body: bytes, pin: bytes | None, *, render: bool = False) -> EngineRequest:
+        """A /v1/completions body; `pin`: the X-Data-Parallel-Rank header, if sent; `render`: for
+        /v1/completions/render."""
         prepared = await self._prepare("completion", body)
+        assert isinstance(prepared.req, CompletionRequest)
         return self._engine_request(prepared.req, prepared.ids, pin, chat=False,
-                                    request_id=f"cmpl-{os.urandom(12).hex()}", constraint=prepared.constraint)
+                                    request_id=f"cmpl-{os.urandom(12).hex()}", constraint=prepared.constraint,
+                                    render=render)
 
-    async def _prepare(self, kind: str, body: bytes) -> Prepared:
+    async def generate(self, body: bytes, pin: bytes | None) -> EngineRequest:
+        """An /inference/v1/generate body: token ids and vLLM's sampling parameters, answered in token ids."""
+        prepared = await self._prepare("generate", body)
+        req = prepared.req
+        assert isinstance(req, token_in.TokenInRequest)
+        sp = req.sampling_params
+        constraint = token_in.constraint(sp)
+        # A JSON Schema reaches engines of protocol 1.2 on; the other kinds and the logits controls 1.3.
+        needs = [(constraint.param, "guaranteed structured output",
+                  FORCED_TOOLS_MINOR if constraint.kind == "json_schema" else SAMPLING_CONTROLS_MINOR)
+                 ] if constraint is not None else []
+        needs += [(name, "the engine to apply it to the logits", SAMPLING_CONTROLS_MINOR)
+                  for name in token_in.logits_controls(sp)]
+        for param, what, minor in needs:
+            problem = self._engine_problem(minor)
+            if problem is not None:
+                raise APIError(400, f"{param}: needs {what}, which {problem}", param=param)
+        requested = None if sp.max_tokens is msgspec.UNSET else sp.max_tokens
+        max_tokens = self._max_tokens(len(prepared.ids), requested, chat=True, render=False, param="token_ids",
+                                      max_tokens_param=f"{token_in.PREFIX}.max_tokens")
+        usage = req.stream_options is not None and req.stream_options.include_usage
+        continuous = usage and req.stream_options is not None and req.stream_options.continuous_usage_stats
+        caller_id = req.request_id or f"generate-{os.urandom(12).hex()}"
+        # The caller's id may be any string, and two callers may send the same one: the engine's is ours.
+        request_id = f"generate-tokens-{os.urandom(12).hex()}"
+        output = OutputOptions(chat=False, stream=bool(req.stream), include_usage=usage, continuous_usage=continuous,
+                               stop=tuple(token_in.stops_of(sp)), skip_special_tokens=sp.skip_special_tokens,
+                               include_stop_str_in_output=sp.include_stop_str_in_output, token_out=True,
+                               text_out=req.return_text, response_id=caller_id,
+                               constraint_param=constraint.param if constraint is not None else None,
+                               param_prefix=f"{token_in.PREFIX}.")
+        vocab = self._model.tokenizer.get_vocab_size(with_added_tokens=True)
+        sampling = token_in.engine_sampling(sp, max_tokens, vocab)
+        request = GenerateRequest(request_id, prepared.ids.tolist(), sampling, time.time(), req.priority, None,
+                                  req.cache_salt, _pinned_rank(pin))
+        return EngineRequest(request, max_tokens, output)
+
+    async def tokenize(self, body: bytes) -> Tokenized:
+        """A /tokenize body (the completion form, or the chat form rendered as the chat route renders it)."""
+        result = await self._prepare("tokenize", body)
+        assert isinstance(result, Tokenized)
+        return result
+
+    async def detokenize(self, body: bytes) -> bytes:
+        """A /detokenize body; the answer's JSON."""
+        result = await self._prepare("detokenize", body)
+        assert isinstance(result, bytes)
+        return result
+
+    async def _prepare(self, kind: str, body: bytes) -> Any:
         if len(body) <= self._long_prompt_chars:
-            return self._preparer.chat(body) if kind == "chat" else self._preparer.completion(body)
+            return _PREPARE[kind](self._preparer, body)
         return await self._workers.prepare(kind, body)
 
-    def _engine_request(self, req: ChatCompletionRequest | CompletionRequest, token_ids: array[int],
-                        pin: bytes | None, *, chat: bool, request_id: str,
-                        constraint: Constraint | None = None) -> EngineRequest:
-        self._check_engines(req, constraint)
-        max_len = self._max_model_len()
-        token_ids = _truncated(token_ids, req.truncate_prompt_tokens, req.truncation_side, max_len)
-        prompt_len = len(token_ids)
+    def _max_tokens(self, prompt_len: int, requested: int | None, *, chat: bool, render: bool, param: str,
+                    max_tokens_param: str = "max_tokens") -> int:
+        """The request's max_tokens, its default, held to the context length."""
+        max_len = self._render_max_model_len() if render else self._max_model_len()
         if prompt_len >= max_len:
             raise APIError(400, f"This model's maximum context length is {max_len} tokens, but the prompt "
-                           f"has {prompt_len} tokens", param="messages" if chat else "prompt")
+                           f"has {prompt_len} tokens", param=param)
         # As OpenAI and vLLM: chat may use the rest of the context, a text completion defaults to 16.
         default = max_len - prompt_len if chat else min(COMPLETION_DEFAULT_MAX_TOKENS, max_len - prompt_len)
-        max_tokens = req.max_tokens if req.max_tokens is not None else default
+        max_tokens = requested if requested is not None else default
         if prompt_len + max_tokens > max_len:
             raise APIError(400, f"This model's maximum context length is {max_len} tokens. However, you "
                            f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the prompt, "
-                           f"{max_tokens} for the completion)", param="max_tokens")
+                           f"{max_tokens} for the completion)", param=max_tokens_param)
+        return max_tokens
+
+    def _engine_request(self, req: ChatCompletionRequest | CompletionRequest, token_ids: array[int],
+                        pin: bytes | None, *, chat: bool, request_id: str, constraint: Constraint | None = None,
+                        render: bool = False) -> EngineRequest:
+        if not render:  # render asks no engine: the token-in route checks when the tokens come back
+            self._check_engines(req, constraint)
+        max_len = self._render_max_model_len() if render else self._max_model_len()
+        token_ids = _truncated(token_ids, req.truncate_prompt_tokens, req.truncation_side, max_len)
+        max_tokens = self._max_tokens(len(token_ids), req.max_tokens, chat=chat, render=render,
+                                      param="messages" if chat else "prompt")
         sampling = sampling_params(req, max_tokens, self._model.tokenizer.get_vocab_size(with_added_tokens=True))
         if constraint is not None:
             sampling = msgspec.structs.replace(sampling, **{constraint.kind: constraint.value})
@@ -296,7 +391,6 @@ class Translator:
         request = GenerateRequest(request_id, token_ids.tolist(), sampling, time.time(), req.priority, None,
                                   req.cache_salt, pinned)
         return EngineRequest(request, max_tokens, output)
-
 
     def _check_engines(self, req: ChatCompletionRequest | CompletionRequest, constraint: Constraint | None) -> None:
         """A 400 naming the first field that needs engines the ready ones are not (sim engines, say)."""
@@ -353,7 +447,7 @@ def refused_field(error: str, options: OutputOptions) -> tuple[str, str | None]:
     name = head.removeprefix("sampling.")
     if not sep or name == head or not name.isidentifier():
         return error, None
-    param = options.constraint_param if name in _CONSTRAINTS else name
+    param = options.constraint_param if name in _CONSTRAINTS else options.param_prefix + name
     if param is None:
         return error, None
     return f"{param}: {rest}", param
@@ -380,6 +474,13 @@ def _start_worker(path: str, name: str, enable_auto_tool_choice: bool, tool_call
                        tool_call_parser=tool_call_parser)
 
 
-def _prepare_in_worker(kind: str, body: bytes) -> Prepared:
+# What each kind of body is prepared with, on the loop or in a worker.
+_PREPARE: dict[str, Callable[[Preparer, bytes], Any]] = {
+    "chat": Preparer.chat, "completion": Preparer.completion, "generate": Preparer.generate,
+    "tokenize": Preparer.tokenize, "detokenize": Preparer.detokenize}
+
+
+def _prepare_in_worker(kind: str, body: bytes) -> Prepared | Tokenized | bytes:
     assert _worker is not None, "the worker's initializer has run"
-    return _worker.chat(body) if kind == "chat" else _worker.completion(body)
+    result: Prepared | Tokenized | bytes = _PREPARE[kind](_worker, body)
+    return result

@@ -7,6 +7,7 @@ import asyncio
 import hmac
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 import msgspec
@@ -109,7 +110,10 @@ class RouterApp:
                 raise HTTPError(405, f"{path} accepts GET only", headers=[(b"allow", b"GET")])
             await send_json(send, 200, self._openapi[listener.name])
             return
-        if api is None or api not in listener.apis:
+        # An API's other routes (count_tokens) are served where the API is.
+        adapter = ADAPTERS.get(api) if api is not None else None
+        served = adapter.part_of or api if adapter is not None else api
+        if api is None or served not in listener.apis:
             raise HTTPError(404, f"no route for {method} {path} on listener {listener.name!r}")
         wanted = "GET" if api == "models" else "POST"
         if method != wanted:
@@ -120,7 +124,8 @@ class RouterApp:
             raw = await read_body(scope, receive, self.max_body_bytes)
             await send_json(send, 200, _json.encode(self._decisions(listener, raw)))
         else:
-            await self._generate(listener, ADAPTERS[api], scope, receive, send)
+            assert adapter is not None  # every other POST route is an adapter's
+            await self._generate(listener, adapter, scope, receive, send)
 
     # ---- plain routes ----
 
@@ -185,6 +190,9 @@ class RouterApp:
             choice = await asyncio.to_thread(self._choose, listener, chat)
         else:
             choice = self._choose(listener, chat)
+        if not adapter.judged:
+            # No answer to judge or to learn from (a token count): the cache-aware policy is not told the text.
+            choice = replace(choice, text="")
         call = Call(listener, adapter, request, chat, choice)
         call.headers = [(b"x-router-entry", choice.entry.name.encode()),
                         (b"x-router-decision", choice.decision.name.encode())]
@@ -194,7 +202,7 @@ class RouterApp:
         gone = asyncio.Event()
         watcher = asyncio.get_running_loop().create_task(watch_disconnect(receive, task, gone, send))
         try:
-            if isinstance(choice.entry.algorithm, EscalateAlgorithm):
+            if isinstance(choice.entry.algorithm, EscalateAlgorithm) and adapter.judged:
                 await self.escalator.escalate(call, choice.entry.algorithm, send)
             else:
                 await self.dispatcher.dispatch(call, send)

@@ -197,6 +197,16 @@ class MessagesRequest(_Shape):
     thinking: Union[ThinkingEnabled, ThinkingDisabled, None] = None
 
 
+class CountTokensRequest(_Shape):
+    """Anthropic's count_tokens body: a Messages request without max_tokens (anthropic_count.py)."""
+    model: str
+    messages: Annotated[list[Message], msgspec.Meta(min_length=1)]
+    system: Union[str, list[TextBlock], None] = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: Union[ThinkingEnabled, ThinkingDisabled, None] = None
+
+
 # ---- the document ----
 
 # The API each listener `apis` name serves: path, request shape, what it does.
@@ -205,14 +215,17 @@ _APIS: dict[str, tuple[str, type[_Shape] | None, str]] = {
     "completions": ("/v1/completions", CompletionsRequest, "OpenAI text completion, routed and passed upstream"),
     "responses": ("/v1/responses", ResponsesRequest, "OpenAI Responses API, translated to chat upstream"),
     "messages": ("/v1/messages", MessagesRequest, "Anthropic Messages API, translated to chat upstream"),
+    "count_tokens": ("/v1/messages/count_tokens", CountTokensRequest,
+                     "Anthropic's token count of a Messages request, by a replica's POST /tokenize"),
     "decisions": ("/v1/decisions", None, "Where a chat, completions or Responses body would be routed, not sent"),
 }
+_PART_OF = {"count_tokens": "messages"}  # served where that API is (adapters: Adapter.part_of)
 ERROR_SCHEMA: dict[str, Any] = {"type": "object", "required": ["error"], "properties": {"error": {"type": "object"}}}
 
 
 def document(listener: ListenerConfig, models: tuple[str, ...]) -> dict[str, Any]:
     """The OpenAPI 3.1 document of one listener: its APIs, with `models` (its public names) as `model`."""
-    shapes = (ChatRequest, CompletionsRequest, ResponsesRequest, MessagesRequest)
+    shapes = (ChatRequest, CompletionsRequest, ResponsesRequest, MessagesRequest, CountTokensRequest)
     refs, schemas = msgspec.json.schema_components(shapes, ref_template=_REF)
     by_shape = dict(zip(shapes, refs, strict=True))
     for request in shapes:
@@ -223,7 +236,7 @@ def document(listener: ListenerConfig, models: tuple[str, ...]) -> dict[str, Any
     schemas["Error"] = ERROR_SCHEMA
     paths: dict[str, Any] = {}
     for api, (path, shape, summary) in _APIS.items():
-        if api in listener.apis:
+        if _PART_OF.get(api, api) in listener.apis:
             body = by_shape[shape] if shape is not None else {"anyOf": [by_shape[ChatRequest],
                                                                         by_shape[CompletionsRequest],
                                                                         by_shape[ResponsesRequest]]}

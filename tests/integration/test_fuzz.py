@@ -32,7 +32,9 @@ def test_the_frontend_answers_every_generated_request_without_a_5xx(fleet: tuple
     frontend, _ = fleet
     report = fuzz("frontend", frontend.url, examples=EXAMPLES, timeout_s=TIMEOUT_S)
     _check(report, frontend.log())
-    assert {op for op, _ in report.counts} >= {"POST /v1/chat/completions", "POST /v1/completions"}
+    assert {op for op, _ in report.counts} >= {f"POST {path}" for path in (
+        "/v1/chat/completions", "/v1/completions", "/v1/chat/completions/render", "/v1/completions/render",
+        "/inference/v1/generate", "/tokenize", "/detokenize")}
     assert report.by_status()["200"] > 0 and report.by_status()["400"] > 0  # both parsed and refused
 
 
@@ -42,5 +44,5 @@ def test_the_router_answers_every_generated_request_without_a_5xx(fleet: tuple[F
     _check(report, router.log() + frontend.log())
     assert {op for op, _ in report.counts} >= {f"POST /v1/{api}" for api in
                                                ("chat/completions", "completions", "responses", "messages",
-                                                "decisions")}
+                                                "messages/count_tokens", "decisions")}
     assert report.by_status()["200"] > 0 and report.by_status()["400"] > 0

@@ -103,7 +103,8 @@ def _settled(engine_url: str, router_url: str) -> dict[str, float]:
     """Every in-flight gauge of the frontend and the router, once all are 0 or 5 s have passed."""
     deadline = time.monotonic() + 5
     while True:
-        held = {**_gauges(engine_url, "fleet:engine_"), **_gauges(engine_url, "vllm:num_requests_running"),
+        held = {**_gauges(engine_url, "fleet:engine_streams_open"), **_gauges(engine_url, "fleet:requests_in_flight"),
+                **_gauges(engine_url, "vllm:num_requests_running"), **_gauges(engine_url, "vllm:num_requests_waiting"),
                 **_gauges(router_url, "router_replica_inflight")}
         if not any(held.values()) or time.monotonic() > deadline:
             return held

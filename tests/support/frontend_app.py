@@ -44,3 +44,10 @@ def frontend_app(max_model_len: int = 4096, *, backend: str = "sim", minor: int 
     config = FrontendConfig(model="tiny", data_parallel_size=1, data_parallel_size_local=0,
                             engine_addresses=(ADDRESS,))
     return Frontend(config, Model.load("tiny", "tiny"), engines, Metrics("tiny"))
+
+
+def render_only_app(max_model_len: int | None = None) -> Frontend:
+    """A frontend started with --render-only: the tiny model, no engine at all."""
+    engines = EngineSet([], frontend_id="test", engine_timeout_s=60, heartbeat_interval_s=1)
+    config = FrontendConfig(model="tiny", data_parallel_size_local=0, render_only=True, max_model_len=max_model_len)
+    return Frontend(config, Model.load("tiny", "tiny"), engines, Metrics("tiny"))

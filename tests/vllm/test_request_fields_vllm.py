@@ -34,10 +34,10 @@ def test_structured_outputs_has_vllms_public_fields() -> None:
 
     from vllm.sampling_params import StructuredOutputsParams
 
-    from services.frontend.schema import StructuredOutputs
+    from services.frontend.schema import StructuredOutputsParams as Ours
 
     public = {f.name for f in dataclasses.fields(StructuredOutputsParams) if f.init}
-    assert public == _fields(StructuredOutputs)
+    assert public == _fields(Ours)
 
 
 def _backend() -> object:

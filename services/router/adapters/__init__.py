@@ -44,6 +44,8 @@ class Adapter:
     """Upstream's 4xx body (OpenAI's error shape) in this API's shape; None to pass it on as it is."""
     upstream_path: str = CHAT_PATH  # the replica's path the translated request goes to
     passthrough: bool = False  # upstream's answer is already this API's: its bytes go to the client as they arrive
+    part_of: str = ""  # the listener `apis` name that serves it, when it is another API's route (count_tokens)
+    judged: bool = True  # an escalate entry judges its answers; False: the plan's first pool that answers serves it
 
 
 class AdapterError(ValueError):

@@ -224,7 +224,7 @@ def _event(kind: str, data: dict[str, Any]) -> bytes:
 _PING = _event("ping", {"type": "ping"})
 
 
-def _refusal_body(status: int, raw: bytes) -> bytes:
+def refusal_body(status: int, raw: bytes) -> bytes:
     """Every error in Anthropic's shape, upstream's 4xx (OpenAI's shape) too."""
     try:
         message = _decode.decode(raw)["error"]["message"]
@@ -234,4 +234,4 @@ def _refusal_body(status: int, raw: bytes) -> bytes:
 
 
 MESSAGES = Adapter("messages", "/v1/messages", messages_to_chat, chat_to_message, MessagesStream,
-                   lambda status, message, param, code: anthropic_error(status, message), _refusal_body)
+                   lambda status, message, param, code: anthropic_error(status, message), refusal_body)

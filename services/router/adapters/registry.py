@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from services.router.adapters import Adapter
 from services.router.adapters.anthropic import MESSAGES
+from services.router.adapters.anthropic_count import COUNT_TOKENS
 from services.router.adapters.openai import CHAT, COMPLETIONS
 from services.router.adapters.responses import RESPONSES
 
-ADAPTERS: dict[str, Adapter] = {adapter.name: adapter for adapter in (CHAT, COMPLETIONS, RESPONSES, MESSAGES)}
+ADAPTERS: dict[str, Adapter] = {adapter.name: adapter for adapter in (CHAT, COMPLETIONS, RESPONSES, MESSAGES,
+                                                                       COUNT_TOKENS)}
 
 
 def error_shape(api: str | None) -> Adapter:

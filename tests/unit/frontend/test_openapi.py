@@ -18,21 +18,35 @@ from tests.support.openapi_checks import Probe, documented_values, wrong_types
 
 DOC = document("tiny")
 HI = {"role": "user", "content": "hi"}
-BODIES = {"/v1/chat/completions": ("ChatCompletionRequest", {"model": "tiny", "messages": [HI], "max_tokens": 1}),
-          "/v1/completions": ("CompletionRequest", {"model": "tiny", "prompt": "hi", "max_tokens": 1})}
+CHAT = {"model": "tiny", "messages": [HI], "max_tokens": 1}
+COMPLETION = {"model": "tiny", "prompt": "hi", "max_tokens": 1}
+# Each documented POST body: (path, its component, a valid body). /tokenize takes two forms.
+BODIES = [("/v1/chat/completions", "ChatCompletionRequest", CHAT),
+          ("/v1/completions", "CompletionRequest", COMPLETION),
+          ("/v1/chat/completions/render", "ChatCompletionRequest", CHAT),
+          ("/v1/completions/render", "CompletionRequest", COMPLETION),
+          ("/inference/v1/generate", "TokenInRequest", {"token_ids": [1], "sampling_params": {"max_tokens": 1}}),
+          ("/tokenize", "TokenizeCompletionRequest", {"prompt": "hi"}),
+          ("/tokenize", "TokenizeChatRequest", {"messages": [HI]}),
+          ("/detokenize", "DetokenizeRequest", {"tokens": [1]})]
 NESTED = {"ChatMessage": HI, "ContentPart": {"type": "text", "text": "x"}, "StreamOptions": {},
+          "TokenSampling": {"max_tokens": 1}, "StructuredOutputs": {"json": {}},
+          "StructuredOutputsParams": {"regex": "a"},
           "JsonSchemaResponseFormat": {"type": "json_schema", "json_schema": {"name": "n", "schema": {}}},
-          "JsonSchemaFormat": {"name": "n", "schema": {}}, "StructuralTagFormat": {"type": "structural_tag"},
-          "StructuredOutputs": {"regex": "a"}}
+          "JsonSchemaFormat": {"name": "n", "schema": {}}, "StructuralTagFormat": {"type": "structural_tag"}}
 
 
 def _ref(component: str) -> dict[str, Any]:
     return {"$ref": f"#/components/schemas/{component}"}
 
 
-PROBES = [(path, probe) for path, (component, base) in BODIES.items()
+def _id(path: str, field: str) -> str:
+    return f"{path.removeprefix('/v1/').removeprefix('/')}:{field}"
+
+
+PROBES = [(path, probe) for path, component, base in BODIES
           for probe in wrong_types(_ref(component), DOC, base, NESTED)]
-VALUES = [(path, field, value) for path, (component, _) in BODIES.items()
+VALUES = [(path, base, field, value) for path, component, base in BODIES
           for field, value in documented_values(_ref(component), DOC)]
 
 
@@ -55,31 +69,53 @@ def test_the_document_is_served_and_loads_in_schemathesis(app: Frontend) -> None
 
 
 def test_every_documented_field_is_probed() -> None:
-    for path, (component, _) in BODIES.items():
-        fields = {probe.field.split(".")[0].split("[")[0] for p, probe in PROBES if p == path}
-        assert fields == set(DOC["components"]["schemas"][component]["properties"])
-    assert {"messages[0].role", "messages[0].content[0].type", "stream_options.include_usage"} <= {
+    operations = {(op.method.upper(), op.path) for op in
+                  (result.ok() for result in schemathesis.openapi.from_dict(DOC).get_all_operations())}
+    assert {("POST", path) for path, _, _ in BODIES} == {op for op in operations if op[0] == "POST"}
+    for _, component, base in BODIES:
+        probes = wrong_types(_ref(component), DOC, base, NESTED)
+        assert {probe.field.split(".")[0].split("[")[0] for probe in probes} == set(
+            DOC["components"]["schemas"][component]["properties"])
+    assert {"messages[0].role", "messages[0].content[0].type", "stream_options.include_usage",
+            "sampling_params.temperature", "sampling_params.structured_outputs.regex"} <= {
         probe.field for _, probe in PROBES}
 
 
-@pytest.mark.parametrize(("path", "probe"), PROBES, ids=[f"{p.rsplit('/', 1)[1]}:{probe.field}" for p, probe in PROBES])
+@pytest.mark.parametrize(("path", "probe"), PROBES, ids=[_id(p, probe.field) for p, probe in PROBES])
 def test_a_type_the_document_does_not_allow_is_a_400_naming_the_field(app: Frontend, path: str, probe: Probe) -> None:
     answer = call(app, "POST", path, probe.body)
     assert answer.status == 400 and answer.json()["error"]["param"] == probe.field, answer.body
 
 
-@pytest.mark.parametrize(("path", "field", "value"), VALUES,
-                         ids=[f"{p.rsplit('/', 1)[1]}:{field}={value}" for p, field, value in VALUES])
-def test_documented_values_are_accepted(app: Frontend, path: str, field: str, value: Any) -> None:
-    answer = call(app, "POST", path, {**BODIES[path][1], field: value})
+@pytest.mark.parametrize(("path", "base", "field", "value"), VALUES,
+                         ids=[f"{_id(p, field)}={value}" for p, _, field, value in VALUES])
+def test_documented_values_are_accepted(app: Frontend, path: str, base: dict[str, Any], field: str,
+                                        value: Any) -> None:
+    answer = call(app, "POST", path, {**base, field: value})
     assert answer.status == 200, answer.body
+
+
+SAMPLING_VALUES = list(documented_values(_ref("TokenSampling"), DOC))
+
+
+@pytest.mark.parametrize(("field", "value"), SAMPLING_VALUES, ids=[f"{f}={v}" for f, v in SAMPLING_VALUES])
+def test_documented_token_in_sampling_values_are_accepted(app: Frontend, field: str, value: Any) -> None:
+    answer = call(app, "POST", "/inference/v1/generate",
+                  {"token_ids": [1], "sampling_params": {"max_tokens": 1, "min_tokens": 0, field: value}})
+    assert answer.status == 200, answer.body
+
+
+def test_a_render_only_document_has_no_generation_routes() -> None:
+    paths = set(document("tiny", render_only=True)["paths"])
+    assert not paths & {"/v1/chat/completions", "/v1/completions", "/inference/v1/generate"}
+    assert {"/v1/chat/completions/render", "/v1/completions/render", "/tokenize", "/detokenize", "/version"} <= paths
 
 
 @pytest.mark.parametrize("role", DOC["components"]["schemas"]["ChatMessage"]["properties"]["role"]["enum"])
 def test_every_documented_role_is_accepted(app: Frontend, role: str) -> None:
     message = {"role": role, "content": "hi"}
-    answer = call(app, "POST", "/v1/chat/completions", {**BODIES["/v1/chat/completions"][1],
-                                                         "messages": [HI, message] if role != "user" else [message]})
+    answer = call(app, "POST", "/v1/chat/completions",
+                  {**CHAT, "messages": [HI, message] if role != "user" else [message]})
     assert answer.status == 200, answer.body
 
 

@@ -11,7 +11,7 @@ from services.frontend.metrics import Metrics
 from services.frontend.model import Model
 from services.frontend.output import OutputProcessor
 from services.frontend.parsers import ParsedDelta, ToolCall, ToolCallDelta
-from services.frontend.stream import EngineFailure, Stream
+from services.frontend.stream import CLIENT_GONE, EngineFailure, Stream
 from services.frontend.translation import EngineRequest, OutputOptions
 
 HELLO, WORLD, COMMA = 9707, 1879, 11  # "Hello", " world", ","
@@ -180,3 +180,28 @@ def test_the_token_that_stopped_a_request_is_no_text(model: Model, skip: bool, i
         stream.feed(RequestOutput("r1", [WORLD, last], "stop", stop_reason=None if last == IM_END else last))
         assert asyncio.run(_drain(outputs)) == "Hello world" + (text if include else "")
         assert outputs.completion_tokens == 3
+
+
+def _generated(metrics: Metrics) -> float | None:
+    return metrics.registry.get_sample_value("vllm:generation_tokens_total", {"model_name": "tiny"})
+
+
+def test_a_client_that_left_aborted_its_request_and_its_tokens_still_count(model: Model) -> None:
+    """As vLLM: finished_reason "abort", not "error", and the tokens made before count."""
+    outputs, stream, metrics = _processor(model, _Engines())
+    stream.feed(RequestOutput("r1", [HELLO, WORLD], None))
+    asyncio.run(outputs.pieces())
+    stream.fail(CLIENT_GONE)
+    with pytest.raises(EngineFailure):
+        asyncio.run(outputs.pieces())
+    assert (_success(metrics, "abort"), _success(metrics, "error"), _generated(metrics)) == (1, None, 2)
+
+
+def test_an_engine_failure_is_an_error_and_its_tokens_still_count(model: Model) -> None:
+    outputs, stream, metrics = _processor(model, _Engines())
+    stream.feed(RequestOutput("r1", [HELLO], None))
+    asyncio.run(outputs.pieces())
+    stream.fail("engine rank 0 failed: its connection closed")
+    with pytest.raises(EngineFailure):
+        asyncio.run(outputs.pieces())
+    assert (_success(metrics, "abort"), _success(metrics, "error"), _generated(metrics)) == (None, 1, 1)

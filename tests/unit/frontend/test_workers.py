@@ -84,6 +84,28 @@ def test_a_worker_refusal_comes_back_as_the_same_400(translator: Translator, fie
     assert (info.value.status, info.value.param) == (400, param), info.value.message
 
 
+def test_long_tokenize_detokenize_and_token_in_bodies_are_worked_in_a_worker_as_on_the_loop(
+        translator: Translator, model: Model) -> None:
+    short = Translator(model, lambda: 10**7, long_prompt_chars=10**9, max_concurrent_tokenizations=1)
+    messages = [{"role": "user", "content": "naïve words, code {json} 日本語 " * 200}]
+    ids = model.encode("naïve words " * 1000, add_special_tokens=False)
+    try:
+        for body in (_body(messages=messages), _body(prompt="naïve words " * 1000, return_token_strs=True)):
+            assert len(body) > 2000
+            assert asyncio.run(translator.tokenize(body)) == asyncio.run(short.tokenize(body))
+        body = _body(tokens=ids)
+        assert asyncio.run(translator.detokenize(body)) == asyncio.run(short.detokenize(body))
+        body = _body(token_ids=ids, sampling_params={"temperature": 0, "stop": ["x"], "max_tokens": 3})
+        far, near = asyncio.run(translator.generate(body, None)), asyncio.run(short.generate(body, None))
+        assert far.request.prompt_token_ids == near.request.prompt_token_ids == ids
+        assert (far.request.sampling, far.output.stop) == (near.request.sampling, near.output.stop)
+        with pytest.raises(APIError) as info:  # a worker's refusal names the field as the loop's does
+            asyncio.run(translator.generate(_body(token_ids=[*ids, -5], sampling_params={}), None))
+        assert info.value.param == f"token_ids[{len(ids)}]"
+    finally:
+        short.close()
+
+
 def test_the_loop_runs_while_a_huge_prompt_is_tokenized(translator: Translator) -> None:
     """2 MB in one message: tokenizers' encode held the GIL for ~2 s in a worker thread."""
     body = _body(messages=[{"role": "user", "content": "naïve words, code {json} and 日本語 " * 60_000}])

@@ -31,6 +31,8 @@ BODIES: dict[str, tuple[str, dict[str, Any]]] = {
     "responses": ("ResponsesRequest", {"model": "fleet", "input": "hi", "tools": [TOOL]}),
     "messages": ("MessagesRequest", {"model": "fleet", "max_tokens": 2048, "messages": [HI],
                                      "tools": [{"name": "f", "input_schema": {}}]}),
+    "count_tokens": ("CountTokensRequest", {"model": "fleet", "messages": [HI],
+                                            "tools": [{"name": "f", "input_schema": {}}]}),
 }
 # A valid value of the components inside them, for probing their fields (in a user message, for Messages).
 NESTED: dict[str, dict[str, Any]] = {
@@ -98,11 +100,13 @@ def test_each_listener_serves_its_own_document_which_loads_in_schemathesis() -> 
     app = RouterApp(config, router, FakeUpstream(), RouterMetrics(router.pools))
     public = asyncio.run(request(app, "GET", "/openapi.json")).json()
     assert set(public["paths"]) == {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
-                                    "/v1/decisions", "/v1/models", "/health", "/metrics", "/openapi.json"}
+                                    "/v1/messages/count_tokens", "/v1/decisions", "/v1/models", "/health",
+                                    "/metrics", "/openapi.json"}
     assert public["components"]["schemas"]["ResponsesRequest"]["properties"]["model"]["enum"] == ["a", "b"]
     assert asyncio.run(request(app, "GET", "/openapi.json", port=8081)).status == 401  # behind the API key
     claude = asyncio.run(request(app, "GET", "/openapi.json", port=8081, headers={"x-api-key": "k"})).json()
-    assert set(claude["paths"]) == {"/v1/messages", "/health", "/metrics", "/openapi.json"}
+    assert set(claude["paths"]) == {"/v1/messages", "/v1/messages/count_tokens", "/health", "/metrics",
+                                    "/openapi.json"}
     assert claude["components"]["schemas"]["MessagesRequest"]["properties"]["model"]["enum"] == ["b"]
     assert claude["security"] and "bearer" in claude["components"]["securitySchemes"]
     for doc in (public, claude):

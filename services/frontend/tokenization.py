@@ -1,0 +1,118 @@
+"""POST /tokenize and POST /detokenize in vLLM's shapes: the request structs and the work on the
+tokenizer and chat template. Run by translation's Preparer in each API server process, on its event
+loop for short bodies and in a worker process for long ones (workers.py), so it pickles small: the
+token ids come back already JSON-encoded."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from services.frontend.errors import APIError
+from services.frontend.model import Model
+from services.frontend.schema import ChatMessage, parse
+from services.frontend.tools import check_tools
+
+_json = msgspec.json.Encoder()
+
+
+class TokenizeCompletionRequest(msgspec.Struct, kw_only=True):
+    prompt: str
+    model: str | None = None
+    add_special_tokens: bool = True
+    return_token_strs: bool | None = False
+
+
+class TokenizeChatRequest(msgspec.Struct, kw_only=True):
+    """The chat form: rendered with the chat template as /v1/chat/completions renders it."""
+
+    messages: list[ChatMessage]
+    model: str | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    # As vLLM: the template adds what special tokens it needs, so by default none are added on top.
+    add_special_tokens: bool = False
+    return_token_strs: bool | None = False
+    chat_template: str | None = None  # refused: vLLM takes one only with --trust-request-chat-template
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    media_io_kwargs: dict[str, Any] | None = None  # multimodal: refused, the frontend serves text
+    mm_processor_kwargs: dict[str, Any] | None = None
+
+
+class DetokenizeRequest(msgspec.Struct, kw_only=True):
+    tokens: list[int]
+    model: str | None = None
+
+
+class _Form(msgspec.Struct):
+    """Which form a /tokenize body is: the chat form has `messages` (vLLM tells them apart so)."""
+
+    messages: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+
+
+_form = msgspec.json.Decoder(_Form)
+
+
+@dataclass(slots=True, frozen=True)
+class Tokenized:
+    """A /tokenize answer but for max_model_len, which the event loop knows (the engines say it)."""
+
+    count: int
+    tokens: bytes  # the JSON array of ids
+    token_strs: bytes | None  # the JSON array of their strings, when asked
+
+    def body(self, max_model_len: int) -> bytes:
+        return (b'{"count":' + str(self.count).encode() + b',"max_model_len":' + str(max_model_len).encode()
+                + b',"tokens":' + self.tokens + b',"token_strs":' + (self.token_strs or b"null") + b"}")
+
+
+# (messages, tools, add_generation_prompt, continue_final_message, chat_template_kwargs) -> prompt text,
+# with the chat endpoint's checks and errors (translation.Preparer.render).
+Render = Callable[[list[ChatMessage], list[dict[str, Any]] | None, bool, bool, dict[str, Any] | None], str]
+
+
+def tokenize(model: Model, body: bytes, render: Render) -> Tokenized:
+    """A /tokenize body, either form, checked and tokenized."""
+    try:
+        chat = _form.decode(body).messages is not msgspec.UNSET
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        chat = False  # not an object: parse() below says why, as for the other routes
+    if chat:
+        req: TokenizeChatRequest = parse(TokenizeChatRequest, body)
+        check_model(model, req.model)
+        if req.chat_template is not None:
+            raise APIError(400, "chat_template: a chat template sent with the request is not accepted; the "
+                           "model's own template renders it", param="chat_template")
+        for name in ("media_io_kwargs", "mm_processor_kwargs"):
+            if getattr(req, name) is not None:
+                raise APIError(400, f"{name}: multimodal inputs are not supported by this server", param=name)
+        check_tools(req.tools)
+        text = render(req.messages, req.tools, req.add_generation_prompt, req.continue_final_message,
+                      req.chat_template_kwargs)
+        add_special, strs = req.add_special_tokens, req.return_token_strs
+    else:
+        completion: TokenizeCompletionRequest = parse(TokenizeCompletionRequest, body)
+        check_model(model, completion.model)
+        text, add_special, strs = completion.prompt, completion.add_special_tokens, completion.return_token_strs
+    encoding = model.tokenizer.encode(text, add_special_tokens=add_special)
+    return Tokenized(len(encoding.ids), _json.encode(encoding.ids), _json.encode(encoding.tokens) if strs else None)
+
+
+def detokenize(model: Model, body: bytes) -> bytes:
+    """A /detokenize body, checked; the answer's JSON: the text of the ids, special tokens kept (as vLLM)."""
+    req: DetokenizeRequest = parse(DetokenizeRequest, body)
+    check_model(model, req.model)
+    vocab = model.tokenizer.get_vocab_size(with_added_tokens=True)
+    if req.tokens and not (0 <= min(req.tokens) and max(req.tokens) < vocab):
+        i, bad = next((i, t) for i, t in enumerate(req.tokens) if not 0 <= t < vocab)
+        raise APIError(400, f"tokens[{i}]: token id {bad} is out of range [0, {vocab})", param=f"tokens[{i}]")
+    return _json.encode({"prompt": model.tokenizer.decode(req.tokens, skip_special_tokens=False)})
+
+
+def check_model(model: Model, name: str | None) -> None:
+    """`model` may be left out (vLLM's preprocessing routes); named, it must be the one served."""
+    if name is not None and name != model.name:
+        raise APIError(404, f"The model `{name}` does not exist.", param="model")
