@@ -48,8 +48,6 @@ COMMON: dict[str, Refusal] = {
     "use_beam_search": Refusal(_falsy, BEAM),
     "length_penalty": Refusal(_one_of(1.0), "only beam search reads it: " + BEAM),
     "watermarking": Refusal(_falsy, "output watermarking is not supported by this server"),
-    "request_id": Refusal(_none, "this server names each response itself (its ids are unique per engine); "
-                                 "send your own id as `user` or in a header of your gateway"),
     "routed_experts_prompt_start": Refusal(_one_of(0), "routed-expert data is not returned by this server"),
     "return_token_offsets": Refusal(_falsy, RENDER_ONLY),
     "mm_payload": Refusal(_one_of("tensors"), RENDER_ONLY),

@@ -32,8 +32,8 @@ def generate_request(request: EngineRequest, model: str) -> dict[str, Any]:
     if options.stream:
         stream_options = {"include_usage": options.include_usage, "continuous_usage_stats": options.continuous_usage}
     engine = request.request
-    return {"request_id": engine.request_id, "token_ids": engine.prompt_token_ids, "assistant_tokens_mask": None,
-            "token_offsets": None, "features": None,
+    return {"request_id": options.response_id or engine.request_id, "token_ids": engine.prompt_token_ids,
+            "assistant_tokens_mask": None, "token_offsets": None, "features": None,
             "sampling_params": sampling_params(engine.sampling, request, _DELTA if options.stream else _FINAL_ONLY),
             "model": model, "stream": options.stream, "stream_options": stream_options,
             "cache_salt": engine.cache_salt, "priority": engine.priority, "kv_transfer_params": None,

@@ -37,13 +37,13 @@ async def send_completion(send: Send, outputs: OutputProcessor, model: str) -> N
         await send_json(send, exc.status, error_body(exc.status, str(exc), exc.param))
         return
     use = outputs.usage(outputs.completion_tokens)
+    response_id = outputs.options.response_id or outputs.stream.request_id
     if outputs.options.chat:
-        body = responses.chat_completion(outputs.stream.request_id, model, "".join(parts), finish, outputs.stop_reason,
+        body = responses.chat_completion(response_id, model, "".join(parts), finish, outputs.stop_reason,
                                          use, reasoning="".join(reasoning) if outputs.parsing else None,
                                          tool_calls=outputs.calls if outputs.parsing else None)
     else:
-        body = responses.text_completion(outputs.stream.request_id, model, "".join(parts), finish,
-                                         outputs.stop_reason, use)
+        body = responses.text_completion(response_id, model, "".join(parts), finish, outputs.stop_reason, use)
     await send_json(send, 200, body, [_rank_header(outputs)])
 
 
@@ -54,7 +54,7 @@ async def send_stream(send: Send, outputs: OutputProcessor, model: str) -> None:
     serves it (also after a draining rank's refusal moved it) and a failure before any output
     gets its own status rather than an error event."""
     options = outputs.options
-    writer = responses.ChunkWriter(outputs.stream.request_id, model, chat=options.chat)
+    writer = responses.ChunkWriter(options.response_id or outputs.stream.request_id, model, chat=options.chat)
     text, usage, continuous = writer.text, outputs.usage, options.continuous_usage
     started = False
     try:

@@ -384,9 +384,11 @@ class Translator:
         pinned = _pinned_rank(pin)
         usage = req.stream_options is not None and req.stream_options.include_usage
         continuous = usage and req.stream_options is not None and req.stream_options.continuous_usage_stats
+        # The caller's request_id names the response as vLLM names it; the engine's id stays ours and unique.
+        response_id = "" if req.request_id is None else ("chatcmpl-" if chat else "cmpl-") + req.request_id
         output = OutputOptions(chat=chat, stream=bool(req.stream), include_usage=usage, continuous_usage=continuous,
                                stop=tuple(stop_list(req)), include_stop_str_in_output=req.include_stop_str_in_output,
-                               skip_special_tokens=req.skip_special_tokens,
+                               skip_special_tokens=req.skip_special_tokens, response_id=response_id,
                                constraint_param=constraint.param if constraint is not None else None)
         request = GenerateRequest(request_id, token_ids.tolist(), sampling, time.time(), req.priority, None,
                                   req.cache_salt, pinned)

@@ -148,7 +148,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     "return_token_ids": {"return_token_ids": True},
     "return_prompt_text": {"return_prompt_text": True},
     "include_reasoning": {"include_reasoning": False},
-    "request_id": {"request_id": "mine"},
+    "request_id": {"request_id": "mine"},  # its answer: test_request_id_names_the_response
     "routed_experts_prompt_start": {"routed_experts_prompt_start": 1},
     "return_token_offsets": {"return_token_offsets": True},
     "mm_payload": {"mm_payload": "none"},
@@ -231,3 +231,13 @@ def test_a_vllm_engine_older_than_protocol_1_3_gets_the_new_fields_refused() -> 
     # A forced tool_choice needs 1.2 only.
     got = asyncio.run(request(old, "POST", CHAT, {**BASES[CHAT], **EXAMPLES["tool_choice"]}))
     assert got.status == 200, got.body
+
+
+def test_request_id_names_the_response_as_vllm_does(sim: Frontend) -> None:
+    for path, prefix in ((CHAT, "chatcmpl-"), (COMPLETIONS, "cmpl-")):
+        for stream in (False, True):
+            got = asyncio.run(request(sim, "POST", path, {**BASES[path], "max_tokens": 1, "stream": stream,
+                                                         "request_id": "mine-7"}))
+            assert got.status == 200 and f'"id":"{prefix}mine-7"'.encode() in got.body, got.body
+    rendered = asyncio.run(request(sim, "POST", CHAT + "/render", {**BASES[CHAT], "request_id": "mine-7"}))
+    assert rendered.json()["request_id"] == "chatcmpl-mine-7"
