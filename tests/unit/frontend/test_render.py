@@ -102,7 +102,33 @@ def test_a_forced_tool_choice_renders_its_schema_as_structured_outputs(app: Fron
     schema = rendered["sampling_params"]["structured_outputs"]["json"]
     assert schema["type"] == "array" and schema["items"]["anyOf"][0]["properties"]["name"]["enum"] == ["get_weather"]
     refused = call(app, "/inference/v1/generate", rendered)  # and the token-in route asks them
-    assert refused.status == 400 and refused.json()["error"]["param"] == "sampling_params.structured_outputs"
+    assert refused.status == 400 and refused.json()["error"]["param"] == "sampling_params.structured_outputs.json"
+
+
+VLLM_ROUND_TRIPS: list[tuple[str, dict[str, Any]]] = [
+    ("chat", {"response_format": {"type": "json_object"}}),
+    ("chat", {"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {
+        "type": "object", "properties": {"a": {"type": "integer"}}}}}}),
+    ("chat", {"structured_outputs": {"regex": "[a-z]+"}, "logit_bias": {"11": 2.5}, "bad_words": ["no"]}),
+    ("chat", {"guided_choice": ["yes", "no"], "allowed_token_ids": [11, 12, 13]}),
+    ("completion", {"prompt": "Hi", "structured_outputs": {"grammar": 'root ::= "a" | "b"'}}),
+    ("completion", {"prompt": "one two three four", "truncate_prompt_tokens": 2}),
+]
+
+
+@pytest.mark.parametrize(("kind", "fields"), VLLM_ROUND_TRIPS, ids=[f"{k}:{f}" for k, f in VLLM_ROUND_TRIPS])
+def test_structured_outputs_and_logits_controls_render_and_come_back(kind: str, fields: dict[str, Any]) -> None:
+    """Rendered for, and sent to, vllm engines (the sim refuses them): the same engine request."""
+    app = frontend_app(max_model_len=2048, backend="vllm", minor=3)
+    body = {"model": "tiny", **({"messages": HI} if kind == "chat" else {}), **fields}
+    route = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
+    direct = call(app, route, body)
+    assert direct.status == 200, direct.body
+    expected = sent(app)
+    rendered = call(app, route + "/render", body).json()
+    generated = call(app, "/inference/v1/generate", rendered if kind == "chat" else rendered[0])
+    assert generated.status == 200, generated.body
+    assert (sent(app).prompt_token_ids, sent(app).sampling) == (expected.prompt_token_ids, expected.sampling)
 
 
 def test_render_refuses_what_the_route_refuses(app: Frontend) -> None:
