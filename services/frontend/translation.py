@@ -403,7 +403,11 @@ class Translator:
         if not render:  # render asks no engine: the token-in route checks when the tokens come back
             self._check_engines(req, constraint, logprobs is not None or prompt_logprobs is not None)
         max_len = self._render_max_model_len() if render else self._max_model_len()
-        token_ids = _truncated(token_ids, req.truncate_prompt_tokens, req.truncation_side, max_len)
+        truncated = _truncated(token_ids, req.truncate_prompt_tokens, req.truncation_side, max_len)
+        if echo is not None and len(truncated) < len(token_ids):
+            # The prompt the model saw, so that the echoed text and the prompt's logprobs agree.
+            echo = self._model.tokenizer.decode(truncated.tolist(), skip_special_tokens=False)
+        token_ids = truncated
         max_tokens = self._max_tokens(len(token_ids), req.max_tokens, chat=chat, render=render,
                                       param="messages" if chat else "prompt")
         sampling = sampling_params(req, max_tokens, self._model.tokenizer.get_vocab_size(with_added_tokens=True))
