@@ -1,6 +1,6 @@
 """Our engine with the real vLLM backend on CPU and the tiny model, over tcp loopback: token parity
 with vLLM's own offline LLM.generate (plain, with logits controls, with structured outputs), packed
-logprobs equal to vLLM's, abort, prefix-cache reporting with KV events, two
+logprobs equal to vLLM's (also under a constraint), abort, prefix-cache reporting with KV events, two
 ranks, a grammar vLLM cannot use refused as invalid."""
 from __future__ import annotations
 
@@ -189,6 +189,32 @@ def test_structured_outputs_equal_vllm_offline_generate(client: EngineClient, ll
         reference = _reference(llm, PROMPTS[1], max_tokens=40,
                                structured_outputs=StructuredOutputsParams(**constraint))
         assert ours[name].token_ids == reference, name
+
+
+def test_logprobs_of_a_constrained_request_equal_vllm_offline_generate(client: EngineClient, llm: Any) -> None:
+    """Both MINOR 3 additions in one request: a regex and a logit bias with logprobs and prompt_logprobs,
+    the packed arrays against vLLM's own for the same request."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    prompt, regex = PROMPTS[1], r"[a-z]{3,8}"
+    client.generate("both", prompt, max_tokens=12, temperature=0.0, regex=regex, logit_bias={11: -5.0},
+                    logprobs=3, prompt_logprobs=2)
+    got = client.collect(["both"], 120)["both"]
+    ref = llm.generate([{"prompt_token_ids": prompt}],
+                       SamplingParams(temperature=0, max_tokens=12, logprobs=3, prompt_logprobs=2,
+                                      logit_bias={11: -5.0}, structured_outputs=StructuredOutputsParams(regex=regex)),
+                       use_tqdm=False)[0]
+    out = ref.outputs[0]
+    assert got.token_ids == list(out.token_ids) and got.finish_reason == "stop"
+    for rows, tokens, expected in ((got.logprobs, out.token_ids, out.logprobs),
+                                   (got.prompt_logprobs, prompt[1:], ref.prompt_logprobs[1:])):
+        assert len(rows) == len(tokens) == len(expected)
+        for (ids, lps, rank), tid, want in zip(rows, tokens, expected, strict=True):
+            assert ids[0] == tid and _close(lps[0], want[tid].logprob)
+            # The rank is vLLM's array's, which counts the tokens at least as likely: where the grammar
+            # leaves two stop tokens tied, 2 for either, where the offline dict keeps the top-k's 1.
+            assert rank in (want[tid].rank, sum(lp >= lps[0] for lp in lps[1:])), (rank, want)
 
 
 @pytest.mark.parametrize(("sampling", "field", "needle"), [

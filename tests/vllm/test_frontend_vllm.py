@@ -1,7 +1,7 @@
 """End to end on the real vLLM backend: a managed frontend (it starts its own headless vllm engine)
 answering the official openai SDK, streamed and not: its logprobs against vLLM's own offline LLM, forced
-tool calls, structured outputs (every field that asks for one), logits controls, prompt truncation, and what
-vLLM cannot compile a 400."""
+tool calls, structured outputs (every field that asks for one), logits controls, prompt truncation, what
+vLLM cannot compile a 400, and logprobs of a constrained request."""
 from __future__ import annotations
 
 import json
@@ -301,3 +301,30 @@ def test_what_cannot_be_compiled_or_is_out_of_range_is_a_400_naming_the_field(
         assert isinstance(body, dict) and body["param"] == param and needle in body["message"], body
     assert _chat(client, max_tokens=2)[1] == "length"  # the engine is unharmed
 
+
+def test_logprobs_of_a_constrained_completion_equal_vllm_offline_generate(client: openai.OpenAI, llm: Any) -> None:
+    """Structured output and logprobs in one request: the text matches the regex, and its tokens,
+    their strings and logprobs, and the echoed prompt's logprobs are vLLM's for the same request."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    regex = r"[a-z]{3,8}-[0-9]{2}"
+    prompt = llm.get_tokenizer().encode("The code is", add_special_tokens=False)
+    ref = llm.generate([{"prompt_token_ids": prompt}],
+                       SamplingParams(temperature=0, max_tokens=20, logprobs=2, prompt_logprobs=2,
+                                      structured_outputs=StructuredOutputsParams(regex=regex)), use_tqdm=False)[0]
+    out = ref.outputs[0]
+    r = client.completions.create(model="tiny", prompt=prompt, max_tokens=20, temperature=0, logprobs=2, echo=True,
+                                  extra_body={"structured_outputs": {"regex": regex}})
+    choice = r.choices[0]
+    prompt_text = llm.get_tokenizer().decode(prompt)
+    assert choice.text == prompt_text + out.text and re.fullmatch(regex, out.text) and choice.finish_reason == "stop"
+    lp = choice.logprobs
+    assert lp is not None and lp.token_logprobs is not None and lp.tokens is not None
+    n = len(prompt)
+    assert lp.token_logprobs[0] is None and len(lp.tokens) == n + len(out.token_ids)
+    for got, step, t in zip(lp.token_logprobs[1:n], ref.prompt_logprobs[1:], prompt[1:], strict=True):
+        assert _close(got, step[t].logprob)
+    assert lp.tokens[n:] == [step[t].decoded_token for step, t in zip(out.logprobs, out.token_ids, strict=True)]
+    for got, step, t in zip(lp.token_logprobs[n:], out.logprobs, out.token_ids, strict=True):
+        assert _close(got, step[t].logprob)

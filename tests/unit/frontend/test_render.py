@@ -7,6 +7,7 @@ import asyncio
 import time
 from typing import Any
 
+import msgspec
 import pytest
 
 from protocol import GenerateRequest, Ready
@@ -167,6 +168,25 @@ def test_render_asks_no_engine_whether_it_sends_logprobs() -> None:
     assert call(app, "/v1/chat/completions", body).json()["error"]["param"] == "top_logprobs"
     rendered = call(app, "/v1/chat/completions/render", body)
     assert rendered.status == 200 and rendered.json()["sampling_params"]["logprobs"] == 2
+
+
+def test_a_constraint_with_logprobs_renders_both_and_the_token_in_route_refuses_only_the_logprobs() -> None:
+    """Both protocol 1.3 additions in one body: the chat route sends both to a vllm engine, render writes
+    both, and the token-in route refuses the logprobs by name; without them it sends the constraint."""
+    app = frontend_app(max_model_len=2048, backend="vllm", minor=3)
+    body = {"model": "tiny", "messages": HI, "max_tokens": 4, "logprobs": True, "top_logprobs": 2,
+            "structured_outputs": {"regex": "[a-z]+"}, "logit_bias": {"11": 2.5}}
+    assert call(app, "/v1/chat/completions", body).status == 200
+    expected = sent(app).sampling
+    assert (expected.regex, expected.logit_bias, expected.logprobs) == ("[a-z]+", {11: 2.5}, 2)
+    rendered = call(app, "/v1/chat/completions/render", body).json()
+    assert rendered["sampling_params"] == {"max_tokens": 4, "logprobs": 2, "output_kind": 2,
+                                           "structured_outputs": {"regex": "[a-z]+"}, "logit_bias": {"11": 2.5}}
+    refused = call(app, "/inference/v1/generate", rendered)
+    assert refused.status == 400 and refused.json()["error"]["param"] == "sampling_params.logprobs"
+    del rendered["sampling_params"]["logprobs"]
+    assert call(app, "/inference/v1/generate", rendered).status == 200
+    assert sent(app).sampling == msgspec.structs.replace(expected, logprobs=None)
 
 
 # ---- render-only mode ----
