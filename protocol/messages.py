@@ -97,6 +97,22 @@ class SamplingParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
     # prompt_logprobs), as packed arrays (RequestOutput.packed_prompt_logprobs). An older engine would
     # ignore it: the frontend asks for logprobs only from engines whose Ready says MINOR >= 3.
     prompt_logprobs: int | None = None
+    # Since MINOR 3: the other structured-output constraints, named as vLLM's StructuredOutputsParams
+    # names them (at most one of them and json_schema is set: the output fully matches a regex, is one
+    # of the choices, follows a grammar (EBNF or Lark, as xgrammar reads them), is any JSON object, or
+    # follows a structural tag (JSON text)), and the logits controls: a bias added to the logits of
+    # token ids (in [-100, 100]), the only token ids that may be sampled, and words that may not be
+    # generated (tokenized by the engine, as vLLM does). An engine that cannot honour one (the sim)
+    # refuses the request; an older one would drop them unread, so the frontend sends them only to
+    # engines whose Ready says MINOR >= 3.
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool = False
+    structural_tag: str | None = None
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] = []
 
 
 class GenerateRequest(_Wire, frozen=True):

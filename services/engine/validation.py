@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 
-from protocol import GenerateRequest
+from protocol import GenerateRequest, SamplingParams
 
 
 def problem(req: GenerateRequest, *, vocab_size: int, max_model_len: int, max_logprobs: int = 20) -> str | None:
@@ -47,11 +47,54 @@ def problem(req: GenerateRequest, *, vocab_size: int, max_model_len: int, max_lo
         return "sampling.presence_penalty and frequency_penalty must be in [-2, 2]"
     if any(t < 0 or t >= vocab_size for t in s.stop_token_ids):
         return f"sampling.stop_token_ids: token ids must be in [0, {vocab_size})"
-    if s.json_schema is not None:
-        try:
-            schema = json.loads(s.json_schema)
-        except ValueError as exc:
-            return f"sampling.json_schema: not valid JSON ({exc})"
-        if not isinstance(schema, dict):
-            return "sampling.json_schema: must be a JSON Schema object"
+    return _constraint_problem(s) or _logits_problem(s, vocab_size)
+
+
+def constraints(s: SamplingParams) -> list[str]:
+    """The structured-output constraints a request sets, by SamplingParams field name."""
+    given = [name for name in ("json_schema", "regex", "choice", "grammar", "structural_tag")
+             if getattr(s, name) is not None]
+    return given + ["json_object"] if s.json_object else given
+
+
+def _constraint_problem(s: SamplingParams) -> str | None:
+    """The shapes every structured-output backend needs; whether a grammar compiles is the backend's."""
+    given = constraints(s)
+    if len(given) > 1:
+        return (f"sampling.{given[1]}: only one structured-output constraint per request, and "
+                f"sampling.{given[0]} is set too")
+    for name in ("json_schema", "structural_tag"):
+        text = getattr(s, name)
+        if text is not None:
+            try:
+                value = json.loads(text)
+            except ValueError as exc:
+                return f"sampling.{name}: not valid JSON ({exc})"
+            if not isinstance(value, dict):
+                return f"sampling.{name}: must be a JSON object" + (" (a JSON Schema)" if name == "json_schema" else "")
+    if s.choice is not None and not s.choice:
+        return "sampling.choice: must list at least one string"
+    if s.grammar is not None and not s.grammar.strip():
+        return "sampling.grammar: must not be empty"
+    if s.regex is not None and "\x00" in s.regex:
+        return "sampling.regex: must not contain a NUL character"
+    return None
+
+
+def _logits_problem(s: SamplingParams, vocab_size: int) -> str | None:
+    if s.logit_bias is not None:
+        for token, bias in s.logit_bias.items():
+            if not 0 <= token < vocab_size:
+                return f"sampling.logit_bias: token id {token} is out of range: token ids must be in [0, {vocab_size})"
+            if not (math.isfinite(bias) and -100 <= bias <= 100):
+                return f"sampling.logit_bias: the bias of token {token} is {bias}: must be in [-100, 100]"
+    if s.allowed_token_ids is not None:
+        if not s.allowed_token_ids:
+            return "sampling.allowed_token_ids: must list at least one token id"
+        if min(s.allowed_token_ids) < 0 or max(s.allowed_token_ids) >= vocab_size:
+            bad = next(t for t in s.allowed_token_ids if not 0 <= t < vocab_size)
+            return (f"sampling.allowed_token_ids: token id {bad} is out of range: token ids must be in "
+                    f"[0, {vocab_size})")
+    if not all(word.strip() for word in s.bad_words):
+        return "sampling.bad_words: an entry is empty or only whitespace"
     return None

@@ -58,8 +58,7 @@ class Frontend:
                                      max_concurrent_tokenizations=config.max_concurrent_tokenizations,
                                      enable_auto_tool_choice=config.enable_auto_tool_choice,
                                      tool_call_parser=config.tool_call_parser, reasoning_parser=config.reasoning_parser,
-                                     structured_output_problem=self._structured_output_problem,
-                                     logprobs_problem=self._logprobs_problem, max_logprobs=config.max_logprobs,
+                                     engine_problem=self._engine_problem, max_logprobs=config.max_logprobs,
                                      render_max_model_len=self._context_len)
         self._created = int(time.time())
         self._openapi = msgspec.json.encode(openapi.document(model.name, render_only=config.render_only,
@@ -212,24 +211,21 @@ class Frontend:
             self.dispatcher.abort(stream)  # a no-op unless it is still running at its engine
             self.metrics.running.dec()
 
-    def _structured_output_problem(self) -> str | None:
-        """Why the ready engines cannot guarantee a JSON Schema, or None: the vllm backend can, from
-        protocol MINOR 2 on (an older engine would drop SamplingParams.json_schema unread)."""
+    def _engine_problem(self, minor: int, *, backend: str | None = "vllm") -> str | None:
+        """Why some ready engine is older than protocol 1.<minor> (it would drop the fields unread) or,
+        unless `backend` is None, not of that backend (only the vllm backend honours structured output
+        and the logits controls; every backend sends logprobs), or None (translation.EngineProblem)."""
         for engine in self.engines.engines:
             ready = engine.ready
-            if ready is not None and (ready.backend != "vllm" or (ready.major, ready.minor) < (1, 2)):
-                return (f"engine rank {engine.rank} cannot give (its {ready.backend} backend, protocol "
-                        f"{ready.major}.{ready.minor}; the vllm backend with protocol 1.2 or newer can)")
-        return None
-
-    def _logprobs_problem(self) -> str | None:
-        """Why the ready engines cannot send logprobs, or None: from protocol MINOR 3 on they send them
-        packed (an older engine would drop prompt_logprobs unread, and its sim ignored logprobs)."""
-        for engine in self.engines.engines:
-            ready = engine.ready
-            if ready is not None and (ready.major, ready.minor) < (1, 3):
+            if ready is None:
+                continue
+            old = (ready.major, ready.minor) < (1, minor)
+            if backend is not None and (old or ready.backend != backend):
+                return (f"engine rank {engine.rank} cannot (its {ready.backend} backend, protocol "
+                        f"{ready.major}.{ready.minor}; the {backend} backend with protocol 1.{minor} or newer can)")
+            if old:
                 return (f"engine rank {engine.rank} does not (protocol {ready.major}.{ready.minor}; "
-                        "1.3 or newer does)")
+                        f"1.{minor} or newer does)")
         return None
 
     def _max_model_len(self, *, or_zero: bool = False) -> int:

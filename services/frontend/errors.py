@@ -48,6 +48,13 @@ def from_validation(exc: msgspec.ValidationError) -> APIError:
     if m:
         param = m.group("path").lstrip(".") or None
         text = text[: m.start()]
+    unknown = re.match(r"Object contains unknown field `(?P<field>[^`]+)`", text)
+    if unknown:
+        field = unknown.group("field")
+        param = f"{param}.{field}" if param else field
+        return APIError(400, f"{param}: unknown field: it is neither OpenAI's nor vLLM's, and this server refuses "
+                        "what it does not know rather than ignore it (docs/request-fields.md lists the fields)",
+                        param=param)
     missing = re.match(r"Object missing required field `(?P<field>[^`]+)`", text)
     if missing:
         field = missing.group("field")

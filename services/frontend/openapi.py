@@ -9,7 +9,14 @@ from typing import Any
 import msgspec
 
 from services.frontend.messages import ROLES
-from services.frontend.schema import BOUNDS, CHAT_BOUNDS, Bounds, ChatCompletionRequest, CompletionRequest
+from services.frontend.schema import (
+    BOUNDS,
+    CHAT_BOUNDS,
+    PROMPT_BOUNDS,
+    Bounds,
+    ChatCompletionRequest,
+    CompletionRequest,
+)
 from services.frontend.stop_strings import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from services.frontend.token_in import TokenInRequest
 from services.frontend.tokenization import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest
@@ -44,9 +51,10 @@ def document(model: str, *, render_only: bool = False, max_logprobs: int = 20) -
     stops = {"anyOf": [stop, {"type": "array", "items": stop, "maxItems": MAX_STOP_STRINGS}, {"type": "null"}],
              "default": None}
     counts = Bounds(0, max_logprobs, "")  # check_logprobs' range
-    for name, bounds in (("ChatCompletionRequest", {**BOUNDS, **CHAT_BOUNDS, "top_logprobs": counts,
+    for name, bounds in (("ChatCompletionRequest", {**BOUNDS, **PROMPT_BOUNDS, **CHAT_BOUNDS, "top_logprobs": counts,
                                                     "prompt_logprobs": counts}),
-                         ("CompletionRequest", {**BOUNDS, "logprobs": counts, "prompt_logprobs": counts})):
+                         ("CompletionRequest", {**BOUNDS, **PROMPT_BOUNDS, "logprobs": counts,
+                                                "prompt_logprobs": counts})):
         properties = schemas[name]["properties"]
         properties["model"]["enum"] = [model]
         for field, bound in bounds.items():

@@ -29,7 +29,7 @@ from services.frontend.parsers import OutputParser, ParsedDelta, TokenOutputPars
 from services.frontend.stop_strings import StopChecker
 from services.frontend.stream import CLIENT_GONE, NOT_SENT, EngineFailure, Stream
 from services.frontend.token_strings import token_strings
-from services.frontend.translation import EngineRequest, OutputOptions
+from services.frontend.translation import EngineRequest, OutputOptions, refused_field
 
 
 class EnginePort(Protocol):
@@ -140,8 +140,10 @@ class OutputProcessor:
                 continue
             if reason in ("error", "abort"):
                 m.finished("error")
-                raise EngineFailure(out.error or f"the engine ended the request ({reason})",
-                                    400 if out.error_kind == ERROR_INVALID else 503)
+                if out.error_kind == ERROR_INVALID and out.error:
+                    message, param = refused_field(out.error, self.options)
+                    raise EngineFailure(message, 400, param)
+                raise EngineFailure(out.error or f"the engine ended the request ({reason})", 503)
             if ids is not None and n:
                 ids.extend(out.new_token_ids)
             if token_parser is not None:

@@ -34,8 +34,8 @@ def generate_request(request: EngineRequest, model: str) -> dict[str, Any]:
     if options.stream:
         stream_options = {"include_usage": options.include_usage, "continuous_usage_stats": options.continuous_usage}
     engine = request.request
-    return {"request_id": engine.request_id, "token_ids": engine.prompt_token_ids, "assistant_tokens_mask": None,
-            "token_offsets": None, "features": None,
+    return {"request_id": options.response_id or engine.request_id, "token_ids": engine.prompt_token_ids,
+            "assistant_tokens_mask": None, "token_offsets": None, "features": None,
             "sampling_params": sampling_params(engine.sampling, request, _DELTA if options.stream else _FINAL_ONLY),
             "model": model, "stream": options.stream, "stream_options": stream_options,
             "cache_salt": engine.cache_salt, "priority": engine.priority, "kv_transfer_params": None,
@@ -58,6 +58,17 @@ def sampling_params(sampling: SamplingParams, request: EngineRequest, output_kin
     out["output_kind"] = output_kind
     if sampling.json_schema is not None:
         out["structured_outputs"] = {"json": _decode.decode(sampling.json_schema)}
+    for name in ("regex", "choice", "grammar", "structural_tag"):  # as vLLM's StructuredOutputsParams names them
+        if getattr(sampling, name) is not None:
+            out["structured_outputs"] = {name: getattr(sampling, name)}
+    if sampling.json_object:
+        out["structured_outputs"] = {"json_object": True}
+    if sampling.logit_bias is not None:
+        out["logit_bias"] = {str(token): bias for token, bias in sampling.logit_bias.items()}
+    if sampling.allowed_token_ids is not None:
+        out["allowed_token_ids"] = list(sampling.allowed_token_ids)
+    if sampling.bad_words:
+        out["bad_words"] = list(sampling.bad_words)
     return out
 
 

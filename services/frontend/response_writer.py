@@ -38,7 +38,7 @@ async def send_completion(send: Send, outputs: OutputProcessor, model: str) -> N
                 entries += piece_entries
             finish = outputs.finish
     except EngineFailure as exc:
-        await send_json(send, exc.status, error_body(exc.status, str(exc)))
+        await send_json(send, exc.status, error_body(exc.status, str(exc), exc.param))
         return
     use = outputs.usage(outputs.completion_tokens)
     options, formatter = outputs.options, outputs.formatter
@@ -48,14 +48,15 @@ async def send_completion(send: Send, outputs: OutputProcessor, model: str) -> N
             logprobs = formatter.render(entries + outputs.tail_logprobs)
         if options.prompt_logprobs is not None:
             prompt_logprobs = formatter.prompt_logprobs(outputs.prompt_segments, outputs.stream.prompt_len)
+    response_id = options.response_id or outputs.stream.request_id
     if options.chat:
-        body = responses.chat_completion(outputs.stream.request_id, model, "".join(parts), finish, outputs.stop_reason,
+        body = responses.chat_completion(response_id, model, "".join(parts), finish, outputs.stop_reason,
                                          use, reasoning="".join(reasoning) if outputs.parsing else None,
                                          tool_calls=outputs.calls if outputs.parsing else None,
                                          logprobs=logprobs, prompt_logprobs=prompt_logprobs)
     else:
-        body = responses.text_completion(outputs.stream.request_id, model, "".join(parts), finish,
-                                         outputs.stop_reason, use, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
+        body = responses.text_completion(response_id, model, "".join(parts), finish, outputs.stop_reason, use,
+                                         logprobs=logprobs, prompt_logprobs=prompt_logprobs)
     await send_json(send, 200, body, [_rank_header(outputs)])
 
 
@@ -66,7 +67,7 @@ async def send_stream(send: Send, outputs: OutputProcessor, model: str) -> None:
     serves it (also after a draining rank's refusal moved it) and a failure before any output
     gets its own status rather than an error event."""
     options = outputs.options
-    writer = responses.ChunkWriter(outputs.stream.request_id, model, chat=options.chat)
+    writer = responses.ChunkWriter(options.response_id or outputs.stream.request_id, model, chat=options.chat)
     text, usage, continuous = writer.text, outputs.usage, options.continuous_usage
     formatter = outputs.formatter
     render = formatter.render if formatter is not None and options.logprobs is not None else None
@@ -102,7 +103,7 @@ async def send_stream(send: Send, outputs: OutputProcessor, model: str) -> None:
                 await send({"type": "http.response.body", "body": b"".join(events), "more_body": finish is None})
     except EngineFailure as exc:
         if not started:
-            await send_json(send, exc.status, error_body(exc.status, str(exc)), [_rank_header(outputs)])
+            await send_json(send, exc.status, error_body(exc.status, str(exc), exc.param), [_rank_header(outputs)])
             return
         await send({"type": "http.response.body", "body": writer.error(exc.status, str(exc)) + responses.DONE,
                     "more_body": False})

@@ -1,12 +1,15 @@
 """OpenAI request bodies (chat completions, completions) as typed structs, and their range checks.
 
 Decoding with msgspec validates types in one pass and names the field on error; the checks here add
-the allowed ranges. Unknown fields are ignored, as OpenAI-compatible servers do.
+the allowed ranges. Every field of OpenAI's and vLLM's requests is declared, so that each is honoured
+or refused by name (refusals.py; docs/request-fields.md is the table), and a field neither declares is
+a 400 naming it, where vLLM logs a warning and ignores it: a misspelt `respone_format` must not give
+free text to a client that asked for JSON.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -16,9 +19,10 @@ from services.frontend.json_depth import MAX_DEPTH, too_deep
 from services.frontend.stop_strings import MAX_STOP_CHARS, MAX_STOP_STRINGS
 
 
-class StreamOptions(msgspec.Struct):
+class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
     include_usage: bool = False
-    continuous_usage_stats: bool = False
+    continuous_usage_stats: bool = False  # vLLM's
+    include_obfuscation: bool | None = None  # OpenAI's (refusals.py)
 
 
 class ContentPart(msgspec.Struct):
@@ -37,7 +41,58 @@ class ChatMessage(msgspec.Struct, omit_defaults=True):
     reasoning_content: str | None = None
 
 
-class _Sampling(msgspec.Struct, kw_only=True):
+# ---- structured outputs (structured.py reads them) ----
+
+class JsonSchemaFormat(msgspec.Struct, forbid_unknown_fields=True):
+    """response_format.json_schema, as OpenAI defines it (vLLM requires the name too)."""
+
+    name: str
+    description: str | None = None
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class TextFormat(msgspec.Struct, tag="text", tag_field="type", forbid_unknown_fields=True):
+    pass
+
+
+class JsonObjectFormat(msgspec.Struct, tag="json_object", tag_field="type", forbid_unknown_fields=True):
+    pass
+
+
+class JsonSchemaResponseFormat(msgspec.Struct, tag="json_schema", tag_field="type", forbid_unknown_fields=True):
+    json_schema: JsonSchemaFormat
+
+
+class StructuralTagFormat(msgspec.Struct, tag="structural_tag", tag_field="type", forbid_unknown_fields=True,
+                          omit_defaults=True):
+    """vLLM's structural tag: xgrammar's `format`, or the legacy `structures` with `triggers`."""
+
+    format: dict[str, Any] | None = None
+    structures: list[dict[str, Any]] | None = None
+    triggers: list[str] | None = None
+
+
+ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaResponseFormat | StructuralTagFormat
+
+
+class StructuredOutputsParams(msgspec.Struct, forbid_unknown_fields=True):
+    """vLLM's `structured_outputs` (its StructuredOutputsParams' public fields)."""
+
+    json: str | dict[str, Any] | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+    structural_tag: str | None = None
+
+
+class _Sampling(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The fields both endpoints share, OpenAI's first, then vLLM's (in their protocol.py's order)."""
+
     model: str
     stream: bool | None = False  # null is false, as in vLLM and OpenAI
     stream_options: StreamOptions | None = None
@@ -60,8 +115,42 @@ class _Sampling(msgspec.Struct, kw_only=True):
     priority: int = 0
     cache_salt: str | None = None
     user: str | None = None
-    prompt_logprobs: int | None = None  # vLLM's: the prompt's logprobs, in the response's prompt_logprobs
-    return_tokens_as_token_ids: bool | None = None  # vLLM's: logprobs' tokens as "token_id:N"
+    logit_bias: dict[str, float] | None = None
+    response_format: ResponseFormat | None = None
+    # vLLM's
+    use_beam_search: bool = False
+    watermarking: bool | None = None
+    length_penalty: float = 1.0
+    spaces_between_special_tokens: bool = True
+    truncate_prompt_tokens: int | None = None
+    truncation_side: Literal["left", "right"] | None = None
+    allowed_token_ids: list[int] | None = None
+    prompt_logprobs: int | None = None  # the prompt's logprobs, in the response's prompt_logprobs
+    logprob_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    structured_outputs: StructuredOutputsParams | None = None
+    request_id: str | None = None
+    session_id: str | None = None
+    return_tokens_as_token_ids: bool | None = None  # logprobs' tokens as "token_id:N"
+    return_token_ids: bool | None = None
+    routed_experts_prompt_start: int = 0
+    return_token_offsets: bool | None = False
+    mm_payload: str = "tensors"
+    return_mm_kwargs: bool | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+    ec_transfer_params: dict[str, Any] | None = None
+    vllm_xargs: dict[str, Any] | None = None
+    repetition_detection: dict[str, Any] | None = None
+    thinking_token_budget: int | None = None
+    stream_interval: int | None = None
+    # vLLM's before 0.12 (structured_outputs replaced them): honoured as structured_outputs' fields.
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structural_tag: str | None = None
+    guided_decoding_backend: str | None = None
+    guided_whitespace_pattern: str | None = None
 
 
 class ChatCompletionRequest(_Sampling, kw_only=True):
@@ -77,6 +166,31 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
     chat_template_kwargs: dict[str, Any] | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    include_reasoning: bool = True
+    echo: bool = False
+    add_special_tokens: bool = False  # the chat template adds them (vLLM's default for chat)
+    documents: list[dict[str, str]] | None = None
+    chat_template: str | None = None
+    media_io_kwargs: dict[str, Any] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None
+    return_prompt_text: bool | None = None
+    # OpenAI's that vLLM does not declare
+    audio: dict[str, Any] | None = None
+    function_call: str | dict[str, Any] | None = None
+    functions: list[dict[str, Any]] | None = None
+    metadata: dict[str, str] | None = None
+    modalities: list[str] | None = None
+    moderation: dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    prompt_cache_retention: str | None = None
+    safety_identifier: str | None = None
+    service_tier: str | None = None
+    store: bool | None = None
+    verbosity: str | None = None
+    web_search_options: dict[str, Any] | None = None
 
 
 class CompletionRequest(_Sampling, kw_only=True):
@@ -86,6 +200,8 @@ class CompletionRequest(_Sampling, kw_only=True):
     suffix: str | None = None
     logprobs: int | None = None
     add_special_tokens: bool = True
+    best_of: int | None = None
+    prompt_embeds: str | list[str] | None = None
 
 
 _decoders: dict[type[msgspec.Struct], msgspec.json.Decoder[Any]] = {
@@ -152,6 +268,9 @@ BOUNDS: dict[str, Bounds] = {
     "repetition_penalty": Bounds(0, 2, "must be in (0, 2]", low_open=True),
     "seed": Bounds(-(2**63), 2**63 - 1, "must fit in 64 bits"),
 }
+# The OpenAI routes' own (not the token-in route's sampling_params, which refuses truncation): and not 0
+# (translation checks it: it would leave no prompt); its upper limit is the context length.
+PROMPT_BOUNDS = {"truncate_prompt_tokens": Bounds(-1, None, "must be -1 (as many as the context holds) or >= 1")}
 CHAT_BOUNDS = {"max_completion_tokens": Bounds(1, None, "must be >= 1")}  # checked by the Translator
 
 
@@ -166,6 +285,7 @@ def check_common(req: _Sampling) -> None:
     if req.stream_options is not None and not req.stream:  # vLLM's check and message
         raise APIError(400, "Stream options can only be defined when `stream=True`.", param="stream_options")
     check_bounds(req, BOUNDS)
+    check_bounds(req, PROMPT_BOUNDS)
     _check_stop(stop_list(req))
 
 
@@ -202,6 +322,7 @@ def stop_list(req: _Sampling) -> list[str]:
 
 
 def sampling_params(req: _Sampling, max_tokens: int, vocab_size: int) -> SamplingParams:
+    """The engine's sampling settings; the structured-output constraint is translation's to add."""
     stop_ids = req.stop_token_ids or []
     for i, t in enumerate(stop_ids):
         _range(0 <= t < vocab_size, f"stop_token_ids[{i}]", t, f"token ids must be in [0, {vocab_size})")
@@ -219,4 +340,50 @@ def sampling_params(req: _Sampling, max_tokens: int, vocab_size: int) -> Samplin
         presence_penalty=req.presence_penalty,
         frequency_penalty=req.frequency_penalty,
         repetition_penalty=req.repetition_penalty,
+        logit_bias=logit_bias(req.logit_bias, vocab_size),
+        allowed_token_ids=allowed_token_ids(req.allowed_token_ids, vocab_size),
+        bad_words=bad_words(req.bad_words),
     )
+
+
+LOGITS_CONTROLS = ("logit_bias", "allowed_token_ids", "bad_words")  # the fields only the vllm backend honours
+
+
+def logits_controls(req: _Sampling) -> list[str]:
+    """The logits controls a request sets (each needs engines that honour it)."""
+    return [name for name in LOGITS_CONTROLS if getattr(req, name)]
+
+
+def logit_bias(bias: dict[str, float] | None, vocab_size: int, param: str = "logit_bias") -> dict[int, float] | None:
+    """OpenAI's map of token ids (JSON object keys, so strings) to a bias in [-100, 100]."""
+    if bias is None:
+        return None
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise APIError(400, f"{param}: key {key!r} is not a token id", param=param) from None
+        if not 0 <= token < vocab_size:
+            raise APIError(400, f"{param}: token id {token} is out of range [0, {vocab_size})", param=param)
+        if not -100 <= value <= 100:  # OpenAI's range; vLLM clamps instead, which hides a client's mistake
+            raise APIError(400, f"{param}: the bias of token {token} is {value}: must be in [-100, 100]", param=param)
+        out[token] = float(value)
+    return out or None
+
+
+def allowed_token_ids(ids: list[int] | None, vocab_size: int, param: str = "allowed_token_ids") -> list[int] | None:
+    if ids is None:
+        return None
+    if not ids:  # vLLM's rule: an empty list would allow nothing
+        raise APIError(400, f"{param}: must list at least one token id (or be omitted)", param=param)
+    for i, t in enumerate(ids):
+        _range(0 <= t < vocab_size, f"{param}[{i}]", t, f"token ids must be in [0, {vocab_size})")
+    return list(ids)
+
+
+def bad_words(words: list[str] | None, param: str = "bad_words") -> list[str]:
+    for i, word in enumerate(words or ()):
+        if not word.strip():  # vLLM's rule: a word must tokenize to at least one token
+            raise APIError(400, f"{param}[{i}]: must not be empty or only whitespace", param=f"{param}[{i}]")
+    return list(words or ())

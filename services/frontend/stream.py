@@ -17,11 +17,12 @@ CLIENT_GONE = "client disconnected"
 
 class EngineFailure(RuntimeError):
     """The engine serving a request died, went silent or refused it; the message says which and why.
-    `status`: 400 when the request itself was at fault, else 503."""
+    `status`: 400 when the request itself was at fault, else 503; `param`: the request field at fault."""
 
-    def __init__(self, message: str, status: int = 503) -> None:
+    def __init__(self, message: str, status: int = 503, param: str | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.param = param
 
 
 class Stream:

@@ -3,8 +3,9 @@ SamplingParams as JSON), checked and turned into the engine's SamplingParams. Us
 each API server process (in a worker process for long bodies).
 
 Every field of vLLM's SamplingParams is honoured or refused: the ones this route cannot give
-(logprobs, logit bias, ...) are accepted at their defaults only, so vLLM's render output (which omits
-defaults) and this frontend's both pass, and a request that relies on one gets a 400 naming it.
+(logprobs, ...) are accepted at their defaults only, so vLLM's render output (which omits defaults) and
+this frontend's both pass, and a request that relies on one gets a 400 naming it. Structured outputs
+and the logits controls are checked as the chat route checks them (structured.py, schema.py).
 """
 from __future__ import annotations
 
@@ -15,14 +16,15 @@ import msgspec
 
 from protocol import SamplingParams
 from services.frontend.errors import APIError
-from services.frontend.schema import BOUNDS, StreamOptions
+from services.frontend.schema import BOUNDS, StreamOptions, allowed_token_ids, bad_words, logit_bias
 from services.frontend.stop_strings import MAX_STOP_CHARS, MAX_STOP_STRINGS
+from services.frontend.structured import Constraint, from_structured_outputs
 
 PREFIX = "sampling_params"
 
 
 class StructuredOutputs(msgspec.Struct, kw_only=True):
-    """vLLM's StructuredOutputsParams; only `json` (a JSON Schema) reaches the engines today."""
+    """vLLM's StructuredOutputsParams, as vLLM serializes it (so unknown keys pass: its private ones)."""
 
     json: str | dict[str, Any] | None = None
     regex: str | None = None
@@ -61,15 +63,15 @@ class TokenSampling(msgspec.Struct, kw_only=True):
     stream_interval: int | None = None  # outputs are joined per wake-up anyway
     flat_logprobs: bool = False  # a format of logprobs, which are refused
     structured_outputs: StructuredOutputs | None = None
+    logit_bias: dict[str, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
     # Refused unless at their defaults (None, or 0):
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     prompt_logprob_token_ids: list[int] | None = None
     prompt_logprob_start: int | None = None
     logprob_token_ids: list[int] | None = None
-    logit_bias: dict[str, float] | None = None
-    allowed_token_ids: list[int] | None = None
-    bad_words: list[str] | None = None
     extra_args: dict[str, Any] | None = None
     thinking_token_budget: int | None = None
     repetition_detection: dict[str, Any] | None = None
@@ -97,13 +99,12 @@ class TokenInRequest(msgspec.Struct, kw_only=True):
 
 
 _UNSUPPORTED = ("logprobs", "prompt_logprobs", "prompt_logprob_token_ids", "prompt_logprob_start",
-                "logprob_token_ids", "logit_bias", "allowed_token_ids", "bad_words", "extra_args",
-                "thinking_token_budget", "repetition_detection", "trace_decode_token_ids", "truncate_prompt_tokens")
+                "logprob_token_ids", "extra_args", "thinking_token_budget", "repetition_detection",
+                "trace_decode_token_ids", "truncate_prompt_tokens")
 # Refused here although the engines send them: vLLM's token-in answer puts them in a shape of its own
 # (token ids with logprob and rank, no strings) that this route's writer does not build yet.
 _LOGPROBS = ("logprobs", "prompt_logprobs")
-_OTHER_OUTPUTS = ("regex", "choice", "grammar", "json_object", "structural_tag")
-_json = msgspec.json.Encoder()
+LOGITS_CONTROLS = ("logit_bias", "allowed_token_ids", "bad_words")
 
 
 def _refuse(param: str, message: str) -> APIError:
@@ -150,7 +151,10 @@ def check(req: TokenInRequest, vocab_size: int) -> array[int]:
     if stops and not sp.detokenize:  # vLLM's rule: stop strings are matched on the text
         raise _refuse(f"{PREFIX}.stop", "stop strings need detokenize: true")
     _check_stop(stops)
-    json_schema(sp)  # its checks, early
+    constraint(sp)  # its checks, early
+    logit_bias(sp.logit_bias, vocab_size, f"{PREFIX}.logit_bias")
+    allowed_token_ids(sp.allowed_token_ids, vocab_size, f"{PREFIX}.allowed_token_ids")
+    bad_words(sp.bad_words, f"{PREFIX}.bad_words")
     return array("l", ids)
 
 
@@ -176,36 +180,27 @@ def stops_of(sp: TokenSampling) -> list[str]:
     return [sp.stop] if isinstance(sp.stop, str) else list(sp.stop)
 
 
-def json_schema(sp: TokenSampling) -> str | None:
-    """structured_outputs.json as the engines take it (JSON text); the other kinds are refused."""
+def constraint(sp: TokenSampling) -> Constraint | None:
+    """structured_outputs as its one constraint, checked as the chat route checks it."""
     so = sp.structured_outputs
-    if so is None:
-        return None
-    where = f"{PREFIX}.structured_outputs"
-    for name in _OTHER_OUTPUTS:
-        if getattr(so, name) is not None:
-            raise _refuse(f"{where}.{name}", "is not supported by this server; only json (a JSON Schema) is")
-    for name in ("disable_any_whitespace", "disable_additional_properties"):
-        if getattr(so, name):
-            raise _refuse(f"{where}.{name}", "is not supported by this server")
-    if so.whitespace_pattern is not None:
-        raise _refuse(f"{where}.whitespace_pattern", "is not supported by this server")
-    if so.json is None:
-        raise _refuse(f"{where}.json", "required: a JSON Schema (the only kind this server supports)")
-    if isinstance(so.json, str):
-        try:
-            msgspec.json.decode(so.json)
-        except msgspec.DecodeError:
-            raise _refuse(f"{where}.json", "is not valid JSON") from None
-        return so.json
-    return _json.encode(so.json).decode()
+    return None if so is None else from_structured_outputs(so, f"{PREFIX}.structured_outputs")
 
 
-def engine_sampling(sp: TokenSampling, max_tokens: int) -> SamplingParams:
+def logits_controls(sp: TokenSampling) -> list[str]:
+    """The logits controls the request sets, as the 400 would name them."""
+    return [f"{PREFIX}.{name}" for name in LOGITS_CONTROLS if getattr(sp, name)]
+
+
+def engine_sampling(sp: TokenSampling, max_tokens: int, vocab_size: int) -> SamplingParams:
     """The engine's sampling parameters (protocol), as schema.sampling_params makes them for chat."""
     _range(sp.min_tokens <= max_tokens, f"{PREFIX}.min_tokens", sp.min_tokens, f"must be <= max_tokens ({max_tokens})")
-    return SamplingParams(
+    sampling = SamplingParams(
         max_tokens=max_tokens, temperature=sp.temperature, top_p=sp.top_p, top_k=max(sp.top_k, 0), min_p=sp.min_p,
         seed=sp.seed, min_tokens=sp.min_tokens, stop_token_ids=list(sp.stop_token_ids or ()),
         ignore_eos=sp.ignore_eos, presence_penalty=sp.presence_penalty, frequency_penalty=sp.frequency_penalty,
-        repetition_penalty=sp.repetition_penalty, json_schema=json_schema(sp))
+        repetition_penalty=sp.repetition_penalty,
+        logit_bias=logit_bias(sp.logit_bias, vocab_size, f"{PREFIX}.logit_bias"),
+        allowed_token_ids=allowed_token_ids(sp.allowed_token_ids, vocab_size, f"{PREFIX}.allowed_token_ids"),
+        bad_words=bad_words(sp.bad_words, f"{PREFIX}.bad_words"))
+    c = constraint(sp)
+    return sampling if c is None else msgspec.structs.replace(sampling, **{c.kind: c.value})

@@ -69,14 +69,14 @@ def _check_tool(where: str, tool: dict[str, Any]) -> str:
 def _check_parameters(field: str, schema: Any) -> None:
     if not isinstance(schema, dict):
         raise _refuse(field, f"must be a JSON Schema object, got {type(schema).__name__}")
-    problem = _schema_problem(_encoder.encode(schema))
+    problem = schema_problem(_encoder.encode(schema))
     if problem is not None:
         at, message = problem
         raise _refuse(field + at, f"is not a valid JSON Schema (draft 2020-12): {message}")
 
 
 @functools.lru_cache(maxsize=1024)
-def _schema_problem(encoded: bytes) -> tuple[str, str] | None:
+def schema_problem(encoded: bytes) -> tuple[str, str] | None:
     """Where and why a schema fails the draft 2020-12 meta-schema, or None. Cached by its JSON: a
     check costs ~0.5 ms (this machine) and agents send the same tools on every turn."""
     try:

@@ -9,13 +9,13 @@ import time
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
 from protocol import GenerateRequest
 from protocol.block_hash import block_hashes
-from services.frontend import token_in, tokenization
+from services.frontend import refusals, token_in, tokenization
 from services.frontend.chat_template import TemplateError
 from services.frontend.errors import APIError
 from services.frontend.messages import template_messages
@@ -35,10 +35,12 @@ from services.frontend.schema import (
     check_bounds,
     check_common,
     check_logprobs,
+    logits_controls,
     parse,
     sampling_params,
     stop_list,
 )
+from services.frontend.structured import Constraint, constraint
 from services.frontend.tokenization import Tokenized
 from services.frontend.tools import check_tools, forced_schema, resolve_tool_choice
 from services.frontend.workers import PreparePool
@@ -46,7 +48,22 @@ from services.frontend.workers import PreparePool
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 PROMPT_TAIL_CHARS = 4096  # of the rendered prompt, kept for the reasoning parser (not the whole prompt)
 PIN_HEADER = "X-Data-Parallel-Rank"
+# Protocol minors that carry what the sim backend cannot honour: a forced tool_choice's JSON schema
+# (1.2), the other structured-output constraints and the logits controls (1.3).
+FORCED_TOOLS_MINOR, SAMPLING_CONTROLS_MINOR = 2, 3
+LOGPROBS_MINOR = 3  # logprobs as packed arrays, and prompt_logprobs: every backend sends them from 1.3
 
+
+class EngineProblem(Protocol):
+    """Why some ready engine cannot give what protocol 1.<minor> carries (an older one would drop the
+    fields unread) or, unless `backend` is None, is not of that backend (only the vllm backend honours
+    structured outputs and the logits controls); None when every ready engine can."""
+
+    def __call__(self, minor: int, *, backend: str | None = "vllm") -> str | None: ...
+
+
+def no_engine_problem(minor: int, *, backend: str | None = "vllm") -> str | None:
+    return None
 
 
 @dataclass(slots=True, frozen=True)
@@ -73,6 +90,11 @@ class OutputOptions:
     prompt_logprobs: int | None = None  # the engine's prompt_logprobs: the response's prompt_logprobs
     echo: str | None = None  # completions' echo: the prompt's text, returned before the completion
     return_tokens_as_token_ids: bool = False  # logprobs' tokens as "token_id:N" (vLLM's)
+    # The request field an engine's refusal of `sampling.<name>` is about: where the structured-output
+    # constraint came from (tool_choice, response_format, ...); other sampling fields keep their name,
+    # after `param_prefix` ("sampling_params." on the token-in route).
+    constraint_param: str | None = None
+    param_prefix: str = ""
 
 
 @dataclass(slots=True, frozen=True)
@@ -110,6 +132,7 @@ class Prepared:
     tool_choice: str | dict[str, Any] = "none"
     parallel_tool_calls: bool = True
     json_schema: str | None = None  # a forced tool_choice's schema
+    constraint: Constraint | None = None  # response_format, structured_outputs or a guided_* field's
     echo: str | None = None  # a completion's prompt text, when it asked for echo
 
 
@@ -137,6 +160,7 @@ class Preparer:
         if req.max_completion_tokens is not None:
             req.max_tokens = req.max_completion_tokens
         check_logprobs(req, self._max_logprobs)
+        refusals.check_chat(req)
         tools = check_tools(req.tools)
         choice = resolve_tool_choice(req.tool_choice, tools, enable_auto_tool_choice=self._enable_auto_tool_choice,
                                      tool_call_parser=self._tool_call_parser)
@@ -144,19 +168,24 @@ class Preparer:
         schema = None
         if choice == "required" or isinstance(choice, dict):
             schema = forced_schema(choice, tools, parallel=parallel)
+        constrained = constraint(req)
+        if constrained is not None and schema is not None:  # as vLLM: "either ... structured outputs or tools"
+            raise APIError(400, f"{constrained.param}: a structured-output constraint cannot be combined with "
+                           "tool_choice 'required' or a named function, whose calls are constrained already",
+                           param=constrained.param)
         text = self.render(req.messages, req.tools, req.add_generation_prompt, req.continue_final_message,
-                           req.chat_template_kwargs)
-        ids = array("l", self._model.encode(text, add_special_tokens=False))
+                           _template_kwargs(req))
+        ids = array("l", self._model.encode(text, add_special_tokens=req.add_special_tokens))
         return Prepared(msgspec.structs.replace(req, messages=[], tools=None), ids, True, text[-PROMPT_TAIL_CHARS:],
-                        tools, choice, parallel, schema)
+                        tools, choice, parallel, schema, constrained)
 
     def completion(self, body: bytes) -> Prepared:
         req: CompletionRequest = parse(CompletionRequest, body)
         self._check_model(req.model)
         check_common(req)
         check_logprobs(req, self._max_logprobs)
-        if req.suffix is not None:
-            raise APIError(400, "suffix is not supported by this server yet", param="suffix")
+        refusals.check_completion(req)
+        constrained = constraint(req)
         prompt = req.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
             if len(prompt) != 1:
@@ -185,7 +214,7 @@ class Preparer:
         if req.echo:  # as vLLM: the text as sent, or the token ids decoded
             echo = prompt if isinstance(prompt, str) else self._model.tokenizer.decode(ids.tolist(),
                                                                                       skip_special_tokens=False)
-        return Prepared(msgspec.structs.replace(req, prompt=""), ids, False, echo=echo)
+        return Prepared(msgspec.structs.replace(req, prompt=""), ids, False, constraint=constrained, echo=echo)
 
     def generate(self, body: bytes) -> Prepared:
         """An /inference/v1/generate body (token ids in: nothing to render or tokenize)."""
@@ -224,18 +253,17 @@ class Translator:
     the checks that need the engines. `max_model_len` answers for the engines (503 while none has
     handshaken); it is asked only once the body has passed its own checks, so a bad body is a 400
     even then. `render_max_model_len` answers for the render routes, which need no engine (default:
-    `max_model_len`)."""
+    `max_model_len`). `engine_problem`: why the ready engines cannot give what a request asks
+    (EngineProblem); `max_logprobs`: the server's --max-logprobs."""
 
     def __init__(self, model: Model, max_model_len: Callable[[], int], *, long_prompt_chars: int,
                  max_concurrent_tokenizations: int, enable_auto_tool_choice: bool = False,
                  tool_call_parser: str | None = None, reasoning_parser: str | None = None,
-                 structured_output_problem: Callable[[], str | None] = lambda: None,
-                 logprobs_problem: Callable[[], str | None] = lambda: None, max_logprobs: int = 20,
+                 engine_problem: EngineProblem = no_engine_problem, max_logprobs: int = 20,
                  render_max_model_len: Callable[[], int] | None = None) -> None:
         self._model = model
         self._render_max_model_len = render_max_model_len or max_model_len
-        self._structured_output_problem = structured_output_problem
-        self._logprobs_problem = logprobs_problem
+        self._engine_problem = engine_problem
         self._reasoning_parser = reasoning_parser
         self._tool_call_parser = tool_call_parser
         self._preparer = Preparer(model, enable_auto_tool_choice=enable_auto_tool_choice,
@@ -264,17 +292,18 @@ class Translator:
         req = prepared.req
         assert isinstance(req, ChatCompletionRequest)
         choice, schema = prepared.tool_choice, prepared.json_schema
+        forced = Constraint("tool_choice", "json_schema", schema) if schema is not None else None
         if render:
-            return self._engine_request(req, prepared.ids, pin, chat=True, json_schema=schema, render=True,
-                                        request_id=f"chatcmpl-{os.urandom(12).hex()}")
+            return self._engine_request(req, prepared.ids, pin, chat=True, constraint=forced or prepared.constraint,
+                                        render=True, request_id=f"chatcmpl-{os.urandom(12).hex()}")
         if schema is not None:
-            problem = self._structured_output_problem()
+            problem = self._engine_problem(FORCED_TOOLS_MINOR)
             if problem is not None:
                 what = "'required'" if choice == "required" else "naming a function"
                 raise APIError(400, f"tool_choice {what} needs guaranteed structured output, which {problem}",
                                param="tool_choice")
-        request = self._engine_request(req, prepared.ids, pin, chat=True,
-                                       request_id=f"chatcmpl-{os.urandom(12).hex()}", json_schema=schema)
+        request = self._engine_request(req, prepared.ids, pin, chat=True, request_id=f"chatcmpl-{os.urandom(12).hex()}",
+                                       constraint=forced or prepared.constraint)
         if self._harmony and request.output.stop and schema is None:
             raise APIError(400, "stop strings are not supported with gpt-oss's harmony output (the openai "
                            "parsers read it by token, not as text); use stop_token_ids", param="stop")
@@ -294,7 +323,8 @@ class Translator:
         prepared = await self._prepare("completion", body)
         assert isinstance(prepared.req, CompletionRequest)
         return self._engine_request(prepared.req, prepared.ids, pin, chat=False,
-                                    request_id=f"cmpl-{os.urandom(12).hex()}", echo=prepared.echo, render=render)
+                                    request_id=f"cmpl-{os.urandom(12).hex()}", constraint=prepared.constraint,
+                                    echo=prepared.echo, render=render)
 
     async def generate(self, body: bytes, pin: bytes | None) -> EngineRequest:
         """An /inference/v1/generate body: token ids and vLLM's sampling parameters, answered in token ids."""
@@ -302,12 +332,17 @@ class Translator:
         req = prepared.req
         assert isinstance(req, token_in.TokenInRequest)
         sp = req.sampling_params
-        schema = token_in.json_schema(sp)
-        if schema is not None:
-            problem = self._structured_output_problem()
+        constraint = token_in.constraint(sp)
+        # A JSON Schema reaches engines of protocol 1.2 on; the other kinds and the logits controls 1.3.
+        needs = [(constraint.param, "guaranteed structured output",
+                  FORCED_TOOLS_MINOR if constraint.kind == "json_schema" else SAMPLING_CONTROLS_MINOR)
+                 ] if constraint is not None else []
+        needs += [(name, "the engine to apply it to the logits", SAMPLING_CONTROLS_MINOR)
+                  for name in token_in.logits_controls(sp)]
+        for param, what, minor in needs:
+            problem = self._engine_problem(minor)
             if problem is not None:
-                raise APIError(400, f"{token_in.PREFIX}.structured_outputs: guaranteed structured output is "
-                               f"needed, which {problem}", param=f"{token_in.PREFIX}.structured_outputs")
+                raise APIError(400, f"{param}: needs {what}, which {problem}", param=param)
         requested = None if sp.max_tokens is msgspec.UNSET else sp.max_tokens
         max_tokens = self._max_tokens(len(prepared.ids), requested, chat=True, render=False, param="token_ids",
                                       max_tokens_param=f"{token_in.PREFIX}.max_tokens")
@@ -319,9 +354,13 @@ class Translator:
         output = OutputOptions(chat=False, stream=bool(req.stream), include_usage=usage, continuous_usage=continuous,
                                stop=tuple(token_in.stops_of(sp)), skip_special_tokens=sp.skip_special_tokens,
                                include_stop_str_in_output=sp.include_stop_str_in_output, token_out=True,
-                               text_out=req.return_text, response_id=caller_id)
-        request = GenerateRequest(request_id, prepared.ids.tolist(), token_in.engine_sampling(sp, max_tokens),
-                                  time.time(), req.priority, None, req.cache_salt, _pinned_rank(pin))
+                               text_out=req.return_text, response_id=caller_id,
+                               constraint_param=constraint.param if constraint is not None else None,
+                               param_prefix=f"{token_in.PREFIX}.")
+        vocab = self._model.tokenizer.get_vocab_size(with_added_tokens=True)
+        sampling = token_in.engine_sampling(sp, max_tokens, vocab)
+        request = GenerateRequest(request_id, prepared.ids.tolist(), sampling, time.time(), req.priority, None,
+                                  req.cache_salt, _pinned_rank(pin))
         return EngineRequest(request, max_tokens, output)
 
     async def tokenize(self, body: bytes) -> Tokenized:
@@ -358,41 +397,117 @@ class Translator:
         return max_tokens
 
     def _engine_request(self, req: ChatCompletionRequest | CompletionRequest, token_ids: array[int],
-                        pin: bytes | None, *, chat: bool, request_id: str,
-                        json_schema: str | None = None, echo: str | None = None,
-                        render: bool = False) -> EngineRequest:
+                        pin: bytes | None, *, chat: bool, request_id: str, constraint: Constraint | None = None,
+                        echo: str | None = None, render: bool = False) -> EngineRequest:
+        logprobs, prompt_logprobs = _logprobs(req, echo)
+        if not render:  # render asks no engine: the token-in route checks when the tokens come back
+            self._check_engines(req, constraint, logprobs is not None or prompt_logprobs is not None)
+        max_len = self._render_max_model_len() if render else self._max_model_len()
+        truncated = _truncated(token_ids, req.truncate_prompt_tokens, req.truncation_side, max_len)
+        if echo is not None and len(truncated) < len(token_ids):
+            # The prompt the model saw, so that the echoed text and the prompt's logprobs agree.
+            echo = self._model.tokenizer.decode(truncated.tolist(), skip_special_tokens=False)
+        token_ids = truncated
         max_tokens = self._max_tokens(len(token_ids), req.max_tokens, chat=chat, render=render,
                                       param="messages" if chat else "prompt")
         sampling = sampling_params(req, max_tokens, self._model.tokenizer.get_vocab_size(with_added_tokens=True))
-        if json_schema is not None:
-            sampling = msgspec.structs.replace(sampling, json_schema=json_schema)
-        # As vLLM: chat's logprobs are top_logprobs (0 when absent) once logprobs is true; an echoed
-        # completion's prompt_logprobs default to its logprobs.
-        if isinstance(req, ChatCompletionRequest):
-            logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        else:
-            logprobs = req.logprobs
-        prompt_logprobs = req.prompt_logprobs
-        if prompt_logprobs is None and echo is not None:
-            prompt_logprobs = logprobs
+        if constraint is not None:
+            sampling = msgspec.structs.replace(sampling, **{constraint.kind: constraint.value})
         if logprobs is not None or prompt_logprobs is not None:
-            # A rendered request is checked against the engines when it comes back to the token-in route.
-            problem = None if render else self._logprobs_problem()
-            if problem is not None:
-                field = "prompt_logprobs" if req.prompt_logprobs is not None else "top_logprobs" if chat else "logprobs"
-                raise APIError(400, f"{field}: logprobs need engines that send them, which {problem}", param=field)
             sampling = msgspec.structs.replace(sampling, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
         pinned = _pinned_rank(pin)
         usage = req.stream_options is not None and req.stream_options.include_usage
         continuous = usage and req.stream_options is not None and req.stream_options.continuous_usage_stats
+        # The caller's request_id names the response as vLLM names it; the engine's id stays ours and unique.
+        response_id = "" if req.request_id is None else ("chatcmpl-" if chat else "cmpl-") + req.request_id
         output = OutputOptions(chat=chat, stream=bool(req.stream), include_usage=usage, continuous_usage=continuous,
                                stop=tuple(stop_list(req)), include_stop_str_in_output=req.include_stop_str_in_output,
-                               skip_special_tokens=req.skip_special_tokens, logprobs=logprobs,
-                               prompt_logprobs=prompt_logprobs, echo=echo,
+                               skip_special_tokens=req.skip_special_tokens, response_id=response_id,
+                               constraint_param=constraint.param if constraint is not None else None,
+                               logprobs=logprobs, prompt_logprobs=prompt_logprobs, echo=echo,
                                return_tokens_as_token_ids=bool(req.return_tokens_as_token_ids))
         request = GenerateRequest(request_id, token_ids.tolist(), sampling, time.time(), req.priority, None,
                                   req.cache_salt, pinned)
         return EngineRequest(request, max_tokens, output)
+
+    def _check_engines(self, req: ChatCompletionRequest | CompletionRequest, constraint: Constraint | None,
+                       logprobs: bool) -> None:
+        """A 400 naming the first field that needs engines the ready ones are not (sim engines, say, or
+        engines too old to send logprobs)."""
+        fields = [] if constraint is None or constraint.param == "tool_choice" else [constraint.param]
+        fields += logits_controls(req)
+        if fields:
+            problem = self._engine_problem(SAMPLING_CONTROLS_MINOR)
+            if problem is not None:
+                what = "guaranteed structured output" if constraint is not None and fields[0] == constraint.param \
+                    else "the engine to apply it to the logits"
+                raise APIError(400, f"{fields[0]}: needs {what}, which {problem}", param=fields[0])
+        if logprobs:
+            problem = self._engine_problem(LOGPROBS_MINOR, backend=None)
+            if problem is not None:
+                chat = isinstance(req, ChatCompletionRequest)
+                field = "prompt_logprobs" if req.prompt_logprobs is not None else "top_logprobs" if chat else "logprobs"
+                raise APIError(400, f"{field}: logprobs need engines that send them, which {problem}", param=field)
+
+
+def _logprobs(req: ChatCompletionRequest | CompletionRequest, echo: str | None) -> tuple[int | None, int | None]:
+    """The engine's logprobs and prompt_logprobs, as vLLM sets them: chat's logprobs are top_logprobs (0
+    when absent) once logprobs is true; an echoed completion's prompt_logprobs default to its logprobs."""
+    if isinstance(req, ChatCompletionRequest):
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    else:
+        logprobs = req.logprobs
+    prompt_logprobs = req.prompt_logprobs
+    if prompt_logprobs is None and echo is not None:
+        prompt_logprobs = logprobs
+    return logprobs, prompt_logprobs
+
+def _template_kwargs(req: ChatCompletionRequest) -> dict[str, Any] | None:
+    """chat_template_kwargs with the request fields vLLM passes to the template: `documents`, and
+    `reasoning_effort` (with `enable_thinking` false for "none", true otherwise, unless the kwargs set it)."""
+    if req.documents is None and req.reasoning_effort is None:
+        return req.chat_template_kwargs
+    kwargs = dict(req.chat_template_kwargs or {})
+    if req.documents is not None:
+        kwargs["documents"] = req.documents
+    if req.reasoning_effort is not None:
+        kwargs["reasoning_effort"] = req.reasoning_effort
+        kwargs.setdefault("enable_thinking", req.reasoning_effort != "none")
+    return kwargs
+
+
+def _truncated(ids: array[int], keep: int | None, side: str | None, max_model_len: int) -> array[int]:
+    """truncate_prompt_tokens as vLLM applies it: keep the last `keep` tokens ("left", vLLM's side for
+    generation models) or the first ("right"); -1 keeps as many as leave room for one generated token."""
+    if keep is None:
+        return ids
+    if keep == 0:
+        raise APIError(400, "truncate_prompt_tokens=0 would leave no prompt: it must be -1 or >= 1",
+                       param="truncate_prompt_tokens")
+    if keep > max_model_len:  # vLLM's check and its numbers
+        raise APIError(400, f"truncate_prompt_tokens={keep} cannot be greater than max_model_len = {max_model_len}. "
+                       "Please request a smaller truncation size.", param="truncate_prompt_tokens")
+    if keep < 0:
+        keep = max_model_len - 1
+    if len(ids) <= keep:
+        return ids
+    return ids[:keep] if side == "right" else ids[len(ids) - keep:]
+
+
+_CONSTRAINTS = frozenset({"json_schema", "regex", "choice", "grammar", "json_object", "structural_tag"})
+
+
+def refused_field(error: str, options: OutputOptions) -> tuple[str, str | None]:
+    """An engine's refusal of its request ("sampling.grammar: ...") told as the request field it is
+    about ("structured_outputs.grammar: ..."), with that field; other messages as they came."""
+    head, sep, rest = error.partition(": ")
+    name = head.removeprefix("sampling.")
+    if not sep or name == head or not name.isidentifier():
+        return error, None
+    param = options.constraint_param if name in _CONSTRAINTS else options.param_prefix + name
+    if param is None:
+        return error, None
+    return f"{param}: {rest}", param
 
 
 def _pinned_rank(value: bytes | None) -> int | None:

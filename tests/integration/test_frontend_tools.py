@@ -88,4 +88,28 @@ def test_a_forced_tool_choice_is_refused_on_engines_that_cannot_guarantee_it(cli
                                                                               choice: Any) -> None:
     body = _bad_request(client, messages=ROUND_TRIP[:1], tools=[WEATHER], tool_choice=choice)
     assert body["param"] == "tool_choice"
-    assert "needs guaranteed structured output, which engine rank 0 cannot give (its sim backend" in body["message"]
+    assert "needs guaranteed structured output, which engine rank 0 cannot (its sim backend" in body["message"]
+
+
+@pytest.mark.parametrize(("kwargs", "param"), [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": WEATHER["function"][
+        "parameters"]}}}, "response_format.json_schema.schema"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"extra_body": {"structured_outputs": {"regex": "[a-z]+"}}}, "structured_outputs.regex"),
+    ({"extra_body": {"guided_choice": ["yes", "no"]}}, "guided_choice"),
+    ({"logit_bias": {"9707": 10}}, "logit_bias"),
+    ({"extra_body": {"allowed_token_ids": [9707]}}, "allowed_token_ids"),
+    ({"extra_body": {"bad_words": ["sunny"]}}, "bad_words"),
+])
+def test_structured_outputs_and_logits_controls_are_refused_on_sim_engines(client: openai.OpenAI,
+                                                                           kwargs: Any, param: str) -> None:
+    """Refused by name, never ignored: a client that asked for JSON must not get the sim's free text."""
+    body = _bad_request(client, messages=ROUND_TRIP[:2], **kwargs)
+    assert body["param"] == param
+    assert "which engine rank 0 cannot (its sim backend, protocol 1.3; the vllm backend with protocol 1.3 or " \
+           "newer can)" in body["message"], body
+
+
+def test_a_field_neither_openai_nor_vllm_has_is_a_400_naming_it(client: openai.OpenAI) -> None:
+    body = _bad_request(client, messages=ROUND_TRIP[:2], extra_body={"respone_format": {"type": "json_object"}})
+    assert body["param"] == "respone_format" and "unknown field" in body["message"]

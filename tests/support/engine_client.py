@@ -38,6 +38,7 @@ class Result:
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
     error: str | None = None
+    error_kind: str | None = None
     steps: list[int] = field(default_factory=list)
     # Packed logprobs read back, a row per position: (own token and its alternatives, their logprobs, rank).
     logprobs: list[tuple[list[int], list[float], int]] = field(default_factory=list)
@@ -155,5 +156,6 @@ class EngineClient:
                                   seg.ranks[i]) for i in range(seg.positions)]
                 if out.finish_reason is not None:
                     r.finish_reason, r.stop_reason, r.error = out.finish_reason, out.stop_reason, out.error
+                    r.error_kind = out.error_kind
                     pending.discard(out.request_id)
         return results

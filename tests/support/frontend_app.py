@@ -44,11 +44,14 @@ class AnsweringBridge:
             asyncio.get_running_loop().call_soon(self.engines._on_outputs, engine, outputs, [raw] if raw else [])
 
 
-def frontend_app(max_model_len: int = 4096, *, max_logprobs: int = 20) -> Frontend:
+def frontend_app(max_model_len: int = 4096, *, backend: str = "sim", minor: int = MINOR,
+                 max_logprobs: int = 20) -> Frontend:
+    """`backend` and `minor`: what the engine's Ready says (a vllm engine of protocol 1.3 honours every
+    field a sim engine refuses; logprobs need 1.3 of either)."""
     engines = EngineSet([ADDRESS], frontend_id="test", engine_timeout_s=60, heartbeat_interval_s=1)
     engines._bridge = AnsweringBridge(engines)  # type: ignore[assignment]
     for e in engines.engines:
-        engines._on_ready(e, Ready(e.index, "tiny", max_model_len, 16, 1000, "sim", "test", "epoch", 0, MAJOR, MINOR),
+        engines._on_ready(e, Ready(e.index, "tiny", max_model_len, 16, 1000, backend, "test", "epoch", 0, MAJOR, minor),
                           time.monotonic())
     config = FrontendConfig(model="tiny", data_parallel_size=1, data_parallel_size_local=0,
                             engine_addresses=(ADDRESS,), max_logprobs=max_logprobs)

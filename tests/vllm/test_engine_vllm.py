@@ -1,5 +1,7 @@
 """Our engine with the real vLLM backend on CPU and the tiny model, over tcp loopback: token parity
-with vLLM's own offline LLM.generate, abort, prefix-cache reporting with KV events, two ranks."""
+with vLLM's own offline LLM.generate (plain, with logits controls, with structured outputs), packed
+logprobs equal to vLLM's (also under a constraint), abort, prefix-cache reporting with KV events, two
+ranks, a grammar vLLM cannot use refused as invalid."""
 from __future__ import annotations
 
 import time
@@ -132,3 +134,101 @@ def test_packed_logprobs_equal_vllm_offline_generate(client: EngineClient, llm: 
                 assert len(ids) == k + 1 and set(ids[1:]) == set(tops)
                 assert all(_close(lp, tops[t]) for t, lp in zip(ids[1:], lps[1:], strict=True))
                 assert [want[t].rank for t in ids[1:]] == list(range(1, k + 1))
+def _reference(llm: Any, prompt: list[int], **sampling: Any) -> list[int]:
+    from vllm import SamplingParams
+
+    out = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=0, **sampling), use_tqdm=False)
+    return list(out[0].outputs[0].token_ids)
+
+
+def test_logits_controls_equal_vllm_offline_generate(client: EngineClient, llm: Any) -> None:
+    from services.frontend.model import Model
+
+    tokenizer = Model.load("tiny", "tiny").tokenizer
+    prompt = PROMPTS[1]
+    baseline = _reference(llm, prompt, max_tokens=16)
+    # A baseline token that is a whole word, so that vLLM's bad-word tokenization (with and without a
+    # leading space) yields it.
+    word_id = next(t for t in baseline if tokenizer.decode([t]).strip().isalpha())
+    word = tokenizer.decode([word_id]).strip()
+    favourite = 9707
+    cases: dict[str, dict[str, Any]] = {
+        "bias": {"logit_bias": {favourite: 100.0}},
+        "allowed": {"allowed_token_ids": [11, 13, 9707]},
+        "bad": {"bad_words": [word]},
+    }
+    for name, sampling in cases.items():
+        client.generate(name, prompt, max_tokens=16, temperature=0.0, **sampling)
+    ours = client.collect(list(cases), 120)
+    assert ours["bias"].token_ids == [favourite] * 16
+    assert set(ours["allowed"].token_ids) <= {11, 13, 9707}
+    assert word_id in baseline and word_id not in ours["bad"].token_ids
+    for name, sampling in cases.items():
+        assert ours[name].token_ids == _reference(llm, prompt, max_tokens=16, **sampling), name
+
+
+def test_structured_outputs_equal_vllm_offline_generate(client: EngineClient, llm: Any) -> None:
+    import re
+
+    from vllm.sampling_params import StructuredOutputsParams
+
+    from services.frontend.model import Model
+
+    tokenizer = Model.load("tiny", "tiny").tokenizer
+    regex = r"[a-z]{3,8}-[0-9]{2}"
+    cases: dict[str, dict[str, Any]] = {"regex": {"regex": regex}, "choice": {"choice": ["yes", "no", "maybe"]},
+                                        "grammar": {"grammar": 'root ::= "The answer is " ("yes" | "no") "."'}}
+    for name, constraint in cases.items():
+        client.generate(name, PROMPTS[1], max_tokens=40, temperature=0.0, **constraint)
+    ours = client.collect(list(cases), 120)
+    text = {name: tokenizer.decode([t for t in r.token_ids if t < 151643]) for name, r in ours.items()}
+    assert re.fullmatch(regex, text["regex"]), text
+    assert text["choice"] in ("yes", "no", "maybe") and text["grammar"] in ("The answer is yes.", "The answer is no.")
+    for name, constraint in cases.items():
+        assert ours[name].finish_reason == "stop", name
+        reference = _reference(llm, PROMPTS[1], max_tokens=40,
+                               structured_outputs=StructuredOutputsParams(**constraint))
+        assert ours[name].token_ids == reference, name
+
+
+def test_logprobs_of_a_constrained_request_equal_vllm_offline_generate(client: EngineClient, llm: Any) -> None:
+    """Both MINOR 3 additions in one request: a regex and a logit bias with logprobs and prompt_logprobs,
+    the packed arrays against vLLM's own for the same request."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    prompt, regex = PROMPTS[1], r"[a-z]{3,8}"
+    client.generate("both", prompt, max_tokens=12, temperature=0.0, regex=regex, logit_bias={11: -5.0},
+                    logprobs=3, prompt_logprobs=2)
+    got = client.collect(["both"], 120)["both"]
+    ref = llm.generate([{"prompt_token_ids": prompt}],
+                       SamplingParams(temperature=0, max_tokens=12, logprobs=3, prompt_logprobs=2,
+                                      logit_bias={11: -5.0}, structured_outputs=StructuredOutputsParams(regex=regex)),
+                       use_tqdm=False)[0]
+    out = ref.outputs[0]
+    assert got.token_ids == list(out.token_ids) and got.finish_reason == "stop"
+    for rows, tokens, expected in ((got.logprobs, out.token_ids, out.logprobs),
+                                   (got.prompt_logprobs, prompt[1:], ref.prompt_logprobs[1:])):
+        assert len(rows) == len(tokens) == len(expected)
+        for (ids, lps, rank), tid, want in zip(rows, tokens, expected, strict=True):
+            assert ids[0] == tid and _close(lps[0], want[tid].logprob)
+            # The rank is vLLM's array's, which counts the tokens at least as likely: where the grammar
+            # leaves two stop tokens tied, 2 for either, where the offline dict keeps the top-k's 1.
+            assert rank in (want[tid].rank, sum(lp >= lps[0] for lp in lps[1:])), (rank, want)
+
+
+@pytest.mark.parametrize(("sampling", "field", "needle"), [
+    ({"grammar": "root ::= ("}, "grammar", "Invalid grammar specification."),
+    ({"regex": "(a"}, "regex", "Failed to transform regex into a grammar"),
+    ({"json_schema": '{"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}'}, "json_schema",
+     "Cannot find field nowhere"),
+])
+def test_what_vllm_cannot_use_is_refused_as_the_requests_fault(client: EngineClient, sampling: dict[str, Any],
+                                                               field: str, needle: str) -> None:
+    client.generate("bad", PROMPTS[1], max_tokens=4, temperature=0.0, **sampling)
+    result = client.collect(["bad"], 60)["bad"]
+    assert result.finish_reason == "error" and result.error_kind == "invalid", result
+    assert result.error is not None and result.error.startswith(f"sampling.{field}: ") and needle in result.error
+    # The rank is unharmed: the next request is served.
+    client.generate("after", PROMPTS[1], max_tokens=2, temperature=0.0)
+    assert client.collect(["after"], 60)["after"].finish_reason == "length"

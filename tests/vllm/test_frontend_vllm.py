@@ -1,8 +1,11 @@
 """End to end on the real vLLM backend: a managed frontend (it starts its own headless vllm engine)
-answering the official openai SDK, streamed and not; its logprobs against vLLM's own offline LLM."""
+answering the official openai SDK, streamed and not: its logprobs against vLLM's own offline LLM, forced
+tool calls, structured outputs (every field that asks for one), logits controls, prompt truncation, what
+vLLM cannot compile a 400, and logprobs of a constrained request."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -156,3 +159,172 @@ def test_logprobs_equal_vllm_offline_generate(frontend: FrontendProc, llm: Any) 
         assert [a.token for a in entry.top_logprobs] == [p.decoded_token for p in ranked]
         assert all(_close(a.logprob, p.logprob) for a, p in zip(entry.top_logprobs, ranked, strict=True))
     client.close()
+
+
+SCHEMA: dict[str, Any] = {"type": "object", "properties": {
+    "city": {"type": "string", "enum": ["Paris", "Tokyo"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7},
+    "sunny": {"type": "boolean"}}, "required": ["city", "days", "sunny"], "additionalProperties": False}
+ASK = [{"role": "user", "content": "Weather in Paris for three days, as JSON?"}]
+
+
+@pytest.fixture
+def client(frontend: FrontendProc) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=frontend.url + "/v1", api_key="x", max_retries=0, timeout=120) as c:
+        yield c
+
+
+def _chat(client: openai.OpenAI, stream: bool = False, **kwargs: Any) -> tuple[str, str | None]:
+    """The answer's content and finish_reason, streamed or not."""
+    body = {"model": "tiny", "messages": ASK, "max_tokens": 120, "temperature": 0, **kwargs}
+    if not stream:
+        r = client.chat.completions.create(**body)
+        return r.choices[0].message.content or "", r.choices[0].finish_reason
+    text, finish = "", None
+    for chunk in client.chat.completions.create(stream=True, **body):
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+            finish = chunk.choices[0].finish_reason or finish
+    return text, finish
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_response_format_json_schema_output_validates(client: openai.OpenAI, stream: bool) -> None:
+    """Random weights: only vLLM's structured output makes this valid JSON of this schema."""
+    from jsonschema import validate
+
+    fmt = {"type": "json_schema", "json_schema": {"name": "weather", "schema": SCHEMA, "strict": True}}
+    text, finish = _chat(client, stream, response_format=fmt)
+    validate(json.loads(text), SCHEMA)
+    assert finish == "stop"
+    plain, _ = _chat(client, stream)
+    with pytest.raises(ValueError):  # the same request unconstrained is no such JSON
+        validate(json.loads(plain), SCHEMA)
+
+
+@pytest.mark.parametrize("ask", [
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": SCHEMA}}},
+    {"extra_body": {"structured_outputs": {"json": SCHEMA}}},
+    {"extra_body": {"guided_json": json.dumps(SCHEMA)}},
+], ids=["response_format", "structured_outputs", "guided_json"])
+def test_every_field_that_asks_for_a_schema_gives_the_same_answer(client: openai.OpenAI, ask: dict[str, Any]) -> None:
+    from jsonschema import validate
+
+    text, _ = _chat(client, **ask)
+    validate(json.loads(text), SCHEMA)
+
+
+def test_json_object_output_parses_as_an_object(client: openai.OpenAI) -> None:
+    """Any object: random weights would write one key's string until max_tokens, so a bias towards
+    closing quotes and braces lets it end; the same bias without json_object gives no object."""
+    from services.frontend.model import Model
+
+    tokenizer = Model.load("tiny", "tiny").tokenizer
+    def is_object(text: str) -> bool:
+        try:
+            return isinstance(json.loads(text), dict)
+        except ValueError:
+            return False
+
+    bias = {str(tokenizer.token_to_id('"')): 100, str(tokenizer.token_to_id("}")): 50}
+    text, finish = _chat(client, response_format={"type": "json_object"}, logit_bias=bias)
+    assert is_object(text) and finish == "stop", text
+    plain, _ = _chat(client, logit_bias=bias, max_tokens=20)
+    assert not is_object(plain), plain
+
+
+@pytest.mark.parametrize("field", ["structured_outputs", "guided"])
+def test_regex_choice_and_grammar_outputs_match(client: openai.OpenAI, field: str) -> None:
+    def ask(kind: str, value: Any) -> str:
+        extra = {"structured_outputs": {kind: value}} if field == "structured_outputs" else {f"guided_{kind}": value}
+        text, finish = _chat(client, extra_body=extra)
+        assert finish == "stop", (kind, text)
+        return text
+
+    assert re.fullmatch(r"[a-z]{3,8}-[0-9]{2}", ask("regex", r"[a-z]{3,8}-[0-9]{2}"))
+    assert ask("choice", ["yes", "no", "maybe"]) in ("yes", "no", "maybe")
+    ebnf = 'root ::= "The answer is " ("yes" | "no") "."'
+    assert ask("grammar", ebnf) in ("The answer is yes.", "The answer is no.")
+    lark = 'start: "colour: " COLOUR\nCOLOUR: "red" | "green" | "blue"'  # xgrammar reads Lark too
+    assert ask("grammar", lark) in ("colour: red", "colour: green", "colour: blue")
+
+
+def test_completions_take_structured_outputs_too(client: openai.OpenAI) -> None:
+    r = client.completions.create(model="tiny", prompt="The code is", max_tokens=20, temperature=0,
+                                  extra_body={"structured_outputs": {"regex": r"[A-Z]{4}"}})
+    assert re.fullmatch(r"[A-Z]{4}", r.choices[0].text) and r.choices[0].finish_reason == "stop"
+
+
+def test_logit_bias_allowed_token_ids_and_bad_words(client: openai.OpenAI) -> None:
+    from services.frontend.model import Model
+
+    tokenizer = Model.load("tiny", "tiny").tokenizer
+    word = tokenizer.encode(" Paris", add_special_tokens=False).ids
+    assert len(word) == 1
+    kwargs: Any = {"model": "tiny", "prompt": "Weather in", "max_tokens": 6, "temperature": 0}
+    biased = client.completions.create(logit_bias={str(word[0]): 100}, **kwargs).choices[0].text
+    assert biased == " Paris" * 6
+    allowed = [tokenizer.token_to_id(t) for t in ("yes", "no", ",")]
+    text = client.completions.create(extra_body={"allowed_token_ids": allowed}, **kwargs).choices[0].text
+    assert re.fullmatch(r"(yes|no|,)+", text), text
+    plain = client.completions.create(**kwargs).choices[0].text
+    first = plain.split()[0]
+    banned = client.completions.create(extra_body={"bad_words": [first]}, **kwargs).choices[0].text
+    assert first in plain.split() and first not in banned.split(), (plain, banned)
+
+
+def test_truncate_prompt_tokens_keeps_the_last_tokens(client: openai.OpenAI) -> None:
+    long = "one two three four five six seven eight nine ten " * 5
+    r = client.completions.create(model="tiny", prompt=long, max_tokens=1, temperature=0,
+                                  extra_body={"truncate_prompt_tokens": 7})
+    assert r.usage is not None and r.usage.prompt_tokens == 7
+
+
+@pytest.mark.parametrize(("extra", "param", "needle"), [
+    # xgrammar cannot compile these, and only the engine can tell: its refusal is a 400 naming the field.
+    ({"structured_outputs": {"grammar": "root ::= ("}}, "structured_outputs.grammar",
+     "vLLM's structured output (xgrammar) cannot use it: Invalid grammar specification."),
+    ({"guided_regex": "(a"}, "guided_regex", "Failed to transform regex into a grammar"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": {
+        "type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}}}},
+     "response_format.json_schema.schema", "Cannot find field nowhere"),
+    # The frontend's own checks.
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": 5}}}},
+     "response_format.json_schema.schema.type", "is not a valid JSON Schema"),
+    ({"logit_bias": {"999999": 5}}, "logit_bias", "out of range"),
+])
+def test_what_cannot_be_compiled_or_is_out_of_range_is_a_400_naming_the_field(
+        client: openai.OpenAI, extra: dict[str, Any], param: str, needle: str) -> None:
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as info:
+            _chat(client, stream, extra_body=extra)
+        body = info.value.body
+        assert isinstance(body, dict) and body["param"] == param and needle in body["message"], body
+    assert _chat(client, max_tokens=2)[1] == "length"  # the engine is unharmed
+
+
+def test_logprobs_of_a_constrained_completion_equal_vllm_offline_generate(client: openai.OpenAI, llm: Any) -> None:
+    """Structured output and logprobs in one request: the text matches the regex, and its tokens,
+    their strings and logprobs, and the echoed prompt's logprobs are vLLM's for the same request."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    regex = r"[a-z]{3,8}-[0-9]{2}"
+    prompt = llm.get_tokenizer().encode("The code is", add_special_tokens=False)
+    ref = llm.generate([{"prompt_token_ids": prompt}],
+                       SamplingParams(temperature=0, max_tokens=20, logprobs=2, prompt_logprobs=2,
+                                      structured_outputs=StructuredOutputsParams(regex=regex)), use_tqdm=False)[0]
+    out = ref.outputs[0]
+    r = client.completions.create(model="tiny", prompt=prompt, max_tokens=20, temperature=0, logprobs=2, echo=True,
+                                  extra_body={"structured_outputs": {"regex": regex}})
+    choice = r.choices[0]
+    prompt_text = llm.get_tokenizer().decode(prompt)
+    assert choice.text == prompt_text + out.text and re.fullmatch(regex, out.text) and choice.finish_reason == "stop"
+    lp = choice.logprobs
+    assert lp is not None and lp.token_logprobs is not None and lp.tokens is not None
+    n = len(prompt)
+    assert lp.token_logprobs[0] is None and len(lp.tokens) == n + len(out.token_ids)
+    for got, step, t in zip(lp.token_logprobs[1:n], ref.prompt_logprobs[1:], prompt[1:], strict=True):
+        assert _close(got, step[t].logprob)
+    assert lp.tokens[n:] == [step[t].decoded_token for step, t in zip(out.logprobs, out.token_ids, strict=True)]
+    for got, step, t in zip(lp.token_logprobs[n:], out.logprobs, out.token_ids, strict=True):
+        assert _close(got, step[t].logprob)

@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from protocol import GenerateRequest, PackedLogprobs, RequestOutput
+from protocol import ERROR_INVALID, GenerateRequest, PackedLogprobs, RequestOutput
+from protocol import SamplingParams as WireSampling
 from protocol.block_hash import chain, root
 from services.engine.backend import (
     BackendInfo,
@@ -106,6 +107,8 @@ class VllmBackend:
         self._salted: dict[str, int] = {}  # request's chain root, only for salted/LoRA requests
         self._prompt_lens: dict[str, int] = {}
         self._logprobs: dict[str, tuple[int | None, int | None]] = {}  # asked (logprobs, prompt_logprobs)
+        # Requests with a structured-output constraint (its SamplingParams field) until their first token.
+        self._constrained: dict[str, str] = {}
         self._queries = 0
         self._hits = 0
         self._warm_up()
@@ -116,6 +119,8 @@ class VllmBackend:
         s = request.sampling
         if request.lora is not None:
             raise RequestRejected(f"lora={request.lora!r}: LoRA adapters are not enabled on this engine")
+        config = self._vllm_config
+        tokenizer = self._core.structured_output_manager.tokenizer
         try:
             params = SamplingParams(
                 max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
@@ -123,16 +128,31 @@ class VllmBackend:
                 seed=s.seed, min_tokens=s.min_tokens, stop_token_ids=list(s.stop_token_ids),
                 ignore_eos=s.ignore_eos, logprobs=s.logprobs, presence_penalty=s.presence_penalty,
                 frequency_penalty=s.frequency_penalty, repetition_penalty=s.repetition_penalty,
-                prompt_logprobs=s.prompt_logprobs, output_kind=RequestOutputKind.DELTA, detokenize=False,
+                prompt_logprobs=s.prompt_logprobs,
+                logit_bias=dict(s.logit_bias) if s.logit_bias is not None else None,
+                allowed_token_ids=list(s.allowed_token_ids) if s.allowed_token_ids is not None else None,
+                bad_words=list(s.bad_words),
+                output_kind=RequestOutputKind.DELTA, detokenize=False,
             )
             params.update_from_generation_config(self._generation_config, self._eos)
-            if s.json_schema is not None:
-                params.structured_outputs = StructuredOutputsParams(json=s.json_schema)
-                config = self._vllm_config
-                params.verify(config.model_config, config.speculative_config, config.structured_outputs_config,
-                              self._core.structured_output_manager.tokenizer)
+            # As vLLM's input processor: bad words become token sequences with this tokenizer.
+            params.update_from_tokenizer(tokenizer)
+            params.verify(config.model_config, config.speculative_config, config.structured_outputs_config,
+                          tokenizer)
         except Exception as exc:  # vLLM's VLLMValidationError is not a ValueError
-            raise RequestRejected(f"sampling: {exc}") from None
+            raise RequestRejected(f"sampling{_field(exc)}: {_reason(exc)}") from None
+        kind = _constraint(s)
+        if kind is not None:
+            # Verified on its own, so that a refusal here names the constraint, not another field.
+            name, value = kind
+            try:
+                params.structured_outputs = StructuredOutputsParams(**{_SO_FIELD[name]: value})
+                params.verify(config.model_config, config.speculative_config, config.structured_outputs_config,
+                              tokenizer)
+            except Exception as exc:
+                backend = config.structured_outputs_config.backend
+                raise RequestRejected(f"sampling.{name}: vLLM's structured output ({backend}) cannot use it: "
+                                      f"{_reason(exc)}") from None
         core_request = EngineCoreRequest(
             request_id=request_id, prompt_token_ids=list(request.prompt_token_ids),
             mm_features=None, sampling_params=params, pooling_params=None,
@@ -144,6 +164,8 @@ class VllmBackend:
         self._prompt_lens[request_id] = len(request.prompt_token_ids)
         if s.logprobs is not None or s.prompt_logprobs is not None:
             self._logprobs[request_id] = (s.logprobs, s.prompt_logprobs)
+        if kind is not None:
+            self._constrained[request_id] = kind[0]
         if request.cache_salt is not None:
             self._salted[request_id] = root(request.cache_salt, None)
 
@@ -151,6 +173,7 @@ class VllmBackend:
         self._core.abort_requests(request_ids)
         for rid in request_ids:
             self._prompt_lens.pop(rid, None)
+            self._constrained.pop(rid, None)
             self._salted.pop(rid, None)
             self._logprobs.pop(rid, None)
 
@@ -182,11 +205,20 @@ class VllmBackend:
             self._hits += cached
             self._queries += self._prompt_lens.get(o.request_id, 0)
         finish = None
+        error = error_kind = None
+        constrained = None
+        if self._constrained and (o.new_token_ids or o.finish_reason is not None):
+            constrained = self._constrained.pop(o.request_id, None)
         if o.finish_reason is not None:
             finish = _FINISH[int(o.finish_reason)]
             self._prompt_lens.pop(o.request_id, None)
             self._salted.pop(o.request_id, None)
-        return RequestOutput(o.request_id, o.new_token_ids, finish, o.stop_reason, cached)
+            if finish == "error" and constrained is not None and not o.new_token_ids:
+                # Before its first token, the only error vLLM ends a constrained request with is its
+                # grammar failing to compile (the scheduler's grammar_compile_error_reqs): the request's fault.
+                error = f"sampling.{constrained}: vLLM's structured output could not compile it"
+                error_kind = ERROR_INVALID
+        return RequestOutput(o.request_id, o.new_token_ids, finish, o.stop_reason, cached, None, error, error_kind)
 
     def _pack_logprobs(self, o: Any, out: RequestOutput, segments: dict[str, list[Segment]]) -> None:
         """vLLM's logprob arrays as they are (protocol/logprobs.py is their layout): row i's column 0 is
@@ -282,6 +314,38 @@ def _segment(ids: np.ndarray, lps: np.ndarray, ranks: np.ndarray, k: int, into: 
                        np.ascontiguousarray(lps[:, :w], dtype="<f4").data,
                        np.ascontiguousarray(ranks, dtype="<i4").data]))
     return ref
+
+
+# SamplingParams' constraint fields -> StructuredOutputsParams' names for them.
+_SO_FIELD = {"json_schema": "json", "regex": "regex", "choice": "choice", "grammar": "grammar",
+             "json_object": "json_object", "structural_tag": "structural_tag"}
+
+
+def _constraint(s: WireSampling) -> tuple[str, Any] | None:
+    """The request's structured-output constraint (validation.py let at most one through), or None."""
+    for name in ("json_schema", "regex", "choice", "grammar", "structural_tag"):
+        value = getattr(s, name)
+        if value is not None:
+            return name, value
+    return ("json_object", True) if s.json_object else None
+
+
+def _field(exc: Exception) -> str:
+    """".logit_bias" when vLLM says which parameter it refused, else ""."""
+    parameter = getattr(exc, "parameter", None)
+    return f".{parameter}" if isinstance(parameter, str) and parameter else ""
+
+
+def _reason(exc: Exception) -> str:
+    """vLLM's message, and the compiler's where vLLM wraps it ("Invalid grammar specification.")."""
+    # The message alone: VLLMValidationError's str() appends "(parameter=..., value=...)".
+    text = exc.args[0] if exc.args and isinstance(exc.args[0], str) else str(exc)
+    cause = exc.__cause__
+    if cause is not None:
+        detail = str(cause).strip().splitlines()
+        if detail and detail[-1] not in text:
+            text = f"{text} ({detail[-1][:500]})"
+    return text
 
 
 def _root_from(ev: Any) -> int:

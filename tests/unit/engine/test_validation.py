@@ -57,4 +57,38 @@ def test_values_vllm_refuses_are_caught_here_first() -> None:
 def test_a_json_schema_must_be_a_json_object() -> None:
     assert _check(json_schema='{"type": "object"}') is None
     assert "sampling.json_schema: not valid JSON" in (_check(json_schema="{'type': 1}") or "")
-    assert _check(json_schema="[1]") == "sampling.json_schema: must be a JSON Schema object"
+    assert _check(json_schema="[1]") == "sampling.json_schema: must be a JSON object (a JSON Schema)"
+
+
+@pytest.mark.parametrize("constraint", [{"json_schema": '{"type": "object"}'}, {"regex": "[a-z]+"},
+                                        {"choice": ["yes", "no"]}, {"grammar": 'root ::= "a"'},
+                                        {"json_object": True}, {"structural_tag": '{"type": "structural_tag"}'}])
+def test_each_structured_output_constraint_alone_passes(constraint: dict[str, object]) -> None:
+    assert _check(**constraint) is None
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"regex": "a", "choice": ["a"]}, "sampling.choice: only one structured-output constraint per request, and "
+                                      "sampling.regex is set too"),
+    ({"json_schema": "{}", "json_object": True}, "sampling.json_object: only one"),
+    ({"structural_tag": "{x"}, "sampling.structural_tag: not valid JSON"),
+    ({"structural_tag": '"tag"'}, "sampling.structural_tag: must be a JSON object"),
+    ({"choice": []}, "sampling.choice: must list at least one string"),
+    ({"grammar": " \n"}, "sampling.grammar: must not be empty"),
+    ({"regex": "a\x00"}, "sampling.regex: must not contain a NUL character"),
+    ({"logit_bias": {100: 1.0}}, "sampling.logit_bias: token id 100 is out of range: token ids must be in [0, 100)"),
+    ({"logit_bias": {-1: 1.0}}, "sampling.logit_bias: token id -1"),
+    ({"logit_bias": {5: 100.5}}, "sampling.logit_bias: the bias of token 5 is 100.5: must be in [-100, 100]"),
+    ({"logit_bias": {5: float("nan")}}, "sampling.logit_bias: the bias of token 5 is nan"),
+    ({"allowed_token_ids": []}, "sampling.allowed_token_ids: must list at least one token id"),
+    ({"allowed_token_ids": [3, 100]}, "sampling.allowed_token_ids: token id 100 is out of range: token ids must "
+                                      "be in [0, 100)"),
+    ({"bad_words": ["ok", " "]}, "sampling.bad_words: an entry is empty or only whitespace"),
+])
+def test_structured_output_and_logits_controls_problems_name_the_field(kwargs: dict, message: str) -> None:  # type: ignore[type-arg]
+    result = _check(**kwargs)
+    assert result is not None and message in result, result
+
+
+def test_logits_controls_in_range_pass() -> None:
+    assert _check(logit_bias={0: -100.0, 99: 100.0}, allowed_token_ids=[0, 99], bad_words=["x", " y"]) is None

@@ -105,6 +105,16 @@ def test_completion_echo_with_logprobs(app: Frontend) -> None:
     assert token_prompt["choices"][0]["text"] == "Hello worldHello" and token_prompt["choices"][0]["logprobs"] is None
 
 
+def test_a_truncated_prompt_echoes_the_tokens_the_model_saw(app: Frontend) -> None:
+    """truncate_prompt_tokens with echo: the echoed text is the kept tokens', so that it and the
+    prompt's logprobs agree (their tokens join to the text)."""
+    body = call(app, "/v1/completions", {**TEXT, "prompt": "one two three", "logprobs": 0, "echo": True,
+                                         "truncate_prompt_tokens": 2}).json()
+    choice = body["choices"][0]
+    assert choice["text"] == " two threeHello" and body["usage"]["prompt_tokens"] == 2
+    assert "".join(choice["logprobs"]["tokens"]) == choice["text"]
+
+
 def test_streamed_chunks_carry_their_tokens_logprobs(app: Frontend) -> None:
     import json
 

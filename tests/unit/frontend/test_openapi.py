@@ -30,7 +30,10 @@ BODIES = [("/v1/chat/completions", "ChatCompletionRequest", CHAT),
           ("/tokenize", "TokenizeChatRequest", {"messages": [HI]}),
           ("/detokenize", "DetokenizeRequest", {"tokens": [1]})]
 NESTED = {"ChatMessage": HI, "ContentPart": {"type": "text", "text": "x"}, "StreamOptions": {},
-          "TokenSampling": {"max_tokens": 1}, "StructuredOutputs": {"json": {}}}
+          "TokenSampling": {"max_tokens": 1}, "StructuredOutputs": {"json": {}},
+          "StructuredOutputsParams": {"regex": "a"},
+          "JsonSchemaResponseFormat": {"type": "json_schema", "json_schema": {"name": "n", "schema": {}}},
+          "JsonSchemaFormat": {"name": "n", "schema": {}}, "StructuralTagFormat": {"type": "structural_tag"}}
 # A documented value of a field that needs another goes with it (vLLM's rule: top_logprobs needs logprobs).
 WITH = {"top_logprobs": {"logprobs": True}}
 

@@ -7,6 +7,7 @@ import asyncio
 import time
 from typing import Any
 
+import msgspec
 import pytest
 
 from protocol import GenerateRequest, Ready
@@ -102,7 +103,33 @@ def test_a_forced_tool_choice_renders_its_schema_as_structured_outputs(app: Fron
     schema = rendered["sampling_params"]["structured_outputs"]["json"]
     assert schema["type"] == "array" and schema["items"]["anyOf"][0]["properties"]["name"]["enum"] == ["get_weather"]
     refused = call(app, "/inference/v1/generate", rendered)  # and the token-in route asks them
-    assert refused.status == 400 and refused.json()["error"]["param"] == "sampling_params.structured_outputs"
+    assert refused.status == 400 and refused.json()["error"]["param"] == "sampling_params.structured_outputs.json"
+
+
+VLLM_ROUND_TRIPS: list[tuple[str, dict[str, Any]]] = [
+    ("chat", {"response_format": {"type": "json_object"}}),
+    ("chat", {"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {
+        "type": "object", "properties": {"a": {"type": "integer"}}}}}}),
+    ("chat", {"structured_outputs": {"regex": "[a-z]+"}, "logit_bias": {"11": 2.5}, "bad_words": ["no"]}),
+    ("chat", {"guided_choice": ["yes", "no"], "allowed_token_ids": [11, 12, 13]}),
+    ("completion", {"prompt": "Hi", "structured_outputs": {"grammar": 'root ::= "a" | "b"'}}),
+    ("completion", {"prompt": "one two three four", "truncate_prompt_tokens": 2}),
+]
+
+
+@pytest.mark.parametrize(("kind", "fields"), VLLM_ROUND_TRIPS, ids=[f"{k}:{f}" for k, f in VLLM_ROUND_TRIPS])
+def test_structured_outputs_and_logits_controls_render_and_come_back(kind: str, fields: dict[str, Any]) -> None:
+    """Rendered for, and sent to, vllm engines (the sim refuses them): the same engine request."""
+    app = frontend_app(max_model_len=2048, backend="vllm", minor=3)
+    body = {"model": "tiny", **({"messages": HI} if kind == "chat" else {}), **fields}
+    route = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
+    direct = call(app, route, body)
+    assert direct.status == 200, direct.body
+    expected = sent(app)
+    rendered = call(app, route + "/render", body).json()
+    generated = call(app, "/inference/v1/generate", rendered if kind == "chat" else rendered[0])
+    assert generated.status == 200, generated.body
+    assert (sent(app).prompt_token_ids, sent(app).sampling) == (expected.prompt_token_ids, expected.sampling)
 
 
 def test_render_refuses_what_the_route_refuses(app: Frontend) -> None:
@@ -141,6 +168,25 @@ def test_render_asks_no_engine_whether_it_sends_logprobs() -> None:
     assert call(app, "/v1/chat/completions", body).json()["error"]["param"] == "top_logprobs"
     rendered = call(app, "/v1/chat/completions/render", body)
     assert rendered.status == 200 and rendered.json()["sampling_params"]["logprobs"] == 2
+
+
+def test_a_constraint_with_logprobs_renders_both_and_the_token_in_route_refuses_only_the_logprobs() -> None:
+    """Both protocol 1.3 additions in one body: the chat route sends both to a vllm engine, render writes
+    both, and the token-in route refuses the logprobs by name; without them it sends the constraint."""
+    app = frontend_app(max_model_len=2048, backend="vllm", minor=3)
+    body = {"model": "tiny", "messages": HI, "max_tokens": 4, "logprobs": True, "top_logprobs": 2,
+            "structured_outputs": {"regex": "[a-z]+"}, "logit_bias": {"11": 2.5}}
+    assert call(app, "/v1/chat/completions", body).status == 200
+    expected = sent(app).sampling
+    assert (expected.regex, expected.logit_bias, expected.logprobs) == ("[a-z]+", {11: 2.5}, 2)
+    rendered = call(app, "/v1/chat/completions/render", body).json()
+    assert rendered["sampling_params"] == {"max_tokens": 4, "logprobs": 2, "output_kind": 2,
+                                           "structured_outputs": {"regex": "[a-z]+"}, "logit_bias": {"11": 2.5}}
+    refused = call(app, "/inference/v1/generate", rendered)
+    assert refused.status == 400 and refused.json()["error"]["param"] == "sampling_params.logprobs"
+    del rendered["sampling_params"]["logprobs"]
+    assert call(app, "/inference/v1/generate", rendered).status == 200
+    assert sent(app).sampling == msgspec.structs.replace(expected, logprobs=None)
 
 
 # ---- render-only mode ----

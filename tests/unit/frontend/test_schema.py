@@ -25,7 +25,7 @@ def _err(cls: type, body: bytes) -> APIError:
 
 def test_parses_a_full_chat_request() -> None:
     req = parse(ChatCompletionRequest, b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], '
-                                       b'"temperature": 0.5, "stop": "x", "unknown_field": 1}')
+                                       b'"temperature": 0.5, "stop": "x"}')
     check_common(req)
     params = sampling_params(req, 16, 1000)
     assert (params.temperature, params.max_tokens, req.stop) == (0.5, 16, "x")
@@ -46,6 +46,25 @@ def test_parses_a_full_chat_request() -> None:
         (b'{"model": "m", "messages": [], "stop_token_ids": [5, 5000]}', "stop_token_ids[1]", "[0, 1000)"),
         (b'{"model": "m", "messages": [], "min_tokens": 20}', "min_tokens", "<= max_tokens (16)"),
         (b'{"model": "m", "messages": [], "seed": "x"}', "seed", "expected `int | null`, got `str`"),
+        # Refused, not ignored (vLLM logs a warning): a misspelt field would silently change the answer.
+        (b'{"model": "m", "messages": [], "respone_format": {"type": "json_object"}}', "respone_format",
+         "respone_format: unknown field: it is neither OpenAI's nor vLLM's"),
+        (b'{"model": "m", "messages": [], "stream_options": {"include_usage": true, "x": 1}}', "stream_options.x",
+         "unknown field"),
+        (b'{"model": "m", "messages": [], "response_format": {"type": "json_schema", "json_schema": '
+         b'{"name": "n", "schema": {}, "strictly": true}}}', "response_format.json_schema.strictly", "unknown field"),
+        (b'{"model": "m", "messages": [], "response_format": {"type": "xml"}}', "response_format.type",
+         "invalid value 'xml'"),
+        (b'{"model": "m", "messages": [], "structured_outputs": {"pattern": "a"}}', "structured_outputs.pattern",
+         "unknown field"),
+        (b'{"model": "m", "messages": [], "logit_bias": {"5": "high"}}', "logit_bias[...]", "expected `float`"),
+        (b'{"model": "m", "messages": [], "logit_bias": {"x": 1}}', "logit_bias", "key 'x' is not a token id"),
+        (b'{"model": "m", "messages": [], "logit_bias": {"5000": 1}}', "logit_bias", "out of range [0, 1000)"),
+        (b'{"model": "m", "messages": [], "logit_bias": {"5": 101}}', "logit_bias", "must be in [-100, 100]"),
+        (b'{"model": "m", "messages": [], "allowed_token_ids": []}', "allowed_token_ids", "at least one"),
+        (b'{"model": "m", "messages": [], "allowed_token_ids": [1, -1]}', "allowed_token_ids[1]", "[0, 1000)"),
+        (b'{"model": "m", "messages": [], "bad_words": ["a", " "]}', "bad_words[1]", "empty or only whitespace"),
+        (b'{"model": "m", "messages": [], "truncate_prompt_tokens": -2}', "truncate_prompt_tokens", "-1"),
         (b'{"model": "m", "messages": [], "tools": ' + b"[" * 1000 + b"]" * 1000 + b"}", None,
          "nests too deeply: arrays and objects may nest 64 levels at most"),
     ],

@@ -100,7 +100,28 @@ def test_structured_outputs_json_becomes_the_engine_s_schema() -> None:
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     for given in (schema, msgspec.json.encode(schema).decode()):
         sp = msgspec.convert({"structured_outputs": {"json": given}}, token_in.TokenSampling)
-        assert msgspec.json.decode(token_in.engine_sampling(sp, 5).json_schema or "") == schema
+        assert msgspec.json.decode(token_in.engine_sampling(sp, 5, 1000).json_schema or "") == schema
+
+
+def test_structured_outputs_and_logits_controls_reach_vllm_engines() -> None:
+    vllm = frontend_app(max_model_len=2048, backend="vllm", minor=3)
+    cases: list[tuple[dict[str, Any], dict[str, Any]]] = [
+        ({"structured_outputs": {"regex": "a+", "disable_any_whitespace": True}}, {"regex": "a+"}),
+        ({"structured_outputs": {"choice": ["x", "y"]}}, {"choice": ["x", "y"]}),
+        ({"structured_outputs": {"grammar": 'root ::= "a"'}}, {"grammar": 'root ::= "a"'}),
+        ({"structured_outputs": {"json_object": True}}, {"json_object": True}),
+        ({"logit_bias": {"11": -3}, "allowed_token_ids": [11, 12], "bad_words": ["x"]},
+         {"logit_bias": {11: -3.0}, "allowed_token_ids": [11, 12], "bad_words": ["x"]}),
+    ]
+    for given, expected in cases:
+        answer = call(vllm, {"token_ids": IDS, "sampling_params": {"max_tokens": 1, **given}})
+        assert answer.status == 200, answer.body
+        s = sent(vllm).sampling
+        assert {name: getattr(s, name) for name in expected} == expected
+    old = frontend_app(max_model_len=2048, backend="vllm", minor=2)  # a JSON Schema needs 1.2, a regex 1.3
+    assert call(old, {"token_ids": IDS, "sampling_params": {"structured_outputs": {"json": {}}}}).status == 200
+    refused = call(old, {"token_ids": IDS, "sampling_params": {"structured_outputs": {"regex": "a"}}}).json()
+    assert refused["error"]["param"] == "sampling_params.structured_outputs.regex", refused
 
 
 def test_vllm_s_render_output_with_every_default_written_passes(app: Frontend) -> None:
@@ -149,18 +170,29 @@ BAD: list[tuple[dict[str, Any], str]] = [
      "sampling_params.spaces_between_special_tokens"),
     *[({"token_ids": IDS, "sampling_params": {name: value}}, f"sampling_params.{name}") for name, value in (
         ("logprobs", 1), ("prompt_logprobs", 0), ("prompt_logprob_token_ids", [1]), ("prompt_logprob_start", 0),
-        ("logprob_token_ids", [1]), ("logit_bias", {"1": 5.0}), ("allowed_token_ids", [1]), ("bad_words", ["x"]),
+        ("logprob_token_ids", [1]),
+        # Honoured on vllm engines; this app's engine is a sim.
+        ("logit_bias", {"1": 5.0}), ("allowed_token_ids", [1]), ("bad_words", ["x"]),
         ("extra_args", {}), ("thinking_token_budget", 10), ("repetition_detection", {}),
         ("trace_decode_token_ids", [1]), ("truncate_prompt_tokens", 2), ("skip_reading_prefix_cache", True),
         ("routed_experts_prompt_start", 1))],
+    # Honoured on vllm engines (the sim refuses them), or (structural_tag "t") not JSON.
     *[({"token_ids": IDS, "sampling_params": {"structured_outputs": {name: value}}},
        f"sampling_params.structured_outputs.{name}") for name, value in (
         ("regex", "a+"), ("choice", ["a"]), ("grammar", "g"), ("json_object", True), ("structural_tag", "t"),
-        ("disable_any_whitespace", True), ("whitespace_pattern", " "))],
-    ({"token_ids": IDS, "sampling_params": {"structured_outputs": {}}}, "sampling_params.structured_outputs.json"),
+        ("json", {}))],
+    ({"token_ids": IDS, "sampling_params": {"structured_outputs": {"json": {}, "whitespace_pattern": " "}}},
+     "sampling_params.structured_outputs.whitespace_pattern"),
+    ({"token_ids": IDS, "sampling_params": {"structured_outputs": {}}}, "sampling_params.structured_outputs"),
+    ({"token_ids": IDS, "sampling_params": {"structured_outputs": {"disable_any_whitespace": True}}},
+     "sampling_params.structured_outputs"),
     ({"token_ids": IDS, "sampling_params": {"structured_outputs": {"json": "{nope"}}},
      "sampling_params.structured_outputs.json"),
-    ({"token_ids": IDS, "sampling_params": {"structured_outputs": {"json": {}}}}, "sampling_params.structured_outputs"),
+    ({"token_ids": IDS, "sampling_params": {"structured_outputs": {"json": {"type": 5}}}},
+     "sampling_params.structured_outputs.json.type"),
+    ({"token_ids": IDS, "sampling_params": {"logit_bias": {"x": 1}}}, "sampling_params.logit_bias"),
+    ({"token_ids": IDS, "sampling_params": {"allowed_token_ids": [10**9]}}, "sampling_params.allowed_token_ids[0]"),
+    ({"token_ids": IDS, "sampling_params": {"bad_words": [" "]}}, "sampling_params.bad_words[0]"),
     ({"token_ids": IDS, "sampling_params": {}, "features": {}}, "features"),
     ({"token_ids": IDS, "sampling_params": {}, "kv_transfer_params": {}}, "kv_transfer_params"),
     ({"token_ids": IDS, "sampling_params": {}, "ec_transfer_params": {}}, "ec_transfer_params"),

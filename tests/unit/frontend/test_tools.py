@@ -146,12 +146,12 @@ def test_forced_schemas_are_the_parameters_or_an_array_of_named_calls() -> None:
 
 
 def test_schema_checks_are_cached_by_the_schemas_json() -> None:
-    from services.frontend.tools import _schema_problem
+    from services.frontend.tools import schema_problem
 
     tool = _tool(name="cached", parameters={"type": "object", "properties": {"n": {"type": "integer"}}})
     check_tools([tool])
-    hits = _schema_problem.cache_info().hits
+    hits = schema_problem.cache_info().hits
     check_tools([copy.deepcopy(tool)])
-    assert _schema_problem.cache_info().hits == hits + 1
+    assert schema_problem.cache_info().hits == hits + 1
     bad = _tool(name="f", parameters={"type": 5})
     assert _refused_tools([bad]).message == _refused_tools([copy.deepcopy(bad)]).message

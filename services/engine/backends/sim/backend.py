@@ -9,7 +9,7 @@ from array import array
 from hashlib import blake2b
 from typing import Any
 
-from protocol import GenerateRequest, RequestOutput
+from protocol import GenerateRequest, RequestOutput, SamplingParams
 from protocol.block_hash import block_hashes, root
 from services.engine.backend import (
     BackendInfo,
@@ -187,9 +187,11 @@ class SimBackend:
         if low < 0 or high >= MAX_TOKEN_ID:
             bad = low if low < 0 else high
             raise RequestRejected(f"prompt_token_ids must be in [0, 2**31), got token id {bad}")
-        if request.sampling.json_schema is not None:
-            # Refused, never ignored: a client relying on the schema must not get free text.
-            raise RequestRejected("sampling.json_schema: the sim backend cannot guarantee structured output")
+        unhonoured = _unhonoured(request.sampling)
+        if unhonoured is not None:
+            # Refused, never ignored: a client relying on a schema or a bias must not get free text.
+            raise RequestRejected(f"sampling.{unhonoured}: the sim backend cannot honour it (its tokens "
+                                  "ignore structured-output constraints and logits controls)")
         if request.lora is not None and request.lora not in self._loras:
             raise RequestRejected(
                 f"lora {request.lora!r} is not loaded; loaded: {sorted(self._loras)}"
@@ -298,6 +300,16 @@ class SimBackend:
             return []
         self._pool.events = []
         return events
+
+
+def _unhonoured(s: SamplingParams) -> str | None:
+    """The first field set that changes which tokens are sampled in ways the sim does not model."""
+    for name in ("json_schema", "regex", "choice", "grammar", "structural_tag", "logit_bias", "allowed_token_ids"):
+        if getattr(s, name) is not None:
+            return name
+    if s.json_object:
+        return "json_object"
+    return "bad_words" if s.bad_words else None
 
 
 def _str_arg(utility: str, args: dict[str, Any], key: str) -> str:

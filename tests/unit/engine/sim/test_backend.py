@@ -235,7 +235,15 @@ def test_kv_events_stay_consistent_under_churn() -> None:
         (req([1], max_tokens=0), "max_tokens"),
         (req([1], min_tokens=17), "min_tokens"),
         # Refused, not ignored: the sim cannot make its output match a schema.
-        (req([1], json_schema='{"type": "object"}'), "json_schema"),
+        (req([1], json_schema='{"type": "object"}'), "sampling.json_schema: the sim backend cannot honour it"),
+        (req([1], regex="a+"), "sampling.regex: the sim"),
+        (req([1], choice=["a"]), "sampling.choice: the sim"),
+        (req([1], grammar='root ::= "a"'), "sampling.grammar: the sim"),
+        (req([1], json_object=True), "sampling.json_object: the sim"),
+        (req([1], structural_tag="{}"), "sampling.structural_tag: the sim"),
+        (req([1], logit_bias={1: 5.0}), "sampling.logit_bias: the sim"),
+        (req([1], allowed_token_ids=[1]), "sampling.allowed_token_ids: the sim"),
+        (req([1], bad_words=["x"]), "sampling.bad_words: the sim"),
     ],
 )
 def test_rejections_name_the_field(request_: GenerateRequest, field: str) -> None:
