@@ -109,6 +109,7 @@ async def run(config: FrontendConfig, server_index: int = 0) -> int:
                  config.host, config.port, config.model_name, len(addresses), ", ".join(addresses))
         try:
             await engines.wait_ready(config.handshake_timeout_s)
+            app.update_gauges()  # now, not at the next refresh: another process may answer the next scrape
             log.info("all %d engine rank(s) ready", len(addresses))
         except TimeoutError as exc:
             log.error("%s", exc)

@@ -42,8 +42,11 @@ def test_two_api_servers_share_the_port_and_answer_one_metrics(tmp_path: Path) -
         with ThreadPoolExecutor(8) as pool:
             assert sum(pool.map(one, range(REQUESTS))) == REQUESTS * 4
         deadline = time.monotonic() + 5  # the engine's Stats (every 100 ms) may still count the last ones
-        while _metric(httpx.get(fe.url + "/metrics", timeout=10).text, "vllm:num_requests_running"):
-            assert time.monotonic() < deadline
+        while True:  # and each process's own gauges are refreshed every second
+            text = httpx.get(fe.url + "/metrics", timeout=10).text
+            if not _metric(text, "vllm:num_requests_running") and _metric(text, "fleet:engines_ready") == 1:
+                break
+            assert time.monotonic() < deadline, text
             time.sleep(0.1)
         for _ in range(6):  # each scrape may land on either process: every one sees both
             with httpx.Client(timeout=10) as client:
