@@ -56,9 +56,6 @@ class Metrics:
                               buckets=_LATENCY, registry=r).labels(model_name)
         self.itl = Histogram("vllm:inter_token_latency_seconds", "Time between output tokens.", labels,
                              buckets=_LATENCY, registry=r).labels(model_name)
-        # vLLM's older name for the same intervals, still what its published dashboard charts.
-        self.tpot = Histogram("vllm:time_per_output_token_seconds", "Time per output token (inter-token "
-                              "latency; vLLM's older name).", labels, buckets=_LATENCY, registry=r).labels(model_name)
         self.e2e = Histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency.", labels,
                              buckets=_LATENCY, registry=r).labels(model_name)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefill tokens processed.", labels,
@@ -110,11 +107,34 @@ class Metrics:
     def render(self) -> bytes:
         if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
             every = CollectorRegistry()
-            multiprocess.MultiProcessCollector(every)
+            every.register(_WithAliases(multiprocess.MultiProcessCollector(None)))
             if self._engines is not None:
                 every.register(self._engines)
             return generate_latest(every)
-        return generate_latest(self.registry)
+        return generate_latest(_WithAliases(self.registry))
+
+
+# vLLM's older names for a family, still what its published dashboard charts: served at scrape time
+# from the family itself, so the per-token path observes each interval once.
+_ALIASES = {"vllm:inter_token_latency_seconds": ("vllm:time_per_output_token_seconds",
+                                                 "Time per output token (inter-token latency; vLLM's older name).")}
+
+
+class _WithAliases(Collector):
+    """Every family of `source`, and a renamed copy of those in _ALIASES."""
+
+    def __init__(self, source: Collector | CollectorRegistry) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._source.collect():
+            yield family
+            alias = _ALIASES.get(family.name)
+            if alias is not None:
+                name, documentation = alias
+                copy = Metric(name, documentation, family.type)
+                copy.samples = [s._replace(name=name + s.name[len(family.name):]) for s in family.samples]
+                yield copy
 
 
 class _EngineCollector(Collector):

@@ -132,7 +132,6 @@ class OutputProcessor:
                     self.cached_tokens = out.num_cached_tokens
                 else:
                     m.itl.observe(now - self._last)
-                    m.tpot.observe(now - self._last)
                 self._last = now
                 self.completion_tokens += n
             reason = out.finish_reason
