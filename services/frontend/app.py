@@ -40,8 +40,8 @@ from services.frontend.parsers.forced import NamedToolParser, RequiredToolParser
 from services.frontend.placement import NoEngine, Placement
 from services.frontend.response_writer import send_completion, send_stream, send_tokens
 from services.frontend.shutdown import Shutdown
-from services.frontend.stream import Stream
-from services.frontend.translation import PIN_HEADER, EngineRequest, Translator
+from services.frontend.stream import Stream, Wakeup
+from services.frontend.translation import PIN_HEADER, EngineRequest, OutputOptions, Translator
 
 
 class Frontend:
@@ -59,11 +59,12 @@ class Frontend:
                                      enable_auto_tool_choice=config.enable_auto_tool_choice,
                                      tool_call_parser=config.tool_call_parser, reasoning_parser=config.reasoning_parser,
                                      engine_problem=self._engine_problem, max_logprobs=config.max_logprobs,
-                                     render_max_model_len=self._context_len)
+                                     render_max_model_len=self._context_len,
+                                     max_choices=config.max_request_choices)
         self._created = int(time.time())
         self._openapi = msgspec.json.encode(openapi.document(model.name, render_only=config.render_only,
                                                              max_logprobs=config.max_logprobs))
-        self._lean: dict[str, Callable[[bytes, bytes | None], Awaitable[EngineRequest]]] = {
+        self._lean: dict[str, Callable[[bytes, bytes | None], Awaitable[EngineRequest | list[EngineRequest]]]] = {
             "/v1/chat/completions": self.translator.chat, "/v1/completions": self.translator.completion,
             "/inference/v1/generate": self.translator.generate}
         # JSON in, JSON out, no engine: served in render-only mode too.
@@ -105,8 +106,8 @@ class Frontend:
                     await send_json(send, 200, await preprocess(body))
                     return
                 assert translate is not None
-                request = await translate(body, header(scope, b"x-data-parallel-rank"))
-                await self._generate(request, receive, send)
+                requests = await translate(body, header(scope, b"x-data-parallel-rank"))
+                await self._generate(requests if isinstance(requests, list) else [requests], receive, send)
             except APIError as exc:
                 await send_json(send, exc.status, exc.body())
             except ClientGone:
@@ -173,43 +174,67 @@ class Frontend:
 
     # ---- generation (lean ASGI) ----
 
-    async def _generate(self, request: EngineRequest, receive: Receive, send: Send) -> None:
-        """Placement, then output processing into the writers, until the response is sent."""
+    async def _generate(self, requests: list[EngineRequest], receive: Receive, send: Send) -> None:
+        """Placement, then output processing into the writers, until the response is sent. `requests`:
+        one per prompt (a completions batch has several), each with its n choices; every choice is an
+        engine request of its own, and a prompt's choices go to one engine, whose prefix cache the
+        later ones hit (the engine caches a prompt's blocks as it schedules them, as vLLM's does)."""
         if self.shutdown.cut is not None:  # its body or tokens arrived after the shutdown deadline
             raise APIError(503, self.shutdown.cut)
-        stream = Stream(request.request_id, request.prompt_len, request.max_tokens)
         try:
-            engine = self.dispatcher.choose(request)
+            engines = [self.dispatcher.choose(request) for request in requests]
         except NoEngine as exc:
             raise APIError(exc.status, str(exc), param=PIN_HEADER if exc.status == 400 else None) from None
-        options = request.output
-        parser: OutputParser | TokenOutputParser | None = None
-        # A forced tool_choice's output is structured from its first token: no reasoning to split off.
-        if isinstance(options.tool_choice, dict):
-            parser = NamedToolParser(options.tool_choice["function"]["name"])
-        elif options.tool_choice == "required":
-            parser = RequiredToolParser()
-        elif options.tool_parser is not None or options.reasoning_parser is not None:
-            parser = build_parser(options.tool_parser, options.reasoning_parser, tools=list(options.tools),
-                                  prompt=options.prompt_tail)
-        outputs = OutputProcessor(stream, request, tokenizer=self.model.tokenizer, engines=self.dispatcher,
-                                  metrics=self.metrics, parser=parser)
-        self.dispatcher.submit(engine, stream, request)
-        self.metrics.running.inc()
-        self.metrics.prompt_tokens.inc(request.prompt_len)
-        watcher = asyncio.get_running_loop().create_task(watch_disconnect(receive, stream.fail))
+        several = len(requests) > 1 or requests[0].n > 1
+        wakeup = Wakeup() if several else None
+        prompts: list[list[OutputProcessor]] = []
+        streams: list[Stream] = []
+        for request, engine in zip(requests, engines, strict=True):
+            parent = self.metrics.parent(request.n) if request.n > 1 else None
+            choices = []
+            for choice in request.choices():
+                stream = Stream(choice.request_id, choice.prompt_len, choice.max_tokens)
+                stream.group = wakeup
+                choices.append(OutputProcessor(stream, choice, tokenizer=self.model.tokenizer, engines=self.dispatcher,
+                                               metrics=self.metrics, parser=self._parser(choice.output), parent=parent))
+                self.dispatcher.submit(engine, stream, choice)
+                self.metrics.running.inc()
+                self.metrics.prompt_tokens.inc(choice.prompt_len)
+                streams.append(stream)
+            prompts.append(choices)
+
+        def fail(message: str) -> None:
+            for stream in streams:
+                stream.fail(message)
+
+        watcher = asyncio.get_running_loop().create_task(watch_disconnect(receive, fail))
         try:
-            with self.shutdown.running(stream):
-                if request.output.token_out:
-                    await send_tokens(send, outputs, self.model.name)
-                elif request.output.stream:
-                    await send_stream(send, outputs, self.model.name)
+            with self.shutdown.running(*streams):
+                options = requests[0].output
+                if options.token_out:
+                    await send_tokens(send, prompts[0][0], self.model.name)
+                elif options.stream:
+                    await send_stream(send, prompts, self.model.name, wakeup)
                 else:
-                    await send_completion(send, outputs, self.model.name)
+                    await send_completion(send, prompts, self.model.name)
         finally:
             watcher.cancel()
-            self.dispatcher.abort(stream)  # a no-op unless it is still running at its engine
-            self.metrics.running.dec()
+            for stream in streams:
+                self.dispatcher.abort(stream)  # a no-op unless it is still running at its engine
+                self.metrics.running.dec()
+
+    @staticmethod
+    def _parser(options: OutputOptions) -> OutputParser | TokenOutputParser | None:
+        """The request's output parser: reasoning and tool calls, or a forced tool_choice's."""
+        # A forced tool_choice's output is structured from its first token: no reasoning to split off.
+        if isinstance(options.tool_choice, dict):
+            return NamedToolParser(options.tool_choice["function"]["name"])
+        if options.tool_choice == "required":
+            return RequiredToolParser()
+        if options.tool_parser is not None or options.reasoning_parser is not None:
+            return build_parser(options.tool_parser, options.reasoning_parser, tools=list(options.tools),
+                                prompt=options.prompt_tail)
+        return None
 
     def _engine_problem(self, minor: int, *, backend: str | None = "vllm") -> str | None:
         """Why some ready engine is older than protocol 1.<minor> (it would drop the fields unread) or,

@@ -40,6 +40,7 @@ class FrontendConfig:
     render_only: bool = False  # tokenizer, template and config only: render and tokenize, no engine
     max_model_len: int | None = None  # render-only: the context length to check (default: the model config's)
     max_logprobs: int = 20  # most logprobs / top_logprobs / prompt_logprobs a request may ask for (vLLM's)
+    max_request_choices: int = 256  # n times the prompts of one body: each is an engine request
     frontend_id: str = field(default="")
 
     def __post_init__(self) -> None:
@@ -54,6 +55,7 @@ class FrontendConfig:
         _require(1 <= self.api_server_count <= 64, "--api-server-count", self.api_server_count, "1..64")
         _require(self.backend in ("vllm", "sim"), "--backend", self.backend, "vllm or sim")
         _require(0 <= self.max_logprobs <= 1024, "--max-logprobs", self.max_logprobs, "0..1024")
+        _require(self.max_request_choices >= 1, "--max-request-choices", self.max_request_choices, ">= 1")
         _require(not self.enable_auto_tool_choice or self.tool_call_parser is not None,
                  "--enable-auto-tool-choice", True, "only with --tool-call-parser")
         _require(self.tool_call_parser in (None, *TOOL_PARSER_NAMES), "--tool-call-parser", self.tool_call_parser,
@@ -161,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-logprobs", type=int, default=d["max_logprobs"],
                    help="most alternatives a request's logprobs, top_logprobs or prompt_logprobs may ask for "
                         "(more is a 400), as vLLM's flag; engines started here get the same --max-logprobs")
+    p.add_argument("--max-request-choices", type=int, default=d["max_request_choices"],
+                   help="most choices one request may ask for, n times its prompts (a completions batch): each "
+                        "choice is an engine request of its own, so this bounds what one body puts in flight")
     return p
 
 

@@ -37,6 +37,15 @@ def tokens_buckets(limit: int) -> list[float]:
         scale *= 10
 
 
+@dataclass(slots=True)
+class Parent:
+    """A request of n choices (request_done)."""
+
+    n: int
+    left: int  # choices not ended yet
+    longest: int = 0  # the most tokens one of its ended choices generated
+
+
 @dataclass(frozen=True, slots=True)
 class EngineView:
     """What /metrics reads of one engine rank at scrape time."""
@@ -90,13 +99,25 @@ class Metrics:
     def finished(self, reason: str) -> None:
         self._success.labels(self._model, reason).inc()
 
-    def request_done(self, prompt_len: int, generated: int, max_tokens: int) -> None:
-        """A request's sizes, once it ended (however it ended)."""
+    def request_done(self, prompt_len: int, generated: int, max_tokens: int, parent: Parent | None = None) -> None:
+        """An engine request's sizes, once it ended (however it ended); `parent`: the request of n
+        choices it is one of, whose n and longest choice are observed once, as its last choice ends (vLLM's)."""
         self._prompt_len.observe(prompt_len)
         self._generated.observe(generated)
-        self._max_generated.observe(generated)
         self._max_tokens.observe(max_tokens)
-        self._n.observe(1)
+        if parent is None:
+            self._max_generated.observe(generated)
+            self._n.observe(1)
+            return
+        parent.left -= 1
+        parent.longest = max(parent.longest, generated)
+        if parent.left == 0:
+            self._max_generated.observe(parent.longest)
+            self._n.observe(parent.n)
+
+    @staticmethod
+    def parent(n: int) -> Parent:
+        return Parent(n, n)
 
     def watch_engines(self, views: Callable[[], Iterable[EngineView]]) -> None:
         """Engine-side figures (vLLM's scheduler and cache metrics, per `engine` rank) read from

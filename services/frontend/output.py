@@ -24,7 +24,7 @@ from protocol.logprobs import Segment, unpack
 from services.frontend import responses
 from services.frontend.detokenizer import IncrementalDetokenizer
 from services.frontend.logprobs import Entry, LogprobsFormatter
-from services.frontend.metrics import Metrics
+from services.frontend.metrics import Metrics, Parent
 from services.frontend.parsers import OutputParser, ParsedDelta, TokenOutputParser, ToolCall
 from services.frontend.stop_strings import StopChecker
 from services.frontend.stream import CLIENT_GONE, NOT_SENT, EngineFailure, Stream
@@ -54,13 +54,15 @@ class OutputProcessor:
     fails (EngineFailure), so the writers only write."""
 
     __slots__ = ("_detok", "_echo", "_echo_entries", "_engines", "_last", "_metrics", "_parser", "_pending",
-                 "_request", "_start", "_stops", "_token_parser", "_tried", "cached_tokens", "calls",
+                 "_parent", "_request", "_start", "_stops", "_token_parser", "_tried", "cached_tokens", "calls",
                  "completion_tokens", "counts", "finish", "formatter", "logprobs", "options", "prompt_segments",
                  "stop_reason", "stream", "tail_logprobs", "token_ids")
 
     def __init__(self, stream: Stream, request: EngineRequest, *, tokenizer: Tokenizer, engines: EnginePort,
-                 metrics: Metrics, parser: OutputParser | TokenOutputParser | None = None) -> None:
+                 metrics: Metrics, parser: OutputParser | TokenOutputParser | None = None,
+                 parent: Parent | None = None) -> None:
         self.stream, self._request, self._engines, self._metrics = stream, request, engines, metrics
+        self._parent = parent  # the request of n choices this is one of
         self.options: OutputOptions = request.output
         self._detok = IncrementalDetokenizer(tokenizer, request.request.prompt_token_ids,
                                              skip_special_tokens=self.options.skip_special_tokens)
@@ -109,7 +111,7 @@ class OutputProcessor:
         except EngineFailure:
             # As vLLM: a client that left aborted its request; the tokens made before still count.
             m.generation_tokens.inc(self.completion_tokens)
-            m.request_done(self.stream.prompt_len, self.completion_tokens, self._request.max_tokens)
+            m.request_done(self.stream.prompt_len, self.completion_tokens, self._request.max_tokens, self._parent)
             m.finished("abort" if self.stream.gone == CLIENT_GONE else "error")
             raise
         now = time.monotonic()
@@ -260,7 +262,7 @@ class OutputProcessor:
         self.stop_reason = stop_reason
         m = self._metrics
         m.generation_tokens.inc(self.completion_tokens)
-        m.request_done(self.stream.prompt_len, self.completion_tokens, self._request.max_tokens)
+        m.request_done(self.stream.prompt_len, self.completion_tokens, self._request.max_tokens, self._parent)
         m.e2e.observe(time.monotonic() - self._start)
         m.finished(reason)
 

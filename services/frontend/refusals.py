@@ -86,7 +86,10 @@ CHAT: dict[str, Refusal] = {
 
 COMPLETION: dict[str, Refusal] = {
     "suffix": Refusal(_none, f"suffix {NOT_YET}"),
-    "best_of": Refusal(_one_of(None, 1), f"best_of above 1 {NOT_YET}"),
+    # vLLM V1's answer ("vLLM V1 does not yet support best_of") before vLLM 0.32 dropped the field.
+    "best_of": Refusal(_one_of(None, 1), "best_of above 1 is not supported, as in vLLM V1 (no extra candidates "
+                                         "are sampled and ranked): ask for n choices and rank them by their "
+                                         "logprobs"),
     "prompt_embeds": Refusal(_none, "prompt embeddings are not supported by this server: send text or token ids"),
 }
 

@@ -27,14 +27,16 @@ _DEFAULTS: dict[str, Any] = {"presence_penalty": 0.0, "frequency_penalty": 0.0, 
                              "ignore_eos": False, "min_tokens": 0, "logprobs": None, "prompt_logprobs": None}
 
 
-def generate_request(request: EngineRequest, model: str) -> dict[str, Any]:
-    """The token-in request (vLLM's GenerateRequest) that generates what `request` would."""
+def generate_request(request: EngineRequest, model: str, *, own_id: bool = False) -> dict[str, Any]:
+    """The token-in request (vLLM's GenerateRequest) that generates what `request` would; `own_id`:
+    named by its engine request's id (a batch's prompt), not the response's."""
     options = request.output
     stream_options = None
     if options.stream:
         stream_options = {"include_usage": options.include_usage, "continuous_usage_stats": options.continuous_usage}
     engine = request.request
-    return {"request_id": options.response_id or engine.request_id, "token_ids": engine.prompt_token_ids,
+    request_id = engine.request_id if own_id else options.response_id or engine.request_id
+    return {"request_id": request_id, "token_ids": engine.prompt_token_ids,
             "assistant_tokens_mask": None, "token_offsets": None, "features": None,
             "sampling_params": sampling_params(engine.sampling, request, _DELTA if options.stream else _FINAL_ONLY),
             "model": model, "stream": options.stream, "stream_options": stream_options,
@@ -46,6 +48,8 @@ def sampling_params(sampling: SamplingParams, request: EngineRequest, output_kin
     out: dict[str, Any] = {name: getattr(sampling, name) for name, default in _DEFAULTS.items()
                            if getattr(sampling, name) != default}
     out["max_tokens"] = sampling.max_tokens
+    if request.n != 1:  # as vLLM renders it (its token-in route, like this one, takes n=1 only)
+        out["n"] = request.n
     options = request.output
     if options.stop:
         out["stop"] = list(options.stop)
@@ -76,6 +80,7 @@ def chat_body(request: EngineRequest, model: str) -> bytes:
     return _json.encode(generate_request(request, model))
 
 
-def completion_body(request: EngineRequest, model: str) -> bytes:
-    """A list, as vLLM's (one entry per prompt; this server takes one prompt per request)."""
-    return _json.encode([generate_request(request, model)])
+def completion_body(requests: list[EngineRequest], model: str) -> bytes:
+    """A list, as vLLM's: one entry per prompt."""
+    batch = len(requests) > 1
+    return _json.encode([generate_request(request, model, own_id=batch) for request in requests])

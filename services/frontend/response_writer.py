@@ -4,14 +4,19 @@ chat and text completions, and the token-out answers of /inference/v1/generate.
 Runs on each API server's event loop."""
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
 from starlette.types import Send
 
 from services.frontend import responses
 from services.frontend.asgi import send_json
 from services.frontend.errors import error_body
 from services.frontend.logprobs import Entry
-from services.frontend.output import OutputProcessor
-from services.frontend.stream import EngineFailure
+from services.frontend.output import OutputProcessor, Piece
+from services.frontend.stream import EngineFailure, Wakeup
 
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
@@ -20,70 +25,190 @@ def _rank_header(outputs: OutputProcessor) -> tuple[bytes, bytes]:
     return b"x-data-parallel-rank", str(outputs.stream.rank).encode()
 
 
-async def send_completion(send: Send, outputs: OutputProcessor, model: str) -> None:
-    """The whole response as one JSON body, once the request has finished."""
-    parts: list[str] = []
-    reasoning: list[str] = []
-    entries: list[Entry] = []
+class _Collected:
+    """One choice's whole answer, gathered until it finished."""
+
+    __slots__ = ("entries", "finish", "parts", "reasoning")
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.reasoning: list[str] = []
+        self.entries: list[Entry] = []
+        self.finish = ""
+
+
+async def _collect(outputs: OutputProcessor) -> _Collected:
+    """Every piece of one choice, until it finished. Raises EngineFailure."""
+    got = _Collected()
+    parts, reasoning, entries = got.parts, got.reasoning, got.entries
     finish = None
+    while finish is None:
+        for piece in await outputs.pieces():
+            if isinstance(piece, str):
+                parts.append(piece)
+            else:
+                parts.append(piece.content)
+                reasoning.append(piece.reasoning)
+        for piece_entries in outputs.logprobs:
+            entries += piece_entries
+        finish = outputs.finish
+    got.finish = finish
+    return got
+
+
+def _choice(index: int, outputs: OutputProcessor, got: _Collected) -> dict[str, Any]:
+    options, formatter = outputs.options, outputs.formatter
+    logprobs = None
+    if formatter is not None and options.logprobs is not None:
+        logprobs = formatter.render(got.entries + outputs.tail_logprobs)
+    text = "".join(got.parts)
+    if options.chat:
+        return responses.chat_choice(index, text, got.finish, outputs.stop_reason,
+                                     reasoning="".join(got.reasoning) if outputs.parsing else None,
+                                     tool_calls=outputs.calls if outputs.parsing else None, logprobs=logprobs)
+    return responses.text_choice(index, text, got.finish, outputs.stop_reason, logprobs=logprobs,
+                                 prompt_logprobs=_prompt_logprobs(outputs))
+
+
+def _prompt_logprobs(outputs: OutputProcessor) -> str | None:
+    formatter = outputs.formatter
+    if formatter is None or outputs.options.prompt_logprobs is None:
+        return None
+    return formatter.prompt_logprobs(outputs.prompt_segments, outputs.stream.prompt_len)
+
+
+def group_usage(prompts: list[list[OutputProcessor]]) -> dict[str, Any]:
+    """A request's usage over its prompts and their choices, as vLLM sums it: each prompt's tokens once
+    (its cached tokens as its first choice found them), every choice's completion tokens."""
+    return responses.usage(sum(p[0].stream.prompt_len for p in prompts),
+                           sum(o.completion_tokens for p in prompts for o in p),
+                           sum(p[0].cached_tokens for p in prompts))
+
+
+async def send_completion(send: Send, prompts: list[list[OutputProcessor]], model: str) -> None:
+    """The whole response as one JSON body, once every choice has finished: `prompts`, each prompt's
+    choices (the choice indexes run over them in order). A choice that fails fails the response."""
+    choices = [o for p in prompts for o in p]
     try:
-        while finish is None:
-            for piece in await outputs.pieces():
-                if isinstance(piece, str):
-                    parts.append(piece)
-                else:
-                    parts.append(piece.content)
-                    reasoning.append(piece.reasoning)
-            for piece_entries in outputs.logprobs:
-                entries += piece_entries
-            finish = outputs.finish
+        if len(choices) == 1:
+            collected = [await _collect(choices[0])]
+        else:
+            collected = await _gather(choices)
     except EngineFailure as exc:
         await send_json(send, exc.status, error_body(exc.status, str(exc), exc.param))
         return
-    use = outputs.usage(outputs.completion_tokens)
-    options, formatter = outputs.options, outputs.formatter
-    logprobs = prompt_logprobs = None
-    if formatter is not None:
-        if options.logprobs is not None:
-            logprobs = formatter.render(entries + outputs.tail_logprobs)
-        if options.prompt_logprobs is not None:
-            prompt_logprobs = formatter.prompt_logprobs(outputs.prompt_segments, outputs.stream.prompt_len)
-    response_id = options.response_id or outputs.stream.request_id
-    if options.chat:
-        body = responses.chat_completion(response_id, model, "".join(parts), finish, outputs.stop_reason,
-                                         use, reasoning="".join(reasoning) if outputs.parsing else None,
-                                         tool_calls=outputs.calls if outputs.parsing else None,
-                                         logprobs=logprobs, prompt_logprobs=prompt_logprobs)
+    first = choices[0]
+    options = first.options
+    use = first.usage(first.completion_tokens) if len(choices) == 1 else group_usage(prompts)
+    bodies = [_choice(i, o, got) for i, (o, got) in enumerate(zip(choices, collected, strict=True))]
+    prompt_logprobs = _prompt_logprobs(first) if options.chat else None  # a completion's are its choices'
+    body = responses.completion_body(options.response_id or first.stream.request_id, model, bodies, use,
+                                     chat=options.chat, prompt_logprobs=prompt_logprobs)
+    await send_json(send, 200, body, [_rank_header(first)])
+
+
+async def _gather(choices: list[OutputProcessor]) -> list[_Collected]:
+    """Each choice collected by a task of its own; the first failure cancels the rest and is raised."""
+    tasks = [asyncio.ensure_future(_collect(o)) for o in choices]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in tasks:
+            if task.done() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+        return [task.result() for task in tasks]
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def _events(writer: responses.ChunkWriter, outputs: OutputProcessor, pieces: list[Piece],
+            render: Callable[[list[Entry]], str] | None) -> list[bytes]:
+    """The SSE events of one choice's latest pieces, and its finish event once it finished."""
+    text, usage, continuous = writer.text, outputs.usage, outputs.options.continuous_usage
+    if render is not None:  # logprobs: each piece's, or null when it has none
+        events = [text(p, usage(n) if continuous else None, render(e) if e else None) if isinstance(p, str)
+                  else writer.delta(p, usage(n) if continuous else None, render(e) if e else None)
+                  for p, n, e in zip(pieces, outputs.counts, outputs.logprobs, strict=True)]
+    elif continuous:
+        events = [text(p, usage(n)) if isinstance(p, str) else writer.delta(p, usage(n))
+                  for p, n in zip(pieces, outputs.counts, strict=True)]
     else:
-        body = responses.text_completion(response_id, model, "".join(parts), finish, outputs.stop_reason, use,
-                                         logprobs=logprobs, prompt_logprobs=prompt_logprobs)
-    await send_json(send, 200, body, [_rank_header(outputs)])
+        events = [text(p) if isinstance(p, str) else writer.delta(p) for p in pieces]
+    finish = outputs.finish
+    if finish is not None:
+        tail = outputs.tail_logprobs
+        total = usage(outputs.completion_tokens) if continuous else None
+        logprobs = render(tail) if render is not None and tail else None
+        events.append(writer.finish(finish, outputs.stop_reason, total, logprobs))
+    return events
 
 
-async def send_stream(send: Send, outputs: OutputProcessor, model: str) -> None:
-    """SSE events as the outputs arrive.
+def _render(outputs: OutputProcessor) -> Callable[[list[Entry]], str] | None:
+    formatter = outputs.formatter
+    return formatter.render if formatter is not None and outputs.options.logprobs is not None else None
+
+
+async def send_stream(send: Send, prompts: list[list[OutputProcessor]], model: str, wakeup: Wakeup | None) -> None:
+    """SSE events as the outputs arrive: `prompts`, each prompt's choices (with several, their events
+    interleave as they come, woken by `wakeup`, which every choice's stream wakes).
 
     The response starts with the first output, so that x-data-parallel-rank names the rank that
     serves it (also after a draining rank's refusal moved it) and a failure before any output
     gets its own status rather than an error event."""
+    choices = [o for p in prompts for o in p]
+    if len(choices) == 1:
+        await _send_one_stream(send, choices[0], model)
+        return
+    assert wakeup is not None
+    first = choices[0]
+    options = first.options
+    created = int(time.time())
+    response_id = options.response_id or first.stream.request_id
+    writers = [responses.ChunkWriter(response_id, model, chat=options.chat, index=i, created=created)
+               for i in range(len(choices))]
+    renders = [_render(o) for o in choices]
+    running = list(range(len(choices)))
+    started = False
+    try:
+        while running:
+            ready = [i for i in running if choices[i].stream.ready]
+            if not ready:
+                await wakeup.wait()
+                continue
+            events: list[bytes] = []
+            for i in ready:
+                outputs = choices[i]
+                events += _events(writers[i], outputs, await outputs.pieces(), renders[i])
+            running = [i for i in running if choices[i].finish is None]
+            if not started:
+                started = True
+                await send({"type": "http.response.start", "status": 200,
+                            "headers": [*SSE_HEADERS, _rank_header(first)]})
+                if options.chat:  # as vLLM: each choice's role first
+                    zero = options.continuous_usage
+                    events[:0] = [w.role(o.usage(0) if zero else None) for w, o in zip(writers, choices, strict=True)]
+            if not running:
+                if options.include_usage:
+                    events.append(writers[0].usage(group_usage(prompts)))
+                events.append(responses.DONE)
+            if events:
+                await send({"type": "http.response.body", "body": b"".join(events), "more_body": bool(running)})
+    except EngineFailure as exc:
+        if not started:
+            await send_json(send, exc.status, error_body(exc.status, str(exc), exc.param), [_rank_header(first)])
+            return
+        await send({"type": "http.response.body", "body": writers[0].error(exc.status, str(exc)) + responses.DONE,
+                    "more_body": False})
+
+
+async def _send_one_stream(send: Send, outputs: OutputProcessor, model: str) -> None:
     options = outputs.options
     writer = responses.ChunkWriter(options.response_id or outputs.stream.request_id, model, chat=options.chat)
-    text, usage, continuous = writer.text, outputs.usage, options.continuous_usage
-    formatter = outputs.formatter
-    render = formatter.render if formatter is not None and options.logprobs is not None else None
+    render, usage, continuous = _render(outputs), outputs.usage, options.continuous_usage
     started = False
     try:
         while outputs.finish is None:
-            pieces = await outputs.pieces()
-            if render is not None:  # logprobs: each piece's, or null when it has none
-                events = [text(p, usage(n) if continuous else None, render(e) if e else None) if isinstance(p, str)
-                          else writer.delta(p, usage(n) if continuous else None, render(e) if e else None)
-                          for p, n, e in zip(pieces, outputs.counts, outputs.logprobs, strict=True)]
-            elif continuous:
-                events = [text(p, usage(n)) if isinstance(p, str) else writer.delta(p, usage(n))
-                          for p, n in zip(pieces, outputs.counts, strict=True)]
-            else:
-                events = [text(p) if isinstance(p, str) else writer.delta(p) for p in pieces]
+            events = _events(writer, outputs, await outputs.pieces(), render)
             if not started:
                 started = True
                 await send({"type": "http.response.start", "status": 200,
@@ -92,12 +217,8 @@ async def send_stream(send: Send, outputs: OutputProcessor, model: str) -> None:
                     events.insert(0, writer.role(usage(0) if continuous else None))
             finish = outputs.finish
             if finish is not None:
-                total = usage(outputs.completion_tokens)
-                tail = outputs.tail_logprobs
-                events.append(writer.finish(finish, outputs.stop_reason, total if continuous else None,
-                                            render(tail) if render is not None and tail else None))
                 if options.include_usage:
-                    events.append(writer.usage(total))
+                    events.append(writer.usage(usage(outputs.completion_tokens)))
                 events.append(responses.DONE)
             if events:
                 await send({"type": "http.response.body", "body": b"".join(events), "more_body": finish is None})

@@ -24,14 +24,17 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None 
 class ChunkWriter:
     """SSE events of one streamed response (chat or text completion)."""
 
-    __slots__ = ("_chat", "_created", "_delta_prefix", "_head", "_id", "_lp_head", "_lp_tail", "_model",
+    __slots__ = ("_chat", "_created", "_delta_prefix", "_head", "_id", "_index", "_lp_head", "_lp_tail", "_model",
                  "_text_prefix", "_text_suffix")
 
-    def __init__(self, request_id: str, model: str, *, chat: bool) -> None:
-        self._id, self._model, self._chat, self._created = request_id, model, chat, int(time.time())
+    def __init__(self, request_id: str, model: str, *, chat: bool, index: int = 0, created: int | None = None) -> None:
+        """`index`: the choice it writes (one writer per choice); `created`: its response's time, which
+        every choice's chunks carry."""
+        self._id, self._model, self._chat, self._index = request_id, model, chat, index
+        self._created = int(time.time()) if created is None else created
         head = _json.encode({"id": request_id, "object": "chat.completion.chunk" if chat else "text_completion",
                              "created": self._created, "model": model})[:-1]
-        self._head = b"data: " + head + b',"choices":[{"index":0,'
+        self._head = b"data: " + head + b',"choices":[{"index":' + str(index).encode() + b","
         self._delta_prefix = self._head + b'"delta":{'
         if chat:
             self._text_prefix = self._head + b'"delta":{"content":'
@@ -72,7 +75,7 @@ class ChunkWriter:
             delta["content"] = parsed.content
         if parsed.tool_calls:
             delta["tool_calls"] = [_call_delta(call) for call in parsed.tool_calls]
-        fields: dict[str, Any] = {"choices": [{"index": 0, "delta": delta, "logprobs": _raw(logprobs),
+        fields: dict[str, Any] = {"choices": [{"index": self._index, "delta": delta, "logprobs": _raw(logprobs),
                                                "finish_reason": None}]}
         if use is not None:
             fields["usage"] = use
@@ -93,7 +96,7 @@ class ChunkWriter:
     def finish(self, reason: str, stop_reason: int | str | None = None, use: dict[str, Any] | None = None,
                logprobs: str | None = None) -> bytes:
         """`logprobs`: those of tokens no earlier chunk carried (the EOS, text a stop string cut)."""
-        choice: dict[str, Any] = {"index": 0, "logprobs": _raw(logprobs), "finish_reason": reason}
+        choice: dict[str, Any] = {"index": self._index, "logprobs": _raw(logprobs), "finish_reason": reason}
         if self._chat:
             choice["delta"] = {}
         else:
@@ -124,9 +127,15 @@ def chat_completion(request_id: str, model: str, text: str, finish: str, stop_re
                     use: dict[str, Any], *, reasoning: str | None = None,
                     tool_calls: list[ToolCall] | None = None, logprobs: str | None = None,
                     prompt_logprobs: str | None = None) -> bytes:
+    """A one-choice chat completion (chat_choice's fields)."""
+    choice = chat_choice(0, text, finish, stop_reason, reasoning=reasoning, tool_calls=tool_calls, logprobs=logprobs)
+    return completion_body(request_id, model, [choice], use, chat=True, prompt_logprobs=prompt_logprobs)
+
+
+def chat_choice(index: int, text: str, finish: str, stop_reason: int | str | None, *, reasoning: str | None = None,
+                tool_calls: list[ToolCall] | None = None, logprobs: str | None = None) -> dict[str, Any]:
     """`reasoning` and `tool_calls` are None when no parser ran: the message then has neither field.
-    `logprobs` and `prompt_logprobs` are JSON (LogprobsFormatter's); vLLM's prompt_logprobs field is
-    there only when asked for."""
+    `logprobs` is JSON (LogprobsFormatter's)."""
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if reasoning is not None:
         # vLLM's field, under its older name and its newer one; null when the model did not reason.
@@ -135,12 +144,26 @@ def chat_completion(request_id: str, model: str, text: str, finish: str, stop_re
         message["tool_calls"] = [_tool_call(call) for call in tool_calls]
         if tool_calls and not text:
             message["content"] = None  # as OpenAI: a message of tool calls alone has no content
-    body = {
-        "id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "message": message,
-                     "logprobs": _raw(logprobs), "finish_reason": finish, "stop_reason": stop_reason}],
-        "usage": use,
-    }
+    return {"index": index, "message": message, "logprobs": _raw(logprobs), "finish_reason": finish,
+            "stop_reason": stop_reason}
+
+
+def text_choice(index: int, text: str, finish: str, stop_reason: int | str | None, *, logprobs: str | None = None,
+                prompt_logprobs: str | None = None) -> dict[str, Any]:
+    """`logprobs`, `prompt_logprobs`: JSON, as for chat_choice; the latter in the choice (vLLM's place)."""
+    choice: dict[str, Any] = {"index": index, "text": text, "logprobs": _raw(logprobs), "finish_reason": finish,
+                              "stop_reason": stop_reason}
+    if prompt_logprobs is not None:
+        choice["prompt_logprobs"] = _raw(prompt_logprobs)
+    return choice
+
+
+def completion_body(request_id: str, model: str, choices: list[dict[str, Any]], use: dict[str, Any], *,
+                    chat: bool, prompt_logprobs: str | None = None) -> bytes:
+    """A chat completion or a text completion of these choices; a chat's `prompt_logprobs` (JSON) are
+    the response's, there only when asked for (vLLM's)."""
+    body: dict[str, Any] = {"id": request_id, "object": "chat.completion" if chat else "text_completion",
+                            "created": int(time.time()), "model": model, "choices": choices, "usage": use}
     if prompt_logprobs is not None:
         body["prompt_logprobs"] = _raw(prompt_logprobs)
     return _json.encode(body)
@@ -162,15 +185,9 @@ def _tool_call(call: ToolCall) -> dict[str, Any]:
 
 def text_completion(request_id: str, model: str, text: str, finish: str, stop_reason: int | str | None,
                     use: dict[str, Any], *, logprobs: str | None = None, prompt_logprobs: str | None = None) -> bytes:
-    """`logprobs`, `prompt_logprobs`: as for chat_completion, the latter in the choice (vLLM's place)."""
-    choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": _raw(logprobs), "finish_reason": finish,
-                              "stop_reason": stop_reason}
-    if prompt_logprobs is not None:
-        choice["prompt_logprobs"] = _raw(prompt_logprobs)
-    return _json.encode({
-        "id": request_id, "object": "text_completion", "created": int(time.time()), "model": model,
-        "choices": [choice], "usage": use,
-    })
+    """A one-choice text completion (text_choice's fields)."""
+    choice = text_choice(0, text, finish, stop_reason, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
+    return completion_body(request_id, model, [choice], use, chat=False)
 
 
 def models(name: str, max_model_len: int, created: int) -> bytes:

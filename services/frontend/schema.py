@@ -255,7 +255,7 @@ class Bounds:
 
 # In the order they are checked; a field that is null (absent) is not.
 BOUNDS: dict[str, Bounds] = {
-    "n": Bounds(1, 1, "only n=1 is supported"),
+    "n": Bounds(1, None, "must be >= 1"),  # and n times the prompts at most --max-request-choices
     "temperature": Bounds(0, 2, "must be in [0, 2]"),
     "top_p": Bounds(0, 1, "must be in (0, 1]", low_open=True),
     "top_k": Bounds(-1, 2**31 - 1, "must be -1 or 0 (disabled) or in [1, 2**31)"),

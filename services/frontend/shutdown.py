@@ -41,13 +41,13 @@ class Shutdown:
                 self._idle.set()
 
     @contextmanager
-    def running(self, stream: Stream) -> Iterator[None]:
-        """While a request is at an engine: the one an expired drain ends."""
-        self._streams.add(stream)
+    def running(self, *streams: Stream) -> Iterator[None]:
+        """While a request is at an engine (each of its choices' streams): what an expired drain ends."""
+        self._streams.update(streams)
         try:
             yield
         finally:
-            self._streams.discard(stream)
+            self._streams.difference_update(streams)
 
     async def drain(self, timeout_s: float, now: asyncio.Event) -> None:
         """Refuse new requests, wait up to `timeout_s` (or until `now` is set: a second signal) for the

@@ -38,6 +38,7 @@ class Stream:
         "finished",
         "generated",
         "gone",
+        "group",
         "max_tokens",
         "keeps_frames",
         "prompt_len",
@@ -63,6 +64,7 @@ class Stream:
         self.keeps_frames = False
         self._frames: list[Sequence[bytes]] = []
         self.raw_frames: list[Sequence[bytes]] = []
+        self.group: Wakeup | None = None  # one of a request's several choices: feed and fail wake it too
 
     # ---- producer side (the engine dispatch pass on the event loop) ----
 
@@ -76,6 +78,8 @@ class Stream:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+        if self.group is not None:
+            self.group.wake()
 
     def fail(self, message: str) -> None:
         self.gone = self.gone or message
@@ -86,8 +90,15 @@ class Stream:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+        if self.group is not None:
+            self.group.wake()
 
     # ---- consumer side (the response task) ----
+
+    @property
+    def ready(self) -> bool:
+        """next() would return (or raise) without waiting."""
+        return bool(self._pending) or self._error is not None
 
     async def next(self) -> list[RequestOutput]:
         """Everything queued since the last call; waits if nothing is. Raises EngineFailure."""
@@ -101,3 +112,26 @@ class Stream:
         if self.keeps_frames:
             self.raw_frames, self._frames = self._frames, []
         return batch
+
+
+class Wakeup:
+    """One waiter for the streams of a request's several choices (n > 1, a batch of prompts): any of
+    them fed or failed wakes it, so one response task serves them all with one wake-up per batch."""
+
+    __slots__ = ("_future",)
+
+    def __init__(self) -> None:
+        self._future: asyncio.Future[None] | None = None
+
+    def wake(self) -> None:
+        future = self._future
+        if future is not None and not future.done():
+            future.set_result(None)
+
+    async def wait(self) -> None:
+        """Until the next wake(); callers check their streams' `ready` first (no wake is kept)."""
+        self._future = asyncio.get_running_loop().create_future()
+        try:
+            await self._future
+        finally:
+            self._future = None

@@ -46,6 +46,7 @@ from services.frontend.tools import check_tools, forced_schema, resolve_tool_cho
 from services.frontend.workers import PreparePool
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16
+DEFAULT_MAX_CHOICES = 256  # --max-request-choices: n times the prompts of one body
 PROMPT_TAIL_CHARS = 4096  # of the rendered prompt, kept for the reasoning parser (not the whole prompt)
 PIN_HEADER = "X-Data-Parallel-Rank"
 # Protocol minors that carry what the sim backend cannot honour: a forced tool_choice's JSON schema
@@ -99,11 +100,29 @@ class OutputOptions:
 
 @dataclass(slots=True, frozen=True)
 class EngineRequest:
-    """A checked request, ready to place: the message for the engine and how to present its outputs."""
+    """A checked request for one prompt, ready to place: the message for the engine, how to present
+    its outputs, and `n`, the choices sampled from the prompt (choices(): one engine request each)."""
 
     request: GenerateRequest
     max_tokens: int
     output: OutputOptions
+    n: int = 1
+
+    def choices(self) -> list[EngineRequest]:
+        """One engine request per choice, as vLLM fans `n` out: ids `<id>-<j>`, and with a seed choice j
+        samples with seed + j (wrapped to 64 bits), so the choices differ and each is reproducible."""
+        if self.n == 1:
+            return [self]
+        out = []
+        sampling = self.request.sampling
+        for j in range(self.n):
+            seeded = sampling
+            if sampling.seed is not None:
+                seed = (sampling.seed + j + 2**63) % 2**64 - 2**63
+                seeded = msgspec.structs.replace(sampling, seed=seed)
+            child = msgspec.structs.replace(self.request, request_id=f"{self.request.request_id}-{j}", sampling=seeded)
+            out.append(EngineRequest(child, self.max_tokens, self.output))
+        return out
 
     @property
     def request_id(self) -> str:
@@ -133,7 +152,8 @@ class Prepared:
     parallel_tool_calls: bool = True
     json_schema: str | None = None  # a forced tool_choice's schema
     constraint: Constraint | None = None  # response_format, structured_outputs or a guided_* field's
-    echo: str | None = None  # a completion's prompt text, when it asked for echo
+    # A completion's prompts, one or a batch: each one's ids and, when it asked for echo, its text.
+    prompts: list[tuple[array[int], str | None]] | None = None
 
 
 class Preparer:
@@ -146,11 +166,13 @@ class Preparer:
     tool_choice "auto" needs (vLLM's)."""
 
     def __init__(self, model: Model, *, enable_auto_tool_choice: bool = False,
-                 tool_call_parser: str | None = None, max_logprobs: int = 20) -> None:
+                 tool_call_parser: str | None = None, max_logprobs: int = 20,
+                 max_choices: int = DEFAULT_MAX_CHOICES) -> None:
         self._model = model
         self._enable_auto_tool_choice = enable_auto_tool_choice
         self._tool_call_parser = tool_call_parser
         self._max_logprobs = max_logprobs
+        self._max_choices = max_choices
 
     def chat(self, body: bytes) -> Prepared:
         req: ChatCompletionRequest = parse(ChatCompletionRequest, body)
@@ -161,6 +183,7 @@ class Preparer:
             req.max_tokens = req.max_completion_tokens
         check_logprobs(req, self._max_logprobs)
         refusals.check_chat(req)
+        self._check_choices(req.n, 1)
         tools = check_tools(req.tools)
         choice = resolve_tool_choice(req.tool_choice, tools, enable_auto_tool_choice=self._enable_auto_tool_choice,
                                      tool_call_parser=self._tool_call_parser)
@@ -185,36 +208,52 @@ class Preparer:
         check_common(req)
         check_logprobs(req, self._max_logprobs)
         refusals.check_completion(req)
+        if req.best_of is not None and req.best_of < req.n:  # OpenAI's rule
+            raise APIError(400, f"best_of={req.best_of} must be >= n ({req.n})", param="best_of")
         constrained = constraint(req)
         prompt = req.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-            if len(prompt) != 1:
-                raise APIError(400, "prompt: batches of prompts are not supported; send one prompt per request",
-                               param="prompt")
-            prompt = prompt[0]
+        batch = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], (str, list))
+        prompts: list[Any] = prompt if batch else [prompt]  # type: ignore[assignment]
+        self._check_choices(req.n, len(prompts))
+        out = []
+        for i, one in enumerate(prompts):
+            ids = self._prompt_ids(one, req.add_special_tokens, f"prompt[{i}]" if batch else "prompt")
+            echo = None
+            if req.echo:  # as vLLM: the text as sent, or the token ids decoded
+                echo = one if isinstance(one, str) else self._model.tokenizer.decode(ids.tolist(),
+                                                                                    skip_special_tokens=False)
+            out.append((ids, echo))
+        return Prepared(msgspec.structs.replace(req, prompt=""), array("l"), False, constraint=constrained,
+                        prompts=out)
+
+    def _prompt_ids(self, prompt: Any, add_special_tokens: bool, param: str) -> array[int]:
+        """One completion prompt's token ids: a string tokenized, or token ids checked."""
         if isinstance(prompt, list) and not all(type(t) is int for t in prompt):
-            raise APIError(400, "prompt: expected a string, a list of token ids, or a list with one of those",
-                           param="prompt")
+            raise APIError(400, f"{param}: expected a string or a list of token ids (a batch is a list of "
+                           "those)", param=param)
         if isinstance(prompt, str):
-            ids = array("l", self._model.encode(prompt, add_special_tokens=req.add_special_tokens))
+            ids = array("l", self._model.encode(prompt, add_special_tokens=add_special_tokens))
         else:
             try:
                 ids = array("l", prompt)
             except OverflowError:
-                ids = array("l")
                 bad = next(t for t in prompt if not -2**63 <= t < 2**63)
-                raise APIError(400, f"prompt: token id {bad} is out of range", param="prompt") from None
+                raise APIError(400, f"{param}: token id {bad} is out of range", param=param) from None
             vocab = self._model.tokenizer.get_vocab_size(with_added_tokens=True)
             if ids and not (0 <= min(ids) and max(ids) < vocab):
                 bad = next(t for t in ids if not 0 <= t < vocab)
-                raise APIError(400, f"prompt: token id {bad} is out of range [0, {vocab})", param="prompt")
+                raise APIError(400, f"{param}: token id {bad} is out of range [0, {vocab})", param=param)
         if not ids:
-            raise APIError(400, "prompt: must not be empty", param="prompt")
-        echo = None
-        if req.echo:  # as vLLM: the text as sent, or the token ids decoded
-            echo = prompt if isinstance(prompt, str) else self._model.tokenizer.decode(ids.tolist(),
-                                                                                      skip_special_tokens=False)
-        return Prepared(msgspec.structs.replace(req, prompt=""), ids, False, constraint=constrained, echo=echo)
+            raise APIError(400, f"{param}: must not be empty", param=param)
+        return ids
+
+    def _check_choices(self, n: int, prompts: int) -> None:
+        """Each choice is an engine request of its own: one body may ask for --max-request-choices."""
+        if n * prompts > self._max_choices:
+            what = f"n={n}" if prompts == 1 else f"{prompts} prompts x n={n}"
+            raise APIError(400, f"{what} asks for {n * prompts} choices; this server allows at most "
+                           f"{self._max_choices} per request (--max-request-choices)",
+                           param="n" if prompts == 1 else "prompt")
 
     def generate(self, body: bytes) -> Prepared:
         """An /inference/v1/generate body (token ids in: nothing to render or tokenize)."""
@@ -260,14 +299,16 @@ class Translator:
                  max_concurrent_tokenizations: int, enable_auto_tool_choice: bool = False,
                  tool_call_parser: str | None = None, reasoning_parser: str | None = None,
                  engine_problem: EngineProblem = no_engine_problem, max_logprobs: int = 20,
-                 render_max_model_len: Callable[[], int] | None = None) -> None:
+                 render_max_model_len: Callable[[], int] | None = None,
+                 max_choices: int = DEFAULT_MAX_CHOICES) -> None:
         self._model = model
         self._render_max_model_len = render_max_model_len or max_model_len
         self._engine_problem = engine_problem
         self._reasoning_parser = reasoning_parser
         self._tool_call_parser = tool_call_parser
         self._preparer = Preparer(model, enable_auto_tool_choice=enable_auto_tool_choice,
-                                  tool_call_parser=tool_call_parser, max_logprobs=max_logprobs)
+                                  tool_call_parser=tool_call_parser, max_logprobs=max_logprobs,
+                                  max_choices=max_choices)
         # Whether a parser's tags are special tokens of this tokenizer: its requests keep them.
         self._tool_tags_special = keeps_special_tokens(TOOL_MARKERS, tool_call_parser, model.special_tokens)
         self._reasoning_tags_special = keeps_special_tokens(REASONING_MARKERS, reasoning_parser, model.special_tokens)
@@ -277,7 +318,7 @@ class Translator:
         self._long_prompt_chars = long_prompt_chars
         self._workers = PreparePool(max_concurrent_tokenizations, _start_worker,
                                     (str(model.path), model.name, enable_auto_tool_choice, tool_call_parser,
-                                     max_logprobs),
+                                     max_logprobs, max_choices),
                                     _prepare_in_worker)
 
     def close(self) -> None:
@@ -317,14 +358,24 @@ class Translator:
                          prompt_tail=prepared.prompt_tail)
         return replace(request, output=output)
 
-    async def completion(self, body: bytes, pin: bytes | None, *, render: bool = False) -> EngineRequest:
-        """A /v1/completions body; `pin`: the X-Data-Parallel-Rank header, if sent; `render`: for
-        /v1/completions/render."""
+    async def completion(self, body: bytes, pin: bytes | None, *, render: bool = False) -> list[EngineRequest]:
+        """A /v1/completions body, one request per prompt (a batch has several; vLLM's choice indexes
+        run over them: prompt i's choice j is i * n + j); `pin`: the X-Data-Parallel-Rank header, if
+        sent; `render`: for /v1/completions/render."""
         prepared = await self._prepare("completion", body)
-        assert isinstance(prepared.req, CompletionRequest)
-        return self._engine_request(prepared.req, prepared.ids, pin, chat=False,
-                                    request_id=f"cmpl-{os.urandom(12).hex()}", constraint=prepared.constraint,
-                                    echo=prepared.echo, render=render)
+        req = prepared.req
+        assert isinstance(req, CompletionRequest) and prepared.prompts is not None
+        request_id = f"cmpl-{os.urandom(12).hex()}"
+        if len(prepared.prompts) == 1:
+            ids, echo = prepared.prompts[0]
+            return [self._engine_request(req, ids, pin, chat=False, request_id=request_id,
+                                         constraint=prepared.constraint, echo=echo, render=render)]
+        requests = [self._engine_request(req, ids, pin, chat=False, request_id=f"{request_id}-{i}",
+                                         constraint=prepared.constraint, echo=echo, render=render)
+                    for i, (ids, echo) in enumerate(prepared.prompts)]
+        if req.request_id is None:  # the response is named for the whole batch
+            requests = [replace(r, output=replace(r.output, response_id=request_id)) for r in requests]
+        return requests
 
     async def generate(self, body: bytes, pin: bytes | None) -> EngineRequest:
         """An /inference/v1/generate body: token ids and vLLM's sampling parameters, answered in token ids."""
@@ -419,7 +470,10 @@ class Translator:
         usage = req.stream_options is not None and req.stream_options.include_usage
         continuous = usage and req.stream_options is not None and req.stream_options.continuous_usage_stats
         # The caller's request_id names the response as vLLM names it; the engine's id stays ours and unique.
-        response_id = "" if req.request_id is None else ("chatcmpl-" if chat else "cmpl-") + req.request_id
+        # Several choices are engine requests of their own (`<id>-<j>`): the response keeps `<id>`.
+        response_id = request_id if req.n > 1 else ""
+        if req.request_id is not None:
+            response_id = ("chatcmpl-" if chat else "cmpl-") + req.request_id
         output = OutputOptions(chat=chat, stream=bool(req.stream), include_usage=usage, continuous_usage=continuous,
                                stop=tuple(stop_list(req)), include_stop_str_in_output=req.include_stop_str_in_output,
                                skip_special_tokens=req.skip_special_tokens, response_id=response_id,
@@ -428,7 +482,7 @@ class Translator:
                                return_tokens_as_token_ids=bool(req.return_tokens_as_token_ids))
         request = GenerateRequest(request_id, token_ids.tolist(), sampling, time.time(), req.priority, None,
                                   req.cache_salt, pinned)
-        return EngineRequest(request, max_tokens, output)
+        return EngineRequest(request, max_tokens, output, req.n)
 
     def _check_engines(self, req: ChatCompletionRequest | CompletionRequest, constraint: Constraint | None,
                        logprobs: bool) -> None:
@@ -526,10 +580,10 @@ _worker: Preparer | None = None
 
 
 def _start_worker(path: str, name: str, enable_auto_tool_choice: bool, tool_call_parser: str | None,
-                  max_logprobs: int) -> None:
+                  max_logprobs: int, max_choices: int) -> None:
     global _worker
     _worker = Preparer(Model.load(path, name), enable_auto_tool_choice=enable_auto_tool_choice,
-                       tool_call_parser=tool_call_parser, max_logprobs=max_logprobs)
+                       tool_call_parser=tool_call_parser, max_logprobs=max_logprobs, max_choices=max_choices)
 
 
 # What each kind of body is prepared with, on the loop or in a worker.

@@ -121,7 +121,7 @@ def test_bad_input_is_a_400_naming_the_field(url: str) -> None:
             ("/tokenize", {"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
             ("/detokenize", {"tokens": [-1]}, "tokens[0]"),
             ("/v1/chat/completions/render", {"model": "tiny", "messages": CHAT, "top_p": 0}, "top_p"),
-            ("/v1/completions/render", {"model": "tiny", "prompt": "x", "n": 2}, "n"),
+            ("/v1/completions/render", {"model": "tiny", "prompt": "x", "n": 0}, "n"),
             ("/inference/v1/generate", {"token_ids": [1], "sampling_params": {"logprobs": 2}},
              "sampling_params.logprobs"),
             ("/inference/v1/generate", {"token_ids": [1], "sampling_params": {"max_tokens": 10**6}},

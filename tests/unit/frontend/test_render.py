@@ -62,6 +62,21 @@ def test_completion_render_is_a_list(app: Frontend) -> None:
     assert body["token_ids"] == app.model.tokenizer.encode("Once upon").ids
 
 
+def test_a_batch_renders_one_request_per_prompt_and_n_as_vllm(app: Frontend) -> None:
+    answer = call(app, "/v1/completions/render", {"model": "tiny", "prompt": ["Once upon", [9707, 11]], "n": 2,
+                                                  "seed": 5})
+    assert answer.status == 200
+    first, second = answer.json()
+    assert first["token_ids"] == app.model.tokenizer.encode("Once upon").ids and second["token_ids"] == [9707, 11]
+    assert first["request_id"] != second["request_id"]
+    assert first["sampling_params"] == second["sampling_params"] == {"seed": 5, "max_tokens": 16, "n": 2,
+                                                                      "output_kind": 2}
+    chat = call(app, "/v1/chat/completions/render", {"model": "tiny", "messages": HI, "max_tokens": 2, "n": 3}).json()
+    assert chat["sampling_params"] == {"max_tokens": 2, "n": 3, "output_kind": 2}
+    refused = call(app, "/inference/v1/generate", chat)  # as vLLM's generate route: one sequence per request
+    assert refused.status == 400 and refused.json()["error"]["param"] == "sampling_params.n"
+
+
 # Chat and completion bodies whose rendered request must come back as the request the route itself sends.
 ROUND_TRIPS: list[tuple[str, dict[str, Any]]] = [
     ("chat", {}),

@@ -120,7 +120,7 @@ COMPLETION_ONLY: list[tuple[dict[str, Any], str]] = [
     ({"prompt": 5}, "prompt"),
     ({"prompt": [1.5]}, "prompt"),
     ({"prompt": [{"a": 1}]}, "prompt"),
-    ({"prompt": [["x"]]}, "prompt"),
+    ({"prompt": [["x"]]}, "prompt[0]"),  # a batch: the prompt at fault is named
     ({"echo": "yes"}, "echo"),
     ({"suffix": 5}, "suffix"),
     ({"logprobs": "5"}, "logprobs"),

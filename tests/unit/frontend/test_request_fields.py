@@ -69,8 +69,8 @@ def test_refused_rows_are_the_fields_refusals_refuses() -> None:
     refused = {name for name, (_, answer) in TABLE_ROWS.items() if answer.startswith("refused")}
     on_chat = {name for name, (_, answer) in TABLE_ROWS.items() if answer == "honoured (completions)"}
     tables = set(refusals.COMMON) | set(refusals.CHAT) | set(refusals.COMPLETION)
-    # n: a BOUNDS range; spaces_between_special_tokens: with skip_special_tokens.
-    assert refused | on_chat == tables | {"n", "spaces_between_special_tokens"}
+    # spaces_between_special_tokens: refused with skip_special_tokens false only.
+    assert refused | on_chat == tables | {"spaces_between_special_tokens"}
     assert on_chat <= set(refusals.CHAT) - set(refusals.COMMON) - set(refusals.COMPLETION)
 
 
@@ -80,7 +80,7 @@ SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required"
 EXAMPLES: dict[str, dict[str, Any]] = {
     "model": {"model": "tiny"},
     "messages": {"messages": [{"role": "user", "content": "hello"}]},
-    "prompt": {"prompt": [1, 2, 3]},
+    "prompt": {"prompt": [[1, 2, 3], "hi"]},  # a batch
     "stream": {"stream": True},
     "stream_options": {"stream": True, "stream_options": {"include_usage": True}},
     "max_tokens": {"max_tokens": 1},
@@ -96,7 +96,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     "top_logprobs": {"logprobs": True, "top_logprobs": 2},
     "echo": {"echo": True},
     "suffix": {"suffix": "x"},
-    "best_of": {"best_of": 2},
+    "best_of": {"best_of": 2, "n": 2},
     "logit_bias": {"logit_bias": {"9707": 5}},
     "response_format": {"response_format": {"type": "json_object"}},
     "user": {"user": "u-1"},

@@ -39,7 +39,7 @@ def test_parses_a_full_chat_request() -> None:
         (b"7", None, "JSON object"),
         (b'{"messages": []}', "model", "model: this field is required"),
         (b'{"model": "m", "messages": [{"content": "x"}]}', "messages[0].role", "required"),
-        (b'{"model": "m", "messages": [], "n": 2}', "n", "only n=1"),
+        (b'{"model": "m", "messages": [], "n": 0}', "n", "must be >= 1"),
         (b'{"model": "m", "messages": [], "top_k": -5}', "top_k", "-1 or 0"),
         (b'{"model": "m", "messages": [], "presence_penalty": 3}', "presence_penalty", "[-2, 2]"),
         (b'{"model": "m", "messages": [], "stop": ["a", ""]}', "stop", "must not be empty"),

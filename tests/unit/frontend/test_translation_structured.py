@@ -40,7 +40,8 @@ def _chat(translator: Translator, **body: Any) -> EngineRequest:
 
 def _completion(translator: Translator, **body: Any) -> EngineRequest:
     raw = json.dumps({"model": "tiny", "prompt": "hi", **body}).encode()
-    return asyncio.run(translator.completion(raw, None))
+    [request] = asyncio.run(translator.completion(raw, None))
+    return request
 
 
 def _refused(call: Any, translator: Translator, **body: Any) -> APIError:

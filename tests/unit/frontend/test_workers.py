@@ -64,10 +64,11 @@ def test_a_long_chat_is_prepared_in_a_worker_as_on_the_loop(translator: Translat
 
 def test_a_long_text_completion_and_token_ids_too(translator: Translator, model: Model) -> None:
     text = "hello world " * 1000
-    req = asyncio.run(translator.completion(_body(prompt=text), None))
+    [req] = asyncio.run(translator.completion(_body(prompt=text), None))
     assert req.request.prompt_token_ids == model.encode(text, add_special_tokens=True)
     ids = list(range(1000, 3000))
-    assert asyncio.run(translator.completion(_body(prompt=ids), None)).request.prompt_token_ids == ids
+    [req] = asyncio.run(translator.completion(_body(prompt=ids), None))
+    assert req.request.prompt_token_ids == ids
 
 
 @pytest.mark.parametrize(("fields", "param"), [
