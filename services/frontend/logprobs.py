@@ -24,11 +24,14 @@ class LogprobsFormatter:
     """`sampled(segment)` gives the entries of generated tokens, `prompt(segments, ids)` those of the
     prompt (completions' echo), `render(entries)` the JSON object a response carries as `logprobs`."""
 
-    __slots__ = ("_as_ids", "_chat", "_context", "_fragments", "_offset", "_strings", "top")
+    __slots__ = ("_as_ids", "_chat", "_context", "_fragments", "_offset", "_strings", "_token_out", "top")
 
-    def __init__(self, strings: TokenStrings, *, chat: bool, top: int, as_token_ids: bool = False) -> None:
+    def __init__(self, strings: TokenStrings, *, chat: bool, top: int, as_token_ids: bool = False,
+                 token_out: bool = False) -> None:
+        """`token_out`: /inference/v1/generate's entries, vLLM's token-in shape (ids, no strings)."""
         self._strings = strings
         self._chat = chat
+        self._token_out = token_out
         self.top = top  # alternatives shown per token
         self._as_ids = as_token_ids
         self._context: list[int] = []  # the last generated ids (vLLM's correction context)
@@ -39,7 +42,23 @@ class LogprobsFormatter:
 
     def sampled(self, seg: Segment) -> list[Entry]:
         """One entry per generated token of `seg`, in order."""
+        if self._token_out:
+            return [self._token_row(seg, i) for i in range(seg.positions)]
         return self._rows(seg, 0, seg.positions, self._context)
+
+    def _token_row(self, seg: Segment, i: int) -> Entry:
+        """vLLM's GenerateLogProbsContent: {"token_id", "logprob", "rank", "top_logprobs"}, the
+        alternatives being the first max(k, 1) of vLLM's dict (the token, then the k most likely, the
+        token once); a rank of 0 is null, as vLLM sends it."""
+        ids, lps, w = seg.token_ids, seg.logprobs, seg.k + 1
+        row = i * w
+        own = ids[row]
+        cells: dict[int, tuple[float, int]] = {own: (lps[row], seg.ranks[i])}
+        for j in range(1, w):
+            cells[ids[row + j]] = (lps[row + j], j)
+        tops = [_token_cell(tid, lp, rank) for tid, (lp, rank) in list(cells.items())[:max(min(self.top, seg.k), 1)]]
+        lp, rank = cells[own]
+        return _token_cell(own, lp, rank)[:-1] + ',"top_logprobs":[' + ",".join(tops) + "]}"
 
     def prompt(self, segments: Sequence[Segment], prompt_ids: Sequence[int]) -> list[Entry]:
         """A completion's echoed prompt: its first token (no logprob), then one entry per prompt row."""
@@ -129,7 +148,7 @@ class LogprobsFormatter:
 
     def render(self, entries: Sequence[Entry]) -> str:
         """The `logprobs` object of a choice (or a chunk's choice) holding these entries."""
-        if self._chat:
+        if self._chat or self._token_out:
             return '{"content":[' + ",".join(entries) + "]}"
         return ('{"text_offset":[' + ",".join(e[3] for e in entries) + '],"token_logprobs":['
                 + ",".join(e[1] for e in entries) + '],"tokens":[' + ",".join(e[0] for e in entries)
@@ -160,6 +179,11 @@ class LogprobsFormatter:
                 _advance(context, own, not strings.alone(own).endswith(REPLACEMENT))
         out += ["null"] * (positions - len(out))  # rows an engine did not send (none should be missing)
         return "[" + ",".join(out) + "]"
+
+
+def _token_cell(tid: int, lp: float, rank: int) -> str:
+    return ('{"token_id":' + str(tid) + ',"logprob":' + repr(lp if lp > FLOOR else FLOOR) + ',"rank":'
+            + (str(rank) if rank else "null") + "}")
 
 
 def _advance(context: list[int], own: int, whole: bool) -> None:

@@ -93,6 +93,7 @@ class OutputProcessor:
         self.formatter: LogprobsFormatter | None = None
         if options.logprobs is not None or options.prompt_logprobs is not None:
             self.formatter = LogprobsFormatter(token_strings(tokenizer), chat=options.chat, top=options.logprobs or 0,
+                                               token_out=options.token_out,
                                                as_token_ids=options.return_tokens_as_token_ids)
             stream.keeps_frames = True
         self.logprobs: list[list[Entry]] = []
@@ -194,6 +195,13 @@ class OutputProcessor:
                 self._finished(reason, out.stop_reason)
                 break
         return pieces
+
+    def token_entries(self) -> list[Entry]:
+        """Token-out (with logprobs): the entries of every id of the latest pieces() call, in order, as
+        `token_ids` lists them (text the detokenizer or a stop string holds back does not hold them)."""
+        entries = [e for piece in self.logprobs for e in piece] + self._pending + self.tail_logprobs
+        self.logprobs, self._pending, self.tail_logprobs = [], [], []
+        return entries
 
     def _keep_calls(self, calls: list[ToolCall]) -> None:
         self.calls = calls if self.options.parallel_tool_calls else calls[:1]

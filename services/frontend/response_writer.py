@@ -240,23 +240,30 @@ async def send_tokens(send: Send, outputs: OutputProcessor, model: str) -> None:
         return
     ids: list[int] = []
     parts: list[str] = []
+    entries: list[Entry] = []
+    formatter = outputs.formatter
     finish = None
     try:
         while finish is None:
             parts.extend(p if isinstance(p, str) else p.content for p in await outputs.pieces())
             ids.extend(outputs.token_ids)
+            if formatter is not None:
+                entries += outputs.token_entries()
             finish = outputs.finish
     except EngineFailure as exc:
         await send_json(send, exc.status, error_body(exc.status, str(exc)))
         return
+    logprobs = formatter.render(entries) if formatter is not None and options.logprobs is not None else None
     body = responses.generate_response(request_id, model, ids, finish, outputs.usage(outputs.completion_tokens),
-                                       "".join(parts) if options.text_out else None)
+                                       "".join(parts) if options.text_out else None, logprobs,
+                                       _prompt_logprobs(outputs))
     await send_json(send, 200, body, [_rank_header(outputs)])
 
 
 async def _stream_tokens(send: Send, outputs: OutputProcessor, request_id: str) -> None:
     options = outputs.options
     writer = responses.TokenChunkWriter(request_id)
+    render = _render(outputs)
     started = False
     try:
         while outputs.finish is None:
@@ -266,7 +273,8 @@ async def _stream_tokens(send: Send, outputs: OutputProcessor, request_id: str) 
             if outputs.token_ids or finish is not None:
                 text = "".join(p if isinstance(p, str) else p.content for p in pieces) if options.text_out else None
                 use = outputs.usage(outputs.completion_tokens) if options.continuous_usage else None
-                events.append(writer.chunk(outputs.token_ids, finish, use, text))
+                logprobs = render(outputs.token_entries()) if render is not None else None
+                events.append(writer.chunk(outputs.token_ids, finish, use, text, logprobs))
             if not started:
                 started = True
                 await send({"type": "http.response.start", "status": 200,

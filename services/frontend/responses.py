@@ -197,15 +197,17 @@ def models(name: str, max_model_len: int, created: int) -> bytes:
 
 
 def generate_response(request_id: str, model: str, token_ids: list[int], finish: str, use: dict[str, Any],
-                      text: str | None = None) -> bytes:
-    """/inference/v1/generate's answer (vLLM's GenerateResponse); `text` only when the request asked."""
-    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish, "token_ids": token_ids,
+                      text: str | None = None, logprobs: str | None = None,
+                      prompt_logprobs: str | None = None) -> bytes:
+    """/inference/v1/generate's answer (vLLM's GenerateResponse); `text` only when the request asked;
+    `logprobs` and `prompt_logprobs`: JSON (LogprobsFormatter's token-out entries, vLLM's prompt rows)."""
+    choice: dict[str, Any] = {"index": 0, "logprobs": _raw(logprobs), "finish_reason": finish, "token_ids": token_ids,
                               "routed_experts": None}
     if text is not None:
         choice["text"] = text
     return _json.encode({"request_id": request_id, "model": model, "created": int(time.time()),
-                         "choices": [choice], "usage": use, "prompt_logprobs": None, "kv_transfer_params": None,
-                         "ec_transfer_params": None})
+                         "choices": [choice], "usage": use, "prompt_logprobs": _raw(prompt_logprobs),
+                         "kv_transfer_params": None, "ec_transfer_params": None})
 
 
 class TokenChunkWriter:
@@ -217,9 +219,9 @@ class TokenChunkWriter:
         self._head = b'data: {"request_id":' + _json.encode(request_id) + b',"choices":'
 
     def chunk(self, token_ids: list[int], finish: str | None, use: dict[str, Any] | None = None,
-              text: str | None = None) -> bytes:
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish, "token_ids": token_ids,
-                                  "routed_experts": None}
+              text: str | None = None, logprobs: str | None = None) -> bytes:
+        choice: dict[str, Any] = {"index": 0, "logprobs": _raw(logprobs), "finish_reason": finish,
+                                  "token_ids": token_ids, "routed_experts": None}
         if text is not None:
             choice["text"] = text
         return self._head + _json.encode([choice]) + b',"usage":' + _json.encode(use) + b"}\n\n"

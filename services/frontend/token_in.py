@@ -61,14 +61,14 @@ class TokenSampling(msgspec.Struct, kw_only=True):
     include_stop_str_in_output: bool = False
     output_kind: int = 0  # vLLM's RequestOutputKind; here `stream` decides, as vLLM's generate sets it
     stream_interval: int | None = None  # outputs are joined per wake-up anyway
-    flat_logprobs: bool = False  # a format of logprobs, which are refused
+    flat_logprobs: bool = False  # vLLM's in-memory layout of logprobs: the answer's JSON is the same
     structured_outputs: StructuredOutputs | None = None
     logit_bias: dict[str, float] | None = None
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
+    logprobs: int | None = None  # [0, --max-logprobs]: vLLM's token-in shape (ids, logprob, rank)
+    prompt_logprobs: int | None = None  # [0, --max-logprobs], not streamed: the response's prompt_logprobs
     # Refused unless at their defaults (None, or 0):
-    logprobs: int | None = None
-    prompt_logprobs: int | None = None
     prompt_logprob_token_ids: list[int] | None = None
     prompt_logprob_start: int | None = None
     logprob_token_ids: list[int] | None = None
@@ -98,12 +98,8 @@ class TokenInRequest(msgspec.Struct, kw_only=True):
     token_offsets: list[list[int]] | None = None
 
 
-_UNSUPPORTED = ("logprobs", "prompt_logprobs", "prompt_logprob_token_ids", "prompt_logprob_start",
-                "logprob_token_ids", "extra_args", "thinking_token_budget", "repetition_detection",
-                "trace_decode_token_ids", "truncate_prompt_tokens")
-# Refused here although the engines send them: vLLM's token-in answer puts them in a shape of its own
-# (token ids with logprob and rank, no strings) that this route's writer does not build yet.
-_LOGPROBS = ("logprobs", "prompt_logprobs")
+_UNSUPPORTED = ("prompt_logprob_token_ids", "prompt_logprob_start", "logprob_token_ids", "extra_args",
+                "thinking_token_budget", "repetition_detection", "trace_decode_token_ids", "truncate_prompt_tokens")
 LOGITS_CONTROLS = ("logit_bias", "allowed_token_ids", "bad_words")
 
 
@@ -111,8 +107,8 @@ def _refuse(param: str, message: str) -> APIError:
     return APIError(400, f"{param}: {message}", param=param)
 
 
-def check(req: TokenInRequest, vocab_size: int) -> array[int]:
-    """Every check that needs no engine; the prompt's ids."""
+def check(req: TokenInRequest, vocab_size: int, max_logprobs: int) -> array[int]:
+    """Every check that needs no engine; the prompt's ids. `max_logprobs`: the server's --max-logprobs."""
     for name in ("features", "kv_transfer_params", "ec_transfer_params"):
         if getattr(req, name) is not None:
             raise _refuse(name, "is not supported by this server (text prompts, no disaggregated serving)")
@@ -130,11 +126,15 @@ def check(req: TokenInRequest, vocab_size: int) -> array[int]:
         value = getattr(sp, name, None)
         if name != "n" and value is not None and value is not msgspec.UNSET:
             _range(bound.holds(value), f"{PREFIX}.{name}", value, bound.allowed)
+    for name in ("logprobs", "prompt_logprobs"):
+        count = getattr(sp, name)
+        # vLLM's -1 (the whole vocabulary) is more than any --max-logprobs this server allows.
+        _range(count is None or 0 <= count <= max_logprobs, f"{PREFIX}.{name}", count,
+               f"must be in [0, {max_logprobs}] (the server's --max-logprobs)")
+    if sp.prompt_logprobs is not None and req.stream:  # a stream's chunks have no place for them
+        raise _refuse(f"{PREFIX}.prompt_logprobs", "are not available when `stream=True`.")
     for name in _UNSUPPORTED:
         if getattr(sp, name) is not None:
-            if name in _LOGPROBS:
-                raise _refuse(f"{PREFIX}.{name}", "is not supported on this route yet (token-in answers carry no "
-                              "logprobs; /v1/chat/completions and /v1/completions give them)")
             raise _refuse(f"{PREFIX}.{name}", "is not supported by this server")
     if sp.skip_reading_prefix_cache:
         raise _refuse(f"{PREFIX}.skip_reading_prefix_cache", "is not supported by this server")
@@ -201,6 +201,7 @@ def engine_sampling(sp: TokenSampling, max_tokens: int, vocab_size: int) -> Samp
         repetition_penalty=sp.repetition_penalty,
         logit_bias=logit_bias(sp.logit_bias, vocab_size, f"{PREFIX}.logit_bias"),
         allowed_token_ids=allowed_token_ids(sp.allowed_token_ids, vocab_size, f"{PREFIX}.allowed_token_ids"),
-        bad_words=bad_words(sp.bad_words, f"{PREFIX}.bad_words"))
+        bad_words=bad_words(sp.bad_words, f"{PREFIX}.bad_words"), logprobs=sp.logprobs,
+        prompt_logprobs=sp.prompt_logprobs)
     c = constraint(sp)
     return sampling if c is None else msgspec.structs.replace(sampling, **{c.kind: c.value})

@@ -259,7 +259,7 @@ class Preparer:
         """An /inference/v1/generate body (token ids in: nothing to render or tokenize)."""
         req: token_in.TokenInRequest = parse(token_in.TokenInRequest, body)
         tokenization.check_model(self._model, req.model)
-        ids = token_in.check(req, self._model.tokenizer.get_vocab_size(with_added_tokens=True))
+        ids = token_in.check(req, self._model.tokenizer.get_vocab_size(with_added_tokens=True), self._max_logprobs)
         return Prepared(msgspec.structs.replace(req, token_ids=[]), ids, False)
 
     def tokenize(self, body: bytes) -> Tokenized:
@@ -394,6 +394,12 @@ class Translator:
             problem = self._engine_problem(minor)
             if problem is not None:
                 raise APIError(400, f"{param}: needs {what}, which {problem}", param=param)
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(sp, name) is not None:
+                problem = self._engine_problem(LOGPROBS_MINOR, backend=None)
+                if problem is not None:
+                    param = f"{token_in.PREFIX}.{name}"
+                    raise APIError(400, f"{param}: logprobs need engines that send them, which {problem}", param=param)
         requested = None if sp.max_tokens is msgspec.UNSET else sp.max_tokens
         max_tokens = self._max_tokens(len(prepared.ids), requested, chat=True, render=False, param="token_ids",
                                       max_tokens_param=f"{token_in.PREFIX}.max_tokens")
@@ -407,7 +413,8 @@ class Translator:
                                include_stop_str_in_output=sp.include_stop_str_in_output, token_out=True,
                                text_out=req.return_text, response_id=caller_id,
                                constraint_param=constraint.param if constraint is not None else None,
-                               param_prefix=f"{token_in.PREFIX}.")
+                               param_prefix=f"{token_in.PREFIX}.", logprobs=sp.logprobs,
+                               prompt_logprobs=sp.prompt_logprobs)
         vocab = self._model.tokenizer.get_vocab_size(with_added_tokens=True)
         sampling = token_in.engine_sampling(sp, max_tokens, vocab)
         request = GenerateRequest(request_id, prepared.ids.tolist(), sampling, time.time(), req.priority, None,

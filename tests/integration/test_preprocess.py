@@ -115,6 +115,31 @@ def test_completion_render_then_generate_gives_the_completions_route_s_tokens(ur
     assert text == reply.choices[0].text and len(ids) == reply.usage.completion_tokens
 
 
+def test_generate_gives_the_logprobs_completions_give_in_vllm_s_token_in_shape(url: str, client: openai.OpenAI) -> None:
+    """The same tokens' logprobs as /v1/completions (the sim's fake distribution), with ids for strings:
+    each entry's alternatives the first k of vLLM's dict (the token, then the most likely)."""
+    ids = [9707, 11, 1879, 0, 358]
+    reply = client.completions.create(model="tiny", prompt=ids, max_tokens=8, seed=4, logprobs=3,
+                                      extra_body={"prompt_logprobs": 2})
+    body = {"token_ids": ids, "sampling_params": {"max_tokens": 8, "seed": 4, "logprobs": 3, "prompt_logprobs": 2}}
+    answer = post(url, "/inference/v1/generate", body).json()
+    [choice] = answer["choices"]
+    content = choice["logprobs"]["content"]
+    assert [e["token_id"] for e in content] == choice["token_ids"]
+    assert [e["logprob"] for e in content] == reply.choices[0].logprobs.token_logprobs
+    assert answer["prompt_logprobs"] == reply.choices[0].prompt_logprobs  # type: ignore[attr-defined]
+    for entry, tops in zip(content, reply.choices[0].logprobs.top_logprobs, strict=True):
+        assert len(entry["top_logprobs"]) == 3 and entry["top_logprobs"][0]["token_id"] == entry["token_id"]
+        assert entry["rank"] >= 1 and all(set(t) == {"token_id", "logprob", "rank"} for t in entry["top_logprobs"])
+        assert sorted(t["logprob"] for t in entry["top_logprobs"]) == sorted(list(tops.values())[:3])
+    streamed = sse(post(url, "/inference/v1/generate", {**body, "stream": True,
+                                                        "sampling_params": {**body["sampling_params"],
+                                                                            "prompt_logprobs": None}}))
+    chunks = [c for c in streamed[:-1] if c["choices"]]
+    assert [e for c in chunks for e in c["choices"][0]["logprobs"]["content"]] == content
+    assert all(len(c["choices"][0]["logprobs"]["content"]) == len(c["choices"][0]["token_ids"]) for c in chunks)
+
+
 def test_bad_input_is_a_400_naming_the_field(url: str) -> None:
     for path, body, param in (
             ("/tokenize", {"prompt": 3}, "prompt"),
@@ -122,7 +147,7 @@ def test_bad_input_is_a_400_naming_the_field(url: str) -> None:
             ("/detokenize", {"tokens": [-1]}, "tokens[0]"),
             ("/v1/chat/completions/render", {"model": "tiny", "messages": CHAT, "top_p": 0}, "top_p"),
             ("/v1/completions/render", {"model": "tiny", "prompt": "x", "n": 0}, "n"),
-            ("/inference/v1/generate", {"token_ids": [1], "sampling_params": {"logprobs": 2}},
+            ("/inference/v1/generate", {"token_ids": [1], "sampling_params": {"logprobs": 21}},
              "sampling_params.logprobs"),
             ("/inference/v1/generate", {"token_ids": [1], "sampling_params": {"max_tokens": 10**6}},
              "sampling_params.max_tokens"),

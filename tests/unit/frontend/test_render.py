@@ -7,7 +7,6 @@ import asyncio
 import time
 from typing import Any
 
-import msgspec
 import pytest
 
 from protocol import GenerateRequest, Ready
@@ -160,7 +159,7 @@ def test_render_refuses_what_the_route_refuses(app: Frontend) -> None:
         assert answer.status in (400, 404) and answer.json()["error"]["param"] == param, answer.body
 
 
-def test_logprobs_render_as_vllm_s_sampling_params_and_the_token_in_route_refuses_them(app: Frontend) -> None:
+def test_logprobs_render_as_vllm_s_sampling_params_and_the_token_in_route_sends_them(app: Frontend) -> None:
     """As vLLM's to_sampling_params: chat's top_logprobs once logprobs is true, and an echoed completion's
     prompt_logprobs default to its logprobs (the echo itself is the response's, not the token-in request's)."""
     chat = call(app, "/v1/chat/completions/render", {"model": "tiny", "messages": HI, "max_tokens": 2,
@@ -169,9 +168,8 @@ def test_logprobs_render_as_vllm_s_sampling_params_and_the_token_in_route_refuse
     [text] = call(app, "/v1/completions/render", {"model": "tiny", "prompt": "x", "logprobs": 3,
                                                   "echo": True}).json()
     assert text["sampling_params"] == {"max_tokens": 16, "logprobs": 3, "prompt_logprobs": 3, "output_kind": 2}
-    refused = call(app, "/inference/v1/generate", chat)  # the token-in route gives no logprobs (yet)
-    assert refused.status == 400 and refused.json()["error"]["param"] == "sampling_params.logprobs"
-    assert "/v1/chat/completions and /v1/completions give them" in refused.json()["error"]["message"]
+    assert call(app, "/inference/v1/generate", chat).status == 200
+    assert (sent(app).sampling.logprobs, sent(app).sampling.prompt_logprobs) == (0, 1)
 
 
 def test_render_asks_no_engine_whether_it_sends_logprobs() -> None:
@@ -185,9 +183,9 @@ def test_render_asks_no_engine_whether_it_sends_logprobs() -> None:
     assert rendered.status == 200 and rendered.json()["sampling_params"]["logprobs"] == 2
 
 
-def test_a_constraint_with_logprobs_renders_both_and_the_token_in_route_refuses_only_the_logprobs() -> None:
+def test_a_constraint_with_logprobs_renders_both_and_the_token_in_route_sends_both() -> None:
     """Both protocol 1.3 additions in one body: the chat route sends both to a vllm engine, render writes
-    both, and the token-in route refuses the logprobs by name; without them it sends the constraint."""
+    both, and the token-in route sends what the chat route sent."""
     app = frontend_app(max_model_len=2048, backend="vllm", minor=3)
     body = {"model": "tiny", "messages": HI, "max_tokens": 4, "logprobs": True, "top_logprobs": 2,
             "structured_outputs": {"regex": "[a-z]+"}, "logit_bias": {"11": 2.5}}
@@ -197,11 +195,8 @@ def test_a_constraint_with_logprobs_renders_both_and_the_token_in_route_refuses_
     rendered = call(app, "/v1/chat/completions/render", body).json()
     assert rendered["sampling_params"] == {"max_tokens": 4, "logprobs": 2, "output_kind": 2,
                                            "structured_outputs": {"regex": "[a-z]+"}, "logit_bias": {"11": 2.5}}
-    refused = call(app, "/inference/v1/generate", rendered)
-    assert refused.status == 400 and refused.json()["error"]["param"] == "sampling_params.logprobs"
-    del rendered["sampling_params"]["logprobs"]
     assert call(app, "/inference/v1/generate", rendered).status == 200
-    assert sent(app).sampling == msgspec.structs.replace(expected, logprobs=None)
+    assert sent(app).sampling == expected
 
 
 # ---- render-only mode ----

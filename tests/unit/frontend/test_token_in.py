@@ -169,7 +169,8 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"token_ids": IDS, "sampling_params": {"spaces_between_special_tokens": False}},
      "sampling_params.spaces_between_special_tokens"),
     *[({"token_ids": IDS, "sampling_params": {name: value}}, f"sampling_params.{name}") for name, value in (
-        ("logprobs", 1), ("prompt_logprobs", 0), ("prompt_logprob_token_ids", [1]), ("prompt_logprob_start", 0),
+        ("logprobs", 21), ("logprobs", -1), ("prompt_logprobs", 21), ("prompt_logprob_token_ids", [1]),
+        ("prompt_logprob_start", 0),
         ("logprob_token_ids", [1]),
         # Honoured on vllm engines; this app's engine is a sim.
         ("logit_bias", {"1": 5.0}), ("allowed_token_ids", [1]), ("bad_words", ["x"]),
@@ -193,6 +194,7 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"token_ids": IDS, "sampling_params": {"logit_bias": {"x": 1}}}, "sampling_params.logit_bias"),
     ({"token_ids": IDS, "sampling_params": {"allowed_token_ids": [10**9]}}, "sampling_params.allowed_token_ids[0]"),
     ({"token_ids": IDS, "sampling_params": {"bad_words": [" "]}}, "sampling_params.bad_words[0]"),
+    ({"token_ids": IDS, "sampling_params": {"prompt_logprobs": 1}, "stream": True}, "sampling_params.prompt_logprobs"),
     ({"token_ids": IDS, "sampling_params": {}, "features": {}}, "features"),
     ({"token_ids": IDS, "sampling_params": {}, "kv_transfer_params": {}}, "kv_transfer_params"),
     ({"token_ids": IDS, "sampling_params": {}, "ec_transfer_params": {}}, "ec_transfer_params"),
