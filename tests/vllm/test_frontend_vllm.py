@@ -111,6 +111,24 @@ def _close(a: float | None, b: float) -> bool:
     return a is not None and abs(a - b) < 1e-4
 
 
+def test_n_seeded_choices_equal_vllm_offline_n(frontend: FrontendProc, llm: Any) -> None:
+    """n=3 with a seed, sampled (temperature 1): our three engine requests, seeded seed + j, give the
+    choices vLLM's own n=3 gives (its ParentRequest seeds its children so), in order; a batch of two
+    prompts gives each prompt's."""
+    from vllm import SamplingParams
+
+    client = openai.OpenAI(base_url=frontend.url + "/v1", api_key="x", max_retries=0, timeout=120)
+    tokenizer = llm.get_tokenizer()
+    prompts = [tokenizer.encode(text, add_special_tokens=False) for text in ("Once upon a time", "The sea is")]
+    params = SamplingParams(n=3, seed=11, temperature=1.0, max_tokens=8)
+    refs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    want = [[o.text for o in sorted(ref.outputs, key=lambda o: o.index)] for ref in refs]
+    r = client.completions.create(model="tiny", prompt=prompts[0], n=3, seed=11, temperature=1.0, max_tokens=8)
+    assert [c.text for c in r.choices] == want[0] and len(set(want[0])) == 3
+    batch = client.completions.create(model="tiny", prompt=prompts, n=3, seed=11, temperature=1.0, max_tokens=8)
+    assert [c.text for c in batch.choices] == want[0] + want[1]
+
+
 def test_logprobs_equal_vllm_offline_generate(frontend: FrontendProc, llm: Any) -> None:
     """The same greedy requests through our HTTP API and through vLLM's LLM.generate: tokens, their
     strings (vLLM's decoded_token), the sampled logprobs and the top-5 alternatives to 1e-4, and
