@@ -33,6 +33,7 @@ class FrontendConfig:
     max_concurrent_tokenizations: int = 2
     long_prompt_chars: int = 2000  # longer bodies are prepared in worker processes (workers.py)
     api_server_count: int = 1
+    http_server: str = "uvicorn"  # the ASGI server: uvicorn (httptools) or hypercorn (h11); docs/frontend.md
     log_level: str = "info"
     enable_auto_tool_choice: bool = False  # tool_choice "auto" is served (needs tool_call_parser)
     tool_call_parser: str | None = None  # a name in services/frontend/parsers TOOL_PARSER_NAMES
@@ -54,6 +55,7 @@ class FrontendConfig:
         _require(self.shutdown_timeout_s >= 0, "--shutdown-timeout", self.shutdown_timeout_s, ">= 0 seconds")
         _require(1 <= self.api_server_count <= 64, "--api-server-count", self.api_server_count, "1..64")
         _require(self.backend in ("vllm", "sim"), "--backend", self.backend, "vllm or sim")
+        _require(self.http_server in HTTP_SERVERS, "--http-server", self.http_server, " or ".join(HTTP_SERVERS))
         _require(0 <= self.max_logprobs <= 1024, "--max-logprobs", self.max_logprobs, "0..1024")
         _require(self.max_request_choices >= 1, "--max-request-choices", self.max_request_choices, ">= 1")
         _require(not self.enable_auto_tool_choice or self.tool_call_parser is not None,
@@ -107,6 +109,9 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+HTTP_SERVERS = ("uvicorn", "hypercorn")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """`frontend --help`: defaults are FrontendConfig's, written once there."""
     d = {f.name: f.default for f in fields(FrontendConfig)}
@@ -144,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest request body accepted; larger ones get 413")
     p.add_argument("--api-server-count", type=int, default=d["api_server_count"],
                    help="HTTP server processes sharing the port (SO_REUSEPORT), each with its own engine links")
+    p.add_argument("--http-server", choices=HTTP_SERVERS, default=d["http_server"],
+                   help="the ASGI server each API server process runs (docs/frontend.md compares them)")
     p.add_argument("--log-level", default=d["log_level"], choices=("debug", "info", "warning", "error"),
                    help="log level of every process started")
     p.add_argument("--enable-auto-tool-choice", action="store_true",

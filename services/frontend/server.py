@@ -3,14 +3,18 @@ hypercorn, and the shutdown (SIGTERM or SIGINT: drain for --shutdown-timeout, th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import multiprocessing
 import os
 import signal
+import socket
 import uuid
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
+import uvicorn
 from hypercorn.asyncio import serve
 from hypercorn.config import Config as HypercornConfig
 
@@ -147,7 +151,10 @@ async def run(config: FrontendConfig, server_index: int = 0) -> int:
     try:
         # hypercorn types scopes and events as TypedDicts, starlette (whose types the app uses) as
         # MutableMapping; a TypedDict is not a MutableMapping to mypy, though both are ASGI dicts.
-        await serve(app, hc, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+        if config.http_server == "uvicorn":
+            await _serve_uvicorn(app, config, stop)
+        else:
+            await serve(app, hc, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
     finally:
         for t in tasks:
             t.cancel()
@@ -162,6 +169,39 @@ async def run(config: FrontendConfig, server_index: int = 0) -> int:
         if managed is not None:
             await asyncio.to_thread(managed.stop)
     return code
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn, with this process's own signal handling (run() drains first, then sets should_exit)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def _serve_uvicorn(app: Frontend, config: FrontendConfig, stop: asyncio.Event) -> None:
+    """The app under uvicorn with httptools on the listening socket made here: SO_REUSEPORT with several
+    API servers, as hypercorn binds it; the same backlog, keep-alive and graceful close."""
+    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if config.api_server_count > 1:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((config.host, config.port))
+    server = _Uvicorn(uvicorn.Config(app, http="httptools", ws="none", lifespan="off", interface="asgi3",
+                                     access_log=False, log_config=None, backlog=2048, timeout_keep_alive=75,
+                                     timeout_graceful_shutdown=3))
+
+    async def exit_when_stopped() -> None:
+        await stop.wait()
+        server.should_exit = True
+
+    watcher = asyncio.get_running_loop().create_task(exit_when_stopped())
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        watcher.cancel()
+        sock.close()
 
 
 def _quiet_cancellations(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
