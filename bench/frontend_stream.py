@@ -11,7 +11,7 @@ a stream received over its tokens. The frontend's idle CPU (ms per second, engin
 requests) is measured before the rounds.
 Usage: python bench/frontend_stream.py [--streams 256] [--tokens 200] [--ranks 1] [--repeat 3]
                                       [--decode-ms 20] [--top-logprobs 5] [--cases paced,instant]
-                                      [--servers hypercorn,uvicorn] [--profile FILE]
+                                      [--servers uvicorn,hypercorn] [--before REV] [--profile FILE]
 """
 from __future__ import annotations
 
@@ -94,9 +94,21 @@ def wait_ready(base: str, timeout_s: float = 120.0) -> None:
         time.sleep(0.2)
 
 
-def start_case(paced: bool, server: str, args: argparse.Namespace
+def tree_at(rev: str) -> Path:
+    """A checkout of `rev` (a git worktree under /tmp, made once), whose frontend runs with this venv."""
+    sha = subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, check=True, capture_output=True,
+                         text=True).stdout.strip()
+    tree = Path(f"/tmp/fleet-bench-{sha}")
+    if not tree.exists():
+        subprocess.run(["git", "worktree", "add", "--detach", str(tree), sha], cwd=ROOT, check=True,
+                       capture_output=True)
+    return tree
+
+
+def start_case(paced: bool, server: str, args: argparse.Namespace, tree: Path = ROOT
                ) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes], str]:
-    """A sim engine (paced or instant) and a frontend over it; the processes and the frontend's URL."""
+    """A sim engine (paced or instant) and a frontend over it (the one in `tree`); the processes and the
+    frontend's URL."""
     engine_port, http_port = _free_port(), _free_port()
     py = sys.executable
     timing = (["--sim-decode-ms", str(args.decode_ms), "--sim-decode-ms-per-seq", "0"] if paced
@@ -108,7 +120,7 @@ def start_case(paced: bool, server: str, args: argparse.Namespace
                               stderr=subprocess.DEVNULL)
     addresses = ",".join(f"tcp://127.0.0.1:{engine_port + i}" for i in range(args.ranks))
     # CPU time, not wall time: a send that wakes the client would otherwise count the client's turn.
-    profiled = paced and args.profile and server == args.servers.split(",")[0]
+    profiled = paced and args.profile and server == args.servers.split(",")[0] and tree == ROOT
     profile = ["-c", "import cProfile, runpy, sys, time; sys.argv[0] = 'frontend'\n"
                "p = cProfile.Profile(time.process_time)\n"
                "try: p.runcall(runpy.run_module, 'services.frontend', run_name='__main__')\n"
@@ -116,8 +128,8 @@ def start_case(paced: bool, server: str, args: argparse.Namespace
     frontend = subprocess.Popen([py, *profile, "--model", "tiny", "--host", "127.0.0.1",
                                  "--port", str(http_port), "--data-parallel-size", str(args.ranks),
                                  "--data-parallel-size-local", "0", "--engine-addresses", addresses,
-                                 "--log-level", "warning", "--http-server", server],
-                                cwd=ROOT)
+                                 "--log-level", "warning", *(["--http-server", server] if server else [])],
+                                cwd=tree)
     return engine, frontend, f"http://127.0.0.1:{http_port}"
 
 
@@ -129,8 +141,10 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--decode-ms", type=float, default=20.0, help="the paced case's engine step")
     p.add_argument("--cases", default="paced,instant", help="paced, instant or both (the first is the headline)")
-    p.add_argument("--servers", default="hypercorn", help="the frontend's --http-server, or several, compared")
+    p.add_argument("--servers", default="uvicorn", help="the frontend's --http-server, or several, compared")
     p.add_argument("--idle-s", type=float, default=5.0, help="seconds of idle CPU measured per case")
+    p.add_argument("--before", default=None, metavar="REV",
+                   help="also run the frontend of this git revision (a worktree), side by side")
     p.add_argument("--profile", default=None, metavar="FILE",
                    help="run the paced case's frontend under cProfile, its stats written to FILE at exit")
     p.add_argument("--top-logprobs", type=int, default=None,
@@ -138,8 +152,11 @@ def main() -> None:
     args = p.parse_args()
     pacings = [c.strip() for c in args.cases.split(",") if c.strip()]
     assert pacings and set(pacings) <= {"paced", "instant"}, "--cases: paced, instant or both"
-    cases = [(pacing, server) for pacing in pacings for server in args.servers.split(",")]
-    procs = {case: start_case(case[0] == "paced", case[1], args) for case in cases}
+    trees = {"": ROOT, **({args.before: tree_at(args.before)} if args.before else {})}
+    cases = [(pacing, server + (f"@{rev}" if rev else "")) for pacing in pacings for server in args.servers.split(",")
+             for rev in trees]
+    procs = {case: start_case(case[0] == "paced", case[1].split("@")[0], args, trees[case[1].partition("@")[2]])
+             for case in cases}
     try:
         for _, _, base in procs.values():
             wait_ready(base)

@@ -168,6 +168,7 @@ class Frontend:
         """This process's own gauges of engine state: at each scrape, and every second in each API
         server (with several, one process answers the scrape for all of them)."""
         m, name = self.metrics, self.model.name
+        m.flush()
         m.engines_ready.set(len(self.engines.engines) - len(self.engines.not_ready()))
         for engine in self.engines.engines:
             m.engine_streams.labels(name, str(engine.rank)).set(len(engine.inflight))

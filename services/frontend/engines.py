@@ -6,6 +6,7 @@ Runs on the event loop; sockets live in the bridge thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -50,8 +51,11 @@ from services.frontend.stream import NOT_SENT, Stream
 log = logging.getLogger(__name__)
 
 HELLO_RETRY_S = 0.5
-TICK_S = 0.05
-# A tick this late means this process itself was not running (a stall: the GIL held by a C call,
+# The timers wake when something is due (a heartbeat to send, a deadline to judge, a handshake to
+# retry), at least this often, and at once when poked (a connection made): not on a fixed fast tick,
+# which would cost an idle frontend a wake-up every few tens of milliseconds.
+TICK_MAX_S = 1.0
+# A wake-up this late means this process itself was not running (a stall: the GIL held by a C call,
 # the process stopped or starved): no engine is judged on that round, so the socket thread can
 # first hand over what ZMQ's I/O thread received meanwhile. Our stall never fakes a dead engine.
 STALL_S = 0.25
@@ -109,6 +113,7 @@ class EngineSet:
         self._calls: dict[int, asyncio.Future[UtilityResult]] = {}
         self._next_call = 0
         self.changed = asyncio.Event()  # set whenever an engine's state changes
+        self._poke = asyncio.Event()  # the timers look again now
         self.broken: str | None = None  # why the socket thread stopped: the process cannot serve
 
     # ---- lifecycle ----
@@ -212,7 +217,8 @@ class EngineSet:
                 continue
             if channel == CONNECTED:
                 if engine.state in ("connecting", "dead"):
-                    engine.hello_sent = 0.0  # handshake at the next tick, not at the next retry
+                    engine.hello_sent = 0.0  # handshake now, not at the next retry
+                    self._poke.set()
                 continue
             try:
                 msg = decode(frames, any_major=channel == DEALER)
@@ -362,13 +368,13 @@ class EngineSet:
 
     async def _tick(self) -> None:
         hello = encode(make_hello(self._frontend_id, self._auth_token))
-        last = time.monotonic()
+        stalled, late = False, 0.0
         while True:
             now = time.monotonic()
-            gap, last = now - last, now
-            stalled = gap > STALL_S
             if stalled:
-                log.warning("this API server did not run for %.2fs; no engine is judged on that gap", gap)
+                log.warning("this API server did not run for %.2fs past a timer; no engine is judged on that gap",
+                            late)
+            due = now + TICK_MAX_S
             bridge = self._bridge
             assert bridge is not None
             for e in self.engines:
@@ -376,12 +382,21 @@ class EngineSet:
                     if now - e.last_seen > self._timeout and not stalled:
                         self._mark_dead(e, f"no heartbeat for {now - e.last_seen:.1f}s "
                                            f"(deadline {self._timeout}s)")
-                    elif now - e.last_beat >= self._beat_interval:
+                        continue
+                    if now - e.last_beat >= self._beat_interval:
                         e.beat_seq += 1
                         e.last_beat = now
                         bridge.send(e.index, encode(Heartbeat(e.beat_seq, time.time())))
-                elif e.state != "rejected" and now - e.hello_sent >= HELLO_RETRY_S:
-                    e.hello_sent = now
-                    bridge.send(e.index, hello)
-            await asyncio.sleep(TICK_S)
+                    due = min(due, e.last_seen + self._timeout, e.last_beat + self._beat_interval)
+                elif e.state != "rejected":
+                    if now - e.hello_sent >= HELLO_RETRY_S:
+                        e.hello_sent = now
+                        bridge.send(e.index, hello)
+                    due = min(due, e.hello_sent + HELLO_RETRY_S)
+            delay = max(due - now, 0.0) + 0.001
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._poke.wait(), delay)
+            self._poke.clear()
+            late = time.monotonic() - now - delay
+            stalled = late > STALL_S
 

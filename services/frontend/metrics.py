@@ -5,6 +5,7 @@ and each gauge says how its processes' values combine."""
 from __future__ import annotations
 
 import os
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -37,6 +38,36 @@ def tokens_buckets(limit: int) -> list[float]:
         scale *= 10
 
 
+class BatchedHistogram:
+    """A histogram's observations counted here and added to it at flush(): the per-token path's (the
+    inter-token latency) pays a bisect and two adds, not prometheus-client's observe (two locked
+    increments and its checks, ~2 us of CPU a token at 256 streams). Same buckets, same result."""
+
+    __slots__ = ("_bounds", "_child", "_counts", "_sum")
+
+    def __init__(self, child: Histogram) -> None:
+        self._child = child
+        self._bounds: list[float] = list(child._upper_bounds)  # the last is +Inf
+        self._counts = [0] * len(self._bounds)
+        self._sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self._counts[bisect_left(self._bounds, value)] += 1  # the first bucket with value <= bound
+        self._sum += value
+
+    def flush(self) -> None:
+        counts = self._counts
+        if not any(counts):
+            return
+        buckets = self._child._buckets
+        for i, n in enumerate(counts):
+            if n:
+                buckets[i].inc(n)
+        self._child._sum.inc(self._sum)
+        self._counts = [0] * len(counts)
+        self._sum = 0.0
+
+
 @dataclass(slots=True)
 class Parent:
     """A request of n choices (request_done)."""
@@ -63,8 +94,8 @@ class Metrics:
         r = self.registry
         self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token.", labels,
                               buckets=_LATENCY, registry=r).labels(model_name)
-        self.itl = Histogram("vllm:inter_token_latency_seconds", "Time between output tokens.", labels,
-                             buckets=_LATENCY, registry=r).labels(model_name)
+        self.itl = BatchedHistogram(Histogram("vllm:inter_token_latency_seconds", "Time between output tokens.",
+                                              labels, buckets=_LATENCY, registry=r).labels(model_name))
         self.e2e = Histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency.", labels,
                              buckets=_LATENCY, registry=r).labels(model_name)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefill tokens processed.", labels,
@@ -125,7 +156,13 @@ class Metrics:
         self._engines = _EngineCollector(self._model, views)
         self.registry.register(self._engines)
 
+    def flush(self) -> None:
+        """Add the batched observations to their histograms (at each scrape, and every second in each
+        API server: with several, another process may answer the next scrape)."""
+        self.itl.flush()
+
     def render(self) -> bytes:
+        self.flush()
         if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
             every = CollectorRegistry()
             every.register(_WithAliases(multiprocess.MultiProcessCollector(None)))

@@ -134,7 +134,7 @@ async def run(config: FrontendConfig, server_index: int = 0) -> int:
                 log.error("%s; stopping", engines.broken)
                 code = 1
                 give_up()
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(1.0)
 
     async def drain_then_stop() -> None:
         await quit_.wait()
@@ -147,7 +147,9 @@ async def run(config: FrontendConfig, server_index: int = 0) -> int:
             await asyncio.sleep(1.0)
 
     tasks = [loop.create_task(startup()), loop.create_task(supervise_children()),
-             loop.create_task(drain_then_stop()), loop.create_task(refresh_gauges())]
+             loop.create_task(drain_then_stop())]
+    if config.api_server_count > 1:  # one process answers a scrape for all: the others keep theirs current
+        tasks.append(loop.create_task(refresh_gauges()))
     try:
         # hypercorn types scopes and events as TypedDicts, starlette (whose types the app uses) as
         # MutableMapping; a TypedDict is not a MutableMapping to mypy, though both are ASGI dicts.
@@ -172,11 +174,27 @@ async def run(config: FrontendConfig, server_index: int = 0) -> int:
 
 
 class _Uvicorn(uvicorn.Server):
-    """uvicorn, with this process's own signal handling (run() drains first, then sets should_exit)."""
+    """uvicorn, with this process's own signal handling (run() drains first, then sets `stop`), and a
+    main loop that ticks once a second (uvicorn's refreshes the Date header then) rather than ten
+    times, and ends as soon as `stop` is set."""
+
+    def __init__(self, config: uvicorn.Config, stop: asyncio.Event) -> None:
+        super().__init__(config)
+        self._stop = stop
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+    async def main_loop(self) -> None:
+        counter = 0
+        while not await self.on_tick(counter):
+            counter = (counter + 10) % 864000  # a multiple of 10: each tick is a second's
+            try:
+                await asyncio.wait_for(self._stop.wait(), 1.0)
+                self.should_exit = True
+            except TimeoutError:
+                pass
 
 
 async def _serve_uvicorn(app: Frontend, config: FrontendConfig, stop: asyncio.Event) -> None:
@@ -189,18 +207,12 @@ async def _serve_uvicorn(app: Frontend, config: FrontendConfig, stop: asyncio.Ev
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((config.host, config.port))
     server = _Uvicorn(uvicorn.Config(app, http="httptools", ws="none", lifespan="off", interface="asgi3",
-                                     access_log=False, log_config=None, backlog=2048, timeout_keep_alive=75,
-                                     timeout_graceful_shutdown=3))
-
-    async def exit_when_stopped() -> None:
-        await stop.wait()
-        server.should_exit = True
-
-    watcher = asyncio.get_running_loop().create_task(exit_when_stopped())
+                                     access_log=False, log_config=None, proxy_headers=False, backlog=2048,
+                                     timeout_keep_alive=75,
+                                     timeout_graceful_shutdown=3), stop)
     try:
         await server.serve(sockets=[sock])
     finally:
-        watcher.cancel()
         sock.close()
 
 
