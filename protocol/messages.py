@@ -175,6 +175,19 @@ class PackedLogprobs(_Item):
     k: int
 
 
+class RequestTimings(_Item):
+    """A request's phases in seconds on its engine's clock (since MINOR 4), as vLLM defines them: queued =
+    first scheduled - queued (its arrival at the engine core), prefill = first token - first scheduled,
+    decode = latest token - first token (so inference = prefill + decode). A preempted request keeps its
+    first scheduling: the time it spent preempted counts in prefill or decode, as in vLLM.
+    num_preemptions: how often it was preempted so far."""
+
+    queued_time: float
+    prefill_time: float
+    decode_time: float
+    num_preemptions: int
+
+
 class RequestOutput(_Item):
     """One request's new tokens from one engine step. finish_reason: stop, length, abort or error.
 
@@ -185,7 +198,11 @@ class RequestOutput(_Item):
     Since MINOR 3, logprobs travel as packed arrays in raw frames: `packed_logprobs` one row per new
     token (when sampling.logprobs was set), `packed_prompt_logprobs` one row per prompt position from
     the second on (when sampling.prompt_logprobs was set; a chunked prefill sends them in several
-    outputs, in order, before or with the first token)."""
+    outputs, in order, before or with the first token).
+
+    Since MINOR 4, `timings` comes twice per request: with its first token (decode_time 0) and with the
+    engine's finish (stop or length), so that a request the frontend ends itself (a stop string) still
+    has the engine's queue and prefill times. Never per token. None from older engines."""
 
     request_id: str
     new_token_ids: list[int]
@@ -197,6 +214,7 @@ class RequestOutput(_Item):
     error_kind: str | None = None
     packed_logprobs: PackedLogprobs | None = None
     packed_prompt_logprobs: PackedLogprobs | None = None
+    timings: RequestTimings | None = None
 
 
 ERROR_INVALID, ERROR_DRAINING, ERROR_ENGINE = "invalid", "draining", "engine"
@@ -212,8 +230,20 @@ class Outputs(_Wire, frozen=True):
     timestamp: float = 0.0
 
 
+# vLLM's buckets of vllm:iteration_tokens_total (tokens per engine step): Stats.iteration_tokens counts
+# steps per bucket, so both sides must agree on them; changing them is a new field, not an edit.
+ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
 class Stats(_Wire, frozen=True):
-    """engine heartbeat and load report, about every 100 ms, also when idle. seq orders snapshots."""
+    """engine heartbeat and load report, about every 100 ms, also when idle. seq orders snapshots.
+
+    Since MINOR 4, cumulative since the engine started (its session_epoch): num_preemptions, and the
+    steps that produced outputs by their tokens as vLLM counts them (prompt tokens computed, counted
+    with the request's first token, plus tokens generated): iteration_tokens[i] is the number of steps
+    with at most ITERATION_TOKENS_BUCKETS[i] tokens and more than the bucket before it, the last entry
+    those above every bucket (len(ITERATION_TOKENS_BUCKETS) + 1 entries; empty from older engines), and
+    iteration_tokens_sum their tokens."""
 
     TAG: ClassVar[int] = 10
     rank: int
@@ -227,6 +257,9 @@ class Stats(_Wire, frozen=True):
     prefix_cache_hits: int = 0
     draining: bool = False
     session_epoch: str = ""
+    num_preemptions: int = 0
+    iteration_tokens: list[int] = []
+    iteration_tokens_sum: int = 0
 
 
 class EngineDead(_Wire, frozen=True):
@@ -286,4 +319,5 @@ MESSAGE_TYPES: dict[int, type[Message]] = {cls.TAG: cls for cls in get_args(Mess
 assert len(MESSAGE_TYPES) == len(get_args(Message)), "two messages share a tag"
 
 # Nested structs: not messages themselves, but part of the schema lock.
-NESTED_TYPES: tuple[type[msgspec.Struct], ...] = (SamplingParams, Logprobs, PackedLogprobs, RequestOutput)
+NESTED_TYPES: tuple[type[msgspec.Struct], ...] = (SamplingParams, Logprobs, PackedLogprobs, RequestTimings,
+                                                   RequestOutput)

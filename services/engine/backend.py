@@ -39,6 +39,7 @@ class Load:
     kv_usage: float  # 0..1 of the KV block pool in use
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache, cumulative
     prefix_cache_hits: int = 0  # of which found, cumulative
+    num_preemptions: int = 0  # requests preempted (vLLM's PREEMPTED events), cumulative
 
 
 # KV events as a backend reports them; the core loop stamps rank and sequence numbers.
@@ -70,12 +71,16 @@ Segment = tuple[PackedLogprobs, Sequence[Buffer]]
 class StepResult:
     # Per request with news this step; a finished request carries finish_reason ("stop"/"length"/
     # "error") and is forgotten by the backend. Request ids are the engine-internal ones given to add().
+    # A request's first output with tokens and its finish carry its timings (RequestTimings).
     outputs: list[RequestOutput] = field(default_factory=list)
     kv_events: list[KVEvent] = field(default_factory=list)
     # Simulated time this step takes (sim backend); the core loop delivers outputs after it. 0 = real.
     duration_s: float = 0.0
     # Logprob segments of outputs that carry PackedLogprobs refs, by the output's request id.
     segments: dict[str, list[Segment]] = field(default_factory=dict)
+    # The step's tokens as vLLM's vllm:iteration_tokens_total counts them: prompt tokens computed (not
+    # cached), counted in the step of the request's first token, plus tokens generated.
+    num_tokens: int = 0
 
 
 class Backend(Protocol):

@@ -49,6 +49,7 @@ from services.engine.backend import Backend, Cleared, KVEvent, Removed, RequestR
 from services.engine.bridge import Bridge
 from services.engine.config import EngineConfig
 from services.engine.peers import Peer, Peers
+from services.engine.token_histogram import TokenHistogram
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ class CoreLoop:
         self._step = 0
         self._stats_seq = 0
         self._kv_seq = 0
+        self._iteration_tokens = TokenHistogram()
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -110,6 +112,8 @@ class CoreLoop:
                     result = self.backend.step()
                     if result.duration_s > 0:
                         self._take_input_until(t0 + result.duration_s)
+                    if result.outputs:  # as vLLM: a step without outputs is not observed
+                        self._iteration_tokens.observe(result.num_tokens)
                     self._deliver(result.outputs, result.segments)
                     if result.kv_events:
                         self._publish_kv(result.kv_events)
@@ -296,10 +300,11 @@ class CoreLoop:
     def _heartbeat(self, now: float) -> None:
         load = self.backend.load()
         self._stats_seq += 1
+        tokens = self._iteration_tokens
         stats = Stats(
             self.rank, self._stats_seq, time.time(), load.running, load.waiting, load.kv_usage,
             self.backend.info.num_kv_blocks, load.prefix_cache_queries, load.prefix_cache_hits,
-            self._drain_deadline is not None, self.epoch,
+            self._drain_deadline is not None, self.epoch, load.num_preemptions, list(tokens.counts), tokens.total,
         )
         self._broadcast(stats)
         self.bridge.publish([encode(stats)])
@@ -325,7 +330,8 @@ class CoreLoop:
             "rank": self.rank, "backend": info.name, "model": info.model, "epoch": self.epoch,
             "running": load.running, "waiting": load.waiting, "kv_usage": load.kv_usage,
             "prefix_cache_queries": load.prefix_cache_queries,
-            "prefix_cache_hits": load.prefix_cache_hits, "peers": len(self._peers),
+            "prefix_cache_hits": load.prefix_cache_hits, "num_preemptions": load.num_preemptions,
+            "peers": len(self._peers),
             "in_flight": self._peers.in_flight(), "paused": self._paused, "steps": self._step,
         }
 

@@ -17,13 +17,20 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
-from protocol import Stats
+from protocol import ITERATION_TOKENS_BUCKETS, RequestTimings, Stats
 
 _LATENCY = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
             10.0, 20.0, 40.0, 80.0)
+# vLLM's buckets (vllm/v1/metrics/buckets.py) of its request phase times and of preemptions per request.
+_REQUEST_LATENCY = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                    240.0, 480.0, 960.0, 1920.0, 7680.0)
+_PREEMPTIONS = (1, 2, 3, 4, 5, 10, 20)
+# The `le` of each Stats.iteration_tokens entry, as prometheus-client writes a Histogram's.
+_ITERATION_LE = [*(floatToGoString(b) for b in ITERATION_TOKENS_BUCKETS), "+Inf"]
 
 
 def tokens_buckets(limit: int) -> list[float]:
@@ -125,6 +132,22 @@ class Metrics:
         self.engine_streams = Gauge("fleet:engine_streams_open", "This frontend's requests open at each "
                                     "engine rank.", ["model_name", "engine"], registry=r,
                                     multiprocess_mode="livesum")
+        # The engine-measured phases of each finished request, per engine rank as in vLLM: observed by the
+        # API server that served the request, so with several they add up.
+        ranked = ["model_name", "engine"]
+        self._phase_families = (
+            Histogram("vllm:request_queue_time_seconds", "Time spent in WAITING phase for request.", ranked,
+                      buckets=_REQUEST_LATENCY, registry=r),
+            Histogram("vllm:request_prefill_time_seconds", "Time spent in PREFILL phase for request.", ranked,
+                      buckets=_REQUEST_LATENCY, registry=r),
+            Histogram("vllm:request_decode_time_seconds", "Time spent in DECODE phase for request.", ranked,
+                      buckets=_REQUEST_LATENCY, registry=r),
+            Histogram("vllm:request_inference_time_seconds", "Time spent in RUNNING phase for request.", ranked,
+                      buckets=_REQUEST_LATENCY, registry=r),
+            Histogram("vllm:request_num_preemptions", "Number of times a request was preempted.", ranked,
+                      buckets=_PREEMPTIONS, registry=r),
+        )
+        self._phases: dict[int, tuple[Histogram, ...]] = {}  # per rank: the families' children
         self._engines: _EngineCollector | None = None
 
     def finished(self, reason: str) -> None:
@@ -149,6 +172,23 @@ class Metrics:
     @staticmethod
     def parent(n: int) -> Parent:
         return Parent(n, n)
+
+    def request_timings(self, rank: int, timings: RequestTimings, decode_time: float | None = None) -> None:
+        """A finished request's phases as engine `rank` measured them, once per request (vLLM's
+        definitions: inference = prefill + decode). `decode_time` stands in for the engine's when the
+        frontend ended the request itself (a stop string), before the engine's last figure."""
+        children = self._phases.get(rank)
+        if children is None:
+            engine = str(rank)
+            children = self._phases[rank] = tuple(f.labels(self._model, engine) for f in self._phase_families)
+        queue, prefill, decode, inference, preemptions = children
+        if decode_time is None:
+            decode_time = timings.decode_time
+        queue.observe(timings.queued_time)
+        prefill.observe(timings.prefill_time)
+        decode.observe(decode_time)
+        inference.observe(timings.prefill_time + decode_time)
+        preemptions.observe(timings.num_preemptions)
 
     def watch_engines(self, views: Callable[[], Iterable[EngineView]]) -> None:
         """Engine-side figures (vLLM's scheduler and cache metrics, per `engine` rank) read from
@@ -214,6 +254,10 @@ class _EngineCollector(Collector):
                                    labels=labels)
         config = GaugeMetricFamily("vllm:cache_config_info", "The engine's KV-cache configuration.",
                                    labels=[*labels, "block_size", "num_gpu_blocks"])
+        preemptions = CounterMetricFamily("vllm:num_preemptions", "Cumulative number of preemption from the "
+                                          "engine.", labels=labels)
+        steps = HistogramMetricFamily("vllm:iteration_tokens_total", "Histogram of number of tokens per "
+                                      "engine_step.", labels=labels)
         for view in self._views():
             key = [self._model, str(view.rank)]
             stats = view.stats
@@ -226,4 +270,20 @@ class _EngineCollector(Collector):
             hits.add_metric(key, stats.prefix_cache_hits if stats is not None else 0)
             if view.block_size:
                 config.add_metric([*key, str(view.block_size), str(view.num_kv_blocks)], 1)
-        yield from (running, waiting, usage, usage_old, queries, hits, config)
+            preemptions.add_metric(key, stats.num_preemptions if stats is not None else 0)
+            steps.add_metric(key, *_iteration_tokens(stats))
+        yield from (running, waiting, usage, usage_old, queries, hits, config, preemptions, steps)
+
+
+def _iteration_tokens(stats: Stats | None) -> tuple[list[tuple[str, float]], float]:
+    """Stats.iteration_tokens as a Prometheus histogram's cumulative buckets, and its sum; nothing
+    counted from an engine that does not report them (protocol < 1.4) or reports another bucket count."""
+    counts = stats.iteration_tokens if stats is not None else []
+    if len(counts) != len(_ITERATION_LE):
+        return [(le, 0.0) for le in _ITERATION_LE], 0.0
+    buckets, total = [], 0
+    for le, n in zip(_ITERATION_LE, counts, strict=True):
+        total += n
+        buckets.append((le, float(total)))
+    assert stats is not None
+    return buckets, float(stats.iteration_tokens_sum)

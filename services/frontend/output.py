@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from tokenizers import Tokenizer
 
-from protocol import ERROR_DRAINING, ERROR_INVALID, ProtocolError, RequestOutput
+from protocol import ERROR_DRAINING, ERROR_INVALID, ProtocolError, RequestOutput, RequestTimings
 from protocol.logprobs import Segment, unpack
 from services.frontend import responses
 from services.frontend.detokenizer import IncrementalDetokenizer
@@ -53,8 +53,9 @@ class OutputProcessor:
     Call pieces() until `finish` is set. It records the request's metrics when it ends, also when it
     fails (EngineFailure), so the writers only write."""
 
-    __slots__ = ("_detok", "_echo", "_echo_entries", "_engines", "_last", "_metrics", "_parser", "_pending",
-                 "_parent", "_request", "_start", "_stops", "_token_parser", "_tried", "cached_tokens", "calls",
+    __slots__ = ("_detok", "_echo", "_echo_entries", "_engines", "_first", "_last", "_metrics", "_parent", "_parser",
+                 "_pending", "_request", "_start", "_stops", "_timings", "_token_parser", "_tried", "cached_tokens",
+                 "calls",
                  "completion_tokens", "counts", "finish", "formatter", "logprobs", "options", "prompt_segments",
                  "stop_reason", "stream", "tail_logprobs", "token_ids")
 
@@ -78,7 +79,8 @@ class OutputProcessor:
         self.calls: list[ToolCall] = []  # the tool calls the parser found, once finished
         self._tried: set[int] = set()  # engine indexes that refused it while draining
         self._start = time.monotonic()
-        self._last = 0.0
+        self._first = self._last = 0.0  # when the first and the latest tokens arrived
+        self._timings: RequestTimings | None = None  # the engine's, as of the first token (protocol 1.4)
         self.completion_tokens = 0
         self.cached_tokens = 0
         self.finish: str | None = None
@@ -133,6 +135,7 @@ class OutputProcessor:
                 if self.completion_tokens == 0:
                     m.ttft.observe(now - self._start)
                     self.cached_tokens = out.num_cached_tokens
+                    self._first, self._timings = now, out.timings
                 else:
                     m.itl.observe(now - self._last)
                 self._last = now
@@ -155,7 +158,7 @@ class OutputProcessor:
                 if reason is not None:
                     self._add(token_parser.flush(), pieces)
                     self._keep_calls(token_parser.calls())
-                    self._finished(reason, out.stop_reason)
+                    self._finished(reason, out.stop_reason, out.timings)
                     break
                 continue
             if reason == "stop" and n and drop_stop_token and not isinstance(out.stop_reason, str):
@@ -189,10 +192,12 @@ class OutputProcessor:
                     self._keep_calls(parser.calls())
             if matched is not None:
                 self._engines.abort(self.stream)
-                self._finished("stop", matched)
+                # Ended here, before the engine's finish: its timings as of the first token, and the
+                # decode time between the first and the latest tokens' arrival (both on this clock).
+                self._finished("stop", matched, self._timings, self._last - self._first)
                 break
             if reason is not None:
-                self._finished(reason, out.stop_reason)
+                self._finished(reason, out.stop_reason, out.timings)
                 break
         return pieces
 
@@ -261,7 +266,8 @@ class OutputProcessor:
         """The usage body with this many completion tokens (the total once finished, or so far)."""
         return responses.usage(self.stream.prompt_len, completion_tokens, self.cached_tokens)
 
-    def _finished(self, reason: str, stop_reason: int | str | None) -> None:
+    def _finished(self, reason: str, stop_reason: int | str | None, timings: RequestTimings | None,
+                  decode_time: float | None = None) -> None:
         self.tail_logprobs, self._pending = self._pending, []
         # As vLLM: a model that stopped after calling tools on its own (tool_choice "auto") finished with
         # "tool_calls"; a forced call finishes "stop". Metrics keep the engine's reason.
@@ -273,6 +279,8 @@ class OutputProcessor:
         m.request_done(self.stream.prompt_len, self.completion_tokens, self._request.max_tokens, self._parent)
         m.e2e.observe(time.monotonic() - self._start)
         m.finished(reason)
+        if timings is not None:  # None from engines older than protocol 1.4
+            m.request_timings(self.stream.rank, timings, decode_time)
 
     def _place_again(self) -> bool:
         """A draining rank turned the request away, or it could not be sent to its rank: place it on

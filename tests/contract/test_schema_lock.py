@@ -43,7 +43,7 @@ def _edit(struct: str, fn) -> tuple[dict, dict]:  # type: ignore[no-untyped-def]
         (lambda f: f.insert(0, ["x", "int", True]), "field #0 was 'rank: int'"),
         (lambda f: f.__setitem__(1, ["sequence", "int", False]), "field #1 was 'seq: int'"),
         (lambda f: f.__setitem__(3, ["running", "float", False]), "retyped"),
-        (lambda f: f.pop(), "'session_epoch: str' was removed"),
+        (lambda f: f.pop(), "'iteration_tokens_sum: int' was removed"),
         (lambda f: f.reverse(), "field #0"),
         (lambda f: f.append(["extra", "int", False]), "appended field 'extra: int' has no default"),
     ],

@@ -77,3 +77,21 @@ def test_a_minor_2_reader_reads_outputs_with_packed_logprobs_and_ignores_them() 
     old = msgspec.msgpack.decode(frames[1], type=OldOutputs)
     assert [(o.request_id, o.new_token_ids, o.error) for o in old.outputs] == [
         (o.request_id, o.new_token_ids, o.error) for o in SAMPLES["Outputs"].outputs]  # type: ignore[attr-defined]
+
+
+def test_minor_3_and_minor_4_peers_read_each_others_outputs_and_stats() -> None:
+    """1.4 appended RequestOutput.timings and Stats' preemption and iteration-token counters: a 1.3
+    frontend reads a 1.4 engine's messages without them, and a 1.4 frontend reads a 1.3 engine's with
+    the defaults (no timings, no counts), which it exports as nothing measured."""
+    frames = encode(SAMPLES["Outputs"], *RAW_FRAMES["Outputs"])
+    old = msgspec.msgpack.decode(frames[1], type=OldOutputs)
+    assert [o.request_id for o in old.outputs] == ["req-1", "req-2", "req-3", "req-4"]
+    body = _body("Outputs")
+    for out in body[2]:
+        del out[10:]  # as a 1.3 engine writes them: up to packed_prompt_logprobs
+    outs = decode([encode(SAMPLES["Outputs"])[0], msgspec.msgpack.encode(body)]).outputs  # type: ignore[union-attr]
+    assert [o.timings for o in outs] == [None] * 4
+    assert outs[1].stop_reason == 151645
+    stats = _body("Stats")[:11]  # up to session_epoch
+    got = decode([encode(SAMPLES["Stats"])[0], msgspec.msgpack.encode(stats)])
+    assert (got.num_preemptions, got.iteration_tokens, got.iteration_tokens_sum) == (0, [], 0)  # type: ignore[union-attr]

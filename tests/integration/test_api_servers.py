@@ -55,6 +55,12 @@ def test_two_api_servers_share_the_port_and_answer_one_metrics(tmp_path: Path) -
             assert _metric(text, "vllm:generation_tokens_total") == REQUESTS * 4
             assert _metric(text, "vllm:num_requests_running") == 0 == _metric(text, "fleet:requests_in_flight")
             assert _metric(text, "vllm:e2e_request_latency_seconds_count") == REQUESTS
+            # Each process observes its own requests' engine timings: together, every request once.
+            assert _metric(text, "vllm:request_queue_time_seconds_count", engine="0") == REQUESTS
+            # The engine's counters come from its Stats, once whichever process answers: tokens per step
+            # as vLLM counts them (no prompt here fills a block, so none is a cache hit), not doubled.
+            tokens = _metric(text, "vllm:prompt_tokens_total") + _metric(text, "vllm:generation_tokens_total")
+            assert _metric(text, "vllm:iteration_tokens_total_sum", engine="0") == tokens
             assert re.search(r'^fleet:engines_ready\{model_name="tiny"\} 1\.0$', text, re.M), text
     finally:
         fe.stop()

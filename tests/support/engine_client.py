@@ -20,6 +20,7 @@ from protocol import (
     Outputs,
     Ready,
     Reject,
+    RequestTimings,
     SamplingParams,
     Stats,
     UtilityCall,
@@ -43,6 +44,8 @@ class Result:
     # Packed logprobs read back, a row per position: (own token and its alternatives, their logprobs, rank).
     logprobs: list[tuple[list[int], list[float], int]] = field(default_factory=list)
     prompt_logprobs: list[tuple[list[int], list[float], int]] = field(default_factory=list)
+    # The timings of the outputs that carried them (protocol 1.4: the first token's, then the finish's).
+    timings: list[RequestTimings] = field(default_factory=list)
 
 
 class EngineClient:
@@ -148,6 +151,8 @@ class EngineClient:
                 r.token_ids += out.new_token_ids
                 r.steps.append(msg.step)
                 r.num_cached_tokens = max(r.num_cached_tokens, out.num_cached_tokens)
+                if out.timings is not None:
+                    r.timings.append(out.timings)
                 for ref, rows in ((out.packed_logprobs, r.logprobs), (out.packed_prompt_logprobs, r.prompt_logprobs)):
                     if ref is not None:
                         seg = unpack(self.raw_frames, ref)

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -40,6 +42,29 @@ def test_chat_and_completion_through_vllm(frontend: FrontendProc) -> None:
     done = client.completions.create(model="tiny", prompt="The capital of France is", max_tokens=8, temperature=0)
     assert done.choices[0].finish_reason == "length" and done.usage.completion_tokens == 8  # type: ignore[union-attr]
     client.close()
+    # vLLM's own request events, as the engine's timings (protocol 1.4), in vLLM's histograms per rank.
+    # Tokens per step as vLLM counts them: each prompt once (none is a full block: no cache hits), and
+    # every generated token; one request at a time, so a step per generated token.
+    prompts = 2 * chat.usage.prompt_tokens + done.usage.prompt_tokens  # type: ignore[union-attr]
+    deadline = time.monotonic() + 10
+    while True:  # the engine's counters arrive with its next Stats
+        text = httpx.get(frontend.url + "/metrics", timeout=10).text
+        if _series(text, "vllm:iteration_tokens_total_sum") == prompts + 24 + 24 + 8:
+            break
+        assert time.monotonic() < deadline, text
+        time.sleep(0.1)
+    assert _series(text, "vllm:iteration_tokens_total_count") == 24 + 24 + 8
+    for phase in ("queue", "prefill", "decode", "inference"):
+        assert _series(text, f"vllm:request_{phase}_time_seconds_count") == 3, phase
+    assert _series(text, "vllm:request_decode_time_seconds_sum") > 0
+    assert 'vllm:num_preemptions_total{engine="0",model_name="tiny"}' in text
+
+
+def _series(text: str, name: str) -> float:
+    """The value of `name` for engine rank 0."""
+    found = re.search(rf'^{re.escape(name)}{{engine="0",model_name="tiny"}} (\S+)$', text, re.M)
+    assert found, (name, text)
+    return float(found.group(1))
 
 
 TOOLS: list = [  # type: ignore[type-arg]

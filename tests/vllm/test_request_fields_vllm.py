@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import msgspec
 import pytest
 
-from protocol import ERROR_INVALID
+from protocol import ERROR_INVALID, RequestOutput
 from services.frontend.schema import ChatCompletionRequest, CompletionRequest
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
@@ -45,20 +45,23 @@ def _backend() -> object:
 
     backend = VllmBackend.__new__(VllmBackend)  # no engine: only the output conversion is exercised
     backend._prompt_lens, backend._salted, backend._constrained = {}, {}, {}  # type: ignore[attr-defined]
-    backend._hits = backend._queries = 0  # type: ignore[attr-defined]
+    backend._hits = backend._queries = backend._preemptions = 0  # type: ignore[attr-defined]
+    backend._phases = {}  # type: ignore[attr-defined]
     return backend
 
 
 def _output(rid: str, tokens: list[int], finish: int | None) -> SimpleNamespace:
     return SimpleNamespace(request_id=rid, new_token_ids=tokens, finish_reason=finish, stop_reason=None,
-                           prefill_stats=None, new_logprobs=None)
+                           prefill_stats=None, new_logprobs=None, events=None)
 
 
 def test_a_constrained_request_ended_by_an_error_before_its_first_token_is_invalid() -> None:
     pytest.importorskip("vllm")
     backend = _backend()
     backend._constrained.update(compiled="grammar", failed="grammar")  # type: ignore[attr-defined]
-    convert = backend._convert  # type: ignore[attr-defined]
+    def convert(output: SimpleNamespace) -> RequestOutput:
+        return backend._convert(output, 0.0)  # type: ignore[attr-defined, no-any-return]
+
     failed = convert(_output("failed", [], 3))  # 3: vLLM's FinishReason.ERROR
     assert (failed.finish_reason, failed.error_kind) == ("error", ERROR_INVALID)
     assert failed.error == "sampling.grammar: vLLM's structured output could not compile it"

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from protocol import ERROR_INVALID, GenerateRequest, PackedLogprobs, RequestOutput
+from protocol import ERROR_INVALID, GenerateRequest, PackedLogprobs, RequestOutput, RequestTimings
 from protocol import SamplingParams as WireSampling
 from protocol.block_hash import chain, root
 from services.engine.backend import (
@@ -37,7 +37,7 @@ from vllm.config import KVEventsConfig, StructuredOutputsConfig
 from vllm.distributed import kv_events as vllm_kv
 from vllm.engine.arg_utils import EngineArgs
 from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
-from vllm.v1.engine import EngineCoreRequest
+from vllm.v1.engine import EngineCoreEventType, EngineCoreRequest
 from vllm.v1.engine.core import EngineCore
 from vllm.v1.executor.abstract import Executor
 
@@ -62,8 +62,25 @@ class _CapturePublisher:
         self.batches.clear()
 
 
+class _Phases:
+    """One request's vLLM events as they arrive with its outputs (engine-core monotonic timestamps)."""
+
+    __slots__ = ("first_token", "preemptions", "queued", "scheduled")
+
+    def __init__(self) -> None:
+        self.queued = self.scheduled = self.first_token = -1.0
+        self.preemptions = 0
+
+    def timings(self, now: float) -> RequestTimings:
+        return RequestTimings(self.scheduled - self.queued, self.first_token - self.scheduled,
+                              now - self.first_token, self.preemptions)
+
+
 class VllmBackend:
-    def __init__(self, config: EngineConfig, checkpoint: Path) -> None:
+    def __init__(self, config: EngineConfig, checkpoint: Path, *, log_stats: bool = True) -> None:
+        """`log_stats`: vLLM's own request events (queued, scheduled, preempted), which the timings of
+        protocol 1.4 and the preemption count are made of; off only to measure what they cost
+        (bench/vllm_log_stats.py): then no output carries timings."""
         args = EngineArgs(
             model=str(checkpoint),
             tokenizer=str(checkpoint),
@@ -84,7 +101,8 @@ class VllmBackend:
             structured_outputs_config=StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True),
         )
         vllm_config = self._vllm_config = args.create_engine_config()
-        self._core = EngineCore(vllm_config, Executor.get_class(vllm_config), log_stats=False)
+        self._core = EngineCore(vllm_config, Executor.get_class(vllm_config), log_stats=log_stats)
+        self._log_stats = log_stats
         self._events = _CapturePublisher()
         self._core.scheduler.kv_event_publisher = self._events
         model_config = vllm_config.model_config
@@ -111,6 +129,8 @@ class VllmBackend:
         self._constrained: dict[str, str] = {}
         self._queries = 0
         self._hits = 0
+        self._phases: dict[str, _Phases] = {}  # per request until it finishes (with log_stats)
+        self._preemptions = 0  # PREEMPTED events seen, cumulative (vLLM's vllm:num_preemptions)
         self._warm_up()
 
     # ---- requests ----
@@ -168,10 +188,13 @@ class VllmBackend:
             self._constrained[request_id] = kind[0]
         if request.cache_salt is not None:
             self._salted[request_id] = root(request.cache_salt, None)
+        if self._log_stats:
+            self._phases[request_id] = _Phases()
 
     def abort(self, request_ids: list[str]) -> None:
         self._core.abort_requests(request_ids)
         for rid in request_ids:
+            self._phases.pop(rid, None)
             self._prompt_lens.pop(rid, None)
             self._constrained.pop(rid, None)
             self._salted.pop(rid, None)
@@ -185,25 +208,40 @@ class VllmBackend:
         self._core.post_step(executed)
         result = StepResult()
         asked = self._logprobs
+        num_tokens = 0
         for eco in outputs_by_client.values():
+            # When the step's tokens were made (engine-core monotonic clock): vLLM's first and last token.
+            made_at = eco.timestamp
             for o in eco.outputs:
-                out = self._convert(o)
+                out = self._convert(o, made_at)
                 result.outputs.append(out)
+                num_tokens += len(o.new_token_ids)
+                if o.prefill_stats is not None:  # the request's first output (vLLM's iteration tokens)
+                    num_tokens += o.prefill_stats.num_computed_tokens
                 if asked and o.request_id in asked:
                     self._pack_logprobs(o, out, result.segments)
+        result.num_tokens = num_tokens
         if self._events.batches:
             for batch in self._events.batches:
                 result.kv_events.extend(self._translate(batch.events))
             self._events.batches.clear()
         return result
 
-    def _convert(self, o: Any) -> RequestOutput:
+    def _convert(self, o: Any, made_at: float) -> RequestOutput:
         cached = 0
         stats = o.prefill_stats
-        if stats is not None:
+        phases = self._phases.get(o.request_id) if o.events is not None or stats is not None else None
+        if o.events is not None and phases is not None:
+            self._on_events(phases, o.events)
+        timings = None
+        if stats is not None:  # the request's first output: its first token, as vLLM's is_prefilling
             cached = stats.num_cached_tokens
             self._hits += cached
             self._queries += self._prompt_lens.get(o.request_id, 0)
+            if phases is not None:
+                phases.first_token = made_at
+                if o.new_token_ids:
+                    timings = phases.timings(made_at)
         finish = None
         error = error_kind = None
         constrained = None
@@ -213,12 +251,29 @@ class VllmBackend:
             finish = _FINISH[int(o.finish_reason)]
             self._prompt_lens.pop(o.request_id, None)
             self._salted.pop(o.request_id, None)
+            done = self._phases.pop(o.request_id, None)
+            timings = done.timings(made_at) if done is not None and finish in ("stop", "length") else None
             if finish == "error" and constrained is not None and not o.new_token_ids:
                 # Before its first token, the only error vLLM ends a constrained request with is its
                 # grammar failing to compile (the scheduler's grammar_compile_error_reqs): the request's fault.
                 error = f"sampling.{constrained}: vLLM's structured output could not compile it"
                 error_kind = ERROR_INVALID
-        return RequestOutput(o.request_id, o.new_token_ids, finish, o.stop_reason, cached, None, error, error_kind)
+        return RequestOutput(o.request_id, o.new_token_ids, finish, o.stop_reason, cached, None, error, error_kind,
+                             timings=timings)
+
+    def _on_events(self, phases: _Phases, events: list[Any]) -> None:
+        """vLLM's events of one request since its previous output, in order (its output processor's rule:
+        a preempted request keeps its first scheduling)."""
+        for event in events:
+            kind = event.type
+            if kind == EngineCoreEventType.QUEUED:
+                phases.queued = event.timestamp
+            elif kind == EngineCoreEventType.SCHEDULED:
+                if phases.scheduled < 0:
+                    phases.scheduled = event.timestamp
+            elif kind == EngineCoreEventType.PREEMPTED:
+                phases.preemptions += 1
+                self._preemptions += 1
 
     def _pack_logprobs(self, o: Any, out: RequestOutput, segments: dict[str, list[Segment]]) -> None:
         """vLLM's logprob arrays as they are (protocol/logprobs.py is their layout): row i's column 0 is
@@ -264,7 +319,7 @@ class VllmBackend:
         scheduler = self._core.scheduler
         running, waiting = scheduler.get_request_counts()
         return Load(running, waiting, float(scheduler.kv_cache_manager.usage),
-                    self._queries, self._hits)
+                    self._queries, self._hits, self._preemptions)
 
     def utility(self, name: str, args: dict[str, Any]) -> Any:
         if name == "reset_prefix_cache":

@@ -16,6 +16,7 @@ from protocol import (
     Ready,
     RequestOutput,
     SamplingParams,
+    Stats,
     UtilityCall,
     UtilityResult,
     decode,
@@ -65,6 +66,7 @@ class EchoBackend:
         self.fail_with: Exception | None = None
         self.aborted: list[str] = []
         self.shut = False
+        self.preemptions = 0
 
     def add(self, rid: str, req: GenerateRequest) -> None:
         self.running[rid] = [0, req.sampling.max_tokens]
@@ -87,10 +89,10 @@ class EchoBackend:
             outs.append(RequestOutput(rid, [state[0]], "length" if done else None))
             if done:
                 del self.running[rid]
-        return StepResult(outs)
+        return StepResult(outs, num_tokens=len(outs))
 
     def load(self) -> Load:
-        return Load(len(self.running), 0, 0.0)
+        return Load(len(self.running), 0, 0.0, num_preemptions=self.preemptions)
 
     def utility(self, name: str, args: dict[str, Any]) -> Any:
         raise ValueError("nope")
@@ -281,3 +283,19 @@ def test_packed_logprobs_of_each_peer_travel_in_one_raw_frame_with_their_offsets
             if o.request_id == "y":
                 p = unpack(raw, o.packed_prompt_logprobs)
                 assert (list(p.token_ids), list(p.logprobs), list(p.ranks)) == ([1, 2], [-3.0, -4.0], [10, 20])
+
+
+def test_stats_carry_the_preemptions_and_the_steps_by_their_tokens(parts) -> None:  # type: ignore[no-untyped-def]
+    bridge, backend, core = parts
+    backend.preemptions = 7
+    bridge.push(b"a", make_hello("fe-a"))
+    bridge.push(b"a", _req("one", 3))
+    bridge.push(b"a", _req("two", 2))
+    thread, _ = _run(core)
+    # Three steps with outputs: 2 tokens, 2 tokens, then 1; Stats count them per bucket, cumulative.
+    _wait(lambda: any(s.iteration_tokens_sum == 5 for s in bridge.to(b"a", Stats)))
+    stats = bridge.to(b"a", Stats)[-1]
+    assert stats.num_preemptions == 7
+    assert stats.iteration_tokens == [1, 2] + [0] * 12 and stats.iteration_tokens_sum == 5
+    core.request_drain()
+    thread.join(5)

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from protocol import GenerateRequest, RequestOutput, SamplingParams
+from protocol import GenerateRequest, RequestOutput, RequestTimings, SamplingParams
 from services.frontend.metrics import Metrics
 from services.frontend.model import Model
 from services.frontend.output import OutputProcessor
@@ -195,6 +195,60 @@ def test_a_client_that_left_aborted_its_request_and_its_tokens_still_count(model
     with pytest.raises(EngineFailure):
         asyncio.run(outputs.pieces())
     assert (_success(metrics, "abort"), _success(metrics, "error"), _generated(metrics)) == (1, None, 2)
+
+
+def _phase(metrics: Metrics, name: str, rank: int = 2) -> tuple[float | None, float | None]:
+    """A phase histogram's (count, sum) for engine `rank`."""
+    labels = {"model_name": "tiny", "engine": str(rank)}
+    get = metrics.registry.get_sample_value
+    return get(f"vllm:request_{name}_count", labels), get(f"vllm:request_{name}_sum", labels)
+
+
+def test_the_engines_timings_of_a_finished_request_are_observed_once_under_its_rank(model: Model) -> None:
+    outputs, stream, metrics = _processor(model, _Engines())
+    stream.rank = 2
+    stream.feed(RequestOutput("r1", [HELLO], None, timings=RequestTimings(0.25, 0.5, 0.0, 0)))
+    stream.feed(RequestOutput("r1", [WORLD], None))
+    stream.feed(RequestOutput("r1", [COMMA], "length", timings=RequestTimings(0.25, 0.5, 1.5, 2)))
+    asyncio.run(_drain(outputs))
+    assert _phase(metrics, "queue_time_seconds") == (1, 0.25)
+    assert _phase(metrics, "prefill_time_seconds") == (1, 0.5)
+    assert _phase(metrics, "decode_time_seconds") == (1, 1.5)
+    assert _phase(metrics, "inference_time_seconds") == (1, 2.0)  # prefill + decode, as vLLM
+    assert _phase(metrics, "num_preemptions") == (1, 2)
+
+
+def test_a_stop_string_finish_takes_the_first_tokens_timings_and_its_own_decode_time(model: Model) -> None:
+    outputs, stream, metrics = _processor(model, _Engines(), stop=(" wor",))
+    stream.rank = 2
+    stream.feed(RequestOutput("r1", [HELLO], None, timings=RequestTimings(0.25, 0.5, 0.0, 1)))
+    asyncio.run(outputs.pieces())
+    stream.feed(RequestOutput("r1", [WORLD], None))
+    asyncio.run(_drain(outputs))
+    assert outputs.finish == "stop"
+    assert _phase(metrics, "queue_time_seconds") == (1, 0.25)
+    assert _phase(metrics, "prefill_time_seconds") == (1, 0.5)
+    count, decode = _phase(metrics, "decode_time_seconds")
+    assert count == 1 and decode is not None and 0.0 <= decode < 5.0  # between the two outputs' arrival here
+    assert _phase(metrics, "inference_time_seconds") == (1, pytest.approx(0.5 + decode))
+    assert _phase(metrics, "num_preemptions") == (1, 1)
+
+
+def test_no_timings_from_an_older_engine_and_none_observed_for_a_client_that_left(model: Model) -> None:
+    old, stream, metrics = _processor(model, _Engines())
+    stream.rank = 2
+    stream.feed(RequestOutput("r1", [HELLO], "length"))  # a protocol 1.3 engine sends no timings
+    asyncio.run(_drain(old))
+    assert _success(metrics, "length") == 1 and _phase(metrics, "queue_time_seconds") == (None, None)
+    gone, stream, metrics = _processor(model, _Engines())
+    stream.rank = 2
+    stream.feed(RequestOutput("r1", [HELLO], None, timings=RequestTimings(0.25, 0.5, 0.0, 0)))
+    asyncio.run(gone.pieces())
+    stream.fail(CLIENT_GONE)
+    with pytest.raises(EngineFailure):
+        asyncio.run(gone.pieces())
+    # As vLLM: an aborted request is not observed (its output processor drops it without its stats).
+    assert _success(metrics, "abort") == 1 and _phase(metrics, "queue_time_seconds") == (None, None)
 
 
 def test_an_engine_failure_is_an_error_and_its_tokens_still_count(model: Model) -> None:

@@ -5,11 +5,13 @@ Runs in the engine process.
 from __future__ import annotations
 
 import random
+import time
 from array import array
+from collections.abc import Callable
 from hashlib import blake2b
 from typing import Any
 
-from protocol import GenerateRequest, RequestOutput, SamplingParams
+from protocol import GenerateRequest, RequestOutput, RequestTimings, SamplingParams
 from protocol.block_hash import block_hashes, root
 from services.engine.backend import (
     BackendInfo,
@@ -41,6 +43,7 @@ class SimBackend:
         eos_token_id: int | None,
         version: str = SIM_VERSION,
         script: Script | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not isinstance(vocab_size, int) or vocab_size < 1:
             raise ValueError(f"vocab_size must be an int >= 1, got {vocab_size!r}")
@@ -70,6 +73,7 @@ class SimBackend:
         self._asleep = False
         self._fake_logprobs = FakeLogprobs(vocab_size)
         self._segments: dict[str, list[Segment]] = {}  # this step's packed logprobs, by request id
+        self._clock = clock  # the engine's clock: RequestTimings are its differences
 
     # ---- requests ------------------------------------------------------------------------------
 
@@ -97,6 +101,7 @@ class SimBackend:
             reply=self._script.reply_for(prompt) if self._script is not None else None,
             logprobs=params.logprobs,
             prompt_logprobs=params.prompt_logprobs,
+            queued_at=self._clock(),
         )
         self._scheduler.add(req)
 
@@ -110,15 +115,31 @@ class SimBackend:
     def step(self) -> StepResult:
         if self._asleep:
             return StepResult(kv_events=self._drain_events())
-        work = self._scheduler.step()
+        start = self._clock()
+        work = self._scheduler.step(start)
         duration = 0.0
         if not self.config.instant:
             duration = work.prefill_tokens / self.config.prefill_tps
             if work.num_decodes:
                 per_seq = self.config.decode_ms_per_seq * work.num_scheduled
                 duration += (self.config.decode_ms + per_seq) / 1000.0
+        # The step's tokens exist when its (simulated) time is up: the core loop delivers them then.
+        num_tokens = len(work.outputs) + self._stamp(work.timed, start + duration)
         segments, self._segments = self._segments, {}
-        return StepResult(work.outputs, self._drain_events(), duration, segments)
+        return StepResult(work.outputs, self._drain_events(), duration, segments, num_tokens)
+
+    @staticmethod
+    def _stamp(timed: list[tuple[SimRequest, RequestOutput]], end: float) -> int:
+        """Timings on each request's first-token and finishing outputs, its tokens made at `end`; returns
+        the prompt tokens computed of the requests with their first token (vLLM's iteration tokens)."""
+        prompt = 0
+        for req, out in timed:
+            if req.first_token_at < 0:
+                req.first_token_at = end
+                prompt += req.num_prompt - req.num_cached_tokens
+            out.timings = RequestTimings(req.scheduled_at - req.queued_at, req.first_token_at - req.scheduled_at,
+                                         end - req.first_token_at, req.num_preemptions)
+        return prompt
 
     def load(self) -> Load:
         s = self._scheduler
@@ -128,6 +149,7 @@ class SimBackend:
             kv_usage=self._pool.usage(),
             prefix_cache_queries=s.prefix_cache_queries,
             prefix_cache_hits=s.prefix_cache_hits,
+            num_preemptions=s.num_preemptions,
         )
 
     def shutdown(self) -> None:

@@ -42,6 +42,12 @@ class SimRequest:
     block_ids: list[int] = field(default_factory=list)
     num_committed: int = 0  # leading blocks that are cache hits or registered by this request
     num_cached_tokens: int = -1  # prefix-cache hit at first admission; -1 until admitted
+    # Timings (vLLM's events), on the backend's clock: queued when added, first scheduled (a preempted
+    # request keeps its first), first token; and how often it was preempted.
+    queued_at: float = 0.0
+    scheduled_at: float = -1.0
+    first_token_at: float = -1.0
+    num_preemptions: int = 0
 
 
 @dataclass(slots=True)
@@ -50,6 +56,9 @@ class StepWork:
     prefill_tokens: int  # tokens computed for prompts (and recomputed after preemption)
     num_decodes: int  # sequences that fed their last sampled token
     num_scheduled: int
+    # The outputs that carry timings (RequestTimings), with their requests: each request's first token
+    # and its finish. The backend stamps them once it knows when the step ends.
+    timed: list[tuple[SimRequest, RequestOutput]] = field(default_factory=list)
 
 
 class Scheduler:
@@ -68,6 +77,7 @@ class Scheduler:
         self._seq = 0
         self.prefix_cache_queries = 0  # tokens looked up, cumulative
         self.prefix_cache_hits = 0  # tokens found, cumulative
+        self.num_preemptions = 0  # cumulative
 
     def add(self, req: SimRequest) -> None:
         self._seq += 1
@@ -94,13 +104,15 @@ class Scheduler:
             self._waiting = [e for e in self._waiting if e[3].state == WAITING]
             heapify(self._waiting)
 
-    def step(self) -> StepWork:
-        """Schedule, compute and sample one step; finished requests are freed and forgotten."""
+    def step(self, now: float = 0.0) -> StepWork:
+        """Schedule, compute and sample one step that starts at `now` (what a request's first scheduling
+        is stamped with); finished requests are freed and forgotten."""
         bs, pool, sample = self.block_size, self.pool, self._sample
         budget = self.max_num_batched_tokens
         running = self.running
         outputs: list[RequestOutput] = []
         finished: list[SimRequest] = []
+        timed: list[tuple[SimRequest, RequestOutput]] = []
         prefill = decodes = 0
         preempted = False
         # 1. Running requests in admission order: a decode takes 1 token, a prefill a chunk.
@@ -139,23 +151,30 @@ class Scheduler:
                 outputs.append(out)
                 if out.finish_reason is not None:
                     finished.append(req)
+                    timed.append((req, out))
+                elif num_tokens == req.num_prompt:
+                    timed.append((req, out))  # its first token
         num_scheduled = i
         # 2. Waiting requests, unless this step had to preempt (as vLLM: no room to admit).
         if not preempted:
             while self.num_waiting and budget > 0 and len(running) < self.max_num_seqs:
                 req = self._head()
-                n = self._admit(req, budget)
+                n = self._admit(req, budget, now)
                 if n == 0:
                     break  # head of line waits for blocks: no overtaking (vLLM FCFS/priority)
                 running.append(req)
                 num_scheduled += 1
                 budget -= n
                 prefill += n
-                if req.num_computed == len(req.token_ids):
+                num_tokens = len(req.token_ids)
+                if req.num_computed == num_tokens:
                     out = sample(req)
                     outputs.append(out)
                     if out.finish_reason is not None:
                         finished.append(req)
+                        timed.append((req, out))
+                    elif num_tokens == req.num_prompt:
+                        timed.append((req, out))
         # 3. Forget finished requests; their blocks stay cached until evicted.
         if finished:
             for req in finished:
@@ -164,7 +183,7 @@ class Scheduler:
                 req.state = DONE
                 del self.requests[req.request_id]
             self.running = [r for r in running if r.state == RUNNING]
-        return StepWork(outputs, prefill, decodes, num_scheduled)
+        return StepWork(outputs, prefill, decodes, num_scheduled, timed)
 
     def _push(self, req: SimRequest) -> None:
         heappush(self._waiting, (req.priority, req.arrival, req.seq, req))
@@ -176,7 +195,7 @@ class Scheduler:
             heappop(waiting)  # aborted while waiting
         return waiting[0][3]
 
-    def _admit(self, req: SimRequest, budget: int) -> int:
+    def _admit(self, req: SimRequest, budget: int, now: float) -> int:
         """Move the head of waiting to running with its first chunk; 0 if its blocks do not fit."""
         bs, pool = self.block_size, self.pool
         num_tokens = len(req.token_ids)
@@ -200,6 +219,8 @@ class Scheduler:
         self.prefix_cache_hits += cached
         if req.num_cached_tokens < 0:
             req.num_cached_tokens = cached
+        if req.scheduled_at < 0:
+            req.scheduled_at = now
         req.num_computed = end
         if end // bs > req.num_committed:
             self._commit(req, end // bs)
@@ -212,6 +233,8 @@ class Scheduler:
         req.num_computed = 0
         req.num_committed = 0
         req.state = WAITING
+        req.num_preemptions += 1
+        self.num_preemptions += 1
         self._push(req)  # its original (priority, arrival) puts it ahead of later arrivals
 
     def _commit(self, req: SimRequest, full: int) -> None:

@@ -471,3 +471,70 @@ def test_no_logprobs_no_segments() -> None:
     while b.has_work():
         result = b.step()
         assert result.segments == {} and all(o.packed_logprobs is None for o in result.outputs)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_timings_come_with_the_first_token_and_the_finish_on_the_timing_model() -> None:
+    clock = _Clock()
+    config = SimConfig(prefill_tps=1000.0, decode_ms=10.0, decode_ms_per_seq=0.0)
+    b = SimBackend(config, model="m", vocab_size=VOCAB, eos_token_id=EOS, clock=clock)
+    b.add("a", req(list(range(100)), max_tokens=3))  # queued at 0
+    clock.now = 1.0  # the core loop was busy: scheduled 1 s later
+    outputs = []
+    while b.has_work():
+        result = b.step()
+        clock.now += result.duration_s  # the core loop delivers when the step's time is up
+        outputs += result.outputs
+    assert [o.timings is not None for o in outputs] == [True, False, True]
+    first, last = outputs[0].timings, outputs[-1].timings
+    assert first is not None and last is not None
+    assert (first.queued_time, first.prefill_time, first.decode_time) == pytest.approx((1.0, 0.1, 0.0))
+    assert (last.queued_time, last.prefill_time, last.decode_time) == pytest.approx((1.0, 0.1, 0.02))
+    assert (first.num_preemptions, last.num_preemptions) == (0, 0)
+
+
+def test_iteration_tokens_count_computed_prompt_tokens_with_the_first_token_as_vllm() -> None:
+    b = backend()
+    b.add("a", req(PROMPT, rid="a", max_tokens=2))
+    assert b.step().num_tokens == 40 + 1
+    assert b.step().num_tokens == 1
+    b.add("b", req(PROMPT, rid="b", max_tokens=1))  # 32 of its 40 tokens are cached (2 full blocks)
+    assert b.step().num_tokens == 8 + 1
+
+
+def test_preemption_under_kv_pressure_is_counted_and_inside_the_timings() -> None:
+    """Three requests that outgrow a small pool: some are preempted and recomputed. Each one's phases
+    still add up to its time from queued to finished, its queue time ends at its first scheduling
+    (its first-token and final timings agree on it), and the counts agree with Load."""
+    clock = _Clock()
+    config = SimConfig(block_size=4, num_kv_blocks=6, max_model_len=24, max_num_seqs=3, max_num_batched_tokens=8,
+                       prefill_tps=100.0, decode_ms=10.0)
+    b = SimBackend(config, model="m", vocab_size=VOCAB, eos_token_id=EOS, clock=clock)
+    for i in range(3):
+        b.add(f"r{i}", req([10 * i + 1] * 4, rid=f"r{i}", max_tokens=12, ignore_eos=True))
+        clock.now += 0.5
+    timings: dict[str, list[Any]] = {}
+    finished_at = {}
+    while b.has_work():
+        result = b.step()
+        clock.now += result.duration_s
+        for out in result.outputs:
+            if out.timings is not None:
+                timings.setdefault(out.request_id, []).append(out.timings)
+            if out.finish_reason is not None:
+                finished_at[out.request_id] = clock.now
+    assert b.load().num_preemptions > 0
+    assert sum(t[-1].num_preemptions for t in timings.values()) == b.load().num_preemptions
+    for i, rid in enumerate(sorted(timings)):
+        first, last = timings[rid]
+        assert first.queued_time == last.queued_time >= 0 and first.prefill_time == last.prefill_time > 0
+        assert first.decode_time == 0 and last.decode_time > 0
+        total = last.queued_time + last.prefill_time + last.decode_time
+        assert total == pytest.approx(finished_at[rid] - 0.5 * i)

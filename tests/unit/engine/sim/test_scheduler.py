@@ -187,3 +187,45 @@ def test_abort_frees_blocks_and_drops_waiting_requests() -> None:
     assert s.pool.usage() == 0.0
     assert (len(s.running), s.num_waiting, s.requests) == (0, 0, {})
     assert s.step().outputs == []
+
+
+def test_timed_outputs_are_each_requests_first_token_and_its_finish() -> None:
+    s = make(SimConfig(max_num_batched_tokens=16, max_num_seqs=4))
+    s.add(request("a", list(range(40)), max_tokens=3))  # three chunks of prefill, then 3 tokens
+    steps = [s.step(now=float(t)) for t in range(5)]
+    assert [[(r.request_id, o.new_token_ids, o.finish_reason) for r, o in w.timed] for w in steps] == [
+        [], [], [("a", [TOKEN], None)], [], [("a", [TOKEN], "length")]]
+    assert all(o is steps[2].outputs[0] for _, o in steps[2].timed)
+    req = steps[2].timed[0][0]
+    assert (req.scheduled_at, req.num_preemptions, s.num_preemptions) == (0.0, 0, 0)  # its first chunk's step
+
+
+def test_a_request_finishing_with_its_first_token_is_timed_once() -> None:
+    s = make(SimConfig())
+    s.add(request("one", list(range(8)), max_tokens=1))
+    work = s.step(now=3.0)
+    assert [(r.request_id, o.finish_reason) for r, o in work.timed] == [("one", "length")]
+    assert work.timed[0][0].scheduled_at == 3.0
+
+
+def test_preemptions_are_counted_per_request_and_in_total_and_keep_the_first_scheduling() -> None:
+    # As test_preemption_recomputes_the_most_recent_request_and_all_finish: 3 requests of up to 4 blocks, 6 blocks.
+    config = SimConfig(block_size=4, num_kv_blocks=6, max_model_len=24, max_num_seqs=3)
+    s = make(config)
+    reqs = [request(f"r{i}", [10 * i + 1] * 4, max_tokens=12, block_size=4) for i in range(3)]
+    for r in reqs:
+        s.add(r)
+    events = 0
+    first_scheduled: dict[str, float] = {}
+    for t in range(1000):
+        if not s.requests:
+            break
+        before = list(s.running)
+        work = s.step(now=float(t))
+        done = {o.request_id for o in work.outputs if o.finish_reason}
+        events += sum(1 for r in before if r not in s.running and r.request_id not in done)
+        for r in s.running:
+            first_scheduled.setdefault(r.request_id, float(t))
+    assert events > 0
+    assert s.num_preemptions == events == sum(r.num_preemptions for r in reqs)
+    assert {r.request_id: r.scheduled_at for r in reqs} == first_scheduled  # not moved by a re-admission
