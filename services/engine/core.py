@@ -53,6 +53,8 @@ from services.engine.token_histogram import TokenHistogram
 
 log = logging.getLogger(__name__)
 
+PUB_STATS_IDLE_S = 1.0  # the longest a rank's PUB goes without a Stats
+
 
 class CoreLoop:
     def __init__(
@@ -77,6 +79,8 @@ class CoreLoop:
         self._drain_deadline: float | None = None
         self._step = 0
         self._stats_seq = 0
+        self._published: tuple[Any, ...] | None = None  # the load the latest Stats on PUB told
+        self._published_at = 0.0
         self._kv_seq = 0
         self._iteration_tokens = TokenHistogram()
 
@@ -307,7 +311,14 @@ class CoreLoop:
             self._drain_deadline is not None, self.epoch, load.num_preemptions, list(tokens.counts), tokens.total,
         )
         self._broadcast(stats)
-        self.bridge.publish([encode(stats)])
+        # Every peer gets each Stats direct (its liveness); PUB subscribers (frontends' KV indexes,
+        # gateways) get them when the load changed, and at least every PUB_STATS_IDLE_S, so an idle
+        # rank does not wake each subscriber ten times a second to say nothing new.
+        state = (load.running, load.waiting, load.kv_usage, load.prefix_cache_queries, load.prefix_cache_hits,
+                 stats.draining, load.num_preemptions, tokens.total)
+        if state != self._published or now - self._published_at >= PUB_STATS_IDLE_S:
+            self._published, self._published_at = state, now
+            self.bridge.publish([encode(stats)])
 
     def _reap_silent(self, now: float) -> None:
         for peer in self._peers.silent_since(now - self.config.client_timeout_s):
