@@ -119,10 +119,11 @@ def start_case(paced: bool, server: str, args: argparse.Namespace, tree: Path = 
                                "--max-num-seqs", "1024"], cwd=ROOT, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     addresses = ",".join(f"tcp://127.0.0.1:{engine_port + i}" for i in range(args.ranks))
-    # CPU time, not wall time: a send that wakes the client would otherwise count the client's turn.
+    # The main thread's CPU time, not wall time (a send that wakes the client would count the client's turn)
+    # nor the process's (the socket thread's and ZMQ's I/O thread's would land on whatever main was running).
     profiled = paced and args.profile and server == args.servers.split(",")[0] and tree == ROOT
     profile = ["-c", "import cProfile, runpy, sys, time; sys.argv[0] = 'frontend'\n"
-               "p = cProfile.Profile(time.process_time)\n"
+               "p = cProfile.Profile(time.thread_time)\n"
                "try: p.runcall(runpy.run_module, 'services.frontend', run_name='__main__')\n"
                f"finally: p.dump_stats({args.profile!r})"] if profiled else ["-m", "services.frontend"]
     frontend = subprocess.Popen([py, *profile, "--model", "tiny", "--host", "127.0.0.1",

@@ -100,6 +100,9 @@ class Bridge:
         router, pub, outbox, inbox = self._router, self._pub, self._outbox, self.inbox
         beat_ms = int(self._beat_interval * 1000)
         last_beat, seq = 0.0, 0
+        # When each peer was last sent anything: any message is a sign of life, so a peer that got the
+        # core loop's Stats (or outputs) within the interval needs no Heartbeat from this thread too.
+        last_sent: dict[bytes, float] = {}
         try:
             while True:
                 events = dict(poller.poll(beat_ms))
@@ -107,10 +110,18 @@ class Bridge:
                 if now - last_beat >= self._beat_interval:
                     last_beat = now
                     if now - self.loop_alive_at < self._stall_timeout:
-                        seq += 1
-                        header, body = encode(Heartbeat(seq, time.time()))
+                        beat: Frames | None = None
                         for peer in self.peers:
-                            router.send_multipart([peer, header, body])
+                            if now - last_sent.get(peer, 0.0) < 2 * self._beat_interval:
+                                continue
+                            if beat is None:
+                                seq += 1
+                                beat = encode(Heartbeat(seq, time.time()))
+                            router.send_multipart([peer, *beat])
+                            last_sent[peer] = now
+                    if len(last_sent) > 2 * len(self.peers) + 16:  # peers that left
+                        live = set(self.peers)
+                        last_sent = {p: t for p, t in last_sent.items() if p in live}
                 if router in events:
                     while True:
                         try:
@@ -131,6 +142,7 @@ class Bridge:
                             pub.send_multipart(frames, copy=False)
                     else:
                         router.send_multipart([identity, *batch[0]], copy=False)
+                        last_sent[identity] = now
                 if self._closing and not outbox:
                     self._farewell()
                     return

@@ -20,6 +20,8 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from protocol import Stats
+
 log = logging.getLogger(__name__)
 
 # Channel of an inbound item. SEND_FAILED: frames the DEALER refused (no live connection, so they
@@ -33,10 +35,12 @@ _WATCHED = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
 
 class Bridge:
     def __init__(self, loop: asyncio.AbstractEventLoop, on_batch: Callable[[list[Inbound], float], None],
-                 identity: str, on_dead: Callable[[str], None] | None = None) -> None:
+                 identity: str, on_dead: Callable[[str], None] | None = None, hold_stats_s: float = 0.0) -> None:
         """on_batch(batch, received_at): received_at is when the thread read it (time.monotonic()), which
-        can be well before the loop runs the callback in a burst."""
+        can be well before the loop runs the callback in a burst. `hold_stats_s`: how long a batch of
+        nothing but Stats may wait for company before the loop is woken for it (idle_hold)."""
         self._loop = loop
+        self._hold_s = hold_stats_s
         self._on_batch = on_batch
         self._on_dead = on_dead  # told, on the loop, why the socket thread stopped when nobody asked it to
         self._identity = identity.encode()
@@ -90,10 +94,13 @@ class Bridge:
         subs: dict[int, zmq.Socket] = {}
         monitors: dict[int, zmq.Socket] = {}
         channel_of: dict[zmq.Socket, tuple[int, int]] = {}
+        held: list[Inbound] = []  # Stats that came alone, not yet handed to the loop (idle_hold)
+        held_since = held_at = 0.0
         try:
             while not self._closing:
                 batch: list[Inbound] = []
-                for sock, _ in poller.poll():
+                timeout = None if not held else int(max(0.0, held_since + self._hold_s - time.monotonic()) * 1000) + 1
+                for sock, _ in poller.poll(timeout):
                     if sock == self._wake_r:
                         try:
                             while os.read(self._wake_r, 4096):
@@ -113,6 +120,7 @@ class Bridge:
                                           []))
                         else:
                             batch.append((index, channel, frames))
+                commanded = bool(self._commands)
                 while self._commands:
                     op, index, arg = self._commands.popleft()
                     if op == "send":
@@ -127,8 +135,18 @@ class Bridge:
                             self._open(op, index, arg, poller, dealers, subs, monitors, channel_of)
                         except zmq.ZMQError as exc:  # this engine's address only: the others carry on
                             batch.append((index, CONNECT_FAILED, [f"cannot {op} to {arg}: {exc}"]))
+                now = time.monotonic()
+                if self._hold_s and batch and not commanded and all(_is_stats(item) for item in batch):
+                    if not held:
+                        held_since = now
+                    held += batch
+                    held_at = now
+                    batch = []
+                if held and (batch or commanded or now - held_since >= self._hold_s):
+                    self._loop.call_soon_threadsafe(self._on_batch, held, held_at)
+                    held = []
                 if batch:
-                    self._loop.call_soon_threadsafe(self._on_batch, batch, time.monotonic())
+                    self._loop.call_soon_threadsafe(self._on_batch, batch, now)
         except Exception as exc:  # zmq.ZMQError, or a bug: without this thread no engine is reachable
             if self._closing or self._loop.is_closed():
                 return
@@ -144,6 +162,13 @@ class Bridge:
             for sock in [*dealers.values(), *subs.values()]:
                 sock.close()
             self._ctx.term()
+
+    # ---- idle_hold ----
+    # An idle engine still sends Stats about every 100 ms (its liveness and load). A batch of nothing but
+    # those, with no command from the loop meanwhile, waits up to `hold_stats_s` for company instead of
+    # waking the loop: an idle frontend's loop wakes a few times a second rather than ten times per rank.
+    # Anything else (outputs, a refusal, a connection event) or any command (the loop is serving: a
+    # request, a heartbeat) hands the held Stats over at once, each batch with the time it was read.
 
     def _open(self, op: str, index: int, address: str, poller: zmq.Poller, dealers: dict[int, zmq.Socket],
               subs: dict[int, zmq.Socket], monitors: dict[int, zmq.Socket],
@@ -205,3 +230,12 @@ class Bridge:
         table[index] = sock
         channel_of[sock] = (index, channel)
         poller.register(sock, zmq.POLLIN)
+
+
+_STATS = bytes((Stats.TAG,))
+
+
+def _is_stats(item: Inbound) -> bool:
+    """A DEALER or SUB item holding a Stats message (its header's tag byte), whatever its version."""
+    _, channel, frames = item
+    return channel in (DEALER, SUB) and len(frames) >= 2 and len(frames[0]) == 3 and frames[0][2:3] == _STATS

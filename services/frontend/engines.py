@@ -120,7 +120,9 @@ class EngineSet:
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._bridge = Bridge(loop, self._on_batch, self._frontend_id, on_dead=self._on_bridge_dead)
+        # Idle Stats wait at most a quarter of the deadline (and half a second) before the loop sees them.
+        self._bridge = Bridge(loop, self._on_batch, self._frontend_id, on_dead=self._on_bridge_dead,
+                              hold_stats_s=min(0.5, self._timeout / 4))
         for e in self.engines:
             self._bridge.connect(e.index, e.address)
         self._ticker = loop.create_task(self._tick())

@@ -3,10 +3,13 @@ engine's socket goes away (the signal that marks a rank down before any heartbea
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 import zmq
 
+from protocol import Outputs, Stats
+from protocol.version import MAJOR, MINOR
 from services.frontend.bridge import CONNECTED, DEALER, DISCONNECTED, FLUSHED, SEND_FAILED, Bridge, Inbound
 
 
@@ -47,6 +50,65 @@ def test_a_closed_engine_socket_is_told_at_once_and_later_sends_come_back_refuse
             assert all(c != DEALER for c, _ in after)
         finally:
             await asyncio.to_thread(bridge.close)
+            ctx.term()
+
+    asyncio.run(main())
+
+
+def test_stats_alone_wait_for_company_and_anything_else_brings_them_at_once() -> None:
+    """idle_hold: a batch of nothing but Stats reaches the loop after hold_stats_s (with the time it was
+    read), unless something else comes first, which brings the held Stats with it, ahead of it."""
+    stats = [bytes((MAJOR, MINOR, Stats.TAG)), b"s"]
+    other = [bytes((MAJOR, MINOR, Outputs.TAG)), b"o"]
+
+    async def main() -> None:
+        ctx = zmq.Context()
+        engine = ctx.socket(zmq.ROUTER)
+        engine.setsockopt(zmq.LINGER, 0)
+        port = engine.bind_to_random_port("tcp://127.0.0.1")
+        calls: list[tuple[float, float, list[Inbound]]] = []  # (handed at, read at, batch)
+        arrived = asyncio.Event()
+
+        connected = asyncio.Event()
+
+        def on_batch(batch: list[Inbound], received_at: float) -> None:
+            calls.append((time.monotonic(), received_at, [item for item in batch if item[1] == DEALER]))
+            if any(c == CONNECTED for _, c, _ in batch):
+                connected.set()
+            arrived.set()
+
+        bridge = Bridge(asyncio.get_running_loop(), on_batch, "fe", hold_stats_s=0.3)
+        try:
+            bridge.connect(0, f"tcp://127.0.0.1:{port}")
+            async with asyncio.timeout(10):
+                await connected.wait()
+            bridge.send(0, [b"\x01\x02\x03", b"hello"])
+            assert await asyncio.to_thread(engine.poll, 5000)
+            peer = engine.recv_multipart()[0]
+            await asyncio.sleep(0.1)
+            calls.clear()
+            sent = time.monotonic()
+            engine.send_multipart([peer, *stats])
+            async with asyncio.timeout(5):
+                while not any(batch for _, _, batch in calls):
+                    arrived.clear()
+                    await arrived.wait()
+            [(handed, read, batch)] = [c for c in calls if c[2]]
+            assert [f for _, _, f in batch] == [stats] and handed - sent >= 0.25 and read <= handed
+            calls.clear()
+            engine.send_multipart([peer, *stats])
+            await asyncio.sleep(0.05)
+            engine.send_multipart([peer, *other])
+            async with asyncio.timeout(5):
+                while sum(len(batch) for _, _, batch in calls) < 2:
+                    arrived.clear()
+                    await arrived.wait()
+            frames = [f for _, _, batch in calls for _, _, f in batch]
+            assert frames == [stats, other] and calls[-1][0] - sent < 5  # no hold: the output brought them
+            assert all(handed - read < 0.25 for handed, read, b in calls if b and b[-1][2] == other)
+        finally:
+            await asyncio.to_thread(bridge.close)
+            engine.close()
             ctx.term()
 
     asyncio.run(main())
