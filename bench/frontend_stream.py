@@ -129,7 +129,9 @@ def start_case(paced: bool, server: str, args: argparse.Namespace, tree: Path = 
     frontend = subprocess.Popen([py, *profile, "--model", "tiny", "--host", "127.0.0.1",
                                  "--port", str(http_port), "--data-parallel-size", str(args.ranks),
                                  "--data-parallel-size-local", "0", "--engine-addresses", addresses,
-                                 "--log-level", "warning", *(["--http-server", server] if server else [])],
+                                 "--log-level", "warning", *(["--http-server", server] if server else []),
+                                 *(["--stream-interval", str(args.stream_interval)]
+                                   if args.stream_interval > 1 else [])],
                                 cwd=tree)
     return engine, frontend, f"http://127.0.0.1:{http_port}"
 
@@ -144,6 +146,7 @@ def main() -> None:
     p.add_argument("--cases", default="paced,instant", help="paced, instant or both (the first is the headline)")
     p.add_argument("--servers", default="uvicorn", help="the frontend's --http-server, or several, compared")
     p.add_argument("--idle-s", type=float, default=5.0, help="seconds of idle CPU measured per case")
+    p.add_argument("--stream-interval", type=int, default=1, help="the frontends' --stream-interval")
     p.add_argument("--before", default=None, metavar="REV",
                    help="also run the frontend of this git revision (a worktree), side by side")
     p.add_argument("--profile", default=None, metavar="FILE",

@@ -60,7 +60,8 @@ class Frontend:
                                      tool_call_parser=config.tool_call_parser, reasoning_parser=config.reasoning_parser,
                                      engine_problem=self._engine_problem, max_logprobs=config.max_logprobs,
                                      render_max_model_len=self._context_len,
-                                     max_choices=config.max_request_choices)
+                                     max_choices=config.max_request_choices,
+                                     stream_interval=config.stream_interval)
         self._created = int(time.time())
         self._openapi = msgspec.json.encode(openapi.document(model.name, render_only=config.render_only,
                                                              max_logprobs=config.max_logprobs))
@@ -196,6 +197,8 @@ class Frontend:
             for choice in request.choices():
                 stream = Stream(choice.request_id, choice.prompt_len, choice.max_tokens)
                 stream.group = wakeup
+                if choice.output.stream:
+                    stream.interval = choice.output.stream_interval
                 choices.append(OutputProcessor(stream, choice, tokenizer=self.model.tokenizer, engines=self.dispatcher,
                                                metrics=self.metrics, parser=self._parser(choice.output), parent=parent))
                 self.dispatcher.submit(engine, stream, choice)

@@ -42,6 +42,7 @@ class FrontendConfig:
     max_model_len: int | None = None  # render-only: the context length to check (default: the model config's)
     max_logprobs: int = 20  # most logprobs / top_logprobs / prompt_logprobs a request may ask for (vLLM's)
     max_request_choices: int = 256  # n times the prompts of one body: each is an engine request
+    stream_interval: int = 1  # tokens per streamed chunk (vLLM's --stream-interval); a request may ask for more
     frontend_id: str = field(default="")
 
     def __post_init__(self) -> None:
@@ -58,6 +59,7 @@ class FrontendConfig:
         _require(self.http_server in HTTP_SERVERS, "--http-server", self.http_server, " or ".join(HTTP_SERVERS))
         _require(0 <= self.max_logprobs <= 1024, "--max-logprobs", self.max_logprobs, "0..1024")
         _require(self.max_request_choices >= 1, "--max-request-choices", self.max_request_choices, ">= 1")
+        _require(self.stream_interval >= 1, "--stream-interval", self.stream_interval, ">= 1")
         _require(not self.enable_auto_tool_choice or self.tool_call_parser is not None,
                  "--enable-auto-tool-choice", True, "only with --tool-call-parser")
         _require(self.tool_call_parser in (None, *TOOL_PARSER_NAMES), "--tool-call-parser", self.tool_call_parser,
@@ -170,6 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-logprobs", type=int, default=d["max_logprobs"],
                    help="most alternatives a request's logprobs, top_logprobs or prompt_logprobs may ask for "
                         "(more is a 400), as vLLM's flag; engines started here get the same --max-logprobs")
+    p.add_argument("--stream-interval", type=int, default=d["stream_interval"],
+                   help="tokens per streamed chunk, as vLLM's flag: a stream's response task is woken, and a chunk "
+                        "sent, at its first token, then every N tokens and at its end; a request's "
+                        "stream_interval may raise it, not lower it. Trades latency for CPU")
     p.add_argument("--max-request-choices", type=int, default=d["max_request_choices"],
                    help="most choices one request may ask for, n times its prompts (a completions batch): each "
                         "choice is an engine request of its own, so this bounds what one body puts in flight")

@@ -56,8 +56,6 @@ COMMON: dict[str, Refusal] = {
     "repetition_detection": Refusal(_none, f"vLLM's repetition detection {NOT_YET}"),
     "thinking_token_budget": Refusal(_one_of(None, -1), "a thinking budget needs vLLM's --reasoning-config in "
                                                         "the engine, which this server does not pass"),
-    "stream_interval": Refusal(_one_of(None, 1), "this server streams every token as it is generated "
-                                                 "(a stream_interval of 1)"),
     "guided_whitespace_pattern": Refusal(_none, "xgrammar, the engines' structured-output backend, takes no "
                                                 "whitespace pattern (JSON is always compact here)"),
 }

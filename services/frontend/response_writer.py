@@ -123,15 +123,20 @@ async def _gather(choices: list[OutputProcessor]) -> list[_Collected]:
 
 def _events(writer: responses.ChunkWriter, outputs: OutputProcessor, pieces: list[Piece],
             render: Callable[[list[Entry]], str] | None) -> list[bytes]:
-    """The SSE events of one choice's latest pieces, and its finish event once it finished."""
+    """The SSE events of one choice's latest pieces, and its finish event once it finished. With a
+    stream_interval, the text pieces of one wake-up (several tokens') go out as one event, as vLLM
+    sends one delta per interval."""
     text, usage, continuous = writer.text, outputs.usage, outputs.options.continuous_usage
+    counts, entries = outputs.counts, outputs.logprobs
+    if outputs.options.stream_interval > 1 and len(pieces) > 1:
+        pieces, counts, entries = _joined(pieces, counts, entries if render is not None else None)
     if render is not None:  # logprobs: each piece's, or null when it has none
         events = [text(p, usage(n) if continuous else None, render(e) if e else None) if isinstance(p, str)
                   else writer.delta(p, usage(n) if continuous else None, render(e) if e else None)
-                  for p, n, e in zip(pieces, outputs.counts, outputs.logprobs, strict=True)]
+                  for p, n, e in zip(pieces, counts, entries, strict=True)]
     elif continuous:
         events = [text(p, usage(n)) if isinstance(p, str) else writer.delta(p, usage(n))
-                  for p, n in zip(pieces, outputs.counts, strict=True)]
+                  for p, n in zip(pieces, counts, strict=True)]
     else:
         events = [text(p) if isinstance(p, str) else writer.delta(p) for p in pieces]
     finish = outputs.finish
@@ -141,6 +146,26 @@ def _events(writer: responses.ChunkWriter, outputs: OutputProcessor, pieces: lis
         logprobs = render(tail) if render is not None and tail else None
         events.append(writer.finish(finish, outputs.stop_reason, total, logprobs))
     return events
+
+
+def _joined(pieces: list[Piece], counts: list[int], entries: list[list[Entry]] | None
+            ) -> tuple[list[Piece], list[int], list[list[Entry]]]:
+    """Runs of consecutive text pieces joined into one (their entries in order, the run's last count);
+    a parser's deltas (reasoning, tool calls) stay as they are."""
+    out: list[Piece] = []
+    out_counts: list[int] = []
+    out_entries: list[list[Entry]] = []
+    for i, piece in enumerate(pieces):
+        if isinstance(piece, str) and out and isinstance(out[-1], str):
+            out[-1] += piece
+            out_counts[-1] = counts[i]
+            if entries is not None:
+                out_entries[-1] = out_entries[-1] + entries[i]
+            continue
+        out.append(piece)
+        out_counts.append(counts[i])
+        out_entries.append(entries[i] if entries is not None else [])
+    return out, out_counts, out_entries
 
 
 def _render(outputs: OutputProcessor) -> Callable[[list[Entry]], str] | None:

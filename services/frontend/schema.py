@@ -267,6 +267,7 @@ BOUNDS: dict[str, Bounds] = {
     "frequency_penalty": Bounds(-2, 2, "must be in [-2, 2]"),
     "repetition_penalty": Bounds(0, 2, "must be in (0, 2]", low_open=True),
     "seed": Bounds(-(2**63), 2**63 - 1, "must fit in 64 bits"),
+    "stream_interval": Bounds(1, None, "must be >= 1 (tokens per streamed chunk)"),
 }
 # The OpenAI routes' own (not the token-in route's sampling_params, which refuses truncation): and not 0
 # (translation checks it: it would leave no prompt); its upper limit is the context length.

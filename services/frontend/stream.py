@@ -37,8 +37,10 @@ class Stream:
         "engine_index",
         "finished",
         "generated",
+        "_woken",
         "gone",
         "group",
+        "interval",
         "max_tokens",
         "keeps_frames",
         "prompt_len",
@@ -65,6 +67,10 @@ class Stream:
         self._frames: list[Sequence[bytes]] = []
         self.raw_frames: list[Sequence[bytes]] = []
         self.group: Wakeup | None = None  # one of a request's several choices: feed and fail wake it too
+        # Tokens per wake-up of the consumer (a stream_interval): woken at the first output, then once
+        # `interval` tokens came since the last wake, and at the end.
+        self.interval = 1
+        self._woken = -1  # `generated` at the last wake; -1: never woken
 
     # ---- producer side (the engine dispatch pass on the event loop) ----
 
@@ -75,6 +81,9 @@ class Stream:
         self.generated += len(out.new_token_ids)
         if out.finish_reason is not None:
             self.finished = True
+        elif self.interval > 1 and self._woken >= 0 and self.generated - self._woken < self.interval:
+            return  # the consumer is woken once `interval` tokens are here
+        self._woken = self.generated
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)

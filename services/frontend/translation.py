@@ -96,6 +96,8 @@ class OutputOptions:
     # after `param_prefix` ("sampling_params." on the token-in route).
     constraint_param: str | None = None
     param_prefix: str = ""
+    # Tokens per streamed chunk (vLLM's stream_interval): the server's, or the request's if larger.
+    stream_interval: int = 1
 
 
 @dataclass(slots=True, frozen=True)
@@ -300,7 +302,8 @@ class Translator:
                  tool_call_parser: str | None = None, reasoning_parser: str | None = None,
                  engine_problem: EngineProblem = no_engine_problem, max_logprobs: int = 20,
                  render_max_model_len: Callable[[], int] | None = None,
-                 max_choices: int = DEFAULT_MAX_CHOICES) -> None:
+                 max_choices: int = DEFAULT_MAX_CHOICES, stream_interval: int = 1) -> None:
+        self._stream_interval = stream_interval  # the server's --stream-interval
         self._model = model
         self._render_max_model_len = render_max_model_len or max_model_len
         self._engine_problem = engine_problem
@@ -414,7 +417,8 @@ class Translator:
                                text_out=req.return_text, response_id=caller_id,
                                constraint_param=constraint.param if constraint is not None else None,
                                param_prefix=f"{token_in.PREFIX}.", logprobs=sp.logprobs,
-                               prompt_logprobs=sp.prompt_logprobs)
+                               prompt_logprobs=sp.prompt_logprobs,
+                               stream_interval=max(sp.stream_interval or 1, self._stream_interval))
         vocab = self._model.tokenizer.get_vocab_size(with_added_tokens=True)
         sampling = token_in.engine_sampling(sp, max_tokens, vocab)
         request = GenerateRequest(request_id, prepared.ids.tolist(), sampling, time.time(), req.priority, None,
@@ -486,7 +490,8 @@ class Translator:
                                skip_special_tokens=req.skip_special_tokens, response_id=response_id,
                                constraint_param=constraint.param if constraint is not None else None,
                                logprobs=logprobs, prompt_logprobs=prompt_logprobs, echo=echo,
-                               return_tokens_as_token_ids=bool(req.return_tokens_as_token_ids))
+                               return_tokens_as_token_ids=bool(req.return_tokens_as_token_ids),
+                               stream_interval=max(req.stream_interval or 1, self._stream_interval))
         request = GenerateRequest(request_id, token_ids.tolist(), sampling, time.time(), req.priority, None,
                                   req.cache_salt, pinned)
         return EngineRequest(request, max_tokens, output, req.n)
