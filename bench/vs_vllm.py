@@ -5,7 +5,10 @@ Per concurrency N: N streamed chat completions at once (temperature 0, ignore_eo
 server it prints the CPU time of its HTTP server process only (vLLM's API server, not its EngineCore child;
 the frontend, not its engine rank) per streamed token, net of that process's idle CPU over the round's wall
 time (the raw figure beside it), tokens/s, and the client-measured median TTFT and inter-token latency.
-vLLM runs as in production: its API server and EngineCore in separate processes.
+vLLM runs as in production: its API server and EngineCore in separate processes. CPU is read from each
+process's CPU clock (the utime + stime of /proc/<pid>/stat, in ns rather than 10 ms ticks). Before the
+rounds both must list the same model, context length and KV blocks; each round starts once both servers'
+processes are quiet.
 Usage: python bench/vs_vllm.py [--concurrency 16,64] [--tokens 32] [--repeat 3] [--max-model-len 1024]
                                [--kv-cache-bytes 67108864] [--max-num-seqs 256] [--idle-s 10]
 """
