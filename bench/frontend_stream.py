@@ -105,7 +105,12 @@ def tree_at(rev: str) -> Path:
     return tree
 
 
-def start_case(paced: bool, server: str, args: argparse.Namespace, tree: Path = ROOT
+def _knows(tree: Path, flag: str) -> bool:
+    """Whether the frontend in `tree` has this flag (an older revision may not: it runs its default)."""
+    return flag in (tree / "services" / "frontend" / "config.py").read_text()
+
+
+def start_case(paced: bool, server: str, args: argparse.Namespace, tree: Path = ROOT, interval: int = 1
                ) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes], str]:
     """A sim engine (paced or instant) and a frontend over it (the one in `tree`); the processes and the
     frontend's URL."""
@@ -129,9 +134,9 @@ def start_case(paced: bool, server: str, args: argparse.Namespace, tree: Path = 
     frontend = subprocess.Popen([py, *profile, "--model", "tiny", "--host", "127.0.0.1",
                                  "--port", str(http_port), "--data-parallel-size", str(args.ranks),
                                  "--data-parallel-size-local", "0", "--engine-addresses", addresses,
-                                 "--log-level", "warning", *(["--http-server", server] if server else []),
-                                 *(["--stream-interval", str(args.stream_interval)]
-                                   if args.stream_interval > 1 else [])],
+                                 "--log-level", "warning",
+                                 *(["--http-server", server] if server and _knows(tree, "--http-server") else []),
+                                 *(["--stream-interval", str(interval)] if interval > 1 else [])],
                                 cwd=tree)
     return engine, frontend, f"http://127.0.0.1:{http_port}"
 
@@ -146,7 +151,7 @@ def main() -> None:
     p.add_argument("--cases", default="paced,instant", help="paced, instant or both (the first is the headline)")
     p.add_argument("--servers", default="uvicorn", help="the frontend's --http-server, or several, compared")
     p.add_argument("--idle-s", type=float, default=5.0, help="seconds of idle CPU measured per case")
-    p.add_argument("--stream-interval", type=int, default=1, help="the frontends' --stream-interval")
+    p.add_argument("--stream-interval", default="1", help="the frontends' --stream-interval, or several, compared")
     p.add_argument("--before", default=None, metavar="REV",
                    help="also run the frontend of this git revision (a worktree), side by side")
     p.add_argument("--profile", default=None, metavar="FILE",
@@ -157,10 +162,17 @@ def main() -> None:
     pacings = [c.strip() for c in args.cases.split(",") if c.strip()]
     assert pacings and set(pacings) <= {"paced", "instant"}, "--cases: paced, instant or both"
     trees = {"": ROOT, **({args.before: tree_at(args.before)} if args.before else {})}
-    cases = [(pacing, server + (f"@{rev}" if rev else "")) for pacing in pacings for server in args.servers.split(",")
-             for rev in trees]
-    procs = {case: start_case(case[0] == "paced", case[1].split("@")[0], args, trees[case[1].partition("@")[2]])
-             for case in cases}
+    intervals = [int(i) for i in args.stream_interval.split(",")]
+    # A case: (pacing, "server[@rev][/interval]").
+    cases = [(pacing, server + (f"@{rev}" if rev else "") + (f"/interval {i}" if i > 1 else ""))
+             for pacing in pacings for server in args.servers.split(",") for rev in trees for i in intervals]
+
+    def start(case: tuple[str, str]) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes], str]:
+        name, _, interval = case[1].partition("/interval ")
+        server, _, rev = name.partition("@")
+        return start_case(case[0] == "paced", server, args, trees[rev], int(interval or 1))
+
+    procs = {case: start(case) for case in cases}
     try:
         for _, _, base in procs.values():
             wait_ready(base)
