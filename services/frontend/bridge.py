@@ -41,6 +41,9 @@ class Bridge:
         nothing but Stats may wait for company before the loop is woken for it (idle_hold)."""
         self._loop = loop
         self._hold_s = hold_stats_s
+        # Set by the loop: nothing is in flight and no reply is awaited (every rank handshaken, no request
+        # or utility call open), so the engines' sockets need reading only every `hold_stats_s` (idle_hold).
+        self.quiet = False
         self._on_batch = on_batch
         self._on_dead = on_dead  # told, on the loop, why the socket thread stopped when nobody asked it to
         self._identity = identity.encode()
@@ -96,11 +99,28 @@ class Bridge:
         channel_of: dict[zmq.Socket, tuple[int, int]] = {}
         held: list[Inbound] = []  # Stats that came alone, not yet handed to the loop (idle_hold)
         held_since = held_at = 0.0
+        quiet, drain_at = False, 0.0  # quiet: the DEALERs and SUBs are not polled, only drained at drain_at
         try:
             while not self._closing:
                 batch: list[Inbound] = []
-                timeout = None if not held else int(max(0.0, held_since + self._hold_s - time.monotonic()) * 1000) + 1
-                for sock, _ in poller.poll(timeout):
+                now = time.monotonic()
+                if (self._hold_s > 0 and self.quiet) != quiet:
+                    quiet = not quiet
+                    for sock in (*dealers.values(), *subs.values()):
+                        poller.modify(sock, 0 if quiet else zmq.POLLIN)
+                    drain_at = now + self._hold_s
+                if quiet:
+                    timeout: int | None = int(max(0.0, drain_at - now) * 1000) + 1
+                elif held:
+                    timeout = int(max(0.0, held_since + self._hold_s - now) * 1000) + 1
+                else:
+                    timeout = None
+                ready = poller.poll(timeout)
+                drained = quiet and (time.monotonic() >= drain_at or bool(self._commands))
+                if drained:  # awake anyway, or due: read what the engines sent meanwhile
+                    ready += [(sock, zmq.POLLIN) for sock in (*dealers.values(), *subs.values())]
+                    drain_at = time.monotonic() + self._hold_s
+                for sock, _ in ready:
                     if sock == self._wake_r:
                         try:
                             while os.read(self._wake_r, 4096):
@@ -136,7 +156,8 @@ class Bridge:
                         except zmq.ZMQError as exc:  # this engine's address only: the others carry on
                             batch.append((index, CONNECT_FAILED, [f"cannot {op} to {arg}: {exc}"]))
                 now = time.monotonic()
-                if self._hold_s and batch and not commanded and all(_is_stats(item) for item in batch):
+                if (self._hold_s and batch and not commanded and not drained
+                        and all(_is_stats(item) for item in batch)):
                     if not held:
                         held_since = now
                     held += batch
@@ -169,6 +190,10 @@ class Bridge:
     # waking the loop: an idle frontend's loop wakes a few times a second rather than ten times per rank.
     # Anything else (outputs, a refusal, a connection event) or any command (the loop is serving: a
     # request, a heartbeat) hands the held Stats over at once, each batch with the time it was read.
+    # When the loop says `quiet` (nothing in flight, no reply awaited), this thread does not even wake
+    # for them: it polls only its wake-up pipe and the connection monitors (a closed connection is still
+    # told at once) and reads the engines' sockets when it is awake anyway (a command: the loop's own
+    # heartbeats) or every `hold_stats_s`. A request or a utility call clears `quiet` before its send.
 
     def _open(self, op: str, index: int, address: str, poller: zmq.Poller, dealers: dict[int, zmq.Socket],
               subs: dict[int, zmq.Socket], monitors: dict[int, zmq.Socket],

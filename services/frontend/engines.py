@@ -120,7 +120,9 @@ class EngineSet:
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
-        # Idle Stats wait at most a quarter of the deadline (and half a second) before the loop sees them.
+        # Idle Stats wait at most a quarter of the deadline (and half a second) before the loop sees them; a
+        # process with nothing in flight reads its engines that often (bridge.py's idle_hold), so the first
+        # request it places after a quiet spell sees load up to that old (those after it, fresh load).
         self._bridge = Bridge(loop, self._on_batch, self._frontend_id, on_dead=self._on_bridge_dead,
                               hold_stats_s=min(0.5, self._timeout / 4))
         for e in self.engines:
@@ -167,6 +169,7 @@ class EngineSet:
             recent.popleft()
         recent.append(now)
         engine.pending_prefill += stream.prompt_len
+        self._bridge.quiet = False  # before the send: its outputs are read as they come
         self._bridge.send(engine.index, frames)
 
     def abort(self, stream: Stream) -> None:
@@ -186,6 +189,7 @@ class EngineSet:
         call_id = self._next_call
         future: asyncio.Future[UtilityResult] = asyncio.get_running_loop().create_future()
         self._calls[call_id] = future
+        self._bridge.quiet = False
         self._bridge.send(self.engines[rank].index, encode(UtilityCall(call_id, name, args)))
         try:
             return await asyncio.wait_for(future, timeout_s)
@@ -200,6 +204,17 @@ class EngineSet:
     # ---- inbound: one pass over each batch from the socket thread ----
 
     def _on_batch(self, batch: list[Inbound], received_at: float | None = None) -> None:
+        try:
+            self._take(batch, received_at)
+        finally:
+            self._hint_quiet()
+
+    def _hint_quiet(self) -> None:
+        """Tell the socket thread whether a reply could be on its way (bridge.py's idle_hold)."""
+        if self._bridge is not None:
+            self._bridge.quiet = not self._calls and all(e.state == "ready" and not e.inflight for e in self.engines)
+
+    def _take(self, batch: list[Inbound], received_at: float | None) -> None:
         now = time.monotonic() if received_at is None else received_at  # when the socket thread read it
         for index, channel, frames in batch:
             engine = self.engines[index]
@@ -395,6 +410,7 @@ class EngineSet:
                         e.hello_sent = now
                         bridge.send(e.index, hello)
                     due = min(due, e.hello_sent + HELLO_RETRY_S)
+            self._hint_quiet()
             delay = max(due - now, 0.0) + 0.001
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._poke.wait(), delay)

@@ -41,11 +41,17 @@ def test_two_api_servers_share_the_port_and_answer_one_metrics(tmp_path: Path) -
 
         with ThreadPoolExecutor(8) as pool:
             assert sum(pool.map(one, range(REQUESTS))) == REQUESTS * 4
-        deadline = time.monotonic() + 5  # the engine's Stats (every 100 ms) may still count the last ones
-        while True:  # and each process's own gauges are refreshed every second
-            text = httpx.get(fe.url + "/metrics", timeout=10).text
-            if not _metric(text, "vllm:num_requests_running") and _metric(text, "fleet:engines_ready") == 1:
-                break
+        # The engine's Stats (every 100 ms; an API server with nothing in flight reads them every half second)
+        # may not count the last ones yet, and each process's own gauges are refreshed every second: wait
+        # until six scrapes in a row (each lands on either process) see the load settled.
+        deadline, settled = time.monotonic() + 10, 0
+        while settled < 6:
+            with httpx.Client(timeout=10) as client:
+                text = client.get(fe.url + "/metrics").text
+            tokens = _metric(text, "vllm:prompt_tokens_total") + _metric(text, "vllm:generation_tokens_total")
+            ok = (not _metric(text, "vllm:num_requests_running") and _metric(text, "fleet:engines_ready") == 1
+                  and _metric(text, "vllm:iteration_tokens_total_sum", engine="0") == tokens)
+            settled = settled + 1 if ok else 0
             assert time.monotonic() < deadline, text
             time.sleep(0.1)
         for _ in range(6):  # each scrape may land on either process: every one sees both

@@ -112,3 +112,61 @@ def test_stats_alone_wait_for_company_and_anything_else_brings_them_at_once() ->
             ctx.term()
 
     asyncio.run(main())
+
+
+def test_a_quiet_frontend_reads_its_engines_twice_a_second_and_still_sees_a_closed_one_at_once() -> None:
+    """quiet (nothing in flight, no reply awaited): the engines' sockets are read every hold_stats_s, so
+    Stats every 50 ms reach the loop in a few batches, every one of them; a closed connection is still
+    told at once (the monitors are polled), and a command has the sockets read when it wakes the thread."""
+    stats = [bytes((MAJOR, MINOR, Stats.TAG)), b"s"]
+
+    async def main() -> None:
+        ctx = zmq.Context()
+        engine = ctx.socket(zmq.ROUTER)
+        engine.setsockopt(zmq.LINGER, 0)
+        port = engine.bind_to_random_port("tcp://127.0.0.1")
+        calls: list[tuple[float, list[Inbound]]] = []
+        connected = asyncio.Event()
+
+        def on_batch(batch: list[Inbound], received_at: float) -> None:
+            calls.append((time.monotonic(), batch))
+            if any(c == CONNECTED for _, c, _ in batch):
+                connected.set()
+
+        bridge = Bridge(asyncio.get_running_loop(), on_batch, "fe", hold_stats_s=0.4)
+        try:
+            bridge.connect(0, f"tcp://127.0.0.1:{port}")
+            async with asyncio.timeout(10):
+                await connected.wait()
+            bridge.send(0, [b"\x01\x02\x03", b"hello"])
+            assert await asyncio.to_thread(engine.poll, 5000)
+            peer = engine.recv_multipart()[0]
+            bridge.quiet = True
+            await asyncio.sleep(0.5)
+            calls.clear()
+            for _ in range(24):  # 1.2 s of Stats every 50 ms
+                engine.send_multipart([peer, *stats])
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)
+            delivered = [item for _, batch in calls for item in batch if item[1] == DEALER]
+            assert len(delivered) == 24 and 2 <= len(calls) <= 5, [len(b) for _, b in calls]
+            calls.clear()
+            engine.send_multipart([peer, *stats])
+            await asyncio.sleep(0.05)
+            sent = time.monotonic()
+            bridge.send(0, [b"\x01\x02\x03", b"beat"])  # a command wakes the thread: it reads the sockets too
+            async with asyncio.timeout(5):
+                while not any(item[1] == DEALER for _, batch in calls for item in batch):
+                    await asyncio.sleep(0.01)
+            assert calls[-1][0] - sent < 0.2
+            closed = time.monotonic()
+            engine.close()
+            async with asyncio.timeout(5):
+                while not any(item[1] == DISCONNECTED for _, batch in calls for item in batch):
+                    await asyncio.sleep(0.01)
+            assert time.monotonic() - closed < 0.3
+        finally:
+            await asyncio.to_thread(bridge.close)
+            ctx.term()
+
+    asyncio.run(main())
