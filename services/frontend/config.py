@@ -57,6 +57,8 @@ class FrontendConfig:
         _require(1 <= self.api_server_count <= 64, "--api-server-count", self.api_server_count, "1..64")
         _require(self.backend in ("vllm", "sim"), "--backend", self.backend, "vllm or sim")
         _require(self.http_server in HTTP_SERVERS, "--http-server", self.http_server, " or ".join(HTTP_SERVERS))
+        _require(self.http_server != "granian" or self.api_server_count == 1, "--http-server", self.http_server,
+                 "uvicorn or hypercorn with --api-server-count above 1 (granian binds without SO_REUSEPORT)")
         _require(0 <= self.max_logprobs <= 1024, "--max-logprobs", self.max_logprobs, "0..1024")
         _require(self.max_request_choices >= 1, "--max-request-choices", self.max_request_choices, ">= 1")
         _require(self.stream_interval >= 1, "--stream-interval", self.stream_interval, ">= 1")
@@ -111,7 +113,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-HTTP_SERVERS = ("uvicorn", "hypercorn")
+HTTP_SERVERS = ("uvicorn", "hypercorn", "granian")  # granian: the `granian` extra (make installs it)
 
 
 def build_parser() -> argparse.ArgumentParser:

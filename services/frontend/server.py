@@ -155,6 +155,8 @@ async def run(config: FrontendConfig, server_index: int = 0) -> int:
         # MutableMapping; a TypedDict is not a MutableMapping to mypy, though both are ASGI dicts.
         if config.http_server == "uvicorn":
             await _serve_uvicorn(app, config, stop)
+        elif config.http_server == "granian":
+            await _serve_granian(app, config, stop)
         else:
             await serve(app, hc, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
     finally:
@@ -214,6 +216,27 @@ async def _serve_uvicorn(app: Frontend, config: FrontendConfig, stop: asyncio.Ev
         await server.serve(sockets=[sock])
     finally:
         sock.close()
+
+
+async def _serve_granian(app: Frontend, config: FrontendConfig, stop: asyncio.Event) -> None:
+    """The app under granian's embedded server (Rust HTTP on its own threads, the app on this loop); the
+    `granian` extra (docs/frontend.md compares the servers). One API server process only: granian binds
+    its own socket, without SO_REUSEPORT."""
+    from granian.constants import HTTPModes, Interfaces
+    from granian.server.embed import Server
+
+    server = Server(app, address=config.host, port=config.port, interface=Interfaces.ASGI, http=HTTPModes.http1,
+                    websockets=False, backlog=2048, log_enabled=False)
+
+    async def stop_when_told() -> None:
+        await stop.wait()
+        server.stop()
+
+    watcher = asyncio.get_running_loop().create_task(stop_when_told())
+    try:
+        await server.serve()
+    finally:
+        watcher.cancel()
 
 
 def _quiet_cancellations(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:

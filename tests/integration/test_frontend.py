@@ -11,6 +11,7 @@ import httpx
 import openai
 import pytest
 
+from services.frontend.config import HTTP_SERVERS
 from services.frontend.stop_strings import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from tests.support.engine_client import EngineClient
 from tests.support.procs import EngineProc, FrontendProc, start_engine, start_frontend
@@ -24,15 +25,17 @@ def _frontend_args(engine: EngineProc, ranks: int, *extra: str) -> list[str]:
             "--engine-addresses", addresses, "--engine-timeout", "1.0", *extra]
 
 
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EngineProc, FrontendProc]]:
-    """Two headless sim ranks (one command) and a frontend with --data-parallel-size-local 0."""
+@pytest.fixture(scope="module", params=HTTP_SERVERS)
+def fleet(request: pytest.FixtureRequest,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EngineProc, FrontendProc]]:
+    """Two headless sim ranks (one command) and a frontend with --data-parallel-size-local 0, on each
+    HTTP server it can run (the module's tests run once per server); SIGTERM then stops it cleanly."""
     tmp = tmp_path_factory.mktemp("fleet")
     engine = start_engine(tmp, *SIM, "--sim-decode-ms", "1", ranks=2)
     try:
-        fe = start_frontend(tmp, *_frontend_args(engine, 2))
+        fe = start_frontend(tmp, *_frontend_args(engine, 2, "--http-server", request.param))
         yield engine, fe
-        fe.stop()
+        assert fe.stop() == 0, fe.log()
     finally:
         engine.stop()
 
