@@ -55,6 +55,17 @@ def test_a_closed_engine_socket_is_told_at_once_and_later_sends_come_back_refuse
     asyncio.run(main())
 
 
+async def _peer(bridge: Bridge, engine: zmq.Socket, port: int, connected: asyncio.Event) -> bytes:
+    """Connect the bridge to the engine's ROUTER and send one message: the bridge's identity there."""
+    bridge.connect(0, f"tcp://127.0.0.1:{port}")
+    async with asyncio.timeout(10):
+        await connected.wait()
+    bridge.send(0, [b"\x01\x02\x03", b"hello"])
+    assert await asyncio.to_thread(engine.poll, 5000)
+    peer: bytes = engine.recv_multipart()[0]
+    return peer
+
+
 def test_stats_alone_wait_for_company_and_anything_else_brings_them_at_once() -> None:
     """idle_hold: a batch of nothing but Stats reaches the loop after hold_stats_s (with the time it was
     read), unless something else comes first, which brings the held Stats with it, ahead of it."""
@@ -79,12 +90,7 @@ def test_stats_alone_wait_for_company_and_anything_else_brings_them_at_once() ->
 
         bridge = Bridge(asyncio.get_running_loop(), on_batch, "fe", hold_stats_s=0.3)
         try:
-            bridge.connect(0, f"tcp://127.0.0.1:{port}")
-            async with asyncio.timeout(10):
-                await connected.wait()
-            bridge.send(0, [b"\x01\x02\x03", b"hello"])
-            assert await asyncio.to_thread(engine.poll, 5000)
-            peer = engine.recv_multipart()[0]
+            peer = await _peer(bridge, engine, port, connected)
             await asyncio.sleep(0.1)
             calls.clear()
             sent = time.monotonic()
@@ -135,12 +141,7 @@ def test_a_quiet_frontend_reads_its_engines_twice_a_second_and_still_sees_a_clos
 
         bridge = Bridge(asyncio.get_running_loop(), on_batch, "fe", hold_stats_s=0.4)
         try:
-            bridge.connect(0, f"tcp://127.0.0.1:{port}")
-            async with asyncio.timeout(10):
-                await connected.wait()
-            bridge.send(0, [b"\x01\x02\x03", b"hello"])
-            assert await asyncio.to_thread(engine.poll, 5000)
-            peer = engine.recv_multipart()[0]
+            peer = await _peer(bridge, engine, port, connected)
             bridge.quiet = True
             await asyncio.sleep(0.5)
             calls.clear()
