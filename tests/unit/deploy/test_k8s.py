@@ -191,6 +191,10 @@ def test_frontends_dial_every_engine_by_its_stable_name_and_port(fleet: Any) -> 
     assert _pod(frontend)["terminationGracePeriodSeconds"] > config.shutdown_timeout_s
     assert c["image"] == IMAGES["slim"]
     assert c["resources"]["requests"]["cpu"]  # the HPA's utilization is relative to the request
+    # The kubelet waits for the frontend's handshakes as long as the frontend itself does.
+    startup = c["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= config.handshake_timeout_s
+    assert config.handshake_timeout_s == (300 if tree == "cpu" else 900)
 
 
 def test_frontend_probes_answer_200_on_the_app() -> None:
@@ -204,7 +208,7 @@ def test_frontend_probes_answer_200_on_the_app() -> None:
     assert (c["livenessProbe"]["httpGet"]["path"], c["readinessProbe"]["httpGet"]["path"]) == ("/health", "/ready")
 
 
-def test_the_autoscaler_and_disruption_budget_cover_the_frontends(fleet: Any) -> None:
+def test_the_autoscaler_and_disruption_budgets_cover_their_workloads(fleet: Any) -> None:
     _, resources = fleet
     frontend = resources[("Deployment", "frontend")]
     hpa = resources[("HorizontalPodAutoscaler", "frontend")]["spec"]
@@ -213,6 +217,9 @@ def test_the_autoscaler_and_disruption_budget_cover_the_frontends(fleet: Any) ->
     assert 1 <= hpa["minReplicas"] <= hpa["maxReplicas"]
     pdb = resources[("PodDisruptionBudget", "frontend")]["spec"]
     assert _selects(pdb["selector"]["matchLabels"], frontend) and pdb["minAvailable"] < hpa["minReplicas"]
+    engines = resources[("PodDisruptionBudget", "engine")]["spec"]
+    assert _selects(engines["selector"]["matchLabels"], resources[("StatefulSet", "engine")])
+    assert engines["maxUnavailable"] < resources[("StatefulSet", "engine")]["spec"]["replicas"]
 
 
 def test_the_cpu_overlay_needs_no_shared_checkpoint_volume() -> None:
