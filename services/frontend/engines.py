@@ -412,6 +412,8 @@ class EngineSet:
                     due = min(due, e.hello_sent + HELLO_RETRY_S)
             self._hint_quiet()
             delay = max(due - now, 0.0) + 0.001
+            if stalled:  # give the socket thread time to hand over what came meanwhile before judging again
+                delay = max(delay, STALL_S)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._poke.wait(), delay)
             self._poke.clear()
