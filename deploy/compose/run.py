@@ -33,7 +33,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,22 +143,15 @@ def plan(model: dict[str, Any], volumes_dir: Path, files_dir: Path) -> list[Serv
                 paths[target] = source
             elif source.startswith("/"):
                 src = Path(source)
-                local = files_dir / name / src.name
-                local.parent.mkdir(parents=True, exist_ok=True)
+                copy = files_dir / name / src.name
+                copy.parent.mkdir(parents=True, exist_ok=True)
                 text = _rewrite(src.read_text(), host_map, own)
-                local.write_text(_rewrite_listen_ports(text, ports[name]) if src.suffix in (".yaml", ".yml") else text)
-                paths[target] = str(local)
+                copy.write_text(_rewrite_listen_ports(text, ports[name]) if src.suffix in (".yaml", ".yml") else text)
+                paths[target] = str(copy)
             else:
                 (volumes_dir / source).mkdir(parents=True, exist_ok=True)
                 paths[target] = str(volumes_dir / source)
-
-        def local(s: str) -> str:
-            s = _rewrite(s, host_map, own)
-            for target, path in paths.items():
-                if s == target or s.startswith(target + "/"):
-                    s = path + s[len(target):]
-            return s.replace("0.0.0.0", "127.0.0.1")
-
+        local = _localiser({**host_map, **own}, paths)
         argv = [local(a) for a in _map_argv((spec.get("entrypoint") or []) + (spec.get("command") or []))]
         argv = _rewrite_port_flags(argv, ports[name])
         env = {k: local(str(v)) for k, v in (spec.get("environment") or {}).items() if v is not None}
@@ -173,6 +166,18 @@ def plan(model: dict[str, Any], volumes_dir: Path, files_dir: Path) -> list[Serv
                                  "service_started and service_healthy")
         services.append(Service(name, argv, env, health, interval, deadline, deps, ports[name]))
     return _start_order(services)
+
+
+def _localiser(hosts: dict[str, str], paths: dict[str, str]) -> Callable[[str], str]:
+    """One service's view of a string: host:port references, container paths and 0.0.0.0 mapped."""
+    def local(s: str) -> str:
+        s = _rewrite(s, hosts, {})
+        for target, path in paths.items():
+            if s == target or s.startswith(target + "/"):
+                s = path + s[len(target):]
+        return s.replace("0.0.0.0", "127.0.0.1")
+
+    return local
 
 
 def _container_ports(spec: dict[str, Any]) -> list[int]:
@@ -218,7 +223,7 @@ def _map_argv(argv: list[str]) -> list[str]:
     return argv
 
 
-def _health_argv(test: Any, local: Any) -> list[str] | None:
+def _health_argv(test: Any, local: Callable[[str], str]) -> list[str] | None:
     if not test or test == ["NONE"]:
         return None
     if isinstance(test, str):
@@ -323,7 +328,7 @@ class Runner:
         return self.stopping.is_set()
 
     def stop(self) -> None:
-        for name, proc in reversed(self.procs.items()):
+        for proc in reversed(self.procs.values()):
             if proc.poll() is None:
                 _signal_group(proc, signal.SIGTERM)
         deadline = time.monotonic() + self.grace_s
