@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from deploy.compose import run
@@ -59,3 +60,20 @@ def test_durations() -> None:
     assert run._duration("1m30s") == 90
     assert run._duration("500ms") == 0.5
     assert run._duration(3) == 3
+
+
+def test_gpu_override_mounts_the_model_directory(tmp_path: Path) -> None:
+    model_dir = tmp_path / "Qwen3-8B"
+    model_dir.mkdir()
+    services = _plan(tmp_path, COMPOSE / "compose.yaml", COMPOSE / "compose.gpu.yaml",
+                     env={"FLEET_MODEL_DIR": str(model_dir)})
+    engine, frontend = services["engine-0"], services["frontend"]
+    assert engine.argv[engine.argv.index("--model") + 1] == str(model_dir)
+    assert frontend.argv[frontend.argv.index("--model") + 1] == str(model_dir)
+    assert engine.health is not None and engine.health[0] == sys.executable  # python3 in the CUDA image
+    assert frontend.deadline_s > 600  # start_period merged into the base healthcheck
+
+
+def test_gpu_override_needs_the_model_directory(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="FLEET_MODEL_DIR"):
+        _plan(tmp_path, COMPOSE / "compose.yaml", COMPOSE / "compose.gpu.yaml")
