@@ -124,6 +124,7 @@ class Service:
     env: dict[str, str]
     health: list[str] | None  # argv, or None: no healthcheck
     interval_s: float = 5.0
+    timeout_s: float = 30.0
     deadline_s: float = 120.0
     depends_on: dict[str, str] = field(default_factory=dict)  # name -> condition
     ports: dict[int, int] = field(default_factory=dict)  # container port -> local port
@@ -164,7 +165,8 @@ def plan(model: dict[str, Any], volumes_dir: Path, files_dir: Path) -> list[Serv
             if c not in ("service_started", "service_healthy"):
                 raise SystemExit(f"compose: services.{name}.depends_on.{d}.condition={c!r}: the runner supports "
                                  "service_started and service_healthy")
-        services.append(Service(name, argv, env, health, interval, deadline, deps, ports[name]))
+        timeout = _duration(check.get("timeout", "30s"))
+        services.append(Service(name, argv, env, health, interval, timeout, deadline, deps, ports[name]))
     return _start_order(services)
 
 
@@ -318,8 +320,12 @@ class Runner:
             if proc.poll() is not None:
                 print(f"run | {svc.name} exited with {proc.returncode} before it was healthy", flush=True)
                 return False
-            check = subprocess.run(svc.health, cwd=self.cwd, capture_output=True, timeout=max(svc.interval_s, 10))
-            if check.returncode == 0:
+            try:
+                passed = subprocess.run(svc.health, cwd=self.cwd, capture_output=True,
+                                        timeout=svc.timeout_s).returncode == 0
+            except subprocess.TimeoutExpired:  # compose counts a check past its timeout as failed
+                passed = False
+            if passed:
                 print(f"run | {svc.name} healthy", flush=True)
                 return True
             self.stopping.wait(svc.interval_s)

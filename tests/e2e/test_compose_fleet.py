@@ -19,6 +19,8 @@ import anthropic
 import openai
 import pytest
 
+from tests.support.procs import group_gone
+
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "deploy" / "compose"
 
@@ -29,14 +31,6 @@ class Fleet:
     router_url: str
     pids: dict[str, int]
     lines: list[str]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.killpg(pid, 0)  # the service's whole process group: its children count too
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +91,9 @@ def test_messages_through_the_router(fleet: Fleet) -> None:
 
 def test_sigterm_tears_everything_down(fleet: Fleet) -> None:
     assert set(fleet.pids) == {"engine-0", "engine-1", "frontend", "router"}
-    assert all(_alive(pid) for pid in fleet.pids.values())
+    assert not any(group_gone(pid, timeout_s=0) for pid in fleet.pids.values())
     fleet.runner.send_signal(signal.SIGTERM)
     assert fleet.runner.wait(30) == 0, "".join(fleet.lines[-40:])
-    assert [name for name, pid in fleet.pids.items() if _alive(pid)] == []
+    # each service's whole process group: its children count too
+    assert [name for name, pid in fleet.pids.items() if not group_gone(pid)] == []
     assert fleet.lines[-1].startswith("run | stopped")
