@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -54,6 +55,7 @@ def main() -> int:
     finally:
         os.killpg(runner.pid, signal.SIGTERM)
         runner.wait(60)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -377,7 +378,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ports-file", type=Path, help="write {service: {container port: local port}} here as JSON")
     p.add_argument("--grace", type=float, default=40.0, help="seconds between SIGTERM and SIGKILL on stop")
     args = p.parse_args(argv)
-    services = plan(load(args.files, dict(os.environ)), args.volumes_dir, Path(tempfile.mkdtemp(prefix="compose-")))
+    files_dir = Path(tempfile.mkdtemp(prefix="compose-"))  # the rewritten copies of bind-mounted files
+    try:
+        return _run(plan(load(args.files, dict(os.environ)), args.volumes_dir, files_dir), args)
+    finally:
+        shutil.rmtree(files_dir, ignore_errors=True)
+
+
+def _run(services: list[Service], args: argparse.Namespace) -> int:
     mapping = {s.name: {str(k): v for k, v in s.ports.items()} for s in services}
     for s in services:
         for container, local in s.ports.items():
