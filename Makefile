@@ -53,6 +53,9 @@ bench: $(STAMP)
 	$(PY) bench/chaos.py
 	$(PY) bench/json_depth.py
 	$(PY) bench/fuzz.py
+	$(PY) bench/image_sizes.py
+	$(PY) bench/compose_start.py --sim
+	$(PY) bench/compose_start.py
 
 clean:
 	rm -rf $(VENV)

