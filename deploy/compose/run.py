@@ -166,6 +166,8 @@ def plan(model: dict[str, Any], volumes_dir: Path, files_dir: Path) -> list[Serv
         env = {k: local(str(v)) for k, v in (spec.get("environment") or {}).items() if v is not None}
         check = spec.get("healthcheck") or {}
         health = _health_argv(check.get("test"), local)
+        if health is not None:  # it runs in the service's own container: its --port flags are the service's
+            health = _rewrite_port_flags(health, ports[name])
         interval = _duration(check.get("interval", "5s"))
         deadline = _duration(check.get("start_period", "0s")) + interval * (int(check.get("retries", 3)) + 1)
         deps = {d: c.get("condition", "service_started") for d, c in (spec.get("depends_on") or {}).items()}

@@ -23,5 +23,5 @@ USER fleet
 EXPOSE 5555
 # The engine never speaks HTTP: healthy means its ROUTER port accepts a TCP connection.
 HEALTHCHECK --interval=5s --timeout=3s --start-period=120s --retries=3 \
-  CMD ["python", "-c", "import socket; socket.create_connection(('127.0.0.1', 5555), 2).close()"]
+  CMD ["python", "-m", "services.engine.probe", "--port", "5555"]
 CMD ["engine", "--headless", "--model", "tiny", "--port", "5555"]

@@ -20,7 +20,7 @@ USER fleet
 EXPOSE 5555
 # The engine never speaks HTTP: healthy means its ROUTER port accepts a TCP connection.
 HEALTHCHECK --interval=5s --timeout=3s --start-period=300s --retries=3 \
-  CMD ["python3", "-c", "import socket; socket.create_connection(('127.0.0.1', 5555), 2).close()"]
+  CMD ["python3", "-m", "services.engine.probe", "--port", "5555"]
 # vLLM's image starts its own API server; ours is the headless engine.
 ENTRYPOINT []
 CMD ["engine", "--headless", "--model", "/models/model", "--port", "5555"]

@@ -40,7 +40,7 @@ def test_compose_file_maps_onto_loopback(tmp_path: Path) -> None:
     assert "sim" in e0.argv
     addresses = frontend.argv[frontend.argv.index("--engine-addresses") + 1]
     assert addresses == f"tcp://127.0.0.1:{e0.ports[5555]},tcp://127.0.0.1:{e1.ports[5555]}"
-    assert e0.health is not None and f"'127.0.0.1:{e0.ports[5555]}'" in e0.health[-1]
+    assert e0.health is not None and e0.health[1:] == ["-m", "services.engine.probe", "--port", str(e0.ports[5555])]
     assert frontend.health is not None and f"http://127.0.0.1:{frontend.ports[8000]}/ready" in frontend.health[-1]
     assert frontend.env["FLEET_CACHE_DIR"] == str(tmp_path / "volumes" / "model-cache")
     assert frontend.depends_on == {"engine-0": "service_healthy", "engine-1": "service_healthy"}
