@@ -21,7 +21,7 @@ RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu '.[vllm-c
 WORKDIR /home/fleet
 USER fleet
 EXPOSE 5555
-# The engine never speaks HTTP: healthy means its ROUTER port accepts a TCP connection.
+# The engine never speaks HTTP: healthy once it answers a handshake (after the model has loaded).
 HEALTHCHECK --interval=5s --timeout=3s --start-period=120s --retries=3 \
   CMD ["python", "-m", "services.engine.probe", "--port", "5555"]
 CMD ["engine", "--headless", "--model", "tiny", "--port", "5555"]

@@ -4,7 +4,9 @@
 FROM vllm/vllm-openai:v0.11.0
 
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 FLEET_CACHE_DIR=/cache
-RUN useradd --create-home --uid 10001 fleet && install -d -o fleet -g fleet /cache
+# `python` too, as the Kubernetes manifests start `python -m services.engine` (the image has python3).
+RUN useradd --create-home --uid 10001 fleet && install -d -o fleet -g fleet /cache \
+ && { command -v python >/dev/null || ln -s "$(command -v python3)" /usr/local/bin/python; }
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY protocol ./protocol
@@ -18,7 +20,7 @@ RUN python3 -m pip install . \
 WORKDIR /home/fleet
 USER fleet
 EXPOSE 5555
-# The engine never speaks HTTP: healthy means its ROUTER port accepts a TCP connection.
+# The engine never speaks HTTP: healthy once it answers a handshake (after the model has loaded).
 HEALTHCHECK --interval=5s --timeout=3s --start-period=300s --retries=3 \
   CMD ["python3", "-m", "services.engine.probe", "--port", "5555"]
 # vLLM's image starts its own API server; ours is the headless engine.
