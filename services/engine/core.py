@@ -324,8 +324,9 @@ class CoreLoop:
         for peer in self._peers.silent_since(now - self.config.client_timeout_s):
             orphans = self._peers.leave(peer)
             self.bridge.peers = tuple(p.identity for p in self._peers)
-            log.warning("rank %d: frontend %s silent for %.1fs; aborting its %d request(s)",
-                        self.rank, peer.frontend_id, now - peer.last_seen, len(orphans))
+            # A peer that went away with nothing in flight (a readiness probe's session, say) is routine.
+            log.log(logging.WARNING if orphans else logging.INFO, "rank %d: frontend %s silent for %.1fs; "
+                    "aborting its %d request(s)", self.rank, peer.frontend_id, now - peer.last_seen, len(orphans))
             if orphans:
                 self.backend.abort(orphans)
                 self._log_aborted(peer, orphans, f"its frontend was silent for {now - peer.last_seen:.1f}s")

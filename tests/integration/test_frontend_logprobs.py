@@ -11,8 +11,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from tests.integration.conftest import SIM
-from tests.support.procs import start_engine, start_frontend
+from tests.support.procs import openai_over_sim
 
 CHAT = [{"role": "user", "content": "Tell me about logprobs"}]
 LN2 = math.log(2)
@@ -23,16 +22,8 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
     tmp = tmp_path_factory.mktemp("logprobs")
     script = tmp / "script.json"
     script.write_text(json.dumps([{"match": "capital of France", "reply": "Paris."}]))
-    engine = start_engine(tmp, *SIM, "--sim-decode-ms", "1", "--sim-script", str(script))
-    try:
-        fe = start_frontend(tmp, "--data-parallel-size-local", "0", "--engine-addresses", engine.endpoint(0))
-        try:
-            with openai.OpenAI(base_url=fe.url + "/v1", api_key="x", max_retries=0, timeout=60) as c:
-                yield c
-        finally:
-            fe.stop()
-    finally:
-        engine.stop()
+    with openai_over_sim(tmp, ["--sim-decode-ms", "1", "--sim-script", str(script)]) as c:
+        yield c
 
 
 def _check_entry(entry: object, k: int) -> None:

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from protocol import MAJOR, MINOR
-from tests.support.procs import start_engine, start_frontend
+from tests.support.procs import openai_over_sim
 
 WEATHER: Any = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather of a city",
@@ -29,17 +29,8 @@ ROUND_TRIP: Any = [
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
     tmp: Path = tmp_path_factory.mktemp("tools")
-    engine = start_engine(tmp, "--model", "tiny", "--backend", "sim", "--sim-decode-ms", "1")
-    try:
-        fe = start_frontend(tmp, "--data-parallel-size", "1", "--data-parallel-size-local", "0",
-                            "--engine-addresses", engine.endpoint(), "--engine-timeout", "1.0")
-        try:
-            with openai.OpenAI(base_url=fe.url + "/v1", api_key="unused", max_retries=0, timeout=60) as c:
-                yield c
-        finally:
-            fe.stop()
-    finally:
-        engine.stop()
+    with openai_over_sim(tmp, ["--sim-decode-ms", "1"], ["--engine-timeout", "1.0"]) as c:
+        yield c
 
 
 def _bad_request(client: openai.OpenAI, **kwargs: Any) -> dict[str, Any]:

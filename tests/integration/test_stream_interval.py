@@ -8,26 +8,16 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from tests.integration.conftest import SIM
-from tests.support.procs import start_engine, start_frontend
+from tests.support.procs import openai_over_sim
 
 CHAT = [{"role": "user", "content": "Stream this in chunks"}]
 
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
-    tmp = tmp_path_factory.mktemp("interval")
-    engine = start_engine(tmp, *SIM, "--sim-decode-ms", "2")
-    try:
-        fe = start_frontend(tmp, "--data-parallel-size-local", "0", "--engine-addresses", engine.endpoint(),
-                            "--stream-interval", "3")
-        try:
-            with openai.OpenAI(base_url=fe.url + "/v1", api_key="x", max_retries=0, timeout=60) as c:
-                yield c
-        finally:
-            fe.stop()
-    finally:
-        engine.stop()
+    with openai_over_sim(tmp_path_factory.mktemp("interval"), ["--sim-decode-ms", "2"],
+                         ["--stream-interval", "3"]) as c:
+        yield c
 
 
 def _chunk_tokens(client: openai.OpenAI, **kwargs: object) -> tuple[list[int], str]:

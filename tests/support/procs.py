@@ -8,9 +8,12 @@ import socket
 import subprocess
 import sys
 import time
-from contextlib import closing
+from collections.abc import Iterator, Sequence
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import openai
 
 
 def free_port_block(n: int = 1, *, spread: int = 100) -> int:
@@ -266,3 +269,21 @@ def group_gone(pgid: int, timeout_s: float = 10.0) -> bool:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.05)
+
+
+@contextmanager
+def openai_over_sim(tmp_path: Path, engine_args: Sequence[str] = (), frontend_args: Sequence[str] = ()
+                    ) -> Iterator[openai.OpenAI]:
+    """An openai client of a frontend process over one headless sim rank (`--model tiny --backend sim`
+    plus `engine_args`), both stopped on exit."""
+    engine = start_engine(tmp_path, "--model", "tiny", "--backend", "sim", *engine_args)
+    try:
+        fe = start_frontend(tmp_path, "--data-parallel-size-local", "0", "--engine-addresses", engine.endpoint(),
+                            *frontend_args)
+        try:
+            with openai.OpenAI(base_url=fe.url + "/v1", api_key="x", max_retries=0, timeout=60) as client:
+                yield client
+        finally:
+            fe.stop()
+    finally:
+        engine.stop()
