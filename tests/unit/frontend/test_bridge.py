@@ -42,11 +42,16 @@ def test_a_closed_engine_socket_is_told_at_once_and_later_sends_come_back_refuse
 
             engine.close()  # as when the engine process dies: the kernel closes its connections
             await until(lambda: any(c == DISCONNECTED for _, c, _ in seen))
-            bridge.send(0, [b"\x01\x02\x03", b"lost"])
-            bridge.flush(0)
-            await until(lambda: any(c == FLUSHED for _, c, _ in seen))
+            # ZMQ may tell the disconnect a moment before it drops the connection's pipe; a send in that
+            # moment is lost (the frontend stops placing on the rank at DISCONNECTED). From then on every
+            # send comes back refused: it never left, so it can go elsewhere.
+            async with asyncio.timeout(5):
+                while not any(c == SEND_FAILED and f[-1] == b"lost" for _, c, f in seen):
+                    flushed = sum(c == FLUSHED for _, c, _ in seen)
+                    bridge.send(0, [b"\x01\x02\x03", b"lost"])
+                    bridge.flush(0)
+                    await until(lambda n=flushed: sum(c == FLUSHED for _, c, _ in seen) > n)  # type: ignore[misc]
             after = [(c, f) for _, c, f in seen[[c for _, c, _ in seen].index(DISCONNECTED):]]
-            assert (SEND_FAILED, [b"\x01\x02\x03", b"lost"]) in after  # never left: it can go elsewhere
             assert all(c != DEALER for c, _ in after)
         finally:
             await asyncio.to_thread(bridge.close)
