@@ -99,7 +99,7 @@ async def send_completion(send: Send, prompts: list[list[OutputProcessor]], mode
         return
     first = choices[0]
     options = first.options
-    use = first.usage(first.completion_tokens) if len(choices) == 1 else group_usage(prompts)
+    use = group_usage(prompts)  # one choice: its own usage
     bodies = [_choice(i, o, got) for i, (o, got) in enumerate(zip(choices, collected, strict=True))]
     prompt_logprobs = _prompt_logprobs(first) if options.chat else None  # a completion's are its choices'
     body = responses.completion_body(options.response_id or first.stream.request_id, model, bodies, use,
