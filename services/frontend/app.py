@@ -8,8 +8,10 @@ generation routes are not served.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hmac
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from importlib import metadata
 
 import msgspec
@@ -43,6 +45,10 @@ from services.frontend.shutdown import Shutdown
 from services.frontend.stream import Stream, Wakeup
 from services.frontend.translation import PIN_HEADER, EngineRequest, OutputOptions, Translator
 
+# The routes --api-key guards (vLLM's: everything under /v1, and the token-in, render and tokenize routes);
+# /health, /ready, /metrics, /version and /openapi.json stay open for probes and scrapers.
+_GUARDED = ("/v1/", "/inference/", "/tokenize", "/detokenize")
+
 
 class Frontend:
     def __init__(self, config: FrontendConfig, model: Model, engines: EngineSet, metrics: Metrics) -> None:
@@ -63,6 +69,7 @@ class Frontend:
                                      max_choices=config.max_request_choices,
                                      stream_interval=config.stream_interval)
         self._created = int(time.time())
+        self._keys = [k.encode() for k in config.api_keys]
         self._openapi = msgspec.json.encode(openapi.document(model.name, render_only=config.render_only,
                                                              max_logprobs=config.max_logprobs))
         self._lean: dict[str, Callable[[bytes, bytes | None], Awaitable[EngineRequest | list[EngineRequest]]]] = {
@@ -80,6 +87,10 @@ class Frontend:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"] if scope["type"] == "http" else None
+        if self._keys and path is not None and path.startswith(_GUARDED) and not self._authorized(scope):
+            await send_json(send, 401, error_body(401, "a valid API key is required: send `Authorization: Bearer "
+                                                       "<key>`"), [(b"www-authenticate", b"Bearer")])
+            return
         translate = self._lean.get(path) if path is not None else None
         preprocess = self._preprocess.get(path) if path is not None else None
         if translate is None and preprocess is None:
@@ -113,6 +124,15 @@ class Frontend:
                 await send_json(send, exc.status, exc.body())
             except ClientGone:
                 pass
+
+    def _authorized(self, scope: Scope) -> bool:
+        """The request's bearer key is one of --api-key's (each compared in constant time)."""
+        value = header(scope, b"authorization") or b""
+        given = value[7:].strip() if value[:7].lower() == b"bearer " else b""
+        ok = False
+        for key in self._keys:
+            ok |= hmac.compare_digest(given, key)
+        return ok
 
     # ---- plain routes (starlette) ----
 
@@ -177,10 +197,34 @@ class Frontend:
     # ---- generation (lean ASGI) ----
 
     async def _generate(self, requests: list[EngineRequest], receive: Receive, send: Send) -> None:
-        """Placement, then output processing into the writers, until the response is sent. `requests`:
-        one per prompt (a completions batch has several), each with its n choices; every choice is an
-        engine request of its own, and a prompt's choices go to one engine, whose prefix cache the
-        later ones hit (the engine caches a prompt's blocks as it schedules them, as vLLM's does)."""
+        """Placement, then output processing into the writers, until the response is sent."""
+        with self.launch(requests) as (prompts, streams, wakeup):
+
+            def fail(message: str) -> None:
+                for stream in streams:
+                    stream.fail(message)
+
+            watcher = asyncio.get_running_loop().create_task(watch_disconnect(receive, fail))
+            try:
+                options = requests[0].output
+                if options.token_out:
+                    await send_tokens(send, prompts[0][0], self.model.name)
+                elif options.stream:
+                    await send_stream(send, prompts, self.model.name, wakeup)
+                else:
+                    await send_completion(send, prompts, self.model.name)
+            finally:
+                watcher.cancel()
+
+    @contextlib.contextmanager
+    def launch(self, requests: list[EngineRequest]) -> Iterator[tuple[list[list[OutputProcessor]], list[Stream],
+                                                                      Wakeup | None]]:
+        """Place and submit a response's engine requests; inside, their output processors (per prompt, per
+        choice), streams and shared wake-up; on leaving, every one still at its engine is aborted. HTTP's
+        writers and gRPC's (grpc_server.py) run inside it. `requests`: one per prompt (a completions batch
+        has several), each with its n choices; every choice is an engine request of its own, and a prompt's
+        choices go to one engine, whose prefix cache the later ones hit (the engine caches a prompt's blocks
+        as it schedules them, as vLLM's does). Raises APIError when no engine can take them."""
         if self.shutdown.cut is not None:  # its body or tokens arrived after the shutdown deadline
             raise APIError(503, self.shutdown.cut)
         try:
@@ -191,38 +235,26 @@ class Frontend:
         wakeup = Wakeup() if several else None
         prompts: list[list[OutputProcessor]] = []
         streams: list[Stream] = []
-        for request, engine in zip(requests, engines, strict=True):
-            parent = self.metrics.parent(request.n) if request.n > 1 else None
-            choices = []
-            for choice in request.choices():
-                stream = Stream(choice.request_id, choice.prompt_len, choice.max_tokens)
-                stream.group = wakeup
-                if choice.output.stream:
-                    stream.interval = choice.output.stream_interval
-                choices.append(OutputProcessor(stream, choice, tokenizer=self.model.tokenizer, engines=self.dispatcher,
-                                               metrics=self.metrics, parser=self._parser(choice.output), parent=parent))
-                self.dispatcher.submit(engine, stream, choice)
-                self.metrics.running.inc()
-                self.metrics.prompt_tokens.inc(choice.prompt_len)
-                streams.append(stream)
-            prompts.append(choices)
-
-        def fail(message: str) -> None:
-            for stream in streams:
-                stream.fail(message)
-
-        watcher = asyncio.get_running_loop().create_task(watch_disconnect(receive, fail))
         try:
+            for request, engine in zip(requests, engines, strict=True):
+                parent = self.metrics.parent(request.n) if request.n > 1 else None
+                choices = []
+                for choice in request.choices():
+                    stream = Stream(choice.request_id, choice.prompt_len, choice.max_tokens)
+                    stream.group = wakeup
+                    if choice.output.stream:
+                        stream.interval = choice.output.stream_interval
+                    choices.append(OutputProcessor(stream, choice, tokenizer=self.model.tokenizer,
+                                                   engines=self.dispatcher, metrics=self.metrics,
+                                                   parser=self._parser(choice.output), parent=parent))
+                    self.dispatcher.submit(engine, stream, choice)
+                    self.metrics.running.inc()
+                    self.metrics.prompt_tokens.inc(choice.prompt_len)
+                    streams.append(stream)
+                prompts.append(choices)
             with self.shutdown.running(*streams):
-                options = requests[0].output
-                if options.token_out:
-                    await send_tokens(send, prompts[0][0], self.model.name)
-                elif options.stream:
-                    await send_stream(send, prompts, self.model.name, wakeup)
-                else:
-                    await send_completion(send, prompts, self.model.name)
+                yield prompts, streams, wakeup
         finally:
-            watcher.cancel()
             for stream in streams:
                 self.dispatcher.abort(stream)  # a no-op unless it is still running at its engine
                 self.metrics.running.dec()

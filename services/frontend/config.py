@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass, field, fields
 
 from services.frontend.parsers import (
@@ -43,6 +44,8 @@ class FrontendConfig:
     max_logprobs: int = 20  # most logprobs / top_logprobs / prompt_logprobs a request may ask for (vLLM's)
     max_request_choices: int = 256  # n times the prompts of one body: each is an engine request
     stream_interval: int = 1  # tokens per streamed chunk (vLLM's --stream-interval); a request may ask for more
+    grpc_port: int = 0  # the gRPC services' port (grpc_server.py); 0: not served
+    api_keys: tuple[str, ...] = ()  # keys the generation routes and gRPC require; none: open
     frontend_id: str = field(default="")
 
     def __post_init__(self) -> None:
@@ -62,6 +65,11 @@ class FrontendConfig:
         _require(0 <= self.max_logprobs <= 1024, "--max-logprobs", self.max_logprobs, "0..1024")
         _require(self.max_request_choices >= 1, "--max-request-choices", self.max_request_choices, ">= 1")
         _require(self.stream_interval >= 1, "--stream-interval", self.stream_interval, ">= 1")
+        _require(0 <= self.grpc_port <= 65535 and (self.grpc_port == 0 or self.grpc_port != self.port), "--grpc-port",
+                 self.grpc_port, "0 (off) or a port other than --port")
+        _require(not self.grpc_port or not self.render_only, "--grpc-port", self.grpc_port,
+                 "0 with --render-only (gRPC serves generation, which needs engines)")
+        _require(all(self.api_keys), "--api-key", "", "non-empty keys")
         _require(not self.enable_auto_tool_choice or self.tool_call_parser is not None,
                  "--enable-auto-tool-choice", True, "only with --tool-call-parser")
         _require(self.tool_call_parser in (None, *TOOL_PARSER_NAMES), "--tool-call-parser", self.tool_call_parser,
@@ -181,6 +189,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-request-choices", type=int, default=d["max_request_choices"],
                    help="most choices one request may ask for, n times its prompts (a completions batch): each "
                         "choice is an engine request of its own, so this bounds what one body puts in flight")
+    p.add_argument("--grpc-port", type=int, default=d["grpc_port"],
+                   help="serve the gRPC services (Inference, Control, RlControl, KvEvents; health and reflection) on "
+                        "this port of --host, from API server 0; 0: not served")
+    p.add_argument("--api-key", action="append", default=[], dest="api_keys", metavar="KEY",
+                   help="a key clients must send (`Authorization: Bearer KEY`; gRPC metadata too) to the "
+                        "generation, render and tokenize routes and every gRPC service but health "
+                        "(repeatable; also $FLEET_API_KEY); default: none, open")
     return p
 
 
@@ -188,6 +203,7 @@ def parse_args(argv: list[str] | None = None) -> FrontendConfig:
     p = build_parser()
     ns = vars(p.parse_args(argv))
     addresses = tuple(a.strip() for a in ns.pop("engine_addresses").split(",") if a.strip())
+    keys = ns.pop("api_keys") + ([os.environ["FLEET_API_KEY"]] if os.environ.get("FLEET_API_KEY") else [])
     if ns["data_parallel_size_local"] is None:
         default = next(f.default for f in fields(FrontendConfig) if f.name == "data_parallel_size_local")
         ns["data_parallel_size_local"] = 0 if ns["render_only"] else default
@@ -195,7 +211,8 @@ def parse_args(argv: list[str] | None = None) -> FrontendConfig:
     if ns["data_parallel_size"] is None:
         ns["data_parallel_size"] = local if local > 0 else max(1, len(addresses))
     try:
-        return FrontendConfig(engine_addresses=addresses, engine_args=tuple(ns.pop("engine_args")), **ns)
+        return FrontendConfig(engine_addresses=addresses, engine_args=tuple(ns.pop("engine_args")),
+                              api_keys=tuple(keys), **ns)
     except ValueError as exc:
         p.error(str(exc))
         raise

@@ -12,7 +12,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from protocol import (
     Abort,
@@ -62,6 +62,14 @@ STALL_S = 0.25
 # A Stats snapshot may not yet count requests sent this recently before it arrived (they can still be in
 # flight to the engine, or arrive after the snapshot was taken): they stay counted on top of it.
 STATS_LAG_S = 0.02
+
+
+class KvEventSink(Protocol):
+    """Where KV events go beside the engines' indexes (kv_relay.KvRelay)."""
+
+    def event(self, rank: int, epoch: str, event: BlockStored | BlockRemoved | AllCleared) -> None: ...
+
+    def cleared(self, rank: int, epoch: str) -> None: ...
 
 
 @dataclass(slots=True, eq=False)
@@ -115,6 +123,7 @@ class EngineSet:
         self.changed = asyncio.Event()  # set whenever an engine's state changes
         self._poke = asyncio.Event()  # the timers look again now
         self.broken: str | None = None  # why the socket thread stopped: the process cannot serve
+        self.relay: KvEventSink | None = None  # KV events relayed on (the gRPC KvEvents service's)
 
     # ---- lifecycle ----
 
@@ -183,14 +192,21 @@ class EngineSet:
         if self._bridge is not None and engine.state == "ready":
             self._bridge.send(engine.index, encode(Abort([stream.request_id])))
 
-    async def utility(self, rank: int, name: str, timeout_s: float = 10.0, **args: Any) -> UtilityResult:
+    @property
+    def frontend_id(self) -> str:
+        return self._frontend_id
+
+    async def utility(self, rank: int, utility: str, args: dict[str, Any] | None = None, timeout_s: float = 10.0,
+                      frames: Sequence[bytes] = ()) -> UtilityResult:
+        """An allowlisted utility call on engine `rank` (an index into `engines`); `frames` travel as the
+        message's raw frames (a weight update's tensors)."""
         assert self._bridge is not None
         self._next_call += 1
         call_id = self._next_call
         future: asyncio.Future[UtilityResult] = asyncio.get_running_loop().create_future()
         self._calls[call_id] = future
         self._bridge.quiet = False
-        self._bridge.send(self.engines[rank].index, encode(UtilityCall(call_id, name, args)))
+        self._bridge.send(self.engines[rank].index, encode(UtilityCall(call_id, utility, args or {}), *frames))
         try:
             return await asyncio.wait_for(future, timeout_s)
         finally:
@@ -253,7 +269,11 @@ class EngineSet:
                 self._on_stats(engine, msg, now)
             elif isinstance(msg, (BlockStored, BlockRemoved, AllCleared)):
                 if engine.state == "ready":
-                    engine.kv.apply(msg)
+                    gap = engine.kv.apply(msg)
+                    if self.relay is not None:
+                        if gap:
+                            self.relay.cleared(engine.rank, engine.epoch)
+                        self.relay.event(engine.rank, engine.epoch, msg)
             elif isinstance(msg, Ready):
                 self._on_ready(engine, msg, now)
             elif isinstance(msg, Reject):
@@ -311,6 +331,8 @@ class EngineSet:
         engine.stats, engine.sent_since_stats, engine.pending_prefill, engine.last_seen = None, 0, 0, now
         engine.recent_sends.clear()
         engine.kv.reset()
+        if self.relay is not None:
+            self.relay.cleared(engine.rank, engine.epoch)  # a new session holds nothing yet
         host = engine.address.rsplit(":", 1)[0]
         if msg.pub_port and self._bridge is not None:
             self._bridge.subscribe(engine.index, f"{host}:{msg.pub_port}")
@@ -368,6 +390,8 @@ class EngineSet:
         if engine.state == "dead":
             return
         log.error("engine rank %d is dead: %s", engine.rank, reason)
+        if self.relay is not None and engine.epoch:
+            self.relay.cleared(engine.rank, engine.epoch)
         engine.state, engine.reason, engine.hello_sent, engine.epoch = "dead", reason, 0.0, ""
         engine.kv.reset()
         if fail:

@@ -20,8 +20,10 @@ class KVIndex:
         self.blocks: set[int] = set()
         self.last_seq = 0
 
-    def apply(self, event: BlockStored | BlockRemoved | AllCleared) -> None:
-        if self.last_seq and event.seq != self.last_seq + 1:
+    def apply(self, event: BlockStored | BlockRemoved | AllCleared) -> bool:
+        """Apply one event; True when a gap before it dropped what the index held."""
+        gap = bool(self.last_seq) and event.seq != self.last_seq + 1
+        if gap:
             log.warning("rank %d: KV event gap (%d -> %d); prefix index reset", self.rank,
                         self.last_seq, event.seq)
             self.blocks.clear()
@@ -32,6 +34,7 @@ class KVIndex:
             self.blocks.difference_update(event.block_hashes)
         else:
             self.blocks.clear()
+        return gap
 
     def reset(self) -> None:
         self.blocks.clear()

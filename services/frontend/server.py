@@ -56,6 +56,24 @@ async def run(config: FrontendConfig, server_index: int = 0) -> int:
     if not config.render_only:  # render-only: no engine, so no socket thread either
         engines.start()
     app = Frontend(config, model, engines, Metrics(config.model_name))
+    grpc_server = None
+    if config.grpc_port and server_index == 0:
+        from services.frontend.grpc_server import GrpcServer  # grpcio only where gRPC is served
+        from services.frontend.kv_relay import KvRelay
+
+        engines.relay = relay = KvRelay(lambda: [(e.rank, e.epoch, e.kv.blocks, e.block_size)
+                                                 for e in engines.engines if e.state == "ready"])
+        grpc_server = GrpcServer(app, relay, host=config.host, port=config.grpc_port, api_keys=config.api_keys)
+        try:
+            await grpc_server.start()
+        except OSError as exc:
+            log.error("%s", exc)
+            await engines.close()
+            for p in siblings:
+                p.terminate()
+            if managed is not None:
+                await asyncio.to_thread(managed.stop)
+            return 1
 
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(_quiet_cancellations)
@@ -115,6 +133,8 @@ async def run(config: FrontendConfig, server_index: int = 0) -> int:
             await engines.wait_ready(config.handshake_timeout_s)
             app.update_gauges()  # now, not at the next refresh: another process may answer the next scrape
             log.info("all %d engine rank(s) ready", len(addresses))
+            if grpc_server is not None:
+                loop.create_task(grpc_health(grpc_server))
         except TimeoutError as exc:
             log.error("%s", exc)
             code = 1
@@ -136,9 +156,25 @@ async def run(config: FrontendConfig, server_index: int = 0) -> int:
                 give_up()
             await asyncio.sleep(1.0)
 
+    async def grpc_health(server: Any) -> None:
+        """The gRPC health service follows the engines: SERVING while every one is ready."""
+        serving = None
+        while not quit_.is_set():
+            ready = engines.all_ready()
+            if ready != serving:
+                serving = ready
+                await server.set_serving(ready)
+            engines.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(engines.changed.wait(), 5.0)
+
     async def drain_then_stop() -> None:
         await quit_.wait()
+        if grpc_server is not None:  # new calls refused, running ones drained with the HTTP ones
+            grpc_task = loop.create_task(grpc_server.stop(0.0 if now.is_set() else config.shutdown_timeout_s))
         await app.shutdown.drain(0.0 if now.is_set() else config.shutdown_timeout_s, now)
+        if grpc_server is not None:
+            await grpc_task
         stop.set()
 
     async def refresh_gauges() -> None:

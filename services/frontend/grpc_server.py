@@ -1,0 +1,639 @@
+"""The frontend's gRPC services (--grpc-port; protocol/grpc/fleet/v1/fleet.proto): token-in Inference,
+Control, RlControl and KvEvents, with the standard health service and reflection, on API server 0's
+event loop (grpc.aio) beside its HTTP server.
+
+Inference is /inference/v1/generate's path with the HTTP layer swapped: the request becomes the same
+JSON body and passes the same translation (checks, refusals, workers for long prompts), placement and
+output processing (stop strings, text, logprobs); only the writer differs. Control and RlControl are the
+engines' allowlisted utility calls, made on every ready rank at once; KvEvents relays the engines' KV
+events (kv_relay.py). Auth: the HTTP API keys (--api-key), from `authorization: Bearer <key>` or
+`x-api-key` metadata, compared in constant time; the health service needs none (probes send no keys).
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import hmac
+import logging
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from importlib import metadata
+from typing import Any
+
+import grpc
+import msgspec
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from protocol import MAJOR, MINOR
+from protocol.grpc import lock, pb2, pb2_grpc, service_names
+from protocol.logprobs import Segment
+from protocol.messages import UtilityResult
+from services.frontend.app import Frontend
+from services.frontend.errors import APIError
+from services.frontend.kv_relay import KvRelay
+from services.frontend.output import OutputProcessor
+from services.frontend.stream import EngineFailure, Stream
+
+log = logging.getLogger(__name__)
+
+# A tensor of UpdateWeights travels in one message: the receive limit bounds the largest one.
+MAX_MESSAGE_BYTES = 1 << 30
+# UpdateWeights sends the engines a batch of tensors once this many bytes have come in (and at the end).
+WEIGHT_BATCH_BYTES = 32 << 20
+UTILITY_TIMEOUT_S = 60.0  # a utility call with no deadline of its own (the RPC's, when it has one, bounds it)
+
+_STATUS = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
+           403: grpc.StatusCode.PERMISSION_DENIED, 404: grpc.StatusCode.NOT_FOUND,
+           413: grpc.StatusCode.INVALID_ARGUMENT, 429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+           503: grpc.StatusCode.UNAVAILABLE}
+_MODES = {pb2.PAUSE_MODE_UNSPECIFIED: "keep", pb2.PAUSE_MODE_KEEP: "keep", pb2.PAUSE_MODE_ABORT: "abort",
+          pb2.PAUSE_MODE_WAIT: "wait"}
+_MODE_ENUM = {"keep": pb2.PAUSE_MODE_KEEP, "abort": pb2.PAUSE_MODE_ABORT, "wait": pb2.PAUSE_MODE_WAIT}
+ABORTED = "aborted by Control.Abort"
+
+
+class _Failed(Exception):
+    """An RPC's error: its status code and message (the handler aborts the call with them)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _status(http_status: int) -> grpc.StatusCode:
+    return _STATUS.get(http_status, grpc.StatusCode.INTERNAL)
+
+
+def _failed(exc: APIError) -> _Failed:
+    """An HTTP-side refusal as the call's status; its message names the field (HTTP gives it apart)."""
+    message = exc.message
+    if exc.param and exc.param not in message:
+        message = f"{exc.param}: {message}"
+    return _Failed(_status(exc.status), message)
+
+
+# ---- Inference -------------------------------------------------------------------------------------
+
+_SCALARS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
+            "repetition_penalty", "skip_special_tokens", "logprobs", "prompt_logprobs", "stream_interval")
+_LISTS = ("stop", "stop_token_ids", "allowed_token_ids", "bad_words")
+_FLAGS = ("ignore_eos", "include_stop_str_in_output", "min_tokens")
+
+
+def token_in_body(req: Any, *, stream: bool) -> bytes:
+    """The /inference/v1/generate JSON body a GenerateRequest stands for: set fields only, so every
+    unset one takes vLLM's default and every check and error message is the HTTP route's."""
+    sp = req.sampling_params
+    params: dict[str, Any] = {name: getattr(sp, name) for name in _SCALARS if sp.HasField(name)}
+    params.update({name: list(getattr(sp, name)) for name in _LISTS if getattr(sp, name)})
+    params.update({name: getattr(sp, name) for name in _FLAGS if getattr(sp, name)})
+    if sp.logit_bias:
+        params["logit_bias"] = {str(k): v for k, v in sp.logit_bias.items()}
+    if sp.HasField("structured_outputs"):
+        kind = sp.structured_outputs.WhichOneof("kind")
+        if kind is not None:
+            value = getattr(sp.structured_outputs, kind)
+            params["structured_outputs"] = {kind: list(value.choices) if kind == "choice" else value}
+    body: dict[str, Any] = {"token_ids": list(req.token_ids), "sampling_params": params, "stream": stream,
+                            "return_text": req.return_text, "priority": req.priority}
+    if req.request_id:
+        body["request_id"] = req.request_id
+    if req.HasField("cache_salt"):
+        body["cache_salt"] = req.cache_salt
+    return msgspec.json.encode(body)
+
+
+class GrpcLogprobs:
+    """The output processor's logprobs formatter for gRPC (OutputProcessor.formatter's port): each
+    token's entry as a TokenLogprob message, its alternatives the k most likely in rank order."""
+
+    __slots__ = ("top",)
+
+    def __init__(self, top: int) -> None:
+        self.top = top
+
+    def sampled(self, seg: Segment) -> list[Any]:
+        return rows(seg, 0, seg.positions, self.top)
+
+    def prompt(self, segments: Sequence[Segment], prompt_ids: Sequence[int]) -> list[Any]:  # no echo here
+        return []
+
+
+def rows(seg: Segment, start: int, stop: int, top: int) -> list[Any]:
+    ids, lps, ranks, w = seg.token_ids, seg.logprobs, seg.ranks, seg.k + 1
+    k = min(top, seg.k)
+    out = []
+    for i in range(start, stop):
+        row = i * w
+        alternatives = [pb2.TopLogprob(token_id=ids[row + j], logprob=lps[row + j]) for j in range(1, k + 1)]
+        out.append(pb2.TokenLogprob(token_id=ids[row], logprob=lps[row], rank=max(ranks[i], 0),
+                                    top_logprobs=alternatives))
+    return out
+
+
+def _usage(outputs: OutputProcessor) -> Any:
+    return pb2.Usage(prompt_tokens=outputs.stream.prompt_len, completion_tokens=outputs.completion_tokens,
+                     cached_tokens=outputs.cached_tokens)
+
+
+def _finish(resp: Any, outputs: OutputProcessor, finish: str) -> None:
+    resp.finish_reason = finish
+    stop = outputs.stop_reason
+    if isinstance(stop, str):
+        resp.stop_string = stop
+    elif isinstance(stop, int):
+        resp.stop_token_id = stop
+    resp.usage.CopyFrom(_usage(outputs))
+
+
+class Inference(pb2_grpc.InferenceServicer):
+    def __init__(self, app: Frontend) -> None:
+        self._app = app
+        self._running: dict[str, list[Stream]] = defaultdict(list)  # caller's request id -> its streams
+        self._aborted: set[int] = set()  # ids of streams that Control.Abort ended
+
+    async def Generate(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await _guard(context, self._generate(request, context))
+
+    async def GenerateStream(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        try:
+            async for resp in self._generate_stream(request):
+                yield resp
+        except _Failed as exc:
+            await context.abort(exc.code, str(exc))
+
+    async def _translate(self, request: Any, *, stream: bool) -> Any:
+        app = self._app
+        if app.shutdown.draining:
+            raise _Failed(grpc.StatusCode.UNAVAILABLE, "the frontend is shutting down; send the request to another "
+                                                       "replica")
+        pin = str(request.data_parallel_rank).encode() if request.HasField("data_parallel_rank") else None
+        try:
+            engine_request = await app.translator.generate(token_in_body(request, stream=stream), pin)
+        except APIError as exc:
+            raise _failed(exc) from None
+        if request.lora_name:  # the engine refuses a name it has not loaded
+            inner = msgspec.structs.replace(engine_request.request, lora=request.lora_name)
+            engine_request = dataclasses.replace(engine_request, request=inner)
+        return engine_request
+
+    async def _generate(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        engine_request = await self._translate(request, stream=False)
+        with self._launched(engine_request) as outputs:
+            caller = engine_request.output.response_id
+            resp = pb2.GenerateResponse(request_id=caller, data_parallel_rank=outputs.stream.rank)
+            text: list[str] = []
+            try:
+                while outputs.finish is None:
+                    pieces = await outputs.pieces()
+                    resp.token_ids.extend(outputs.token_ids)
+                    if outputs.formatter is not None:
+                        resp.logprobs.extend(outputs.token_entries())
+                    if engine_request.output.text_out:
+                        text.extend(p if isinstance(p, str) else p.content for p in pieces)
+            except EngineFailure as exc:
+                if id(outputs.stream) not in self._aborted:
+                    raise _Failed(_status(exc.status), str(exc)) from None
+                outputs.finish = "abort"
+            resp.text = "".join(text)
+            _finish(resp, outputs, outputs.finish)
+            if outputs.options.prompt_logprobs is not None:
+                top = outputs.options.prompt_logprobs
+                for seg in outputs.prompt_segments:
+                    resp.prompt_logprobs.extend(rows(seg, 0, seg.positions, top))
+            return resp
+
+    async def _generate_stream(self, request: Any) -> AsyncIterator[Any]:
+        engine_request = await self._translate(request, stream=True)
+        with self._launched(engine_request) as outputs:
+            caller = engine_request.output.response_id
+            rank, text_out = outputs.stream.rank, engine_request.output.text_out
+            while outputs.finish is None:
+                try:
+                    pieces = await outputs.pieces()
+                except EngineFailure as exc:
+                    if id(outputs.stream) not in self._aborted:
+                        raise _Failed(_status(exc.status), str(exc)) from None
+                    outputs.finish = "abort"
+                    pieces = []
+                resp = pb2.GenerateResponse(request_id=caller, token_ids=outputs.token_ids, data_parallel_rank=rank)
+                if outputs.formatter is not None:
+                    resp.logprobs.extend(outputs.token_entries())
+                if text_out:
+                    resp.text = "".join(p if isinstance(p, str) else p.content for p in pieces)
+                if outputs.finish is not None:
+                    _finish(resp, outputs, outputs.finish)
+                elif not outputs.token_ids:
+                    continue  # text held back (a stop string may follow): nothing to say yet
+                yield resp
+
+    def _launched(self, engine_request: Any) -> Any:
+        return _Launched(self, engine_request)
+
+    def abort(self, caller_ids: Sequence[str]) -> list[str]:
+        """Control.Abort: end these requests' streams here and at their engines."""
+        done = []
+        for caller in caller_ids:
+            streams = self._running.get(caller)
+            if not streams:
+                continue
+            for stream in streams:
+                self._aborted.add(id(stream))
+                stream.fail(ABORTED)
+                self._app.dispatcher.abort(stream)
+            done.append(caller)
+        return done
+
+
+class _Launched:
+    """Inference's `with`: the request launched (Frontend.launch), registered for Control.Abort, its
+    logprobs formatted for gRPC; on leaving (done, failed, or the call cancelled: a client that went
+    away or a deadline), aborted at its engine if still running there."""
+
+    def __init__(self, inference: Inference, engine_request: Any) -> None:
+        self._inference, self._request = inference, engine_request
+        self._cm: Any = None
+        self._stream: Stream | None = None
+
+    def __enter__(self) -> OutputProcessor:
+        try:
+            self._cm = self._inference._app.launch([self._request])
+            prompts, streams, _ = self._cm.__enter__()
+        except APIError as exc:
+            raise _failed(exc) from None
+        outputs: OutputProcessor = prompts[0][0]
+        if outputs.formatter is not None:
+            outputs.formatter = GrpcLogprobs(outputs.options.logprobs or 0)  # type: ignore[assignment]
+        self._stream = streams[0]
+        self._inference._running[self._request.output.response_id].append(streams[0])
+        return outputs
+
+    def __exit__(self, *exc: object) -> None:
+        caller = self._request.output.response_id
+        running = self._inference._running
+        streams = running.get(caller, [])
+        if self._stream in streams:
+            streams.remove(self._stream)
+        if not streams:
+            running.pop(caller, None)
+        self._inference._aborted.discard(id(self._stream))
+        self._cm.__exit__(*exc)
+
+
+# ---- Control and RlControl: utility calls on every ready rank ------------------------------------
+
+
+class _Ranks:
+    """Utility calls on every ready rank at once; an error names each rank that failed and why."""
+
+    def __init__(self, app: Frontend) -> None:
+        self._app = app
+
+    def ready(self) -> list[int]:
+        ranks = [e.index for e in self._app.engines.engines if e.state == "ready"]
+        if not ranks:
+            raise _Failed(grpc.StatusCode.UNAVAILABLE, f"no engine rank is ready: {self._app.engines.not_ready()}")
+        return ranks
+
+    async def call(self, context: grpc.aio.ServicerContext, utility: str, frames: Sequence[bytes] = (),
+                   **args: Any) -> list[Any]:
+        indexes = self.ready()
+        left = context.time_remaining()
+        timeout = UTILITY_TIMEOUT_S if left is None else max(left, 0.001)
+        engines = self._app.engines
+        try:
+            results: list[UtilityResult] = await asyncio.gather(
+                *(engines.utility(i, utility, args, timeout, frames) for i in indexes))
+        except TimeoutError:
+            raise _Failed(grpc.StatusCode.DEADLINE_EXCEEDED, f"{utility}: the engines did not answer within "
+                                                              f"{timeout:.1f}s") from None
+        failed = [(engines.engines[i].rank, r.error or "failed") for i, r in zip(indexes, results, strict=True)
+                  if not r.ok]
+        if failed:
+            unsupported = all("Unsupported" in why for _, why in failed)
+            message = "; ".join(f"engine rank {rank}: {why}" for rank, why in failed)
+            raise _Failed(grpc.StatusCode.UNIMPLEMENTED if unsupported else grpc.StatusCode.FAILED_PRECONDITION,
+                          f"{utility}: {message}")
+        return [r.result for r in results]
+
+
+def _sha256(path: Any) -> str:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return ""
+
+
+class Control(pb2_grpc.ControlServicer):
+    def __init__(self, app: Frontend, inference: Inference, started_at: float) -> None:
+        self._app, self._inference, self._ranks = app, inference, _Ranks(app)
+        self._started_at = started_at
+        self._tokenizer_sha = _sha256(app.model.path / "tokenizer.json")
+        self._schema = f"{lock.describe()['package']}:{lock.fingerprint(lock.merged(None, lock.describe()))}"
+
+    async def GetServerInfo(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        app = self._app
+        return pb2.GetServerInfoResponse(
+            server_version=_version(), frontend_id=app.engines.frontend_id, protocol_major=MAJOR,
+            protocol_minor=MINOR, data_parallel_size=len(app.engines.engines),
+            ready_ranks=[e.rank for e in app.engines.engines if e.state == "ready"], started_at=self._started_at,
+            grpc_schema=self._schema)
+
+    async def GetModelInfo(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def info() -> Any:
+            app = self._app
+            ready = [e.ready for e in app.engines.engines if e.ready is not None]
+            if not ready:
+                raise _Failed(grpc.StatusCode.UNAVAILABLE, f"no engine has handshaken yet: {app.engines.not_ready()}")
+            model = app.model
+            return pb2.GetModelInfoResponse(
+                served_model_name=model.name, model_path=str(model.path),
+                max_model_len=min(r.max_model_len for r in ready),
+                vocab_size=model.tokenizer.get_vocab_size(with_added_tokens=True), block_size=ready[0].block_size,
+                eos_token_ids=[] if model.eos_token_id is None else [model.eos_token_id],
+                tokenizer_sha256=self._tokenizer_sha, chat_template_sha256=model.template.sha256,
+                backend=ready[0].backend)
+        return await _guard(context, info())
+
+    async def GetLoads(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        ranks = []
+        for e in self._app.engines.engines:
+            s = e.stats
+            load = pb2.RankLoad(rank=e.rank, state=e.state, in_flight=len(e.inflight), epoch=e.epoch)
+            if s is not None and e.state == "ready":
+                load.running, load.waiting, load.kv_usage = s.running, s.waiting, s.kv_usage
+                load.num_kv_blocks = s.num_kv_blocks
+                load.prefix_cache_queries, load.prefix_cache_hits = s.prefix_cache_queries, s.prefix_cache_hits
+            ranks.append(load)
+        return pb2.GetLoadsResponse(ranks=ranks)
+
+    async def Abort(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return pb2.AbortResponse(aborted=self._inference.abort(list(request.request_ids)))
+
+    async def LoadLora(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def load() -> Any:
+            _need(request.name, "name", "the adapter's name, as requests will send it in lora_name")
+            _need(request.path, "path", "a directory on the engines' hosts with adapter_config.json")
+            await self._ranks.call(context, "add_lora", name=request.name, path=request.path)
+            return pb2.LoadLoraResponse()
+        return await _guard(context, load())
+
+    async def UnloadLora(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def unload() -> Any:
+            _need(request.name, "name", "a loaded adapter's name")
+            await self._ranks.call(context, "remove_lora", name=request.name)
+            return pb2.UnloadLoraResponse()
+        return await _guard(context, unload())
+
+    async def ListLoras(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def names() -> Any:
+            results = await self._ranks.call(context, "list_loras")
+            # An adapter is served when every rank has it (a request may be placed on any).
+            common = set(results[0] or ())
+            for r in results[1:]:
+                common &= set(r or ())
+            return pb2.ListLorasResponse(names=sorted(common))
+        return await _guard(context, names())
+
+    async def ResetPrefixCache(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def reset() -> Any:
+            indexes = self._ranks.ready()
+            results = await self._ranks.call(context, "reset_prefix_cache")
+            engines = self._app.engines.engines
+            return pb2.ResetPrefixCacheResponse(reset_ranks=[engines[i].rank for i, ok in zip(indexes, results,
+                                                                                              strict=False) if ok])
+        return await _guard(context, reset())
+
+
+def _need(value: str, field: str, what: str) -> None:
+    if not value:
+        raise _Failed(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: must be set ({what})")
+
+
+class RlControl(pb2_grpc.RlControlServicer):
+    """Pause and resume, sleep and wake, and weight updates, on every ready rank. A weight update is
+    StartWeightUpdate, UpdateWeights (tensors streamed in; sent on to the engines in batches of about
+    WEIGHT_BATCH_BYTES as raw frames), FinishWeightUpdate (the new weights serve from then on)."""
+
+    def __init__(self, app: Frontend) -> None:
+        self._ranks = _Ranks(app)
+
+    async def PauseGeneration(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def pause() -> Any:
+            mode = _MODES.get(request.mode)
+            if mode is None:
+                raise _Failed(grpc.StatusCode.INVALID_ARGUMENT, f"mode={request.mode} is not a PauseMode: allowed "
+                                                                "PAUSE_MODE_KEEP, PAUSE_MODE_ABORT, PAUSE_MODE_WAIT")
+            results = await self._ranks.call(context, "pause", mode=mode)
+            return pb2.PauseGenerationResponse(aborted=sum(int((r or {}).get("aborted", 0)) for r in results))
+        return await _guard(context, pause())
+
+    async def ResumeGeneration(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def resume() -> Any:
+            await self._ranks.call(context, "resume")
+            return pb2.ResumeGenerationResponse()
+        return await _guard(context, resume())
+
+    async def IsPaused(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def paused() -> Any:
+            results = [r or {} for r in await self._ranks.call(context, "is_paused")]
+            mode = next((r.get("mode") for r in results if r.get("paused")), None)
+            return pb2.IsPausedResponse(paused=any(r.get("paused") for r in results),
+                                        mode=_MODE_ENUM.get(mode or "", pb2.PAUSE_MODE_UNSPECIFIED),
+                                        held=sum(int(r.get("held", 0)) for r in results))
+        return await _guard(context, paused())
+
+    async def Sleep(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def sleep() -> Any:
+            level = request.level or 1
+            if level not in (1, 2):
+                raise _Failed(grpc.StatusCode.INVALID_ARGUMENT, f"level={level} is out of range: allowed 1 or 2")
+            await self._ranks.call(context, "sleep", level=level)
+            return pb2.SleepResponse()
+        return await _guard(context, sleep())
+
+    async def WakeUp(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def wake() -> Any:
+            await self._ranks.call(context, "wake_up")
+            return pb2.WakeUpResponse()
+        return await _guard(context, wake())
+
+    async def IsSleeping(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def sleeping() -> Any:
+            return pb2.IsSleepingResponse(sleeping=any(await self._ranks.call(context, "is_sleeping")))
+        return await _guard(context, sleeping())
+
+    async def StartWeightUpdate(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def start() -> Any:
+            await self._ranks.call(context, "start_weight_update")
+            return pb2.StartWeightUpdateResponse()
+        return await _guard(context, start())
+
+    async def UpdateWeights(self, request_iterator: AsyncIterator[Any],
+                            context: grpc.aio.ServicerContext) -> Any:
+        async def update() -> Any:
+            self._ranks.ready()
+            metas: list[dict[str, Any]] = []
+            frames: list[bytes] = []
+            batch = tensors = total = 0
+            async for t in request_iterator:
+                _need(t.name, "name", "the parameter's name in the model's state dict")
+                _need(t.dtype, "dtype", "torch's name of its element type, e.g. bfloat16")
+                metas.append({"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "frame": len(frames),
+                              "offset": 0, "nbytes": len(t.data)})
+                frames.append(t.data)
+                batch += len(t.data)
+                if batch >= WEIGHT_BATCH_BYTES:
+                    tensors, total = await self._send(context, metas, frames, tensors, total)
+                    metas, frames, batch = [], [], 0
+            if metas:
+                tensors, total = await self._send(context, metas, frames, tensors, total)
+            return pb2.UpdateWeightsResponse(tensors=tensors, bytes=total)
+        return await _guard(context, update())
+
+    async def _send(self, context: grpc.aio.ServicerContext, metas: list[dict[str, Any]], frames: list[bytes],
+                    tensors: int, total: int) -> tuple[int, int]:
+        await self._ranks.call(context, "update_weights", frames=frames, tensors=metas)
+        return tensors + len(metas), total + sum(len(f) for f in frames)
+
+    async def FinishWeightUpdate(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def finish() -> Any:
+            _need(request.version, "version", "the new weights' version, as GetWeightVersion will report it")
+            await self._ranks.call(context, "finish_weight_update", version=request.version)
+            return pb2.FinishWeightUpdateResponse(version=request.version)
+        return await _guard(context, finish())
+
+    async def GetWeightVersion(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def version() -> Any:
+            versions = sorted({str(v) for v in await self._ranks.call(context, "weight_version")})
+            if len(versions) > 1:
+                raise _Failed(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"the engine ranks serve different weight versions: {versions}")
+            return pb2.GetWeightVersionResponse(version=versions[0])
+        return await _guard(context, version())
+
+
+# ---- KvEvents --------------------------------------------------------------------------------------
+
+
+class KvEvents(pb2_grpc.KvEventsServicer):
+    def __init__(self, relay: KvRelay) -> None:
+        self._relay = relay
+
+    async def Subscribe(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async for event in self._relay.subscribe(request.after_seq, request.relay_epoch):
+            yield event
+
+
+# ---- the server ------------------------------------------------------------------------------------
+
+
+async def _guard(context: grpc.aio.ServicerContext, work: Awaitable[Any]) -> Any:
+    """A unary handler's body: its _Failed as the call's status."""
+    try:
+        return await work
+    except _Failed as exc:
+        await context.abort(exc.code, str(exc))
+
+
+def _version() -> str:
+    try:
+        return metadata.version("fleet")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+_OPEN = ("/grpc.health.v1.Health/",)
+
+
+class _Auth(grpc.aio.ServerInterceptor):
+    """Every method but the health service's needs one of the API keys (constant-time compare)."""
+
+    def __init__(self, keys: Sequence[str]) -> None:
+        self._keys = [k.encode() for k in keys]
+
+    async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]], details: Any) -> Any:
+        if details.method.startswith(_OPEN) or self._allowed(details.invocation_metadata or ()):
+            return await continuation(details)
+        return _refusal(details.method)
+
+    def _allowed(self, md: Sequence[tuple[str, Any]]) -> bool:
+        given = b""
+        for key, value in md:
+            if key == "authorization" and isinstance(value, str) and value[:7].lower() == "bearer ":
+                given = value[7:].strip().encode()
+            elif key == "x-api-key" and isinstance(value, str) and not given:
+                given = value.strip().encode()
+        ok = False
+        for k in self._keys:  # every key compared: the time does not say which one matched
+            ok |= hmac.compare_digest(given, k)
+        return ok
+
+
+def _refusal(method: str) -> Any:
+    """A handler that refuses the call: UNAUTHENTICATED, of the method's own kind."""
+    message = ("a valid API key is required: send it in the `authorization: Bearer <key>` (or `x-api-key`) "
+               "metadata")
+
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        yield  # pragma: no cover
+
+    if method.endswith(("/GenerateStream", "/Subscribe")):
+        return grpc.unary_stream_rpc_method_handler(streaming)
+    if method.endswith("/UpdateWeights"):
+        return grpc.stream_unary_rpc_method_handler(unary)
+    return grpc.unary_unary_rpc_method_handler(unary)
+
+
+class GrpcServer:
+    """The gRPC services on this process's loop. start() binds (raises OSError when the port cannot be
+    had), stop(grace) ends it: running calls get `grace` seconds."""
+
+    def __init__(self, app: Frontend, relay: KvRelay, *, host: str, port: int, api_keys: Sequence[str]) -> None:
+        self.app, self.relay = app, relay
+        self._host, self._port = host, port
+        interceptors = [_Auth(api_keys)] if api_keys else []
+        self.server = grpc.aio.server(interceptors=interceptors, options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0)])
+        self.inference = Inference(app)
+        pb2_grpc.add_InferenceServicer_to_server(self.inference, self.server)
+        pb2_grpc.add_ControlServicer_to_server(Control(app, self.inference, time.time()), self.server)
+        pb2_grpc.add_RlControlServicer_to_server(RlControl(app), self.server)
+        pb2_grpc.add_KvEventsServicer_to_server(KvEvents(relay), self.server)
+        self.health = health_aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+        reflection.enable_server_reflection([*service_names(), health_name, reflection.SERVICE_NAME], self.server)
+        self.port = 0
+
+    async def start(self) -> None:
+        address = f"[{self._host}]:{self._port}" if ":" in self._host else f"{self._host}:{self._port}"
+        try:
+            self.port = self.server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise OSError(f"--grpc-port {self._port}: cannot listen on {address}: {exc}") from None
+        if not self.port:
+            raise OSError(f"--grpc-port {self._port}: cannot listen on {address}")
+        await self.server.start()
+        await self.set_serving(self.app.engines.all_ready())
+        log.info("gRPC serving %s:%d (%s; health, reflection)", self._host, self.port,
+                 ", ".join(s.rsplit(".", 1)[1] for s in service_names()))
+
+    async def set_serving(self, serving: bool) -> None:
+        """The health service's answer, overall and per service: SERVING once every engine is ready."""
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", *service_names()):
+            await self.health.set(name, status)
+
+    async def stop(self, grace: float) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)

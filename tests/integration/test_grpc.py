@@ -1,0 +1,327 @@
+"""The frontend's gRPC services over a sim fleet (two headless sim ranks, a frontend with --grpc-port
+and --api-key), driven by the client generated from protocol/grpc/fleet/v1/fleet.proto: Inference
+equals the HTTP token-in route for the same request, Control and RlControl reach every rank, KvEvents
+relays the engines' KV events and resumes without gaps, auth, health and reflection."""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from protocol.block_hash import block_hashes
+from protocol.grpc import pb2, pb2_grpc
+from tests.integration.conftest import SIM
+from tests.support.procs import EngineProc, FrontendProc, free_port_block, start_engine, start_frontend
+
+KEY = "grpc-test-key"
+AUTH = (("authorization", f"Bearer {KEY}"),)
+PROMPT = list(range(100, 140))
+
+
+class Fleet:
+    def __init__(self, engine: EngineProc, frontend: FrontendProc, grpc_port: int) -> None:
+        self.engine, self.frontend, self.grpc_port = engine, frontend, grpc_port
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
+        self.inference = pb2_grpc.InferenceStub(self.channel)
+        self.control = pb2_grpc.ControlStub(self.channel)
+        self.rl = pb2_grpc.RlControlStub(self.channel)
+        self.kv = pb2_grpc.KvEventsStub(self.channel)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    tmp = tmp_path_factory.mktemp("grpc")
+    engine = start_engine(tmp, *SIM, "--sim-decode-ms", "5", ranks=2)
+    grpc_port = free_port_block(1, spread=0)
+    try:
+        fe = start_frontend(tmp, "--data-parallel-size", "2", "--data-parallel-size-local", "0",
+                            "--engine-addresses", f"{engine.endpoint(0)},{engine.endpoint(1)}",
+                            "--grpc-port", str(grpc_port), "--api-key", KEY)
+        try:
+            f = Fleet(engine, fe, grpc_port)
+            yield f
+            f.channel.close()
+        finally:
+            fe.stop()
+    finally:
+        engine.stop()
+
+
+def _req(**kw: Any) -> Any:
+    sampling = kw.pop("sampling", {})
+    return pb2.GenerateRequest(token_ids=kw.pop("token_ids", PROMPT),
+                               sampling_params=pb2.SamplingParams(**{"max_tokens": 12, "temperature": 0.0,
+                                                                     **sampling}), **kw)
+
+
+def _http(fleet: Fleet, body: dict[str, Any]) -> dict[str, Any]:
+    r = httpx.post(fleet.frontend.url + "/inference/v1/generate", json=body, timeout=30,
+                   headers={"authorization": f"Bearer {KEY}"})
+    assert r.status_code == 200, r.text
+    return r.json()  # type: ignore[no-any-return]
+
+
+# ---- Inference ---------------------------------------------------------------------------------------
+
+
+def test_generate_equals_the_http_token_in_route(fleet: Fleet) -> None:
+    resp = fleet.inference.Generate(_req(request_id="mine", return_text=True, sampling={"seed": 7,
+                                                                                       "temperature": 0.8}),
+                                    metadata=AUTH, timeout=30)
+    http = _http(fleet, {"token_ids": PROMPT, "return_text": True,
+                         "sampling_params": {"max_tokens": 12, "temperature": 0.8, "seed": 7}})
+    choice = http["choices"][0]
+    assert resp.request_id == "mine"
+    assert list(resp.token_ids) == choice["token_ids"]
+    assert resp.text == choice["text"]
+    assert resp.finish_reason == choice["finish_reason"] == "length"
+    assert resp.usage.prompt_tokens == len(PROMPT) == http["usage"]["prompt_tokens"]
+    assert resp.usage.completion_tokens == 12
+    assert resp.data_parallel_rank in (0, 1)
+
+
+def test_generate_stream_sends_the_same_tokens_in_pieces(fleet: Fleet) -> None:
+    unary = fleet.inference.Generate(_req(sampling={"seed": 3, "temperature": 1.0, "max_tokens": 20}),
+                                     metadata=AUTH, timeout=30)
+    chunks = list(fleet.inference.GenerateStream(_req(sampling={"seed": 3, "temperature": 1.0, "max_tokens": 20}),
+                                                 metadata=AUTH, timeout=30))
+    assert len(chunks) > 1
+    assert [t for c in chunks for t in c.token_ids] == list(unary.token_ids)
+    assert all(c.finish_reason == "" for c in chunks[:-1])
+    assert chunks[-1].finish_reason == "length" and chunks[-1].usage.completion_tokens == 20
+
+
+def test_logprobs_match_the_http_route(fleet: Fleet) -> None:
+    resp = fleet.inference.Generate(_req(sampling={"logprobs": 3, "prompt_logprobs": 2, "max_tokens": 5}),
+                                    metadata=AUTH, timeout=30)
+    http = _http(fleet, {"token_ids": PROMPT, "sampling_params": {"max_tokens": 5, "temperature": 0.0,
+                                                                  "logprobs": 3, "prompt_logprobs": 2}})
+    content = http["choices"][0]["logprobs"]["content"]
+    assert len(resp.logprobs) == len(content) == 5
+    for got, want in zip(resp.logprobs, content, strict=True):
+        assert got.token_id == want["token_id"]
+        assert got.logprob == pytest.approx(max(want["logprob"], -9999.0), rel=1e-6)
+        assert len(got.top_logprobs) == 3
+    assert len(resp.prompt_logprobs) == len(PROMPT) - 1
+    assert [p.token_id for p in resp.prompt_logprobs] == PROMPT[1:]
+    streamed = list(fleet.inference.GenerateStream(_req(sampling={"logprobs": 1, "max_tokens": 5}), metadata=AUTH,
+                                                   timeout=30))
+    assert sum(len(c.logprobs) for c in streamed) == sum(len(c.token_ids) for c in streamed) == 5
+
+
+def test_stop_strings_and_stop_tokens_as_http(fleet: Fleet) -> None:
+    base = fleet.inference.Generate(_req(return_text=True, sampling={"max_tokens": 16}), metadata=AUTH, timeout=30)
+    stop_token = base.token_ids[4]
+    resp = fleet.inference.Generate(_req(sampling={"max_tokens": 16, "stop_token_ids": [stop_token]}),
+                                    metadata=AUTH, timeout=30)
+    assert resp.finish_reason == "stop" and resp.stop_token_id == stop_token
+    assert list(resp.token_ids) == list(base.token_ids[:list(base.token_ids).index(stop_token) + 1])
+    word = base.text[len(base.text) // 2:][:3]
+    if word.strip():
+        text = fleet.inference.Generate(_req(return_text=True, sampling={"max_tokens": 16, "stop": [word]}),
+                                        metadata=AUTH, timeout=30)
+        assert text.finish_reason == "stop" and text.stop_string == word and word not in text.text
+
+
+@pytest.mark.parametrize(("sampling", "field"), [
+    ({"temperature": -1.0}, "sampling_params.temperature"),
+    ({"top_p": 1.5}, "sampling_params.top_p"),
+    ({"logprobs": 10_000}, "sampling_params.logprobs"),
+    ({"max_tokens": 10_000_000}, "sampling_params.max_tokens"),
+    ({"stop_token_ids": [10_000_000]}, "sampling_params.stop_token_ids[0]"),
+])
+def test_bad_sampling_is_invalid_argument_naming_the_field(fleet: Fleet, sampling: dict[str, Any], field: str) -> None:
+    with pytest.raises(grpc.RpcError) as err:
+        fleet.inference.Generate(_req(sampling=sampling), metadata=AUTH, timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert field in err.value.details()
+
+
+def test_bad_prompt_and_pin_are_refused(fleet: Fleet) -> None:
+    for req, field in ((_req(token_ids=[]), "token_ids"), (_req(token_ids=[1, 10_000_000]), "token_ids[1]"),
+                       (_req(data_parallel_rank=7), "X-Data-Parallel-Rank")):
+        with pytest.raises(grpc.RpcError) as err:
+            fleet.inference.Generate(req, metadata=AUTH, timeout=30)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+        assert field in err.value.details()
+    pinned = fleet.inference.Generate(_req(data_parallel_rank=1), metadata=AUTH, timeout=30)
+    assert pinned.data_parallel_rank == 1
+
+
+def _in_flight(fleet: Fleet) -> int:
+    return sum(r.in_flight for r in fleet.control.GetLoads(pb2.GetLoadsRequest(), metadata=AUTH).ranks)
+
+
+def _wait(predicate: Any, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_cancelling_a_stream_aborts_it_at_the_engine(fleet: Fleet) -> None:
+    call = fleet.inference.GenerateStream(_req(sampling={"max_tokens": 3000, "ignore_eos": True}), metadata=AUTH,
+                                          timeout=60)
+    next(call)
+    assert _in_flight(fleet) == 1
+    call.cancel()
+    _wait(lambda: _in_flight(fleet) == 0)
+    engine_running = lambda: sum(r.running for r in fleet.control.GetLoads(  # noqa: E731
+        pb2.GetLoadsRequest(), metadata=AUTH).ranks)
+    _wait(lambda: engine_running() == 0)
+
+
+def test_a_deadline_ends_the_request_at_the_engine(fleet: Fleet) -> None:
+    with pytest.raises(grpc.RpcError) as err:
+        fleet.inference.Generate(_req(sampling={"max_tokens": 3000, "ignore_eos": True}), metadata=AUTH, timeout=0.5)
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    _wait(lambda: _in_flight(fleet) == 0)
+
+
+def test_control_abort_ends_a_running_request_with_finish_abort(fleet: Fleet) -> None:
+    got: dict[str, Any] = {}
+
+    def run() -> None:
+        got["resp"] = fleet.inference.Generate(_req(request_id="to-abort", sampling={"max_tokens": 3000,
+                                                                                     "ignore_eos": True}),
+                                               metadata=AUTH, timeout=60)
+
+    t = threading.Thread(target=run)
+    t.start()
+    _wait(lambda: _in_flight(fleet) == 1)
+    time.sleep(0.1)
+    aborted = fleet.control.Abort(pb2.AbortRequest(request_ids=["to-abort", "unknown"]), metadata=AUTH)
+    t.join(30)
+    assert list(aborted.aborted) == ["to-abort"]
+    resp = got["resp"]
+    assert resp.finish_reason == "abort" and 0 < len(resp.token_ids) < 3000
+    _wait(lambda: _in_flight(fleet) == 0)
+
+
+# ---- Control ---------------------------------------------------------------------------------------
+
+
+def test_server_and_model_info(fleet: Fleet) -> None:
+    info = fleet.control.GetServerInfo(pb2.GetServerInfoRequest(), metadata=AUTH)
+    assert info.data_parallel_size == 2 and sorted(info.ready_ranks) == [0, 1]
+    assert info.protocol_major == 1 and info.grpc_schema.startswith("fleet.v1:")
+    model = fleet.control.GetModelInfo(pb2.GetModelInfoRequest(), metadata=AUTH)
+    assert model.served_model_name == "tiny" and model.backend == "sim"
+    assert model.max_model_len > 0 and model.block_size > 0 and model.vocab_size > 150_000
+    assert len(model.tokenizer_sha256) == 64 and len(model.chat_template_sha256) == 64
+
+
+def test_loads_report_every_rank(fleet: Fleet) -> None:
+    loads = fleet.control.GetLoads(pb2.GetLoadsRequest(), metadata=AUTH)
+    assert [(r.rank, r.state) for r in loads.ranks] == [(0, "ready"), (1, "ready")]
+    assert all(r.num_kv_blocks > 0 and r.epoch for r in loads.ranks)
+
+
+def test_reset_prefix_cache_on_every_rank(fleet: Fleet) -> None:
+    reset = fleet.control.ResetPrefixCache(pb2.ResetPrefixCacheRequest(), metadata=AUTH)
+    assert sorted(reset.reset_ranks) == [0, 1]
+
+
+# ---- KvEvents ----------------------------------------------------------------------------------------
+
+
+class _Subscriber:
+    """KvEvents.Subscribe read on a thread, events collected."""
+
+    def __init__(self, fleet: Fleet, after_seq: int = 0, relay_epoch: str = "") -> None:
+        self.events: list[Any] = []
+        self.call = fleet.kv.Subscribe(pb2.SubscribeRequest(after_seq=after_seq, relay_epoch=relay_epoch),
+                                       metadata=AUTH)
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        try:
+            for ev in self.call:
+                self.events.append(ev)
+        except grpc.RpcError:
+            pass
+
+    def stop(self) -> None:
+        self.call.cancel()
+        self.thread.join(5)
+
+    def stored(self) -> set[int]:
+        return {h for e in self.events if e.WhichOneof("event") == "stored" for h in e.stored.block_hashes}
+
+
+def test_kv_events_snapshot_then_live_then_resume_without_gaps(fleet: Fleet) -> None:
+    block = fleet.control.GetModelInfo(pb2.GetModelInfoRequest(), metadata=AUTH).block_size
+    prompt = list(range(2000, 2000 + 4 * block + 3))
+    sub = _Subscriber(fleet)
+    _wait(lambda: len(sub.events) >= 2)  # the snapshot: a cleared per rank at least
+    assert all(e.snapshot for e in sub.events)
+    assert {e.rank for e in sub.events if e.WhichOneof("event") == "cleared"} == {0, 1}
+    fleet.inference.Generate(_req(token_ids=prompt, data_parallel_rank=0, sampling={"max_tokens": 2}),
+                             metadata=AUTH, timeout=30)
+    want = set(block_hashes(prompt, block))
+    _wait(lambda: want <= sub.stored())
+    live = [e for e in sub.events if not e.snapshot]
+    assert all(e.rank == 0 for e in live if e.WhichOneof("event") == "stored" and want & set(e.stored.block_hashes))
+    seqs = [e.seq for e in live]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # gapless
+    last, epoch = live[-1].seq, live[-1].relay_epoch
+    sub.stop()
+    # Events while nobody listens, then a resubscribe from the last one seen: the next seq, no gap.
+    other = list(range(5000, 5000 + 3 * block))
+    fleet.inference.Generate(_req(token_ids=other, data_parallel_rank=1, sampling={"max_tokens": 2}),
+                             metadata=AUTH, timeout=30)
+    again = _Subscriber(fleet, after_seq=last, relay_epoch=epoch)
+    _wait(lambda: set(block_hashes(other, block)) <= again.stored())
+    assert not any(e.snapshot for e in again.events)
+    assert again.events[0].seq == last + 1
+    got = [e.seq for e in again.events]
+    assert got == list(range(last + 1, last + 1 + len(got)))
+    again.stop()
+    # A relay epoch it does not know: a snapshot, which holds what the ranks hold now.
+    fresh = _Subscriber(fleet, after_seq=last, relay_epoch="another-process")
+    _wait(lambda: set(block_hashes(other, block)) <= fresh.stored())
+    assert fresh.events[0].snapshot
+    fresh.stop()
+
+
+# ---- auth, health, reflection ------------------------------------------------------------------------
+
+
+def test_every_service_needs_the_api_key_but_health(fleet: Fleet) -> None:
+    calls = [lambda md: fleet.inference.Generate(_req(), metadata=md, timeout=10),
+             lambda md: list(fleet.inference.GenerateStream(_req(), metadata=md, timeout=10)),
+             lambda md: fleet.control.GetLoads(pb2.GetLoadsRequest(), metadata=md, timeout=10),
+             lambda md: fleet.rl.IsPaused(pb2.IsPausedRequest(), metadata=md, timeout=10),
+             lambda md: fleet.rl.UpdateWeights(iter([]), metadata=md, timeout=10),
+             lambda md: next(iter(fleet.kv.Subscribe(pb2.SubscribeRequest(), metadata=md, timeout=10)))]
+    for call in calls:
+        for md in ((), (("authorization", "Bearer wrong"),), (("x-api-key", "wrong"),)):
+            with pytest.raises(grpc.RpcError) as err:
+                call(md)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert "API key" in err.value.details()
+    assert fleet.control.GetLoads(pb2.GetLoadsRequest(), metadata=(("x-api-key", KEY),)).ranks
+    health = health_pb2_grpc.HealthStub(fleet.channel)
+    assert health.Check(health_pb2.HealthCheckRequest()).status == health_pb2.HealthCheckResponse.SERVING
+    assert health.Check(health_pb2.HealthCheckRequest(service="fleet.v1.Inference")).status == \
+        health_pb2.HealthCheckResponse.SERVING
+    # HTTP takes the same keys.
+    assert httpx.post(fleet.frontend.url + "/v1/completions", json={"model": "tiny", "prompt": "x"}).status_code == 401
+    assert httpx.get(fleet.frontend.url + "/health").status_code == 200
+
+
+def test_reflection_lists_every_service(fleet: Fleet) -> None:
+    stub = reflection_pb2_grpc.ServerReflectionStub(fleet.channel)
+    replies = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
+                                        metadata=AUTH)
+    names = {s.name for r in replies for s in r.list_services_response.service}
+    assert {"fleet.v1.Inference", "fleet.v1.Control", "fleet.v1.RlControl", "fleet.v1.KvEvents",
+            "grpc.health.v1.Health"} <= names
