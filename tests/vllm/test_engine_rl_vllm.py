@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from protocol import GenerateRequest, Ready, SamplingParams
+from protocol import GenerateRequest, Outputs, Ready, SamplingParams, UtilityResult
 from tests.support.engine_client import EngineClient
 from tests.support.procs import EngineProc, start_engine
 from tests.support.safetensors_frames import weight_calls
@@ -97,6 +97,47 @@ def test_lora_loaded_listed_used_and_removed(client: EngineClient, tmp_path: Pat
     assert client.utility("remove_lora", name="ad", timeout_s=60).result is True
     assert client.utility("list_loras").result == []
     assert greedy(client, "after") == base
+
+
+def test_pause_modes_on_vllm(client: EngineClient) -> None:
+    """keep: frozen mid-generation, then the same greedy tokens as without a pause; abort: the running
+    request ends "abort"; wait: the reply comes after the running request finished."""
+    [reference] = greedy(client, "ref", max_tokens=48)[:1]
+    client.generate("k", PROMPTS[0], max_tokens=48, temperature=0.0)
+    first = client.recv(60)
+    assert isinstance(first, Outputs)
+    assert client.utility("pause").result == {"paused": True, "mode": "keep", "aborted": 0}
+    client.generate("held", PROMPTS[1], max_tokens=4, temperature=0.0)
+    assert client.utility("is_paused").result == {"paused": True, "mode": "keep", "held": 1}
+    assert client.utility("resume").result is True
+    early = [t for m in [first, *client.others] if isinstance(m, Outputs) for o in m.outputs
+             if o.request_id == "k" for t in o.new_token_ids]
+    client.others.clear()
+    done = client.collect(["k", "held"], 120)
+    assert early + done["k"].token_ids == reference and done["held"].finish_reason == "length"
+
+    client.generate("a", PROMPTS[0], max_tokens=400, temperature=0.0)
+    assert isinstance(client.recv(60), Outputs)
+    assert client.utility("pause", mode="abort").result == {"paused": True, "mode": "abort", "aborted": 1}
+    finished = [o.finish_reason for m in client.others if isinstance(m, Outputs) for o in m.outputs
+                if o.request_id == "a" and o.finish_reason is not None]
+    client.others.clear()
+    assert finished == ["abort"]
+    assert client.utility("resume").ok
+
+    client.generate("w", PROMPTS[0], max_tokens=24, temperature=0.0)
+    assert isinstance(client.recv(60), Outputs)
+    call = client.send_utility("pause", mode="wait")
+    order = []
+    while True:
+        msg = client.recv(60)
+        if isinstance(msg, UtilityResult) and msg.call_id == call:
+            assert msg.result == {"paused": True, "mode": "wait", "aborted": 0}
+            break
+        if isinstance(msg, Outputs):
+            order += [o.finish_reason for o in msg.outputs if o.finish_reason is not None]
+    assert order == ["length"]
+    assert client.utility("resume").ok
 
 
 def test_weight_update_from_a_second_checkpoint_equals_offline_llm_on_it(client: EngineClient,
