@@ -130,11 +130,11 @@ def write_metadata(dest: Path) -> None:
         (dest / name).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
 
-def write_weights(path: Path) -> None:
+def write_weights(path: Path, *, seed: int = SEED) -> None:
     """Write the deterministic random weights as one safetensors file."""
     from safetensors.torch import save_file
 
-    save_file(make_weights(), str(path), metadata={"format": "pt"})
+    save_file(make_weights(seed=seed), str(path), metadata={"format": "pt"})
     os.chmod(path, 0o644)
 
 
@@ -163,11 +163,20 @@ def weight_shapes() -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def make_weights() -> dict[str, torch.Tensor]:
-    """Generate the weights from a fixed seed (float32 draws, stored bf16)."""
+def write_checkpoint(dest: Path, *, seed: int) -> Path:
+    """A tiny checkpoint with the weights of another seed in ``dest`` (not the cache): for tests that
+    need a second set of weights of the same architecture (weight updates)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    write_metadata(dest)
+    write_weights(dest / WEIGHTS_FILE, seed=seed)
+    return dest
+
+
+def make_weights(*, seed: int = SEED) -> dict[str, torch.Tensor]:
+    """Generate the weights from a seed (float32 draws, stored bf16); SEED gives the cached checkpoint's."""
     import torch
 
-    gen = torch.Generator().manual_seed(SEED)
+    gen = torch.Generator().manual_seed(seed)
     out: dict[str, torch.Tensor] = {}
     for name, shape in weight_shapes().items():
         if len(shape) == 1:

@@ -99,7 +99,8 @@ class Backend(Protocol):
 
     def load(self) -> Load: ...
 
-    def utility(self, name: str, args: dict[str, Any]) -> Any:
-        """Run an allowlisted utility (the core loop checks the name and args first)."""
+    def utility(self, name: str, args: dict[str, Any], frames: Sequence[Buffer] = ()) -> Any:
+        """Run an allowlisted utility (the core loop checks the name and args first, defaults filled in);
+        `frames` are the UtilityCall's raw frames (update_weights' tensor bytes)."""
 
     def shutdown(self) -> None: ...

@@ -32,6 +32,10 @@ class EngineConfig:
     max_rank_restarts: int = 5  # supervised unit: restarts of one rank within 10 minutes before the unit stops
     seed: int = 0
     max_logprobs: int = 20  # most logprobs / prompt_logprobs alternatives a request may ask for (vLLM's)
+    # LoRA (vllm backend; vLLM's flags): adapters loaded by the add_lora utility
+    enable_lora: bool = False
+    max_loras: int = 1  # adapters in one batch
+    max_lora_rank: int = 16
     # sim backend
     sim_prefill_tps: float = 20000.0
     sim_decode_ms: float = 10.0
@@ -71,6 +75,9 @@ class EngineConfig:
                  "> --heartbeat-interval")
         _require(self.max_rank_restarts >= 0, "--max-rank-restarts", self.max_rank_restarts, ">= 0")
         _require(0 <= self.max_logprobs <= 1024, "--max-logprobs", self.max_logprobs, "0..1024")
+        _require(self.max_loras >= 1, "--max-loras", self.max_loras, ">= 1")
+        _require(self.max_lora_rank in (1, 8, 16, 32, 64, 128, 256, 320, 512), "--max-lora-rank", self.max_lora_rank,
+                 "1, 8, 16, 32, 64, 128, 256, 320 or 512 (vLLM's)")
         _require(self.sim_script is None or self.backend == "sim", "--sim-script", self.sim_script,
                  "only with --backend sim")
 
@@ -150,6 +157,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=d["seed"], help="random seed of the backend")
     p.add_argument("--max-logprobs", type=int, default=d["max_logprobs"],
                    help="most alternatives a request's logprobs or prompt_logprobs may ask for, as vLLM's flag")
+    p.add_argument("--enable-lora", action="store_true",
+                   help="vllm: serve LoRA adapters (vLLM's flag): the add_lora utility loads one, a request names it; "
+                        "the sim always serves them (add_lora records a name), with or without this flag")
+    p.add_argument("--max-loras", type=int, default=d["max_loras"],
+                   help="vllm: most LoRA adapters in one batch (vLLM's flag; with --enable-lora)")
+    p.add_argument("--max-lora-rank", type=int, default=d["max_lora_rank"],
+                   help="vllm: largest LoRA rank an adapter may have (vLLM's flag; with --enable-lora)")
     p.add_argument("--sim-prefill-tps", type=float, default=d["sim_prefill_tps"],
                    help="sim: prompt tokens processed per second")
     p.add_argument("--sim-decode-ms", type=float, default=d["sim_decode_ms"], help="sim: base time of one decode step")

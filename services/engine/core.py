@@ -9,7 +9,7 @@ import logging
 import queue
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import zmq
@@ -74,7 +74,12 @@ class CoreLoop:
         self._vocab_size = vocab_size
         self._clock = clock
         self._peers = Peers()
-        self._paused = False
+        # Pause: the mode asked ("keep", "abort", "wait") while paused or pausing, else None. "wait" pauses
+        # once nothing is in flight; its calls are answered then. Requests that arrive meanwhile are held
+        # here (owned by their peer, not given to the backend) and added on resume, in arrival order.
+        self._pause_mode: str | None = None
+        self._pause_calls: list[tuple[bytes, int]] = []  # pending "wait" pauses: identity, call_id
+        self._held: dict[str, GenerateRequest] = {}
         self._drain_requested = False  # set from the signal handler; read by the loop
         self._drain_deadline: float | None = None
         self._step = 0
@@ -121,6 +126,8 @@ class CoreLoop:
                     self._deliver(result.outputs, result.segments)
                     if result.kv_events:
                         self._publish_kv(result.kv_events)
+                if self._pause_calls and self._drained():
+                    self._answer_pause_calls()
         except Exception as exc:  # the backend failed: tell every peer before the process exits
             log.exception("engine rank %d failed", self.rank)
             self._broadcast(EngineDead(self.rank, f"engine rank {self.rank} failed: {exc!r}"))
@@ -129,10 +136,14 @@ class CoreLoop:
             self.backend.shutdown()
 
     def _busy(self) -> bool:
-        return not self._paused and self.backend.has_work()
+        return self._pause_mode in (None, "wait") and self.backend.has_work()
 
     def _start_drain(self, now: float) -> None:
         self._drain_deadline = now + self.config.drain_timeout_s
+        if self._held:  # never given to the backend: another rank can serve them
+            held, self._held = list(self._held), {}
+            self._fail(held, f"engine rank {self.rank} is draining (shutting down) while paused; "
+                             "send it to another rank", ERROR_DRAINING)
         log.info("rank %d draining: %d request(s) in flight, deadline %.1fs",
                  self.rank, self._peers.in_flight(), self.config.drain_timeout_s)
         self._heartbeat(now)  # tell peers at once (Stats.draining) rather than at the next beat
@@ -147,7 +158,7 @@ class CoreLoop:
                 entry = self._peers.owner(internal)
                 if entry is not None:
                     self._log_aborted(entry[0], [internal], "the drain deadline passed")
-            self.backend.abort(left)
+            self._abort_owned(left)
             # Draining: a request with nothing generated yet can still be served by another rank.
             self._fail(left, f"engine rank {self.rank} shut down (drain deadline "
                              f"{self.config.drain_timeout_s}s) before the request finished", ERROR_DRAINING)
@@ -190,7 +201,7 @@ class CoreLoop:
                                             "no handshake on this connection: send Hello first"))
                 return
             peer.last_seen = now
-            self._on_message(peer, decode(raw))
+            self._on_message(peer, decode(raw), raw[2:])
         except ProtocolError as exc:
             log.warning("rank %d: undecodable message from peer %r: %s", self.rank, identity, exc)
 
@@ -216,7 +227,7 @@ class CoreLoop:
         old = self._peers.get(identity)
         if old is not None:  # the same connection handshook again: its earlier session is over
             orphans = self._peers.leave(old)
-            self.backend.abort(orphans)
+            self._abort_owned(orphans)
             self.bridge.peers = tuple(p.identity for p in self._peers)
             self._log_aborted(old, orphans, "its frontend started a new session")
         self._peers.join(identity, hello.frontend_id, now)
@@ -230,7 +241,7 @@ class CoreLoop:
             info.name, info.version, self.epoch, self.bridge.pub_port, MAJOR, MINOR,
         ))
 
-    def _on_message(self, peer: Peer, msg: Message) -> None:
+    def _on_message(self, peer: Peer, msg: Message, frames: Sequence[Buffer] = ()) -> None:
         if isinstance(msg, GenerateRequest):
             self._on_generate(peer, msg)
         elif isinstance(msg, Abort):
@@ -238,7 +249,9 @@ class CoreLoop:
         elif isinstance(msg, Heartbeat):
             pass  # last_seen is already updated
         elif isinstance(msg, UtilityCall):
-            self._send(peer.identity, self._on_utility(msg))
+            result = self._on_utility(peer, msg, frames)
+            if result is not None:
+                self._send(peer.identity, result)
         else:
             log.warning("rank %d: unexpected %s from %s", self.rank, type(msg).__name__,
                         peer.frontend_id)
@@ -256,24 +269,40 @@ class CoreLoop:
             error = validation.problem(req, vocab_size=self._vocab_size,
                                        max_model_len=self.backend.info.max_model_len,
                                        max_logprobs=self.config.max_logprobs)
+        if error is None and self._pause_mode is not None:
+            self._held[internal] = req
+            self._peers.own(peer, internal, req.request_id)
+            return
         if error is None:
-            try:
-                self.backend.add(internal, req)
-            except RequestRejected as exc:
-                error = str(exc)
-            except Exception as exc:  # one request's bad input must never take the rank down
-                log.warning("rank %d: backend refused request %s: %r", self.rank, req.request_id, exc)
-                error, kind = f"the engine refused the request: {exc}", ERROR_ENGINE
+            error, kind = self._add(internal, req)
         if error is None:
             self._peers.own(peer, internal, req.request_id)
         else:
             self._send_outputs(peer, [RequestOutput(req.request_id, [], "error", error=error, error_kind=kind)])
 
+    def _add(self, internal: str, req: GenerateRequest) -> tuple[str | None, str]:
+        """Give a request to the backend: (None, "") or (the error its client gets, its kind)."""
+        try:
+            self.backend.add(internal, req)
+        except RequestRejected as exc:
+            return str(exc), ERROR_INVALID
+        except Exception as exc:  # one request's bad input must never take the rank down
+            log.warning("rank %d: backend refused request %s: %r", self.rank, req.request_id, exc)
+            return f"the engine refused the request: {exc}", ERROR_ENGINE
+        return None, ""
+
+    def _abort_owned(self, internal_ids: list[str]) -> None:
+        """Abort requests a peer owns: held ones are only forgotten, the rest go to the backend."""
+        if self._held:
+            internal_ids = [i for i in internal_ids if self._held.pop(i, None) is None]
+        if internal_ids:
+            self.backend.abort(internal_ids)
+
     def _on_abort(self, peer: Peer, msg: Abort) -> None:
         internal = [self._peers.internal_id(peer, rid) for rid in msg.request_ids]
         known = [i for i in internal if self._peers.owner(i) is not None]
         if known:
-            self.backend.abort(known)
+            self._abort_owned(known)
             # The backend emits nothing for aborted requests; the finish comes from here.
             outs = []
             for i in known:
@@ -283,21 +312,83 @@ class CoreLoop:
             self._send_outputs(peer, outs)
             self._log_aborted(peer, known, "the frontend aborted it")
 
-    def _on_utility(self, call: UtilityCall) -> UtilityResult:
+    def _on_utility(self, peer: Peer, call: UtilityCall, frames: Sequence[Buffer]) -> UtilityResult | None:
+        """The call's result, or None when it is answered later (a "wait" pause, once drained)."""
         try:
-            utility.check(call.name, call.args)
+            args = utility.check(call.name, call.args)
             if call.name == "pause":
-                self._paused = True
-                return UtilityResult(call.call_id, True, True)
+                return self._pause(peer, call.call_id, args["mode"])
             if call.name == "resume":
-                self._paused = False
+                self._resume()
                 return UtilityResult(call.call_id, True, True)
+            if call.name == "is_paused":
+                return UtilityResult(call.call_id, True, {"paused": self._is_paused(), "mode": self._pause_mode,
+                                                          "held": len(self._held)})
             if call.name == "stats":
                 return UtilityResult(call.call_id, True, self._stats_dict())
-            return UtilityResult(call.call_id, True, self.backend.utility(call.name, call.args))
+            return UtilityResult(call.call_id, True, self.backend.utility(call.name, args, frames))
         except Exception as exc:  # an error result, never a crash of the engine
             log.warning("rank %d utility %s failed: %s", self.rank, call.name, exc)
             return UtilityResult(call.call_id, False, None, f"{type(exc).__name__}: {exc}")
+
+    # ---- pause ---------------------------------------------------------------------------------
+
+    def _pause(self, peer: Peer, call_id: int, mode: str) -> UtilityResult | None:
+        """keep: freeze in place; abort: end every peer's running requests ("abort"), then freeze; wait:
+        admit nothing new, step the running ones, answer once none is left. Held requests stay held."""
+        self._pause_mode = mode
+        aborted = 0
+        if mode == "abort":
+            for other in self._peers:
+                running = [i for i in other.requests if i not in self._held]
+                if running:
+                    aborted += len(running)
+                    self.backend.abort(running)
+                    self._send_outputs(other, [RequestOutput(self._release(i), [], "abort") for i in running])
+                    self._log_aborted(other, running, "the engine was paused with mode 'abort'")
+        log.info("rank %d pausing (mode %s): %d request(s) aborted, %d running, %d held", self.rank, mode,
+                 aborted, self._peers.in_flight() - len(self._held), len(self._held))
+        if mode == "wait" and not self._drained():
+            self._pause_calls.append((peer.identity, call_id))
+            return None
+        if self._pause_calls and self._drained():  # an abort ended what earlier "wait" calls waited for
+            self._answer_pause_calls()
+        return UtilityResult(call_id, True, {"paused": True, "mode": mode, "aborted": aborted})
+
+    def _drained(self) -> bool:
+        """Nothing in flight but the held requests."""
+        return self._peers.in_flight() == len(self._held)
+
+    def _is_paused(self) -> bool:
+        return self._pause_mode is not None and (self._pause_mode != "wait" or self._drained())
+
+    def _answer_pause_calls(self) -> None:
+        calls, self._pause_calls = self._pause_calls, []
+        for identity, call_id in calls:
+            self._send(identity, UtilityResult(call_id, True, {"paused": True, "mode": "wait", "aborted": 0}))
+
+    def _resume(self) -> None:
+        calls, self._pause_calls = self._pause_calls, []
+        for identity, call_id in calls:
+            self._send(identity, UtilityResult(call_id, False, None, "UtilityError: pause(mode='wait') was "
+                                               "cancelled by resume before the in-flight requests finished"))
+        self._pause_mode = None
+        held, self._held = self._held, {}
+        if held:
+            log.info("rank %d resumed: adding %d held request(s)", self.rank, len(held))
+        for internal, req in held.items():
+            error, kind = self._add(internal, req)
+            if error is not None:
+                entry = self._peers.release(internal)
+                assert entry is not None  # a held request is owned until it is added or aborted
+                self._send_outputs(entry[0], [RequestOutput(req.request_id, [], "error", error=error,
+                                                            error_kind=kind)])
+
+    def _release(self, internal: str) -> str:
+        """Forget an owned request; its client's request id."""
+        entry = self._peers.release(internal)
+        assert entry is not None
+        return entry[1]
 
     # ---- liveness ------------------------------------------------------------------------------
 
@@ -328,7 +419,7 @@ class CoreLoop:
             log.log(logging.WARNING if orphans else logging.INFO, "rank %d: frontend %s silent for %.1fs; "
                     "aborting its %d request(s)", self.rank, peer.frontend_id, now - peer.last_seen, len(orphans))
             if orphans:
-                self.backend.abort(orphans)
+                self._abort_owned(orphans)
                 self._log_aborted(peer, orphans, f"its frontend was silent for {now - peer.last_seen:.1f}s")
             # If it is only slow, not gone, this tells it to handshake again.
             self._send(peer.identity, Reject(RejectCode.EXPIRED.value, (
@@ -344,7 +435,7 @@ class CoreLoop:
             "prefix_cache_queries": load.prefix_cache_queries,
             "prefix_cache_hits": load.prefix_cache_hits, "num_preemptions": load.num_preemptions,
             "peers": len(self._peers),
-            "in_flight": self._peers.in_flight(), "paused": self._paused, "steps": self._step,
+            "in_flight": self._peers.in_flight(), "paused": self._is_paused(), "steps": self._step,
         }
 
     # ---- output --------------------------------------------------------------------------------

@@ -180,7 +180,7 @@ def test_garbage_and_unknown_utility_do_not_hurt(client_factory, sim_engine) -> 
     bad = c.utility("__class__")
     assert isinstance(bad, UtilityResult) and not bad.ok and "unknown utility" in bad.error  # type: ignore[operator]
     wrong = c.utility("sleep", level="deep")
-    assert not wrong.ok and "'level' must be int" in wrong.error  # type: ignore[operator]
+    assert not wrong.ok and "'level' must be one of 1, 2, got 'deep' (str)" in wrong.error  # type: ignore[operator]
     c.generate("after", PROMPT, max_tokens=2)
     assert c.collect(["after"])["after"].finish_reason == "length"
     assert "undecodable message" in sim_engine.log()

