@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -227,6 +228,127 @@ def test_loads_report_every_rank(fleet: Fleet) -> None:
 def test_reset_prefix_cache_on_every_rank(fleet: Fleet) -> None:
     reset = fleet.control.ResetPrefixCache(pb2.ResetPrefixCacheRequest(), metadata=AUTH)
     assert sorted(reset.reset_ranks) == [0, 1]
+
+
+def test_lora_load_list_use_unload(fleet: Fleet, tmp_path: Path) -> None:
+    fleet.control.LoadLora(pb2.LoadLoraRequest(name="ad1", path=str(tmp_path)), metadata=AUTH)
+    assert "ad1" in fleet.control.ListLoras(pb2.ListLorasRequest(), metadata=AUTH).names
+    base = fleet.inference.Generate(_req(), metadata=AUTH, timeout=30)
+    adapted = fleet.inference.Generate(_req(lora_name="ad1"), metadata=AUTH, timeout=30)
+    assert list(adapted.token_ids) != list(base.token_ids)
+    fleet.control.UnloadLora(pb2.UnloadLoraRequest(name="ad1"), metadata=AUTH)
+    assert "ad1" not in fleet.control.ListLoras(pb2.ListLorasRequest(), metadata=AUTH).names
+    with pytest.raises(grpc.RpcError) as err:
+        fleet.inference.Generate(_req(lora_name="ad1"), metadata=AUTH, timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "ad1" in err.value.details()
+    with pytest.raises(grpc.RpcError) as err:
+        fleet.control.LoadLora(pb2.LoadLoraRequest(name="", path="/x"), metadata=AUTH)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "name" in err.value.details()
+
+
+
+
+# ---- RlControl ---------------------------------------------------------------------------------------
+
+
+def _stream_in_thread(fleet: Fleet, max_tokens: int, out: list[Any], **kw: Any) -> threading.Thread:
+    def run() -> None:
+        try:
+            out.extend(fleet.inference.GenerateStream(_req(sampling={"max_tokens": max_tokens, "ignore_eos": True},
+                                                           **kw), metadata=AUTH, timeout=60))
+        except grpc.RpcError as exc:
+            out.append(exc)
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+def _paused(fleet: Fleet) -> Any:
+    return fleet.rl.IsPaused(pb2.IsPausedRequest(), metadata=AUTH)
+
+
+def test_pause_keep_freezes_in_flight_streams_and_resume_continues(fleet: Fleet) -> None:
+    chunks: list[Any] = []
+    t = _stream_in_thread(fleet, 200, chunks)
+    _wait(lambda: len(chunks) > 0)
+    fleet.rl.PauseGeneration(pb2.PauseGenerationRequest(mode=pb2.PAUSE_MODE_KEEP), metadata=AUTH)
+    assert _paused(fleet).paused and _paused(fleet).mode == pb2.PAUSE_MODE_KEEP
+    time.sleep(0.2)
+    frozen = len(chunks)
+    time.sleep(0.3)
+    assert len(chunks) == frozen  # nothing generated while paused
+    # A request that arrives while paused waits, and runs after the resume.
+    later: list[Any] = []
+    t2 = _stream_in_thread(fleet, 5, later)
+    _wait(lambda: _paused(fleet).held == 1)
+    fleet.rl.ResumeGeneration(pb2.ResumeGenerationRequest(), metadata=AUTH)
+    t.join(30)
+    t2.join(30)
+    assert not _paused(fleet).paused
+    assert sum(len(c.token_ids) for c in chunks) == 200 and chunks[-1].finish_reason == "length"
+    assert sum(len(c.token_ids) for c in later) == 5
+
+
+def test_pause_abort_ends_in_flight_streams(fleet: Fleet) -> None:
+    chunks: list[Any] = []
+    t = _stream_in_thread(fleet, 3000, chunks)
+    _wait(lambda: len(chunks) > 0)
+    resp = fleet.rl.PauseGeneration(pb2.PauseGenerationRequest(mode=pb2.PAUSE_MODE_ABORT), metadata=AUTH)
+    t.join(30)
+    fleet.rl.ResumeGeneration(pb2.ResumeGenerationRequest(), metadata=AUTH)
+    assert resp.aborted == 1
+    last = chunks[-1]
+    assert isinstance(last, grpc.RpcError) or last.finish_reason == "abort"
+
+
+def test_pause_wait_returns_once_in_flight_requests_finished(fleet: Fleet) -> None:
+    chunks: list[Any] = []
+    t = _stream_in_thread(fleet, 60, chunks)
+    _wait(lambda: len(chunks) > 0)
+    fleet.rl.PauseGeneration(pb2.PauseGenerationRequest(mode=pb2.PAUSE_MODE_WAIT), metadata=AUTH, timeout=30)
+    t.join(5)
+    assert not t.is_alive()  # it had finished when the pause returned
+    assert chunks[-1].finish_reason == "length" and sum(len(c.token_ids) for c in chunks) == 60
+    assert _paused(fleet).paused
+    fleet.rl.ResumeGeneration(pb2.ResumeGenerationRequest(), metadata=AUTH)
+
+
+def test_a_request_held_by_a_pause_is_bounded_by_its_deadline(fleet: Fleet) -> None:
+    fleet.rl.PauseGeneration(pb2.PauseGenerationRequest(mode=pb2.PAUSE_MODE_KEEP), metadata=AUTH)
+    try:
+        with pytest.raises(grpc.RpcError) as err:
+            fleet.inference.Generate(_req(), metadata=AUTH, timeout=0.5)
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        _wait(lambda: _paused(fleet).held == 0)  # the abort took it out of the held queue
+    finally:
+        fleet.rl.ResumeGeneration(pb2.ResumeGenerationRequest(), metadata=AUTH)
+
+
+def test_sleep_and_wake_on_sim(fleet: Fleet) -> None:
+    fleet.rl.Sleep(pb2.SleepRequest(level=1), metadata=AUTH)
+    assert fleet.rl.IsSleeping(pb2.IsSleepingRequest(), metadata=AUTH).sleeping
+    fleet.rl.WakeUp(pb2.WakeUpRequest(), metadata=AUTH)
+    assert not fleet.rl.IsSleeping(pb2.IsSleepingRequest(), metadata=AUTH).sleeping
+    with pytest.raises(grpc.RpcError) as err:
+        fleet.rl.Sleep(pb2.SleepRequest(level=3), metadata=AUTH)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "level" in err.value.details()
+
+
+def test_weight_update_session_on_sim(fleet: Fleet) -> None:
+    before = fleet.rl.GetWeightVersion(pb2.GetWeightVersionRequest(), metadata=AUTH).version
+    with pytest.raises(grpc.RpcError) as err:  # no session started
+        fleet.rl.UpdateWeights(iter([pb2.Tensor(name="w", dtype="float32", shape=[2], data=bytes(8))]), metadata=AUTH)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    fleet.rl.StartWeightUpdate(pb2.StartWeightUpdateRequest(), metadata=AUTH)
+    tensors = [pb2.Tensor(name=f"layer.{i}.weight", dtype="float32", shape=[4, 8], data=bytes(128)) for i in range(5)]
+    resp = fleet.rl.UpdateWeights(iter(tensors), metadata=AUTH)
+    assert (resp.tensors, resp.bytes) == (5, 640)
+    with pytest.raises(grpc.RpcError) as err:  # a shape that does not fit its bytes
+        fleet.rl.UpdateWeights(iter([pb2.Tensor(name="w", dtype="float32", shape=[3], data=bytes(8))]), metadata=AUTH)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "w" in err.value.details()
+    done = fleet.rl.FinishWeightUpdate(pb2.FinishWeightUpdateRequest(version="step-1"), metadata=AUTH)
+    assert done.version == "step-1" != before
+    assert fleet.rl.GetWeightVersion(pb2.GetWeightVersionRequest(), metadata=AUTH).version == "step-1"
 
 
 # ---- KvEvents ----------------------------------------------------------------------------------------
