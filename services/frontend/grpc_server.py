@@ -43,7 +43,8 @@ log = logging.getLogger(__name__)
 # A tensor of UpdateWeights travels in one message: the receive limit bounds the largest one.
 MAX_MESSAGE_BYTES = 1 << 30
 # UpdateWeights sends the engines a batch of tensors once this many bytes have come in (and at the end).
-WEIGHT_BATCH_BYTES = 32 << 20
+WEIGHT_BATCH_BYTES = 8 << 20
+WEIGHT_BATCHES_IN_FLIGHT = 2
 UTILITY_TIMEOUT_S = 60.0  # a utility call with no deadline of its own (the RPC's, when it has one, bounds it)
 
 _STATUS = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
@@ -480,25 +481,42 @@ class RlControl(pb2_grpc.RlControlServicer):
             metas: list[dict[str, Any]] = []
             frames: list[bytes] = []
             batch = tensors = total = 0
-            async for t in request_iterator:
-                _need(t.name, "name", "the parameter's name in the model's state dict")
-                _need(t.dtype, "dtype", "torch's name of its element type, e.g. bfloat16")
-                metas.append({"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "frame": len(frames),
-                              "offset": 0, "nbytes": len(t.data)})
-                frames.append(t.data)
-                batch += len(t.data)
-                if batch >= WEIGHT_BATCH_BYTES:
-                    tensors, total = await self._send(context, metas, frames, tensors, total)
-                    metas, frames, batch = [], [], 0
-            if metas:
-                tensors, total = await self._send(context, metas, frames, tensors, total)
+            # Batches go on while the next ones come in (each rank loads them in order), at most
+            # WEIGHT_BATCHES_IN_FLIGHT at a time: memory stays bounded, and the stream, the send and the
+            # engine's load overlap.
+            sent: list[asyncio.Task[list[Any]]] = []
+            try:
+                async for t in request_iterator:
+                    _need(t.name, "name", "the parameter's name in the model's state dict")
+                    _need(t.dtype, "dtype", "torch's name of its element type, e.g. bfloat16")
+                    data = t.data
+                    metas.append({"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "frame": len(frames),
+                                  "offset": 0, "nbytes": len(data)})
+                    frames.append(data)
+                    batch += len(data)
+                    tensors += 1
+                    total += len(data)
+                    if batch >= WEIGHT_BATCH_BYTES:
+                        await self._send(context, sent, metas, frames)
+                        metas, frames, batch = [], [], 0
+                if metas:
+                    await self._send(context, sent, metas, frames)
+                for task in sent:
+                    await task
+            finally:
+                for task in sent:
+                    task.cancel()
             return pb2.UpdateWeightsResponse(tensors=tensors, bytes=total)
         return await _guard(context, update())
 
-    async def _send(self, context: grpc.aio.ServicerContext, metas: list[dict[str, Any]], frames: list[bytes],
-                    tensors: int, total: int) -> tuple[int, int]:
-        await self._ranks.call(context, "update_weights", frames=frames, tensors=metas)
-        return tensors + len(metas), total + sum(len(f) for f in frames)
+    async def _send(self, context: grpc.aio.ServicerContext, sent: list[asyncio.Task[list[Any]]],
+                    metas: list[dict[str, Any]], frames: list[bytes]) -> None:
+        """One batch on its way to every rank; waits while WEIGHT_BATCHES_IN_FLIGHT are (and raises the
+        first one's failure)."""
+        while len(sent) >= WEIGHT_BATCHES_IN_FLIGHT:
+            await sent.pop(0)
+        call = self._ranks.call(context, "update_weights", frames=frames, tensors=metas)
+        sent.append(asyncio.get_running_loop().create_task(call))
 
     async def FinishWeightUpdate(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def finish() -> Any:
