@@ -53,9 +53,9 @@ class OutputProcessor:
     Call pieces() until `finish` is set. It records the request's metrics when it ends, also when it
     fails (EngineFailure), so the writers only write."""
 
-    __slots__ = ("_detok", "_echo", "_echo_entries", "_engines", "_first", "_last", "_metrics", "_parent", "_parser",
-                 "_pending", "_request", "_start", "_stops", "_timings", "_token_parser", "_tried", "cached_tokens",
-                 "calls",
+    __slots__ = ("_detok", "_echo", "_echo_entries", "_engines", "_first", "_last", "_metrics", "_no_text", "_parent",
+                 "_parser", "_pending", "_request", "_start", "_stops", "_timings", "_token_parser", "_tried",
+                 "cached_tokens", "calls",
                  "completion_tokens", "counts", "finish", "formatter", "logprobs", "options", "prompt_segments",
                  "stop_reason", "stream", "tail_logprobs", "token_ids")
 
@@ -72,6 +72,11 @@ class OutputProcessor:
                        if stops else None)
         self._parser: OutputParser | None = None
         self._token_parser: TokenOutputParser | None = None
+        # Token-out with no text asked and no stop string to match: nothing reads the text, so it is not
+        # decoded (the token-in routes' common case: a gateway or an RL loop that wants ids).
+        self._no_text = self.options.token_out and not self.options.text_out and not stops and parser is None
+        if self._no_text and not self.options.stream:
+            stream.interval = 1 << 62  # ... and with one answer at the end, nothing to do per token either
         if isinstance(parser, TokenOutputParser):
             self._token_parser = parser
         else:
@@ -119,6 +124,7 @@ class OutputProcessor:
             raise
         now = time.monotonic()
         detok, stops, parser, token_parser = self._detok, self._stops, self._parser, self._token_parser
+        skip_text = self._no_text
         drop_stop_token = not self.options.include_stop_str_in_output
         formatter = self.formatter
         pieces: list[Piece] = []
@@ -158,6 +164,11 @@ class OutputProcessor:
                 if reason is not None:
                     self._add(token_parser.flush(), pieces)
                     self._keep_calls(token_parser.calls())
+                    self._finished(reason, out.stop_reason, out.timings)
+                    break
+                continue
+            if skip_text:
+                if reason is not None:
                     self._finished(reason, out.stop_reason, out.timings)
                     break
                 continue
