@@ -187,6 +187,7 @@ def test_frontends_dial_every_engine_by_its_stable_name_and_port(fleet: Any) -> 
                                             f"{router_port}" for i in range(replicas))
     assert router_port == _ports(sts)["zmq-router"]
     assert config.host == "0.0.0.0" and config.port == _ports(frontend)["http"]
+    assert config.grpc_port == _ports(frontend)["grpc"]
     assert config.model == ("tiny" if tree == "cpu" else "/models/model")
     assert _pod(frontend)["terminationGracePeriodSeconds"] > config.shutdown_timeout_s
     assert c["image"] == IMAGES["slim"]
@@ -292,8 +293,8 @@ def test_each_service_selects_one_workload_and_targets_its_named_ports(fleet: An
         (workload,) = [w for w in _workloads(resources) if _selects(service["spec"]["selector"], w)]
         for port in service["spec"]["ports"]:
             assert port["targetPort"] == port["name"] and port["name"] in _ports(workload), (name, port)
-    # ServiceMonitor-ready: the ports that serve /metrics are named for it.
-    assert {p["name"] for p in resources[("Service", "frontend")]["spec"]["ports"]} == {"http"}
+    # ServiceMonitor-ready: the ports that serve /metrics are named for it (the frontend's gRPC port serves none).
+    assert {p["name"] for p in resources[("Service", "frontend")]["spec"]["ports"]} == {"http", "grpc"}
     assert {p["name"] for p in resources[("Service", "router")]["spec"]["ports"]} == {"http", "metrics"}
 
 
