@@ -12,7 +12,6 @@ events (kv_relay.py). Auth: the HTTP API keys (--api-key), from `authorization: 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hashlib
 import hmac
 import logging
@@ -23,7 +22,6 @@ from importlib import metadata
 from typing import Any
 
 import grpc
-import msgspec
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
@@ -78,35 +76,6 @@ def _failed(exc: APIError) -> _Failed:
 
 
 # ---- Inference -------------------------------------------------------------------------------------
-
-_SCALARS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
-            "repetition_penalty", "skip_special_tokens", "logprobs", "prompt_logprobs", "stream_interval")
-_LISTS = ("stop", "stop_token_ids", "allowed_token_ids", "bad_words")
-_FLAGS = ("ignore_eos", "include_stop_str_in_output", "min_tokens")
-
-
-def token_in_body(req: Any, *, stream: bool) -> bytes:
-    """The /inference/v1/generate JSON body a GenerateRequest stands for: set fields only, so every
-    unset one takes vLLM's default and every check and error message is the HTTP route's."""
-    sp = req.sampling_params
-    params: dict[str, Any] = {name: getattr(sp, name) for name in _SCALARS if sp.HasField(name)}
-    params.update({name: list(getattr(sp, name)) for name in _LISTS if getattr(sp, name)})
-    params.update({name: getattr(sp, name) for name in _FLAGS if getattr(sp, name)})
-    if sp.logit_bias:
-        params["logit_bias"] = {str(k): v for k, v in sp.logit_bias.items()}
-    if sp.HasField("structured_outputs"):
-        kind = sp.structured_outputs.WhichOneof("kind")
-        if kind is not None:
-            value = getattr(sp.structured_outputs, kind)
-            params["structured_outputs"] = {kind: list(value.choices) if kind == "choice" else value}
-    body: dict[str, Any] = {"token_ids": list(req.token_ids), "sampling_params": params, "stream": stream,
-                            "return_text": req.return_text, "priority": req.priority}
-    if req.request_id:
-        body["request_id"] = req.request_id
-    if req.HasField("cache_salt"):
-        body["cache_salt"] = req.cache_salt
-    return msgspec.json.encode(body)
-
 
 class GrpcLogprobs:
     """The output processor's logprobs formatter for gRPC (OutputProcessor.formatter's port): each
@@ -167,20 +136,21 @@ class Inference(pb2_grpc.InferenceServicer):
         except _Failed as exc:
             await context.abort(exc.code, str(exc))
 
-    async def _translate(self, request: Any, *, stream: bool) -> Any:
+    async def _translate(self, raw: bytes, *, stream: bool) -> Any:
+        """The serialized GenerateRequest through the token-in route's translation (parsed there: in a
+        worker process when it is long)."""
         app = self._app
         if app.shutdown.draining:
             raise _Failed(grpc.StatusCode.UNAVAILABLE, "the frontend is shutting down; send the request to another "
                                                        "replica")
-        pin = str(request.data_parallel_rank).encode() if request.HasField("data_parallel_rank") else None
+        limit = app.config.max_body_bytes
+        if len(raw) > limit:  # HTTP's 413 (the 1 GiB message limit is for UpdateWeights' tensors)
+            raise _Failed(grpc.StatusCode.INVALID_ARGUMENT, f"token_ids: the request is {len(raw)} bytes, more than "
+                                                            f"the server's --max-body-bytes ({limit})")
         try:
-            engine_request = await app.translator.generate(token_in_body(request, stream=stream), pin)
+            return await app.translator.generate(raw, None, kind="grpc_stream" if stream else "grpc")
         except APIError as exc:
             raise _failed(exc) from None
-        if request.lora_name:  # the engine refuses a name it has not loaded
-            inner = msgspec.structs.replace(engine_request.request, lora=request.lora_name)
-            engine_request = dataclasses.replace(engine_request, request=inner)
-        return engine_request
 
     async def _generate(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         engine_request = await self._translate(request, stream=False)
@@ -623,7 +593,13 @@ class GrpcServer:
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0)])
         self.inference = Inference(app)
-        pb2_grpc.add_InferenceServicer_to_server(self.inference, self.server)
+        # Inference's requests reach the handlers serialized: translation parses them where it would parse
+        # an HTTP body (in a worker process when long), not the event loop.
+        out = pb2.GenerateResponse.SerializeToString
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("fleet.v1.Inference", {
+            "Generate": grpc.unary_unary_rpc_method_handler(self.inference.Generate, response_serializer=out),
+            "GenerateStream": grpc.unary_stream_rpc_method_handler(self.inference.GenerateStream,
+                                                                    response_serializer=out)}),))
         pb2_grpc.add_ControlServicer_to_server(Control(app, self.inference, time.time()), self.server)
         pb2_grpc.add_RlControlServicer_to_server(RlControl(app), self.server)
         pb2_grpc.add_KvEventsServicer_to_server(KvEvents(relay), self.server)

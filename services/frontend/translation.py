@@ -136,7 +136,8 @@ class EngineRequest:
 
     def block_hashes(self, block_size: int) -> list[int]:
         """The prompt's chained block hashes, as the engines' KV events name their blocks."""
-        return block_hashes(self.request.prompt_token_ids, block_size, salt=self.request.cache_salt)
+        return block_hashes(self.request.prompt_token_ids, block_size, salt=self.request.cache_salt,
+                            lora=self.request.lora)
 
 
 @dataclass(slots=True)
@@ -156,6 +157,9 @@ class Prepared:
     constraint: Constraint | None = None  # response_format, structured_outputs or a guided_* field's
     # A completion's prompts, one or a batch: each one's ids and, when it asked for echo, its text.
     prompts: list[tuple[array[int], str | None]] | None = None
+    # A gRPC GenerateRequest's fields beyond the token-in body: its rank pin and LoRA adapter.
+    pin: int | None = None
+    lora: str | None = None
 
 
 class Preparer:
@@ -263,6 +267,19 @@ class Preparer:
         tokenization.check_model(self._model, req.model)
         ids = token_in.check(req, self._model.tokenizer.get_vocab_size(with_added_tokens=True), self._max_logprobs)
         return Prepared(msgspec.structs.replace(req, token_ids=[]), ids, False)
+
+    def generate_grpc(self, raw: bytes, stream: bool) -> Prepared:
+        """A gRPC GenerateRequest (serialized): parsed, then checked as the token-in body it stands for."""
+        from services.frontend import grpc_body  # protobuf only where gRPC is served
+
+        try:
+            req = grpc_body.parse(raw)
+        except ValueError as exc:
+            raise APIError(400, str(exc)) from None
+        prepared = self.generate(grpc_body.token_in_body(req, stream=stream))
+        prepared.pin = req.data_parallel_rank if req.HasField("data_parallel_rank") else None
+        prepared.lora = req.lora_name or None
+        return prepared
 
     def tokenize(self, body: bytes) -> Tokenized:
         return tokenization.tokenize(self._model, body, self.render)
@@ -380,9 +397,11 @@ class Translator:
             requests = [replace(r, output=replace(r.output, response_id=request_id)) for r in requests]
         return requests
 
-    async def generate(self, body: bytes, pin: bytes | None) -> EngineRequest:
-        """An /inference/v1/generate body: token ids and vLLM's sampling parameters, answered in token ids."""
-        prepared = await self._prepare("generate", body)
+    async def generate(self, body: bytes, pin: bytes | None, *, kind: str = "generate") -> EngineRequest:
+        """An /inference/v1/generate body: token ids and vLLM's sampling parameters, answered in token ids.
+        `kind` "grpc" or "grpc_stream": `body` is a serialized gRPC GenerateRequest instead (its pin and
+        LoRA adapter come with it)."""
+        prepared = await self._prepare(kind, body)
         req = prepared.req
         assert isinstance(req, token_in.TokenInRequest)
         sp = req.sampling_params
@@ -421,8 +440,9 @@ class Translator:
                                stream_interval=max(sp.stream_interval or 1, self._stream_interval))
         vocab = self._model.tokenizer.get_vocab_size(with_added_tokens=True)
         sampling = token_in.engine_sampling(sp, max_tokens, vocab)
-        request = GenerateRequest(request_id, prepared.ids.tolist(), sampling, time.time(), req.priority, None,
-                                  req.cache_salt, _pinned_rank(pin))
+        rank = prepared.pin if prepared.pin is not None else _pinned_rank(pin)
+        request = GenerateRequest(request_id, prepared.ids.tolist(), sampling, time.time(), req.priority, prepared.lora,
+                                  req.cache_salt, rank)
         return EngineRequest(request, max_tokens, output)
 
     async def tokenize(self, body: bytes) -> Tokenized:
@@ -601,6 +621,7 @@ def _start_worker(path: str, name: str, enable_auto_tool_choice: bool, tool_call
 # What each kind of body is prepared with, on the loop or in a worker.
 _PREPARE: dict[str, Callable[[Preparer, bytes], Any]] = {
     "chat": Preparer.chat, "completion": Preparer.completion, "generate": Preparer.generate,
+    "grpc": lambda p, raw: p.generate_grpc(raw, False), "grpc_stream": lambda p, raw: p.generate_grpc(raw, True),
     "tokenize": Preparer.tokenize, "detokenize": Preparer.detokenize}
 
 

@@ -88,6 +88,17 @@ def test_generate_equals_the_http_token_in_route(fleet: Fleet) -> None:
     assert resp.data_parallel_rank in (0, 1)
 
 
+def test_a_long_request_is_parsed_off_the_loop_and_answers_the_same(fleet: Fleet) -> None:
+    long = [(i * 7919) % 150_000 for i in range(3000)]  # past --long-prompt-chars: parsed in a worker process
+    resp = fleet.inference.Generate(_req(token_ids=long, lora_name="", sampling={"seed": 1, "temperature": 1.0}),
+                                    metadata=AUTH, timeout=60)
+    http = _http(fleet, {"token_ids": long, "sampling_params": {"max_tokens": 12, "temperature": 1.0, "seed": 1}})
+    assert list(resp.token_ids) == http["choices"][0]["token_ids"] and resp.usage.prompt_tokens == 3000
+    with pytest.raises(grpc.RpcError) as err:  # refused in the worker: the message names the field
+        fleet.inference.Generate(_req(token_ids=[*long, 10_000_000]), metadata=AUTH, timeout=60)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "token_ids[3000]" in err.value.details()
+
+
 def test_generate_stream_sends_the_same_tokens_in_pieces(fleet: Fleet) -> None:
     unary = fleet.inference.Generate(_req(sampling={"seed": 3, "temperature": 1.0, "max_tokens": 20}),
                                      metadata=AUTH, timeout=30)
@@ -152,6 +163,9 @@ def test_bad_prompt_and_pin_are_refused(fleet: Fleet) -> None:
             fleet.inference.Generate(req, metadata=AUTH, timeout=30)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
         assert field in err.value.details()
+    with pytest.raises(grpc.RpcError) as err:  # past --max-body-bytes (4 MiB), as HTTP's 413
+        fleet.inference.Generate(_req(token_ids=[100_000] * 2_000_000), metadata=AUTH, timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "--max-body-bytes" in err.value.details()
     pinned = fleet.inference.Generate(_req(data_parallel_rank=1), metadata=AUTH, timeout=30)
     assert pinned.data_parallel_rank == 1
 
