@@ -461,3 +461,43 @@ def test_reflection_lists_every_service(fleet: Fleet) -> None:
     names = {s.name for r in replies for s in r.list_services_response.service}
     assert {"fleet.v1.Inference", "fleet.v1.Control", "fleet.v1.RlControl", "fleet.v1.KvEvents",
             "grpc.health.v1.Health"} <= names
+
+
+def test_the_kv_event_stream_survives_an_engine_restart(tmp_path: Path) -> None:
+    """One rank restarted under a live subscription: a `cleared` for the old session, then one for the new
+    epoch, then the new session's events, on the same stream with no gap in seq."""
+    engine = start_engine(tmp_path, *SIM, "--sim-decode-ms", "2")
+    grpc_port = free_port_block(1, spread=0)
+    fe = start_frontend(tmp_path, "--data-parallel-size-local", "0", "--engine-addresses", engine.endpoint(),
+                        "--grpc-port", str(grpc_port))
+    f = Fleet(engine, fe, grpc_port)  # no --api-key here: no metadata needed
+    try:
+        block = f.control.GetModelInfo(pb2.GetModelInfoRequest()).block_size
+        sub = _Subscriber(f)
+        _wait(lambda: len(sub.events) >= 1)
+        first = list(range(3000, 3000 + 3 * block))
+        f.inference.Generate(_req(token_ids=first), timeout=30)
+        _wait(lambda: set(block_hashes(first, block)) <= sub.stored())
+        old_epoch = sub.events[-1].epoch
+        port = engine.port
+        engine.stop()
+        engine = start_engine(tmp_path, *SIM, "--sim-decode-ms", "2", port=port)
+        fe.wait_ready()
+        second = list(range(7000, 7000 + 3 * block))
+        f.inference.Generate(_req(token_ids=second), timeout=30)
+        want = set(block_hashes(second, block))
+        _wait(lambda: want <= {h for e in sub.events if e.epoch != old_epoch and e.WhichOneof("event") == "stored"
+                               for h in e.stored.block_hashes})
+        live = [e for e in sub.events if not e.snapshot]
+        assert [e.seq for e in live] == list(range(live[0].seq, live[0].seq + len(live)))  # one stream, no gap
+        cleared = [(e.epoch, i) for i, e in enumerate(live) if e.WhichOneof("event") == "cleared"]
+        new_epoch = next(e.epoch for e in reversed(live) if e.WhichOneof("event") == "stored")
+        assert new_epoch != old_epoch
+        assert any(ep == old_epoch for ep, _ in cleared) and any(ep == new_epoch for ep, _ in cleared)
+        first_new = next(i for i, e in enumerate(live) if e.epoch == new_epoch)
+        assert live[first_new].WhichOneof("event") == "cleared"  # the new session starts empty
+        sub.stop()
+    finally:
+        f.channel.close()
+        fe.stop()
+        engine.stop()
