@@ -75,8 +75,6 @@ class OutputProcessor:
         # Token-out with no text asked and no stop string to match: nothing reads the text, so it is not
         # decoded (the token-in routes' common case: a gateway or an RL loop that wants ids).
         self._no_text = self.options.token_out and not self.options.text_out and not stops and parser is None
-        if self._no_text and not self.options.stream:
-            stream.interval = 1 << 62  # ... and with one answer at the end, nothing to do per token either
         if isinstance(parser, TokenOutputParser):
             self._token_parser = parser
         else:
@@ -103,6 +101,10 @@ class OutputProcessor:
                                                token_out=options.token_out,
                                                as_token_ids=options.return_tokens_as_token_ids)
             stream.keeps_frames = True
+        if self._no_text and not options.stream and self.formatter is None:
+            # ... and with one answer at the end, nothing to do per token either: woken at the first token
+            # and the end only. Not with logprobs: each waiting output would keep its step's frames alive.
+            stream.interval = 1 << 62
         self.logprobs: list[list[Entry]] = []
         self.tail_logprobs: list[Entry] = []
         self.prompt_segments: list[Segment] = []

@@ -114,11 +114,18 @@ def test_services_import_protocol_and_never_each_other(package: str) -> None:
 
 
 def test_protocol_is_pure() -> None:
+    """The engine protocol needs msgspec only. The gRPC schema (protocol.grpc) also needs grpcio and
+    protobuf, and nothing else in `protocol` imports it, so an engine never loads them."""
     allowed = {"msgspec", "msgpack", "protocol"}
+    grpc_allowed = allowed | {"grpc", "grpc_tools", "google"}
     for name, path in _modules("protocol").items():
+        in_grpc = name == "protocol.grpc" or name.startswith("protocol.grpc.")
         for target in _imports(path, name):
             top = target.split(".")[0]
-            assert top in allowed or top in sys.stdlib_module_names, f"{name} imports {target}"
+            assert top in (grpc_allowed if in_grpc else allowed) or top in sys.stdlib_module_names, \
+                f"{name} imports {target}"
+            assert in_grpc or not (target == "protocol.grpc" or target.startswith("protocol.grpc.")), \
+                f"{name} imports {target}: the engine protocol does not load the gRPC schema"
 
 
 def test_the_checker_finds_a_circle() -> None:
