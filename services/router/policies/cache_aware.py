@@ -7,6 +7,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Callable
+from typing import Any
 
 from services.router.replica import Replica
 
@@ -186,7 +187,11 @@ class CacheAware:
         self.last_reason = ""
         self.last_match = 0.0  # fraction of the latest chosen request's text its replica holds
 
-    def choose(self, candidates: list[Replica], request_bytes: int, text: str | None) -> Replica:
+    async def prepare(self, body: dict[str, Any], size: int) -> None:
+        return None
+
+    def choose(self, candidates: list[Replica], request_bytes: int, text: str | None,
+               prepared: object = None) -> Replica:
         deadline = self._clock() - self.eviction_s
         for tree in self._trees.values():
             tree.evict_older_than(deadline)

@@ -1,0 +1,123 @@
+"""Precise prefix policy (router process): a request is rendered and tokenized as the frontend does
+(prompt.py), hashed into the engines' chained blocks (protocol.block_hash), and goes to the replica
+whose engines report holding the longest leading run of them (kv_blocks.py, fed by each frontend's
+KvEvents stream); with cache_aware's fallbacks on load: imbalance first, then a weak match."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from protocol.block_hash import block_hashes
+from services.router.kv_blocks import ReplicaBlocks
+from services.router.prompt import PromptModel, Unrenderable
+from services.router.replica import Replica
+
+log = logging.getLogger("router")
+
+
+@dataclass(slots=True, frozen=True)
+class Prompt:
+    """What `prepare` made of a request: its block hashes, or why there are none."""
+    hashes: tuple[int, ...] = ()
+    tokens: int = 0
+    reason: str = ""  # set when there are no hashes to score by
+
+
+def _least_loaded(r: Replica) -> tuple[int, int, float]:
+    return r.inflight, r.outstanding_bytes, r.last_assigned
+
+
+class PrecisePrefix:
+    def __init__(self, *, cache_threshold: float = 0.5, balance_abs: int = 16, balance_rel: float = 1.5) -> None:
+        if not 0.0 <= cache_threshold <= 1.0:
+            raise ValueError(f"cache_threshold must be in [0, 1], got {cache_threshold!r}")
+        if balance_abs < 0:
+            raise ValueError(f"balance_abs must be >= 0, got {balance_abs!r}")
+        if balance_rel < 1.0:
+            raise ValueError(f"balance_rel must be >= 1, got {balance_rel!r}")
+        self.cache_threshold = cache_threshold
+        self.balance_abs = balance_abs
+        self.balance_rel = balance_rel
+        self.model: PromptModel | None = None  # loaded before the first request (Router.load_models)
+        self.block_size: int | None = None  # the engines' (GetModelInfo, or a stored event)
+        self.replicas: dict[str, ReplicaBlocks] = {}  # by replica URL; kv_events.py keeps them current
+        self.last_reason = ""
+        self.last_match = 0.0  # fraction of the latest chosen request's blocks its replica holds
+
+    def blocks(self, url: str) -> ReplicaBlocks:
+        held = self.replicas.get(url)
+        if held is None:
+            held = self.replicas[url] = ReplicaBlocks()
+        return held
+
+    def learn_block_size(self, size: int, source: str) -> None:
+        if size <= 0 or size == self.block_size:
+            return
+        if self.block_size is not None:
+            log.warning("precise_prefix: %s reports block size %d, not %d as before: hashing with %d from now on",
+                        source, size, self.block_size, size)
+        self.block_size = size
+
+    async def prepare(self, body: dict[str, Any], size: int) -> Prompt:
+        if self.model is None:
+            return Prompt(reason="no tokenizer loaded")
+        if self.block_size is None:
+            return Prompt(reason="block size not known yet (no KvEvents stream has said it)")
+        try:
+            prompt = await self.model.prompt(body, size)
+        except Unrenderable as exc:
+            return Prompt(reason=f"not tokenized: {exc}")
+        hashes = block_hashes(prompt.ids, self.block_size, salt=prompt.salt)
+        if not hashes:
+            return Prompt(tokens=len(prompt.ids), reason=f"{len(prompt.ids)} tokens: no full block")
+        return Prompt(tuple(hashes), len(prompt.ids))
+
+    def choose(self, candidates: list[Replica], request_bytes: int, text: str | None,
+               prepared: object = None) -> Replica:
+        self.last_match = 0.0
+        loads = [r.inflight for r in candidates]
+        high, low = max(loads), min(loads)
+        if high - low > self.balance_abs and high > self.balance_rel * low:
+            best = min(candidates, key=_least_loaded)
+            self.last_reason = (f"precise_prefix: imbalanced (in-flight max {high}, min {low}) "
+                                f"-> least loaded {best.url}")
+            return best
+        if not isinstance(prepared, Prompt) or not prepared.hashes:
+            why = prepared.reason if isinstance(prepared, Prompt) else "nothing prepared"
+            best = min(candidates, key=_least_loaded)
+            self.last_reason = f"precise_prefix: {why} -> least loaded {best.url}"
+            return best
+        hashes = list(prepared.hashes)
+        best, matched, on_rank = candidates[0], -1, -1
+        for r in candidates:
+            m, rank = self.blocks(r.url).match(hashes)
+            if m > matched or (m == matched and _least_loaded(r) < _least_loaded(best)):
+                best, matched, on_rank = r, m, rank
+        rate = matched / len(hashes)
+        seen = f"{matched}/{len(hashes)} blocks ({rate:.2f})"
+        if rate > self.cache_threshold:
+            self.last_match = rate
+            self.last_reason = (f"precise_prefix: {seen} held on rank {on_rank} > {self.cache_threshold:.2f} "
+                                f"-> {best.url}{self._stale(best.url)}")
+            return best
+        best = min(candidates, key=self._held_then_load)
+        self.last_match = self.blocks(best.url).match(hashes)[0] / len(hashes)
+        self.last_reason = (f"precise_prefix: best {seen} <= {self.cache_threshold:.2f} -> fewest blocks held "
+                            f"{best.url} ({self.blocks(best.url).blocks} blocks){self._stale(best.url)}")
+        return best
+
+    def on_assigned(self, replica: Replica, text: str | None) -> None:
+        pass  # what the replica caches, its engines report
+
+    def on_removed(self, url: str) -> None:
+        self.replicas.pop(url, None)
+
+    def _held_then_load(self, r: Replica) -> tuple[int, int, int, float]:
+        return (self.blocks(r.url).blocks, *_least_loaded(r))
+
+    def _stale(self, url: str) -> str:
+        held = self.blocks(url)
+        if held.mismatch:
+            return f" (its events are not used: {held.mismatch})"
+        return "" if held.connected else " (its KvEvents stream is down: what it holds may be stale)"
