@@ -8,6 +8,7 @@ tests/unit/router/test_prompt.py renders a set of conversations with both and ch
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from datetime import datetime
@@ -239,7 +240,7 @@ def _file_templates(path: Path) -> dict[str, str]:
 class ChatTemplate:
     """A model's chat template(s), compiled once; immutable after construction."""
 
-    __slots__ = ("_env", "_reads_content", "_special_tokens")
+    __slots__ = ("_env", "_reads_content", "_special_tokens", "sha256")
 
     def __init__(self, templates: str | dict[str, str], *,
                  special_tokens: dict[str, str] | None = None) -> None:
@@ -249,6 +250,8 @@ class ChatTemplate:
         self._env = _environment(templates)
         self._reads_content = {name: "content" in source for name, source in templates.items()}
         self._special_tokens = dict(special_tokens or {})
+        # The template's identity (gRPC's GetModelInfo): a router that renders it too can check it has the same.
+        self.sha256 = hashlib.sha256(json.dumps(templates, sort_keys=True).encode()).hexdigest()
 
     @classmethod
     def from_checkpoint(cls, path: Path) -> ChatTemplate:

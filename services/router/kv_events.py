@@ -120,6 +120,9 @@ class KvSubscriber:
         if info.tokenizer_sha256 and ours and info.tokenizer_sha256 != ours:
             mismatch = (f"its tokenizer.json (sha256 {info.tokenizer_sha256[:12]}) is not the pool's tokenizer "
                         f"(sha256 {ours[:12]})")
+        elif info.chat_template_sha256 and info.chat_template_sha256 != model.template.sha256:
+            mismatch = (f"its chat template (sha256 {info.chat_template_sha256[:12]}) is not the pool's "
+                        f"tokenizer's (sha256 {model.template.sha256[:12]})")
         if mismatch and mismatch != self.blocks.mismatch:
             log.warning("precise_prefix: %s: %s; its blocks are not scored", self.url, mismatch)
         self.blocks.mismatch = mismatch

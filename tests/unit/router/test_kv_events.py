@@ -31,6 +31,7 @@ class FakeRelay(pb2_grpc.KvEventsServicer, pb2_grpc.ControlServicer):  # type: i
         self.block_size = block_size
         self.history: list[Any] = []
         self.held: dict[int, tuple[str, set[int]]] = {}  # rank -> (epoch, hashes)
+        self.info = pb2.GetModelInfoResponse(block_size=block_size, max_model_len=4096)
         self.requests: list[tuple[int, str]] = []
         self.keys: list[str] = []
         self._streams: list[asyncio.Queue[Any]] = []
@@ -63,7 +64,7 @@ class FakeRelay(pb2_grpc.KvEventsServicer, pb2_grpc.ControlServicer):  # type: i
     # ---- the services ----
 
     async def GetModelInfo(self, request: Any, context: Any) -> Any:
-        return pb2.GetModelInfoResponse(block_size=self.block_size, max_model_len=4096)
+        return self.info
 
     async def Subscribe(self, request: Any, context: Any) -> AsyncIterator[Any]:
         self.requests.append((request.after_seq, request.relay_epoch))
@@ -253,5 +254,30 @@ def test_the_policy_sends_a_prompt_where_the_stream_says_its_blocks_are() -> Non
             await asyncio.gather(*tasks, return_exceptions=True)
             for server in servers:
                 await server.stop(None)
+
+    asyncio.run(main())
+
+
+def test_a_frontend_with_another_tokenizer_or_template_is_not_scored() -> None:
+    async def main() -> None:
+        policy = PrecisePrefix()
+        model = policy.model = PromptModel.load("tiny")
+        relay, port = FakeRelay("relay-1"), _free_port()
+        relay.stored(0, "e0", H)
+        relay.info.tokenizer_sha256, relay.info.chat_template_sha256 = model.tokenizer_sha256, "0" * 64
+        server = await _serve(relay, port)
+        try:
+            async with _subscribed(policy, port) as sub:
+                await _until(sub, lambda: sub.blocks.blocks > 0)
+                assert sub.blocks.mismatch.startswith("its chat template (sha256 000000000000) is not the pool's")
+                assert sub.blocks.match(H) == (0, -1)
+                assert model.max_model_len == 4096
+                relay.info.chat_template_sha256 = model.template.sha256  # the frontend was redeployed
+                relay.drop_streams()
+                relay.stored(1, "e1", H[:1])
+                await _until(sub, lambda: sub.streams == 2)
+                assert sub.blocks.mismatch == "" and sub.blocks.match(H) == (8, 0)
+        finally:
+            await server.stop(None)
 
     asyncio.run(main())
