@@ -81,6 +81,9 @@ class KvSubscriber:
                     first = False
                     self.streams += 1
                     held.connected = True
+                    log.info("precise_prefix: %s KvEvents from %s: %s (block size %s)", self.url, self.address,
+                             "a snapshot" if event.snapshot else f"resumed after seq {request.after_seq}",
+                             self.policy.block_size)
                     if event.snapshot:
                         held.reset()  # what follows says all that is held
                     elif request.after_seq and (event.relay_epoch != held.relay_epoch
