@@ -110,7 +110,7 @@ class Pool:
         probe = picked.breaker == HALF_OPEN
         if probe:
             picked.probe_inflight = True
-        self.policy.on_assigned(picked, text)
+        self.policy.on_assigned(picked, text, prepared)
         return Lease(picked, request_bytes, self.policy.last_reason, probe, self, picked.opened_at)
 
     def preview(self, request_bytes: int, *, text: str | None = None, exclude: frozenset[str] = frozenset(),

@@ -110,9 +110,9 @@ def test_a_prompt_goes_where_its_prefix_is_stored(fleet: Fleet) -> None:
     r = httpx.post(fleet.router.url + "/v1/chat/completions", json=_body("which lantern?"), timeout=30)
     assert r.status_code == 200 and r.headers["x-router-replica"] == served
     assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16 * 20
-    # A prompt sharing nothing goes to the replica holding fewer blocks: the other one.
+    # A prompt sharing nothing goes by load.
     other = _decision(fleet, _body("anything?", prefix="A different story altogether. " * 30))
-    assert "fewest blocks held" in other["reason"] and other["replica"] != served, other
+    assert "<= 0.30 -> least loaded" in other["reason"], other
 
 
 def test_a_restarted_engines_blocks_are_cleared(fleet: Fleet) -> None:
@@ -127,5 +127,5 @@ def test_a_restarted_engines_blocks_are_cleared(fleet: Fleet) -> None:
     # The same engine address, a new session holding nothing: the frontend relays `cleared` for its rank.
     fleet.engines[index] = start_engine(fleet.tmp, *SIM, port=port)
     fleet.frontends[index].wait_ready()
-    decision = _until(fleet, body, lambda d: "held on rank" not in d["reason"] and d["status"] == "ok")
-    assert decision["reason"].startswith("precise_prefix: best 0/"), decision
+    # (What was sent there counts as held for pending_s, 5 s, unless the engine reports it: then not.)
+    _until(fleet, body, lambda d: d["status"] == "ok" and d["reason"].startswith("precise_prefix: best 0/"))

@@ -236,6 +236,7 @@ def _precise_prefix(f: Fields, path: str, raw: object) -> PrecisePrefixConfig:
                         d["balance_abs"]),
         balance_rel=_or(f.number(f"{path}.balance_rel", m.get("balance_rel", d["balance_rel"]), 1),
                         d["balance_rel"]),
+        pending_s=_or(f.number(f"{path}.pending_s", m.get("pending_s", d["pending_s"]), 0), d["pending_s"]),
         reconnect_max_s=_or(f.number(f"{path}.reconnect_max_s", m.get("reconnect_max_s", d["reconnect_max_s"]),
                                      0, open_low=True), d["reconnect_max_s"]))
 

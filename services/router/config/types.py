@@ -64,6 +64,8 @@ class PrecisePrefixConfig:
     cache_threshold: float = 0.5  # share of the prompt's blocks held above which that replica is preferred
     balance_abs: int = 16  # ... unless in-flight counts differ by more than this
     balance_rel: float = 1.5  # ... and by more than this factor
+    # A prompt's blocks count as held by the replica it was sent to for this long, until its engine reports them.
+    pending_s: float = 5.0
     reconnect_max_s: float = 5.0  # the longest wait between attempts to resubscribe to a replica's events
 
 

@@ -34,8 +34,8 @@ class Policy(Protocol):
         """Pick one of `candidates` (ready, below the cap, non-empty)."""
         ...
 
-    def on_assigned(self, replica: Replica, text: str | None) -> None:
-        """The request went to `replica`."""
+    def on_assigned(self, replica: Replica, text: str | None, prepared: object = None) -> None:
+        """The request went to `replica` (`prepared`: what `prepare` made of it)."""
         ...
 
     def on_removed(self, url: str) -> None:
@@ -51,7 +51,8 @@ def _cache_aware(config: PoolConfig) -> Policy:
 
 def _precise_prefix(config: PoolConfig) -> Policy:
     c = config.precise_prefix
-    return PrecisePrefix(cache_threshold=c.cache_threshold, balance_abs=c.balance_abs, balance_rel=c.balance_rel)
+    return PrecisePrefix(cache_threshold=c.cache_threshold, balance_abs=c.balance_abs, balance_rel=c.balance_rel,
+                         pending_s=c.pending_s)
 
 
 # Keyed by the names a pool's `policy` accepts (config POLICIES).

@@ -225,7 +225,7 @@ class CacheAware:
                             f"-> smallest tree {best.url} ({self.cached_chars(best.url)} chars)")
         return best
 
-    def on_assigned(self, replica: Replica, text: str | None) -> None:
+    def on_assigned(self, replica: Replica, text: str | None, prepared: object = None) -> None:
         # Also when the choice was by load, as sgl-router does: the replica will cache this text.
         if text:
             tree = self._trees.get(replica.url)

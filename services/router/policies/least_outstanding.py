@@ -32,7 +32,7 @@ class LeastOutstanding:
                             + f" -> {best.url}")
         return best
 
-    def on_assigned(self, replica: Replica, text: str | None) -> None:
+    def on_assigned(self, replica: Replica, text: str | None, prepared: object = None) -> None:
         pass
 
     def on_removed(self, url: str) -> None:

@@ -1,10 +1,14 @@
 """Precise prefix policy (router process): a request is rendered and tokenized as the frontend does
 (prompt.py), hashed into the engines' chained blocks (protocol.block_hash), and goes to the replica
 whose engines report holding the longest leading run of them (kv_blocks.py, fed by each frontend's
-KvEvents stream); with cache_aware's fallbacks on load: imbalance first, then a weak match."""
+KvEvents stream); with cache_aware's fallbacks on load: imbalance first, then a weak match. A prompt
+just sent counts as held where it went for a few seconds, until its engine has reported it."""
 from __future__ import annotations
 
 import logging
+import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,16 +33,25 @@ def _least_loaded(r: Replica) -> tuple[int, int, float]:
 
 
 class PrecisePrefix:
-    def __init__(self, *, cache_threshold: float = 0.5, balance_abs: int = 16, balance_rel: float = 1.5) -> None:
+    def __init__(self, *, cache_threshold: float = 0.5, balance_abs: int = 16, balance_rel: float = 1.5,
+                 pending_s: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
         if not 0.0 <= cache_threshold <= 1.0:
             raise ValueError(f"cache_threshold must be in [0, 1], got {cache_threshold!r}")
         if balance_abs < 0:
             raise ValueError(f"balance_abs must be >= 0, got {balance_abs!r}")
         if balance_rel < 1.0:
             raise ValueError(f"balance_rel must be >= 1, got {balance_rel!r}")
+        if not pending_s >= 0:
+            raise ValueError(f"pending_s must be >= 0, got {pending_s!r}")
         self.cache_threshold = cache_threshold
         self.balance_abs = balance_abs
         self.balance_rel = balance_rel
+        self.pending_s = pending_s
+        self._clock = clock
+        # Blocks of prompts sent and not yet reported: by replica URL, hash -> until when it counts; and
+        # the same in the order they expire.
+        self._pending: dict[str, dict[int, float]] = {}
+        self._expiry: deque[tuple[float, str, tuple[int, ...]]] = deque()
         self.model: PromptModel | None = None  # loaded before the first request (Router.load_models)
         self.block_size: int | None = None  # the engines' (GetModelInfo, or a stored event)
         self.replicas: dict[str, ReplicaBlocks] = {}  # by replica URL; kv_events.py keeps them current
@@ -88,33 +101,66 @@ class PrecisePrefix:
             best = min(candidates, key=_least_loaded)
             self.last_reason = f"precise_prefix: {why} -> least loaded {best.url}"
             return best
+        self._expire(self._clock())
         hashes = list(prepared.hashes)
-        best, matched, on_rank = candidates[0], -1, -1
+        best, matched, where = candidates[0], -1, ""
         for r in candidates:
             m, rank = self.blocks(r.url).match(hashes)
+            sent = self._pending_run(r.url, hashes)
+            if sent > m:
+                m, source = sent, "sent there, not reported yet"
+            else:
+                source = f"held on rank {rank}"
             if m > matched or (m == matched and _least_loaded(r) < _least_loaded(best)):
-                best, matched, on_rank = r, m, rank
+                best, matched, where = r, m, source
         rate = matched / len(hashes)
         seen = f"{matched}/{len(hashes)} blocks ({rate:.2f})"
         if rate > self.cache_threshold:
             self.last_match = rate
-            self.last_reason = (f"precise_prefix: {seen} held on rank {on_rank} > {self.cache_threshold:.2f} "
+            self.last_reason = (f"precise_prefix: {seen} {where} > {self.cache_threshold:.2f} "
                                 f"-> {best.url}{self._stale(best.url)}")
             return best
-        best = min(candidates, key=self._held_then_load)
-        self.last_match = self.blocks(best.url).match(hashes)[0] / len(hashes)
-        self.last_reason = (f"precise_prefix: best {seen} <= {self.cache_threshold:.2f} -> fewest blocks held "
-                            f"{best.url} ({self.blocks(best.url).blocks} blocks){self._stale(best.url)}")
+        # Not to the replica holding fewest blocks, as cache_aware picks the smallest tree: the engines'
+        # caches fill up and stay full, and then how much each holds says nothing.
+        best = min(candidates, key=_least_loaded)
+        self.last_match = max(self.blocks(best.url).match(hashes)[0], self._pending_run(best.url, hashes)) / len(hashes)
+        self.last_reason = (f"precise_prefix: best {seen} <= {self.cache_threshold:.2f} -> least loaded "
+                            f"{best.url}{self._stale(best.url)}")
         return best
 
-    def on_assigned(self, replica: Replica, text: str | None) -> None:
-        pass  # what the replica caches, its engines report
+    def on_assigned(self, replica: Replica, text: str | None, prepared: object = None) -> None:
+        # What the replica caches its engines report; until they have, the prompt counts as held there,
+        # so that a burst of requests with a new prefix does not spread it over every replica.
+        if self.pending_s > 0 and isinstance(prepared, Prompt) and prepared.hashes:
+            until = self._clock() + self.pending_s
+            sent = self._pending.setdefault(replica.url, {})
+            for h in prepared.hashes:
+                sent[h] = until
+            self._expiry.append((until, replica.url, prepared.hashes))
 
     def on_removed(self, url: str) -> None:
         self.replicas.pop(url, None)
+        self._pending.pop(url, None)
 
-    def _held_then_load(self, r: Replica) -> tuple[int, int, int, float]:
-        return (self.blocks(r.url).blocks, *_least_loaded(r))
+    def _pending_run(self, url: str, hashes: list[int]) -> int:
+        sent = self._pending.get(url)
+        if not sent:
+            return 0
+        n = 0
+        for h in hashes:
+            if h not in sent:
+                break
+            n += 1
+        return n
+
+    def _expire(self, now: float) -> None:
+        while self._expiry and self._expiry[0][0] <= now:
+            until, url, hashes = self._expiry.popleft()
+            sent = self._pending.get(url)
+            if sent is not None:
+                for h in hashes:
+                    if sent.get(h) == until:  # not sent again since
+                        del sent[h]
 
     def _stale(self, url: str) -> str:
         held = self.blocks(url)

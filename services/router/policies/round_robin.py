@@ -27,7 +27,7 @@ class RoundRobin:
         self.last_reason = f"round_robin: least recently assigned -> {best.url}"
         return best
 
-    def on_assigned(self, replica: Replica, text: str | None) -> None:
+    def on_assigned(self, replica: Replica, text: str | None, prepared: object = None) -> None:
         pass
 
     def on_removed(self, url: str) -> None:

@@ -323,7 +323,7 @@ INVALID = {
     "precise_prefix unknown key": (
         lambda d: _pool(d).update(precise_prefix={"block_size": 16}),
         "pools.chat.precise_prefix.block_size: unknown key; allowed: cache_threshold, balance_abs, balance_rel, "
-        "reconnect_max_s"),
+        "pending_s, reconnect_max_s"),
     "unknown algorithm": (
         lambda d: _entry(d).update(algorithm={"type": "random"}),
         "entries.auto.algorithm.type: unknown algorithm type 'random' "

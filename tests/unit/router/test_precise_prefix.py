@@ -18,6 +18,14 @@ STALE = " (its KvEvents stream is down: what it holds may be stale)"
 HASHES = tuple(block_hashes(list(range(160)), 16))  # ten blocks
 
 
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
 def _replicas(n: int) -> list[Replica]:
     return [Replica(f"http://r{i}", last_assigned=i) for i in range(n)]
 
@@ -48,15 +56,43 @@ def test_only_a_leading_run_on_one_rank_counts() -> None:
     assert "4/10 blocks (0.40) held on rank 2" in policy.last_reason
 
 
-def test_a_weak_match_goes_to_the_replica_holding_fewest_blocks() -> None:
+def test_a_weak_match_goes_to_the_least_loaded() -> None:
     policy, rs = PrecisePrefix(), _replicas(3)
     policy.blocks("http://r0").stored(0, "e", HASHES[:2] + (1, 2, 3))
     policy.blocks("http://r1").stored(0, "e", (4, 5, 6, 7, 8, 9))
     policy.blocks("http://r2").stored(0, "e", (10, 11))
+    rs[0].inflight = rs[2].inflight = 1
     _live(policy, rs)
-    assert policy.choose(rs, 100, None, Prompt(HASHES)) is rs[2]
-    assert policy.last_reason == ("precise_prefix: best 2/10 blocks (0.20) <= 0.50 -> fewest blocks held "
-                                  "http://r2 (2 blocks)")
+    assert policy.choose(rs, 100, None, Prompt(HASHES)) is rs[1]
+    assert policy.last_reason == "precise_prefix: best 2/10 blocks (0.20) <= 0.50 -> least loaded http://r1"
+
+
+def test_a_prompt_just_sent_counts_as_held_there_until_it_expires() -> None:
+    clock = Clock()
+    policy, rs = PrecisePrefix(pending_s=5.0, clock=clock), _replicas(3)
+    _live(policy, rs)
+    rs[0].inflight = rs[1].inflight = 1
+    first = policy.choose(rs, 100, None, Prompt(HASHES))
+    assert first is rs[2]
+    policy.on_assigned(first, None, Prompt(HASHES))
+    rs[2].inflight = 2  # the first is running there: its blocks are not reported yet
+    clock.t = 4.0
+    assert policy.choose(rs, 100, None, Prompt(HASHES[:8] + (77, 78))) is rs[2]
+    assert policy.last_reason == ("precise_prefix: 8/10 blocks (0.80) sent there, not reported yet > 0.50 "
+                                  "-> http://r2")
+    clock.t = 5.0  # not reported in time (the request failed, or its blocks were evicted at once)
+    assert policy.choose(rs, 100, None, Prompt(HASHES)) is rs[0]
+    assert policy.last_reason.startswith("precise_prefix: best 0/10 blocks")
+
+
+def test_what_the_engine_reports_wins_over_what_was_sent() -> None:
+    clock = Clock()
+    policy, rs = PrecisePrefix(clock=clock), _replicas(2)
+    _live(policy, rs)
+    policy.on_assigned(rs[0], None, Prompt(HASHES))
+    policy.blocks("http://r0").stored(0, "e", HASHES)
+    assert policy.choose(rs, 100, None, Prompt(HASHES)) is rs[0]
+    assert "10/10 blocks (1.00) held on rank 0" in policy.last_reason
 
 
 def test_imbalance_goes_to_the_least_loaded_before_any_match() -> None:
