@@ -6,7 +6,6 @@ other; tests/unit/router/test_prompt.py checks both give the same ids. A body th
 refuse gives no ids (the policy then routes by load, and the frontend answers the 400)."""
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 from dataclasses import dataclass
@@ -19,7 +18,6 @@ import checkpoints
 from services.router.chat_template import ChatTemplate, TemplateError
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
-INLINE_BYTES = 16 << 10  # bodies up to this are rendered and tokenized on the loop; longer, in a thread
 
 
 class Unrenderable(ValueError):
@@ -51,14 +49,9 @@ class PromptModel:
         return cls(Tokenizer.from_str(raw.decode()), ChatTemplate.from_checkpoint(path),
                    tokenizer_sha256=hashlib.sha256(raw).hexdigest())
 
-    async def prompt(self, body: dict[str, Any], size: int) -> PromptIds:
-        """The ids of `body` (a chat or completions body of `size` bytes); raises Unrenderable. A long
-        one is made in a worker thread: minijinja and encode_batch_fast release the GIL while they work."""
-        if size <= INLINE_BYTES:
-            return self.prompt_now(body)
-        return await asyncio.to_thread(self.prompt_now, body)
-
     def prompt_now(self, body: dict[str, Any]) -> PromptIds:
+        """The ids of `body` (a chat or completions body); raises Unrenderable. Thread-safe: minijinja and
+        encode_batch_fast release the GIL while they work, so a long body is best made in a worker thread."""
         salt = body.get("cache_salt")
         if salt is not None and not isinstance(salt, str):
             raise Unrenderable("cache_salt is not a string")

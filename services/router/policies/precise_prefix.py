@@ -5,6 +5,7 @@ KvEvents stream); with cache_aware's fallbacks on load: imbalance first, then a 
 just sent counts as held where it went for a few seconds, until its engine has reported it."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import deque
@@ -19,6 +20,8 @@ from services.router.replica import Replica
 
 log = logging.getLogger("router")
 
+INLINE_BYTES = 1024  # bodies up to this are tokenized and hashed on the loop (under ~0.5 ms); longer, in a thread
+
 
 @dataclass(slots=True, frozen=True)
 class Prompt:
@@ -26,6 +29,17 @@ class Prompt:
     hashes: tuple[int, ...] = ()
     tokens: int = 0
     reason: str = ""  # set when there are no hashes to score by
+
+
+def _hashed(model: PromptModel, body: dict[str, Any], block_size: int) -> Prompt:
+    try:
+        prompt = model.prompt_now(body)
+    except Unrenderable as exc:
+        return Prompt(reason=f"not tokenized: {exc}")
+    hashes = block_hashes(prompt.ids, block_size, salt=prompt.salt)
+    if not hashes:
+        return Prompt(tokens=len(prompt.ids), reason=f"{len(prompt.ids)} tokens: no full block")
+    return Prompt(tuple(hashes), len(prompt.ids))
 
 
 def _least_loaded(r: Replica) -> tuple[int, int, float]:
@@ -77,14 +91,11 @@ class PrecisePrefix:
             return Prompt(reason="no tokenizer loaded")
         if self.block_size is None:
             return Prompt(reason="block size not known yet (no KvEvents stream has said it)")
-        try:
-            prompt = await self.model.prompt(body, size)
-        except Unrenderable as exc:
-            return Prompt(reason=f"not tokenized: {exc}")
-        hashes = block_hashes(prompt.ids, self.block_size, salt=prompt.salt)
-        if not hashes:
-            return Prompt(tokens=len(prompt.ids), reason=f"{len(prompt.ids)} tokens: no full block")
-        return Prompt(tuple(hashes), len(prompt.ids))
+        if size <= INLINE_BYTES:
+            return _hashed(self.model, body, self.block_size)
+        # Tokenizing takes ~3 us a token here (8 ms for a 9 kB prompt): in a thread, as minijinja and
+        # encode_batch_fast release the GIL, the loop serves other requests meanwhile.
+        return await asyncio.to_thread(_hashed, self.model, body, self.block_size)
 
     def choose(self, candidates: list[Replica], request_bytes: int, text: str | None,
                prepared: object = None) -> Replica:
@@ -120,9 +131,10 @@ class PrecisePrefix:
             self.last_reason = (f"precise_prefix: {seen} {where} > {self.cache_threshold:.2f} "
                                 f"-> {best.url}{self._stale(best.url)}")
             return best
-        # Not to the replica holding fewest blocks, as cache_aware picks the smallest tree: the engines'
-        # caches fill up and stay full, and then how much each holds says nothing.
-        best = min(candidates, key=_least_loaded)
+        # Fewest in-flight first, not fewest blocks as cache_aware picks the smallest tree: the engines'
+        # caches fill up and stay full, and then how much each holds says little. Among equally loaded
+        # ones, the fewest blocks held or sent: new prefixes spread evenly while the caches fill.
+        best = min(candidates, key=self._load_then_held)
         self.last_match = max(self.blocks(best.url).match(hashes)[0], self._pending_run(best.url, hashes)) / len(hashes)
         self.last_reason = (f"precise_prefix: best {seen} <= {self.cache_threshold:.2f} -> least loaded "
                             f"{best.url}{self._stale(best.url)}")
@@ -141,6 +153,10 @@ class PrecisePrefix:
     def on_removed(self, url: str) -> None:
         self.replicas.pop(url, None)
         self._pending.pop(url, None)
+
+    def _load_then_held(self, r: Replica) -> tuple[int, int, int, float]:
+        return r.inflight, self.blocks(r.url).blocks + len(self._pending.get(r.url, ())), r.outstanding_bytes, \
+            r.last_assigned
 
     def _pending_run(self, url: str, hashes: list[int]) -> int:
         sent = self._pending.get(url)

@@ -9,7 +9,7 @@ import pytest
 from protocol.block_hash import block_hashes
 from services.router.config import parse_config
 from services.router.policies import Policy, build_policy
-from services.router.policies.precise_prefix import PrecisePrefix, Prompt
+from services.router.policies.precise_prefix import INLINE_BYTES, PrecisePrefix, Prompt
 from services.router.prompt import PromptModel
 from services.router.replica import Replica
 from services.router.replicas import Lease, Pool
@@ -180,3 +180,30 @@ def test_the_other_policies_prepare_nothing(name: str) -> None:
                            "entries": {"e": {"default": ["p"]}}})
     policy: Policy = build_policy(config.pools["p"])
     assert asyncio.run(policy.prepare({"prompt": "x"}, 1)) is None
+
+
+def test_a_long_body_is_tokenized_off_the_loop() -> None:
+    policy = PrecisePrefix()
+    model = policy.model = PromptModel.load("tiny")
+    policy.learn_block_size(16, "test")
+    text = "word " * INLINE_BYTES
+    body = {"messages": [{"role": "user", "content": text}]}
+
+    async def main() -> tuple[Prompt, int]:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0)
+                ticks += 1
+
+        task = asyncio.create_task(ticker())
+        prompt = await policy.prepare(body, len(text))
+        task.cancel()
+        return prompt, ticks
+
+    prompt, ticks = asyncio.run(main())
+    ids = model.prompt_now(body).ids
+    assert prompt == Prompt(tuple(block_hashes(ids, 16)), len(ids))
+    assert ticks > 0  # the loop ran other work while the prompt was made

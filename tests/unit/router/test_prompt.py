@@ -2,7 +2,6 @@
 bodies and must make the same token ids, so that the router's block hashes are the engines'."""
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,7 @@ import pytest
 from protocol.block_hash import block_hashes
 from services.frontend.model import Model
 from services.frontend.translation import Preparer
-from services.router.prompt import INLINE_BYTES, PromptModel, Unrenderable
+from services.router.prompt import PromptModel, Unrenderable
 
 
 @pytest.fixture(scope="module")
@@ -105,30 +104,6 @@ BAD = {
 def test_a_body_the_frontend_refuses_gives_no_ids(models: tuple[PromptModel, Preparer], body: dict[str, Any]) -> None:
     with pytest.raises(Unrenderable):
         models[0].prompt_now(body)
-
-
-def test_a_long_body_is_tokenized_off_the_loop(models: tuple[PromptModel, Preparer]) -> None:
-    ours, _ = models
-    text = "word " * INLINE_BYTES
-    body = {"messages": [{"role": "user", "content": text}]}
-
-    async def main() -> tuple[list[int], int]:
-        ticks = 0
-
-        async def ticker() -> None:
-            nonlocal ticks
-            while True:
-                await asyncio.sleep(0)
-                ticks += 1
-
-        task = asyncio.create_task(ticker())
-        prompt = await ours.prompt(body, len(text))
-        task.cancel()
-        return prompt.ids, ticks
-
-    ids, ticks = asyncio.run(main())
-    assert ids == ours.prompt_now(body).ids
-    assert ticks > 0  # the loop ran other work while the prompt was made
 
 
 def test_the_routers_chat_template_is_the_frontends() -> None:
