@@ -110,9 +110,9 @@ def test_a_prompt_goes_where_its_prefix_is_stored(fleet: Fleet) -> None:
     r = httpx.post(fleet.router.url + "/v1/chat/completions", json=_body("which lantern?"), timeout=30)
     assert r.status_code == 200 and r.headers["x-router-replica"] == served
     assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16 * 20
-    # A prompt sharing nothing goes by load.
+    # A prompt sharing nothing goes to the replica holding fewer blocks: the other one.
     other = _decision(fleet, _body("anything?", prefix="A different story altogether. " * 30))
-    assert "<= 0.30 -> least loaded" in other["reason"], other
+    assert "<= 0.30 -> fewest blocks held or sent" in other["reason"] and other["replica"] != served, other
 
 
 def test_a_restarted_engines_blocks_are_cleared(fleet: Fleet) -> None:

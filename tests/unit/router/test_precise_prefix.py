@@ -56,15 +56,19 @@ def test_only_a_leading_run_on_one_rank_counts() -> None:
     assert "4/10 blocks (0.40) held on rank 2" in policy.last_reason
 
 
-def test_a_weak_match_goes_to_the_least_loaded() -> None:
-    policy, rs = PrecisePrefix(), _replicas(3)
+def test_a_weak_match_goes_to_the_replica_holding_fewest_blocks_then_the_least_loaded() -> None:
+    policy, rs = PrecisePrefix(), _replicas(4)
     policy.blocks("http://r0").stored(0, "e", HASHES[:2] + (1, 2, 3))
     policy.blocks("http://r1").stored(0, "e", (4, 5, 6, 7, 8, 9))
     policy.blocks("http://r2").stored(0, "e", (10, 11))
-    rs[0].inflight = rs[2].inflight = 1
+    policy.blocks("http://r3").stored(0, "e", (12, 13))
+    rs[2].inflight = 1
     _live(policy, rs)
-    assert policy.choose(rs, 100, None, Prompt(HASHES)) is rs[1]
-    assert policy.last_reason == "precise_prefix: best 2/10 blocks (0.20) <= 0.50 -> least loaded http://r1"
+    assert policy.choose(rs, 100, None, Prompt(HASHES)) is rs[3]
+    assert policy.last_reason == ("precise_prefix: best 2/10 blocks (0.20) <= 0.50 -> fewest blocks held or sent "
+                                  "http://r3 (2)")
+    policy.on_assigned(rs[3], None, Prompt(HASHES[5:]))  # five blocks sent there: 7 held or sent
+    assert policy.choose(rs, 100, None, Prompt(HASHES)) is rs[2]
 
 
 def test_a_prompt_just_sent_counts_as_held_there_until_it_expires() -> None:
