@@ -8,8 +8,10 @@ unlimited cache with every request on the instance that already served its prefi
 longest token prefix shared with any request sent before it, in whole blocks, because the sim (as
 vLLM) caches full blocks only and always computes a prompt's last token. Each instance's KV cache
 holds about 12 of the 32 prefixes (--kv-blocks), so a policy that spreads a group over instances
-also evicts. round_robin is the baseline the issue names; least_outstanding (the pool default) is shown
-too.
+also evicts. precise_prefix (the router tokenizes each request as the frontend does and scores the
+blocks each instance's engine reports stored over the frontend's KvEvents gRPC stream) runs beside
+cache_aware (the router's guess from request text); round_robin is the baseline the issue names;
+least_outstanding (the pool default) is shown too. Every run's frontends serve --grpc-port.
 Usage: .venv/bin/python bench/router_cache.py [--groups 32] [--per-group 8] [--concurrency 16]
 """
 from __future__ import annotations
@@ -41,6 +43,7 @@ from tests.support.procs import (  # noqa: E402
     EngineProc,
     FrontendProc,
     HttpProc,
+    free_port_block,
     start_engine,
     start_frontend,
     start_router,
@@ -173,27 +176,43 @@ def fleet(tmp: Path, instances: int, policy: str, engine_args: list[str]) -> Ite
     try:
         for _ in range(instances):  # start all, then wait: the frontends load the tokenizer in parallel
             engines.append(start_engine(tmp, "--model", "tiny", "--backend", "sim", *engine_args, wait=False))
+        grpc_ports = []
         for engine in engines:
+            # Every policy's frontends serve gRPC, so that only the policy differs between runs.
+            grpc_ports.append(free_port_block(1, spread=0))
             frontends.append(start_frontend(tmp, "--data-parallel-size", "1", "--data-parallel-size-local", "0",
                                             "--engine-addresses", engine.endpoint(), "--log-level", "warning",
-                                            wait_status=None))
+                                            "--grpc-port", str(grpc_ports[-1]), wait_status=None))
         for engine in engines:
             engine.wait_ready()
         for fe in frontends:
             fe.wait_ready()
-        replicas = ", ".join(f'{{url: "{fe.url}"}}' for fe in frontends)
+        replicas = ", ".join(f'{{url: "{fe.url}", grpc: "127.0.0.1:{port}"}}'
+                             for fe, port in zip(frontends, grpc_ports, strict=True))
         router = start_router(tmp, f"""
 listeners: [{{port: {{port}}, host: 127.0.0.1}}]
 pools:
-  p: {{model: tiny, replicas: [{replicas}], policy: {policy}, health: {{path: /ready, interval_s: 1}}}}
+  p: {{model: tiny, tokenizer: tiny, replicas: [{replicas}], policy: {policy},
+      health: {{path: /ready, interval_s: 1}}}}
 entries:
   fleet: {{default: [p]}}
 """)
+        if policy == "precise_prefix":
+            _wait_streams(router, instances)
         yield router
     finally:
         for proc in [router, *frontends, *engines]:
             if proc is not None:
                 proc.stop()
+
+
+def _wait_streams(router: HttpProc, instances: int, timeout_s: float = 60.0) -> None:
+    """Until the router has every replica's KvEvents stream (it logs each one's start)."""
+    deadline = time.monotonic() + timeout_s
+    while router.log().count("KvEvents from") < instances:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the router has no KvEvents stream after {timeout_s}s:\n{router.log()[-2000:]}")
+        time.sleep(0.1)
 
 
 # ---- client ----
@@ -287,7 +306,7 @@ def main() -> None:
     ap.add_argument("--kv-blocks", type=int, default=1536, help="per instance, 16-token blocks")
     ap.add_argument("--prefill-tps", type=float, default=20000.0, help="sim prompt tokens per second")
     ap.add_argument("--decode-ms", type=float, default=10.0, help="sim base cost of a decode step")
-    ap.add_argument("--policies", default="cache_aware,round_robin,least_outstanding")
+    ap.add_argument("--policies", default="precise_prefix,cache_aware,round_robin,least_outstanding")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     prompts, prefix_len = workload(args.seed, args.groups, args.per_group, args.prefix_tokens)

@@ -122,7 +122,7 @@ class RouterApp:
             await send_json(send, 200, _json.encode(self._models(listener)))
         elif api == "decisions":
             raw = await read_body(scope, receive, self.max_body_bytes)
-            await send_json(send, 200, _json.encode(self._decisions(listener, raw)))
+            await send_json(send, 200, _json.encode(await self._decisions(listener, raw)))
         else:
             assert adapter is not None  # every other POST route is an adapter's
             await self._generate(listener, adapter, scope, receive, send)
@@ -138,7 +138,7 @@ class RouterApp:
         return {"object": "list", "data": [{"id": name, "object": "model", "created": self._created,
                                             "owned_by": "router"} for name in self._entries[listener.name]]}
 
-    def _decisions(self, listener: ListenerConfig, raw: bytes) -> dict[str, Any]:
+    async def _decisions(self, listener: ListenerConfig, raw: bytes) -> dict[str, Any]:
         body = _parse(raw)
         # A Responses body is routed as what it would send; the others are checked for what routing reads.
         shape = "messages" if "messages" in body else "completions" if "prompt" in body else "responses"
@@ -147,7 +147,8 @@ class RouterApp:
         out = choice.describe()
         size = len(raw)
         for name in choice.plan:
-            picked = self.router.pools[name].preview(size, text=choice.text)
+            pool = self.router.pools[name]
+            picked = pool.preview(size, text=choice.text, prepared=await pool.prepare(chat, size))
             out["pool"] = name
             out["replicas"] = self.router.pools[name].snapshot()
             if isinstance(picked, Overloaded):

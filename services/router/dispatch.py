@@ -128,8 +128,9 @@ class Dispatcher:
         pool, config = self.pools[name], self.config.pools[name]
         tried: set[str] = set()
         last_error = ""
+        prepared = await pool.prepare(call.chat, len(payload))
         while True:
-            lease = pool.acquire(len(payload), text=call.choice.text, exclude=frozenset(tried))
+            lease = pool.acquire(len(payload), text=call.choice.text, exclude=frozenset(tried), prepared=prepared)
             if isinstance(lease, Overloaded):
                 if last_error:
                     return HTTPError(502, f"pool {name!r}: {len(tried)} replica(s) failed ({last_error}) and "

@@ -92,10 +92,15 @@ class Pool:
 
     # ---- scheduling ----
 
-    def acquire(self, request_bytes: int, *, text: str | None = None,
-                exclude: frozenset[str] = frozenset()) -> Lease | Overloaded | NoReplica:
+    async def prepare(self, body: dict[str, Any], size: int) -> object:
+        """The policy's work on a request before it chooses (see Policy.prepare): pass the result to
+        acquire and preview as `prepared`."""
+        return await self.policy.prepare(body, size)
+
+    def acquire(self, request_bytes: int, *, text: str | None = None, exclude: frozenset[str] = frozenset(),
+                prepared: object = None) -> Lease | Overloaded | NoReplica:
         """Pick a replica and count the request on it. `exclude`: URLs already tried for this request."""
-        picked = self.preview(request_bytes, text=text, exclude=exclude)
+        picked = self.preview(request_bytes, text=text, exclude=exclude, prepared=prepared)
         if not isinstance(picked, Replica):
             return picked
         picked.inflight += 1
@@ -105,11 +110,11 @@ class Pool:
         probe = picked.breaker == HALF_OPEN
         if probe:
             picked.probe_inflight = True
-        self.policy.on_assigned(picked, text)
+        self.policy.on_assigned(picked, text, prepared)
         return Lease(picked, request_bytes, self.policy.last_reason, probe, self, picked.opened_at)
 
-    def preview(self, request_bytes: int, *, text: str | None = None,
-                exclude: frozenset[str] = frozenset()) -> Replica | Overloaded | NoReplica:
+    def preview(self, request_bytes: int, *, text: str | None = None, exclude: frozenset[str] = frozenset(),
+                prepared: object = None) -> Replica | Overloaded | NoReplica:
         """The choice `acquire` would make, without counting it (for /v1/decisions); the policy's
         `last_reason` explains it."""
         if request_bytes < 0:
@@ -125,7 +130,7 @@ class Pool:
             if r.inflight < self.max_inflight and not (r.breaker == HALF_OPEN and r.probe_inflight):
                 candidates.append(r)
         if candidates:
-            return self.policy.choose(candidates, request_bytes, text)
+            return self.policy.choose(candidates, request_bytes, text, prepared)
         if ready:
             return Overloaded(self.retry_after_s, f"pool {self.name!r}: all {ready} ready replicas are "
                               f"at {self.max_inflight} in-flight requests or probing")

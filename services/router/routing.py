@@ -17,6 +17,8 @@ from services.router.config import (
 )
 from services.router.decisions import Decision, decide
 from services.router.policies import build_policy
+from services.router.policies.precise_prefix import PrecisePrefix
+from services.router.prompt import PromptModel
 from services.router.replicas import Pool
 from services.router.signals import (
     SignalResult,
@@ -62,11 +64,15 @@ class Router:
         self.embedder: Any = None
 
     def load_models(self) -> None:
-        """Once, before the first request: tokenizers named by pools, and the embedding model only if
-        some signal uses it (a config without embedding signals never imports it)."""
+        """Once, before the first request: tokenizers (and precise_prefix's chat templates) named by
+        pools, and the embedding model only if some signal uses it (a config without embedding signals
+        never imports it)."""
         for name, pool in self.config.pools.items():
             if pool.tokenizer:
                 self._counters[name] = tokenizer_counter(pool.tokenizer)
+            policy = self.pools[name].policy
+            if isinstance(policy, PrecisePrefix) and pool.tokenizer:
+                policy.model = PromptModel.load(pool.tokenizer)
         if any(entry.uses_embedding for entry in self.config.entries.values()):
             from services.router.embedding import Embedder
 

@@ -17,6 +17,7 @@ from services.router.aiohttp_upstream import AiohttpUpstream
 from services.router.app import RouterApp
 from services.router.config import RouterConfig
 from services.router.health import HealthChecker
+from services.router.kv_events import KvFeeds
 from services.router.metrics import RouterMetrics
 from services.router.routing import Router
 
@@ -41,6 +42,8 @@ async def run(config: RouterConfig) -> int:
                                              timeout_keep_alive=75, timeout_graceful_shutdown=5, backlog=2048))
                for listener in config.listeners]
     checker.start()
+    feeds = KvFeeds(config, router.pools)  # precise_prefix pools' KV event streams
+    feeds.start()
     for listener in config.listeners:
         log.info("listener %s: http://%s:%d (%s; %s)", listener.name, listener.host, listener.port,
                  ", ".join(listener.apis), f"{len(listener.api_keys)} API key(s)" if listener.api_keys
@@ -61,6 +64,7 @@ async def run(config: RouterConfig) -> int:
     finally:
         stop_task.cancel()
         await checker.stop()
+        await feeds.stop()
         await upstream.close()
     return 0
 

@@ -30,6 +30,7 @@ from services.router.config.types import (
     ListenerConfig,
     Not,
     PoolConfig,
+    PrecisePrefixConfig,
     RegexSignal,
     ReplicaConfig,
     RouterConfig,
@@ -43,6 +44,7 @@ __all__ = [
     "ALGORITHM_TYPES", "APIS", "FINISH_REASONS", "POLICIES", "REGEX_FLAGS", "SIGNAL_TYPES", "AcceptConfig",
     "Algorithm", "AllOf", "AnyOf", "BreakerConfig", "CacheAwareConfig", "ConfigError", "ContextLengthSignal",
     "DecisionRule", "DnsConfig", "EmbeddingSignal", "EntryConfig", "EscalateAlgorithm", "Expr", "HealthConfig",
-    "KeywordSignal", "ListenerConfig", "Not", "PoolConfig", "RegexSignal", "ReplicaConfig", "RouterConfig",
-    "Signal", "SignalRef", "StaticAlgorithm", "WeightedAlgorithm", "load_config", "parse_config", "read_yaml",
+    "KeywordSignal", "ListenerConfig", "Not", "PoolConfig", "PrecisePrefixConfig", "RegexSignal", "ReplicaConfig",
+    "RouterConfig", "Signal", "SignalRef", "StaticAlgorithm", "WeightedAlgorithm", "load_config", "parse_config",
+    "read_yaml",
 ]

@@ -39,6 +39,7 @@ from services.router.config.types import (
     ListenerConfig,
     Not,
     PoolConfig,
+    PrecisePrefixConfig,
     RegexSignal,
     ReplicaConfig,
     RouterConfig,
@@ -51,8 +52,8 @@ from services.router.config.types import (
 T = TypeVar("T")
 
 LISTENER_KEYS = ("name", "host", "port", "api_keys", "api_keys_env", "apis", "entries")
-POOL_KEYS = ("model", "replicas", "dns", "max_inflight", "policy", "cache_aware", "health", "breaker",
-             "tokenizer", "api_key", "api_key_env", "timeout_s")
+POOL_KEYS = ("model", "replicas", "dns", "max_inflight", "policy", "cache_aware", "precise_prefix", "health",
+             "breaker", "tokenizer", "api_key", "api_key_env", "timeout_s")
 SIGNAL_KEYS = {"keyword": ("name", "type", "keywords", "mode", "case_sensitive"),
                "regex": ("name", "type", "pattern", "flags"),
                "context_length": ("name", "type", "min_tokens", "max_tokens"),
@@ -150,6 +151,8 @@ def _pool(f: Fields, path: str, name: str, raw: object) -> PoolConfig | None:
     api_key = f.optional(f"{path}.api_key", m.get("api_key"), f.string)
     if "api_key_env" in m:
         api_key = f.env_value(f"{path}.api_key_env", m["api_key_env"])
+    if policy == "precise_prefix" and m:
+        _precise_needs(f, path, m, replicas)
     # A value that failed its check falls back to the default: the config is refused anyway.
     return PoolConfig(
         name=name,
@@ -160,6 +163,7 @@ def _pool(f: Fields, path: str, name: str, raw: object) -> PoolConfig | None:
                          d["max_inflight"]),
         policy=_or(policy, d["policy"]),
         cache_aware=_cache_aware(f, f"{path}.cache_aware", m.get("cache_aware", {})),
+        precise_prefix=_precise_prefix(f, f"{path}.precise_prefix", m.get("precise_prefix", {})),
         health=_health(f, f"{path}.health", m.get("health", {})),
         breaker=_breaker(f, f"{path}.breaker", m.get("breaker", {})),
         tokenizer=f.optional(f"{path}.tokenizer", m.get("tokenizer", d["tokenizer"]), f.string),
@@ -170,11 +174,28 @@ def _pool(f: Fields, path: str, name: str, raw: object) -> PoolConfig | None:
 
 
 def _replica(f: Fields, path: str, raw: object, i: int) -> ReplicaConfig | None:
-    m = f.mapping(path, raw, ("url",), required=("url",))
+    m = f.mapping(path, raw, ("url", "grpc"), required=("url",))
     url = f.string(f"{path}.url", m.get("url", MISSING))
-    if url is None or "url" not in m or not f.check(f"{path}.url", rules.url_problem(url)):
+    grpc = f.optional(f"{path}.grpc", m.get("grpc"), f.string)
+    grpc_ok = grpc is None or f.check(f"{path}.grpc", rules.grpc_address_problem(grpc))
+    if url is None or "url" not in m or not f.check(f"{path}.url", rules.url_problem(url)) or not grpc_ok:
         return None
-    return ReplicaConfig(url.rstrip("/"))
+    return ReplicaConfig(url.rstrip("/"), grpc)
+
+
+def _precise_needs(f: Fields, path: str, m: dict[str, Any], replicas: list[ReplicaConfig | None]) -> None:
+    """What precise_prefix needs beyond the other policies: the model's tokenizer and chat template
+    (`tokenizer`), and every replica's gRPC address, whose KvEvents say what its engines hold."""
+    if "tokenizer" not in m:
+        f.add(f"{path}.tokenizer", "required by policy precise_prefix: the checkpoint (a --model value) whose "
+                                   "chat template and tokenizer the frontends use, to hash prompts as they do")
+    if "dns" in m:
+        f.add(f"{path}.dns", "policy precise_prefix needs static replicas, each with its grpc address")
+    raw = m.get("replicas")
+    for i, replica in enumerate(replicas):
+        if replica is not None and replica.grpc is None and isinstance(raw, list) and isinstance(raw[i], dict):
+            f.add(f"{path}.replicas[{i}].grpc", "required by policy precise_prefix: host:port of the "
+                                                "frontend's --grpc-port, whose KvEvents stream it reads")
 
 
 def _dns(f: Fields, path: str, raw: object) -> DnsConfig | None:
@@ -203,6 +224,21 @@ def _cache_aware(f: Fields, path: str, raw: object) -> CacheAwareConfig:
                            d["max_tree_chars"]),
         eviction_s=_or(f.number(f"{path}.eviction_s", m.get("eviction_s", d["eviction_s"]), 0, open_low=True),
                        d["eviction_s"]))
+
+
+def _precise_prefix(f: Fields, path: str, raw: object) -> PrecisePrefixConfig:
+    d = defaults(PrecisePrefixConfig)
+    m = f.mapping(path, raw, tuple(d))
+    return PrecisePrefixConfig(
+        cache_threshold=_or(f.number(f"{path}.cache_threshold", m.get("cache_threshold", d["cache_threshold"]),
+                                     0, 1), d["cache_threshold"]),
+        balance_abs=_or(f.integer(f"{path}.balance_abs", m.get("balance_abs", d["balance_abs"]), 0),
+                        d["balance_abs"]),
+        balance_rel=_or(f.number(f"{path}.balance_rel", m.get("balance_rel", d["balance_rel"]), 1),
+                        d["balance_rel"]),
+        pending_s=_or(f.number(f"{path}.pending_s", m.get("pending_s", d["pending_s"]), 0), d["pending_s"]),
+        reconnect_max_s=_or(f.number(f"{path}.reconnect_max_s", m.get("reconnect_max_s", d["reconnect_max_s"]),
+                                     0, open_low=True), d["reconnect_max_s"]))
 
 
 def _health(f: Fields, path: str, raw: object) -> HealthConfig:

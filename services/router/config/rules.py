@@ -24,6 +24,16 @@ def url_problem(value: str) -> str | None:
     return None
 
 
+def grpc_address_problem(value: str) -> str | None:
+    """host:port, the host a name, an IPv4 address or a bracketed IPv6 one; the port 1..65535."""
+    host, sep, port = value.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or any(c in host for c in "/[] ") or not port.isdigit() or not 1 <= int(port) <= 65535:
+        return f"expected host:port (the frontend's --grpc-port), got {value!r}"
+    return None
+
+
 def regex_problem(pattern: str, flags: Iterable[str] = ()) -> str | None:
     bits = 0
     for flag in flags:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, TypeAlias
 
 APIS = ("chat", "completions", "responses", "messages", "models", "decisions")
-POLICIES = ("least_outstanding", "cache_aware", "round_robin")
+POLICIES = ("least_outstanding", "cache_aware", "round_robin", "precise_prefix")
 FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter")
 REGEX_FLAGS = {"ignorecase": re.IGNORECASE, "multiline": re.MULTILINE, "dotall": re.DOTALL,
                "verbose": re.VERBOSE, "ascii": re.ASCII}
@@ -39,6 +39,7 @@ class ListenerConfig:
 @dataclass(frozen=True, slots=True)
 class ReplicaConfig:
     url: str  # scheme://host[:port][/prefix], no trailing slash
+    grpc: str | None = None  # host:port of its frontend's gRPC (--grpc-port): KvEvents for precise_prefix
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +57,16 @@ class CacheAwareConfig:
     balance_rel: float = 1.5  # ... and by more than this factor
     max_tree_chars: int = 2_000_000
     eviction_s: float = 120.0
+
+
+@dataclass(frozen=True, slots=True)
+class PrecisePrefixConfig:
+    cache_threshold: float = 0.5  # share of the prompt's blocks held above which that replica is preferred
+    balance_abs: int = 16  # ... unless in-flight counts differ by more than this
+    balance_rel: float = 1.5  # ... and by more than this factor
+    # A prompt's blocks count as held by the replica it was sent to for this long, until its engine reports them.
+    pending_s: float = 5.0
+    reconnect_max_s: float = 5.0  # the longest wait between attempts to resubscribe to a replica's events
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,9 +92,10 @@ class PoolConfig:
     max_inflight: int = 32  # per replica
     policy: str = "least_outstanding"
     cache_aware: CacheAwareConfig = CacheAwareConfig()
+    precise_prefix: PrecisePrefixConfig = PrecisePrefixConfig()
     health: HealthConfig = HealthConfig()
     breaker: BreakerConfig = BreakerConfig()
-    tokenizer: str | None = None  # a --model value (checkpoints.resolve) for token counts
+    tokenizer: str | None = None  # a --model value (checkpoints.resolve): token counts, precise_prefix
     api_key: str | None = field(default=None, repr=False)  # bearer key sent upstream
     timeout_s: float = 600.0
 

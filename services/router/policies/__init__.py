@@ -6,11 +6,12 @@ A Pool filters its replicas (ready, below the in-flight cap, not excluded) and a
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from services.router.config import PoolConfig
 from services.router.policies.cache_aware import CacheAware
 from services.router.policies.least_outstanding import LeastOutstanding
+from services.router.policies.precise_prefix import PrecisePrefix
 from services.router.policies.round_robin import RoundRobin
 from services.router.replica import Replica
 
@@ -22,12 +23,19 @@ class Policy(Protocol):
     last_reason: str
     """One line on the latest choice, e.g. "cache_aware: match 0.83 > 0.50 -> http://a:8000"."""
 
-    def choose(self, candidates: list[Replica], request_bytes: int, text: str | None) -> Replica:
+    async def prepare(self, body: dict[str, Any], size: int) -> object:
+        """Once per request and pool, before any choice: work the choice needs that may take a while
+        (precise_prefix tokenizes `body`, the chat or completions body of `size` bytes). What it
+        returns comes back to `choose` as `prepared`; None for the policies that need nothing."""
+        ...
+
+    def choose(self, candidates: list[Replica], request_bytes: int, text: str | None,
+               prepared: object = None) -> Replica:
         """Pick one of `candidates` (ready, below the cap, non-empty)."""
         ...
 
-    def on_assigned(self, replica: Replica, text: str | None) -> None:
-        """The request went to `replica`."""
+    def on_assigned(self, replica: Replica, text: str | None, prepared: object = None) -> None:
+        """The request went to `replica` (`prepared`: what `prepare` made of it)."""
         ...
 
     def on_removed(self, url: str) -> None:
@@ -41,11 +49,18 @@ def _cache_aware(config: PoolConfig) -> Policy:
                       max_tree_chars=c.max_tree_chars, eviction_s=c.eviction_s)
 
 
+def _precise_prefix(config: PoolConfig) -> Policy:
+    c = config.precise_prefix
+    return PrecisePrefix(cache_threshold=c.cache_threshold, balance_abs=c.balance_abs, balance_rel=c.balance_rel,
+                         pending_s=c.pending_s)
+
+
 # Keyed by the names a pool's `policy` accepts (config POLICIES).
 _FACTORIES: dict[str, Callable[[PoolConfig], Policy]] = {
     "least_outstanding": lambda config: LeastOutstanding(),
     "cache_aware": _cache_aware,
     "round_robin": lambda config: RoundRobin(),
+    "precise_prefix": _precise_prefix,
 }
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Callable
+from typing import Any
 
 from services.router.replica import Replica
 
@@ -186,7 +187,11 @@ class CacheAware:
         self.last_reason = ""
         self.last_match = 0.0  # fraction of the latest chosen request's text its replica holds
 
-    def choose(self, candidates: list[Replica], request_bytes: int, text: str | None) -> Replica:
+    async def prepare(self, body: dict[str, Any], size: int) -> None:
+        return None
+
+    def choose(self, candidates: list[Replica], request_bytes: int, text: str | None,
+               prepared: object = None) -> Replica:
         deadline = self._clock() - self.eviction_s
         for tree in self._trees.values():
             tree.evict_older_than(deadline)
@@ -220,7 +225,7 @@ class CacheAware:
                             f"-> smallest tree {best.url} ({self.cached_chars(best.url)} chars)")
         return best
 
-    def on_assigned(self, replica: Replica, text: str | None) -> None:
+    def on_assigned(self, replica: Replica, text: str | None, prepared: object = None) -> None:
         # Also when the choice was by load, as sgl-router does: the replica will cache this text.
         if text:
             tree = self._trees.get(replica.url)

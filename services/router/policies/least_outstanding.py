@@ -3,6 +3,8 @@ yet finished, ties to the least recently assigned. The pool's default, as DESIGN
 """
 from __future__ import annotations
 
+from typing import Any
+
 from services.router.replica import Replica
 
 
@@ -16,7 +18,11 @@ class LeastOutstanding:
     def __init__(self) -> None:
         self.last_reason = ""
 
-    def choose(self, candidates: list[Replica], request_bytes: int, text: str | None) -> Replica:
+    async def prepare(self, body: dict[str, Any], size: int) -> None:
+        return None
+
+    def choose(self, candidates: list[Replica], request_bytes: int, text: str | None,
+               prepared: object = None) -> Replica:
         # Bytes, not request counts: a 100 kB prompt costs its replica far more prefill than a
         # 1 kB one, and bytes are known before any tokenizer runs.
         best = min(candidates, key=_load)
@@ -26,7 +32,7 @@ class LeastOutstanding:
                             + f" -> {best.url}")
         return best
 
-    def on_assigned(self, replica: Replica, text: str | None) -> None:
+    def on_assigned(self, replica: Replica, text: str | None, prepared: object = None) -> None:
         pass
 
     def on_removed(self, url: str) -> None:

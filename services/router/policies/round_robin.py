@@ -3,6 +3,8 @@ the pool and skips full or unready replicas without a counter to fix up. A basel
 """
 from __future__ import annotations
 
+from typing import Any
+
 from services.router.replica import Replica
 
 
@@ -16,12 +18,16 @@ class RoundRobin:
     def __init__(self) -> None:
         self.last_reason = ""
 
-    def choose(self, candidates: list[Replica], request_bytes: int, text: str | None) -> Replica:
+    async def prepare(self, body: dict[str, Any], size: int) -> None:
+        return None
+
+    def choose(self, candidates: list[Replica], request_bytes: int, text: str | None,
+               prepared: object = None) -> Replica:
         best = min(candidates, key=_last_assigned)
         self.last_reason = f"round_robin: least recently assigned -> {best.url}"
         return best
 
-    def on_assigned(self, replica: Replica, text: str | None) -> None:
+    def on_assigned(self, replica: Replica, text: str | None, prepared: object = None) -> None:
         pass
 
     def on_removed(self, url: str) -> None:

@@ -27,6 +27,7 @@ from services.router.config import (
     ListenerConfig,
     Not,
     PoolConfig,
+    PrecisePrefixConfig,
     RegexSignal,
     ReplicaConfig,
     SignalRef,
@@ -161,7 +162,7 @@ def _entry(data: dict[str, Any]) -> dict[str, Any]:
     return data["entries"]["auto"]  # type: ignore[no-any-return]
 
 
-POOL_KEYS = ("model, replicas, dns, max_inflight, policy, cache_aware, health, breaker, tokenizer, "
+POOL_KEYS = ("model, replicas, dns, max_inflight, policy, cache_aware, precise_prefix, health, breaker, tokenizer, "
              "api_key, api_key_env, timeout_s")
 INVALID = {
     "cache_aware asked of an entry": (
@@ -182,7 +183,7 @@ INVALID = {
         "pools.chat.replicas[1].url: duplicate replica 'http://a:8000'"),
     "replica key that does not exist": (
         lambda d: _pool(d)["replicas"][0].update(weight=2),
-        "pools.chat.replicas[0].weight: unknown key; allowed: url"),
+        "pools.chat.replicas[0].weight: unknown key; allowed: url, grpc"),
     "unknown pool key, did you mean": (
         lambda d: _pool(d).update(max_inflght=4),
         f"pools.chat.max_inflght: unknown key; allowed: {POOL_KEYS} (did you mean 'max_inflight'?)"),
@@ -203,7 +204,8 @@ INVALID = {
         "pools.chat.dns.name: required"),
     "unknown policy": (
         lambda d: _pool(d).update(policy="random"),
-        "pools.chat.policy: unknown policy 'random' (policies: least_outstanding, cache_aware, round_robin)"),
+        "pools.chat.policy: unknown policy 'random' (policies: least_outstanding, cache_aware, round_robin, "
+        "precise_prefix)"),
     "cache threshold out of range": (
         lambda d: _pool(d).update(cache_aware={"cache_threshold": 1.5}),
         "pools.chat.cache_aware.cache_threshold: expected number in 0..1, got 1.5"),
@@ -293,6 +295,35 @@ INVALID = {
     "weight for an unknown pool": (
         lambda d: _entry(d).update(algorithm={"type": "weighted", "weights": {"big": 1}}),
         "entries.auto.algorithm.weights.big: unknown pool 'big' (pools: chat)"),
+    "precise_prefix without a tokenizer": (
+        lambda d: _pool(d).update(policy="precise_prefix", replicas=[{"url": "http://a:8000", "grpc": "a:50051"}]),
+        "pools.chat.tokenizer: required by policy precise_prefix: the checkpoint (a --model value) whose chat "
+        "template and tokenizer the frontends use, to hash prompts as they do"),
+    "precise_prefix replica without grpc": (
+        lambda d: _pool(d).update(policy="precise_prefix", tokenizer="tiny",
+                                  replicas=[{"url": "http://a:8000", "grpc": "a:50051"}, {"url": "http://b:8000"}]),
+        "pools.chat.replicas[1].grpc: required by policy precise_prefix: host:port of the frontend's "
+        "--grpc-port, whose KvEvents stream it reads"),
+    "precise_prefix over dns": (
+        lambda d: (_pool(d).pop("replicas"), _pool(d).update(policy="precise_prefix", tokenizer="tiny",
+                                                             dns={"name": "fe"})),
+        "pools.chat.dns: policy precise_prefix needs static replicas, each with its grpc address"),
+    "grpc address without a port": (
+        lambda d: _pool(d).update(replicas=[{"url": "http://a:8000", "grpc": "a"}]),
+        "pools.chat.replicas[0].grpc: expected host:port (the frontend's --grpc-port), got 'a'"),
+    "grpc address with a scheme": (
+        lambda d: _pool(d).update(replicas=[{"url": "http://a:8000", "grpc": "http://a:50051"}]),
+        "pools.chat.replicas[0].grpc: expected host:port (the frontend's --grpc-port), got 'http://a:50051'"),
+    "grpc port out of range": (
+        lambda d: _pool(d).update(replicas=[{"url": "http://a:8000", "grpc": "[::1]:70000"}]),
+        "pools.chat.replicas[0].grpc: expected host:port (the frontend's --grpc-port), got '[::1]:70000'"),
+    "precise_prefix threshold": (
+        lambda d: _pool(d).update(precise_prefix={"cache_threshold": 1.5}),
+        "pools.chat.precise_prefix.cache_threshold: expected number in 0..1, got 1.5"),
+    "precise_prefix unknown key": (
+        lambda d: _pool(d).update(precise_prefix={"block_size": 16}),
+        "pools.chat.precise_prefix.block_size: unknown key; allowed: cache_threshold, balance_abs, balance_rel, "
+        "pending_s, reconnect_max_s"),
     "unknown algorithm": (
         lambda d: _entry(d).update(algorithm={"type": "random"}),
         "entries.auto.algorithm.type: unknown algorithm type 'random' "
@@ -303,6 +334,17 @@ INVALID = {
 @pytest.mark.parametrize("edit, error", INVALID.values(), ids=INVALID.keys())
 def test_invalid_config_names_the_key(edit: Callable[[dict[str, Any]], object], error: str) -> None:
     assert _errors(edit) == (error,)
+
+
+def test_a_precise_prefix_pool_reads_its_keys() -> None:
+    data = _minimal()
+    _pool(data).update(policy="precise_prefix", tokenizer="tiny", precise_prefix={"cache_threshold": 0.25},
+                       replicas=[{"url": "http://a:8000", "grpc": "a:50051"},
+                                 {"url": "http://b:8000", "grpc": "[::1]:9"}])
+    pool = parse_config(data).pools["chat"]
+    assert pool.policy == "precise_prefix"
+    assert [(r.url, r.grpc) for r in pool.replicas] == [("http://a:8000", "a:50051"), ("http://b:8000", "[::1]:9")]
+    assert pool.precise_prefix == PrecisePrefixConfig(cache_threshold=0.25)
 
 
 def test_a_missing_required_key_is_reported_once() -> None:
