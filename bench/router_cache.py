@@ -12,7 +12,7 @@ also evicts. precise_prefix (the router tokenizes each request as the frontend d
 blocks each instance's engine reports stored over the frontend's KvEvents gRPC stream) runs beside
 cache_aware (the router's guess from request text); round_robin is the baseline the issue names;
 least_outstanding (the pool default) is shown too. Every run's frontends serve --grpc-port.
-Usage: .venv/bin/python bench/router_cache.py [--groups 32] [--per-group 8] [--concurrency 16]
+Usage: .venv/bin/python bench/router_cache.py [--groups 32] [--per-group 8] [--concurrency 16] [--routers 2]
 """
 from __future__ import annotations
 
@@ -168,11 +168,13 @@ def best_cached(prompts: list[Prompt], block: int = BLOCK) -> list[int]:
 
 
 @contextmanager
-def fleet(tmp: Path, instances: int, policy: str, engine_args: list[str]) -> Iterator[HttpProc]:
-    """Fresh instances (sim engine + frontend each) behind a router pool with `policy`."""
+def fleet(tmp: Path, instances: int, policy: str, engine_args: list[str], routers: int = 1) -> Iterator[list[HttpProc]]:
+    """Fresh instances (sim engine + frontend each) behind `routers` routers, each with the same pool
+    and `policy` (several: an HA pair or more behind a load balancer, each seeing its share of the
+    traffic)."""
     engines: list[EngineProc] = []
     frontends: list[FrontendProc] = []
-    router = None
+    started: list[HttpProc] = []
     try:
         for _ in range(instances):  # start all, then wait: the frontends load the tokenizer in parallel
             engines.append(start_engine(tmp, "--model", "tiny", "--backend", "sim", *engine_args, wait=False))
@@ -189,21 +191,22 @@ def fleet(tmp: Path, instances: int, policy: str, engine_args: list[str]) -> Ite
             fe.wait_ready()
         replicas = ", ".join(f'{{url: "{fe.url}", grpc: "127.0.0.1:{port}"}}'
                              for fe, port in zip(frontends, grpc_ports, strict=True))
-        router = start_router(tmp, f"""
+        for _ in range(routers):
+            started.append(start_router(tmp, f"""
 listeners: [{{port: {{port}}, host: 127.0.0.1}}]
 pools:
   p: {{model: tiny, tokenizer: tiny, replicas: [{replicas}], policy: {policy},
       health: {{path: /ready, interval_s: 1}}}}
 entries:
   fleet: {{default: [p]}}
-""")
+"""))
         if policy == "precise_prefix":
-            _wait_streams(router, instances)
-        yield router
+            for router in started:
+                _wait_streams(router, instances)
+        yield started
     finally:
-        for proc in [router, *frontends, *engines]:
-            if proc is not None:
-                proc.stop()
+        for proc in [*started, *frontends, *engines]:
+            proc.stop()
 
 
 def _wait_streams(router: HttpProc, instances: int, timeout_s: float = 60.0) -> None:
@@ -244,15 +247,17 @@ async def _one(client: httpx.AsyncClient, url: str, prompt: Prompt, max_tokens: 
     return result
 
 
-async def drive(base: str, prompts: list[Prompt], concurrency: int, max_tokens: int) -> tuple[list[Result], float]:
-    """Results in send order, and the wall time from the first send to the last answer."""
+async def drive(bases: list[str], prompts: list[Prompt], concurrency: int, max_tokens: int
+                ) -> tuple[list[Result], float]:
+    """Results in send order, and the wall time from the first send to the last answer. Prompt i goes to
+    router i mod len(bases) (a load balancer's round robin)."""
     results: list[Result | None] = [None] * len(prompts)
     queue = iter(range(len(prompts)))
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(120.0)) as client:
         async def worker() -> None:
             for i in queue:
-                results[i] = await _one(client, base + "/v1/chat/completions", prompts[i], max_tokens)
+                results[i] = await _one(client, bases[i % len(bases)] + "/v1/chat/completions", prompts[i], max_tokens)
 
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -308,6 +313,8 @@ def main() -> None:
     ap.add_argument("--decode-ms", type=float, default=10.0, help="sim base cost of a decode step")
     ap.add_argument("--policies", default="precise_prefix,cache_aware,round_robin,least_outstanding")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--routers", type=int, default=1,
+                    help="routers over the same pool, prompts sent to them in turn (an HA pair: 2)")
     args = ap.parse_args()
     prompts, prefix_len = workload(args.seed, args.groups, args.per_group, args.prefix_tokens)
     best = best_cached(prompts)
@@ -321,16 +328,18 @@ def main() -> None:
           f"= {args.kv_blocks * BLOCK:,} tokens, about {args.kv_blocks * BLOCK / mean_prompt:.1f} prompts' "
           f"prefixes per instance; prefill {args.prefill_tps:,.0f} tokens/s "
           f"({prefix_len / args.prefill_tps * 1000:.0f} ms per prefix miss), decode step {args.decode_ms:g} ms")
-    print("fresh instances per policy")
+    print(f"fresh instances per policy; {args.routers} router(s), prompts sent to them in turn")
     runs = []
     with tempfile.TemporaryDirectory(prefix="bench-router-cache-") as tmp:
         for policy in args.policies.split(","):
-            with fleet(Path(tmp), args.instances, policy, engine_args) as router:
-                results, wall = asyncio.run(drive(router.url, prompts, args.concurrency, args.max_tokens))
+            with fleet(Path(tmp), args.instances, policy, engine_args, args.routers) as routers:
+                results, wall = asyncio.run(drive([r.url for r in routers], prompts, args.concurrency,
+                                                  args.max_tokens))
                 runs.append(Run(policy, results, wall))
-                warnings = [line for line in router.log().splitlines() if " WARNING " in line or " ERROR " in line]
-                if warnings:
-                    print(f"router ({policy}) logged {len(warnings)} warning/error line(s), first: {warnings[0]}")
+                for router in routers:
+                    warnings = [line for line in router.log().splitlines() if " WARNING " in line or " ERROR " in line]
+                    if warnings:
+                        print(f"router ({policy}) logged {len(warnings)} warning/error line(s), first: {warnings[0]}")
     report(runs, prompts, best)
 
 

@@ -7,6 +7,9 @@ vLLM's offline LLM on that checkpoint and GetWeightVersion moved; sleep refused 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -184,8 +187,6 @@ def test_pause_modes_with_a_stream_in_flight(fleet: Fleet) -> None:
 
 
 def test_update_weights_from_a_second_checkpoint_equals_offline_llm_on_it(fleet: Fleet, tmp_path: Path) -> None:
-    import vllm
-
     import checkpoints.tiny as tiny
 
     second = tiny.write_checkpoint(tmp_path / "second", seed=SECOND_SEED)
@@ -203,9 +204,24 @@ def test_update_weights_from_a_second_checkpoint_equals_offline_llm_on_it(fleet:
     assert fleet.rl.GetWeightVersion(pb2.GetWeightVersionRequest()).version == "step-1"
     after = greedy(fleet)
     assert after != before
-    llm = vllm.LLM(model=str(second), max_model_len=512, kv_cache_memory_bytes=4 * 2**20, enforce_eager=True,
-                   dtype="bfloat16", seed=0)
-    try:
-        assert after == offline(llm)
-    finally:
-        del llm
+    assert after == _offline_in_subprocess(second)
+
+
+def _offline_in_subprocess(checkpoint: Path) -> list[list[int]]:
+    """vLLM's offline LLM on `checkpoint`, greedy over PROMPTS, in a process of its own: a second LLM in
+    this process would tear down the distributed state the session's `llm` fixture runs on."""
+    code = f"""
+import json, os
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+import vllm
+llm = vllm.LLM(model={str(checkpoint)!r}, max_model_len=512, kv_cache_memory_bytes=4 * 2**20, enforce_eager=True,
+               dtype="bfloat16", seed=0)
+outs = llm.generate([{{"prompt_token_ids": p}} for p in {PROMPTS!r}],
+                    vllm.SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)
+print("IDS " + json.dumps([list(o.outputs[0].token_ids) for o in outs]))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    lines = [line for line in done.stdout.splitlines() if line.startswith("IDS ")]
+    assert done.returncode == 0 and lines, done.stderr[-3000:]
+    return json.loads(lines[-1][4:])  # type: ignore[no-any-return]
