@@ -20,7 +20,10 @@ from services.router.replica import Replica
 
 log = logging.getLogger("router")
 
-INLINE_BYTES = 1024  # bodies up to this are tokenized and hashed on the loop (under ~0.5 ms); longer, in a thread
+# Bodies up to this are tokenized and hashed on the loop (~3 us a token: ~12 ms at most); longer ones in a
+# thread. The thread is not free: each GIL hand-back to it waits on the busy loop (switch interval), which
+# cost ~70 ms of TTFT p50 at bench/router_cache.py's 9 kB prompts (+2 ms inline, beside cache_aware's).
+INLINE_BYTES = 16 * 1024
 
 
 @dataclass(slots=True, frozen=True)
@@ -93,8 +96,8 @@ class PrecisePrefix:
             return Prompt(reason="block size not known yet (no KvEvents stream has said it)")
         if size <= INLINE_BYTES:
             return _hashed(self.model, body, self.block_size)
-        # Tokenizing takes ~3 us a token here (8 ms for a 9 kB prompt): in a thread, as minijinja and
-        # encode_batch_fast release the GIL, the loop serves other requests meanwhile.
+        # Long: in a thread, as minijinja and encode_batch_fast release the GIL, the loop serves other
+        # requests meanwhile.
         return await asyncio.to_thread(_hashed, self.model, body, self.block_size)
 
     def choose(self, candidates: list[Replica], request_bytes: int, text: str | None,
