@@ -210,16 +210,22 @@ def _dns(f: Fields, path: str, raw: object) -> DnsConfig | None:
                       d["refresh_s"]))
 
 
+def _balance(f: Fields, path: str, m: Mapping[str, Any], d: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys both prefix policies take: the match threshold and the load-imbalance fallback's."""
+    return {
+        "cache_threshold": _or(f.number(f"{path}.cache_threshold", m.get("cache_threshold", d["cache_threshold"]),
+                                        0, 1), d["cache_threshold"]),
+        "balance_abs": _or(f.integer(f"{path}.balance_abs", m.get("balance_abs", d["balance_abs"]), 0),
+                           d["balance_abs"]),
+        "balance_rel": _or(f.number(f"{path}.balance_rel", m.get("balance_rel", d["balance_rel"]), 1),
+                           d["balance_rel"])}
+
+
 def _cache_aware(f: Fields, path: str, raw: object) -> CacheAwareConfig:
     d = defaults(CacheAwareConfig)
     m = f.mapping(path, raw, tuple(d))
     return CacheAwareConfig(
-        cache_threshold=_or(f.number(f"{path}.cache_threshold", m.get("cache_threshold", d["cache_threshold"]),
-                                     0, 1), d["cache_threshold"]),
-        balance_abs=_or(f.integer(f"{path}.balance_abs", m.get("balance_abs", d["balance_abs"]), 0),
-                        d["balance_abs"]),
-        balance_rel=_or(f.number(f"{path}.balance_rel", m.get("balance_rel", d["balance_rel"]), 1),
-                        d["balance_rel"]),
+        **_balance(f, path, m, d),
         max_tree_chars=_or(f.integer(f"{path}.max_tree_chars", m.get("max_tree_chars", d["max_tree_chars"]), 1),
                            d["max_tree_chars"]),
         eviction_s=_or(f.number(f"{path}.eviction_s", m.get("eviction_s", d["eviction_s"]), 0, open_low=True),
@@ -230,12 +236,7 @@ def _precise_prefix(f: Fields, path: str, raw: object) -> PrecisePrefixConfig:
     d = defaults(PrecisePrefixConfig)
     m = f.mapping(path, raw, tuple(d))
     return PrecisePrefixConfig(
-        cache_threshold=_or(f.number(f"{path}.cache_threshold", m.get("cache_threshold", d["cache_threshold"]),
-                                     0, 1), d["cache_threshold"]),
-        balance_abs=_or(f.integer(f"{path}.balance_abs", m.get("balance_abs", d["balance_abs"]), 0),
-                        d["balance_abs"]),
-        balance_rel=_or(f.number(f"{path}.balance_rel", m.get("balance_rel", d["balance_rel"]), 1),
-                        d["balance_rel"]),
+        **_balance(f, path, m, d),
         pending_s=_or(f.number(f"{path}.pending_s", m.get("pending_s", d["pending_s"]), 0), d["pending_s"]),
         reconnect_max_s=_or(f.number(f"{path}.reconnect_max_s", m.get("reconnect_max_s", d["reconnect_max_s"]),
                                      0, open_low=True), d["reconnect_max_s"]))

@@ -9,6 +9,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from services.router.policies.load import imbalance
+from services.router.policies.load import least_loaded as _least_loaded
 from services.router.replica import Replica
 
 
@@ -155,9 +157,6 @@ class PrefixTree:
         self._heap = heap
 
 
-def _least_loaded(r: Replica) -> tuple[int, int, float]:
-    return r.inflight, r.outstanding_bytes, r.last_assigned
-
 
 class CacheAware:
     """Imbalance is measured in in-flight requests, as sgl-router does, over the candidates the pool
@@ -196,11 +195,10 @@ class CacheAware:
         for tree in self._trees.values():
             tree.evict_older_than(deadline)
         self.last_match = 0.0
-        loads = [r.inflight for r in candidates]
-        high, low = max(loads), min(loads)
-        if high - low > self.balance_abs and high > self.balance_rel * low:
+        skew = imbalance(candidates, self.balance_abs, self.balance_rel)
+        if skew is not None:
             best = min(candidates, key=_least_loaded)
-            self.last_reason = (f"cache_aware: imbalanced (in-flight max {high}, min {low}) "
+            self.last_reason = (f"cache_aware: imbalanced (in-flight max {skew[0]}, min {skew[1]}) "
                                 f"-> least loaded {best.url}")
             return best
         if not text:

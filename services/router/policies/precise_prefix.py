@@ -15,6 +15,8 @@ from typing import Any
 
 from protocol.block_hash import block_hashes
 from services.router.kv_blocks import ReplicaBlocks
+from services.router.policies.load import imbalance
+from services.router.policies.load import least_loaded as _least_loaded
 from services.router.prompt import PromptModel, Unrenderable
 from services.router.replica import Replica
 
@@ -44,9 +46,6 @@ def _hashed(model: PromptModel, body: dict[str, Any], block_size: int) -> Prompt
         return Prompt(tokens=len(prompt.ids), reason=f"{len(prompt.ids)} tokens: no full block")
     return Prompt(tuple(hashes), len(prompt.ids))
 
-
-def _least_loaded(r: Replica) -> tuple[int, int, float]:
-    return r.inflight, r.outstanding_bytes, r.last_assigned
 
 
 class PrecisePrefix:
@@ -103,11 +102,10 @@ class PrecisePrefix:
     def choose(self, candidates: list[Replica], request_bytes: int, text: str | None,
                prepared: object = None) -> Replica:
         self.last_match = 0.0
-        loads = [r.inflight for r in candidates]
-        high, low = max(loads), min(loads)
-        if high - low > self.balance_abs and high > self.balance_rel * low:
+        skew = imbalance(candidates, self.balance_abs, self.balance_rel)
+        if skew is not None:
             best = min(candidates, key=_least_loaded)
-            self.last_reason = (f"precise_prefix: imbalanced (in-flight max {high}, min {low}) "
+            self.last_reason = (f"precise_prefix: imbalanced (in-flight max {skew[0]}, min {skew[1]}) "
                                 f"-> least loaded {best.url}")
             return best
         if not isinstance(prepared, Prompt) or not prepared.hashes:
