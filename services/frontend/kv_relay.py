@@ -33,6 +33,7 @@ class KvRelay:
         self.seq = 0  # the latest event's
         self._ring: deque[_Event] = deque(maxlen=keep)
         self._keeping = False
+        self._closed = False
         self._waiters: list[asyncio.Future[None]] = []
 
     # ---- from the engine links (EngineSet) ----
@@ -49,6 +50,15 @@ class KvRelay:
         if not self._keeping:
             return
         self._ring.append((self.seq, rank, epoch, event))
+        self._wake()
+
+    def close(self) -> None:
+        """End every subscription (the process is shutting down: a stream that never ends would hold the
+        gRPC server's graceful stop for its whole grace period). Subscribers resume elsewhere or later."""
+        self._closed = True
+        self._wake()
+
+    def _wake(self) -> None:
         waiters, self._waiters = self._waiters, []
         for w in waiters:
             if not w.done():
@@ -64,7 +74,7 @@ class KvRelay:
         cursor: int | None = after_seq
         if relay_epoch != self.epoch or not self._holds_after(after_seq):
             cursor = None
-        while True:
+        while not self._closed:
             if cursor is None:
                 cursor = self.seq
                 for event in self._snapshot_events(cursor):

@@ -171,6 +171,7 @@ async def run(config: FrontendConfig, server_index: int = 0) -> int:
     async def drain_then_stop() -> None:
         await quit_.wait()
         if grpc_server is not None:  # new calls refused, running ones drained with the HTTP ones
+            grpc_server.relay.close()  # KV event streams end now: they never finish on their own
             grpc_task = loop.create_task(grpc_server.stop(0.0 if now.is_set() else config.shutdown_timeout_s))
         await app.shutdown.drain(0.0 if now.is_set() else config.shutdown_timeout_s, now)
         if grpc_server is not None:
