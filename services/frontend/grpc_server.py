@@ -12,12 +12,13 @@ events (kv_relay.py). Auth: the HTTP API keys (--api-key), from `authorization: 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import logging
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from importlib import metadata
 from typing import Any
 
@@ -105,11 +106,6 @@ def rows(seg: Segment, start: int, stop: int, top: int) -> list[Any]:
     return out
 
 
-def _usage(outputs: OutputProcessor) -> Any:
-    return pb2.Usage(prompt_tokens=outputs.stream.prompt_len, completion_tokens=outputs.completion_tokens,
-                     cached_tokens=outputs.cached_tokens)
-
-
 def _finish(resp: Any, outputs: OutputProcessor, finish: str) -> None:
     resp.finish_reason = finish
     stop = outputs.stop_reason
@@ -117,17 +113,28 @@ def _finish(resp: Any, outputs: OutputProcessor, finish: str) -> None:
         resp.stop_string = stop
     elif isinstance(stop, int):
         resp.stop_token_id = stop
-    resp.usage.CopyFrom(_usage(outputs))
+    resp.usage.CopyFrom(pb2.Usage(prompt_tokens=outputs.stream.prompt_len,
+                                  completion_tokens=outputs.completion_tokens, cached_tokens=outputs.cached_tokens))
+
+
+async def _pieces(outputs: OutputProcessor) -> list[Any]:
+    """outputs.pieces(), with an end by Control.Abort as a finish ("abort"), not a failure."""
+    try:
+        return await outputs.pieces()
+    except EngineFailure as exc:
+        if outputs.stream.gone != ABORTED:
+            raise _Failed(_status(exc.status), str(exc)) from None
+        outputs.finish = "abort"
+        return []
 
 
 class Inference(pb2_grpc.InferenceServicer):
     def __init__(self, app: Frontend) -> None:
         self._app = app
         self._running: dict[str, list[Stream]] = defaultdict(list)  # caller's request id -> its streams
-        self._aborted: set[int] = set()  # ids of streams that Control.Abort ended
 
     async def Generate(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await _guard(context, self._generate(request, context))
+        return await _guard(context, self._generate(request))
 
     async def GenerateStream(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         try:
@@ -152,24 +159,19 @@ class Inference(pb2_grpc.InferenceServicer):
         except APIError as exc:
             raise _failed(exc) from None
 
-    async def _generate(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def _generate(self, request: Any) -> Any:
         engine_request = await self._translate(request, stream=False)
         with self._launched(engine_request) as outputs:
-            caller = engine_request.output.response_id
-            resp = pb2.GenerateResponse(request_id=caller, data_parallel_rank=outputs.stream.rank)
+            resp = pb2.GenerateResponse(request_id=engine_request.output.response_id,
+                                        data_parallel_rank=outputs.stream.rank)
             text: list[str] = []
-            try:
-                while outputs.finish is None:
-                    pieces = await outputs.pieces()
-                    resp.token_ids.extend(outputs.token_ids)
-                    if outputs.formatter is not None:
-                        resp.logprobs.extend(outputs.token_entries())
-                    if engine_request.output.text_out:
-                        text.extend(p if isinstance(p, str) else p.content for p in pieces)
-            except EngineFailure as exc:
-                if id(outputs.stream) not in self._aborted:
-                    raise _Failed(_status(exc.status), str(exc)) from None
-                outputs.finish = "abort"
+            while outputs.finish is None:
+                pieces = await _pieces(outputs)
+                resp.token_ids.extend(outputs.token_ids)
+                if outputs.formatter is not None:
+                    resp.logprobs.extend(outputs.token_entries())
+                if engine_request.output.text_out:
+                    text.extend(p if isinstance(p, str) else p.content for p in pieces)
             resp.text = "".join(text)
             _finish(resp, outputs, outputs.finish)
             if outputs.options.prompt_logprobs is not None:
@@ -184,13 +186,7 @@ class Inference(pb2_grpc.InferenceServicer):
             caller = engine_request.output.response_id
             rank, text_out = outputs.stream.rank, engine_request.output.text_out
             while outputs.finish is None:
-                try:
-                    pieces = await outputs.pieces()
-                except EngineFailure as exc:
-                    if id(outputs.stream) not in self._aborted:
-                        raise _Failed(_status(exc.status), str(exc)) from None
-                    outputs.finish = "abort"
-                    pieces = []
+                pieces = await _pieces(outputs)
                 resp = pb2.GenerateResponse(request_id=caller, token_ids=outputs.token_ids, data_parallel_rank=rank)
                 if outputs.formatter is not None:
                     resp.logprobs.extend(outputs.token_entries())
@@ -202,8 +198,29 @@ class Inference(pb2_grpc.InferenceServicer):
                     continue  # text held back (a stop string may follow): nothing to say yet
                 yield resp
 
-    def _launched(self, engine_request: Any) -> Any:
-        return _Launched(self, engine_request)
+    @contextlib.contextmanager
+    def _launched(self, engine_request: Any) -> Iterator[OutputProcessor]:
+        """The request launched (Frontend.launch), registered for Control.Abort, its logprobs formatted
+        for gRPC; on leaving (done, failed, or the call cancelled: a client that went away or a deadline),
+        aborted at its engine if still running there."""
+        with contextlib.ExitStack() as stack:
+            try:
+                prompts, streams, _ = stack.enter_context(self._app.launch([engine_request]))
+            except APIError as exc:
+                raise _failed(exc) from None
+            caller, stream = engine_request.output.response_id, streams[0]
+            outputs: OutputProcessor = prompts[0][0]
+            if outputs.formatter is not None:
+                outputs.formatter = GrpcLogprobs(outputs.options.logprobs or 0)  # type: ignore[assignment]
+            self._running[caller].append(stream)
+            stack.callback(self._forget, caller, stream)
+            yield outputs
+
+    def _forget(self, caller: str, stream: Stream) -> None:
+        running = self._running[caller]
+        running.remove(stream)
+        if not running:
+            del self._running[caller]
 
     def abort(self, caller_ids: Sequence[str]) -> list[str]:
         """Control.Abort: end these requests' streams here and at their engines."""
@@ -213,46 +230,10 @@ class Inference(pb2_grpc.InferenceServicer):
             if not streams:
                 continue
             for stream in streams:
-                self._aborted.add(id(stream))
                 stream.fail(ABORTED)
                 self._app.dispatcher.abort(stream)
             done.append(caller)
         return done
-
-
-class _Launched:
-    """Inference's `with`: the request launched (Frontend.launch), registered for Control.Abort, its
-    logprobs formatted for gRPC; on leaving (done, failed, or the call cancelled: a client that went
-    away or a deadline), aborted at its engine if still running there."""
-
-    def __init__(self, inference: Inference, engine_request: Any) -> None:
-        self._inference, self._request = inference, engine_request
-        self._cm: Any = None
-        self._stream: Stream | None = None
-
-    def __enter__(self) -> OutputProcessor:
-        try:
-            self._cm = self._inference._app.launch([self._request])
-            prompts, streams, _ = self._cm.__enter__()
-        except APIError as exc:
-            raise _failed(exc) from None
-        outputs: OutputProcessor = prompts[0][0]
-        if outputs.formatter is not None:
-            outputs.formatter = GrpcLogprobs(outputs.options.logprobs or 0)  # type: ignore[assignment]
-        self._stream = streams[0]
-        self._inference._running[self._request.output.response_id].append(streams[0])
-        return outputs
-
-    def __exit__(self, *exc: object) -> None:
-        caller = self._request.output.response_id
-        running = self._inference._running
-        streams = running.get(caller, [])
-        if self._stream in streams:
-            streams.remove(self._stream)
-        if not streams:
-            running.pop(caller, None)
-        self._inference._aborted.discard(id(self._stream))
-        self._cm.__exit__(*exc)
 
 
 # ---- Control and RlControl: utility calls on every ready rank ------------------------------------
