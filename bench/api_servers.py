@@ -1,10 +1,15 @@
-"""Output tokens/s through the frontend with --api-server-count 1 and 2, side by side in one run.
+"""Output tokens/s through the frontend with --api-server-count 1 and 2, side by side in one run, and
+where the machine's CPU went.
 
 Starts an instant sim engine (R ranks) and two frontends on it, one with one API server process and
 one with two, and streams N chat completions at once through each in alternating rounds (each
 stream on its own connection, so the kernel spreads them across the processes of a frontend).
-On a host with few cores the engine, the client and the servers share them: the ratio says what
-a second process buys there, not on a serving node.
+Each round reads the CPU time of every process from /proc: the engine's, each API server's (and any
+child of theirs), and the client's own. On a host with fewer free cores than API servers + engine +
+client, they share them, and the measured ratio says what a second process buys there. The last
+column is what the same CPU times give when each API server has a core of its own and the engine and
+client are not the bound: the round's tokens over the busiest API server's CPU seconds, a ceiling
+measured per process, not a throughput measured.
 Usage: python bench/api_servers.py [--streams 256] [--tokens 200] [--ranks 2] [--repeat 3]
 """
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import resource
 import signal
 import statistics
 import subprocess
@@ -19,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from frontend_stream import _free_port, _round, wait_ready
+from frontend_stream import _cpu_seconds, _free_port, _round, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,33 +53,92 @@ def main() -> None:
             proc = subprocess.Popen([py, "-m", "services.frontend", "--model", "tiny", "--host", "127.0.0.1",
                                      "--port", str(port), "--data-parallel-size", str(args.ranks),
                                      "--data-parallel-size-local", "0", "--engine-addresses", addresses,
-                                     "--api-server-count", str(count), "--log-level", "warning"],
+                                     "--api-server-count", str(count), "--log-level", "error"],
                                     cwd=ROOT, env={**os.environ})
             frontends[count] = proc, f"http://127.0.0.1:{port}"
         for _, base in frontends.values():
             wait_ready(base)
         time.sleep(3)  # the second API server's own engine links
-        rates: dict[int, list[float]] = {1: [], 2: []}
+        servers = {count: _servers(proc.pid) for count, (proc, _) in frontends.items()}
+        assert len(servers[2]) == 2, f"expected two API server processes, found {servers[2]}"
+        rounds: dict[int, list[dict[str, float]]] = {1: [], 2: []}
         for _, base in frontends.values():
             asyncio.run(_round(base, 16, 20))  # warm-up
         for _ in range(args.repeat):
             for count, (_, base) in frontends.items():
+                before = _cpu(engine.pid, servers[count])
                 n, wall = asyncio.run(_round(base, args.streams, args.tokens))
+                after = _cpu(engine.pid, servers[count])
                 assert n == args.streams * args.tokens, f"expected {args.streams * args.tokens} tokens, got {n}"
-                rates[count].append(n / wall)
+                used = {k: after[k] - before[k] for k in after}
+                busiest = max(v for k, v in used.items() if k.startswith("server"))
+                rounds[count].append({"rate": n / wall, "wall": wall, "ceiling": n / busiest,
+                                      **{k: v / wall for k, v in used.items()}})
+        cores = os.cpu_count()
         print(f"{args.streams} concurrent streams x {args.tokens} tokens, {args.ranks} instant sim rank(s), "
-              f"{os.cpu_count()} cores; output tokens/s through HTTP:")
-        one = statistics.median(rates[1])
-        for count, runs in rates.items():
-            median = statistics.median(runs)
-            print(f"  --api-server-count {count}: median {median:9,.0f}  x{median / one:.2f}  "
-                  f"(runs: {', '.join(f'{x:,.0f}' for x in runs)})")
+              f"{cores} cores; output tokens/s through HTTP, and cores busy during the rounds (medians of "
+              f"{args.repeat}):")
+        one = statistics.median(r["rate"] for r in rounds[1])
+        one_ceiling = statistics.median(r["ceiling"] for r in rounds[1])
+        print(f"  {'':22} {'tokens/s':>9} {'ratio':>6}   {'each API server':>16} {'engine':>6} {'client':>6} "
+              f"{'all':>5}   {'ceiling':>9} {'ratio':>6}")
+        for count, runs in rounds.items():
+            rate = statistics.median(r["rate"] for r in runs)
+            ceiling = statistics.median(r["ceiling"] for r in runs)
+            each = " ".join(f"{statistics.median(r[f'server{i}'] for r in runs):.2f}" for i in range(count))
+            engine_cores = statistics.median(r["engine"] for r in runs)
+            client_cores = statistics.median(r["client"] for r in runs)
+            total = statistics.median(sum(v for k, v in r.items() if k not in ("rate", "wall", "ceiling"))
+                                      for r in runs)
+            print(f"  --api-server-count {count}: {rate:9,.0f} x{rate / one:.2f}   {each:>16} {engine_cores:6.2f} "
+                  f"{client_cores:6.2f} {total:5.2f}   {ceiling:9,.0f} x{ceiling / one_ceiling:.2f}")
+        print("  (ceiling: tokens over the busiest API server's CPU seconds, each server on a core of its own)")
     finally:
         procs = [proc for proc, _ in frontends.values()] + [engine]
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
         for proc in procs:
             proc.wait(60)
+
+
+def _children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            tree.setdefault(ppid, []).append(int(entry.name))
+    return tree
+
+
+def _descendants(pid: int, tree: dict[int, list[int]]) -> list[int]:
+    out = [pid]
+    for child in tree.get(pid, []):
+        out += _descendants(child, tree)
+    return out
+
+
+def _servers(pid: int) -> list[list[int]]:
+    """The API server processes of the frontend whose main process is `pid` (API server 0), each with the
+    processes under it. A sibling is a child of API server 0 named api-server-i (multiprocessing's spawn
+    sets no name the kernel sees, so its command line tells it: spawn_main). Other children of API server
+    0 (the resource tracker, translation workers) are counted as its own."""
+    tree = _children()
+    siblings = [c for c in tree.get(pid, []) if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()
+                and b"resource_tracker" not in Path(f"/proc/{c}/cmdline").read_bytes()]
+    own = [pid] + [d for c in tree.get(pid, []) if c not in siblings for d in _descendants(c, tree)]
+    return [own] + [_descendants(s, tree) for s in siblings]
+
+
+def _cpu(engine: int, servers: list[list[int]]) -> dict[str, float]:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    out = {"engine": sum(_cpu_seconds(p) for p in _descendants(engine, _children())),
+           "client": usage.ru_utime + usage.ru_stime}
+    for i, pids in enumerate(servers):
+        out[f"server{i}"] = sum(_cpu_seconds(p) for p in pids)
+    return out
 
 
 def _port_taken(port: int) -> bool:
