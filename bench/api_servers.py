@@ -10,7 +10,7 @@ client, they share them, and the measured ratio says what a second process buys 
 column is what the same CPU times give when each API server has a core of its own and the engine and
 client are not the bound: the round's tokens over the busiest API server's CPU seconds, a ceiling
 measured per process, not a throughput measured.
-Usage: python bench/api_servers.py [--streams 256] [--tokens 200] [--ranks 2] [--repeat 3]
+Usage: python bench/api_servers.py [--streams 256] [--tokens 200] [--ranks 2] [--repeat 3] [--verbose]
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=200)
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--verbose", action="store_true", help="print each round")
     args = p.parse_args()
     py = sys.executable
     engine_port = _free_port()
@@ -72,6 +73,8 @@ def main() -> None:
                 assert n == args.streams * args.tokens, f"expected {args.streams * args.tokens} tokens, got {n}"
                 used = {k: after[k] - before[k] for k in after}
                 busiest = max(v for k, v in used.items() if k.startswith("server"))
+                if args.verbose:  # CPU seconds of each party in this round
+                    print(count, {k: round(v, 3) for k, v in used.items()}, f"{n / wall:,.0f}", flush=True)
                 rounds[count].append({"rate": n / wall, "wall": wall, "ceiling": n / busiest,
                                       **{k: v / wall for k, v in used.items()}})
         cores = os.cpu_count()
