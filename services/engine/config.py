@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import dataclass, fields, replace
 from typing import Literal
 
@@ -36,6 +37,8 @@ class EngineConfig:
     enable_lora: bool = False
     max_loras: int = 1  # adapters in one batch
     max_lora_rank: int = 16
+    # (name, path) adapters loaded at start, before the handshake: a rank that restarts has them again
+    lora_modules: tuple[tuple[str, str], ...] = ()
     # sim backend
     sim_prefill_tps: float = 20000.0
     sim_decode_ms: float = 10.0
@@ -78,6 +81,10 @@ class EngineConfig:
         _require(self.max_loras >= 1, "--max-loras", self.max_loras, ">= 1")
         _require(self.max_lora_rank in (1, 8, 16, 32, 64, 128, 256, 320, 512), "--max-lora-rank", self.max_lora_rank,
                  "1, 8, 16, 32, 64, 128, 256, 320 or 512 (vLLM's)")
+        _require(not self.lora_modules or self.enable_lora or self.backend == "sim", "--lora-modules",
+                 " ".join(f"{n}={p}" for n, p in self.lora_modules), "only with --enable-lora (or --backend sim)")
+        names = [n for n, _ in self.lora_modules]
+        _require(len(set(names)) == len(names), "--lora-modules", " ".join(names), "distinct adapter names")
         _require(self.sim_script is None or self.backend == "sim", "--sim-script", self.sim_script,
                  "only with --backend sim")
 
@@ -164,6 +171,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="vllm: most LoRA adapters in one batch (vLLM's flag; with --enable-lora)")
     p.add_argument("--max-lora-rank", type=int, default=d["max_lora_rank"],
                    help="vllm: largest LoRA rank an adapter may have (vLLM's flag; with --enable-lora)")
+    p.add_argument("--lora-modules", nargs="+", action="extend", type=_lora_module, default=[],
+                   metavar="NAME=PATH",
+                   help="LoRA adapters loaded at start, before this engine handshakes (vLLM's flag: NAME=PATH or "
+                        "JSON {\"name\": ..., \"path\": ...}); requests name them as their model")
     p.add_argument("--sim-prefill-tps", type=float, default=d["sim_prefill_tps"],
                    help="sim: prompt tokens processed per second")
     p.add_argument("--sim-decode-ms", type=float, default=d["sim_decode_ms"], help="sim: base time of one decode step")
@@ -182,10 +193,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _lora_module(text: str) -> tuple[str, str]:
+    """One --lora-modules value: NAME=PATH, or vLLM's JSON form {"name": ..., "path": ...}."""
+    if text.lstrip().startswith("{"):
+        try:
+            spec = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise argparse.ArgumentTypeError(f"{text!r}: not JSON ({exc})") from None
+        name, path = (spec.get("name"), spec.get("path")) if isinstance(spec, dict) else (None, None)
+    else:
+        name, _, path = text.partition("=")
+    if not isinstance(name, str) or not isinstance(path, str) or not name or not path:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=PATH or {{\"name\": ..., \"path\": ...}}, "
+                                         "both non-empty")
+    return name, path
+
+
 def parse_args(argv: list[str] | None = None) -> EngineConfig:
     p = build_parser()
     ns = vars(p.parse_args(argv))
     ns.pop("headless")
+    ns["lora_modules"] = tuple(ns["lora_modules"])
     try:
         return EngineConfig(**ns)
     except ValueError as exc:

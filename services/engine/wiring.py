@@ -13,17 +13,27 @@ SIM_MAX_MODEL_LEN = 4096
 
 
 def build_backend(config: EngineConfig) -> tuple[Backend, int]:
-    """The backend for this rank and the vocabulary size that prompt token ids must fall in."""
+    """The backend for this rank and the vocabulary size that prompt token ids must fall in, with the
+    --lora-modules adapters loaded (an adapter that fails to load fails the rank's start, saying why)."""
     import checkpoints
 
     path = checkpoints.resolve(config.model, weights=config.backend == "vllm")
     config_json = model_config(path)
     vocab_size = int(config_json["vocab_size"])
+    backend: Backend
     if config.backend == "vllm":
         from services.engine.backends.vllm import VllmBackend
 
-        return VllmBackend(config, path), vocab_size
-    return _build_sim(config, path, config_json), vocab_size
+        backend = VllmBackend(config, path)
+    else:
+        backend = _build_sim(config, path, config_json)
+    for name, adapter in config.lora_modules:
+        try:
+            backend.utility("add_lora", {"name": name, "path": adapter})
+        except Exception as exc:
+            backend.shutdown()
+            raise RuntimeError(f"--lora-modules {name}={adapter}: {exc}") from exc
+    return backend, vocab_size
 
 
 def _build_sim(config: EngineConfig, path: Path, config_json: dict[str, Any]) -> Backend:

@@ -376,8 +376,14 @@ class VllmBackend:
         raise UtilityUnsupported(f"utility {name!r} is not supported by the vllm backend")
 
     def _add_lora(self, name: str, path: str) -> bool:
-        if name in self._loras:
-            raise ValueError(f"add_lora: an adapter named {name!r} is already loaded; remove_lora it first")
+        """False when this very adapter (name and path) is loaded already: a frontend re-adding what it
+        loaded to a rank that restarted may race another doing the same."""
+        loaded = self._loras.get(name)
+        if loaded is not None:
+            if loaded.lora_path == path:
+                return False
+            raise ValueError(f"add_lora: an adapter named {name!r} is already loaded from {loaded.lora_path!r}; "
+                             "remove_lora it first")
         if not Path(path, "adapter_config.json").is_file():
             raise ValueError(f"add_lora.path {path!r}: no adapter_config.json there (a PEFT adapter directory)")
         lora = LoRARequest(name, self._next_lora_id, path)

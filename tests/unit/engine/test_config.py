@@ -51,3 +51,28 @@ def test_lora_flags_are_vllms_with_its_defaults(capsys: pytest.CaptureFixture[st
     with pytest.raises(SystemExit):
         parse_args(["--model", "tiny", "--max-lora-rank", "12"])
     assert "--max-lora-rank=12 is invalid: allowed 1, 8, 16, 32, 64, 128, 256, 320 or 512" in capsys.readouterr().err
+
+
+def test_lora_modules_take_vllms_two_forms() -> None:
+    c = parse_args(["--model", "tiny", "--backend", "sim", "--lora-modules", "a=/x", '{"name": "b", "path": "/y"}',
+                    "--lora-modules", "c=/z=w"])
+    assert c.lora_modules == (("a", "/x"), ("b", "/y"), ("c", "/z=w"))
+    assert parse_args(["--model", "tiny", "--enable-lora", "--lora-modules", "a=/x"]).lora_modules == (("a", "/x"),)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--backend", "sim", "--lora-modules", "a"], "'a': expected NAME=PATH"),
+        (["--backend", "sim", "--lora-modules", "=/x"], "'=/x': expected NAME=PATH"),
+        (["--backend", "sim", "--lora-modules", '{"name": "a"}'], "expected NAME=PATH"),
+        (["--backend", "sim", "--lora-modules", "{nope"], "not JSON"),
+        (["--backend", "sim", "--lora-modules", "a=/x", "a=/y"], "--lora-modules='a a' is invalid: allowed distinct"),
+        (["--lora-modules", "a=/x"], "--lora-modules='a=/x' is invalid: allowed only with --enable-lora"),
+    ],
+)
+def test_bad_lora_modules_name_the_flag(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--model", "tiny", *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

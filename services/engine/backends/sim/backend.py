@@ -72,7 +72,7 @@ class SimBackend:
         self._scheduler = Scheduler(config, self._pool, self._sample)
         self._echo = config.echo
         self._script = script
-        self._loras: set[str] = set()
+        self._loras: dict[str, str] = {}  # name -> path
         self._asleep = False
         self._weights = WeightSession()  # the sim has no weights: updates are checked and counted
         self._fake_logprobs = FakeLogprobs(vocab_size)
@@ -164,17 +164,19 @@ class SimBackend:
     def utility(self, name: str, args: dict[str, Any], frames: Sequence[Buffer] = ()) -> Any:
         if name == "reset_prefix_cache":
             return self._pool.reset()
-        if name == "add_lora":
+        if name == "add_lora":  # as the vllm backend's: the same adapter again is False, another path an error
             lora = _str_arg(name, args, "name")
-            _str_arg(name, args, "path")  # the sim loads nothing, but callers must still send it
-            self._loras.add(lora)
+            path = _str_arg(name, args, "path")  # the sim loads nothing, but callers must still send it
+            if lora in self._loras:
+                if self._loras[lora] == path:
+                    return False
+                raise ValueError(f"add_lora: an adapter named {lora!r} is already loaded from "
+                                 f"{self._loras[lora]!r}; remove_lora it first")
+            self._loras[lora] = path
             return True
         if name == "remove_lora":
             lora = _str_arg(name, args, "name")
-            if lora not in self._loras:
-                return False
-            self._loras.remove(lora)
-            return True
+            return self._loras.pop(lora, None) is not None
         if name == "list_loras":
             return sorted(self._loras)
         if name == "sleep":

@@ -298,6 +298,9 @@ def test_lora_utilities() -> None:
     assert b.utility("add_lora", {"name": "b", "path": "/x"}) is True
     assert b.utility("add_lora", {"name": "a", "path": "/y"}) is True
     assert b.utility("list_loras", {}) == ["a", "b"]
+    assert b.utility("add_lora", {"name": "a", "path": "/y"}) is False  # the same adapter again
+    with pytest.raises(ValueError, match="already loaded from '/y'"):
+        b.utility("add_lora", {"name": "a", "path": "/z"})
     assert run(b, req(PROMPT, lora="a"))["r"]["finish"] == "length"
     assert b.utility("remove_lora", {"name": "a"}) is True
     assert b.utility("remove_lora", {"name": "a"}) is False
