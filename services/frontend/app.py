@@ -23,6 +23,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from services.frontend import openapi, render, responses
+from services.frontend.adapters import Adapters, LoadLoraBody, UnloadLoraBody
 from services.frontend.asgi import (
     ClientGone,
     header,
@@ -41,6 +42,7 @@ from services.frontend.parsers import OutputParser, TokenOutputParser, build_par
 from services.frontend.parsers.forced import NamedToolParser, RequiredToolParser
 from services.frontend.placement import NoEngine, Placement
 from services.frontend.response_writer import send_completion, send_stream, send_tokens
+from services.frontend.schema import parse
 from services.frontend.shutdown import Shutdown
 from services.frontend.stream import Stream, Wakeup
 from services.frontend.translation import PIN_HEADER, EngineRequest, OutputOptions, Translator
@@ -59,6 +61,7 @@ class Frontend:
         metrics.watch_engines(self._engine_views)
         self.placement = Placement()
         self.dispatcher = Dispatcher(engines, self.placement)
+        self.adapters = Adapters(engines, model.name)
         self.shutdown = Shutdown()
         self.translator = Translator(model, self._max_model_len, long_prompt_chars=config.long_prompt_chars,
                                      max_concurrent_tokenizations=config.max_concurrent_tokenizations,
@@ -67,7 +70,8 @@ class Frontend:
                                      engine_problem=self._engine_problem, max_logprobs=config.max_logprobs,
                                      render_max_model_len=self._context_len,
                                      max_choices=config.max_request_choices,
-                                     stream_interval=config.stream_interval)
+                                     stream_interval=config.stream_interval,
+                                     check_adapter=self.adapters.check)
         self._created = int(time.time())
         self._keys = [k.encode() for k in config.api_keys]
         self._openapi = msgspec.json.encode(openapi.document(model.name, render_only=config.render_only,
@@ -82,8 +86,10 @@ class Frontend:
         self.starlette = Starlette(routes=[
             Route("/health", self._health), Route("/ready", self._ready),
             Route("/v1/models", self._models), Route("/metrics", self._metrics),
-            Route("/openapi.json", self._openapi_json), Route("/version", self._version)],
-            exception_handlers={404: _http_error, 405: _http_error})
+            Route("/openapi.json", self._openapi_json), Route("/version", self._version),
+            Route("/v1/load_lora_adapter", self._load_lora, methods=["POST"]),
+            Route("/v1/unload_lora_adapter", self._unload_lora, methods=["POST"])],
+            exception_handlers={404: _http_error, 405: _http_error, APIError: _api_error})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"] if scope["type"] == "http" else None
@@ -150,8 +156,37 @@ class Frontend:
         return JSONResponse({"ready": True, "ranks": [e.rank for e in self.engines.engines]})
 
     async def _models(self, request: Request) -> Response:
-        return Response(responses.models(self.model.name, self._max_model_len(or_zero=True), self._created),
+        """The base model, then each LoRA adapter every ready rank serves (vLLM's entries: `parent` the base
+        model, `root` the path this process loaded it from, else its name)."""
+        adapters = await self.adapters.refresh() if not self.config.render_only else set()
+        return Response(responses.models(self.model.name, self._max_model_len(or_zero=True), self._created,
+                                         {name: self.adapters.paths.get(name, name) for name in sorted(adapters)}),
                         media_type="application/json")
+
+    async def _load_lora(self, request: Request) -> Response:
+        """vLLM's POST /v1/load_lora_adapter {"lora_name", "lora_path"}: on every ready rank, or on none."""
+        body = await self._lora_body(request, LoadLoraBody)
+        assert isinstance(body, LoadLoraBody)
+        if body.load_inplace:
+            raise APIError(400, "load_inplace=true (new weights under a loaded adapter's name) is not supported: "
+                                "unload the adapter, then load it", param="load_inplace")
+        await self.adapters.load(body.lora_name, body.lora_path)
+        return Response(f"Success: LoRA adapter '{body.lora_name}' added successfully.", media_type="text/plain")
+
+    async def _unload_lora(self, request: Request) -> Response:
+        """vLLM's POST /v1/unload_lora_adapter {"lora_name"}."""
+        body = await self._lora_body(request, UnloadLoraBody)
+        await self.adapters.unload(body.lora_name)
+        return Response(f"Success: LoRA adapter '{body.lora_name}' removed successfully.", media_type="text/plain")
+
+    async def _lora_body(self, request: Request, kind: type[UnloadLoraBody]) -> UnloadLoraBody:
+        if not self.config.allow_runtime_lora_updating:
+            raise APIError(404, f"{request.url.path} is not served: start the frontend with "
+                                "--allow-runtime-lora-updating (or VLLM_ALLOW_RUNTIME_LORA_UPDATING=true) to load "
+                                "and unload LoRA adapters at run time")
+        if self.config.render_only:
+            raise APIError(404, f"{request.url.path} is not served: this frontend runs with --render-only (no engines)")
+        return parse(kind, await request.body())
 
     async def _openapi_json(self, request: Request) -> Response:
         return Response(self._openapi, media_type="application/json")
@@ -171,10 +206,12 @@ class Frontend:
         return tokenized.body(self._context_len())
 
     async def _render_chat(self, body: bytes) -> bytes:
-        return render.chat_body(await self.translator.chat(body, None, render=True), self.model.name)
+        request = await self.translator.chat(body, None, render=True)
+        return render.chat_body(request, request.request.lora or self.model.name)
 
     async def _render_completion(self, body: bytes) -> bytes:
-        return render.completion_body(await self.translator.completion(body, None, render=True), self.model.name)
+        requests = await self.translator.completion(body, None, render=True)
+        return render.completion_body(requests, requests[0].request.lora or self.model.name)
 
     async def _metrics(self, request: Request) -> Response:
         self.update_gauges()
@@ -207,12 +244,13 @@ class Frontend:
             watcher = asyncio.get_running_loop().create_task(watch_disconnect(receive, fail))
             try:
                 options = requests[0].output
+                name = requests[0].request.lora or self.model.name  # as vLLM: the adapter's name, if one
                 if options.token_out:
-                    await send_tokens(send, prompts[0][0], self.model.name)
+                    await send_tokens(send, prompts[0][0], name)
                 elif options.stream:
-                    await send_stream(send, prompts, self.model.name, wakeup)
+                    await send_stream(send, prompts, name, wakeup)
                 else:
-                    await send_completion(send, prompts, self.model.name)
+                    await send_completion(send, prompts, name)
             finally:
                 watcher.cancel()
 
@@ -309,6 +347,12 @@ class Frontend:
         if configured is None:  # render-only refuses to start so (server.py); a frontend waits for its engines
             raise APIError(503, "no engine has handshaken yet and the model's config.json gives no context length")
         return configured
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    """An APIError raised by a starlette route, in the OpenAI error shape."""
+    assert isinstance(exc, APIError)
+    return Response(exc.body(), exc.status, media_type="application/json")
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

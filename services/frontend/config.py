@@ -46,6 +46,8 @@ class FrontendConfig:
     stream_interval: int = 1  # tokens per streamed chunk (vLLM's --stream-interval); a request may ask for more
     grpc_port: int = 0  # the gRPC services' port (grpc_server.py); 0: not served
     api_keys: tuple[str, ...] = ()  # keys the generation routes and gRPC require; none: open
+    # /v1/load_lora_adapter and /v1/unload_lora_adapter served (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING)
+    allow_runtime_lora_updating: bool = False
     frontend_id: str = field(default="")
 
     def __post_init__(self) -> None:
@@ -196,6 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a key clients must send (`Authorization: Bearer KEY`; gRPC metadata too) to the "
                         "generation, render and tokenize routes and every gRPC service but health "
                         "(repeatable; also $FLEET_API_KEY); default: none, open")
+    p.add_argument("--allow-runtime-lora-updating", action="store_true",
+                   default=os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true"),
+                   help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's routes; also "
+                        "VLLM_ALLOW_RUNTIME_LORA_UPDATING=true, vLLM's switch): they load and unload adapters on "
+                        "every ready engine rank, which must run with --enable-lora")
     return p
 
 

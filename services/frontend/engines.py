@@ -10,7 +10,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -124,6 +124,7 @@ class EngineSet:
         self._poke = asyncio.Event()  # the timers look again now
         self.broken: str | None = None  # why the socket thread stopped: the process cannot serve
         self.relay: KvEventSink | None = None  # KV events relayed on (the gRPC KvEvents service's)
+        self.on_ready: list[Callable[[Engine], None]] = []  # called when a rank starts a new session
 
     # ---- lifecycle ----
 
@@ -336,6 +337,8 @@ class EngineSet:
         host = engine.address.rsplit(":", 1)[0]
         if msg.pub_port and self._bridge is not None:
             self._bridge.subscribe(engine.index, f"{host}:{msg.pub_port}")
+        for joined in self.on_ready:
+            joined(engine)
         log.info("engine rank %d joined: %s backend=%s model=%s max_model_len=%d block_size=%d epoch=%s "
                  "(protocol %d.%d)", msg.rank, engine.address, msg.backend, msg.model, msg.max_model_len,
                  msg.block_size, msg.session_epoch, msg.major, msg.minor)

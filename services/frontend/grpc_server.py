@@ -331,12 +331,14 @@ class Control(pb2_grpc.ControlServicer):
             _need(request.name, "name", "the adapter's name, as requests will send it in lora_name")
             _need(request.path, "path", "a directory on the engines' hosts with adapter_config.json")
             await self._ranks.call(context, "add_lora", name=request.name, path=request.path)
+            self._app.adapters.loaded(request.name, request.path)  # HTTP requests may name it as their model
             return pb2.LoadLoraResponse()
         return await _guard(context, load())
 
     async def UnloadLora(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def unload() -> Any:
             _need(request.name, "name", "a loaded adapter's name")
+            self._app.adapters.unloaded(request.name)
             await self._ranks.call(context, "remove_lora", name=request.name)
             return pb2.UnloadLoraResponse()
         return await _guard(context, unload())

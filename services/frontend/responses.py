@@ -190,10 +190,13 @@ def text_completion(request_id: str, model: str, text: str, finish: str, stop_re
     return completion_body(request_id, model, [choice], use, chat=False)
 
 
-def models(name: str, max_model_len: int, created: int) -> bytes:
-    return _json.encode({"object": "list", "data": [{
-        "id": name, "object": "model", "created": created, "owned_by": "fleet", "root": name,
-        "parent": None, "max_model_len": max_model_len}]})
+def models(name: str, max_model_len: int, created: int, adapters: dict[str, str] | None = None) -> bytes:
+    """/v1/models: the base model, then each LoRA adapter (name: root) on it, as vLLM lists them."""
+    data = [{"id": name, "object": "model", "created": created, "owned_by": "fleet", "root": name,
+             "parent": None, "max_model_len": max_model_len}]
+    data += [{"id": lora, "object": "model", "created": created, "owned_by": "fleet", "root": root,
+              "parent": name, "max_model_len": max_model_len} for lora, root in (adapters or {}).items()]
+    return _json.encode({"object": "list", "data": data})
 
 
 def generate_response(request_id: str, model: str, token_ids: list[int], finish: str, use: dict[str, Any],

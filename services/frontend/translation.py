@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -157,9 +157,10 @@ class Prepared:
     constraint: Constraint | None = None  # response_format, structured_outputs or a guided_* field's
     # A completion's prompts, one or a batch: each one's ids and, when it asked for echo, its text.
     prompts: list[tuple[array[int], str | None]] | None = None
-    # A gRPC GenerateRequest's fields beyond the token-in body: its rank pin and LoRA adapter.
-    pin: int | None = None
+    # The LoRA adapter: a `model` other than the base model's name (the Translator checks that it is
+    # served), or a gRPC GenerateRequest's lora_name. And a gRPC request's rank pin.
     lora: str | None = None
+    pin: int | None = None
 
 
 class Preparer:
@@ -182,7 +183,6 @@ class Preparer:
 
     def chat(self, body: bytes) -> Prepared:
         req: ChatCompletionRequest = parse(ChatCompletionRequest, body)
-        self._check_model(req.model)
         check_common(req)
         check_bounds(req, CHAT_BOUNDS)
         if req.max_completion_tokens is not None:
@@ -206,11 +206,10 @@ class Preparer:
                            _template_kwargs(req))
         ids = array("l", self._model.encode(text, add_special_tokens=req.add_special_tokens))
         return Prepared(msgspec.structs.replace(req, messages=[], tools=None), ids, True, text[-PROMPT_TAIL_CHARS:],
-                        tools, choice, parallel, schema, constrained)
+                        tools, choice, parallel, schema, constrained, lora=self._adapter(req.model))
 
     def completion(self, body: bytes) -> Prepared:
         req: CompletionRequest = parse(CompletionRequest, body)
-        self._check_model(req.model)
         check_common(req)
         check_logprobs(req, self._max_logprobs)
         refusals.check_completion(req)
@@ -230,7 +229,7 @@ class Preparer:
                                                                                     skip_special_tokens=False)
             out.append((ids, echo))
         return Prepared(msgspec.structs.replace(req, prompt=""), array("l"), False, constraint=constrained,
-                        prompts=out)
+                        prompts=out, lora=self._adapter(req.model))
 
     def _prompt_ids(self, prompt: Any, add_special_tokens: bool, param: str) -> array[int]:
         """One completion prompt's token ids: a string tokenized, or token ids checked."""
@@ -264,9 +263,9 @@ class Preparer:
     def generate(self, body: bytes) -> Prepared:
         """An /inference/v1/generate body (token ids in: nothing to render or tokenize)."""
         req: token_in.TokenInRequest = parse(token_in.TokenInRequest, body)
-        tokenization.check_model(self._model, req.model)
         ids = token_in.check(req, self._model.tokenizer.get_vocab_size(with_added_tokens=True), self._max_logprobs)
-        return Prepared(msgspec.structs.replace(req, token_ids=[]), ids, False)
+        return Prepared(msgspec.structs.replace(req, token_ids=[]), ids, False,
+                        lora=None if req.model is None else self._adapter(req.model))
 
     def generate_grpc(self, raw: bytes, stream: bool) -> Prepared:
         """A gRPC GenerateRequest (serialized): parsed, then checked as the token-in body it stands for."""
@@ -278,7 +277,7 @@ class Preparer:
             raise APIError(400, str(exc)) from None
         prepared = self.generate(grpc_body.token_in_body(req, stream=stream))
         prepared.pin = req.data_parallel_rank if req.HasField("data_parallel_rank") else None
-        prepared.lora = req.lora_name or None
+        prepared.lora = req.lora_name or prepared.lora
         return prepared
 
     def tokenize(self, body: bytes) -> Tokenized:
@@ -299,9 +298,9 @@ class Preparer:
                 raise APIError(400, str(exc), param=exc.param) from None
             raise APIError(400, f"chat template error: {exc}", param="messages") from None
 
-    def _check_model(self, name: str) -> None:
-        if name != self._model.name:
-            raise APIError(404, f"The model `{name}` does not exist.", param="model")
+    def _adapter(self, name: str) -> str | None:
+        """None for the base model; another name may be a LoRA adapter's (the Translator asks the engines)."""
+        return None if name == self._model.name else name
 
 
 class Translator:
@@ -319,8 +318,10 @@ class Translator:
                  tool_call_parser: str | None = None, reasoning_parser: str | None = None,
                  engine_problem: EngineProblem = no_engine_problem, max_logprobs: int = 20,
                  render_max_model_len: Callable[[], int] | None = None,
-                 max_choices: int = DEFAULT_MAX_CHOICES, stream_interval: int = 1) -> None:
+                 max_choices: int = DEFAULT_MAX_CHOICES, stream_interval: int = 1,
+                 check_adapter: Callable[[str, str], Awaitable[None]] | None = None) -> None:
         self._stream_interval = stream_interval  # the server's --stream-interval
+        self._check_adapter = check_adapter or _no_adapters
         self._model = model
         self._render_max_model_len = render_max_model_len or max_model_len
         self._engine_problem = engine_problem
@@ -349,14 +350,15 @@ class Translator:
         /v1/chat/completions/render, which sends nothing to the engines and parses no output: the
         request before the checks on what the ready engines can give and before the parsers' options
         (the token-in route makes the engine checks when the rendered request comes back)."""
-        prepared = await self._prepare("chat", body)
+        prepared = await self._prepared("chat", body)
         req = prepared.req
         assert isinstance(req, ChatCompletionRequest)
         choice, schema = prepared.tool_choice, prepared.json_schema
         forced = Constraint("tool_choice", "json_schema", schema) if schema is not None else None
         if render:
             return self._engine_request(req, prepared.ids, pin, chat=True, constraint=forced or prepared.constraint,
-                                        render=True, request_id=f"chatcmpl-{os.urandom(12).hex()}")
+                                        render=True, request_id=f"chatcmpl-{os.urandom(12).hex()}",
+                                        lora=prepared.lora)
         if schema is not None:
             problem = self._engine_problem(FORCED_TOOLS_MINOR)
             if problem is not None:
@@ -364,7 +366,7 @@ class Translator:
                 raise APIError(400, f"tool_choice {what} needs guaranteed structured output, which {problem}",
                                param="tool_choice")
         request = self._engine_request(req, prepared.ids, pin, chat=True, request_id=f"chatcmpl-{os.urandom(12).hex()}",
-                                       constraint=forced or prepared.constraint)
+                                       constraint=forced or prepared.constraint, lora=prepared.lora)
         if self._harmony and request.output.stop and schema is None:
             raise APIError(400, "stop strings are not supported with gpt-oss's harmony output (the openai "
                            "parsers read it by token, not as text); use stop_token_ids", param="stop")
@@ -382,16 +384,18 @@ class Translator:
         """A /v1/completions body, one request per prompt (a batch has several; vLLM's choice indexes
         run over them: prompt i's choice j is i * n + j); `pin`: the X-Data-Parallel-Rank header, if
         sent; `render`: for /v1/completions/render."""
-        prepared = await self._prepare("completion", body)
+        prepared = await self._prepared("completion", body)
         req = prepared.req
         assert isinstance(req, CompletionRequest) and prepared.prompts is not None
         request_id = f"cmpl-{os.urandom(12).hex()}"
         if len(prepared.prompts) == 1:
             ids, echo = prepared.prompts[0]
             return [self._engine_request(req, ids, pin, chat=False, request_id=request_id,
-                                         constraint=prepared.constraint, echo=echo, render=render)]
+                                         constraint=prepared.constraint, echo=echo, render=render,
+                                         lora=prepared.lora)]
         requests = [self._engine_request(req, ids, pin, chat=False, request_id=f"{request_id}-{i}",
-                                         constraint=prepared.constraint, echo=echo, render=render)
+                                         constraint=prepared.constraint, echo=echo, render=render,
+                                         lora=prepared.lora)
                     for i, (ids, echo) in enumerate(prepared.prompts)]
         if req.request_id is None:  # the response is named for the whole batch
             requests = [replace(r, output=replace(r.output, response_id=request_id)) for r in requests]
@@ -401,7 +405,7 @@ class Translator:
         """An /inference/v1/generate body: token ids and vLLM's sampling parameters, answered in token ids.
         `kind` "grpc" or "grpc_stream": `body` is a serialized gRPC GenerateRequest instead (its pin and
         LoRA adapter come with it)."""
-        prepared = await self._prepare(kind, body)
+        prepared = await self._prepared(kind, body)
         req = prepared.req
         assert isinstance(req, token_in.TokenInRequest)
         sp = req.sampling_params
@@ -457,6 +461,13 @@ class Translator:
         assert isinstance(result, bytes)
         return result
 
+    async def _prepared(self, kind: str, body: bytes) -> Prepared:
+        """A generation body prepared, the LoRA adapter it names (as its model) served."""
+        prepared: Prepared = await self._prepare(kind, body)
+        if prepared.lora is not None:
+            await self._check_adapter(prepared.lora, "lora_name" if kind.startswith("grpc") else "model")
+        return prepared
+
     async def _prepare(self, kind: str, body: bytes) -> Any:
         if len(body) <= self._long_prompt_chars:
             return _PREPARE[kind](self._preparer, body)
@@ -480,7 +491,7 @@ class Translator:
 
     def _engine_request(self, req: ChatCompletionRequest | CompletionRequest, token_ids: array[int],
                         pin: bytes | None, *, chat: bool, request_id: str, constraint: Constraint | None = None,
-                        echo: str | None = None, render: bool = False) -> EngineRequest:
+                        echo: str | None = None, render: bool = False, lora: str | None = None) -> EngineRequest:
         logprobs, prompt_logprobs = _logprobs(req, echo)
         if not render:  # render asks no engine: the token-in route checks when the tokens come back
             self._check_engines(req, constraint, logprobs is not None or prompt_logprobs is not None)
@@ -512,7 +523,7 @@ class Translator:
                                logprobs=logprobs, prompt_logprobs=prompt_logprobs, echo=echo,
                                return_tokens_as_token_ids=bool(req.return_tokens_as_token_ids),
                                stream_interval=max(req.stream_interval or 1, self._stream_interval))
-        request = GenerateRequest(request_id, token_ids.tolist(), sampling, time.time(), req.priority, None,
+        request = GenerateRequest(request_id, token_ids.tolist(), sampling, time.time(), req.priority, lora,
                                   req.cache_salt, pinned)
         return EngineRequest(request, max_tokens, output, req.n)
 
@@ -629,3 +640,8 @@ def _prepare_in_worker(kind: str, body: bytes) -> Prepared | Tokenized | bytes:
     assert _worker is not None, "the worker's initializer has run"
     result: Prepared | Tokenized | bytes = _PREPARE[kind](_worker, body)
     return result
+
+
+async def _no_adapters(name: str, param: str) -> None:
+    """A Translator with no engines to ask (tests, tools): only the base model is served."""
+    raise APIError(404, f"The model `{name}` does not exist.", param="model")

@@ -1,13 +1,24 @@
 """A frontend ASGI app (services/frontend/app.py) for in-process tests: the tiny model, one engine rank
 handshaken, its socket replaced by a fake bridge that answers every request at once with one token (and
-the logprobs it asked for: every token ranked first)."""
+the logprobs it asked for: every token ranked first), and list_loras with no adapters."""
 from __future__ import annotations
 
 import asyncio
 import time
 from typing import Any
 
-from protocol import MAJOR, MINOR, GenerateRequest, Outputs, PackedLogprobs, Ready, RequestOutput, decode
+from protocol import (
+    MAJOR,
+    MINOR,
+    GenerateRequest,
+    Outputs,
+    PackedLogprobs,
+    Ready,
+    RequestOutput,
+    UtilityCall,
+    UtilityResult,
+    decode,
+)
 from protocol.logprobs import pack
 from services.frontend.app import Frontend
 from services.frontend.config import FrontendConfig
@@ -27,6 +38,11 @@ class AnsweringBridge:
 
     def send(self, index: int, frames: list[Any]) -> None:
         message = decode(frames)
+        if isinstance(message, UtilityCall) and message.utility == "list_loras":
+            answer = UtilityResult(message.call_id, True, [])
+            future = self.engines._calls.get(message.call_id)
+            assert future is not None
+            asyncio.get_running_loop().call_soon(future.set_result, answer)
         if isinstance(message, GenerateRequest):
             self.requests.append(message)
             engine = self.engines.engines[index]

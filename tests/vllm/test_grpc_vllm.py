@@ -1,7 +1,8 @@
 """The gRPC services on the real vLLM backend (CPU, tiny model), driven by the generated client: one
 engine (--enable-lora) behind a frontend with --grpc-port. Generate's greedy output equals vLLM's
 offline LLM; pause keep/abort/wait with a stream in flight (a frozen greedy stream continues with the
-very tokens it gives unpaused); a LoRA adapter generated here loaded, listed, used and unloaded; a
+very tokens it gives unpaused); a LoRA adapter generated here loaded, listed, used and unloaded, and
+adapters served over HTTP by model name (the engine's --lora-modules, /v1/load_lora_adapter); a
 weight update streamed through UpdateWeights from a second checkpoint, after which greedy output equals
 vLLM's offline LLM on that checkpoint and GetWeightVersion moved; sleep refused with its reason."""
 from __future__ import annotations
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import httpx
+import openai
 import pytest
 
 from protocol.grpc import pb2, pb2_grpc
@@ -42,10 +45,14 @@ class Fleet:
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     pytest.importorskip("vllm")
     engine_port, grpc_port = free_port_block(1), free_port_block(1)
-    fe = start_frontend(tmp_path_factory.mktemp("vllm-grpc"), "--backend", "vllm", "--data-parallel-size-local", "1",
+    tmp = tmp_path_factory.mktemp("vllm-grpc")
+    boot = write_adapter(tmp / "boot")  # loaded by the engine's --lora-modules, before its handshake
+    fe = start_frontend(tmp, "--backend", "vllm", "--data-parallel-size-local", "1",
                         "--engine-port", str(engine_port), "--engine-arg=--max-model-len=512",
                         f"--engine-arg=--kv-cache-bytes={8 * 2**20}", "--engine-arg=--enable-lora",
-                        "--engine-arg=--max-lora-rank=8", "--grpc-port", str(grpc_port))
+                        "--engine-arg=--max-lora-rank=8", "--engine-arg=--max-loras=2",
+                        f"--engine-arg=--lora-modules=boot={boot}", "--allow-runtime-lora-updating",
+                        "--grpc-port", str(grpc_port))
     f = Fleet(fe, grpc_port)
     yield f
     f.channel.close()
@@ -120,16 +127,48 @@ def test_lora_loaded_listed_used_and_unloaded(fleet: Fleet, tmp_path: Path) -> N
     adapter = write_adapter(tmp_path / "adapter")
     base = greedy(fleet)
     fleet.control.LoadLora(pb2.LoadLoraRequest(name="ad", path=str(adapter)), timeout=60)
-    assert list(fleet.control.ListLoras(pb2.ListLorasRequest()).names) == ["ad"]
+    assert list(fleet.control.ListLoras(pb2.ListLorasRequest()).names) == ["ad", "boot"]
     with_lora = greedy(fleet, lora="ad")
     assert with_lora != base
     assert greedy(fleet, lora="ad") == with_lora  # greedy: the adapter is used the same way each time
     with pytest.raises(grpc.RpcError) as err:
         fleet.inference.Generate(_req(PROMPTS[0], lora_name="other"), timeout=60)
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "'other' is not loaded" in err.value.details()
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "lora_name 'other': no such LoRA adapter is loaded" in err.value.details()
     fleet.control.UnloadLora(pb2.UnloadLoraRequest(name="ad"), timeout=60)
-    assert list(fleet.control.ListLoras(pb2.ListLorasRequest()).names) == []
+    assert list(fleet.control.ListLoras(pb2.ListLorasRequest()).names) == ["boot"]
     assert greedy(fleet) == base
+
+
+def _http_generate(fleet: Fleet, model: str, prompt: list[int]) -> httpx.Response:
+    return httpx.post(fleet.frontend.url + "/inference/v1/generate", timeout=120, json={
+        "model": model, "token_ids": prompt, "sampling_params": {"max_tokens": 16, "temperature": 0.0}})
+
+
+def test_lora_adapters_by_model_name_over_http(fleet: Fleet, tmp_path: Path) -> None:
+    """`model` naming an adapter, as vLLM serves it: the engine's --lora-modules one and one loaded through
+    /v1/load_lora_adapter (the same weights: write_adapter is seeded), each equal to gRPC's lora_name."""
+    by_grpc = greedy(fleet, lora="boot")
+    assert by_grpc != greedy(fleet)
+    answer = _http_generate(fleet, "boot", PROMPTS[1]).json()
+    assert answer["model"] == "boot" and answer["choices"][0]["token_ids"] == by_grpc[1]
+    client = openai.OpenAI(base_url=fleet.frontend.url + "/v1", api_key="none", max_retries=0, timeout=120)
+    chat = client.chat.completions.create(model="boot", messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+                                          temperature=0)
+    assert chat.model == "boot" and chat.usage is not None and chat.usage.completion_tokens == 4
+    models = {m.id: m for m in client.models.list().data}
+    assert models["boot"].parent == "tiny"  # type: ignore[attr-defined]
+    live = write_adapter(tmp_path / "live")
+    r = httpx.post(fleet.frontend.url + "/v1/load_lora_adapter", json={"lora_name": "live", "lora_path": str(live)},
+                   timeout=120)
+    assert r.status_code == 200, r.text
+    assert _http_generate(fleet, "live", PROMPTS[1]).json()["choices"][0]["token_ids"] == by_grpc[1]
+    bad = httpx.post(fleet.frontend.url + "/v1/load_lora_adapter", timeout=120,
+                     json={"lora_name": "bad", "lora_path": str(tmp_path / "nowhere")})
+    assert bad.status_code == 400 and "no adapter_config.json there" in bad.json()["error"]["message"], bad.text
+    assert httpx.post(fleet.frontend.url + "/v1/unload_lora_adapter", json={"lora_name": "live"},
+                      timeout=60).status_code == 200
+    assert _http_generate(fleet, "live", PROMPTS[1]).status_code == 404
 
 
 def _stream(fleet: Fleet, prompt: list[int], max_tokens: int, out: list[Any]) -> threading.Thread:

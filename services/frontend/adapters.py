@@ -1,0 +1,188 @@
+"""LoRA adapters served by name, as vLLM serves them: a request whose `model` is an adapter's name runs
+with that adapter on the base model.
+
+The engines hold the adapters (loaded by their --lora-modules at start, or at run time through
+/v1/load_lora_adapter or gRPC's LoadLora on any API server of any frontend), so the engines' lists are
+the truth. This process keeps the names every ready rank listed at its last look, and looks again
+(list_loras on each ready rank) when a request names a model it does not know, at most once per
+REFRESH_S (an unknown name costs a dictionary miss, not an engine round trip, past the first), and
+behind requests that name a known one once that look is older than REFRESH_S.
+
+What this process loaded itself it remembers by path, and it loads those again on a rank that comes
+back with a new session (a restarted rank has only its --lora-modules); add_lora of the same name and
+path is a no-op at the engine, so API servers and frontends doing the same at once agree.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from services.frontend.errors import APIError
+
+if TYPE_CHECKING:
+    from services.frontend.engines import Engine, EngineSet
+
+log = logging.getLogger(__name__)
+
+REFRESH_S = 1.0  # the least time between two looks at the engines' lists prompted by unknown names
+CALL_TIMEOUT_S = 5.0  # list_loras and remove_lora: answered between two engine steps
+LOAD_TIMEOUT_S = 120.0  # add_lora: vLLM reads the adapter's files
+
+
+class UnloadLoraBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """vLLM's /v1/unload_lora_adapter body."""
+
+    lora_name: str
+
+
+class LoadLoraBody(UnloadLoraBody, kw_only=True, forbid_unknown_fields=True):
+    """vLLM's /v1/load_lora_adapter body."""
+
+    lora_path: str
+    load_inplace: bool = False  # true (new weights under a loaded name) is refused: unload, then load
+
+
+class Adapters:
+    def __init__(self, engines: EngineSet, base: str) -> None:
+        self._engines = engines
+        self._base = base
+        self.served: set[str] = set()  # what every ready rank listed at the last look
+        self.paths: dict[str, str] = {}  # what this process loaded, by name
+        self._looked_at = -REFRESH_S
+        self._look: asyncio.Task[set[str]] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        engines.on_ready.append(self._rank_joined)
+
+    async def check(self, name: str, param: str = "model") -> None:
+        """Raises the 404 vLLM gives for a model it does not serve (`param`: the field that named it; a gRPC
+        request's is lora_name), unless `name` is a served adapter. A
+        known name is answered at once, and a look older than REFRESH_S is taken again behind it (so one
+        unloaded elsewhere is dropped within about a second); an unknown one waits for a fresh look."""
+        stale = time.monotonic() - self._looked_at >= REFRESH_S
+        if name in self.served:
+            if stale and self._look is None:
+                self._behind(self.refresh())
+            return
+        if stale:
+            await self.refresh()
+        if name not in self.served:
+            if param == "model":
+                raise APIError(404, f"The model `{name}` does not exist.", param="model")
+            raise APIError(404, f"{param} {name!r}: no such LoRA adapter is loaded on every ready engine rank; "
+                                f"loaded: {sorted(self.served)}", param=param)
+
+    async def refresh(self) -> set[str]:
+        """The engines' lists, read now (one look at a time: callers that come meanwhile share it)."""
+        if self._look is None:
+            self._look = asyncio.get_running_loop().create_task(self._read())
+        look = self._look
+        try:
+            return await asyncio.shield(look)
+        finally:
+            if look.done() and self._look is look:
+                self._look = None
+
+    async def _read(self) -> set[str]:
+        ranks = [e.index for e in self._engines.engines if e.state == "ready"]
+        results = await asyncio.gather(*(self._engines.utility(i, "list_loras", None, CALL_TIMEOUT_S)
+                                         for i in ranks), return_exceptions=True)
+        lists = [set(r.result) for r in results if not isinstance(r, BaseException) and r.ok]
+        if len(lists) < len(ranks):
+            why = [r if isinstance(r, BaseException) else r.error for r in results
+                   if isinstance(r, BaseException) or not r.ok]
+            log.warning("list_loras failed on %d of %d rank(s): %s", len(ranks) - len(lists), len(ranks), why)
+        self.served = set.intersection(*lists) if lists else set()
+        self._looked_at = time.monotonic()
+        return self.served
+
+    async def load(self, name: str, path: str) -> None:
+        """add_lora on every ready rank; if any refuses, the ranks that took it drop it again and the
+        error names each refusal (a 400: the path or the adapter is at fault)."""
+        if name == self._base:
+            raise APIError(400, f"lora_name {name!r} is the base model's name", param="lora_name")
+        if name in await self.refresh():
+            raise APIError(400, f"The lora adapter '{name}' has already been loaded.", param="lora_name")
+        ranks = self._ready("load")
+        results = await asyncio.gather(*(self._engines.utility(i, "add_lora", {"name": name, "path": path},
+                                                               LOAD_TIMEOUT_S) for i in ranks), return_exceptions=True)
+        failed = [(self._engines.engines[i].rank, r) for i, r in zip(ranks, results, strict=True)
+                  if isinstance(r, BaseException) or not r.ok]
+        if failed:
+            took = [i for i, r in zip(ranks, results, strict=True)
+                    if not isinstance(r, BaseException) and r.ok and r.result is True]
+            await asyncio.gather(*(self._engines.utility(i, "remove_lora", {"name": name}, CALL_TIMEOUT_S)
+                                   for i in took), return_exceptions=True)
+            raise APIError(400, f"lora adapter {name!r} from {path!r} failed to load: " + "; ".join(
+                f"engine rank {rank}: {_why(r)}" for rank, r in failed), param="lora_path")
+        self.paths[name] = path
+        self.served.add(name)
+        log.info("lora adapter %r loaded from %s on %d rank(s)", name, path, len(ranks))
+
+    async def unload(self, name: str) -> None:
+        """remove_lora on every ready rank; a 404 when none had it."""
+        ranks = self._ready("unload")
+        results = await asyncio.gather(*(self._engines.utility(i, "remove_lora", {"name": name}, CALL_TIMEOUT_S)
+                                         for i in ranks), return_exceptions=True)
+        self.paths.pop(name, None)
+        self.served.discard(name)
+        failed = [(self._engines.engines[i].rank, r) for i, r in zip(ranks, results, strict=True)
+                  if isinstance(r, BaseException) or not r.ok]
+        if failed:
+            raise APIError(400, f"lora adapter {name!r} failed to unload: " + "; ".join(
+                f"engine rank {rank}: {_why(r)}" for rank, r in failed), param="lora_name")
+        if not any(not isinstance(r, BaseException) and r.result is True for r in results):
+            raise APIError(404, f"The lora adapter '{name}' cannot be found.", param="lora_name")
+        log.info("lora adapter %r unloaded from %d rank(s)", name, len(ranks))
+
+    def loaded(self, name: str, path: str) -> None:
+        """Another way in (gRPC's LoadLora) loaded it on every ready rank."""
+        self.paths[name] = path
+        self.served.add(name)
+
+    def unloaded(self, name: str) -> None:
+        self.paths.pop(name, None)
+        self.served.discard(name)
+
+    def _ready(self, what: str) -> list[int]:
+        ranks = [e.index for e in self._engines.engines if e.state == "ready"]
+        if not ranks:
+            raise APIError(503, f"cannot {what} a lora adapter: no engine rank is ready: {self._engines.not_ready()}")
+        return ranks
+
+    def _rank_joined(self, engine: Engine) -> None:
+        """A rank with a new session: what this process loaded goes there again."""
+        if self.paths:
+            self._behind(self._reload(engine.index, dict(self.paths)))
+
+    def _behind(self, work: Coroutine[Any, Any, object]) -> None:
+        """Run `work` as a task of its own, kept until it ends."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _reload(self, index: int, paths: dict[str, str]) -> None:
+        rank = self._engines.engines[index].rank
+        for name, path in paths.items():
+            try:
+                result = await self._engines.utility(index, "add_lora", {"name": name, "path": path}, LOAD_TIMEOUT_S)
+            except TimeoutError:
+                log.error("lora adapter %r: engine rank %d did not answer add_lora in %.0fs", name, rank,
+                          LOAD_TIMEOUT_S)
+                continue
+            if result.ok:
+                log.info("lora adapter %r loaded again on engine rank %d (new session)", name, rank)
+            else:
+                log.error("lora adapter %r could not be loaded again on engine rank %d: %s", name, rank, result.error)
+
+
+def _why(result: object) -> str:
+    if isinstance(result, TimeoutError):
+        return "no answer in time"
+    if isinstance(result, BaseException):
+        return repr(result)
+    return getattr(result, "error", None) or "failed"
