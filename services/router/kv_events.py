@@ -113,6 +113,7 @@ class KvSubscriber:
                 raise
             return  # the block size comes with the first stored event then, unchecked
         self.policy.learn_block_size(info.block_size, self.url)
+        self.policy.learn_served_model(info.served_model_name, self.url)
         model = self.policy.model
         if model is None:
             return

@@ -71,8 +71,10 @@ class Router:
             if pool.tokenizer:
                 self._counters[name] = tokenizer_counter(pool.tokenizer)
             policy = self.pools[name].policy
-            if isinstance(policy, PrecisePrefix) and pool.tokenizer:
-                policy.model = PromptModel.load(pool.tokenizer)
+            if isinstance(policy, PrecisePrefix):
+                policy.upstream_model = pool.model
+                if pool.tokenizer:
+                    policy.model = PromptModel.load(pool.tokenizer)
         if any(entry.uses_embedding for entry in self.config.entries.values()):
             from services.router.embedding import Embedder
 

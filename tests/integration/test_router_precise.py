@@ -1,6 +1,8 @@
 """The precise_prefix policy over real processes: two instances (a frontend with --grpc-port over its
 own headless sim engine each) behind a router pool that reads each frontend's KvEvents stream. A
-prompt goes where its blocks were stored, and a rank whose engine restarts holds nothing any more."""
+prompt goes where its blocks were stored, and a rank whose engine restarts holds nothing any more. A
+second pool on the same replicas sends a LoRA adapter's name as its model: its blocks are chained from
+the adapter's root, as the engines chain them, and are not the base model's."""
 from __future__ import annotations
 
 import time
@@ -47,7 +49,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     try:
         replicas = []
         for _ in range(2):
-            engine = start_engine(tmp, *SIM)
+            engine = start_engine(tmp, *SIM, "--lora-modules", f"ad={tmp}")
             engines.append(engine)
             grpc_port = free_port_block(1, spread=0)
             fe = start_frontend(tmp, "--data-parallel-size", "1", "--data-parallel-size-local", "0",
@@ -66,8 +68,17 @@ pools:
     precise_prefix: {{cache_threshold: 0.3, reconnect_max_s: 0.5}}
     replicas: [{", ".join(replicas)}]
     health: {{path: /ready, interval_s: 1}}
+  ad:
+    model: ad
+    api_key: {KEY}
+    tokenizer: tiny
+    policy: precise_prefix
+    precise_prefix: {{cache_threshold: 0.3, reconnect_max_s: 0.5}}
+    replicas: [{", ".join(replicas)}]
+    health: {{path: /ready, interval_s: 1}}
 entries:
   assistant: {{default: [tiny]}}
+  adapted: {{default: [ad]}}
 """)
         yield Fleet(tmp, engines, frontends, router)
     finally:
@@ -76,8 +87,8 @@ entries:
                 proc.stop()
 
 
-def _body(question: str, prefix: str = PREFIX) -> dict[str, Any]:
-    return {"model": "assistant", "max_tokens": 4, "ignore_eos": True,
+def _body(question: str, prefix: str = PREFIX, model: str = "assistant") -> dict[str, Any]:
+    return {"model": model, "max_tokens": 4, "ignore_eos": True,
             "messages": [{"role": "user", "content": f"{prefix}\n\nQuestion: {question}"}]}
 
 
@@ -129,3 +140,19 @@ def test_a_restarted_engines_blocks_are_cleared(fleet: Fleet) -> None:
     fleet.frontends[index].wait_ready()
     # (What was sent there counts as held for pending_s, 5 s, unless the engine reports it: then not.)
     _until(fleet, body, lambda d: d["status"] == "ok" and d["reason"].startswith("precise_prefix: best 0/"))
+
+
+def test_an_adapter_pools_blocks_are_the_adapters_own(fleet: Fleet) -> None:
+    prefix = "Adapter ledger entry, copied out in a careful hand. " * 30
+    body = _body("adapted?", prefix=prefix, model="adapted")
+    _until(fleet, body, lambda d: "block size not known" not in d["reason"])
+    r = httpx.post(fleet.router.url + "/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json()["model"] == "ad"  # the frontend ran it with the adapter
+    served = r.headers["x-router-replica"]
+    again = _until(fleet, _body("adapted again?", prefix=prefix, model="adapted"),
+                   lambda d: "held on rank 0" in d["reason"])
+    assert again["replica"] == served, again
+    # The same prompt for the base model shares none of them: the engines chain an adapter's from its root.
+    base = _decision(fleet, _body("adapted again?", prefix=prefix))
+    assert base["reason"].startswith("precise_prefix: best 0/"), base

@@ -36,12 +36,12 @@ class Prompt:
     reason: str = ""  # set when there are no hashes to score by
 
 
-def _hashed(model: PromptModel, body: dict[str, Any], block_size: int) -> Prompt:
+def _hashed(model: PromptModel, body: dict[str, Any], block_size: int, lora: str | None) -> Prompt:
     try:
         prompt = model.prompt_now(body)
     except Unrenderable as exc:
         return Prompt(reason=f"not tokenized: {exc}")
-    hashes = block_hashes(prompt.ids, block_size, salt=prompt.salt)
+    hashes = block_hashes(prompt.ids, block_size, salt=prompt.salt, lora=lora)
     if not hashes:
         return Prompt(tokens=len(prompt.ids), reason=f"{len(prompt.ids)} tokens: no full block")
     return Prompt(tuple(hashes), len(prompt.ids))
@@ -70,6 +70,10 @@ class PrecisePrefix:
         self._expiry: deque[tuple[float, str, tuple[int, ...]]] = deque()
         self.model: PromptModel | None = None  # loaded before the first request (Router.load_models)
         self.block_size: int | None = None  # the engines' (GetModelInfo, or a stored event)
+        # The pool's `model` (sent upstream) and the replicas' base model (GetModelInfo): a pool whose
+        # model is another name serves a LoRA adapter, whose blocks the engines chain from its own root.
+        self.upstream_model: str | None = None
+        self.served_model: str | None = None
         self.replicas: dict[str, ReplicaBlocks] = {}  # by replica URL; kv_events.py keeps them current
         self.last_reason = ""
         self.last_match = 0.0  # fraction of the latest chosen request's blocks its replica holds
@@ -88,16 +92,30 @@ class PrecisePrefix:
                         source, size, self.block_size, size)
         self.block_size = size
 
+    @property
+    def lora(self) -> str | None:
+        """The LoRA adapter this pool's requests run with, as the frontends read `model`: a name other than
+        the base model's."""
+        up, served = self.upstream_model, self.served_model
+        return up if up and served and up != served else None
+
+    def learn_served_model(self, name: str, source: str) -> None:
+        if not name or name == self.served_model:
+            return
+        if self.served_model is not None:
+            log.warning("precise_prefix: %s serves base model %r, not %r as before", source, name, self.served_model)
+        self.served_model = name
+
     async def prepare(self, body: dict[str, Any], size: int) -> Prompt:
         if self.model is None:
             return Prompt(reason="no tokenizer loaded")
         if self.block_size is None:
             return Prompt(reason="block size not known yet (no KvEvents stream has said it)")
         if size <= INLINE_BYTES:
-            return _hashed(self.model, body, self.block_size)
+            return _hashed(self.model, body, self.block_size, self.lora)
         # Long: in a thread, as minijinja and encode_batch_fast release the GIL, the loop serves other
         # requests meanwhile.
-        return await asyncio.to_thread(_hashed, self.model, body, self.block_size)
+        return await asyncio.to_thread(_hashed, self.model, body, self.block_size, self.lora)
 
     def choose(self, candidates: list[Replica], request_bytes: int, text: str | None,
                prepared: object = None) -> Replica:

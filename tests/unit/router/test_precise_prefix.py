@@ -159,6 +159,21 @@ def test_prepare_hashes_as_the_engines_do() -> None:
     assert asyncio.run(policy.prepare({"messages": []}, 10)).reason.startswith("not tokenized: chat template")
 
 
+def test_a_pool_whose_model_is_not_the_base_models_hashes_as_its_lora_adapter() -> None:
+    policy = PrecisePrefix()
+    policy.model = PromptModel.load("tiny")
+    policy.learn_block_size(16, "test")
+    body = {"prompt": list(range(40))}
+    plain = tuple(block_hashes(list(range(40)), 16))
+    policy.upstream_model = "ad"
+    assert asyncio.run(policy.prepare(body, 100)).hashes == plain  # the replicas' base model not known yet
+    policy.learn_served_model("tiny", "test")
+    assert policy.lora == "ad"
+    assert asyncio.run(policy.prepare(body, 100)).hashes == tuple(block_hashes(list(range(40)), 16, lora="ad"))
+    policy.upstream_model = "tiny"
+    assert policy.lora is None and asyncio.run(policy.prepare(body, 100)).hashes == plain
+
+
 def test_the_pool_passes_what_was_prepared() -> None:
     config = parse_config({
         "listeners": [{"port": 8080}],
