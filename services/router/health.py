@@ -6,6 +6,7 @@ import asyncio
 import ipaddress
 import logging
 import socket
+from collections.abc import Callable
 
 from services.router.config import DnsConfig, PoolConfig, RouterConfig
 from services.router.replicas import Pool
@@ -20,6 +21,7 @@ class HealthChecker:
         self.pools = pools
         self.upstream = upstream
         self._tasks: list[asyncio.Task[None]] = []
+        self.on_replaced: Callable[[str], None] | None = None  # told a pool's name when DNS changed its replicas
 
     async def resolve_all(self) -> None:
         """Every DNS-discovered pool resolved once, before the router takes requests."""
@@ -83,6 +85,8 @@ class HealthChecker:
         if urls != [r.url for r in pool.replicas]:
             log.info("pool %s: %s resolves to %s", name, dns.name, ", ".join(urls) or "nothing")
             pool.replace_replicas(urls)
+            if self.on_replaced is not None:
+                self.on_replaced(name)
             if self._tasks:  # serving: check the new members now rather than at the next round
                 await self.check_once(name)
 

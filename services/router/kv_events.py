@@ -8,6 +8,7 @@ import logging
 import random
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 import grpc
 
@@ -145,27 +146,72 @@ class KvSubscriber:
 
 
 class KvFeeds:
-    """Every precise_prefix pool's subscriptions, started and stopped with the router."""
+    """Every precise_prefix pool's subscriptions, started and stopped with the router: one per static
+    replica (its `grpc`), and for a DNS pool one per address it resolves to (`dns.grpc_port` there),
+    started and stopped as the membership changes (`sync`, after each DNS refresh)."""
 
     def __init__(self, config: RouterConfig, pools: Mapping[str, Pool]) -> None:
-        self.subscribers: list[KvSubscriber] = []
+        self._config = config
+        self._pools = pools
+        self._live: dict[tuple[str, str], tuple[KvSubscriber, asyncio.Task[None] | None]] = {}  # (pool, url)
+        self._started = False
         for name, pool in pools.items():
-            policy, pool_config = pool.policy, config.pools[name]
-            if not isinstance(policy, PrecisePrefix):
-                continue
-            for replica in pool_config.replicas:
-                assert replica.grpc is not None  # the config requires it for precise_prefix pools
-                self.subscribers.append(KvSubscriber(
-                    replica.url, replica.grpc, policy, api_key=pool_config.api_key,
-                    backoff_max_s=pool_config.precise_prefix.reconnect_max_s))
-        self._tasks: list[asyncio.Task[None]] = []
+            pool_config = config.pools[name]
+            if isinstance(pool.policy, PrecisePrefix) and pool_config.dns is None:
+                for replica in pool_config.replicas:
+                    assert replica.grpc is not None  # the config requires it for precise_prefix pools
+                    self._add(name, replica.url, replica.grpc)
+
+    @property
+    def subscribers(self) -> list[KvSubscriber]:
+        return [sub for sub, _ in self._live.values()]
 
     def start(self) -> None:
+        self._started = True
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(s.run(), name=f"kv-events {s.url}") for s in self.subscribers]
+        for key, (sub, task) in list(self._live.items()):
+            if task is None:
+                self._live[key] = sub, loop.create_task(sub.run(), name=f"kv-events {sub.url}")
+        for name in self._pools:
+            self.sync(name)
+
+    def sync(self, name: str) -> None:
+        """A DNS pool's subscriptions to its replicas now: new addresses subscribed, departed ones dropped
+        (the pool has dropped their blocks already: Pool.replace_replicas)."""
+        pool, pool_config = self._pools[name], self._config.pools[name]
+        dns = pool_config.dns
+        if not isinstance(pool.policy, PrecisePrefix) or dns is None or not self._started:
+            return
+        assert dns.grpc_port is not None  # the config requires it for precise_prefix pools
+        wanted = {r.url: grpc_address(r.url, dns.grpc_port) for r in pool.replicas}
+        for (pool_name, url), (sub, task) in list(self._live.items()):
+            if pool_name == name and wanted.get(url) != sub.address:
+                if task is not None:
+                    task.cancel()
+                del self._live[(pool_name, url)]
+                pool.policy.on_removed(url)
+        for url, address in wanted.items():
+            if (name, url) not in self._live:
+                self._add(name, url, address)
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks = [task for _, task in self._live.values() if task is not None]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks = []
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._live.clear()
+        self._started = False
+
+    def _add(self, name: str, url: str, address: str) -> None:
+        pool, pool_config = self._pools[name], self._config.pools[name]
+        assert isinstance(pool.policy, PrecisePrefix)
+        sub = KvSubscriber(url, address, pool.policy, api_key=pool_config.api_key,
+                           backoff_max_s=pool_config.precise_prefix.reconnect_max_s)
+        task = asyncio.get_running_loop().create_task(sub.run(), name=f"kv-events {url}") if self._started else None
+        self._live[(name, url)] = sub, task
+
+
+def grpc_address(url: str, port: int) -> str:
+    """The gRPC address of a replica found by DNS: its URL's host (an IPv6 one in brackets) and `port`."""
+    host = urlsplit(url).netloc.rsplit(":", 1)[0]
+    return f"{host}:{port}"

@@ -41,8 +41,9 @@ async def run(config: RouterConfig) -> int:
                                              loop="none", lifespan="off", access_log=False, log_config=None,
                                              timeout_keep_alive=75, timeout_graceful_shutdown=5, backlog=2048))
                for listener in config.listeners]
-    checker.start()
     feeds = KvFeeds(config, router.pools)  # precise_prefix pools' KV event streams
+    checker.on_replaced = feeds.sync
+    checker.start()
     feeds.start()
     for listener in config.listeners:
         log.info("listener %s: http://%s:%d (%s; %s)", listener.name, listener.host, listener.port,

@@ -2,7 +2,8 @@
 own headless sim engine each) behind a router pool that reads each frontend's KvEvents stream. A
 prompt goes where its blocks were stored, and a rank whose engine restarts holds nothing any more. A
 second pool on the same replicas sends a LoRA adapter's name as its model: its blocks are chained from
-the adapter's root, as the engines chain them, and are not the base model's."""
+the adapter's root, as the engines chain them, and are not the base model's. A pool found by DNS
+subscribes to each address the name resolves to, on `dns.grpc_port`."""
 from __future__ import annotations
 
 import time
@@ -38,6 +39,7 @@ class Fleet:
     engines: list[EngineProc]
     frontends: list[FrontendProc]
     router: HttpProc
+    grpc_ports: list[int]
 
 
 @pytest.fixture(scope="module")
@@ -46,12 +48,14 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     engines: list[EngineProc] = []
     frontends: list[FrontendProc] = []
     router = None
+    grpc_ports: list[int] = []
     try:
         replicas = []
         for _ in range(2):
             engine = start_engine(tmp, *SIM, "--lora-modules", f"ad={tmp}")
             engines.append(engine)
             grpc_port = free_port_block(1, spread=0)
+            grpc_ports.append(grpc_port)
             fe = start_frontend(tmp, "--data-parallel-size", "1", "--data-parallel-size-local", "0",
                                 "--engine-addresses", engine.endpoint(), "--grpc-port", str(grpc_port),
                                 "--api-key", KEY)
@@ -80,7 +84,7 @@ entries:
   assistant: {{default: [tiny]}}
   adapted: {{default: [ad]}}
 """)
-        yield Fleet(tmp, engines, frontends, router)
+        yield Fleet(tmp, engines, frontends, router, grpc_ports)
     finally:
         for proc in [router, *frontends, *engines]:
             if proc is not None:
@@ -156,3 +160,32 @@ def test_an_adapter_pools_blocks_are_the_adapters_own(fleet: Fleet) -> None:
     # The same prompt for the base model shares none of them: the engines chain an adapter's from its root.
     base = _decision(fleet, _body("adapted again?", prefix=prefix))
     assert base["reason"].startswith("precise_prefix: best 0/"), base
+
+
+def test_a_dns_pool_reads_the_kv_events_of_each_address(fleet: Fleet) -> None:
+    fe, grpc_port = fleet.frontends[0], fleet.grpc_ports[0]
+    router = start_router(fleet.tmp, f"""
+listeners: [{{port: {{port}}, host: 127.0.0.1}}]
+pools:
+  tiny:
+    model: tiny
+    api_key: {KEY}
+    tokenizer: tiny
+    policy: precise_prefix
+    precise_prefix: {{reconnect_max_s: 0.5}}
+    dns: {{name: localhost, port: {fe.port}, grpc_port: {grpc_port}, refresh_s: 1}}
+    health: {{path: /ready, interval_s: 1}}
+entries:
+  assistant: {{default: [tiny]}}
+""")
+    try:
+        dns = Fleet(fleet.tmp, fleet.engines, fleet.frontends, router, fleet.grpc_ports)
+        body = _body("found by name?", prefix="A register of names, resolved and kept. " * 30)
+        _until(dns, body, lambda d: "block size not known" not in d["reason"])
+        r = httpx.post(router.url + "/v1/chat/completions", json=body, timeout=30)
+        assert r.status_code == 200, r.text
+        assert r.headers["x-router-replica"] == f"http://127.0.0.1:{fe.port}"
+        _until(dns, _body("found again?", prefix="A register of names, resolved and kept. " * 30),
+               lambda d: "held on rank 0" in d["reason"])
+    finally:
+        router.stop()

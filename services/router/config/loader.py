@@ -189,8 +189,10 @@ def _precise_needs(f: Fields, path: str, m: dict[str, Any], replicas: list[Repli
     if "tokenizer" not in m:
         f.add(f"{path}.tokenizer", "required by policy precise_prefix: the checkpoint (a --model value) whose "
                                    "chat template and tokenizer the frontends use, to hash prompts as they do")
-    if "dns" in m:
-        f.add(f"{path}.dns", "policy precise_prefix needs static replicas, each with its grpc address")
+    dns = m.get("dns")
+    if isinstance(dns, dict) and "grpc_port" not in dns:
+        f.add(f"{path}.dns.grpc_port", "required by policy precise_prefix: the frontends' --grpc-port on each "
+                                       "address the name resolves to, whose KvEvents stream it reads")
     raw = m.get("replicas")
     for i, replica in enumerate(replicas):
         if replica is not None and replica.grpc is None and isinstance(raw, list) and isinstance(raw[i], dict):
@@ -199,15 +201,17 @@ def _precise_needs(f: Fields, path: str, m: dict[str, Any], replicas: list[Repli
 
 
 def _dns(f: Fields, path: str, raw: object) -> DnsConfig | None:
-    m = f.mapping(path, raw, ("name", "port", "scheme", "refresh_s"), required=("name",))
+    m = f.mapping(path, raw, ("name", "port", "scheme", "refresh_s", "grpc_port"), required=("name",))
     d = defaults(DnsConfig)
+    grpc_port = f.integer(f"{path}.grpc_port", m["grpc_port"], 1, 65535) if "grpc_port" in m else None
     return DnsConfig(
         name=f.string(f"{path}.name", m.get("name", MISSING)) or "",
         port=_or(f.integer(f"{path}.port", m.get("port", d["port"]), 1, 65535), d["port"]),
         scheme=_or(f.choice(f"{path}.scheme", m.get("scheme", d["scheme"]), ("http", "https"), "scheme"),
                    d["scheme"]),
         refresh_s=_or(f.number(f"{path}.refresh_s", m.get("refresh_s", d["refresh_s"]), 0, open_low=True),
-                      d["refresh_s"]))
+                      d["refresh_s"]),
+        grpc_port=grpc_port)
 
 
 def _balance(f: Fields, path: str, m: Mapping[str, Any], d: Mapping[str, Any]) -> dict[str, Any]:

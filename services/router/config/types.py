@@ -48,6 +48,7 @@ class DnsConfig:
     port: int = 8000
     scheme: str = "http"
     refresh_s: float = 10.0
+    grpc_port: int | None = None  # the frontends' --grpc-port on each address: KvEvents for precise_prefix
 
 
 @dataclass(frozen=True, slots=True)

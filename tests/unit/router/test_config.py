@@ -307,7 +307,11 @@ INVALID = {
     "precise_prefix over dns": (
         lambda d: (_pool(d).pop("replicas"), _pool(d).update(policy="precise_prefix", tokenizer="tiny",
                                                              dns={"name": "fe"})),
-        "pools.chat.dns: policy precise_prefix needs static replicas, each with its grpc address"),
+        "pools.chat.dns.grpc_port: required by policy precise_prefix: the frontends' --grpc-port on each address "
+        "the name resolves to, whose KvEvents stream it reads"),
+    "dns grpc_port out of range": (
+        lambda d: (_pool(d).pop("replicas"), _pool(d).update(dns={"name": "fe", "grpc_port": 0})),
+        "pools.chat.dns.grpc_port: expected integer in 1..65535, got 0"),
     "grpc address without a port": (
         lambda d: _pool(d).update(replicas=[{"url": "http://a:8000", "grpc": "a"}]),
         "pools.chat.replicas[0].grpc: expected host:port (the frontend's --grpc-port), got 'a'"),
@@ -345,6 +349,13 @@ def test_a_precise_prefix_pool_reads_its_keys() -> None:
     assert pool.policy == "precise_prefix"
     assert [(r.url, r.grpc) for r in pool.replicas] == [("http://a:8000", "a:50051"), ("http://b:8000", "[::1]:9")]
     assert pool.precise_prefix == PrecisePrefixConfig(cache_threshold=0.25)
+
+
+def test_a_precise_prefix_pool_over_dns_reads_the_grpc_port() -> None:
+    data = _minimal()
+    _pool(data).pop("replicas")
+    _pool(data).update(policy="precise_prefix", tokenizer="tiny", dns={"name": "fe.svc", "grpc_port": 50051})
+    assert parse_config(data).pools["chat"].dns == DnsConfig("fe.svc", grpc_port=50051)
 
 
 def test_a_missing_required_key_is_reported_once() -> None:

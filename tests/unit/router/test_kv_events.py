@@ -281,3 +281,37 @@ def test_a_frontend_with_another_tokenizer_or_template_is_not_scored() -> None:
             await server.stop(None)
 
     asyncio.run(main())
+
+
+def test_a_dns_pool_subscribes_to_each_address_as_its_membership_changes(monkeypatch: Any) -> None:
+    from services.router.config import parse_config
+    from services.router.kv_events import KvFeeds, grpc_address
+    from services.router.routing import Router
+
+    async def idle(self: KvSubscriber) -> None:  # no frontend here: the subscriptions only exist
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(KvSubscriber, "run", idle)
+    config = parse_config({
+        "listeners": [{"port": 1}],
+        "pools": {"fe": {"model": "tiny", "tokenizer": "tiny", "policy": "precise_prefix",
+                         "dns": {"name": "fe.svc", "port": 8000, "grpc_port": 50051}}},
+        "entries": {"tiny": {"default": ["fe"]}}})
+    pools = Router(config).pools
+    pool = pools["fe"]
+
+    async def go() -> None:
+        feeds = KvFeeds(config, pools)
+        pool.replace_replicas(["http://10.0.0.1:8000", "http://[fd00::2]:8000"])
+        feeds.start()
+        assert sorted(s.address for s in feeds.subscribers) == ["10.0.0.1:50051", "[fd00::2]:50051"]
+        first = next(s for s in feeds.subscribers if s.url == "http://10.0.0.1:8000")
+        pool.replace_replicas(["http://10.0.0.1:8000", "http://10.0.0.3:8000"])
+        feeds.sync("fe")
+        assert sorted(s.address for s in feeds.subscribers) == ["10.0.0.1:50051", "10.0.0.3:50051"]
+        assert first in feeds.subscribers  # the address that stayed keeps its stream
+        await feeds.stop()
+        assert feeds.subscribers == []
+
+    asyncio.run(go())
+    assert grpc_address("http://fe-0.fe:8000", 9) == "fe-0.fe:9"
