@@ -10,7 +10,10 @@ behind requests that name a known one once that look is older than REFRESH_S.
 
 What this process loaded itself it remembers by path, and it loads those again on a rank that comes
 back with a new session (a restarted rank has only its --lora-modules); add_lora of the same name and
-path is a no-op at the engine, so API servers and frontends doing the same at once agree.
+path is a no-op at the engine, so API servers and frontends doing the same at once agree. Until that
+reload ends the rank takes no requests (Engine.reloading) and its list is not looked at; a path whose
+adapter no other ready rank lists any more (unloaded through another process) is forgotten, not
+loaded again.
 """
 from __future__ import annotations
 
@@ -54,13 +57,14 @@ class Adapters:
         self.served: set[str] = set()  # what every ready rank listed at the last look
         self.paths: dict[str, str] = {}  # what this process loaded, by name
         self._looked_at = -REFRESH_S
+        self._none_ready = False  # the last look found no ready rank to ask
         self._look: asyncio.Task[set[str]] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         engines.on_ready.append(self._rank_joined)
 
     async def check(self, name: str, param: str = "model") -> None:
         """Raises the 404 vLLM gives for a model it does not serve (`param`: the field that named it; a gRPC
-        request's is lora_name), unless `name` is a served adapter. A
+        request's is lora_name), unless `name` is a served adapter; a 503 when no rank could be asked. A
         known name is answered at once, and a look older than REFRESH_S is taken again behind it (so one
         unloaded elsewhere is dropped within about a second); an unknown one waits for a fresh look."""
         stale = time.monotonic() - self._looked_at >= REFRESH_S
@@ -70,25 +74,34 @@ class Adapters:
             return
         if stale:
             await self.refresh()
-        if name not in self.served:
-            if param == "model":
-                raise APIError(404, f"The model `{name}` does not exist.", param="model")
-            raise APIError(404, f"{param} {name!r}: no such LoRA adapter is loaded on every ready engine rank; "
-                                f"loaded: {sorted(self.served)}", param=param)
+        if name in self.served:
+            return
+        if self._none_ready:
+            raise APIError(503, f"no engine rank is ready to serve {param} {name!r}: {self._engines.not_ready()}")
+        if param == "model":
+            raise APIError(404, f"The model `{name}` does not exist.", param="model")
+        raise APIError(404, f"{param} {name!r}: no such LoRA adapter is loaded on every ready engine rank; "
+                            f"loaded: {sorted(self.served)}", param=param)
 
-    async def refresh(self) -> set[str]:
-        """The engines' lists, read now (one look at a time: callers that come meanwhile share it)."""
+    async def refresh(self, max_age_s: float = 0.0) -> set[str]:
+        """The engines' lists, read now unless the last look is younger than `max_age_s` (one look at a
+        time: callers that come meanwhile share it, and one that is cancelled does not end it)."""
+        if max_age_s and time.monotonic() - self._looked_at < max_age_s:
+            return self.served
         if self._look is None:
-            self._look = asyncio.get_running_loop().create_task(self._read())
-        look = self._look
-        try:
-            return await asyncio.shield(look)
-        finally:
-            if look.done() and self._look is look:
-                self._look = None
+            look = self._look = asyncio.get_running_loop().create_task(self._read())
+            look.add_done_callback(self._looked)
+        return await asyncio.shield(self._look)
+
+    def _looked(self, look: asyncio.Task[set[str]]) -> None:
+        if self._look is look:
+            self._look = None
+        if not look.cancelled() and look.exception() is not None:
+            log.error("looking at the engines' LoRA adapters failed: %r", look.exception())
 
     async def _read(self) -> set[str]:
-        ranks = [e.index for e in self._engines.engines if e.state == "ready"]
+        # A rank getting this process's adapters again is not asked: its list is short until then.
+        ranks = [e.index for e in self._engines.engines if e.state == "ready" and not e.reloading]
         results = await asyncio.gather(*(self._engines.utility(i, "list_loras", None, CALL_TIMEOUT_S)
                                          for i in ranks), return_exceptions=True)
         lists = [set(r.result) for r in results if not isinstance(r, BaseException) and r.ok]
@@ -97,12 +110,21 @@ class Adapters:
                    if isinstance(r, BaseException) or not r.ok]
             log.warning("list_loras failed on %d of %d rank(s): %s", len(ranks) - len(lists), len(ranks), why)
         self.served = set.intersection(*lists) if lists else set()
+        if lists:  # what no rank lists any more was unloaded (through another process): not loaded again
+            listed = set.union(*lists)
+            for name in [n for n in self.paths if n not in listed]:
+                log.info("lora adapter %r: no engine rank lists it any more; not loaded again", name)
+                del self.paths[name]
+        self._none_ready = not ranks
         self._looked_at = time.monotonic()
         return self.served
 
     async def load(self, name: str, path: str) -> None:
         """add_lora on every ready rank; if any refuses, the ranks that took it drop it again and the
         error names each refusal (a 400: the path or the adapter is at fault)."""
+        if not name or not path:
+            raise APIError(400, "Both 'lora_name' and 'lora_path' must be provided.",
+                           param="lora_name" if not name else "lora_path")
         if name == self._base:
             raise APIError(400, f"lora_name {name!r} is the base model's name", param="lora_name")
         if name in await self.refresh():
@@ -125,6 +147,8 @@ class Adapters:
 
     async def unload(self, name: str) -> None:
         """remove_lora on every ready rank; a 404 when none had it."""
+        if not name:
+            raise APIError(400, "'lora_name' must be provided.", param="lora_name")
         ranks = self._ready("unload")
         results = await asyncio.gather(*(self._engines.utility(i, "remove_lora", {"name": name}, CALL_TIMEOUT_S)
                                          for i in ranks), return_exceptions=True)
@@ -139,15 +163,6 @@ class Adapters:
             raise APIError(404, f"The lora adapter '{name}' cannot be found.", param="lora_name")
         log.info("lora adapter %r unloaded from %d rank(s)", name, len(ranks))
 
-    def loaded(self, name: str, path: str) -> None:
-        """Another way in (gRPC's LoadLora) loaded it on every ready rank."""
-        self.paths[name] = path
-        self.served.add(name)
-
-    def unloaded(self, name: str) -> None:
-        self.paths.pop(name, None)
-        self.served.discard(name)
-
     def _ready(self, what: str) -> list[int]:
         ranks = [e.index for e in self._engines.engines if e.state == "ready"]
         if not ranks:
@@ -155,29 +170,39 @@ class Adapters:
         return ranks
 
     def _rank_joined(self, engine: Engine) -> None:
-        """A rank with a new session: what this process loaded goes there again."""
+        """A rank with a new session: what this process loaded goes there again, before it takes requests."""
         if self.paths:
-            self._behind(self._reload(engine.index, dict(self.paths)))
+            engine.reloading = True
+            self._behind(self._reload(engine, dict(self.paths)))
+
+    async def _reload(self, engine: Engine, paths: dict[str, str]) -> None:
+        epoch = engine.epoch
+        try:
+            for name, path in paths.items():
+                if engine.epoch != epoch:  # restarted again meanwhile: that session's own reload runs
+                    return
+                try:
+                    result = await self._engines.utility(engine.index, "add_lora", {"name": name, "path": path},
+                                                         LOAD_TIMEOUT_S)
+                except TimeoutError:
+                    log.error("lora adapter %r: engine rank %d did not answer add_lora in %.0fs", name, engine.rank,
+                              LOAD_TIMEOUT_S)
+                    continue
+                if result.ok:
+                    log.info("lora adapter %r loaded again on engine rank %d (new session)", name, engine.rank)
+                else:
+                    log.error("lora adapter %r could not be loaded again on engine rank %d: %s", name, engine.rank,
+                              result.error)
+        finally:
+            if engine.epoch == epoch:
+                engine.reloading = False
+                self._engines.changed.set()
 
     def _behind(self, work: Coroutine[Any, Any, object]) -> None:
         """Run `work` as a task of its own, kept until it ends."""
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    async def _reload(self, index: int, paths: dict[str, str]) -> None:
-        rank = self._engines.engines[index].rank
-        for name, path in paths.items():
-            try:
-                result = await self._engines.utility(index, "add_lora", {"name": name, "path": path}, LOAD_TIMEOUT_S)
-            except TimeoutError:
-                log.error("lora adapter %r: engine rank %d did not answer add_lora in %.0fs", name, rank,
-                          LOAD_TIMEOUT_S)
-                continue
-            if result.ok:
-                log.info("lora adapter %r loaded again on engine rank %d (new session)", name, rank)
-            else:
-                log.error("lora adapter %r could not be loaded again on engine rank %d: %s", name, rank, result.error)
 
 
 def _why(result: object) -> str:

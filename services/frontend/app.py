@@ -158,7 +158,7 @@ class Frontend:
     async def _models(self, request: Request) -> Response:
         """The base model, then each LoRA adapter every ready rank serves (vLLM's entries: `parent` the base
         model, `root` the path this process loaded it from, else its name)."""
-        adapters = await self.adapters.refresh() if not self.config.render_only else set()
+        adapters = await self.adapters.refresh(max_age_s=1.0) if not self.config.render_only else set()
         return Response(responses.models(self.model.name, self._max_model_len(or_zero=True), self._created,
                                          {name: self.adapters.paths.get(name, name) for name in sorted(adapters)}),
                         media_type="application/json")

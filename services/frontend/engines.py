@@ -92,10 +92,18 @@ class Engine:
     inflight: dict[str, Stream] = field(default_factory=dict)
     kv: KVIndex = field(default_factory=lambda: KVIndex(-1))
     lost: str | None = None  # its connection closed: in-flight requests fail once the sends queued are tried
+    reloading: bool = False  # a new session getting this process's LoRA adapters again: no requests yet
 
     @property
     def accepting(self) -> bool:
-        return self.state == "ready" and not (self.stats is not None and self.stats.draining)
+        return self.state == "ready" and not self.reloading and not (self.stats is not None and self.stats.draining)
+
+    @property
+    def unavailable(self) -> str:
+        """Why it takes no requests (its state's reason, unless it is ready)."""
+        if self.state == "ready" and self.reloading:
+            return "loading this frontend's LoRA adapters again after a restart"
+        return self.reason
 
     @property
     def block_size(self) -> int:
@@ -328,7 +336,7 @@ class EngineSet:
         engine.rank = msg.rank
         engine.kv.rank = msg.rank
         engine.ready, engine.epoch, engine.state, engine.reason = msg, msg.session_epoch, "ready", "ready"
-        engine.lost = None
+        engine.lost, engine.reloading = None, False
         engine.stats, engine.sent_since_stats, engine.pending_prefill, engine.last_seen = None, 0, 0, now
         engine.recent_sends.clear()
         engine.kv.reset()

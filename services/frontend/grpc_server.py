@@ -330,16 +330,20 @@ class Control(pb2_grpc.ControlServicer):
         async def load() -> Any:
             _need(request.name, "name", "the adapter's name, as requests will send it in lora_name")
             _need(request.path, "path", "a directory on the engines' hosts with adapter_config.json")
-            await self._ranks.call(context, "add_lora", name=request.name, path=request.path)
-            self._app.adapters.loaded(request.name, request.path)  # HTTP requests may name it as their model
+            try:  # as /v1/load_lora_adapter: on every ready rank or none; HTTP requests may name it as their model
+                await self._app.adapters.load(request.name, request.path)
+            except APIError as exc:
+                raise _failed(exc) from None
             return pb2.LoadLoraResponse()
         return await _guard(context, load())
 
     async def UnloadLora(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def unload() -> Any:
             _need(request.name, "name", "a loaded adapter's name")
-            self._app.adapters.unloaded(request.name)
-            await self._ranks.call(context, "remove_lora", name=request.name)
+            try:
+                await self._app.adapters.unload(request.name)
+            except APIError as exc:
+                raise _failed(exc) from None
             return pb2.UnloadLoraResponse()
         return await _guard(context, unload())
 

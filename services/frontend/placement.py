@@ -56,11 +56,11 @@ class Placement:
                                f"(ranks: {sorted(e.rank for e in engines)})", 400)
             if not target.accepting:
                 raise NoEngine(f"engine rank {pinned} (pinned by X-Data-Parallel-Rank) is not available: "
-                               f"{target.reason}")
+                               f"{target.unavailable}")
             hashes = block_hashes(target.block_size) if target.kv.blocks else []
             return target, target.kv.cached_blocks(hashes) * target.block_size
         if not live:
-            raise NoEngine("no engine is ready: " + "; ".join(f"rank {e.rank}: {e.reason}" for e in engines))
+            raise NoEngine("no engine is ready: " + "; ".join(f"rank {e.rank}: {e.unavailable}" for e in engines))
         scores = [self._score(e, prompt_len, block_hashes) for e in live]
         best = min(s.score for s in scores)
         tied = [i for i, s in enumerate(scores) if s.score == best]

@@ -19,6 +19,8 @@ class Rank:
     index: int
     rank: int
     state: str = "ready"
+    epoch: str = "e1"
+    reloading: bool = False
     loras: dict[str, str] = field(default_factory=dict)
     refuse: str | None = None
 
@@ -28,6 +30,7 @@ class FakeEngines:
         self.engines = [Rank(i, i) for i in range(ranks)]
         self.on_ready: list[Any] = []
         self.calls: list[tuple[int, str]] = []
+        self.changed = asyncio.Event()
 
     def not_ready(self) -> dict[int, str]:
         return {e.rank: e.state for e in self.engines if e.state != "ready"}
@@ -150,4 +153,70 @@ def test_no_ready_rank_is_a_503_for_load_and_unload() -> None:
             with pytest.raises(APIError, match="no engine rank is ready") as err:
                 await call
             assert err.value.status == 503
+    asyncio.run(go())
+
+
+def test_a_cancelled_caller_does_not_leave_the_look_stuck() -> None:
+    async def go() -> None:
+        a, engines = _adapters(1)
+        caller = asyncio.get_running_loop().create_task(a.check("x"))
+        await asyncio.sleep(0)  # the look has started
+        caller.cancel()
+        await asyncio.sleep(0.01)
+        assert a._look is None
+        engines.engines[0].loras = {"x": "/x"}
+        a._looked_at = -adapters.REFRESH_S
+        await a.check("x")  # a new look finds it
+    asyncio.run(go())
+
+
+def test_a_reloading_rank_takes_no_requests_and_is_not_looked_at_until_its_adapters_are_back() -> None:
+    async def go() -> None:
+        a, engines = _adapters()
+        await a.load("x", "/x")
+        rank = engines.engines[1]
+        rank.loras, rank.epoch = {}, "e2"  # a new session
+        for joined in engines.on_ready:
+            joined(rank)
+        assert rank.reloading
+        await a.refresh()  # the restarted rank's short list does not drop the adapter for every rank
+        assert "x" in a.served and a.paths == {"x": "/x"}
+        await asyncio.sleep(0.01)
+        assert not rank.reloading and rank.loras == {"x": "/x"} and engines.changed.is_set()
+    asyncio.run(go())
+
+
+def test_what_no_rank_lists_any_more_is_not_loaded_again() -> None:
+    async def go() -> None:
+        a, engines = _adapters()
+        await a.load("x", "/x")
+        for e in engines.engines:  # unloaded through another process
+            e.loras = {}
+        await a.refresh()
+        assert a.paths == {}
+        engines.engines[1].epoch = "e2"
+        for joined in engines.on_ready:
+            joined(engines.engines[1])
+        assert not engines.engines[1].reloading
+    asyncio.run(go())
+
+
+def test_no_ready_rank_to_ask_is_a_503_not_a_404() -> None:
+    async def go() -> None:
+        a, engines = _adapters(1)
+        engines.engines[0].state = "connecting"
+        with pytest.raises(APIError, match="no engine rank is ready to serve model 'x'") as err:
+            await a.check("x")
+        assert err.value.status == 503
+    asyncio.run(go())
+
+
+def test_empty_names_and_paths_are_refused() -> None:
+    async def go() -> None:
+        a, _ = _adapters(1)
+        calls = ((a.load("", "/x"), "lora_name"), (a.load("x", ""), "lora_path"), (a.unload(""), "lora_name"))
+        for call, param in calls:
+            with pytest.raises(APIError, match="must be provided") as err:
+                await call
+            assert (err.value.status, err.value.param) == (400, param)
     asyncio.run(go())
