@@ -61,25 +61,18 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
                                 "--api-key", KEY)
             frontends.append(fe)
             replicas.append(f"{{url: {fe.url}, grpc: '127.0.0.1:{grpc_port}'}}")
+        pools = "".join(f"""
+  {model}:
+    model: {model}
+    api_key: {KEY}
+    tokenizer: tiny
+    policy: precise_prefix
+    precise_prefix: {{cache_threshold: 0.3, reconnect_max_s: 0.5}}
+    replicas: [{", ".join(replicas)}]
+    health: {{path: /ready, interval_s: 1}}""" for model in ("tiny", "ad"))  # the base model, an adapter
         router = start_router(tmp, f"""
 listeners: [{{port: {{port}}, host: 127.0.0.1}}]
-pools:
-  tiny:
-    model: tiny
-    api_key: {KEY}
-    tokenizer: tiny
-    policy: precise_prefix
-    precise_prefix: {{cache_threshold: 0.3, reconnect_max_s: 0.5}}
-    replicas: [{", ".join(replicas)}]
-    health: {{path: /ready, interval_s: 1}}
-  ad:
-    model: ad
-    api_key: {KEY}
-    tokenizer: tiny
-    policy: precise_prefix
-    precise_prefix: {{cache_threshold: 0.3, reconnect_max_s: 0.5}}
-    replicas: [{", ".join(replicas)}]
-    health: {{path: /ready, interval_s: 1}}
+pools:{pools}
 entries:
   assistant: {{default: [tiny]}}
   adapted: {{default: [ad]}}
