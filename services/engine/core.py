@@ -396,8 +396,9 @@ class CoreLoop:
         load = self.backend.load()
         self._stats_seq += 1
         tokens = self._iteration_tokens
+        waiting = load.waiting + len(self._held)  # held while paused: waiting, as in vLLM's paused scheduler
         stats = Stats(
-            self.rank, self._stats_seq, time.time(), load.running, load.waiting, load.kv_usage,
+            self.rank, self._stats_seq, time.time(), load.running, waiting, load.kv_usage,
             self.backend.info.num_kv_blocks, load.prefix_cache_queries, load.prefix_cache_hits,
             self._drain_deadline is not None, self.epoch, load.num_preemptions, list(tokens.counts), tokens.total,
         )
@@ -405,7 +406,7 @@ class CoreLoop:
         # Every peer gets each Stats direct (its liveness); PUB subscribers (frontends' KV indexes,
         # gateways) get them when the load changed, and at least every PUB_STATS_IDLE_S, so an idle
         # rank does not wake each subscriber ten times a second to say nothing new.
-        state = (load.running, load.waiting, load.kv_usage, load.prefix_cache_queries, load.prefix_cache_hits,
+        state = (load.running, waiting, load.kv_usage, load.prefix_cache_queries, load.prefix_cache_hits,
                  stats.draining, load.num_preemptions, tokens.total)
         if state != self._published or now - self._published_at >= PUB_STATS_IDLE_S:
             self._published, self._published_at = state, now
@@ -431,7 +432,7 @@ class CoreLoop:
         info = self.backend.info
         return {
             "rank": self.rank, "backend": info.name, "model": info.model, "epoch": self.epoch,
-            "running": load.running, "waiting": load.waiting, "kv_usage": load.kv_usage,
+            "running": load.running, "waiting": load.waiting + len(self._held), "kv_usage": load.kv_usage,
             "prefix_cache_queries": load.prefix_cache_queries,
             "prefix_cache_hits": load.prefix_cache_hits, "num_preemptions": load.num_preemptions,
             "peers": len(self._peers),

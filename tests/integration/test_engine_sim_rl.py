@@ -87,6 +87,8 @@ def test_keep_freezes_in_flight_requests_and_holds_new_ones_until_resume(connect
     c.generate("late", PROMPT, max_tokens=5, seed=3)
     assert c.utility("is_paused").result == {"paused": True, "mode": "keep", "held": 1}
     assert_silent(c)
+    # The held request counts as waiting (b may itself still wait at the backend: it was sent second).
+    assert c.stats[-1].running + c.stats[-1].waiting == 3 and c.stats[-1].waiting >= 1
     assert c.utility("resume").result is True
     assert c.utility("is_paused").result == {"paused": False, "mode": None, "held": 0}
     done = c.collect(["a", "b", "late"])
