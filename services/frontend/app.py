@@ -76,6 +76,7 @@ class Frontend:
         self._keys = [k.encode() for k in config.api_keys]
         self._openapi = msgspec.json.encode(openapi.document(model.name, render_only=config.render_only,
                                                              max_logprobs=config.max_logprobs))
+        self._openapi_adapters: tuple[str, ...] = ()  # the adapters self._openapi names
         self._lean: dict[str, Callable[[bytes, bytes | None], Awaitable[EngineRequest | list[EngineRequest]]]] = {
             "/v1/chat/completions": self.translator.chat, "/v1/completions": self.translator.completion,
             "/inference/v1/generate": self.translator.generate}
@@ -189,6 +190,13 @@ class Frontend:
         return parse(kind, await request.body())
 
     async def _openapi_json(self, request: Request) -> Response:
+        """The document, its `model` enums naming the LoRA adapters served now (remade when they change)."""
+        if not self.config.render_only:
+            adapters = tuple(sorted(await self.adapters.refresh(max_age_s=1.0)))
+            if adapters != self._openapi_adapters:
+                self._openapi = msgspec.json.encode(openapi.document(
+                    self.model.name, max_logprobs=self.config.max_logprobs, adapters=adapters))
+                self._openapi_adapters = adapters
         return Response(self._openapi, media_type="application/json")
 
     async def _version(self, request: Request) -> Response:

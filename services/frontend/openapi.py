@@ -4,6 +4,7 @@ msgspec, with the number ranges the checks apply and the values `messages.py` ac
 document cannot drift from what is parsed."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -42,9 +43,11 @@ _BODIES = [ChatCompletionRequest, CompletionRequest, TokenInRequest, TokenizeCom
            DetokenizeRequest]
 
 
-def document(model: str, *, render_only: bool = False, max_logprobs: int = 20) -> dict[str, Any]:
-    """The OpenAPI 3.1 document of a frontend serving `model` (the only model name it accepts) with
-    `--max-logprobs`; `render_only`: without the generation routes, which a render-only frontend does not serve."""
+def document(model: str, *, render_only: bool = False, max_logprobs: int = 20,
+             adapters: Sequence[str] = ()) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of a frontend serving `model` with `--max-logprobs`; `adapters`: the LoRA
+    adapters the generation routes also take as their model (tokenize and detokenize take `model` only);
+    `render_only`: without the generation routes, which a render-only frontend does not serve."""
     refs, schemas = msgspec.json.schema_components(_BODIES, ref_template=_REF)
     chat, completion, token_in, tokenize_text, tokenize_chat, detokenize = refs
     stop = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS}  # and MAX_STOP_CHARS in all
@@ -56,11 +59,12 @@ def document(model: str, *, render_only: bool = False, max_logprobs: int = 20) -
                          ("CompletionRequest", {**BOUNDS, **PROMPT_BOUNDS, "logprobs": counts,
                                                 "prompt_logprobs": counts})):
         properties = schemas[name]["properties"]
-        properties["model"]["enum"] = [model]
+        properties["model"]["enum"] = [model, *adapters]
         for field, bound in bounds.items():
             _number(properties[field]).update(bound.json_schema())
         properties["stop"] = stops
-    for name in ("TokenInRequest", "TokenizeCompletionRequest", "TokenizeChatRequest", "DetokenizeRequest"):
+    schemas["TokenInRequest"]["properties"]["model"]["anyOf"][0]["enum"] = [model, *adapters]  # or left out
+    for name in ("TokenizeCompletionRequest", "TokenizeChatRequest", "DetokenizeRequest"):
         schemas[name]["properties"]["model"]["anyOf"][0]["enum"] = [model]  # may be left out, or null
     _token_in(schemas, stops)
     schemas["ChatMessage"]["properties"]["role"]["enum"] = list(ROLES)

@@ -63,6 +63,9 @@ def test_an_engines_lora_modules_are_served_by_name(fleet: Fleet) -> None:
     models = {m.id: m for m in fleet.client.models.list().data}
     assert set(models) >= {"tiny", "boot", "boot2"}
     assert models["boot"].parent == "tiny" and models["tiny"].parent is None  # type: ignore[attr-defined]
+    schemas = httpx.get(fleet.frontend.url + "/openapi.json", timeout=30).json()["components"]["schemas"]
+    assert set(schemas["ChatCompletionRequest"]["properties"]["model"]["enum"]) >= {"tiny", "boot", "boot2"}
+    assert schemas["TokenizeChatRequest"]["properties"]["model"]["anyOf"][0]["enum"] == ["tiny"]
 
 
 def test_streams_completions_and_token_in_name_the_adapter(fleet: Fleet) -> None:
