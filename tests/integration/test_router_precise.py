@@ -30,7 +30,9 @@ PREFIX = " ".join(f"Fact {i}: the {i}th lantern of the harbour burns copper-gree
 DEADLINE_S = 30.0
 
 
-SIM = ("--model", "tiny", "--backend", "sim", "--sim-decode-ms", "1", "--block-size", "16")
+# Each engine serves the base model and the LoRA adapter `ad` (the sim loads nothing from the path).
+SIM = ("--model", "tiny", "--backend", "sim", "--sim-decode-ms", "1", "--block-size", "16", "--lora-modules",
+       "ad=/adapters/ad")
 
 
 @dataclass
@@ -52,7 +54,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     try:
         replicas = []
         for _ in range(2):
-            engine = start_engine(tmp, *SIM, "--lora-modules", f"ad={tmp}")
+            engine = start_engine(tmp, *SIM)
             engines.append(engine)
             grpc_port = free_port_block(1, spread=0)
             grpc_ports.append(grpc_port)
