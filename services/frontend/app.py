@@ -71,7 +71,8 @@ class Frontend:
                                      render_max_model_len=self._context_len,
                                      max_choices=config.max_request_choices,
                                      stream_interval=config.stream_interval,
-                                     check_adapter=self.adapters.check)
+                                     # render-only: no engines, so no adapters (a name not the model's is a 404)
+                                     check_adapter=None if config.render_only else self.adapters.check)
         self._created = int(time.time())
         self._keys = [k.encode() for k in config.api_keys]
         self._openapi = msgspec.json.encode(openapi.document(model.name, render_only=config.render_only,

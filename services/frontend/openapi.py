@@ -46,7 +46,7 @@ _BODIES = [ChatCompletionRequest, CompletionRequest, TokenInRequest, TokenizeCom
 def document(model: str, *, render_only: bool = False, max_logprobs: int = 20,
              adapters: Sequence[str] = ()) -> dict[str, Any]:
     """The OpenAPI 3.1 document of a frontend serving `model` with `--max-logprobs`; `adapters`: the LoRA
-    adapters the generation routes also take as their model (tokenize and detokenize take `model` only);
+    adapters every route also takes as its model;
     `render_only`: without the generation routes, which a render-only frontend does not serve."""
     refs, schemas = msgspec.json.schema_components(_BODIES, ref_template=_REF)
     chat, completion, token_in, tokenize_text, tokenize_chat, detokenize = refs
@@ -63,9 +63,8 @@ def document(model: str, *, render_only: bool = False, max_logprobs: int = 20,
         for field, bound in bounds.items():
             _number(properties[field]).update(bound.json_schema())
         properties["stop"] = stops
-    schemas["TokenInRequest"]["properties"]["model"]["anyOf"][0]["enum"] = [model, *adapters]  # or left out
-    for name in ("TokenizeCompletionRequest", "TokenizeChatRequest", "DetokenizeRequest"):
-        schemas[name]["properties"]["model"]["anyOf"][0]["enum"] = [model]  # may be left out, or null
+    for name in ("TokenInRequest", "TokenizeCompletionRequest", "TokenizeChatRequest", "DetokenizeRequest"):
+        schemas[name]["properties"]["model"]["anyOf"][0]["enum"] = [model, *adapters]  # may be left out, or null
     _token_in(schemas, stops)
     schemas["ChatMessage"]["properties"]["role"]["enum"] = list(ROLES)
     # messages.py refuses other parts, and a text part without its text.

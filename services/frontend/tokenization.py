@@ -63,6 +63,7 @@ class Tokenized:
     count: int
     tokens: bytes  # the JSON array of ids
     token_strs: bytes | None  # the JSON array of their strings, when asked
+    adapter: str | None = None  # the LoRA adapter named as the model (its tokenizer is the base model's)
 
     def body(self, max_model_len: int) -> bytes:
         return (b'{"count":' + str(self.count).encode() + b',"max_model_len":' + str(max_model_len).encode()
@@ -82,7 +83,7 @@ def tokenize(model: Model, body: bytes, render: Render) -> Tokenized:
         chat = False  # not an object: parse() below says why, as for the other routes
     if chat:
         req: TokenizeChatRequest = parse(TokenizeChatRequest, body)
-        check_model(model, req.model)
+        named = req.model
         if req.chat_template is not None:
             raise APIError(400, "chat_template: a chat template sent with the request is not accepted; the "
                            "model's own template renders it", param="chat_template")
@@ -95,24 +96,26 @@ def tokenize(model: Model, body: bytes, render: Render) -> Tokenized:
         add_special, strs = req.add_special_tokens, req.return_token_strs
     else:
         completion: TokenizeCompletionRequest = parse(TokenizeCompletionRequest, body)
-        check_model(model, completion.model)
+        named = completion.model
         text, add_special, strs = completion.prompt, completion.add_special_tokens, completion.return_token_strs
     encoding = model.tokenizer.encode(text, add_special_tokens=add_special)
-    return Tokenized(len(encoding.ids), _json.encode(encoding.ids), _json.encode(encoding.tokens) if strs else None)
+    return Tokenized(len(encoding.ids), _json.encode(encoding.ids), _json.encode(encoding.tokens) if strs else None,
+                     adapter(model, named))
 
 
-def detokenize(model: Model, body: bytes) -> bytes:
-    """A /detokenize body, checked; the answer's JSON: the text of the ids, special tokens kept (as vLLM)."""
+def detokenize(model: Model, body: bytes) -> tuple[bytes, str | None]:
+    """A /detokenize body, checked; the answer's JSON: the text of the ids, special tokens kept (as vLLM),
+    and the LoRA adapter named as the model, if one."""
     req: DetokenizeRequest = parse(DetokenizeRequest, body)
-    check_model(model, req.model)
     vocab = model.tokenizer.get_vocab_size(with_added_tokens=True)
     if req.tokens and not (0 <= min(req.tokens) and max(req.tokens) < vocab):
         i, bad = next((i, t) for i, t in enumerate(req.tokens) if not 0 <= t < vocab)
         raise APIError(400, f"tokens[{i}]: token id {bad} is out of range [0, {vocab})", param=f"tokens[{i}]")
-    return _json.encode({"prompt": model.tokenizer.decode(req.tokens, skip_special_tokens=False)})
+    return _json.encode({"prompt": model.tokenizer.decode(req.tokens, skip_special_tokens=False)}), adapter(
+        model, req.model)
 
 
-def check_model(model: Model, name: str | None) -> None:
-    """`model` may be left out (vLLM's preprocessing routes); named, it must be the one served."""
-    if name is not None and name != model.name:
-        raise APIError(404, f"The model `{name}` does not exist.", param="model")
+def adapter(model: Model, name: str | None) -> str | None:
+    """`model` may be left out (vLLM's preprocessing routes); another name than the base model's may be a
+    LoRA adapter's, which the caller checks with the engines (translation.Translator)."""
+    return None if name is None or name == model.name else name

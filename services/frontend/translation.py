@@ -283,7 +283,7 @@ class Preparer:
     def tokenize(self, body: bytes) -> Tokenized:
         return tokenization.tokenize(self._model, body, self.render)
 
-    def detokenize(self, body: bytes) -> bytes:
+    def detokenize(self, body: bytes) -> tuple[bytes, str | None]:
         return tokenization.detokenize(self._model, body)
 
     def render(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None, add_generation_prompt: bool,
@@ -453,13 +453,17 @@ class Translator:
         """A /tokenize body (the completion form, or the chat form rendered as the chat route renders it)."""
         result = await self._prepare("tokenize", body)
         assert isinstance(result, Tokenized)
+        if result.adapter is not None:  # a LoRA adapter tokenizes as its base model, once it is served
+            await self._check_adapter(result.adapter, "model")
         return result
 
     async def detokenize(self, body: bytes) -> bytes:
         """A /detokenize body; the answer's JSON."""
-        result = await self._prepare("detokenize", body)
-        assert isinstance(result, bytes)
-        return result
+        answer, adapter = await self._prepare("detokenize", body)
+        if adapter is not None:
+            await self._check_adapter(adapter, "model")
+        assert isinstance(answer, bytes)
+        return answer
 
     async def _prepared(self, kind: str, body: bytes) -> Prepared:
         """A generation body prepared, the LoRA adapter it names (as its model) served."""

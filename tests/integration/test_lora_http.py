@@ -65,7 +65,13 @@ def test_an_engines_lora_modules_are_served_by_name(fleet: Fleet) -> None:
     assert models["boot"].parent == "tiny" and models["tiny"].parent is None  # type: ignore[attr-defined]
     schemas = httpx.get(fleet.frontend.url + "/openapi.json", timeout=30).json()["components"]["schemas"]
     assert set(schemas["ChatCompletionRequest"]["properties"]["model"]["enum"]) >= {"tiny", "boot", "boot2"}
-    assert schemas["TokenizeChatRequest"]["properties"]["model"]["anyOf"][0]["enum"] == ["tiny"]
+    assert set(schemas["TokenizeChatRequest"]["properties"]["model"]["anyOf"][0]["enum"]) >= {"tiny", "boot"}
+    # An adapter tokenizes as its base model.
+    for path, body in (("/tokenize", {"prompt": "Once upon"}), ("/detokenize", {"tokens": [1, 2, 3]}),
+                       ("/tokenize", {"messages": MESSAGES})):
+        plain, named = fleet.post(path, body), fleet.post(path, {**body, "model": "boot"})
+        assert plain.status_code == named.status_code == 200 and plain.json() == named.json(), named.text
+        assert fleet.post(path, {**body, "model": "nope"}).status_code == 404
 
 
 def test_streams_completions_and_token_in_name_the_adapter(fleet: Fleet) -> None:
