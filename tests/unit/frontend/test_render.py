@@ -218,6 +218,13 @@ def test_render_only_is_ready_with_no_engine_and_serves_preprocessing(render_onl
     assert call(render_only, "/version", method="GET").status == 200
 
 
+@pytest.mark.parametrize(("path", "body"), [("/v1/chat/completions/render", {"messages": HI}),
+                                            ("/tokenize", {"prompt": "hi"}), ("/detokenize", {"tokens": [1]})])
+def test_render_only_knows_no_lora_adapters(render_only: Frontend, path: str, body: dict[str, Any]) -> None:
+    answer = call(render_only, path, {**body, "model": "some-adapter"})  # no engines to ask: a 404, not a 503
+    assert answer.status == 404 and "The model `some-adapter` does not exist" in answer.json()["error"]["message"]
+
+
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/inference/v1/generate"])
 def test_render_only_does_not_serve_generation(render_only: Frontend, path: str) -> None:
     answer = call(render_only, path, {"model": "tiny", "messages": HI})
