@@ -45,7 +45,7 @@ from protocol.handshake import version_reject
 from protocol.logprobs import Buffer, segment_size
 from protocol.version import MAJOR, MINOR
 from services.engine import utility, validation
-from services.engine.backend import Backend, Cleared, KVEvent, Removed, RequestRejected, Segment, Stored
+from services.engine.backend import Backend, Cleared, KVEvent, Load, Removed, RequestRejected, Segment, Stored
 from services.engine.bridge import Bridge
 from services.engine.config import EngineConfig
 from services.engine.peers import Peer, Peers
@@ -396,7 +396,7 @@ class CoreLoop:
         load = self.backend.load()
         self._stats_seq += 1
         tokens = self._iteration_tokens
-        waiting = load.waiting + len(self._held)  # held while paused: waiting, as in vLLM's paused scheduler
+        waiting = self._waiting(load)
         stats = Stats(
             self.rank, self._stats_seq, time.time(), load.running, waiting, load.kv_usage,
             self.backend.info.num_kv_blocks, load.prefix_cache_queries, load.prefix_cache_hits,
@@ -427,12 +427,16 @@ class CoreLoop:
                 f"no message for {now - peer.last_seen:.1f}s (deadline {self.config.client_timeout_s}s): "
                 f"{len(orphans)} request(s) aborted; send Hello to start a new session")))
 
+    def _waiting(self, load: Load) -> int:
+        """The backend's waiting requests and those held while paused (vLLM's paused scheduler counts them)."""
+        return load.waiting + len(self._held)
+
     def _stats_dict(self) -> dict[str, Any]:
         load = self.backend.load()
         info = self.backend.info
         return {
             "rank": self.rank, "backend": info.name, "model": info.model, "epoch": self.epoch,
-            "running": load.running, "waiting": load.waiting + len(self._held), "kv_usage": load.kv_usage,
+            "running": load.running, "waiting": self._waiting(load), "kv_usage": load.kv_usage,
             "prefix_cache_queries": load.prefix_cache_queries,
             "prefix_cache_hits": load.prefix_cache_hits, "num_preemptions": load.num_preemptions,
             "peers": len(self._peers),

@@ -21,10 +21,11 @@ import asyncio
 import logging
 import time
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import msgspec
 
+from protocol import UtilityResult
 from services.frontend.errors import APIError
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ class Adapters:
         if self._none_ready:
             raise APIError(503, f"no engine rank is ready to serve {param} {name!r}: {self._engines.not_ready()}")
         if param == "model":
-            raise APIError(404, f"The model `{name}` does not exist.", param="model")
+            raise no_such_model(name)
         raise APIError(404, f"{param} {name!r}: no such LoRA adapter is loaded on every ready engine rank; "
                             f"loaded: {sorted(self.served)}", param=param)
 
@@ -102,13 +103,10 @@ class Adapters:
     async def _read(self) -> set[str]:
         # A rank getting this process's adapters again is not asked: its list is short until then.
         ranks = [e.index for e in self._engines.engines if e.state == "ready" and not e.reloading]
-        results = await asyncio.gather(*(self._engines.utility(i, "list_loras", None, CALL_TIMEOUT_S)
-                                         for i in ranks), return_exceptions=True)
-        lists = [set(r.result) for r in results if not isinstance(r, BaseException) and r.ok]
+        results = await self._on(ranks, "list_loras", {}, CALL_TIMEOUT_S)
+        lists = [set(r.result) for r in results if _ok(r)]
         if len(lists) < len(ranks):
-            why = [r if isinstance(r, BaseException) else r.error for r in results
-                   if isinstance(r, BaseException) or not r.ok]
-            log.warning("list_loras failed on %d of %d rank(s): %s", len(ranks) - len(lists), len(ranks), why)
+            log.warning("list_loras failed on %s", self._refusals(ranks, results))
         self.served = set.intersection(*lists) if lists else set()
         if lists:  # what no rank lists any more was unloaded (through another process): not loaded again
             listed = set.union(*lists)
@@ -130,17 +128,12 @@ class Adapters:
         if name in await self.refresh():
             raise APIError(400, f"The lora adapter '{name}' has already been loaded.", param="lora_name")
         ranks = self._ready("load")
-        results = await asyncio.gather(*(self._engines.utility(i, "add_lora", {"name": name, "path": path},
-                                                               LOAD_TIMEOUT_S) for i in ranks), return_exceptions=True)
-        failed = [(self._engines.engines[i].rank, r) for i, r in zip(ranks, results, strict=True)
-                  if isinstance(r, BaseException) or not r.ok]
-        if failed:
-            took = [i for i, r in zip(ranks, results, strict=True)
-                    if not isinstance(r, BaseException) and r.ok and r.result is True]
-            await asyncio.gather(*(self._engines.utility(i, "remove_lora", {"name": name}, CALL_TIMEOUT_S)
-                                   for i in took), return_exceptions=True)
-            raise APIError(400, f"lora adapter {name!r} from {path!r} failed to load: " + "; ".join(
-                f"engine rank {rank}: {_why(r)}" for rank, r in failed), param="lora_path")
+        results = await self._on(ranks, "add_lora", {"name": name, "path": path}, LOAD_TIMEOUT_S)
+        refusals = self._refusals(ranks, results)
+        if refusals:
+            took = [i for i, r in zip(ranks, results, strict=True) if _ok(r) and r.result is True]
+            await self._on(took, "remove_lora", {"name": name}, CALL_TIMEOUT_S)
+            raise APIError(400, f"lora adapter {name!r} from {path!r} failed to load: {refusals}", param="lora_path")
         self.paths[name] = path
         self.served.add(name)
         log.info("lora adapter %r loaded from %s on %d rank(s)", name, path, len(ranks))
@@ -150,18 +143,26 @@ class Adapters:
         if not name:
             raise APIError(400, "'lora_name' must be provided.", param="lora_name")
         ranks = self._ready("unload")
-        results = await asyncio.gather(*(self._engines.utility(i, "remove_lora", {"name": name}, CALL_TIMEOUT_S)
-                                         for i in ranks), return_exceptions=True)
+        results = await self._on(ranks, "remove_lora", {"name": name}, CALL_TIMEOUT_S)
         self.paths.pop(name, None)
         self.served.discard(name)
-        failed = [(self._engines.engines[i].rank, r) for i, r in zip(ranks, results, strict=True)
-                  if isinstance(r, BaseException) or not r.ok]
-        if failed:
-            raise APIError(400, f"lora adapter {name!r} failed to unload: " + "; ".join(
-                f"engine rank {rank}: {_why(r)}" for rank, r in failed), param="lora_name")
-        if not any(not isinstance(r, BaseException) and r.result is True for r in results):
+        refusals = self._refusals(ranks, results)
+        if refusals:
+            raise APIError(400, f"lora adapter {name!r} failed to unload: {refusals}", param="lora_name")
+        if not any(_ok(r) and r.result is True for r in results):
             raise APIError(404, f"The lora adapter '{name}' cannot be found.", param="lora_name")
         log.info("lora adapter %r unloaded from %d rank(s)", name, len(ranks))
+
+    async def _on(self, ranks: list[int], utility: str, args: dict[str, Any],
+                  timeout_s: float) -> list[UtilityResult | BaseException]:
+        """One utility call on each of `ranks` (indexes) at once; a rank's error or time-out as its result."""
+        return await asyncio.gather(*(self._engines.utility(i, utility, args, timeout_s) for i in ranks),
+                                    return_exceptions=True)
+
+    def _refusals(self, ranks: list[int], results: list[UtilityResult | BaseException]) -> str:
+        """Each rank that did not answer ok, and why; empty when all did."""
+        return "; ".join(f"engine rank {self._engines.engines[i].rank}: {_why(r)}"
+                         for i, r in zip(ranks, results, strict=True) if not _ok(r))
 
     def _ready(self, what: str) -> list[int]:
         ranks = [e.index for e in self._engines.engines if e.state == "ready"]
@@ -205,9 +206,18 @@ class Adapters:
         task.add_done_callback(self._tasks.discard)
 
 
-def _why(result: object) -> str:
+def no_such_model(name: str) -> APIError:
+    """vLLM's answer to a `model` it does not serve."""
+    return APIError(404, f"The model `{name}` does not exist.", param="model")
+
+
+def _ok(result: UtilityResult | BaseException) -> TypeGuard[UtilityResult]:
+    return not isinstance(result, BaseException) and result.ok
+
+
+def _why(result: UtilityResult | BaseException) -> str:
     if isinstance(result, TimeoutError):
         return "no answer in time"
     if isinstance(result, BaseException):
         return repr(result)
-    return getattr(result, "error", None) or "failed"
+    return result.error or "failed"

@@ -16,6 +16,7 @@ import msgspec
 from protocol import GenerateRequest
 from protocol.block_hash import block_hashes
 from services.frontend import refusals, token_in, tokenization
+from services.frontend.adapters import no_such_model
 from services.frontend.chat_template import TemplateError
 from services.frontend.errors import APIError
 from services.frontend.messages import template_messages
@@ -206,7 +207,7 @@ class Preparer:
                            _template_kwargs(req))
         ids = array("l", self._model.encode(text, add_special_tokens=req.add_special_tokens))
         return Prepared(msgspec.structs.replace(req, messages=[], tools=None), ids, True, text[-PROMPT_TAIL_CHARS:],
-                        tools, choice, parallel, schema, constrained, lora=self._adapter(req.model))
+                        tools, choice, parallel, schema, constrained, lora=tokenization.adapter(self._model, req.model))
 
     def completion(self, body: bytes) -> Prepared:
         req: CompletionRequest = parse(CompletionRequest, body)
@@ -229,7 +230,7 @@ class Preparer:
                                                                                     skip_special_tokens=False)
             out.append((ids, echo))
         return Prepared(msgspec.structs.replace(req, prompt=""), array("l"), False, constraint=constrained,
-                        prompts=out, lora=self._adapter(req.model))
+                        prompts=out, lora=tokenization.adapter(self._model, req.model))
 
     def _prompt_ids(self, prompt: Any, add_special_tokens: bool, param: str) -> array[int]:
         """One completion prompt's token ids: a string tokenized, or token ids checked."""
@@ -265,7 +266,7 @@ class Preparer:
         req: token_in.TokenInRequest = parse(token_in.TokenInRequest, body)
         ids = token_in.check(req, self._model.tokenizer.get_vocab_size(with_added_tokens=True), self._max_logprobs)
         return Prepared(msgspec.structs.replace(req, token_ids=[]), ids, False,
-                        lora=None if req.model is None else self._adapter(req.model))
+                        lora=tokenization.adapter(self._model, req.model))
 
     def generate_grpc(self, raw: bytes, stream: bool) -> Prepared:
         """A gRPC GenerateRequest (serialized): parsed, then checked as the token-in body it stands for."""
@@ -298,9 +299,6 @@ class Preparer:
                 raise APIError(400, str(exc), param=exc.param) from None
             raise APIError(400, f"chat template error: {exc}", param="messages") from None
 
-    def _adapter(self, name: str) -> str | None:
-        """None for the base model; another name may be a LoRA adapter's (the Translator asks the engines)."""
-        return None if name == self._model.name else name
 
 
 class Translator:
@@ -647,5 +645,5 @@ def _prepare_in_worker(kind: str, body: bytes) -> Prepared | Tokenized | bytes:
 
 
 async def _no_adapters(name: str, param: str) -> None:
-    """A Translator with no engines to ask (tests, tools): only the base model is served."""
-    raise APIError(404, f"The model `{name}` does not exist.", param="model")
+    """A Translator with no engines to ask (render-only, tests): only the base model is served."""
+    raise no_such_model(name)
