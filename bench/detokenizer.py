@@ -19,8 +19,8 @@ from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
 import checkpoints
-from services.frontend.detokenizer import IncrementalDetokenizer, warm_up
-from services.frontend.stop_strings import StopChecker
+from services.frontend.text.detokenizer import IncrementalDetokenizer, warm_up
+from services.frontend.text.stop_strings import StopChecker
 
 PARAGRAPHS = (
     "Serving large language models means streaming text one token at a time to many clients. ",

@@ -35,7 +35,7 @@ def _stop_limits() -> tuple[int, int]:
     """The frontend's documented limits on stop strings (count, characters each), if it has them."""
     sys.path.insert(0, str(ROOT))
     try:
-        from services.frontend import stop_strings
+        from services.frontend.text import stop_strings
     except ImportError:
         return 16, 5000
     count = getattr(stop_strings, "MAX_STOP_STRINGS", 16)

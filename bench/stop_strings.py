@@ -20,7 +20,7 @@ from pathlib import Path
 # Runnable as a plain script from a checkout that is not pip-installed.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.frontend.stop_strings import MAX_STOP_CHARS, MAX_STOP_STRINGS, StopChecker
+from services.frontend.text.stop_strings import MAX_STOP_CHARS, MAX_STOP_STRINGS, StopChecker
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,10 +83,13 @@ def match_time(cls: type, stops: list[str], deltas: list[str], repeats: int) -> 
 
 def checker_at(rev: str) -> type:
     """StopChecker as it was at a git revision, loaded from `git show` without checking it out."""
-    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:services/frontend/stop_strings.py"],
-                            check=True, capture_output=True, text=True).stdout
+    for path in ("services/frontend/text/stop_strings.py", "services/frontend/stop_strings.py"):  # before text/
+        shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{path}"], capture_output=True, text=True)
+        if shown.returncode == 0:
+            break
+    shown.check_returncode()
     module = types.ModuleType(f"stop_strings_{rev}")
-    exec(compile(source, f"{rev}:services/frontend/stop_strings.py", "exec"), module.__dict__)
+    exec(compile(shown.stdout, f"{rev}:{path}", "exec"), module.__dict__)
     return module.StopChecker  # type: ignore[no-any-return]
 
 

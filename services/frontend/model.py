@@ -11,7 +11,7 @@ from tokenizers import Tokenizer
 
 import checkpoints
 from services.frontend.chat_template import ChatTemplate
-from services.frontend.detokenizer import warm_up
+from services.frontend.text.detokenizer import warm_up
 
 
 @dataclass(slots=True)

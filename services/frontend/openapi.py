@@ -18,7 +18,7 @@ from services.frontend.schema import (
     ChatCompletionRequest,
     CompletionRequest,
 )
-from services.frontend.stop_strings import MAX_STOP_CHARS, MAX_STOP_STRINGS
+from services.frontend.text.stop_strings import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from services.frontend.token_in import TokenInRequest
 from services.frontend.tokenization import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest
 from services.frontend.translation import PIN_HEADER

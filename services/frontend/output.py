@@ -22,13 +22,13 @@ from tokenizers import Tokenizer
 from protocol import ERROR_DRAINING, ERROR_INVALID, ProtocolError, RequestOutput, RequestTimings
 from protocol.logprobs import Segment, unpack
 from services.frontend import responses
-from services.frontend.detokenizer import IncrementalDetokenizer
-from services.frontend.logprobs import Entry, LogprobsFormatter
 from services.frontend.metrics import Metrics, Parent
 from services.frontend.parsers import OutputParser, ParsedDelta, TokenOutputParser, ToolCall
-from services.frontend.stop_strings import StopChecker
 from services.frontend.stream import CLIENT_GONE, NOT_SENT, EngineFailure, Stream
-from services.frontend.token_strings import token_strings
+from services.frontend.text.detokenizer import IncrementalDetokenizer
+from services.frontend.text.logprobs_format import Entry, LogprobsFormatter
+from services.frontend.text.stop_strings import StopChecker
+from services.frontend.text.token_strings import token_strings
 from services.frontend.translation import EngineRequest, OutputOptions, refused_field
 
 

@@ -16,7 +16,7 @@ import msgspec
 from protocol import SamplingParams
 from services.frontend.errors import APIError, from_validation
 from services.frontend.json_depth import MAX_DEPTH, too_deep
-from services.frontend.stop_strings import MAX_STOP_CHARS, MAX_STOP_STRINGS
+from services.frontend.text.stop_strings import MAX_STOP_CHARS, MAX_STOP_STRINGS
 
 
 class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from services.frontend.config import HTTP_SERVERS
-from services.frontend.stop_strings import MAX_STOP_CHARS, MAX_STOP_STRINGS
+from services.frontend.text.stop_strings import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from tests.support.engine_client import EngineClient
 from tests.support.procs import EngineProc, FrontendProc, start_engine, start_frontend
 

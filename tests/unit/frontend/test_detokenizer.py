@@ -11,7 +11,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models
 
 import checkpoints
-from services.frontend.detokenizer import IncrementalDetokenizer
+from services.frontend.text.detokenizer import IncrementalDetokenizer
 
 FFFD = "\ufffd"
 QWEN_IM_END = 151645  # special

@@ -1,4 +1,4 @@
-"""Logprobs rendering (services/frontend/logprobs.py, token_strings.py) with the tiny model's tokenizer:
+"""Logprobs rendering (services/frontend/text/logprobs_format.py, token_strings.py) with the tiny model's tokenizer:
 OpenAI's chat and completions shapes from packed segments, token strings decoded alone as vLLM does
 (and corrected where a token ends inside a character), return_tokens_as_token_ids, vLLM's
 prompt_logprobs."""
@@ -11,9 +11,9 @@ import pytest
 
 from protocol import PackedLogprobs
 from protocol.logprobs import Segment, pack, unpack
-from services.frontend.logprobs import LogprobsFormatter
 from services.frontend.model import Model
-from services.frontend.token_strings import TokenStrings, token_strings
+from services.frontend.text.logprobs_format import LogprobsFormatter
+from services.frontend.text.token_strings import TokenStrings, token_strings
 
 HELLO, WORLD, COMMA, BANG = 9707, 1879, 11, 0  # "Hello", " world", ",", "!"
 IM_END = 151645

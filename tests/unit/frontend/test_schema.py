@@ -12,7 +12,7 @@ from services.frontend.schema import (
     parse,
     sampling_params,
 )
-from services.frontend.stop_strings import MAX_STOP_CHARS, MAX_STOP_STRINGS
+from services.frontend.text.stop_strings import MAX_STOP_CHARS, MAX_STOP_STRINGS
 
 
 def _err(cls: type, body: bytes) -> APIError:

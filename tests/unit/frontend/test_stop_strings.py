@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from services.frontend.stop_strings import MAX_STOP_CHARS, MAX_STOP_STRINGS, StopChecker
+from services.frontend.text.stop_strings import MAX_STOP_CHARS, MAX_STOP_STRINGS, StopChecker
 
 
 def run(stops: list[str], deltas: list[str], *, include: bool = False) -> tuple[list[str], str | None]:

@@ -12,8 +12,8 @@ from typing import Any
 from tokenizers import Tokenizer
 
 import checkpoints
-from services.frontend.detokenizer import IncrementalDetokenizer
 from services.frontend.parsers import OutputParser, ParsedDelta, TokenOutputParser
+from services.frontend.text.detokenizer import IncrementalDetokenizer
 
 TAGS = ("<tool_call>", "</tool_call>", "<think>", "</think>", "<function=", "</function>", "<parameter=",
         "</parameter>", "[TOOL_CALLS]", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>",

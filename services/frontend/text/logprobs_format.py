@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from protocol.logprobs import Segment
-from services.frontend.token_strings import CONTEXT_TOKENS, REPLACEMENT, TokenStrings, bytes_json
-from services.frontend.token_strings import json_string as _enc
+from services.frontend.text.token_strings import CONTEXT_TOKENS, REPLACEMENT, TokenStrings, bytes_json
+from services.frontend.text.token_strings import json_string as _enc
 
 FLOOR = -9999.0
 Entry = Any  # chat: the entry's JSON text; completions: (token JSON, logprob, top dict JSON, offset)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import msgspec
 from tokenizers import Tokenizer
 
-from services.frontend.detokenizer import token_pieces
+from services.frontend.text.detokenizer import token_pieces
 
 REPLACEMENT = "\ufffd"
 CONTEXT_TOKENS = 4  # vLLM's: enough for any UTF-8 character split into single-byte tokens
