@@ -23,7 +23,6 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from services.frontend import openapi, render, responses
-from services.frontend.adapters import Adapters, LoadLoraBody, UnloadLoraBody
 from services.frontend.asgi import (
     ClientGone,
     header,
@@ -33,18 +32,19 @@ from services.frontend.asgi import (
 )
 from services.frontend.config import FrontendConfig
 from services.frontend.dispatcher import Dispatcher
-from services.frontend.engines import EngineSet
+from services.frontend.engine_client.engines import EngineSet
+from services.frontend.engine_client.inflight import InFlight, Wakeup
+from services.frontend.engine_client.lora import Adapters, LoadLoraBody, UnloadLoraBody
+from services.frontend.engine_client.placement import NoEngine, Placement
 from services.frontend.errors import APIError, error_body
 from services.frontend.metrics import EngineView, Metrics
 from services.frontend.model import Model
 from services.frontend.output import OutputProcessor
 from services.frontend.parsers import OutputParser, TokenOutputParser, build_parser
 from services.frontend.parsers.forced import NamedToolParser, RequiredToolParser
-from services.frontend.placement import NoEngine, Placement
 from services.frontend.response_writer import send_completion, send_stream, send_tokens
 from services.frontend.schema import parse
 from services.frontend.shutdown import Shutdown
-from services.frontend.stream import Stream, Wakeup
 from services.frontend.translation import PIN_HEADER, EngineRequest, OutputOptions, Translator
 
 # The routes --api-key guards (vLLM's: everything under /v1, and the token-in, render and tokenize routes);
@@ -264,7 +264,7 @@ class Frontend:
                 watcher.cancel()
 
     @contextlib.contextmanager
-    def launch(self, requests: list[EngineRequest]) -> Iterator[tuple[list[list[OutputProcessor]], list[Stream],
+    def launch(self, requests: list[EngineRequest]) -> Iterator[tuple[list[list[OutputProcessor]], list[InFlight],
                                                                       Wakeup | None]]:
         """Place and submit a response's engine requests; inside, their output processors (per prompt, per
         choice), streams and shared wake-up; on leaving, every one still at its engine is aborted. HTTP's
@@ -281,13 +281,13 @@ class Frontend:
         several = len(requests) > 1 or requests[0].n > 1
         wakeup = Wakeup() if several else None
         prompts: list[list[OutputProcessor]] = []
-        streams: list[Stream] = []
+        streams: list[InFlight] = []
         try:
             for request, engine in zip(requests, engines, strict=True):
                 parent = self.metrics.parent(request.n) if request.n > 1 else None
                 choices = []
                 for choice in request.choices():
-                    stream = Stream(choice.request_id, choice.prompt_len, choice.max_tokens)
+                    stream = InFlight(choice.request_id, choice.prompt_len, choice.max_tokens)
                     stream.group = wakeup
                     if choice.output.stream:
                         stream.interval = choice.output.stream_interval

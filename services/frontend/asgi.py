@@ -7,8 +7,8 @@ from collections.abc import Callable
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import Receive, Scope, Send
 
+from services.frontend.engine_client.inflight import CLIENT_GONE
 from services.frontend.errors import APIError
-from services.frontend.stream import CLIENT_GONE
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
 

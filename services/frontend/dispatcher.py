@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import logging
 
-from services.frontend.engines import Engine, EngineSet
-from services.frontend.placement import NoEngine, Placement
-from services.frontend.stream import Stream
+from services.frontend.engine_client.engines import Engine, EngineSet
+from services.frontend.engine_client.inflight import InFlight
+from services.frontend.engine_client.placement import NoEngine, Placement
 from services.frontend.translation import EngineRequest
 
 log = logging.getLogger(__name__)
@@ -26,10 +26,10 @@ class Dispatcher:
                                            pinned=request.request.pinned_rank, request_id=request.request_id)
         return engine
 
-    def submit(self, engine: Engine, stream: Stream, request: EngineRequest) -> None:
+    def submit(self, engine: Engine, stream: InFlight, request: EngineRequest) -> None:
         self._engines.submit(engine, stream, request.request)
 
-    def place_again(self, stream: Stream, request: EngineRequest, exclude: set[int]) -> bool:
+    def place_again(self, stream: InFlight, request: EngineRequest, exclude: set[int]) -> bool:
         """Place it on an engine whose index is not in `exclude`; False when none can take it."""
         engines = [e for e in self._engines.engines if e.index not in exclude]
         try:
@@ -44,6 +44,6 @@ class Dispatcher:
         self._engines.submit(engine, stream, request.request)
         return True
 
-    def abort(self, stream: Stream) -> None:
+    def abort(self, stream: InFlight) -> None:
         """Stop a request at its engine; a no-op unless it is still running there."""
         self._engines.abort(stream)

@@ -30,12 +30,12 @@ from grpc_reflection.v1alpha import reflection
 from protocol import MAJOR, MINOR
 from protocol.grpc import lock, pb2, pb2_grpc, service_names
 from protocol.logprobs import Segment
-from protocol.messages import UtilityResult
 from services.frontend.app import Frontend
+from services.frontend.engine_client import fanout
+from services.frontend.engine_client.inflight import EngineFailure, InFlight
 from services.frontend.errors import APIError
 from services.frontend.kv_relay import KvRelay
 from services.frontend.output import OutputProcessor
-from services.frontend.stream import EngineFailure, Stream
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ async def _pieces(outputs: OutputProcessor) -> list[Any]:
 class Inference(pb2_grpc.InferenceServicer):
     def __init__(self, app: Frontend) -> None:
         self._app = app
-        self._running: dict[str, list[Stream]] = defaultdict(list)  # caller's request id -> its streams
+        self._running: dict[str, list[InFlight]] = defaultdict(list)  # caller's request id -> its streams
 
     async def Generate(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await _guard(context, self._generate(request))
@@ -216,7 +216,7 @@ class Inference(pb2_grpc.InferenceServicer):
             stack.callback(self._forget, caller, stream)
             yield outputs
 
-    def _forget(self, caller: str, stream: Stream) -> None:
+    def _forget(self, caller: str, stream: InFlight) -> None:
         running = self._running[caller]
         running.remove(stream)
         if not running:
@@ -246,7 +246,7 @@ class _Ranks:
         self._app = app
 
     def ready(self) -> list[int]:
-        ranks = [e.index for e in self._app.engines.engines if e.state == "ready"]
+        ranks = fanout.ready_ranks(self._app.engines)
         if not ranks:
             raise _Failed(grpc.StatusCode.UNAVAILABLE, f"no engine rank is ready: {self._app.engines.not_ready()}")
         return ranks
@@ -257,20 +257,19 @@ class _Ranks:
         left = context.time_remaining()
         timeout = UTILITY_TIMEOUT_S if left is None else max(left, 0.001)
         engines = self._app.engines
-        try:
-            results: list[UtilityResult] = await asyncio.gather(
-                *(engines.utility(i, utility, args, timeout, frames) for i in indexes))
-        except TimeoutError:
+        results = await fanout.call_each(engines, indexes, utility, args, timeout, frames)
+        if any(isinstance(r, TimeoutError) for r in results):
             raise _Failed(grpc.StatusCode.DEADLINE_EXCEEDED, f"{utility}: the engines did not answer within "
-                                                              f"{timeout:.1f}s") from None
-        failed = [(engines.engines[i].rank, r.error or "failed") for i, r in zip(indexes, results, strict=True)
-                  if not r.ok]
+                                                              f"{timeout:.1f}s")
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        failed = fanout.refusals(engines, indexes, results)
         if failed:
             unsupported = all("Unsupported" in why for _, why in failed)
-            message = "; ".join(f"engine rank {rank}: {why}" for rank, why in failed)
             raise _Failed(grpc.StatusCode.UNIMPLEMENTED if unsupported else grpc.StatusCode.FAILED_PRECONDITION,
-                          f"{utility}: {message}")
-        return [r.result for r in results]
+                          f"{utility}: {fanout.told(failed)}")
+        return [r.result for r in results if fanout.ok(r)]
 
 
 def _sha256(path: Any) -> str:

@@ -22,9 +22,9 @@ from tokenizers import Tokenizer
 from protocol import ERROR_DRAINING, ERROR_INVALID, ProtocolError, RequestOutput, RequestTimings
 from protocol.logprobs import Segment, unpack
 from services.frontend import responses
+from services.frontend.engine_client.inflight import CLIENT_GONE, NOT_SENT, EngineFailure, InFlight
 from services.frontend.metrics import Metrics, Parent
 from services.frontend.parsers import OutputParser, ParsedDelta, TokenOutputParser, ToolCall
-from services.frontend.stream import CLIENT_GONE, NOT_SENT, EngineFailure, Stream
 from services.frontend.text.detokenizer import IncrementalDetokenizer
 from services.frontend.text.logprobs_format import Entry, LogprobsFormatter
 from services.frontend.text.stop_strings import StopChecker
@@ -35,10 +35,10 @@ from services.frontend.translation import EngineRequest, OutputOptions, refused_
 class EnginePort(Protocol):
     """What output processing may ask of the engines serving its request."""
 
-    def abort(self, stream: Stream) -> None:
+    def abort(self, stream: InFlight) -> None:
         """Stop the request at its engine (a stop string matched)."""
 
-    def place_again(self, stream: Stream, request: EngineRequest, exclude: set[int]) -> bool:
+    def place_again(self, stream: InFlight, request: EngineRequest, exclude: set[int]) -> bool:
         """Send it to an engine whose index is not in `exclude`; False when none can take it."""
 
 
@@ -59,7 +59,7 @@ class OutputProcessor:
                  "completion_tokens", "counts", "finish", "formatter", "logprobs", "options", "prompt_segments",
                  "stop_reason", "stream", "tail_logprobs", "token_ids")
 
-    def __init__(self, stream: Stream, request: EngineRequest, *, tokenizer: Tokenizer, engines: EnginePort,
+    def __init__(self, stream: InFlight, request: EngineRequest, *, tokenizer: Tokenizer, engines: EnginePort,
                  metrics: Metrics, parser: OutputParser | TokenOutputParser | None = None,
                  parent: Parent | None = None) -> None:
         self.stream, self._request, self._engines, self._metrics = stream, request, engines, metrics

@@ -13,9 +13,9 @@ from starlette.types import Send
 
 from services.frontend import responses
 from services.frontend.asgi import send_json
+from services.frontend.engine_client.inflight import EngineFailure, Wakeup
 from services.frontend.errors import error_body
 from services.frontend.output import OutputProcessor, Piece
-from services.frontend.stream import EngineFailure, Wakeup
 from services.frontend.text.logprobs_format import Entry
 
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]

@@ -20,7 +20,7 @@ from hypercorn.config import Config as HypercornConfig
 
 from services.frontend.app import Frontend
 from services.frontend.config import FrontendConfig
-from services.frontend.engines import EngineSet
+from services.frontend.engine_client.engines import EngineSet
 from services.frontend.managed import ManagedEngines
 from services.frontend.metrics import Metrics
 from services.frontend.model import Model

@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from services.frontend.stream import Stream
+from services.frontend.engine_client.inflight import InFlight
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ class Shutdown:
     def __init__(self) -> None:
         self.draining = False  # new requests are refused
         self.cut: str | None = None  # why requests still running were ended (set at the deadline)
-        self._streams: set[Stream] = set()
+        self._streams: set[InFlight] = set()
         self._handlers = 0  # generation requests being served, from their first body byte on
         self._idle = asyncio.Event()
         self._idle.set()
@@ -41,7 +41,7 @@ class Shutdown:
                 self._idle.set()
 
     @contextmanager
-    def running(self, *streams: Stream) -> Iterator[None]:
+    def running(self, *streams: InFlight) -> Iterator[None]:
         """While a request is at an engine (each of its choices' streams): what an expired drain ends."""
         self._streams.update(streams)
         try:

@@ -16,8 +16,8 @@ import msgspec
 from protocol import GenerateRequest
 from protocol.block_hash import block_hashes
 from services.frontend import refusals, token_in, tokenization
-from services.frontend.adapters import no_such_model
 from services.frontend.chat_template import TemplateError
+from services.frontend.engine_client.lora import no_such_model
 from services.frontend.errors import APIError
 from services.frontend.messages import template_messages
 from services.frontend.model import Model

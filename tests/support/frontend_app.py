@@ -22,7 +22,7 @@ from protocol import (
 from protocol.logprobs import pack
 from services.frontend.app import Frontend
 from services.frontend.config import FrontendConfig
-from services.frontend.engines import EngineSet
+from services.frontend.engine_client.engines import EngineSet
 from services.frontend.metrics import Metrics
 from services.frontend.model import Model
 

@@ -10,7 +10,15 @@ import zmq
 
 from protocol import Outputs, Stats
 from protocol.version import MAJOR, MINOR
-from services.frontend.bridge import CONNECTED, DEALER, DISCONNECTED, FLUSHED, SEND_FAILED, Bridge, Inbound
+from services.frontend.engine_client.bridge import (
+    CONNECTED,
+    DEALER,
+    DISCONNECTED,
+    FLUSHED,
+    SEND_FAILED,
+    Bridge,
+    Inbound,
+)
 
 
 def test_a_closed_engine_socket_is_told_at_once_and_later_sends_come_back_refused() -> None:

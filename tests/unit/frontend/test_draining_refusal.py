@@ -13,7 +13,7 @@ import pytest
 from protocol import GenerateRequest, Outputs, Ready, RequestOutput, decode
 from services.frontend.app import Frontend
 from services.frontend.config import FrontendConfig
-from services.frontend.engines import EngineSet
+from services.frontend.engine_client.engines import EngineSet
 from services.frontend.metrics import Metrics
 from services.frontend.model import Model
 

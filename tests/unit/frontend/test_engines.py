@@ -8,8 +8,8 @@ import pytest
 import zmq
 
 from protocol import GenerateRequest, SamplingParams, Stats
-from services.frontend.engines import STATS_LAG_S, EngineSet
-from services.frontend.stream import Stream
+from services.frontend.engine_client.engines import STATS_LAG_S, EngineSet
+from services.frontend.engine_client.inflight import InFlight
 
 
 def test_a_dead_socket_thread_fails_every_engine_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -69,7 +69,7 @@ def test_requests_sent_just_before_a_stats_snapshot_stay_counted() -> None:
     engine.epoch = "e1"
     for i in range(3):
         request = GenerateRequest(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=4), time.time())
-        engines.submit(engine, Stream(f"r{i}", 3, 4), request)
+        engines.submit(engine, InFlight(f"r{i}", 3, 4), request)
     assert engine.sent_since_stats == 3
     # A snapshot arriving right away may predate the three: they stay counted on top of it.
     engines._on_stats(engine, Stats(0, 1, time.time(), running=0, waiting=0, kv_usage=0.0, session_epoch="e1"))
@@ -81,7 +81,7 @@ def test_requests_sent_just_before_a_stats_snapshot_stay_counted() -> None:
     read_at = time.monotonic()
     for i in range(3, 5):
         request = GenerateRequest(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=4), time.time())
-        engines.submit(engine, Stream(f"r{i}", 3, 4), request)
+        engines.submit(engine, InFlight(f"r{i}", 3, 4), request)
     time.sleep(STATS_LAG_S * 2)
     engines._on_stats(engine, Stats(0, 3, time.time(), running=3, waiting=0, kv_usage=0.0, session_epoch="e1"),
                       read_at)

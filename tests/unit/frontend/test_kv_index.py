@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from protocol import AllCleared, BlockRemoved, BlockStored
-from services.frontend.kv_index import KVIndex
+from services.frontend.engine_client.kv_index import KVIndex
 
 
 def test_stored_removed_cleared() -> None:

@@ -1,4 +1,4 @@
-"""Output processing in process: a Stream fed by hand, a fake EnginePort, the tiny model's tokenizer."""
+"""Output processing in process: an InFlight fed by hand, a fake EnginePort, the tiny model's tokenizer."""
 from __future__ import annotations
 
 import asyncio
@@ -7,11 +7,11 @@ import time
 import pytest
 
 from protocol import GenerateRequest, RequestOutput, RequestTimings, SamplingParams
+from services.frontend.engine_client.inflight import CLIENT_GONE, EngineFailure, InFlight
 from services.frontend.metrics import Metrics
 from services.frontend.model import Model
 from services.frontend.output import OutputProcessor
 from services.frontend.parsers import ParsedDelta, ToolCall, ToolCallDelta
-from services.frontend.stream import CLIENT_GONE, EngineFailure, Stream
 from services.frontend.translation import EngineRequest, OutputOptions
 
 HELLO, WORLD, COMMA = 9707, 1879, 11  # "Hello", " world", ","
@@ -24,10 +24,10 @@ class _Engines:
         self.placed: list[set[int]] = []
         self.accept = accept
 
-    def abort(self, stream: Stream) -> None:
+    def abort(self, stream: InFlight) -> None:
         self.aborted.append(stream.request_id)
 
-    def place_again(self, stream: Stream, request: EngineRequest, exclude: set[int]) -> bool:
+    def place_again(self, stream: InFlight, request: EngineRequest, exclude: set[int]) -> bool:
         self.placed.append(set(exclude))
         if self.accept:
             stream.engine_index = 1
@@ -73,13 +73,13 @@ def model() -> Model:
 
 def _processor(model: Model, engines: _Engines, *, stop: tuple[str, ...] = (), pinned: int | None = None,
                deltas: _Upper | None = None, skip: bool = True,
-               include: bool = False) -> tuple[OutputProcessor, Stream, Metrics]:
+               include: bool = False) -> tuple[OutputProcessor, InFlight, Metrics]:
     request = EngineRequest(GenerateRequest("r1", [1, 2, 3], SamplingParams(max_tokens=8), time.time(),
                                             pinned_rank=pinned), 8,
                             OutputOptions(chat=False, stream=False, include_usage=False, continuous_usage=False,
                                           stop=stop, include_stop_str_in_output=include, skip_special_tokens=skip,
                                           tool_choice="auto"))
-    stream = Stream("r1", 3, 8)
+    stream = InFlight("r1", 3, 8)
     stream.engine_index = 0
     metrics = Metrics("tiny")
     return OutputProcessor(stream, request, tokenizer=model.tokenizer, engines=engines, metrics=metrics,
@@ -260,18 +260,18 @@ def test_an_engine_failure_is_an_error_and_its_tokens_still_count(model: Model) 
         asyncio.run(outputs.pieces())
     assert (_success(metrics, "abort"), _success(metrics, "error"), _generated(metrics)) == (None, 1, 1)
 def _lp_processor(model: Model, *, chat: bool = True, stop: tuple[str, ...] = (), echo: str | None = None,
-                  deltas: _Upper | None = None, prompt: list[int] | None = None) -> tuple[OutputProcessor, Stream]:
+                  deltas: _Upper | None = None, prompt: list[int] | None = None) -> tuple[OutputProcessor, InFlight]:
     prompt = prompt or [1, 2, 3]
     request = EngineRequest(GenerateRequest("r1", prompt, SamplingParams(max_tokens=8), time.time()), 8,
                             OutputOptions(chat=chat, stream=True, include_usage=False, continuous_usage=False,
                                           stop=stop, include_stop_str_in_output=False, skip_special_tokens=True,
                                           logprobs=1, prompt_logprobs=1 if echo else None, echo=echo))
-    stream = Stream("r1", len(prompt), 8)
+    stream = InFlight("r1", len(prompt), 8)
     return OutputProcessor(stream, request, tokenizer=model.tokenizer, engines=_Engines(), metrics=Metrics("tiny"),
                            parser=deltas), stream
 
 
-def _feed(stream: Stream, tokens: list[int], finish: str | None = None, prompt: list[int] | None = None) -> None:
+def _feed(stream: InFlight, tokens: list[int], finish: str | None = None, prompt: list[int] | None = None) -> None:
     """An output with its logprobs: each token ranked 1st, its alternative the token after it."""
     from protocol import PackedLogprobs
     from protocol.logprobs import pack

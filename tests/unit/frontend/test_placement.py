@@ -5,8 +5,8 @@ import logging
 import pytest
 
 from protocol import BlockStored, Ready, Stats
-from services.frontend.engines import Engine
-from services.frontend.placement import DECODE_WEIGHT, NoEngine, Placement
+from services.frontend.engine_client.engines import Engine
+from services.frontend.engine_client.placement import DECODE_WEIGHT, NoEngine, Placement
 
 
 def _engine(rank: int, *, running: int = 0, waiting: int = 0, state: str = "ready", draining: bool = False) -> Engine:
@@ -68,7 +68,7 @@ def test_dead_and_draining_engines_are_skipped() -> None:
 
 def test_each_choice_is_explained_in_one_debug_line(caplog: pytest.LogCaptureFixture) -> None:
     engines = [_engine(0, running=1), _engine(1)]
-    with caplog.at_level(logging.DEBUG, logger="services.frontend.placement"):
+    with caplog.at_level(logging.DEBUG, logger="services.frontend.engine_client.placement"):
         Placement().choose(engines, 10, _no_hashes, request_id="req-9")
     (line,) = [r.getMessage() for r in caplog.records]
     assert line.startswith("placed req-9 on rank 1") and "rank 0: 1 req" in line

@@ -12,9 +12,9 @@ import pytest
 
 from protocol import GenerateRequest, Outputs, Ready, RequestOutput, decode
 from services.frontend.app import Frontend
-from services.frontend.bridge import DISCONNECTED, FLUSHED, SEND_FAILED, Inbound
 from services.frontend.config import FrontendConfig
-from services.frontend.engines import EngineSet
+from services.frontend.engine_client.bridge import DISCONNECTED, FLUSHED, SEND_FAILED, Inbound
+from services.frontend.engine_client.engines import EngineSet
 from services.frontend.metrics import Metrics
 from services.frontend.model import Model
 from tests.support.asgi_client import Answer, request

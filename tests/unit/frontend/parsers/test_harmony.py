@@ -14,12 +14,12 @@ import pytest
 
 from protocol import GenerateRequest, RequestOutput, SamplingParams
 from services.frontend.config import parse_args
+from services.frontend.engine_client.inflight import InFlight
 from services.frontend.metrics import Metrics
 from services.frontend.model import Model
 from services.frontend.output import OutputProcessor
 from services.frontend.parsers import ParsedDelta, build_parser
 from services.frontend.parsers.harmony import MARKERS, HarmonyParser, encoding, tokenizer_problem
-from services.frontend.stream import Stream
 from services.frontend.translation import EngineRequest, OutputOptions
 from tests.unit.frontend.parsers.harness import Final, args, openai_id, reassemble
 
@@ -159,14 +159,14 @@ def test_output_processing_feeds_every_id_to_the_harmony_parser() -> None:
                             OutputOptions(chat=True, stream=True, include_usage=False, continuous_usage=False,
                                           stop=(), include_stop_str_in_output=False, skip_special_tokens=True,
                                           tool_choice="auto"))
-    stream = Stream("r1", 3, 64)
+    stream = InFlight("r1", 3, 64)
     stream.engine_index = 0
 
     class Engines:
-        def abort(self, stream: Stream) -> None:
+        def abort(self, stream: InFlight) -> None:
             raise AssertionError("nothing to abort")
 
-        def place_again(self, stream: Stream, request: EngineRequest, exclude: set[int]) -> bool:
+        def place_again(self, stream: InFlight, request: EngineRequest, exclude: set[int]) -> bool:
             return False
 
     outputs = OutputProcessor(stream, request, tokenizer=Model.load("tiny", "tiny").tokenizer, engines=Engines(),

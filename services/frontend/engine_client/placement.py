@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from services.frontend.engines import Engine
+    from services.frontend.engine_client.engines import Engine
 
 log = logging.getLogger(__name__)
 

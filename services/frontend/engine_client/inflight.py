@@ -25,7 +25,7 @@ class EngineFailure(RuntimeError):
         self.param = param
 
 
-class Stream:
+class InFlight:
     """`raw_frames`: with `keeps_frames` set (a request that asked for logprobs), the raw frames of the
     Outputs message each output of the latest batch came in, in the batch's order."""
 

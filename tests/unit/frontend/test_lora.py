@@ -1,16 +1,17 @@
-"""adapters.Adapters against engines faked at the EngineSet port (utility calls, ranks, on_ready): what
+"""lora.Adapters against engines faked at the EngineSet port (utility calls, ranks, on_ready): what
 is served, how often the engines are asked, a load that one rank refuses, a reload on a new session."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
 from protocol import UtilityResult
-from services.frontend import adapters
-from services.frontend.adapters import Adapters
+from services.frontend.engine_client import lora
+from services.frontend.engine_client.lora import Adapters
 from services.frontend.errors import APIError
 
 
@@ -36,7 +37,7 @@ class FakeEngines:
         return {e.rank: e.state for e in self.engines if e.state != "ready"}
 
     async def utility(self, index: int, utility: str, args: dict[str, Any] | None = None,
-                      timeout_s: float = 10.0) -> UtilityResult:
+                      timeout_s: float = 10.0, frames: Sequence[bytes] = ()) -> UtilityResult:
         self.calls.append((index, utility))
         await asyncio.sleep(0)
         e, args = self.engines[index], args or {}
@@ -68,7 +69,7 @@ def test_a_name_is_served_when_every_ready_rank_lists_it() -> None:
             await a.check("y")
         assert err.value.status == 404 and err.value.param == "model"
         engines.engines[1].state = "dead"  # a rank that is not ready is not asked
-        a._looked_at = -adapters.REFRESH_S
+        a._looked_at = -lora.REFRESH_S
         await a.check("y")
     asyncio.run(go())
 
@@ -82,7 +83,7 @@ def test_unknown_names_ask_the_engines_at_most_once_a_refresh_period(monkeypatch
             with pytest.raises(APIError):
                 await a.check("nope")
         assert len(engines.calls) == 2
-        monkeypatch.setattr(adapters, "REFRESH_S", 0.0)
+        monkeypatch.setattr(lora, "REFRESH_S", 0.0)
         with pytest.raises(APIError):
             await a.check("nope")
         assert len(engines.calls) == 4
@@ -94,7 +95,7 @@ def test_a_known_name_is_answered_at_once_and_looked_at_again_behind_it(monkeypa
         a, engines = _adapters(1)
         engines.engines[0].loras = {"x": "/x"}
         await a.check("x")
-        monkeypatch.setattr(adapters, "REFRESH_S", 0.0)
+        monkeypatch.setattr(lora, "REFRESH_S", 0.0)
         del engines.engines[0].loras["x"]  # unloaded through another process
         await a.check("x")  # still served from what this process saw
         await asyncio.sleep(0.01)  # the look taken behind it
@@ -165,7 +166,7 @@ def test_a_cancelled_caller_does_not_leave_the_look_stuck() -> None:
         await asyncio.sleep(0.01)
         assert a._look is None
         engines.engines[0].loras = {"x": "/x"}
-        a._looked_at = -adapters.REFRESH_S
+        a._looked_at = -lora.REFRESH_S
         await a.check("x")  # a new look finds it
     asyncio.run(go())
 

@@ -35,7 +35,7 @@ from protocol import (
     make_hello,
 )
 from protocol.handshake import RejectCode
-from services.frontend.bridge import (
+from services.frontend.engine_client.bridge import (
     CONNECT_FAILED,
     CONNECTED,
     DEALER,
@@ -45,8 +45,8 @@ from services.frontend.bridge import (
     Bridge,
     Inbound,
 )
-from services.frontend.kv_index import KVIndex
-from services.frontend.stream import NOT_SENT, Stream
+from services.frontend.engine_client.inflight import NOT_SENT, InFlight
+from services.frontend.engine_client.kv_index import KVIndex
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class Engine:
     sent_since_stats: int = 0  # our requests the latest Stats may not count yet
     recent_sends: deque[float] = field(default_factory=deque)  # send times within STATS_LAG_S
     pending_prefill: int = 0  # prompt tokens of our requests that have no output yet
-    inflight: dict[str, Stream] = field(default_factory=dict)
+    inflight: dict[str, InFlight] = field(default_factory=dict)
     kv: KVIndex = field(default_factory=lambda: KVIndex(-1))
     lost: str | None = None  # its connection closed: in-flight requests fail once the sends queued are tried
     reloading: bool = False  # a new session getting this process's LoRA adapters again: no requests yet
@@ -175,7 +175,7 @@ class EngineSet:
 
     # ---- requests ----
 
-    def submit(self, engine: Engine, stream: Stream, request: GenerateRequest) -> None:
+    def submit(self, engine: Engine, stream: InFlight, request: GenerateRequest) -> None:
         assert self._bridge is not None
         frames = encode(request)  # first: if it cannot be encoded, no state has changed
         stream.rank, stream.engine_index = engine.rank, engine.index
@@ -190,7 +190,7 @@ class EngineSet:
         self._bridge.quiet = False  # before the send: its outputs are read as they come
         self._bridge.send(engine.index, frames)
 
-    def abort(self, stream: Stream) -> None:
+    def abort(self, stream: InFlight) -> None:
         """Stop a request at its engine (client gone, stop string matched)."""
         if stream.engine_index < 0:
             return
@@ -221,7 +221,7 @@ class EngineSet:
         finally:
             self._calls.pop(call_id, None)
 
-    def _finished(self, engine: Engine, stream: Stream) -> None:
+    def _finished(self, engine: Engine, stream: InFlight) -> None:
         if not stream.started:
             stream.started = True
             engine.pending_prefill -= stream.prompt_len

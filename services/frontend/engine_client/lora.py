@@ -21,15 +21,16 @@ import asyncio
 import logging
 import time
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from protocol import UtilityResult
+from services.frontend.engine_client import fanout
 from services.frontend.errors import APIError
 
 if TYPE_CHECKING:
-    from services.frontend.engines import Engine, EngineSet
+    from services.frontend.engine_client.engines import Engine, EngineSet
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ class Adapters:
         # A rank getting this process's adapters again is not asked: its list is short until then.
         ranks = [e.index for e in self._engines.engines if e.state == "ready" and not e.reloading]
         results = await self._on(ranks, "list_loras", {}, CALL_TIMEOUT_S)
-        lists = [set(r.result) for r in results if _ok(r)]
+        lists = [set(r.result) for r in results if fanout.ok(r)]
         if len(lists) < len(ranks):
             log.warning("list_loras failed on %s", self._refusals(ranks, results))
         self.served = set.intersection(*lists) if lists else set()
@@ -131,7 +132,7 @@ class Adapters:
         results = await self._on(ranks, "add_lora", {"name": name, "path": path}, LOAD_TIMEOUT_S)
         refusals = self._refusals(ranks, results)
         if refusals:
-            took = [i for i, r in zip(ranks, results, strict=True) if _ok(r) and r.result is True]
+            took = [i for i, r in zip(ranks, results, strict=True) if fanout.ok(r) and r.result is True]
             await self._on(took, "remove_lora", {"name": name}, CALL_TIMEOUT_S)
             raise APIError(400, f"lora adapter {name!r} from {path!r} failed to load: {refusals}", param="lora_path")
         self.paths[name] = path
@@ -149,23 +150,21 @@ class Adapters:
         refusals = self._refusals(ranks, results)
         if refusals:
             raise APIError(400, f"lora adapter {name!r} failed to unload: {refusals}", param="lora_name")
-        if not any(_ok(r) and r.result is True for r in results):
+        if not any(fanout.ok(r) and r.result is True for r in results):
             raise APIError(404, f"The lora adapter '{name}' cannot be found.", param="lora_name")
         log.info("lora adapter %r unloaded from %d rank(s)", name, len(ranks))
 
     async def _on(self, ranks: list[int], utility: str, args: dict[str, Any],
                   timeout_s: float) -> list[UtilityResult | BaseException]:
         """One utility call on each of `ranks` (indexes) at once; a rank's error or time-out as its result."""
-        return await asyncio.gather(*(self._engines.utility(i, utility, args, timeout_s) for i in ranks),
-                                    return_exceptions=True)
+        return await fanout.call_each(self._engines, ranks, utility, args, timeout_s)
 
     def _refusals(self, ranks: list[int], results: list[UtilityResult | BaseException]) -> str:
         """Each rank that did not answer ok, and why; empty when all did."""
-        return "; ".join(f"engine rank {self._engines.engines[i].rank}: {_why(r)}"
-                         for i, r in zip(ranks, results, strict=True) if not _ok(r))
+        return fanout.told(fanout.refusals(self._engines, ranks, results))
 
     def _ready(self, what: str) -> list[int]:
-        ranks = [e.index for e in self._engines.engines if e.state == "ready"]
+        ranks = fanout.ready_ranks(self._engines)
         if not ranks:
             raise APIError(503, f"cannot {what} a lora adapter: no engine rank is ready: {self._engines.not_ready()}")
         return ranks
@@ -210,14 +209,3 @@ def no_such_model(name: str) -> APIError:
     """vLLM's answer to a `model` it does not serve."""
     return APIError(404, f"The model `{name}` does not exist.", param="model")
 
-
-def _ok(result: UtilityResult | BaseException) -> TypeGuard[UtilityResult]:
-    return not isinstance(result, BaseException) and result.ok
-
-
-def _why(result: UtilityResult | BaseException) -> str:
-    if isinstance(result, TimeoutError):
-        return "no answer in time"
-    if isinstance(result, BaseException):
-        return repr(result)
-    return result.error or "failed"
