@@ -42,10 +42,11 @@ from services.frontend.model import Model
 from services.frontend.output import OutputProcessor
 from services.frontend.parsers import OutputParser, TokenOutputParser, build_parser
 from services.frontend.parsers.forced import NamedToolParser, RequiredToolParser
+from services.frontend.requests.engine_request import EngineRequest, OutputOptions
+from services.frontend.requests.openai_schema import parse
+from services.frontend.requests.translator import PIN_HEADER, Translator
 from services.frontend.response_writer import send_completion, send_stream, send_tokens
-from services.frontend.schema import parse
 from services.frontend.shutdown import Shutdown
-from services.frontend.translation import PIN_HEADER, EngineRequest, OutputOptions, Translator
 
 # The routes --api-key guards (vLLM's: everything under /v1, and the token-in, render and tokenize routes);
 # /health, /ready, /metrics, /version and /openapi.json stay open for probes and scrapers.

@@ -8,7 +8,7 @@ import logging
 from services.frontend.engine_client.engines import Engine, EngineSet
 from services.frontend.engine_client.inflight import InFlight
 from services.frontend.engine_client.placement import NoEngine, Placement
-from services.frontend.translation import EngineRequest
+from services.frontend.requests.engine_request import EngineRequest
 
 log = logging.getLogger(__name__)
 

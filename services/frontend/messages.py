@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from services.frontend.errors import APIError
-from services.frontend.schema import ChatMessage, ContentPart
+from services.frontend.requests.openai_schema import ChatMessage, ContentPart
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 _JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}

@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 
 from services.frontend.messages import ROLES
-from services.frontend.schema import (
+from services.frontend.requests.openai_schema import (
     BOUNDS,
     CHAT_BOUNDS,
     PROMPT_BOUNDS,
@@ -18,10 +18,10 @@ from services.frontend.schema import (
     ChatCompletionRequest,
     CompletionRequest,
 )
+from services.frontend.requests.token_in import TokenInRequest
+from services.frontend.requests.tokenization import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest
+from services.frontend.requests.translator import PIN_HEADER
 from services.frontend.text.stop_strings import MAX_STOP_CHARS, MAX_STOP_STRINGS
-from services.frontend.token_in import TokenInRequest
-from services.frontend.tokenization import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest
-from services.frontend.translation import PIN_HEADER
 
 _REF = "#/components/schemas/{name}"
 # The error body errors.py builds (no struct: it is built once per error, from a dict).

@@ -25,11 +25,11 @@ from services.frontend import responses
 from services.frontend.engine_client.inflight import CLIENT_GONE, NOT_SENT, EngineFailure, InFlight
 from services.frontend.metrics import Metrics, Parent
 from services.frontend.parsers import OutputParser, ParsedDelta, TokenOutputParser, ToolCall
+from services.frontend.requests.engine_request import EngineRequest, OutputOptions, refused_field
 from services.frontend.text.detokenizer import IncrementalDetokenizer
 from services.frontend.text.logprobs_format import Entry, LogprobsFormatter
 from services.frontend.text.stop_strings import StopChecker
 from services.frontend.text.token_strings import token_strings
-from services.frontend.translation import EngineRequest, OutputOptions, refused_field
 
 
 class EnginePort(Protocol):

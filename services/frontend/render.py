@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from protocol import SamplingParams
-from services.frontend.translation import EngineRequest
+from services.frontend.requests.engine_request import EngineRequest
 
 _json = msgspec.json.Encoder()
 _decode = msgspec.json.Decoder()

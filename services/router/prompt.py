@@ -1,6 +1,6 @@
 """A request's prompt token ids as the frontend makes them, for the precise_prefix policy (router
 process): a chat body rendered with the model's chat template and tokenized, a completions prompt
-tokenized, each with the frontend's defaults. This reproduces services/frontend/translation.py
+tokenized, each with the frontend's defaults. This reproduces services/frontend/requests/translator.py
 (Preparer.chat and .completion) and messages.template_messages, since services never import each
 other; tests/unit/router/test_prompt.py checks both give the same ids. A body the frontend would
 refuse gives no ids (the policy then routes by load, and the frontend answers the 400)."""

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from protocol import ERROR_INVALID, RequestOutput
-from services.frontend.schema import ChatCompletionRequest, CompletionRequest
+from services.frontend.requests.openai_schema import ChatCompletionRequest, CompletionRequest
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
@@ -34,7 +34,7 @@ def test_structured_outputs_has_vllms_public_fields() -> None:
 
     from vllm.sampling_params import StructuredOutputsParams
 
-    from services.frontend.schema import StructuredOutputsParams as Ours
+    from services.frontend.requests.openai_schema import StructuredOutputsParams as Ours
 
     public = {f.name for f in dataclasses.fields(StructuredOutputsParams) if f.init}
     assert public == _fields(Ours)

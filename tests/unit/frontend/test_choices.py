@@ -6,7 +6,7 @@ from prometheus_client import generate_latest
 
 from protocol import GenerateRequest, SamplingParams
 from services.frontend.metrics import Metrics
-from services.frontend.translation import EngineRequest, OutputOptions
+from services.frontend.requests.engine_request import EngineRequest, OutputOptions
 
 OPTIONS = OutputOptions(chat=True, stream=False, include_usage=False, continuous_usage=False, stop=(),
                         include_stop_str_in_output=False, skip_special_tokens=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from protocol.grpc import pb2
-from services.frontend.grpc_body import token_in_body
+from services.frontend.requests.grpc_body import token_in_body
 
 
 def test_unset_fields_stay_out_of_the_body() -> None:

@@ -11,7 +11,7 @@ import checkpoints
 from services.frontend.chat_template import ChatTemplate
 from services.frontend.errors import APIError
 from services.frontend.messages import template_messages
-from services.frontend.schema import ChatCompletionRequest, parse
+from services.frontend.requests.openai_schema import ChatCompletionRequest, parse
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather of a city",

@@ -12,7 +12,7 @@ from services.frontend.metrics import Metrics
 from services.frontend.model import Model
 from services.frontend.output import OutputProcessor
 from services.frontend.parsers import ParsedDelta, ToolCall, ToolCallDelta
-from services.frontend.translation import EngineRequest, OutputOptions
+from services.frontend.requests.engine_request import EngineRequest, OutputOptions
 
 HELLO, WORLD, COMMA = 9707, 1879, 11  # "Hello", " world", ","
 IM_END = 151645  # Qwen3's EOS

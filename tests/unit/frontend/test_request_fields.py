@@ -19,9 +19,9 @@ from openai.types import completion_create_params
 from openai.types.chat import completion_create_params as chat_create_params
 
 from protocol import MAJOR, MINOR
-from services.frontend import refusals
 from services.frontend.app import Frontend
-from services.frontend.schema import ChatCompletionRequest, CompletionRequest
+from services.frontend.requests import refusals
+from services.frontend.requests.openai_schema import ChatCompletionRequest, CompletionRequest
 from tests.support.asgi_client import Answer, request
 from tests.support.frontend_app import frontend_app
 

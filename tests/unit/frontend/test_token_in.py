@@ -1,4 +1,4 @@
-"""POST /inference/v1/generate (services/frontend/token_in.py and the token-out writers) on the
+"""POST /inference/v1/generate (services/frontend/requests/token_in.py and the token-out writers) on the
 in-process frontend, whose fake engine answers each request with one token: vLLM's request and
 response shapes, what reaches the engine, and every field of vLLM's SamplingParams honoured or
 refused with a 400 naming it."""
@@ -11,8 +11,8 @@ import msgspec
 import pytest
 
 from protocol import GenerateRequest
-from services.frontend import token_in
 from services.frontend.app import Frontend
+from services.frontend.requests import token_in
 from tests.support.asgi_client import Answer, request
 from tests.support.frontend_app import AnsweringBridge, frontend_app
 

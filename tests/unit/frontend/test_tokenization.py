@@ -1,4 +1,4 @@
-"""POST /tokenize and /detokenize (services/frontend/tokenization.py) on the in-process frontend: vLLM's
+"""POST /tokenize and /detokenize (services/frontend/requests/tokenization.py) on the in-process frontend: vLLM's
 shapes, the chat form rendered as the chat route renders it, the round trip, and every bad input a
 400 naming the field."""
 from __future__ import annotations

@@ -7,7 +7,7 @@ import msgspec
 import pytest
 
 from services.frontend.errors import APIError
-from services.frontend.tools import AUTO_NEEDS_FLAGS, check_tools, resolve_tool_choice
+from services.frontend.requests.tools import AUTO_NEEDS_FLAGS, check_tools, resolve_tool_choice
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather of a city", "strict": True,
@@ -131,7 +131,7 @@ def test_required_and_named_need_no_parser_and_name_the_function_as_given() -> N
 def test_forced_schemas_are_the_parameters_or_an_array_of_named_calls() -> None:
     import json
 
-    from services.frontend.tools import forced_schema
+    from services.frontend.requests.tools import forced_schema
 
     named = {"type": "function", "function": {"name": "get_weather"}}
     assert json.loads(forced_schema(named, (WEATHER, SEARCH), parallel=True)) == WEATHER["function"]["parameters"]
@@ -146,7 +146,7 @@ def test_forced_schemas_are_the_parameters_or_an_array_of_named_calls() -> None:
 
 
 def test_schema_checks_are_cached_by_the_schemas_json() -> None:
-    from services.frontend.tools import schema_problem
+    from services.frontend.requests.tools import schema_problem
 
     tool = _tool(name="cached", parameters={"type": "object", "properties": {"n": {"type": "integer"}}})
     check_tools([tool])

@@ -13,7 +13,8 @@ import pytest
 from protocol import SamplingParams
 from services.frontend.errors import APIError
 from services.frontend.model import Model
-from services.frontend.translation import EngineRequest, OutputOptions, Translator, refused_field
+from services.frontend.requests.engine_request import EngineRequest, OutputOptions, refused_field
+from services.frontend.requests.translator import Translator
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 COMPACT = json.dumps(SCHEMA, separators=(",", ":"))

@@ -11,7 +11,8 @@ import pytest
 
 from services.frontend.errors import APIError
 from services.frontend.model import Model
-from services.frontend.translation import EngineRequest, Translator
+from services.frontend.requests.engine_request import EngineRequest
+from services.frontend.requests.translator import Translator
 from tests.unit.frontend.test_messages import EXPECTED_QWEN3, ROUND_TRIP, WEATHER
 
 

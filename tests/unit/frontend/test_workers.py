@@ -13,7 +13,7 @@ import pytest
 
 from services.frontend.errors import APIError
 from services.frontend.model import Model
-from services.frontend.translation import Translator
+from services.frontend.requests.translator import Translator
 
 
 @pytest.fixture(scope="module")

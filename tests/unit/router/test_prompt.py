@@ -10,7 +10,7 @@ import pytest
 
 from protocol.block_hash import block_hashes
 from services.frontend.model import Model
-from services.frontend.translation import Preparer
+from services.frontend.requests.preparer import Preparer
 from services.router.prompt import PromptModel, Unrenderable
 
 

@@ -20,7 +20,7 @@ from services.frontend.model import Model
 from services.frontend.output import OutputProcessor
 from services.frontend.parsers import ParsedDelta, build_parser
 from services.frontend.parsers.harmony import MARKERS, HarmonyParser, encoding, tokenizer_problem
-from services.frontend.translation import EngineRequest, OutputOptions
+from services.frontend.requests.engine_request import EngineRequest, OutputOptions
 from tests.unit.frontend.parsers.harness import Final, args, openai_id, reassemble
 
 ANALYSIS = "<|channel|>analysis<|message|>{}<|end|><|start|>assistant"

@@ -16,14 +16,14 @@ from typing import Any
 import msgspec
 
 from services.frontend.errors import APIError
-from services.frontend.schema import (
+from services.frontend.requests.openai_schema import (
     JsonObjectFormat,
     JsonSchemaResponseFormat,
     StructuralTagFormat,
     StructuredOutputsParams,
     TextFormat,
 )
-from services.frontend.tools import schema_problem
+from services.frontend.requests.tools import schema_problem
 
 # The structured-output backend of this project's vllm engines (services/engine/backends/vllm.py).
 ENGINE_BACKEND = "xgrammar"

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from services.frontend.errors import APIError
-from services.frontend.schema import (
+from services.frontend.requests.openai_schema import (
     ChatCompletionRequest,
     CompletionRequest,
     check_common,

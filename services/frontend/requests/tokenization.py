@@ -12,8 +12,8 @@ import msgspec
 
 from services.frontend.errors import APIError
 from services.frontend.model import Model
-from services.frontend.schema import ChatMessage, parse
-from services.frontend.tools import check_tools
+from services.frontend.requests.openai_schema import ChatMessage, parse
+from services.frontend.requests.tools import check_tools
 
 _json = msgspec.json.Encoder()
 

@@ -16,8 +16,8 @@ import msgspec
 
 from protocol import SamplingParams
 from services.frontend.errors import APIError
-from services.frontend.schema import BOUNDS, StreamOptions, allowed_token_ids, bad_words, logit_bias
-from services.frontend.structured import Constraint, from_structured_outputs
+from services.frontend.requests.openai_schema import BOUNDS, StreamOptions, allowed_token_ids, bad_words, logit_bias
+from services.frontend.requests.structured import Constraint, from_structured_outputs
 from services.frontend.text.stop_strings import MAX_STOP_CHARS, MAX_STOP_STRINGS
 
 PREFIX = "sampling_params"
