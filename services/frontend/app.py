@@ -8,10 +8,9 @@ generation routes are not served.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from importlib import metadata
 
 import msgspec
@@ -30,23 +29,13 @@ from services.frontend.asgi import (
     send_json,
     watch_disconnect,
 )
-from services.frontend.config import FrontendConfig
-from services.frontend.dispatcher import Dispatcher
-from services.frontend.engine_client.engines import EngineSet
-from services.frontend.engine_client.inflight import InFlight, Wakeup
-from services.frontend.engine_client.lora import Adapters, LoadLoraBody, UnloadLoraBody
-from services.frontend.engine_client.placement import NoEngine, Placement
+from services.frontend.engine_client.lora import LoadLoraBody, UnloadLoraBody
 from services.frontend.errors import APIError, error_body
-from services.frontend.metrics import EngineView, Metrics
-from services.frontend.model import Model
-from services.frontend.output import OutputProcessor
-from services.frontend.parsers import OutputParser, TokenOutputParser, build_parser
-from services.frontend.parsers.forced import NamedToolParser, RequiredToolParser
-from services.frontend.requests.engine_request import EngineRequest, OutputOptions
+from services.frontend.generation.frontend_core import FrontendCore
+from services.frontend.generation.metrics import EngineView
+from services.frontend.requests.engine_request import EngineRequest
 from services.frontend.requests.openai_schema import parse
-from services.frontend.requests.translator import PIN_HEADER, Translator
 from services.frontend.response_writer import send_completion, send_stream, send_tokens
-from services.frontend.shutdown import Shutdown
 
 # The routes --api-key guards (vLLM's: everything under /v1, and the token-in, render and tokenize routes);
 # /health, /ready, /metrics, /version and /openapi.json stay open for probes and scrapers.
@@ -54,26 +43,15 @@ _GUARDED = ("/v1/", "/inference/", "/tokenize", "/detokenize")
 
 
 class Frontend:
-    def __init__(self, config: FrontendConfig, model: Model, engines: EngineSet, metrics: Metrics) -> None:
-        self.config = config
-        self.model = model
-        self.engines = engines
-        self.metrics = metrics
-        metrics.watch_engines(self._engine_views)
-        self.placement = Placement()
-        self.dispatcher = Dispatcher(engines, self.placement)
-        self.adapters = Adapters(engines, model.name)
-        self.shutdown = Shutdown()
-        self.translator = Translator(model, self._max_model_len, long_prompt_chars=config.long_prompt_chars,
-                                     max_concurrent_tokenizations=config.max_concurrent_tokenizations,
-                                     enable_auto_tool_choice=config.enable_auto_tool_choice,
-                                     tool_call_parser=config.tool_call_parser, reasoning_parser=config.reasoning_parser,
-                                     engine_problem=self._engine_problem, max_logprobs=config.max_logprobs,
-                                     render_max_model_len=self._context_len,
-                                     max_choices=config.max_request_choices,
-                                     stream_interval=config.stream_interval,
-                                     # render-only: no engines, so no adapters (a name not the model's is a 404)
-                                     check_adapter=None if config.render_only else self.adapters.check)
+    """The HTTP face over a FrontendCore (generation/frontend_core.py), which gRPC's face shares."""
+
+    def __init__(self, core: FrontendCore) -> None:
+        self.core = core
+        self.config = config = core.config
+        self.model = model = core.model
+        self.engines, self.metrics, self.shutdown = core.engines, core.metrics, core.shutdown
+        self.translator, self.lora = core.translator, core.lora
+        self.metrics.watch_engines(self._engine_views)
         self._created = int(time.time())
         self._keys = [k.encode() for k in config.api_keys]
         self._openapi = msgspec.json.encode(openapi.document(model.name, render_only=config.render_only,
@@ -161,9 +139,9 @@ class Frontend:
     async def _models(self, request: Request) -> Response:
         """The base model, then each LoRA adapter every ready rank serves (vLLM's entries: `parent` the base
         model, `root` the path this process loaded it from, else its name)."""
-        adapters = await self.adapters.refresh(max_age_s=1.0) if not self.config.render_only else set()
-        return Response(responses.models(self.model.name, self._max_model_len(or_zero=True), self._created,
-                                         {name: self.adapters.paths.get(name, name) for name in sorted(adapters)}),
+        adapters = await self.lora.refresh(max_age_s=1.0) if not self.config.render_only else set()
+        return Response(responses.models(self.model.name, self.core.max_model_len(or_zero=True), self._created,
+                                         {name: self.lora.paths.get(name, name) for name in sorted(adapters)}),
                         media_type="application/json")
 
     async def _load_lora(self, request: Request) -> Response:
@@ -173,13 +151,13 @@ class Frontend:
         if body.load_inplace:
             raise APIError(400, "load_inplace=true (new weights under a loaded adapter's name) is not supported: "
                                 "unload the adapter, then load it", param="load_inplace")
-        await self.adapters.load(body.lora_name, body.lora_path)
+        await self.lora.load(body.lora_name, body.lora_path)
         return Response(f"Success: LoRA adapter '{body.lora_name}' added successfully.", media_type="text/plain")
 
     async def _unload_lora(self, request: Request) -> Response:
         """vLLM's POST /v1/unload_lora_adapter {"lora_name"}."""
         body = await self._lora_body(request, UnloadLoraBody)
-        await self.adapters.unload(body.lora_name)
+        await self.lora.unload(body.lora_name)
         return Response(f"Success: LoRA adapter '{body.lora_name}' removed successfully.", media_type="text/plain")
 
     async def _lora_body(self, request: Request, kind: type[UnloadLoraBody]) -> UnloadLoraBody:
@@ -194,7 +172,7 @@ class Frontend:
     async def _openapi_json(self, request: Request) -> Response:
         """The document, its `model` enums naming the LoRA adapters served now (remade when they change)."""
         if not self.config.render_only:
-            adapters = tuple(sorted(await self.adapters.refresh(max_age_s=1.0)))
+            adapters = tuple(sorted(await self.lora.refresh(max_age_s=1.0)))
             if adapters != self._openapi_adapters:
                 self._openapi = msgspec.json.encode(openapi.document(
                     self.model.name, max_logprobs=self.config.max_logprobs, adapters=adapters))
@@ -213,7 +191,7 @@ class Frontend:
 
     async def _tokenize(self, body: bytes) -> bytes:
         tokenized = await self.translator.tokenize(body)
-        return tokenized.body(self._context_len())
+        return tokenized.body(self.core.context_len())
 
     async def _render_chat(self, body: bytes) -> bytes:
         request = await self.translator.chat(body, None, render=True)
@@ -245,7 +223,7 @@ class Frontend:
 
     async def _generate(self, requests: list[EngineRequest], receive: Receive, send: Send) -> None:
         """Placement, then output processing into the writers, until the response is sent."""
-        with self.launch(requests) as (prompts, streams, wakeup):
+        with self.core.launch(requests) as (prompts, streams, wakeup):
 
             def fail(message: str) -> None:
                 for stream in streams:
@@ -263,100 +241,6 @@ class Frontend:
                     await send_completion(send, prompts, name)
             finally:
                 watcher.cancel()
-
-    @contextlib.contextmanager
-    def launch(self, requests: list[EngineRequest]) -> Iterator[tuple[list[list[OutputProcessor]], list[InFlight],
-                                                                      Wakeup | None]]:
-        """Place and submit a response's engine requests; inside, their output processors (per prompt, per
-        choice), streams and shared wake-up; on leaving, every one still at its engine is aborted. HTTP's
-        writers and gRPC's (grpc_server.py) run inside it. `requests`: one per prompt (a completions batch
-        has several), each with its n choices; every choice is an engine request of its own, and a prompt's
-        choices go to one engine, whose prefix cache the later ones hit (the engine caches a prompt's blocks
-        as it schedules them, as vLLM's does). Raises APIError when no engine can take them."""
-        if self.shutdown.cut is not None:  # its body or tokens arrived after the shutdown deadline
-            raise APIError(503, self.shutdown.cut)
-        try:
-            engines = [self.dispatcher.choose(request) for request in requests]
-        except NoEngine as exc:
-            raise APIError(exc.status, str(exc), param=PIN_HEADER if exc.status == 400 else None) from None
-        several = len(requests) > 1 or requests[0].n > 1
-        wakeup = Wakeup() if several else None
-        prompts: list[list[OutputProcessor]] = []
-        streams: list[InFlight] = []
-        try:
-            for request, engine in zip(requests, engines, strict=True):
-                parent = self.metrics.parent(request.n) if request.n > 1 else None
-                choices = []
-                for choice in request.choices():
-                    stream = InFlight(choice.request_id, choice.prompt_len, choice.max_tokens)
-                    stream.group = wakeup
-                    if choice.output.stream:
-                        stream.interval = choice.output.stream_interval
-                    choices.append(OutputProcessor(stream, choice, tokenizer=self.model.tokenizer,
-                                                   engines=self.dispatcher, metrics=self.metrics,
-                                                   parser=self._parser(choice.output), parent=parent))
-                    self.dispatcher.submit(engine, stream, choice)
-                    self.metrics.running.inc()
-                    self.metrics.prompt_tokens.inc(choice.prompt_len)
-                    streams.append(stream)
-                prompts.append(choices)
-            with self.shutdown.running(*streams):
-                yield prompts, streams, wakeup
-        finally:
-            for stream in streams:
-                self.dispatcher.abort(stream)  # a no-op unless it is still running at its engine
-                self.metrics.running.dec()
-
-    @staticmethod
-    def _parser(options: OutputOptions) -> OutputParser | TokenOutputParser | None:
-        """The request's output parser: reasoning and tool calls, or a forced tool_choice's."""
-        # A forced tool_choice's output is structured from its first token: no reasoning to split off.
-        if isinstance(options.tool_choice, dict):
-            return NamedToolParser(options.tool_choice["function"]["name"])
-        if options.tool_choice == "required":
-            return RequiredToolParser()
-        if options.tool_parser is not None or options.reasoning_parser is not None:
-            return build_parser(options.tool_parser, options.reasoning_parser, tools=list(options.tools),
-                                prompt=options.prompt_tail)
-        return None
-
-    def _engine_problem(self, minor: int, *, backend: str | None = "vllm") -> str | None:
-        """Why some ready engine is older than protocol 1.<minor> (it would drop the fields unread) or,
-        unless `backend` is None, not of that backend (only the vllm backend honours structured output
-        and the logits controls; every backend sends logprobs), or None (translation.EngineProblem)."""
-        for engine in self.engines.engines:
-            ready = engine.ready
-            if ready is None:
-                continue
-            old = (ready.major, ready.minor) < (1, minor)
-            if backend is not None and (old or ready.backend != backend):
-                return (f"engine rank {engine.rank} cannot (its {ready.backend} backend, protocol "
-                        f"{ready.major}.{ready.minor}; the {backend} backend with protocol 1.{minor} or newer can)")
-            if old:
-                return (f"engine rank {engine.rank} does not (protocol {ready.major}.{ready.minor}; "
-                        f"1.{minor} or newer does)")
-        return None
-
-    def _max_model_len(self, *, or_zero: bool = False) -> int:
-        if self.config.render_only:
-            return self._context_len()
-        lens = [e.max_model_len for e in self.engines.engines if e.ready is not None]
-        if not lens:
-            if or_zero:
-                return 0
-            raise APIError(503, "no engine has handshaken yet: " + str(self.engines.not_ready()))
-        return min(lens)
-
-    def _context_len(self) -> int:
-        """The context length for the routes that need no engine (render, tokenize): the engines' once one
-        has handshaken, else --max-model-len or the model config's (render-only mode has no engine to ask)."""
-        lens = [e.max_model_len for e in self.engines.engines if e.ready is not None]
-        if lens:
-            return min(lens)
-        configured = self.config.max_model_len or self.model.config_max_model_len
-        if configured is None:  # render-only refuses to start so (server.py); a frontend waits for its engines
-            raise APIError(503, "no engine has handshaken yet and the model's config.json gives no context length")
-        return configured
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:

@@ -30,12 +30,12 @@ from grpc_reflection.v1alpha import reflection
 from protocol import MAJOR, MINOR
 from protocol.grpc import lock, pb2, pb2_grpc, service_names
 from protocol.logprobs import Segment
-from services.frontend.app import Frontend
 from services.frontend.engine_client import fanout
 from services.frontend.engine_client.inflight import EngineFailure, InFlight
 from services.frontend.errors import APIError
+from services.frontend.generation.frontend_core import FrontendCore
+from services.frontend.generation.output import OutputProcessor
 from services.frontend.kv_relay import KvRelay
-from services.frontend.output import OutputProcessor
 
 log = logging.getLogger(__name__)
 
@@ -129,8 +129,8 @@ async def _pieces(outputs: OutputProcessor) -> list[Any]:
 
 
 class Inference(pb2_grpc.InferenceServicer):
-    def __init__(self, app: Frontend) -> None:
-        self._app = app
+    def __init__(self, core: FrontendCore) -> None:
+        self._core = core
         self._running: dict[str, list[InFlight]] = defaultdict(list)  # caller's request id -> its streams
 
     async def Generate(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -146,16 +146,16 @@ class Inference(pb2_grpc.InferenceServicer):
     async def _translate(self, raw: bytes, *, stream: bool) -> Any:
         """The serialized GenerateRequest through the token-in route's translation (parsed there: in a
         worker process when it is long)."""
-        app = self._app
-        if app.shutdown.draining:
+        core = self._core
+        if core.shutdown.draining:
             raise _Failed(grpc.StatusCode.UNAVAILABLE, "the frontend is shutting down; send the request to another "
                                                        "replica")
-        limit = app.config.max_body_bytes
+        limit = core.config.max_body_bytes
         if len(raw) > limit:  # HTTP's 413 (the 1 GiB message limit is for UpdateWeights' tensors)
             raise _Failed(grpc.StatusCode.INVALID_ARGUMENT, f"token_ids: the request is {len(raw)} bytes, more than "
                                                             f"the server's --max-body-bytes ({limit})")
         try:
-            return await app.translator.generate(raw, None, kind="grpc_stream" if stream else "grpc")
+            return await core.translator.generate(raw, None, kind="grpc_stream" if stream else "grpc")
         except APIError as exc:
             raise _failed(exc) from None
 
@@ -200,12 +200,12 @@ class Inference(pb2_grpc.InferenceServicer):
 
     @contextlib.contextmanager
     def _launched(self, engine_request: Any) -> Iterator[OutputProcessor]:
-        """The request launched (Frontend.launch), registered for Control.Abort, its logprobs formatted
+        """The request launched (FrontendCore.launch), registered for Control.Abort, its logprobs formatted
         for gRPC; on leaving (done, failed, or the call cancelled: a client that went away or a deadline),
         aborted at its engine if still running there."""
         with contextlib.ExitStack() as stack:
             try:
-                prompts, streams, _ = stack.enter_context(self._app.launch([engine_request]))
+                prompts, streams, _ = stack.enter_context(self._core.launch([engine_request]))
             except APIError as exc:
                 raise _failed(exc) from None
             caller, stream = engine_request.output.response_id, streams[0]
@@ -231,7 +231,7 @@ class Inference(pb2_grpc.InferenceServicer):
                 continue
             for stream in streams:
                 stream.fail(ABORTED)
-                self._app.dispatcher.abort(stream)
+                self._core.submitter.abort(stream)
             done.append(caller)
         return done
 
@@ -242,13 +242,13 @@ class Inference(pb2_grpc.InferenceServicer):
 class _Ranks:
     """Utility calls on every ready rank at once; an error names each rank that failed and why."""
 
-    def __init__(self, app: Frontend) -> None:
-        self._app = app
+    def __init__(self, core: FrontendCore) -> None:
+        self._core = core
 
     def ready(self) -> list[int]:
-        ranks = fanout.ready_ranks(self._app.engines)
+        ranks = fanout.ready_ranks(self._core.engines)
         if not ranks:
-            raise _Failed(grpc.StatusCode.UNAVAILABLE, f"no engine rank is ready: {self._app.engines.not_ready()}")
+            raise _Failed(grpc.StatusCode.UNAVAILABLE, f"no engine rank is ready: {self._core.engines.not_ready()}")
         return ranks
 
     async def call(self, context: grpc.aio.ServicerContext, utility: str, frames: Sequence[bytes] = (),
@@ -256,7 +256,7 @@ class _Ranks:
         indexes = self.ready()
         left = context.time_remaining()
         timeout = UTILITY_TIMEOUT_S if left is None else max(left, 0.001)
-        engines = self._app.engines
+        engines = self._core.engines
         results = await fanout.call_each(engines, indexes, utility, args, timeout, frames)
         if any(isinstance(r, TimeoutError) for r in results):
             raise _Failed(grpc.StatusCode.DEADLINE_EXCEEDED, f"{utility}: the engines did not answer within "
@@ -280,27 +280,27 @@ def _sha256(path: Any) -> str:
 
 
 class Control(pb2_grpc.ControlServicer):
-    def __init__(self, app: Frontend, inference: Inference, started_at: float) -> None:
-        self._app, self._inference, self._ranks = app, inference, _Ranks(app)
+    def __init__(self, core: FrontendCore, inference: Inference, started_at: float) -> None:
+        self._core, self._inference, self._ranks = core, inference, _Ranks(core)
         self._started_at = started_at
-        self._tokenizer_sha = _sha256(app.model.path / "tokenizer.json")
+        self._tokenizer_sha = _sha256(core.model.path / "tokenizer.json")
         self._schema = f"{lock.describe()['package']}:{lock.fingerprint(lock.merged(None, lock.describe()))}"
 
     async def GetServerInfo(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        app = self._app
+        core = self._core
         return pb2.GetServerInfoResponse(
-            server_version=_version(), frontend_id=app.engines.frontend_id, protocol_major=MAJOR,
-            protocol_minor=MINOR, data_parallel_size=len(app.engines.engines),
-            ready_ranks=[e.rank for e in app.engines.engines if e.state == "ready"], started_at=self._started_at,
+            server_version=_version(), frontend_id=core.engines.frontend_id, protocol_major=MAJOR,
+            protocol_minor=MINOR, data_parallel_size=len(core.engines.engines),
+            ready_ranks=[e.rank for e in core.engines.engines if e.state == "ready"], started_at=self._started_at,
             grpc_schema=self._schema)
 
     async def GetModelInfo(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def info() -> Any:
-            app = self._app
-            ready = [e.ready for e in app.engines.engines if e.ready is not None]
+            core = self._core
+            ready = [e.ready for e in core.engines.engines if e.ready is not None]
             if not ready:
-                raise _Failed(grpc.StatusCode.UNAVAILABLE, f"no engine has handshaken yet: {app.engines.not_ready()}")
-            model = app.model
+                raise _Failed(grpc.StatusCode.UNAVAILABLE, f"no engine has handshaken yet: {core.engines.not_ready()}")
+            model = core.model
             return pb2.GetModelInfoResponse(
                 served_model_name=model.name, model_path=str(model.path),
                 max_model_len=min(r.max_model_len for r in ready),
@@ -312,7 +312,7 @@ class Control(pb2_grpc.ControlServicer):
 
     async def GetLoads(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         ranks = []
-        for e in self._app.engines.engines:
+        for e in self._core.engines.engines:
             s = e.stats
             load = pb2.RankLoad(rank=e.rank, state=e.state, in_flight=len(e.inflight), epoch=e.epoch)
             if s is not None and e.state == "ready":
@@ -330,7 +330,7 @@ class Control(pb2_grpc.ControlServicer):
             _need(request.name, "name", "the adapter's name, as requests will send it in lora_name")
             _need(request.path, "path", "a directory on the engines' hosts with adapter_config.json")
             try:  # as /v1/load_lora_adapter: on every ready rank or none; HTTP requests may name it as their model
-                await self._app.adapters.load(request.name, request.path)
+                await self._core.lora.load(request.name, request.path)
             except APIError as exc:
                 raise _failed(exc) from None
             return pb2.LoadLoraResponse()
@@ -340,7 +340,7 @@ class Control(pb2_grpc.ControlServicer):
         async def unload() -> Any:
             _need(request.name, "name", "a loaded adapter's name")
             try:
-                await self._app.adapters.unload(request.name)
+                await self._core.lora.unload(request.name)
             except APIError as exc:
                 raise _failed(exc) from None
             return pb2.UnloadLoraResponse()
@@ -360,7 +360,7 @@ class Control(pb2_grpc.ControlServicer):
         async def reset() -> Any:
             indexes = self._ranks.ready()
             results = await self._ranks.call(context, "reset_prefix_cache")
-            engines = self._app.engines.engines
+            engines = self._core.engines.engines
             return pb2.ResetPrefixCacheResponse(reset_ranks=[engines[i].rank for i, ok in zip(indexes, results,
                                                                                               strict=False) if ok])
         return await _guard(context, reset())
@@ -376,8 +376,8 @@ class RlControl(pb2_grpc.RlControlServicer):
     StartWeightUpdate, UpdateWeights (tensors streamed in; sent on to the engines in batches of about
     WEIGHT_BATCH_BYTES as raw frames), FinishWeightUpdate (the new weights serve from then on)."""
 
-    def __init__(self, app: Frontend) -> None:
-        self._ranks = _Ranks(app)
+    def __init__(self, core: FrontendCore) -> None:
+        self._ranks = _Ranks(core)
 
     async def PauseGeneration(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def pause() -> Any:
@@ -571,14 +571,14 @@ class GrpcServer:
     """The gRPC services on this process's loop. start() binds (raises OSError when the port cannot be
     had), stop(grace) ends it: running calls get `grace` seconds."""
 
-    def __init__(self, app: Frontend, relay: KvRelay, *, host: str, port: int, api_keys: Sequence[str]) -> None:
-        self.app, self.relay = app, relay
+    def __init__(self, core: FrontendCore, relay: KvRelay, *, host: str, port: int, api_keys: Sequence[str]) -> None:
+        self.core, self.relay = core, relay
         self._host, self._port = host, port
         interceptors = [_Auth(api_keys)] if api_keys else []
         self.server = grpc.aio.server(interceptors=interceptors, options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0)])
-        self.inference = Inference(app)
+        self.inference = Inference(core)
         # Inference's requests reach the handlers serialized: translation parses them where it would parse
         # an HTTP body (in a worker process when long), not the event loop.
         out = pb2.GenerateResponse.SerializeToString
@@ -586,8 +586,8 @@ class GrpcServer:
             "Generate": grpc.unary_unary_rpc_method_handler(self.inference.Generate, response_serializer=out),
             "GenerateStream": grpc.unary_stream_rpc_method_handler(self.inference.GenerateStream,
                                                                     response_serializer=out)}),))
-        pb2_grpc.add_ControlServicer_to_server(Control(app, self.inference, time.time()), self.server)
-        pb2_grpc.add_RlControlServicer_to_server(RlControl(app), self.server)
+        pb2_grpc.add_ControlServicer_to_server(Control(core, self.inference, time.time()), self.server)
+        pb2_grpc.add_RlControlServicer_to_server(RlControl(core), self.server)
         pb2_grpc.add_KvEventsServicer_to_server(KvEvents(relay), self.server)
         self.health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -604,7 +604,7 @@ class GrpcServer:
         if not self.port:
             raise OSError(f"--grpc-port {self._port}: cannot listen on {address}")
         await self.server.start()
-        await self.set_serving(self.app.engines.all_ready())
+        await self.set_serving(self.core.engines.all_ready())
         log.info("gRPC serving %s:%d (%s; health, reflection)", self._host, self.port,
                  ", ".join(s.rsplit(".", 1)[1] for s in service_names()))
 

@@ -15,7 +15,7 @@ from services.frontend import responses
 from services.frontend.asgi import send_json
 from services.frontend.engine_client.inflight import EngineFailure, Wakeup
 from services.frontend.errors import error_body
-from services.frontend.output import OutputProcessor, Piece
+from services.frontend.generation.output import OutputProcessor, Piece, usage_body
 from services.frontend.text.logprobs_format import Entry
 
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
@@ -80,7 +80,7 @@ def _prompt_logprobs(outputs: OutputProcessor) -> str | None:
 def group_usage(prompts: list[list[OutputProcessor]]) -> dict[str, Any]:
     """A request's usage over its prompts and their choices, as vLLM sums it: each prompt's tokens once
     (its cached tokens as its first choice found them), every choice's completion tokens."""
-    return responses.usage(sum(p[0].stream.prompt_len for p in prompts),
+    return usage_body(sum(p[0].stream.prompt_len for p in prompts),
                            sum(o.completion_tokens for p in prompts for o in p),
                            sum(p[0].cached_tokens for p in prompts))
 

@@ -13,14 +13,6 @@ _json = msgspec.json.Encoder()
 DONE = b"data: [DONE]\n\n"
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
-    body: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                            "total_tokens": prompt_tokens + completion_tokens}
-    if cached_tokens:
-        body["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
-    return body
-
-
 class ChunkWriter:
     """SSE events of one streamed response (chat or text completion)."""
 

@@ -21,8 +21,9 @@ from hypercorn.config import Config as HypercornConfig
 from services.frontend.app import Frontend
 from services.frontend.config import FrontendConfig
 from services.frontend.engine_client.engines import EngineSet
+from services.frontend.generation.frontend_core import FrontendCore
+from services.frontend.generation.metrics import Metrics
 from services.frontend.managed import ManagedEngines
-from services.frontend.metrics import Metrics
 from services.frontend.model import Model
 from services.frontend.parsers.harmony import tokenizer_problem
 
@@ -55,7 +56,8 @@ async def run(config: FrontendConfig, server_index: int = 0) -> int:
                         heartbeat_interval_s=config.heartbeat_interval_s, auth_token=config.auth_token)
     if not config.render_only:  # render-only: no engine, so no socket thread either
         engines.start()
-    app = Frontend(config, model, engines, Metrics(config.model_name))
+    core = FrontendCore(config, model, engines, Metrics(config.model_name))
+    app = Frontend(core)
     grpc_server = None
     if config.grpc_port and server_index == 0:
         from services.frontend.grpc_server import GrpcServer  # grpcio only where gRPC is served
@@ -63,7 +65,7 @@ async def run(config: FrontendConfig, server_index: int = 0) -> int:
 
         engines.relay = relay = KvRelay(lambda: [(e.rank, e.epoch, e.kv.blocks, e.block_size)
                                                  for e in engines.engines if e.state == "ready"])
-        grpc_server = GrpcServer(app, relay, host=config.host, port=config.grpc_port, api_keys=config.api_keys)
+        grpc_server = GrpcServer(core, relay, host=config.host, port=config.grpc_port, api_keys=config.api_keys)
         try:
             await grpc_server.start()
         except OSError as exc:
@@ -173,7 +175,7 @@ async def run(config: FrontendConfig, server_index: int = 0) -> int:
         if grpc_server is not None:  # new calls refused, running ones drained with the HTTP ones
             grpc_server.relay.close()  # KV event streams end now: they never finish on their own
             grpc_task = loop.create_task(grpc_server.stop(0.0 if now.is_set() else config.shutdown_timeout_s))
-        await app.shutdown.drain(0.0 if now.is_set() else config.shutdown_timeout_s, now)
+        await core.shutdown.drain(0.0 if now.is_set() else config.shutdown_timeout_s, now)
         if grpc_server is not None:
             await grpc_task
         stop.set()
@@ -199,7 +201,7 @@ async def run(config: FrontendConfig, server_index: int = 0) -> int:
     finally:
         for t in tasks:
             t.cancel()
-        app.translator.close()
+        core.close()
         await engines.close()
         tell_siblings()
         for p in siblings:

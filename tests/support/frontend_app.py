@@ -23,7 +23,8 @@ from protocol.logprobs import pack
 from services.frontend.app import Frontend
 from services.frontend.config import FrontendConfig
 from services.frontend.engine_client.engines import EngineSet
-from services.frontend.metrics import Metrics
+from services.frontend.generation.frontend_core import FrontendCore
+from services.frontend.generation.metrics import Metrics
 from services.frontend.model import Model
 
 ADDRESS = "tcp://engine:1"
@@ -71,11 +72,11 @@ def frontend_app(max_model_len: int = 4096, *, backend: str = "sim", minor: int 
                           time.monotonic())
     config = FrontendConfig(model="tiny", data_parallel_size=1, data_parallel_size_local=0,
                             engine_addresses=(ADDRESS,), max_logprobs=max_logprobs)
-    return Frontend(config, Model.load("tiny", "tiny"), engines, Metrics("tiny"))
+    return Frontend(FrontendCore(config, Model.load("tiny", "tiny"), engines, Metrics("tiny")))
 
 
 def render_only_app(max_model_len: int | None = None) -> Frontend:
     """A frontend started with --render-only: the tiny model, no engine at all."""
     engines = EngineSet([], frontend_id="test", engine_timeout_s=60, heartbeat_interval_s=1)
     config = FrontendConfig(model="tiny", data_parallel_size_local=0, render_only=True, max_model_len=max_model_len)
-    return Frontend(config, Model.load("tiny", "tiny"), engines, Metrics("tiny"))
+    return Frontend(FrontendCore(config, Model.load("tiny", "tiny"), engines, Metrics("tiny")))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 
 from protocol import GenerateRequest, SamplingParams
-from services.frontend.metrics import Metrics
+from services.frontend.generation.metrics import Metrics
 from services.frontend.requests.engine_request import EngineRequest, OutputOptions
 
 OPTIONS = OutputOptions(chat=True, stream=False, include_usage=False, continuous_usage=False, stop=(),

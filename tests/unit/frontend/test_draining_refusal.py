@@ -14,7 +14,8 @@ from protocol import GenerateRequest, Outputs, Ready, RequestOutput, decode
 from services.frontend.app import Frontend
 from services.frontend.config import FrontendConfig
 from services.frontend.engine_client.engines import EngineSet
-from services.frontend.metrics import Metrics
+from services.frontend.generation.frontend_core import FrontendCore
+from services.frontend.generation.metrics import Metrics
 from services.frontend.model import Model
 
 
@@ -67,7 +68,7 @@ def _fleet(model: Model) -> tuple[Frontend, EngineSet, _Bridge]:
                           time.monotonic())
     config = FrontendConfig(model="tiny", data_parallel_size=2, data_parallel_size_local=0,
                             engine_addresses=("tcp://a:1", "tcp://b:2"))
-    return Frontend(config, model, engines, Metrics("tiny")), engines, bridge
+    return Frontend(FrontendCore(config, model, engines, Metrics("tiny"))), engines, bridge
 
 
 async def _answer(engines: EngineSet, bridge: _Bridge, n: int, *outputs: RequestOutput) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from protocol import ITERATION_TOKENS_BUCKETS, Stats
-from services.frontend.metrics import EngineView, Metrics
+from services.frontend.generation.metrics import EngineView, Metrics
 
 
 def _samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

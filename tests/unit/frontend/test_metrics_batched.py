@@ -1,11 +1,11 @@
-"""BatchedHistogram (services/frontend/metrics.py): observations counted locally and added at flush give
+"""BatchedHistogram (services/frontend/generation/metrics.py): observations counted locally and added at flush give
 the samples prometheus-client's own observe gives, bucket edges, +Inf and negatives included; and
 /metrics flushes before it renders."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from services.frontend.metrics import BatchedHistogram, Metrics
+from services.frontend.generation.metrics import BatchedHistogram, Metrics
 
 BUCKETS = (0.001, 0.01, 0.1, 1.0)
 VALUES = [0.0005, 0.001, 0.0010001, 0.01, 0.05, 0.1, 1.0, 1.5, 1e9, -3.0, 0.0]

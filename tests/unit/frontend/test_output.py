@@ -8,9 +8,9 @@ import pytest
 
 from protocol import GenerateRequest, RequestOutput, RequestTimings, SamplingParams
 from services.frontend.engine_client.inflight import CLIENT_GONE, EngineFailure, InFlight
-from services.frontend.metrics import Metrics
+from services.frontend.generation.metrics import Metrics
+from services.frontend.generation.output import OutputProcessor
 from services.frontend.model import Model
-from services.frontend.output import OutputProcessor
 from services.frontend.parsers import ParsedDelta, ToolCall, ToolCallDelta
 from services.frontend.requests.engine_request import EngineRequest, OutputOptions
 

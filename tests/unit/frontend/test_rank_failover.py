@@ -15,7 +15,8 @@ from services.frontend.app import Frontend
 from services.frontend.config import FrontendConfig
 from services.frontend.engine_client.bridge import DISCONNECTED, FLUSHED, SEND_FAILED, Inbound
 from services.frontend.engine_client.engines import EngineSet
-from services.frontend.metrics import Metrics
+from services.frontend.generation.frontend_core import FrontendCore
+from services.frontend.generation.metrics import Metrics
 from services.frontend.model import Model
 from tests.support.asgi_client import Answer, request
 
@@ -75,7 +76,7 @@ def _fleet(model: Model, *, auto: bool = True) -> tuple[Frontend, EngineSet, _So
                           time.monotonic())
     config = FrontendConfig(model="tiny", data_parallel_size=2, data_parallel_size_local=0,
                             engine_addresses=("tcp://a:1", "tcp://b:2"))
-    return Frontend(config, model, engines, Metrics("tiny")), engines, sockets
+    return Frontend(FrontendCore(config, model, engines, Metrics("tiny"))), engines, sockets
 
 
 async def _sent(sockets: _Sockets, n: int) -> tuple[int, GenerateRequest]:

@@ -6,9 +6,10 @@ import json
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from services.frontend import responses
+from services.frontend.generation.output import usage_body
 from services.frontend.parsers import ParsedDelta, ToolCall, ToolCallDelta
 
-USE = responses.usage(3, 4)
+USE = usage_body(3, 4)
 
 
 def _chunk(event: bytes) -> ChatCompletionChunk:

@@ -13,7 +13,8 @@ from protocol import Abort, GenerateRequest, Outputs, Ready, RequestOutput, deco
 from services.frontend.app import Frontend
 from services.frontend.config import FrontendConfig
 from services.frontend.engine_client.engines import EngineSet
-from services.frontend.metrics import Metrics
+from services.frontend.generation.frontend_core import FrontendCore
+from services.frontend.generation.metrics import Metrics
 from services.frontend.model import Model
 from tests.support.asgi_client import request
 
@@ -45,7 +46,7 @@ def _frontend(model: Model) -> tuple[Frontend, EngineSet, _Bridge]:
     engines._on_ready(engines.engines[0], Ready(0, "tiny", 4096, 16, 1000, "sim", "test", "e"), time.monotonic())
     config = FrontendConfig(model="tiny", data_parallel_size=1, data_parallel_size_local=0,
                             engine_addresses=("tcp://a:1",))
-    return Frontend(config, model, engines, Metrics("tiny")), engines, bridge
+    return Frontend(FrontendCore(config, model, engines, Metrics("tiny"))), engines, bridge
 
 
 async def _running(app: Frontend, engines: EngineSet, bridge: _Bridge, n: int, **body: Any) -> list[asyncio.Task]:  # type: ignore[type-arg]

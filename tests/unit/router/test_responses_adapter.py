@@ -16,6 +16,7 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 
 from services.frontend import responses as upstream
+from services.frontend.generation.output import usage_body
 from services.router.adapters import AdapterError
 from services.router.adapters.responses import ResponsesStream, chat_to_response
 from services.router.adapters.responses_request import responses_to_chat
@@ -29,12 +30,12 @@ def chat_chunks(pieces: list[str], finish: str = "stop", stop_reason: int | str 
     """The chunks a fleet frontend streams for these pieces, with include_usage set, parsed."""
     writer = upstream.ChunkWriter("chatcmpl-1", MODEL, chat=True)
     raw = [writer.role(), *(writer.text(p) for p in pieces), writer.finish(finish, stop_reason),
-           writer.usage(upstream.usage(*usage))]
+           writer.usage(usage_body(*usage))]
     return [json.loads(event.removeprefix(b"data: ")) for event in raw]
 
 
 def chat_body(text: str, finish: str = "stop", usage: tuple[int, int, int] = (12, 3, 0)) -> dict[str, Any]:
-    return json.loads(upstream.chat_completion("chatcmpl-1", MODEL, text, finish, None, upstream.usage(*usage)))
+    return json.loads(upstream.chat_completion("chatcmpl-1", MODEL, text, finish, None, usage_body(*usage)))
 
 
 def replay(chunks: list[dict[str, Any]], seen: list[dict[str, Any]]) -> Callable[[dict[str, Any]], Iterator[bytes]]:

@@ -15,9 +15,9 @@ import pytest
 from protocol import GenerateRequest, RequestOutput, SamplingParams
 from services.frontend.config import parse_args
 from services.frontend.engine_client.inflight import InFlight
-from services.frontend.metrics import Metrics
+from services.frontend.generation.metrics import Metrics
+from services.frontend.generation.output import OutputProcessor
 from services.frontend.model import Model
-from services.frontend.output import OutputProcessor
 from services.frontend.parsers import ParsedDelta, build_parser
 from services.frontend.parsers.harmony import MARKERS, HarmonyParser, encoding, tokenizer_problem
 from services.frontend.requests.engine_request import EngineRequest, OutputOptions

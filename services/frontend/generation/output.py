@@ -21,15 +21,23 @@ from tokenizers import Tokenizer
 
 from protocol import ERROR_DRAINING, ERROR_INVALID, ProtocolError, RequestOutput, RequestTimings
 from protocol.logprobs import Segment, unpack
-from services.frontend import responses
 from services.frontend.engine_client.inflight import CLIENT_GONE, NOT_SENT, EngineFailure, InFlight
-from services.frontend.metrics import Metrics, Parent
+from services.frontend.generation.metrics import Metrics, Parent
 from services.frontend.parsers import OutputParser, ParsedDelta, TokenOutputParser, ToolCall
 from services.frontend.requests.engine_request import EngineRequest, OutputOptions, refused_field
 from services.frontend.text.detokenizer import IncrementalDetokenizer
 from services.frontend.text.logprobs_format import Entry, LogprobsFormatter
 from services.frontend.text.stop_strings import StopChecker
 from services.frontend.text.token_strings import token_strings
+
+
+def usage_body(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+    """A response's usage, in OpenAI's shape (the writers' and output processing's)."""
+    body: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                            "total_tokens": prompt_tokens + completion_tokens}
+    if cached_tokens:
+        body["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return body
 
 
 class EnginePort(Protocol):
@@ -277,7 +285,7 @@ class OutputProcessor:
 
     def usage(self, completion_tokens: int) -> dict[str, Any]:
         """The usage body with this many completion tokens (the total once finished, or so far)."""
-        return responses.usage(self.stream.prompt_len, completion_tokens, self.cached_tokens)
+        return usage_body(self.stream.prompt_len, completion_tokens, self.cached_tokens)
 
     def _finished(self, reason: str, stop_reason: int | str | None, timings: RequestTimings | None,
                   decode_time: float | None = None) -> None:

@@ -13,7 +13,7 @@ from services.frontend.requests.engine_request import EngineRequest
 log = logging.getLogger(__name__)
 
 
-class Dispatcher:
+class Submitter:
     """The engines as the request handlers and output processing (its EnginePort) see them."""
 
     def __init__(self, engines: EngineSet, placement: Placement) -> None:

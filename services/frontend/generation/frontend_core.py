@@ -1,0 +1,143 @@
+"""The generation core that the HTTP and gRPC faces share, one per API server process: the engines, the
+translator, placement and submission, the LoRA registry, shutdown and metrics, and the launch of a
+response's engine requests with their output processing. Runs on the API server's event loop."""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from services.frontend.config import FrontendConfig
+from services.frontend.engine_client.engines import EngineSet
+from services.frontend.engine_client.inflight import InFlight, Wakeup
+from services.frontend.engine_client.lora import Adapters
+from services.frontend.engine_client.placement import NoEngine, Placement
+from services.frontend.errors import APIError
+from services.frontend.generation.metrics import Metrics
+from services.frontend.generation.output import OutputProcessor
+from services.frontend.generation.shutdown import Shutdown
+from services.frontend.generation.submitter import Submitter
+from services.frontend.model import Model
+from services.frontend.parsers import OutputParser, TokenOutputParser, build_parser
+from services.frontend.parsers.forced import NamedToolParser, RequiredToolParser
+from services.frontend.requests.engine_request import EngineRequest, OutputOptions
+from services.frontend.requests.translator import PIN_HEADER, Translator
+
+
+class FrontendCore:
+    def __init__(self, config: FrontendConfig, model: Model, engines: EngineSet, metrics: Metrics) -> None:
+        self.config = config
+        self.model = model
+        self.engines = engines
+        self.metrics = metrics
+        self.placement = Placement()
+        self.submitter = Submitter(engines, self.placement)
+        self.lora = Adapters(engines, model.name)
+        self.shutdown = Shutdown()
+        self.translator = Translator(model, self.max_model_len, long_prompt_chars=config.long_prompt_chars,
+                                     max_concurrent_tokenizations=config.max_concurrent_tokenizations,
+                                     enable_auto_tool_choice=config.enable_auto_tool_choice,
+                                     tool_call_parser=config.tool_call_parser, reasoning_parser=config.reasoning_parser,
+                                     engine_problem=self.engine_problem, max_logprobs=config.max_logprobs,
+                                     render_max_model_len=self.context_len,
+                                     max_choices=config.max_request_choices,
+                                     stream_interval=config.stream_interval,
+                                     # render-only: no engines, so no adapters (a name not the model's is a 404)
+                                     check_adapter=None if config.render_only else self.lora.check)
+
+    def close(self) -> None:
+        self.translator.close()
+
+    @contextlib.contextmanager
+    def launch(self, requests: list[EngineRequest]) -> Iterator[tuple[list[list[OutputProcessor]], list[InFlight],
+                                                                      Wakeup | None]]:
+        """Place and submit a response's engine requests; inside, their output processors (per prompt, per
+        choice), in-flight requests and shared wake-up; on leaving, every one still at its engine is aborted.
+        HTTP's writers and gRPC's run inside it. `requests`: one per prompt (a completions batch
+        has several), each with its n choices; every choice is an engine request of its own, and a prompt's
+        choices go to one engine, whose prefix cache the later ones hit (the engine caches a prompt's blocks
+        as it schedules them, as vLLM's does). Raises APIError when no engine can take them."""
+        if self.shutdown.cut is not None:  # its body or tokens arrived after the shutdown deadline
+            raise APIError(503, self.shutdown.cut)
+        try:
+            engines = [self.submitter.choose(request) for request in requests]
+        except NoEngine as exc:
+            raise APIError(exc.status, str(exc), param=PIN_HEADER if exc.status == 400 else None) from None
+        several = len(requests) > 1 or requests[0].n > 1
+        wakeup = Wakeup() if several else None
+        prompts: list[list[OutputProcessor]] = []
+        streams: list[InFlight] = []
+        try:
+            for request, engine in zip(requests, engines, strict=True):
+                parent = self.metrics.parent(request.n) if request.n > 1 else None
+                choices = []
+                for choice in request.choices():
+                    stream = InFlight(choice.request_id, choice.prompt_len, choice.max_tokens)
+                    stream.group = wakeup
+                    if choice.output.stream:
+                        stream.interval = choice.output.stream_interval
+                    choices.append(OutputProcessor(stream, choice, tokenizer=self.model.tokenizer,
+                                                   engines=self.submitter, metrics=self.metrics,
+                                                   parser=output_parser(choice.output), parent=parent))
+                    self.submitter.submit(engine, stream, choice)
+                    self.metrics.running.inc()
+                    self.metrics.prompt_tokens.inc(choice.prompt_len)
+                    streams.append(stream)
+                prompts.append(choices)
+            with self.shutdown.running(*streams):
+                yield prompts, streams, wakeup
+        finally:
+            for stream in streams:
+                self.submitter.abort(stream)  # a no-op unless it is still running at its engine
+                self.metrics.running.dec()
+
+    def engine_problem(self, minor: int, *, backend: str | None = "vllm") -> str | None:
+        """Why some ready engine is older than protocol 1.<minor> (it would drop the fields unread) or,
+        unless `backend` is None, not of that backend (only the vllm backend honours structured output
+        and the logits controls; every backend sends logprobs), or None (translator.EngineProblem)."""
+        for engine in self.engines.engines:
+            ready = engine.ready
+            if ready is None:
+                continue
+            old = (ready.major, ready.minor) < (1, minor)
+            if backend is not None and (old or ready.backend != backend):
+                return (f"engine rank {engine.rank} cannot (its {ready.backend} backend, protocol "
+                        f"{ready.major}.{ready.minor}; the {backend} backend with protocol 1.{minor} or newer can)")
+            if old:
+                return (f"engine rank {engine.rank} does not (protocol {ready.major}.{ready.minor}; "
+                        f"1.{minor} or newer does)")
+        return None
+
+    def max_model_len(self, *, or_zero: bool = False) -> int:
+        """The engines' context length (503 while none has handshaken, or 0 with `or_zero`)."""
+        if self.config.render_only:
+            return self.context_len()
+        lens = [e.max_model_len for e in self.engines.engines if e.ready is not None]
+        if not lens:
+            if or_zero:
+                return 0
+            raise APIError(503, "no engine has handshaken yet: " + str(self.engines.not_ready()))
+        return min(lens)
+
+    def context_len(self) -> int:
+        """The context length for the routes that need no engine (render, tokenize): the engines' once one
+        has handshaken, else --max-model-len or the model config's (render-only mode has no engine to ask)."""
+        lens = [e.max_model_len for e in self.engines.engines if e.ready is not None]
+        if lens:
+            return min(lens)
+        configured = self.config.max_model_len or self.model.config_max_model_len
+        if configured is None:  # render-only refuses to start so (server.py); a frontend waits for its engines
+            raise APIError(503, "no engine has handshaken yet and the model's config.json gives no context length")
+        return configured
+
+
+def output_parser(options: OutputOptions) -> OutputParser | TokenOutputParser | None:
+    """The request's output parser: reasoning and tool calls, or a forced tool_choice's."""
+    # A forced tool_choice's output is structured from its first token: no reasoning to split off.
+    if isinstance(options.tool_choice, dict):
+        return NamedToolParser(options.tool_choice["function"]["name"])
+    if options.tool_choice == "required":
+        return RequiredToolParser()
+    if options.tool_parser is not None or options.reasoning_parser is not None:
+        return build_parser(options.tool_parser, options.reasoning_parser, tools=list(options.tools),
+                            prompt=options.prompt_tail)
+    return None
