@@ -18,11 +18,11 @@ import uvicorn
 from hypercorn.asyncio import serve
 from hypercorn.config import Config as HypercornConfig
 
-from services.frontend.app import Frontend
 from services.frontend.config import FrontendConfig
 from services.frontend.engine_client.engines import EngineSet
 from services.frontend.generation.frontend_core import FrontendCore
 from services.frontend.generation.metrics import Metrics
+from services.frontend.http_api.app import Frontend
 from services.frontend.managed import ManagedEngines
 from services.frontend.model import Model
 from services.frontend.parsers.harmony import tokenizer_problem
@@ -60,8 +60,8 @@ async def run(config: FrontendConfig, server_index: int = 0) -> int:
     app = Frontend(core)
     grpc_server = None
     if config.grpc_port and server_index == 0:
-        from services.frontend.grpc_server import GrpcServer  # grpcio only where gRPC is served
-        from services.frontend.kv_relay import KvRelay
+        from services.frontend.grpc_api.grpc_server import GrpcServer  # grpcio only where gRPC is served
+        from services.frontend.grpc_api.kv_relay import KvRelay
 
         engines.relay = relay = KvRelay(lambda: [(e.rank, e.epoch, e.kv.blocks, e.block_size)
                                                  for e in engines.engines if e.state == "ready"])

@@ -1,4 +1,4 @@
-"""A frontend ASGI app (services/frontend/app.py) for in-process tests: the tiny model, one engine rank
+"""A frontend ASGI app (services/frontend/http_api/app.py) for in-process tests: the tiny model, one engine rank
 handshaken, its socket replaced by a fake bridge that answers every request at once with one token (and
 the logprobs it asked for: every token ranked first), and list_loras with no adapters."""
 from __future__ import annotations
@@ -20,11 +20,11 @@ from protocol import (
     decode,
 )
 from protocol.logprobs import pack
-from services.frontend.app import Frontend
 from services.frontend.config import FrontendConfig
 from services.frontend.engine_client.engines import EngineSet
 from services.frontend.generation.frontend_core import FrontendCore
 from services.frontend.generation.metrics import Metrics
+from services.frontend.http_api.app import Frontend
 from services.frontend.model import Model
 
 ADDRESS = "tcp://engine:1"

@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 from protocol import AllCleared, BlockRemoved, BlockStored
-from services.frontend.kv_relay import KvRelay
+from services.frontend.grpc_api.kv_relay import KvRelay
 
 HELD = {0: {11, 12}, 1: set()}
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from protocol import Ready
-from services.frontend.app import Frontend
+from services.frontend.http_api.app import Frontend
 from tests.support.asgi_client import Answer, request
 from tests.support.frontend_app import AnsweringBridge, frontend_app
 

@@ -1,4 +1,4 @@
-"""The frontend's OpenAPI document (services/frontend/openapi.py) held to the parser it describes: it
+"""The frontend's OpenAPI document (services/frontend/http_api/openapi.py) held to the parser it describes: it
 is served at /openapi.json and loads in schemathesis; every documented field sent with a type the
 document does not allow is a 400 naming that field; every documented enum value and range end is
 accepted."""
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import schemathesis
 
-from services.frontend.app import Frontend
-from services.frontend.openapi import ERROR_SCHEMA, document
+from services.frontend.http_api.app import Frontend
+from services.frontend.http_api.openapi import ERROR_SCHEMA, document
 from tests.support.asgi_client import Answer, request
 from tests.support.frontend_app import frontend_app
 from tests.support.openapi_checks import Probe, documented_values, wrong_types

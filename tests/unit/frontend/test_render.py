@@ -1,4 +1,4 @@
-"""The render routes (services/frontend/render.py) and render-only mode: vLLM's shape, the rendered
+"""The render routes (services/frontend/http_api/render.py) and render-only mode: vLLM's shape, the rendered
 request read back by the token-in route as the same engine request the chat and completions routes
 send, and a frontend with no engine."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from protocol import GenerateRequest, Ready
-from services.frontend.app import Frontend
 from services.frontend.config import parse_args
+from services.frontend.http_api.app import Frontend
 from tests.support.asgi_client import Answer, request
 from tests.support.frontend_app import AnsweringBridge, frontend_app, render_only_app
 

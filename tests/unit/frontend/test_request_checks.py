@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from services.frontend.app import Frontend
+from services.frontend.http_api.app import Frontend
 from tests.support.asgi_client import Answer, request
 from tests.support.frontend_app import frontend_app
 

@@ -19,7 +19,7 @@ from openai.types import completion_create_params
 from openai.types.chat import completion_create_params as chat_create_params
 
 from protocol import MAJOR, MINOR
-from services.frontend.app import Frontend
+from services.frontend.http_api.app import Frontend
 from services.frontend.requests import refusals
 from services.frontend.requests.openai_schema import ChatCompletionRequest, CompletionRequest
 from tests.support.asgi_client import Answer, request

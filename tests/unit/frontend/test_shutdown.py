@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from protocol import Abort, GenerateRequest, Outputs, Ready, RequestOutput, decode
-from services.frontend.app import Frontend
 from services.frontend.config import FrontendConfig
 from services.frontend.engine_client.engines import EngineSet
 from services.frontend.generation.frontend_core import FrontendCore
 from services.frontend.generation.metrics import Metrics
+from services.frontend.http_api.app import Frontend
 from services.frontend.model import Model
 from tests.support.asgi_client import request
 

@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from protocol import GenerateRequest
-from services.frontend.app import Frontend
+from services.frontend.http_api.app import Frontend
 from services.frontend.requests import token_in
 from tests.support.asgi_client import Answer, request
 from tests.support.frontend_app import AnsweringBridge, frontend_app

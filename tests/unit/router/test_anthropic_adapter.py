@@ -16,8 +16,8 @@ import pytest
 from anthropic.types import Message, RawMessageStreamEvent
 from anthropic.types.shared import ErrorResponse
 
-from services.frontend import responses as upstream
 from services.frontend.generation.output import usage_body
+from services.frontend.http_api import openai_bodies as upstream
 from services.router.adapters import AdapterError
 from services.router.adapters.anthropic import MessagesStream, anthropic_error, chat_to_message
 from services.router.adapters.anthropic_request import messages_to_chat

@@ -15,8 +15,8 @@ import pydantic
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 
-from services.frontend import responses as upstream
 from services.frontend.generation.output import usage_body
+from services.frontend.http_api import openai_bodies as upstream
 from services.router.adapters import AdapterError
 from services.router.adapters.responses import ResponsesStream, chat_to_response
 from services.router.adapters.responses_request import responses_to_chat

@@ -11,11 +11,11 @@ from typing import Any
 
 from starlette.types import Send
 
-from services.frontend import responses
-from services.frontend.asgi import send_json
 from services.frontend.engine_client.inflight import EngineFailure, Wakeup
 from services.frontend.errors import error_body
 from services.frontend.generation.output import OutputProcessor, Piece, usage_body
+from services.frontend.http_api import openai_bodies
+from services.frontend.http_api.asgi import send_json
 from services.frontend.text.logprobs_format import Entry
 
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
@@ -63,10 +63,10 @@ def _choice(index: int, outputs: OutputProcessor, got: _Collected) -> dict[str, 
         logprobs = formatter.render(got.entries + outputs.tail_logprobs)
     text = "".join(got.parts)
     if options.chat:
-        return responses.chat_choice(index, text, got.finish, outputs.stop_reason,
+        return openai_bodies.chat_choice(index, text, got.finish, outputs.stop_reason,
                                      reasoning="".join(got.reasoning) if outputs.parsing else None,
                                      tool_calls=outputs.calls if outputs.parsing else None, logprobs=logprobs)
-    return responses.text_choice(index, text, got.finish, outputs.stop_reason, logprobs=logprobs,
+    return openai_bodies.text_choice(index, text, got.finish, outputs.stop_reason, logprobs=logprobs,
                                  prompt_logprobs=_prompt_logprobs(outputs))
 
 
@@ -102,7 +102,7 @@ async def send_completion(send: Send, prompts: list[list[OutputProcessor]], mode
     use = group_usage(prompts)  # one choice: its own usage
     bodies = [_choice(i, o, got) for i, (o, got) in enumerate(zip(choices, collected, strict=True))]
     prompt_logprobs = _prompt_logprobs(first) if options.chat else None  # a completion's are its choices'
-    body = responses.completion_body(options.response_id or first.stream.request_id, model, bodies, use,
+    body = openai_bodies.completion_body(options.response_id or first.stream.request_id, model, bodies, use,
                                      chat=options.chat, prompt_logprobs=prompt_logprobs)
     await send_json(send, 200, body, [_rank_header(first)])
 
@@ -121,7 +121,7 @@ async def _gather(choices: list[OutputProcessor]) -> list[_Collected]:
             task.cancel()
 
 
-def _events(writer: responses.ChunkWriter, outputs: OutputProcessor, pieces: list[Piece],
+def _events(writer: openai_bodies.ChunkWriter, outputs: OutputProcessor, pieces: list[Piece],
             render: Callable[[list[Entry]], str] | None) -> list[bytes]:
     """The SSE events of one choice's latest pieces, and its finish event once it finished. With a
     stream_interval, the text pieces of one wake-up (several tokens') go out as one event, as vLLM
@@ -189,7 +189,7 @@ async def send_stream(send: Send, prompts: list[list[OutputProcessor]], model: s
     options = first.options
     created = int(time.time())
     response_id = options.response_id or first.stream.request_id
-    writers = [responses.ChunkWriter(response_id, model, chat=options.chat, index=i, created=created)
+    writers = [openai_bodies.ChunkWriter(response_id, model, chat=options.chat, index=i, created=created)
                for i in range(len(choices))]
     renders = [_render(o) for o in choices]
     running = list(range(len(choices)))
@@ -215,20 +215,20 @@ async def send_stream(send: Send, prompts: list[list[OutputProcessor]], model: s
             if not running:
                 if options.include_usage:
                     events.append(writers[0].usage(group_usage(prompts)))
-                events.append(responses.DONE)
+                events.append(openai_bodies.DONE)
             if events:
                 await send({"type": "http.response.body", "body": b"".join(events), "more_body": bool(running)})
     except EngineFailure as exc:
         if not started:
             await send_json(send, exc.status, error_body(exc.status, str(exc), exc.param), [_rank_header(first)])
             return
-        await send({"type": "http.response.body", "body": writers[0].error(exc.status, str(exc)) + responses.DONE,
+        await send({"type": "http.response.body", "body": writers[0].error(exc.status, str(exc)) + openai_bodies.DONE,
                     "more_body": False})
 
 
 async def _send_one_stream(send: Send, outputs: OutputProcessor, model: str) -> None:
     options = outputs.options
-    writer = responses.ChunkWriter(options.response_id or outputs.stream.request_id, model, chat=options.chat)
+    writer = openai_bodies.ChunkWriter(options.response_id or outputs.stream.request_id, model, chat=options.chat)
     render, usage, continuous = _render(outputs), outputs.usage, options.continuous_usage
     started = False
     try:
@@ -244,14 +244,14 @@ async def _send_one_stream(send: Send, outputs: OutputProcessor, model: str) -> 
             if finish is not None:
                 if options.include_usage:
                     events.append(writer.usage(usage(outputs.completion_tokens)))
-                events.append(responses.DONE)
+                events.append(openai_bodies.DONE)
             if events:
                 await send({"type": "http.response.body", "body": b"".join(events), "more_body": finish is None})
     except EngineFailure as exc:
         if not started:
             await send_json(send, exc.status, error_body(exc.status, str(exc), exc.param), [_rank_header(outputs)])
             return
-        await send({"type": "http.response.body", "body": writer.error(exc.status, str(exc)) + responses.DONE,
+        await send({"type": "http.response.body", "body": writer.error(exc.status, str(exc)) + openai_bodies.DONE,
                     "more_body": False})
 
 
@@ -279,7 +279,7 @@ async def send_tokens(send: Send, outputs: OutputProcessor, model: str) -> None:
         await send_json(send, exc.status, error_body(exc.status, str(exc)))
         return
     logprobs = formatter.render(entries) if formatter is not None and options.logprobs is not None else None
-    body = responses.generate_response(request_id, model, ids, finish, outputs.usage(outputs.completion_tokens),
+    body = openai_bodies.generate_response(request_id, model, ids, finish, outputs.usage(outputs.completion_tokens),
                                        "".join(parts) if options.text_out else None, logprobs,
                                        _prompt_logprobs(outputs))
     await send_json(send, 200, body, [_rank_header(outputs)])
@@ -287,7 +287,7 @@ async def send_tokens(send: Send, outputs: OutputProcessor, model: str) -> None:
 
 async def _stream_tokens(send: Send, outputs: OutputProcessor, request_id: str) -> None:
     options = outputs.options
-    writer = responses.TokenChunkWriter(request_id)
+    writer = openai_bodies.TokenChunkWriter(request_id)
     render = _render(outputs)
     started = False
     try:
@@ -307,7 +307,7 @@ async def _stream_tokens(send: Send, outputs: OutputProcessor, request_id: str) 
             if finish is not None:
                 if options.include_usage:
                     events.append(writer.usage(outputs.usage(outputs.completion_tokens)))
-                events.append(responses.DONE)
+                events.append(openai_bodies.DONE)
             if events:
                 await send({"type": "http.response.body", "body": b"".join(events), "more_body": finish is None})
     except EngineFailure as exc:
@@ -315,4 +315,4 @@ async def _stream_tokens(send: Send, outputs: OutputProcessor, request_id: str) 
             await send_json(send, exc.status, error_body(exc.status, str(exc)), [_rank_header(outputs)])
             return
         error = b"data: " + error_body(exc.status, str(exc)) + b"\n\n"
-        await send({"type": "http.response.body", "body": error + responses.DONE, "more_body": False})
+        await send({"type": "http.response.body", "body": error + openai_bodies.DONE, "more_body": False})

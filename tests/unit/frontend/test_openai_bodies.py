@@ -1,12 +1,12 @@
-"""responses: chat bodies and chunks carrying reasoning and tool calls, read back by the openai SDK's types."""
+"""openai_bodies: chat bodies and chunks carrying reasoning and tool calls, read back by the openai SDK's types."""
 from __future__ import annotations
 
 import json
 
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from services.frontend import responses
 from services.frontend.generation.output import usage_body
+from services.frontend.http_api import openai_bodies
 from services.frontend.parsers import ParsedDelta, ToolCall, ToolCallDelta
 
 USE = usage_body(3, 4)
@@ -18,13 +18,13 @@ def _chunk(event: bytes) -> ChatCompletionChunk:
 
 
 def test_a_body_without_a_parser_has_no_reasoning_or_tool_call_fields() -> None:
-    body = json.loads(responses.chat_completion("c1", "m", "hi", "stop", None, USE))
+    body = json.loads(openai_bodies.chat_completion("c1", "m", "hi", "stop", None, USE))
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "hi"}
 
 
 def test_tool_calls_alone_have_null_content_and_the_calls_in_order() -> None:
     calls = [ToolCall("call_a", "f", '{"x": 1}'), ToolCall("call_b", "g", "{}")]
-    raw = responses.chat_completion("c1", "m", "", "tool_calls", None, USE, reasoning="why", tool_calls=calls)
+    raw = openai_bodies.chat_completion("c1", "m", "", "tool_calls", None, USE, reasoning="why", tool_calls=calls)
     message = ChatCompletion.model_validate_json(raw).choices[0].message
     assert message.content is None
     assert [(c.id, c.type, c.function.name, c.function.arguments) for c in message.tool_calls or []] == [
@@ -34,13 +34,13 @@ def test_tool_calls_alone_have_null_content_and_the_calls_in_order() -> None:
 
 
 def test_a_parser_that_found_nothing_answers_empty_calls_and_null_reasoning() -> None:
-    body = json.loads(responses.chat_completion("c1", "m", "hi", "stop", None, USE, reasoning="", tool_calls=[]))
+    body = json.loads(openai_bodies.chat_completion("c1", "m", "hi", "stop", None, USE, reasoning="", tool_calls=[]))
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "hi", "reasoning_content": None,
                                              "reasoning": None, "tool_calls": []}
 
 
 def test_delta_chunks_carry_reasoning_content_and_tool_call_fragments() -> None:
-    writer = responses.ChunkWriter("c1", "m", chat=True)
+    writer = openai_bodies.ChunkWriter("c1", "m", chat=True)
     first = _chunk(writer.delta(ParsedDelta("", "think", [ToolCallDelta(0, "call_a", "f", "")])))
     later = _chunk(writer.delta(ParsedDelta("ok", "", [ToolCallDelta(0, None, None, '{"x"')]), USE))
     delta = first.choices[0].delta
@@ -56,7 +56,7 @@ def test_delta_chunks_carry_reasoning_content_and_tool_call_fragments() -> None:
 
 
 def test_the_prebuilt_reasoning_and_argument_chunks_read_as_the_general_ones() -> None:
-    writer = responses.ChunkWriter("c1", "m", chat=True)
+    writer = openai_bodies.ChunkWriter("c1", "m", chat=True)
     cases = [(ParsedDelta("", 'a "quoted" thought\n'), {"reasoning_content": 'a "quoted" thought\n',
                                                         "reasoning": 'a "quoted" thought\n'}),
              (ParsedDelta("", "", [ToolCallDelta(3, None, None, '{"é": "}')]),

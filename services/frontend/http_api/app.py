@@ -21,21 +21,21 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from services.frontend import openapi, render, responses
-from services.frontend.asgi import (
+from services.frontend.engine_client.lora import LoadLoraBody, UnloadLoraBody
+from services.frontend.errors import APIError, error_body
+from services.frontend.generation.frontend_core import FrontendCore
+from services.frontend.generation.metrics import EngineView
+from services.frontend.http_api import openai_bodies, openapi, render
+from services.frontend.http_api.asgi import (
     ClientGone,
     header,
     read_body,
     send_json,
     watch_disconnect,
 )
-from services.frontend.engine_client.lora import LoadLoraBody, UnloadLoraBody
-from services.frontend.errors import APIError, error_body
-from services.frontend.generation.frontend_core import FrontendCore
-from services.frontend.generation.metrics import EngineView
+from services.frontend.http_api.response_writer import send_completion, send_stream, send_tokens
 from services.frontend.requests.engine_request import EngineRequest
 from services.frontend.requests.openai_schema import parse
-from services.frontend.response_writer import send_completion, send_stream, send_tokens
 
 # The routes --api-key guards (vLLM's: everything under /v1, and the token-in, render and tokenize routes);
 # /health, /ready, /metrics, /version and /openapi.json stay open for probes and scrapers.
@@ -140,7 +140,7 @@ class Frontend:
         """The base model, then each LoRA adapter every ready rank serves (vLLM's entries: `parent` the base
         model, `root` the path this process loaded it from, else its name)."""
         adapters = await self.lora.refresh(max_age_s=1.0) if not self.config.render_only else set()
-        return Response(responses.models(self.model.name, self.core.max_model_len(or_zero=True), self._created,
+        return Response(openai_bodies.models(self.model.name, self.core.max_model_len(or_zero=True), self._created,
                                          {name: self.lora.paths.get(name, name) for name in sorted(adapters)}),
                         media_type="application/json")
 

@@ -1,4 +1,4 @@
-"""KvEvents.Subscribe's source: every rank's KV events as this frontend receives them (the engines'
+"""The KvEvents service and its source: every rank's KV events as this frontend receives them (the engines'
 PUB sockets), numbered in one gapless sequence, kept in a bounded ring so a subscriber that comes back
 resumes where it left off, and a snapshot (from the frontend's own KV indexes) for one that cannot.
 
@@ -15,8 +15,10 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
+import grpc
+
 from protocol import AllCleared, BlockRemoved, BlockStored
-from protocol.grpc import pb2
+from protocol.grpc import pb2, pb2_grpc
 
 KEEP_EVENTS = 100_000  # the ring: a subscriber this far behind starts over from a snapshot
 
@@ -127,3 +129,12 @@ class KvRelay:
         else:
             msg.cleared.SetInParent()
         return msg
+
+
+class KvEvents(pb2_grpc.KvEventsServicer):
+    def __init__(self, relay: KvRelay) -> None:
+        self._relay = relay
+
+    async def Subscribe(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async for event in self._relay.subscribe(request.after_seq, request.relay_epoch):
+            yield event

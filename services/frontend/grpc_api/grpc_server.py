@@ -1,0 +1,80 @@
+"""The frontend's gRPC server (--grpc-port; protocol/grpc/fleet/v1/fleet.proto), assembled: token-in
+Inference (inference.py), Control (control.py), RlControl (rl_control.py) and KvEvents (kv_relay.py),
+with the standard health service and reflection, behind the API-key check (auth.py), on API server
+0's event loop (grpc.aio) beside its HTTP server.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from protocol.grpc import pb2, pb2_grpc, service_names
+from services.frontend.generation.frontend_core import FrontendCore
+from services.frontend.grpc_api.auth import Auth
+from services.frontend.grpc_api.control import Control
+from services.frontend.grpc_api.inference import Inference
+from services.frontend.grpc_api.kv_relay import KvEvents, KvRelay
+from services.frontend.grpc_api.rl_control import RlControl
+
+log = logging.getLogger(__name__)
+
+# A tensor of UpdateWeights travels in one message: the receive limit bounds the largest one.
+MAX_MESSAGE_BYTES = 1 << 30
+
+
+class GrpcServer:
+    """The gRPC services on this process's loop. start() binds (raises OSError when the port cannot be
+    had), stop(grace) ends it: running calls get `grace` seconds."""
+
+    def __init__(self, core: FrontendCore, relay: KvRelay, *, host: str, port: int, api_keys: Sequence[str]) -> None:
+        self.core, self.relay = core, relay
+        self._host, self._port = host, port
+        interceptors = [Auth(api_keys)] if api_keys else []
+        self.server = grpc.aio.server(interceptors=interceptors, options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0)])
+        self.inference = Inference(core)
+        # Inference's requests reach the handlers serialized: translation parses them where it would parse
+        # an HTTP body (in a worker process when long), not the event loop.
+        out = pb2.GenerateResponse.SerializeToString
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("fleet.v1.Inference", {
+            "Generate": grpc.unary_unary_rpc_method_handler(self.inference.Generate, response_serializer=out),
+            "GenerateStream": grpc.unary_stream_rpc_method_handler(self.inference.GenerateStream,
+                                                                    response_serializer=out)}),))
+        pb2_grpc.add_ControlServicer_to_server(Control(core, self.inference, time.time()), self.server)
+        pb2_grpc.add_RlControlServicer_to_server(RlControl(core), self.server)
+        pb2_grpc.add_KvEventsServicer_to_server(KvEvents(relay), self.server)
+        self.health = health_aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+        reflection.enable_server_reflection([*service_names(), health_name, reflection.SERVICE_NAME], self.server)
+        self.port = 0
+
+    async def start(self) -> None:
+        address = f"[{self._host}]:{self._port}" if ":" in self._host else f"{self._host}:{self._port}"
+        try:
+            self.port = self.server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise OSError(f"--grpc-port {self._port}: cannot listen on {address}: {exc}") from None
+        if not self.port:
+            raise OSError(f"--grpc-port {self._port}: cannot listen on {address}")
+        await self.server.start()
+        await self.set_serving(self.core.engines.all_ready())
+        log.info("gRPC serving %s:%d (%s; health, reflection)", self._host, self.port,
+                 ", ".join(s.rsplit(".", 1)[1] for s in service_names()))
+
+    async def set_serving(self, serving: bool) -> None:
+        """The health service's answer, overall and per service: SERVING once every engine is ready."""
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", *service_names()):
+            await self.health.set(name, status)
+
+    async def stop(self, grace: float) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
