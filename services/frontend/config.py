@@ -44,7 +44,7 @@ class FrontendConfig:
     max_logprobs: int = 20  # most logprobs / top_logprobs / prompt_logprobs a request may ask for (vLLM's)
     max_request_choices: int = 256  # n times the prompts of one body: each is an engine request
     stream_interval: int = 1  # tokens per streamed chunk (vLLM's --stream-interval); a request may ask for more
-    grpc_port: int = 0  # the gRPC services' port (grpc_server.py); 0: not served
+    grpc_port: int = 0  # the gRPC services' port (grpc_api/); 0: not served
     api_keys: tuple[str, ...] = ()  # keys the generation routes and gRPC require; none: open
     # /v1/load_lora_adapter and /v1/unload_lora_adapter served (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING)
     allow_runtime_lora_updating: bool = False

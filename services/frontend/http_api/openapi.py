@@ -1,5 +1,5 @@
 """The frontend's OpenAPI document, served at /openapi.json by each API server process. The request
-bodies are generated from the structs that parse them (schema.py, tokenization.py, token_in.py) with
+bodies are generated from the structs that parse them (openai_schema.py, tokenization.py, token_in.py) with
 msgspec, with the number ranges the checks apply and the values `messages.py` accepts added, so the
 document cannot drift from what is parsed."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""POST /v1/chat/completions/render and /v1/completions/render: a translated request (translation.py)
+"""POST /v1/chat/completions/render and /v1/completions/render: a translated request (requests/translator.py)
 written as the token-in request /inference/v1/generate takes, in vLLM's shape (its disagg
 GenerateRequest, the completions one in a list). Runs in each API server process, on its event loop.
 

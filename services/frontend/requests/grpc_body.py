@@ -1,6 +1,6 @@
 """A gRPC GenerateRequest (protocol/grpc/fleet/v1/fleet.proto) as the /inference/v1/generate body it
 stands for, so it passes the HTTP route's translation unchanged. Parsed where the HTTP body would be:
-on the event loop when short, in a translation worker process when long (translation.Preparer), since
+on the event loop when short, in a translation worker process when long (preparer.Preparer), since
 protobuf's parse and the ids' conversion hold the GIL (a 4 MB request: ~140 ms).
 """
 from __future__ import annotations

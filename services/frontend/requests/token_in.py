@@ -5,7 +5,7 @@ each API server process (in a worker process for long bodies).
 Every field of vLLM's SamplingParams is honoured or refused: the ones this route cannot give
 (logprobs, ...) are accepted at their defaults only, so vLLM's render output (which omits defaults) and
 this frontend's both pass, and a request that relies on one gets a 400 naming it. Structured outputs
-and the logits controls are checked as the chat route checks them (structured.py, schema.py).
+and the logits controls are checked as the chat route checks them (structured.py, openai_schema.py).
 """
 from __future__ import annotations
 
@@ -164,7 +164,7 @@ def _range(ok: bool, param: str, value: object, allowed: str) -> None:
 
 
 def _check_stop(stops: list[str]) -> None:
-    """The chat and completions routes' limits on stop strings (schema.py, stop_strings.py)."""
+    """The chat and completions routes' limits on stop strings (openai_schema.py, stop_strings.py)."""
     param = f"{PREFIX}.stop"
     if len(stops) > MAX_STOP_STRINGS:
         raise _refuse(param, f"{len(stops)} stop strings, at most {MAX_STOP_STRINGS} are allowed")

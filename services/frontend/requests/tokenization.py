@@ -71,7 +71,7 @@ class Tokenized:
 
 
 # (messages, tools, add_generation_prompt, continue_final_message, chat_template_kwargs) -> prompt text,
-# with the chat endpoint's checks and errors (translation.Preparer.render).
+# with the chat endpoint's checks and errors (preparer.Preparer.render).
 Render = Callable[[list[ChatMessage], list[dict[str, Any]] | None, bool, bool, dict[str, Any] | None], str]
 
 
@@ -117,5 +117,5 @@ def detokenize(model: Model, body: bytes) -> tuple[bytes, str | None]:
 
 def adapter(model: Model, name: str | None) -> str | None:
     """`model` may be left out (vLLM's preprocessing routes); another name than the base model's may be a
-    LoRA adapter's, which the caller checks with the engines (translation.Translator)."""
+    LoRA adapter's, which the caller checks with the engines (translator.Translator)."""
     return None if name is None or name == model.name else name

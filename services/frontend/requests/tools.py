@@ -1,6 +1,6 @@
 """A chat request's `tools` and `tool_choice` checked, as vLLM checks them, with 400s naming the field.
 
-Runs in each API server process, from `translation.py`. Tools are kept as given: the chat template
+Runs in each API server process, from `preparer.py`. Tools are kept as given: the chat template
 renders them as they came. `tool_choice` comes out normalized to "none", "auto", "required" or the
 named-function dict; only what this server can honour gets past `resolve_tool_choice`.
 """

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 __all__ = ["MAX_STOP_CHARS", "MAX_STOP_STRINGS", "StopChecker"]
 
-# A request's limits (schema.py answers a 400 naming `stop` past them). Preparing the matcher costs
+# A request's limits (requests/openai_schema.py answers a 400 naming `stop` past them). Preparing the matcher costs
 # time and memory in proportion to the characters of all stop strings together (about 0.5 us and 16
 # bytes each), and matching costs the same per streamed character however many strings there are.
 MAX_STOP_STRINGS = 64

@@ -1,4 +1,4 @@
-"""A request's choices (translation.EngineRequest.choices) and their metrics (vLLM's per-request n and
+"""A request's choices (engine_request.EngineRequest.choices) and their metrics (vLLM's per-request n and
 longest choice, observed once the last choice ends)."""
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ def tool(**function: Any) -> dict[str, Any]:
     return {"type": "function", "function": {"name": "f", **function}}
 
 
-# One wrong type for every field the frontend reads (schema.py's structs), and for the shapes inside them.
+# One wrong type for every field the frontend reads (openai_schema.py's structs), and for the shapes inside them.
 SAMPLING: list[tuple[dict[str, Any], str]] = [
     ({"model": 5}, "model"),
     ({"stream": "yes"}, "stream"),

@@ -1,5 +1,5 @@
 """The rule of docs/request-fields.md held to the code: every field of OpenAI's chat and completion
-requests (the openai SDK's request types) is declared by schema.py, every declared field is in the
+requests (the openai SDK's request types) is declared by openai_schema.py, every declared field is in the
 table with its endpoints, and each, sent with a value that asks for something, is answered as the
 table says, in process through the frontend's ASGI app over a fake engine: honoured (200), honoured
 on vllm engines and a 400 naming it on sim ones, honoured on completions and a 400 naming it on chat,

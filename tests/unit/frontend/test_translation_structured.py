@@ -1,6 +1,6 @@
 """Translator with structured outputs, logits controls, prompt truncation and the template fields: what
 reaches the engine (SamplingParams, prompt ids) and the 400s naming the field (structured.py,
-schema.sampling_params, translation.py)."""
+openai_schema.sampling_params, translator.py)."""
 from __future__ import annotations
 
 import asyncio
