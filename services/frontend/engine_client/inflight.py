@@ -1,5 +1,5 @@
-"""One in-flight engine request as the HTTP side sees it: outputs queue up as the engine steps, and
-the response task drains everything queued at once (one wake-up per batch, not per token)."""
+"""One in-flight engine request (InFlight) as output processing sees it: outputs queue up as the engine
+steps, and the response task drains everything queued at once (one wake-up per batch, not per token)."""
 from __future__ import annotations
 
 import asyncio

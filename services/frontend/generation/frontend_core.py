@@ -24,6 +24,9 @@ from services.frontend.requests.translator import PIN_HEADER, Translator
 
 
 class FrontendCore:
+    """One per API server process; the HTTP app (http_api/app.py) and the gRPC services (grpc_api/) each
+    take it, never each other."""
+
     def __init__(self, config: FrontendConfig, model: Model, engines: EngineSet, metrics: Metrics) -> None:
         self.config = config
         self.model = model
