@@ -4,7 +4,6 @@ translated by its API's adapter, routed, and handed to dispatch (dispatch.py) or
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from dataclasses import replace
@@ -13,6 +12,8 @@ from typing import Any
 import msgspec
 from starlette.types import Receive, Scope, Send
 
+from edge.api_keys import HOW_TO_SEND, ApiKeys, KeyCheck
+from edge.json_depth import MAX_DEPTH, too_deep
 from services.router import openapi
 from services.router.adapters import Adapter, AdapterError
 from services.router.adapters.registry import ADAPTERS, error_shape
@@ -29,7 +30,6 @@ from services.router.asgi import (
 from services.router.config import EscalateAlgorithm, ListenerConfig, RouterConfig
 from services.router.dispatch import Call, Dispatcher
 from services.router.escalate import Escalator
-from services.router.json_depth import MAX_DEPTH, too_deep
 from services.router.metrics import RouterMetrics
 from services.router.replicas import NoReplica, Overloaded
 from services.router.routing import Choice, Router, UnknownModel
@@ -53,7 +53,7 @@ class RouterApp:
         self.dispatcher = Dispatcher(config, router.pools, upstream, metrics)
         self.escalator = Escalator(self.dispatcher, metrics)
         self._by_port = {listener.port: listener for listener in config.listeners}
-        self._keys = {listener.name: tuple(k.encode() for k in listener.api_keys) for listener in config.listeners}
+        self._keys = {listener.name: ApiKeys(listener.api_keys) for listener in config.listeners}
         self._entries = {listener.name: listener.entries or tuple(config.entries) for listener in config.listeners}
         self._openapi = {listener.name: _json.encode(openapi.document(listener, self._entries[listener.name]))
                          for listener in config.listeners}
@@ -163,21 +163,10 @@ class RouterApp:
         return out
 
     def _authorize(self, listener: ListenerConfig, scope: Scope) -> None:
-        keys = self._keys[listener.name]
-        if not keys:
-            return
-        given = b""
-        for name, value in scope["headers"]:
-            if name == b"authorization" and value[:7].lower() == b"bearer ":
-                given = value[7:].strip()
-            elif name == b"x-api-key" and not given:
-                given = value.strip()
-        ok = False
-        for key in keys:  # every key compared, in constant time each: no early exit to time
-            ok |= hmac.compare_digest(given, key)
-        if not ok:
-            message = ("Incorrect API key provided." if given else
-                       "Missing API key: send it as `Authorization: Bearer <key>` or `x-api-key: <key>`.")
+        check = self._keys[listener.name].check(scope["headers"])
+        if check is not KeyCheck.ACCEPTED:
+            message = ("Incorrect API key provided." if check is KeyCheck.WRONG else
+                       f"Missing API key: {HOW_TO_SEND}.")
             raise HTTPError(401, message, code="invalid_api_key")
 
     # ---- generation ----

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
-from tokenizers import Tokenizer
+
+from prompting.model_files import load_tokenizer
 
 # sentence-transformers' max_seq_length for this model; longer texts keep their last tokens,
 # because in a conversation the latest turn says most about what is being asked.
@@ -36,7 +37,7 @@ class Embedder:
         self.eps: float = config["layer_norm_eps"]
         assert config["hidden_act"] == "gelu", config["hidden_act"]
         self.weights = _read_safetensors(model_dir / "model.safetensors")
-        self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self.tokenizer = load_tokenizer(model_dir).tokenizer
         # The shipped tokenizer.json pads every text to 128; pad to the batch's longest instead.
         self.tokenizer.no_padding()
         self.tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")

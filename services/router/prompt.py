@@ -1,23 +1,23 @@
 """A request's prompt token ids as the frontend makes them, for the precise_prefix policy (router
 process): a chat body rendered with the model's chat template and tokenized, a completions prompt
-tokenized, each with the frontend's defaults. This reproduces services/frontend/translation.py
-(Preparer.chat and .completion) and messages.template_messages, since services never import each
-other; tests/unit/router/test_prompt.py checks both give the same ids. A body the frontend would
-refuse gives no ids (the policy then routes by load, and the frontend answers the 400)."""
+tokenized, each with the frontend's defaults. The template, the messages' normalization, the template
+arguments and truncation are the shared prompting library's, as the frontend's are; the body's other
+fields are read here as the frontend's schema reads them (tests/unit/router/test_prompt.py checks both
+give the same ids). A body the frontend would refuse gives no ids (the policy then routes by load, and
+the frontend answers the 400)."""
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from tokenizers import Tokenizer
 
 import checkpoints
-from services.router.chat_template import ChatTemplate, TemplateError
-
-ROLES = ("system", "developer", "user", "assistant", "tool")
+from prompting.chat_template import ChatTemplate, TemplateError
+from prompting.errors import PromptError
+from prompting.messages import template_kwargs, template_messages
+from prompting.model_files import load_tokenizer
+from prompting.truncation import truncated
 
 
 class Unrenderable(ValueError):
@@ -44,10 +44,9 @@ class PromptModel:
     @classmethod
     def load(cls, spec: str) -> PromptModel:
         """From checkpoint `spec` (a --model value, as the frontend's): tokenizer.json and the template."""
-        path = Path(checkpoints.resolve(spec))
-        raw = (path / "tokenizer.json").read_bytes()
-        return cls(Tokenizer.from_str(raw.decode()), ChatTemplate.from_checkpoint(path),
-                   tokenizer_sha256=hashlib.sha256(raw).hexdigest())
+        path = checkpoints.resolve(spec)
+        loaded = load_tokenizer(path)
+        return cls(loaded.tokenizer, ChatTemplate.from_checkpoint(path), tokenizer_sha256=loaded.sha256)
 
     def prompt_now(self, body: dict[str, Any]) -> PromptIds:
         """The ids of `body` (a chat or completions body); raises Unrenderable. Thread-safe: minijinja and
@@ -75,12 +74,16 @@ class PromptModel:
             raise Unrenderable("messages is not a list")
         tools = body.get("tools")
         try:
-            text = self.template.render([_message(m) for m in messages], tools=tools,
+            text = self.template.render(template_messages(messages), tools=tools,
                                         add_generation_prompt=_flag(body, "add_generation_prompt", True),
                                         continue_final_message=_flag(body, "continue_final_message", False),
-                                        chat_template_kwargs=_template_kwargs(body))
+                                        chat_template_kwargs=template_kwargs(
+                                            body.get("chat_template_kwargs"), documents=body.get("documents"),
+                                            reasoning_effort=body.get("reasoning_effort")))
         except TemplateError as exc:
             raise Unrenderable(f"chat template: {exc}") from None
+        except PromptError as exc:
+            raise Unrenderable(str(exc)) from None
         return self.encode(text, add_special_tokens=_flag(body, "add_special_tokens", False))
 
     def _completion(self, prompt: Any, add_special_tokens: bool) -> list[int]:
@@ -94,19 +97,10 @@ class PromptModel:
         raise Unrenderable("prompt is not a non-empty string or list of token ids")
 
     def _truncated(self, ids: list[int], body: dict[str, Any]) -> list[int]:
-        """truncate_prompt_tokens as the frontend applies it (translation._truncated)."""
-        keep, side = body.get("truncate_prompt_tokens"), body.get("truncation_side")
-        if keep is None:
-            return ids
-        if type(keep) is not int or keep == 0 or keep < -1:
-            raise Unrenderable("truncate_prompt_tokens is not -1 or >= 1")
-        if keep == -1:
-            if self.max_model_len is None:
-                raise Unrenderable("truncate_prompt_tokens=-1 before the engines' max_model_len is known")
-            keep = self.max_model_len - 1
-        if len(ids) <= keep:
-            return ids
-        return ids[:keep] if side == "right" else ids[len(ids) - keep:]
+        try:
+            return truncated(ids, body.get("truncate_prompt_tokens"), body.get("truncation_side"), self.max_model_len)
+        except PromptError as exc:
+            raise Unrenderable(str(exc)) from None
 
 
 def _flag(body: dict[str, Any], key: str, default: bool) -> bool:
@@ -114,82 +108,3 @@ def _flag(body: dict[str, Any], key: str, default: bool) -> bool:
     if not isinstance(value, bool):
         raise Unrenderable(f"{key} is not a boolean")
     return value
-
-
-def _template_kwargs(body: dict[str, Any]) -> dict[str, Any] | None:
-    """chat_template_kwargs with `documents` and `reasoning_effort` (translation._template_kwargs)."""
-    kwargs = body.get("chat_template_kwargs")
-    if kwargs is not None and not isinstance(kwargs, dict):
-        _refuse("chat_template_kwargs")
-    documents, effort = body.get("documents"), body.get("reasoning_effort")
-    if documents is None and effort is None:
-        return kwargs
-    kwargs = dict(kwargs or {})
-    if documents is not None:
-        kwargs["documents"] = documents
-    if effort is not None:
-        kwargs["reasoning_effort"] = effort
-        kwargs.setdefault("enable_thinking", effort != "none")
-    return kwargs
-
-
-def _refuse(field: str) -> NoReturn:
-    raise Unrenderable(f"{field} has a shape the frontend refuses")
-
-
-def _message(message: Any) -> dict[str, Any]:
-    """A message as the template sees it (messages._message): role, content as text, and the
-    assistant's tool calls (arguments parsed from their JSON string) and reasoning."""
-    if not isinstance(message, dict) or message.get("role") not in ROLES:
-        _refuse("messages[].role")
-    role = message["role"]
-    d: dict[str, Any] = {"role": role, "content": _content(message.get("content"))}
-    calls = message.get("tool_calls")
-    if role == "assistant":
-        if calls:
-            if not isinstance(calls, list):
-                _refuse("tool_calls")
-            d["tool_calls"] = [_tool_call(call) for call in calls]
-        if message.get("reasoning_content") is not None:
-            d["reasoning_content"] = message["reasoning_content"]
-    elif calls is not None:
-        _refuse("tool_calls")
-    if role == "tool" and message.get("tool_call_id") is not None:
-        d["tool_call_id"] = message["tool_call_id"]
-    if message.get("name") is not None:
-        d["name"] = message["name"]
-    return d
-
-
-def _content(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        _refuse("content")
-    texts = []
-    for part in content:
-        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-            _refuse("content[]")
-        texts.append(part["text"])
-    return "\n".join(texts)
-
-
-def _tool_call(call: Any) -> dict[str, Any]:
-    if not isinstance(call, dict) or call.get("type", "function") != "function":
-        _refuse("tool_calls[]")
-    function = call.get("function")
-    if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
-        _refuse("tool_calls[].function")
-    arguments = function.get("arguments")
-    if arguments is None or arguments == "":
-        arguments = {}
-    elif isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            _refuse("tool_calls[].function.arguments")
-    if not isinstance(arguments, dict):
-        _refuse("tool_calls[].function.arguments")
-    return {**call, "function": {**function, "arguments": arguments}}

@@ -11,9 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from tokenizers import Tokenizer
-
 import checkpoints
+from prompting.model_files import load_tokenizer
 from services.router.config import (
     ContextLengthSignal,
     EmbeddingSignal,
@@ -70,7 +69,7 @@ def _content_text(content: object) -> str:
 
 def tokenizer_counter(spec: str) -> Callable[[str], int]:
     """A token counter from the tokenizer.json of checkpoint `spec` (a --model value). Reads the file."""
-    tokenizer = Tokenizer.from_file(str(checkpoints.resolve(spec) / "tokenizer.json"))
+    tokenizer = load_tokenizer(checkpoints.resolve(spec)).tokenizer
 
     def count(text: str) -> int:
         # encode_batch_fast releases the GIL while it works (encode holds it throughout: a 3 MB text

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from prompting.model_files import eos_token_id
 from protocol import ERROR_INVALID, GenerateRequest, PackedLogprobs, RequestOutput, RequestTimings
 from protocol import SamplingParams as WireSampling
 from protocol.block_hash import chain, root
@@ -30,7 +31,6 @@ from services.engine.backend import (
     UtilityUnsupported,
 )
 from services.engine.config import EngineConfig
-from services.engine.model_files import eos_token_id
 from services.engine.weights import ITEMSIZE, TensorView, WeightSession, views
 
 # In-process engine core: vLLM must not spawn its own engine process or talk over its own sockets.

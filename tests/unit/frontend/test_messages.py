@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import checkpoints
-from services.frontend.chat_template import ChatTemplate
+from prompting.chat_template import ChatTemplate
 from services.frontend.errors import APIError
 from services.frontend.messages import template_messages
 from services.frontend.schema import ChatCompletionRequest, parse

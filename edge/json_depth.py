@@ -1,11 +1,11 @@
-"""How deeply a JSON body nests, checked on its bytes before it is decoded (router process).
+"""How deeply a JSON body nests, checked on its bytes before it is decoded (a pure function: each
+frontend API server and the router call it on every body they read).
 
 msgspec decodes nesting as deep as Python's recursion limit allows (~1,000) and then raises
-RecursionError; the code after it (the adapters, the body re-encoded for upstream) recurses too.
+RecursionError; the code after it (the tool-schema check, the chat template, re-encoding) recurses too.
 So a body nesting more than MAX_DEPTH arrays and objects is refused before any of that runs. The scan
 is built of bytes methods that run in C (count, replace, translate, split): `bench/json_depth.py`
-measures it beside the decode it guards. The frontend keeps its own copy (services never import
-each other).
+measures it beside the decode it guards.
 """
 from __future__ import annotations
 

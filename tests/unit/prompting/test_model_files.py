@@ -1,11 +1,11 @@
-"""model_files: the EOS id and KV block size read from a checkpoint's JSON files."""
+"""prompting/model_files.py: the EOS id, the config and the tokenizer read from a checkpoint's files."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 import checkpoints
-from services.engine.model_files import eos_token_id, kv_bytes_per_block, model_config, read_json
+from prompting.model_files import eos_token_id, load_tokenizer, model_config, read_json
 
 
 def _write(path: Path, name: str, data: object) -> None:
@@ -34,7 +34,10 @@ def test_missing_files_read_as_empty(tmp_path: Path) -> None:
     assert model_config(tmp_path) == {}
 
 
-def test_kv_bytes_per_block_counts_k_and_v_of_every_layer_in_bf16() -> None:
-    config = {"num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2, "hidden_size": 512}
-    assert kv_bytes_per_block(config, 16) == 2 * 2 * 2 * 64 * 2 * 16
-    assert kv_bytes_per_block({**config, "head_dim": 128}, 16) == 2 * 2 * 2 * 128 * 2 * 16
+def test_the_tokenizer_comes_with_the_digest_of_its_file() -> None:
+    import hashlib
+
+    path = checkpoints.resolve("tiny", weights=False)
+    loaded = load_tokenizer(path)
+    assert loaded.sha256 == hashlib.sha256((path / "tokenizer.json").read_bytes()).hexdigest()
+    assert loaded.tokenizer.encode("hello world").ids == loaded.tokenizer.encode("hello world").ids != []

@@ -13,7 +13,7 @@ import pytest
 from jinja2.exceptions import TemplateError as JinjaTemplateError
 
 import checkpoints
-from services.frontend.chat_template import ChatTemplate, TemplateError
+from prompting.chat_template import ChatTemplate, TemplateError
 
 # The reference is transformers itself: tokenizer.apply_chat_template for the real checkpoints and its
 # render_jinja_template (the same compiled jinja2 environment) for the small templates below.

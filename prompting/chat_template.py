@@ -1,7 +1,9 @@
 """Render Hugging Face chat templates with minijinja, byte for byte as transformers' jinja2 setup does.
 
-Runs in the frontend server process: one ChatTemplate per model, built at start; ``render`` is safe to
-call from worker threads (minijinja locks its environment and releases the GIL while it renders).
+Pure: the frontend (one ChatTemplate per model, built at start) and the router's precise_prefix policy
+(which must render a request to the same text, hence the same token ids, as the frontend) both use it.
+``render`` is safe to call from worker threads (minijinja locks its environment and releases the GIL
+while it renders).
 """
 
 from __future__ import annotations

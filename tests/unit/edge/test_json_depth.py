@@ -1,9 +1,8 @@
-"""The JSON depth check of both services (services/frontend/json_depth.py, services/router/json_depth.py):
-exact against the depth of the decoded value, strings and escapes included, and the two copies alike."""
+"""The JSON depth check every face runs on a body (edge/json_depth.py): exact against the depth of the
+decoded value, strings and escapes included."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -11,10 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.frontend import json_depth as frontend_depth
-from services.router import json_depth as router_depth
+from edge import json_depth
 
-MODULES = [frontend_depth, router_depth]
+MODULES = [json_depth]
 # Strings full of what the scan must see through: brackets, quotes, backslashes.
 TRICKY = st.text(alphabet=st.sampled_from('[]{}"\\ab\n'), max_size=12)
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | TRICKY,
@@ -55,11 +53,3 @@ def test_the_limit_and_what_does_not_count(module: ModuleType) -> None:
     wide = b"[" * (limit - 2) + b"[{},[]]," * 100_000 + b"[]" + b"]" * (limit - 2)  # 64 deep, 1 MB wide
     assert not module.too_deep(wide)
     assert module.too_deep(b"[" + wide + b"]")
-
-
-def test_the_two_services_copies_differ_only_in_their_docstring() -> None:
-    def code(module: ModuleType) -> str:
-        text = Path(module.__file__ or "").read_text()
-        return text[text.index('"""', 3) + 3:]
-
-    assert code(frontend_depth) == code(router_depth)
