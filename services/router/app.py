@@ -13,10 +13,14 @@ from typing import Any
 import msgspec
 from starlette.types import Receive, Scope, Send
 
-from services.router import openapi
-from services.router.adapters import Adapter, AdapterError
-from services.router.adapters.registry import ADAPTERS, error_shape
-from services.router.asgi import (
+from services.router.backends.dispatch import Call, Dispatcher
+from services.router.backends.pool import NoReplica, Overloaded
+from services.router.backends.upstream import Upstream
+from services.router.config import EscalateAlgorithm, ListenerConfig, RouterConfig
+from services.router.decision.engine import Choice, Router, UnknownModel
+from services.router.json_depth import MAX_DEPTH, too_deep
+from services.router.listeners import openapi
+from services.router.listeners.asgi import (
     ClientGone,
     HTTPError,
     ResponseState,
@@ -26,14 +30,10 @@ from services.router.asgi import (
     send_json,
     watch_disconnect,
 )
-from services.router.config import EscalateAlgorithm, ListenerConfig, RouterConfig
-from services.router.dispatch import Call, Dispatcher
-from services.router.escalate import Escalator
-from services.router.json_depth import MAX_DEPTH, too_deep
+from services.router.listeners.codecs.codec import Adapter, AdapterError
+from services.router.listeners.codecs.registry import ADAPTERS, error_shape
+from services.router.listeners.escalate import Escalator
 from services.router.metrics import RouterMetrics
-from services.router.replicas import NoReplica, Overloaded
-from services.router.routing import Choice, Router, UnknownModel
-from services.router.upstream import Upstream
 
 log = logging.getLogger("router")
 

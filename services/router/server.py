@@ -13,13 +13,13 @@ from typing import Any
 
 import uvicorn
 
-from services.router.aiohttp_upstream import AiohttpUpstream
 from services.router.app import RouterApp
+from services.router.backends.aiohttp_upstream import AiohttpUpstream
+from services.router.backends.health import HealthChecker
+from services.router.backends.kv_events import KvFeeds
 from services.router.config import RouterConfig
-from services.router.health import HealthChecker
-from services.router.kv_events import KvFeeds
+from services.router.decision.engine import Router
 from services.router.metrics import RouterMetrics
-from services.router.routing import Router
 
 log = logging.getLogger("router")
 

@@ -20,8 +20,8 @@ from services.frontend.config import parse_args as frontend_args
 from services.router.__main__ import build_parser as router_parser
 from services.router.app import RouterApp
 from services.router.config import parse_config
+from services.router.decision.engine import Router
 from services.router.metrics import RouterMetrics
-from services.router.routing import Router
 from tests.support.asgi_client import request
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.frontend_app import frontend_app

@@ -17,9 +17,9 @@ from anthropic.types import Message, RawMessageStreamEvent
 from anthropic.types.shared import ErrorResponse
 
 from services.frontend import responses as upstream
-from services.router.adapters import AdapterError
-from services.router.adapters.anthropic import MessagesStream, anthropic_error, chat_to_message
-from services.router.adapters.anthropic_request import messages_to_chat
+from services.router.listeners.codecs.anthropic import MessagesStream, anthropic_error, chat_to_message
+from services.router.listeners.codecs.anthropic_request import messages_to_chat
+from services.router.listeners.codecs.codec import AdapterError
 from tests.support.sdk_mock import sse_events, sse_http
 
 MODEL = "qwen-test"

@@ -1,4 +1,4 @@
-"""The router's ASGI helpers (services/router/asgi.py): the response state of a request, the body read
+"""The router's ASGI helpers (services/router/listeners/asgi.py): the response state of a request, the body read
 under its limit, and the disconnect watcher."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from starlette.types import Message
 
-from services.router.asgi import (
+from services.router.listeners.asgi import (
     ClientGone,
     HTTPError,
     ResponseState,

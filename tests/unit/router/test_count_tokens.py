@@ -1,4 +1,4 @@
-"""Anthropic's POST /v1/messages/count_tokens (services/router/adapters/anthropic_count.py): the
+"""Anthropic's POST /v1/messages/count_tokens (services/router/listeners/codecs/anthropic_count.py): the
 Messages request as the chat form of a replica's POST /tokenize, in process through the router's ASGI
 app against a fake of the Upstream port; the count back in Anthropic's shape, errors in it too."""
 from __future__ import annotations
@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from services.router.adapters import AdapterError
-from services.router.adapters.anthropic_count import count_to_tokenize
 from services.router.app import RouterApp
 from services.router.config import parse_config
+from services.router.decision.engine import Router
+from services.router.listeners.codecs.anthropic_count import count_to_tokenize
+from services.router.listeners.codecs.codec import AdapterError
 from services.router.metrics import RouterMetrics
-from services.router.routing import Router
 from tests.support.asgi_client import Answer, request
 from tests.support.fake_upstream import FakeUpstream, Reply
 

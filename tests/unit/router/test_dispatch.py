@@ -1,4 +1,4 @@
-"""Dispatch (services/router/dispatch.py), in process through the router's ASGI app, with the replicas
+"""Dispatch (services/router/backends/dispatch.py), in process through the router's ASGI app, with the replicas
 replaced by a fake of the Upstream port: what the client sees, which replica was called, and what the
 lease left on the replica (load, failures, breaker)."""
 from __future__ import annotations
@@ -11,10 +11,10 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from services.router.app import RouterApp
+from services.router.backends.pool import Lease
 from services.router.config import parse_config
+from services.router.decision.engine import Router
 from services.router.metrics import RouterMetrics
-from services.router.replicas import Lease
-from services.router.routing import Router
 from tests.support.asgi_client import Answer, request
 from tests.support.fake_upstream import FakeUpstream, Reply, chunk_events, completion
 

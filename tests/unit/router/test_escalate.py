@@ -1,4 +1,4 @@
-"""Escalate (services/router/escalate.py): its pure parts (the verdict on an answer, the replay of a
+"""Escalate (services/router/listeners/escalate.py): its pure parts (the verdict on an answer, the replay of a
 whole answer as chunks), and the stages called in process through the router's ASGI app against a
 fake of the Upstream port: which stage answered, what the client was told, and the replicas' outcomes."""
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any, TypeVar
 
 from services.router.app import RouterApp
 from services.router.config import parse_config
-from services.router.escalate import as_chunks, verdict
+from services.router.decision.engine import Router
+from services.router.listeners.escalate import as_chunks, verdict
 from services.router.metrics import RouterMetrics
-from services.router.routing import Router
 from tests.support.asgi_client import Answer, request
 from tests.support.fake_upstream import FakeUpstream, Reply, completion
 

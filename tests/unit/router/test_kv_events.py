@@ -13,10 +13,10 @@ import grpc
 
 from protocol.block_hash import block_hashes
 from protocol.grpc import pb2, pb2_grpc
-from services.router.kv_events import KvSubscriber
-from services.router.policies.precise_prefix import PrecisePrefix
+from services.router.backends.kv_events import KvSubscriber
+from services.router.backends.policies.precise_prefix import PrecisePrefix
+from services.router.backends.replica import Replica
 from services.router.prompt import PromptModel
-from services.router.replica import Replica
 
 KEY = "sk-kv"
 DEADLINE_S = 10.0
@@ -284,9 +284,9 @@ def test_a_frontend_with_another_tokenizer_or_template_is_not_scored() -> None:
 
 
 def test_a_dns_pool_subscribes_to_each_address_as_its_membership_changes(monkeypatch: Any) -> None:
+    from services.router.backends.kv_events import KvFeeds, grpc_address
     from services.router.config import parse_config
-    from services.router.kv_events import KvFeeds, grpc_address
-    from services.router.routing import Router
+    from services.router.decision.engine import Router
 
     async def idle(self: KvSubscriber) -> None:  # no frontend here: the subscriptions only exist
         await asyncio.Event().wait()

@@ -1,13 +1,13 @@
-"""The OpenAI chat and completions adapters (services/router/adapters/openai.py) and the registry
+"""The OpenAI chat and completions adapters (services/router/listeners/codecs/openai.py) and the registry
 that finds every API's adapter by name (adapters/registry.py)."""
 from __future__ import annotations
 
 import pytest
 
-from services.router.adapters import AdapterError
-from services.router.adapters.openai import CHAT, COMPLETIONS, openai_error
-from services.router.adapters.registry import ADAPTERS, error_shape
 from services.router.config import APIS
+from services.router.listeners.codecs.codec import AdapterError
+from services.router.listeners.codecs.openai import CHAT, COMPLETIONS, openai_error
+from services.router.listeners.codecs.registry import ADAPTERS, error_shape
 
 
 def test_chat_and_completions_pass_through() -> None:

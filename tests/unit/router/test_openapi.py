@@ -1,4 +1,4 @@
-"""The router's OpenAPI document (services/router/openapi.py) held to the adapters' parsing, which it
+"""The router's OpenAPI document (services/router/listeners/openapi.py) held to the adapters' parsing, which it
 describes without generating it: every documented field sent with a type the document does not allow
 is an AdapterError naming that field; every documented enum value and range end is accepted; the
 document's examples of each shape translate; each listener serves its own document."""
@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 import schemathesis
 
-from services.router import openapi
-from services.router.adapters import AdapterError
-from services.router.adapters.registry import ADAPTERS
 from services.router.app import RouterApp
 from services.router.config import ListenerConfig, parse_config
+from services.router.decision.engine import Router
+from services.router.listeners import openapi
+from services.router.listeners.codecs.codec import AdapterError
+from services.router.listeners.codecs.registry import ADAPTERS
 from services.router.metrics import RouterMetrics
-from services.router.routing import Router
 from tests.support.asgi_client import request
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.openapi_checks import Probe, documented_values, wrong_types

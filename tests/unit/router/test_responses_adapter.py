@@ -16,9 +16,9 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 
 from services.frontend import responses as upstream
-from services.router.adapters import AdapterError
-from services.router.adapters.responses import ResponsesStream, chat_to_response
-from services.router.adapters.responses_request import responses_to_chat
+from services.router.listeners.codecs.codec import AdapterError
+from services.router.listeners.codecs.responses import ResponsesStream, chat_to_response
+from services.router.listeners.codecs.responses_request import responses_to_chat
 from tests.support.sdk_mock import sse_events, sse_http
 
 MODEL = "qwen-test"

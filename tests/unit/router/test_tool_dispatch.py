@@ -14,8 +14,8 @@ from openai.types.responses import Response, ResponseStreamEvent
 
 from services.router.app import RouterApp
 from services.router.config import parse_config
+from services.router.decision.engine import Router
 from services.router.metrics import RouterMetrics
-from services.router.routing import Router
 from tests.support.asgi_client import Answer, request
 from tests.support.fake_upstream import FakeUpstream, Reply
 

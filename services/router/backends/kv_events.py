@@ -13,10 +13,10 @@ from urllib.parse import urlsplit
 import grpc
 
 from protocol.grpc import pb2, pb2_grpc
+from services.router.backends.kv_blocks import ReplicaBlocks
+from services.router.backends.policies.precise_prefix import PrecisePrefix
+from services.router.backends.pool import Pool
 from services.router.config import RouterConfig
-from services.router.kv_blocks import ReplicaBlocks
-from services.router.policies.precise_prefix import PrecisePrefix
-from services.router.replicas import Pool
 
 log = logging.getLogger("router")
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import msgspec
 
-from services.router.adapters import Adapter, answer_calls, call_deltas, reasoning_of
-from services.router.adapters.anthropic_request import messages_to_chat
+from services.router.listeners.codecs.anthropic_request import messages_to_chat
+from services.router.listeners.codecs.codec import Adapter, answer_calls, call_deltas, reasoning_of
 
 _json = msgspec.json.Encoder()
 _decode = msgspec.json.Decoder()

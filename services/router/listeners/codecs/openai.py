@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from services.router.adapters import CHAT_PATH, Adapter, AdapterError, StreamTranslator
+from services.router.listeners.codecs.codec import CHAT_PATH, Adapter, AdapterError, StreamTranslator
 
 _json = msgspec.json.Encoder()
 _DONE = b"data: [DONE]\n\n"

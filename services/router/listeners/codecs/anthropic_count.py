@@ -11,9 +11,9 @@ from typing import Any
 
 import msgspec
 
-from services.router.adapters import Adapter
-from services.router.adapters.anthropic import MessagesStream, anthropic_error, refusal_body
-from services.router.adapters.anthropic_request import messages_to_chat
+from services.router.listeners.codecs.anthropic import MessagesStream, anthropic_error, refusal_body
+from services.router.listeners.codecs.anthropic_request import messages_to_chat
+from services.router.listeners.codecs.codec import Adapter
 
 TOKENIZE_PATH = "/tokenize"
 _NO_LIMIT = 2**31 - 1  # count_tokens takes no max_tokens; this one bounds nothing but thinking's budget

@@ -10,9 +10,9 @@ from typing import Any
 
 import msgspec
 
-from services.router.adapters import Adapter, answer_calls, call_deltas, reasoning_of
-from services.router.adapters.openai import openai_error
-from services.router.adapters.responses_request import responses_to_chat
+from services.router.listeners.codecs.codec import Adapter, answer_calls, call_deltas, reasoning_of
+from services.router.listeners.codecs.openai import openai_error
+from services.router.listeners.codecs.responses_request import responses_to_chat
 
 _json = msgspec.json.Encoder()
 

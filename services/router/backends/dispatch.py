@@ -12,14 +12,8 @@ from typing import Any
 import msgspec
 from starlette.types import Send
 
-from services.router.adapters import Adapter
-from services.router.asgi import JSON, HTTPError
-from services.router.config import ListenerConfig, RouterConfig
-from services.router.metrics import RouterMetrics
-from services.router.replicas import Lease, NoReplica, Overloaded, Pool
-from services.router.routing import Choice
-from services.router.sse import SSEData
-from services.router.upstream import (
+from services.router.backends.pool import Lease, NoReplica, Overloaded, Pool
+from services.router.backends.upstream import (
     READ_ERRORS,
     Upstream,
     UpstreamError,
@@ -27,6 +21,12 @@ from services.router.upstream import (
     decode_object,
     shaped,
 )
+from services.router.config import ListenerConfig, RouterConfig
+from services.router.decision.engine import Choice
+from services.router.listeners.asgi import JSON, HTTPError
+from services.router.listeners.codecs.codec import Adapter
+from services.router.listeners.sse import SSEData
+from services.router.metrics import RouterMetrics
 
 log = logging.getLogger("router")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.router.replica import Replica
+from services.router.backends.replica import Replica
 
 
 def _load(r: Replica) -> tuple[int, float]:

@@ -10,12 +10,12 @@ from typing import Any
 
 from starlette.types import Send
 
-from services.router.adapters import CHAT_PATH
-from services.router.asgi import HTTPError
+from services.router.backends.dispatch import SSE, Call, Dispatcher, Opened
+from services.router.backends.upstream import READ_ERRORS, UpstreamError, decode_object, shaped
 from services.router.config import AcceptConfig, EscalateAlgorithm
-from services.router.dispatch import SSE, Call, Dispatcher, Opened
+from services.router.listeners.asgi import HTTPError
+from services.router.listeners.codecs.codec import CHAT_PATH
 from services.router.metrics import RouterMetrics
-from services.router.upstream import READ_ERRORS, UpstreamError, decode_object, shaped
 
 log = logging.getLogger("router")
 

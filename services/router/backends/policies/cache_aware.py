@@ -9,9 +9,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from services.router.policies.load import imbalance
-from services.router.policies.load import least_loaded as _least_loaded
-from services.router.replica import Replica
+from services.router.backends.policies.load import imbalance
+from services.router.backends.policies.load import least_loaded as _least_loaded
+from services.router.backends.replica import Replica
 
 
 class _Node:

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from services.router.config import AllOf, AnyOf, EntryConfig, Expr, Not, SignalRef
-from services.router.signals import SignalResult
+from services.router.decision.signals import SignalResult
 
 
 @dataclass(slots=True, frozen=True)

@@ -2,11 +2,11 @@
 `apis` list them. An API is one module in this package plus its line here."""
 from __future__ import annotations
 
-from services.router.adapters import Adapter
-from services.router.adapters.anthropic import MESSAGES
-from services.router.adapters.anthropic_count import COUNT_TOKENS
-from services.router.adapters.openai import CHAT, COMPLETIONS
-from services.router.adapters.responses import RESPONSES
+from services.router.listeners.codecs.anthropic import MESSAGES
+from services.router.listeners.codecs.anthropic_count import COUNT_TOKENS
+from services.router.listeners.codecs.codec import Adapter
+from services.router.listeners.codecs.openai import CHAT, COMPLETIONS
+from services.router.listeners.codecs.responses import RESPONSES
 
 ADAPTERS: dict[str, Adapter] = {adapter.name: adapter for adapter in (CHAT, COMPLETIONS, RESPONSES, MESSAGES,
                                                                        COUNT_TOKENS)}

@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from services.router.adapters import (
+from services.router.listeners.codecs.codec import (
     AdapterError,
     ask_stream,
     chat_call,

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 
-from services.router.upstream import READ_ERRORS, UpstreamError
+from services.router.backends.upstream import READ_ERRORS, UpstreamError
 
 # Connecting failed (refused, no route), or the connection broke before the response head: the replica
 # may be down, which a passing health check then answers (replicas.py). A timeout says it is slow.

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocol.block_hash import block_hashes
-from services.router.kv_blocks import ReplicaBlocks
-from services.router.policies.load import imbalance
-from services.router.policies.load import least_loaded as _least_loaded
+from services.router.backends.kv_blocks import ReplicaBlocks
+from services.router.backends.policies.load import imbalance
+from services.router.backends.policies.load import least_loaded as _least_loaded
+from services.router.backends.replica import Replica
 from services.router.prompt import PromptModel, Unrenderable
-from services.router.replica import Replica
 
 log = logging.getLogger("router")
 

@@ -33,7 +33,7 @@ class SignalResult:
 
 
 class Embeddings(Protocol):
-    """What evaluate needs from services.router.embedding.Embedder (not imported: it pulls in numpy)."""
+    """What evaluate needs from services.router.decision.embedding.Embedder (not imported: it pulls in numpy)."""
 
     def embed(self, texts: list[str]) -> list[list[float]]: ...
 

@@ -8,9 +8,9 @@ import logging
 import socket
 from collections.abc import Callable
 
+from services.router.backends.pool import Pool
+from services.router.backends.upstream import Upstream
 from services.router.config import DnsConfig, PoolConfig, RouterConfig
-from services.router.replicas import Pool
-from services.router.upstream import Upstream
 
 log = logging.getLogger("router.health")
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from services.router.backends.policies.cache_aware import CacheAware
+from services.router.backends.policies.least_outstanding import LeastOutstanding
+from services.router.backends.policies.precise_prefix import PrecisePrefix
+from services.router.backends.policies.round_robin import RoundRobin
+from services.router.backends.replica import Replica
 from services.router.config import PoolConfig
-from services.router.policies.cache_aware import CacheAware
-from services.router.policies.least_outstanding import LeastOutstanding
-from services.router.policies.precise_prefix import PrecisePrefix
-from services.router.policies.round_robin import RoundRobin
-from services.router.replica import Replica
 
 
 class Policy(Protocol):

@@ -8,9 +8,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.router.policies import Policy
-from services.router.policies.least_outstanding import LeastOutstanding
-from services.router.replica import CLOSED, HALF_OPEN, OPEN, Replica
+from services.router.backends.policies import Policy
+from services.router.backends.policies.least_outstanding import LeastOutstanding
+from services.router.backends.replica import CLOSED, HALF_OPEN, OPEN, Replica
 
 
 @dataclass(slots=True, frozen=True)

@@ -1,7 +1,7 @@
 """The load fallbacks the prefix policies share (cache_aware, precise_prefix), as sgl-router's."""
 from __future__ import annotations
 
-from services.router.replica import Replica
+from services.router.backends.replica import Replica
 
 
 def least_loaded(r: Replica) -> tuple[int, int, float]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.router.adapters import (
+from services.router.listeners.codecs.codec import (
     AdapterError,
     ask_stream,
     chat_call,

@@ -8,6 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from services.router.backends.policies import build_policy
+from services.router.backends.policies.precise_prefix import PrecisePrefix
+from services.router.backends.pool import Pool
 from services.router.config import (
     EntryConfig,
     EscalateAlgorithm,
@@ -15,17 +18,14 @@ from services.router.config import (
     RouterConfig,
     WeightedAlgorithm,
 )
-from services.router.decisions import Decision, decide
-from services.router.policies import build_policy
-from services.router.policies.precise_prefix import PrecisePrefix
-from services.router.prompt import PromptModel
-from services.router.replicas import Pool
-from services.router.signals import (
+from services.router.decision.decisions import Decision, decide
+from services.router.decision.signals import (
     SignalResult,
     evaluate,
     request_text,
     tokenizer_counter,
 )
+from services.router.prompt import PromptModel
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class Router:
                 if pool.tokenizer:
                     policy.model = PromptModel.load(pool.tokenizer)
         if any(entry.uses_embedding for entry in self.config.entries.values()):
-            from services.router.embedding import Embedder
+            from services.router.decision.embedding import Embedder
 
             self.embedder = Embedder.load()
 
