@@ -1,5 +1,6 @@
-"""Replicas of one pool in the router process: readiness (health checks and a circuit breaker per
-replica), the in-flight cap, and leases. No I/O: the HTTP layer and the health checker call in.
+"""Pools of replicas in the router process: readiness (health checks and a circuit breaker per replica),
+the in-flight cap, and leases; and the pools a config describes, built with their policies. No I/O:
+dispatch and the health checker call in.
 """
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.router.backends.policies import Policy
+from services.router.backends.policies import Policy, build_policy
 from services.router.backends.policies.least_outstanding import LeastOutstanding
+from services.router.backends.policies.precise_prefix import PrecisePrefix
 from services.router.backends.replica import CLOSED, HALF_OPEN, OPEN, Replica
+from services.router.config import PoolConfig, RouterConfig
+from services.router.prompt import PromptModel
 
 
 @dataclass(slots=True, frozen=True)
@@ -254,3 +258,25 @@ class Pool:
                           f"{r.opened_at + self.cooldown_s - now:.1f}s" +
                           (" or at its next passing health check" if r.seen_down else ""))
         return ", ".join(states) or "ready"
+
+
+def build_pools(config: RouterConfig) -> dict[str, Pool]:
+    """The config's pools, each with its own policy, in file order."""
+    return {name: _build_pool(p) for name, p in config.pools.items()}
+
+
+def load_models(config: RouterConfig, pools: dict[str, Pool]) -> None:
+    """Once, before the first request: precise_prefix's chat templates and tokenizers, named by pools."""
+    for name, pool in config.pools.items():
+        policy = pools[name].policy
+        if isinstance(policy, PrecisePrefix):
+            policy.upstream_model = pool.model
+            if pool.tokenizer:
+                policy.model = PromptModel.load(pool.tokenizer)
+
+
+def _build_pool(config: PoolConfig) -> Pool:
+    urls = [r.url for r in config.replicas]
+    return Pool(config.name, urls, policy=build_policy(config), max_inflight=config.max_inflight,
+                failures=config.breaker.failures, cooldown_s=config.breaker.cooldown_s,
+                unhealthy_after=config.health.failures)

@@ -1,6 +1,6 @@
-"""ASGI plumbing of the router's HTTP side (router process): the request body read under a size limit,
-JSON responses, the response state of a request, the disconnect watcher, lifespan, and HTTPError,
-the error response a handler raises. Raw ASGI but for starlette's body reading: the hot path stays thin."""
+"""ASGI plumbing of the router's listeners (router process): the request body read under a size limit,
+JSON responses, the response state of a request, the disconnect watcher, and lifespan. Raw ASGI but
+for starlette's body reading: the hot path stays thin."""
 from __future__ import annotations
 
 import asyncio
@@ -10,18 +10,9 @@ from typing import Any
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import Message, Receive, Scope, Send
 
+from services.router.errors import HTTPError
+
 JSON = [(b"content-type", b"application/json")]
-
-
-class HTTPError(Exception):
-    """An error response: its status, and what the API's error body says (`param`, `code`)."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 headers: list[tuple[bytes, bytes]] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-        self.headers = headers or []
-        self.counted = False  # in router_requests_total already
 
 
 class ClientGone(Exception):

@@ -293,7 +293,7 @@ def test_malformed_streamed_arguments_go_out_as_they_are() -> None:
 
 
 def test_an_escalated_answer_replayed_as_a_stream_keeps_its_thinking_and_tool_use() -> None:
-    from services.router.listeners.escalate import as_chunks
+    from services.router.listeners.codecs.openai import as_chunks
 
     chunks = as_chunks(FULL_ANSWER, chat=True, include_usage=True)
     with client(serve_chunks(chunks)).messages.stream(model=MODEL, max_tokens=2048, messages=HI,

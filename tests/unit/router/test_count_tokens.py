@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from services.router.app import RouterApp
+from services.router.backends.pool import build_pools
 from services.router.config import parse_config
 from services.router.decision.engine import Router
 from services.router.listeners.codecs.anthropic_count import count_to_tokenize
@@ -40,7 +41,8 @@ class Fleet:
     def __init__(self) -> None:
         self.router = Router(parse_config(CONFIG), rng=random.Random(1))
         self.upstream = FakeUpstream()
-        self.app = RouterApp(self.router.config, self.router, self.upstream, RouterMetrics(self.router.pools))
+        pools = build_pools(self.router.config)
+        self.app = RouterApp(self.router.config, self.router, pools, self.upstream, RouterMetrics(pools))
 
     def count(self, body: Any, port: int = 8080) -> Answer:
         return asyncio.run(request(self.app, "POST", "/v1/messages/count_tokens", body, port=port))

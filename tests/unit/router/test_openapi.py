@@ -11,6 +11,7 @@ import pytest
 import schemathesis
 
 from services.router.app import RouterApp
+from services.router.backends.pool import build_pools
 from services.router.config import ListenerConfig, parse_config
 from services.router.decision.engine import Router
 from services.router.listeners import openapi
@@ -99,7 +100,8 @@ def test_each_listener_serves_its_own_document_which_loads_in_schemathesis() -> 
         "pools": {"p": {"model": "p-m", "replicas": [{"url": "http://a:8000"}]}},
         "entries": {"a": {"default": ["p"]}, "b": {"default": ["p"]}}})
     router = Router(config)
-    app = RouterApp(config, router, FakeUpstream(), RouterMetrics(router.pools))
+    pools = build_pools(config)
+    app = RouterApp(config, router, pools, FakeUpstream(), RouterMetrics(pools))
     public = asyncio.run(request(app, "GET", "/openapi.json")).json()
     assert set(public["paths"]) == {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
                                     "/v1/messages/count_tokens", "/v1/decisions", "/v1/models", "/health",

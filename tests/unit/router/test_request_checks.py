@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from services.router.app import RouterApp
+from services.router.backends.pool import build_pools
 from services.router.config import parse_config
 from services.router.decision.engine import Router
 from services.router.metrics import RouterMetrics
@@ -32,7 +33,8 @@ BASES: dict[str, dict[str, Any]] = {
 
 def _app() -> RouterApp:
     router = Router(parse_config(CONFIG))
-    return RouterApp(router.config, router, FakeUpstream(), RouterMetrics(router.pools))
+    pools = build_pools(router.config)
+    return RouterApp(router.config, router, pools, FakeUpstream(), RouterMetrics(pools))
 
 
 def post(path: str, body: Any) -> Answer:

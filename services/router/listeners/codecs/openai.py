@@ -1,6 +1,7 @@
 """The OpenAI chat and completions APIs (router process): upstream speaks them already, so their
 adapters pass requests and answers through; the OpenAI error shape, which the Responses API and the
-router's own routes share; and the replay of whole chat/completions chunks as a stream."""
+router's own routes share; and the replay of a whole chat/completions answer as a stream's chunks
+(`as_chunks`, for escalate, whose stages answer whole)."""
 from __future__ import annotations
 
 from typing import Any
@@ -40,6 +41,46 @@ class ChunkStream:
     def error(self, message: str) -> bytes:
         """The event that ends a stream which broke off (no [DONE] follows)."""
         return self.feed({"error": {"message": message, "type": "upstream_error", "code": 502}})
+
+
+def as_chunks(completion: dict[str, Any], *, chat: bool, include_usage: bool) -> list[dict[str, Any]]:
+    """A non-streamed chat or completions body as the chunks a stream of it would have carried."""
+    base = {"id": completion.get("id", ""), "created": completion.get("created", 0),
+            "model": completion.get("model", ""),
+            "object": "chat.completion.chunk" if chat else "text_completion"}
+    chunks: list[dict[str, Any]] = []
+    for i, choice in enumerate(completion.get("choices") or ()):
+        index = choice.get("index", i)
+        if chat:
+            message = choice.get("message") or {}
+            for delta in _deltas(message):
+                chunks.append({**base, "choices": [{"index": index, "delta": delta, "finish_reason": None}]})
+            chunks.append({**base, "choices": [{"index": index, "delta": {},
+                                                "finish_reason": choice.get("finish_reason")}]})
+        else:
+            chunks.append({**base, "choices": [{"index": index, "text": choice.get("text") or "",
+                                                "finish_reason": choice.get("finish_reason")}]})
+    if include_usage and completion.get("usage"):
+        chunks.append({**base, "choices": [], "usage": completion["usage"]})
+    return chunks
+
+
+def _deltas(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """A whole message as a stream's deltas, in the order a stream sends them: reasoning, content,
+    then each tool call whole (its first delta, with all its arguments)."""
+    role = message.get("role", "assistant")
+    reasoning = message.get("reasoning_content") or message.get("reasoning")
+    calls = message.get("tool_calls")
+    calls = calls if isinstance(calls, list) else []
+    if not reasoning and not calls:
+        return [{"role": role, "content": message.get("content") or ""}]
+    deltas: list[dict[str, Any]] = []
+    if reasoning:
+        deltas.append({"role": role, "reasoning_content": reasoning})
+    if message.get("content") or not deltas:
+        deltas.append({"content": message.get("content") or "", **({} if deltas else {"role": role})})
+    deltas.extend({"tool_calls": [{"index": j, **call}]} for j, call in enumerate(calls))
+    return deltas
 
 
 def _checked(body: dict[str, Any]) -> None:
