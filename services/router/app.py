@@ -32,8 +32,8 @@ from services.router.listeners.asgi import (
     watch_disconnect,
 )
 from services.router.listeners.call import Call
-from services.router.listeners.codecs.codec import Adapter, AdapterError
-from services.router.listeners.codecs.registry import ADAPTERS, error_shape
+from services.router.listeners.codecs.codec import Codec, CodecError
+from services.router.listeners.codecs.registry import CODECS, error_shape
 from services.router.listeners.escalate import Escalator
 from services.router.listeners.listener import Listener, listeners_by_port
 from services.router.listeners.relay import Relay
@@ -41,7 +41,7 @@ from services.router.metrics import RouterMetrics
 
 log = logging.getLogger("router")
 
-POST_APIS = {**{adapter.path: name for name, adapter in ADAPTERS.items()}, "/v1/decisions": "decisions"}
+POST_APIS = {**{codec.path: name for name, codec in CODECS.items()}, "/v1/decisions": "decisions"}
 _json = msgspec.json.Encoder()
 _decode = msgspec.json.Decoder()
 OFF_LOOP_BYTES = 256 << 10  # requests larger than this are routed (signals evaluated) off the event loop
@@ -114,8 +114,8 @@ class RouterApp:
             await send_json(send, 200, listener.openapi)
             return
         # An API's other routes (count_tokens) are served where the API is.
-        adapter = ADAPTERS.get(api) if api is not None else None
-        served = adapter.part_of or api if adapter is not None else api
+        codec = CODECS.get(api) if api is not None else None
+        served = codec.part_of or api if codec is not None else api
         if api is None or served not in listener.config.apis:
             raise HTTPError(404, f"no route for {method} {path} on listener {listener.name!r}")
         wanted = "GET" if api == "models" else "POST"
@@ -127,8 +127,8 @@ class RouterApp:
             raw = await read_body(scope, receive, self.max_body_bytes)
             await send_json(send, 200, _json.encode(await self._decisions(listener, raw)))
         else:
-            assert adapter is not None  # every other POST route is an adapter's
-            await self._generate(listener, adapter, scope, receive, send)
+            assert codec is not None  # every other POST route is a codec's
+            await self._generate(listener, codec, scope, receive, send)
 
     # ---- plain routes ----
 
@@ -145,7 +145,7 @@ class RouterApp:
         body = _parse(raw)
         # A Responses body is routed as what it would send; the others are checked for what routing reads.
         shape = "messages" if "messages" in body else "completions" if "prompt" in body else "responses"
-        chat = _to_chat(ADAPTERS["chat" if shape == "messages" else shape], body)
+        chat = _to_chat(CODECS["chat" if shape == "messages" else shape], body)
         choice = self._choose(listener, chat)
         out = choice.describe()
         size = len(raw)
@@ -167,19 +167,19 @@ class RouterApp:
 
     # ---- generation ----
 
-    async def _generate(self, listener: Listener, adapter: Adapter, scope: Scope, receive: Receive,
+    async def _generate(self, listener: Listener, codec: Codec, scope: Scope, receive: Receive,
                         send: TrackedSend) -> None:
         raw = await read_body(scope, receive, self.max_body_bytes)
         request = _parse(raw)
-        chat = _to_chat(adapter, request)
+        chat = _to_chat(codec, request)
         if len(raw) > OFF_LOOP_BYTES:  # counting tokens or embedding a long text would stall every stream
             choice = await asyncio.to_thread(self._choose, listener, chat)
         else:
             choice = self._choose(listener, chat)
-        if not adapter.judged:
+        if not codec.judged:
             # No answer to judge or to learn from (a token count): the cache-aware policy is not told the text.
             choice = replace(choice, text="")
-        call = Call(listener.config, adapter, request, chat, choice)
+        call = Call(listener.config, codec, request, chat, choice)
         call.headers = [(b"x-router-entry", choice.entry.name.encode()),
                         (b"x-router-decision", choice.decision.name.encode())]
         self.metrics.decisions.labels(choice.entry.name, choice.decision.name).inc()
@@ -188,7 +188,7 @@ class RouterApp:
         gone = asyncio.Event()
         watcher = asyncio.get_running_loop().create_task(watch_disconnect(receive, task, gone, send))
         try:
-            if isinstance(choice.entry.algorithm, EscalateAlgorithm) and adapter.judged:
+            if isinstance(choice.entry.algorithm, EscalateAlgorithm) and codec.judged:
                 await self.escalator.escalate(call, choice.entry.algorithm, send)
             else:
                 await self.relay.relay(call, send)
@@ -207,7 +207,7 @@ class RouterApp:
             call.status = 499
         finally:
             watcher.cancel()
-            self.metrics.requests.labels(listener.name, adapter.name, str(call.status)).inc()
+            self.metrics.requests.labels(listener.name, codec.name, str(call.status)).inc()
             send.counted = True
 
     def _choose(self, listener: Listener, chat: dict[str, Any]) -> Choice:
@@ -223,7 +223,7 @@ class RouterApp:
 
 
 def _parse(raw: bytes) -> dict[str, Any]:
-    if too_deep(raw):  # before decoding: the decoder, the adapters and the encoder recurse per level
+    if too_deep(raw):  # before decoding: the decoder, the codecs and the encoder recurse per level
         raise HTTPError(400, f"the request body nests too deeply: arrays and objects may nest {MAX_DEPTH} levels "
                         "at most")
     try:
@@ -235,10 +235,10 @@ def _parse(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def _to_chat(adapter: Adapter, body: dict[str, Any]) -> dict[str, Any]:
+def _to_chat(codec: Codec, body: dict[str, Any]) -> dict[str, Any]:
     try:
-        return adapter.to_chat(body)
-    except AdapterError as exc:
+        return codec.to_chat(body)
+    except CodecError as exc:
         raise HTTPError(400, str(exc), param=exc.param or None) from None
 
 

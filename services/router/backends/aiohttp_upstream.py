@@ -15,7 +15,7 @@ import aiohttp
 from services.router.backends.upstream import READ_ERRORS, UpstreamError
 
 # Connecting failed (refused, no route), or the connection broke before the response head: the replica
-# may be down, which a passing health check then answers (replicas.py). A timeout says it is slow.
+# may be down, which a passing health check then answers (pool.py). A timeout says it is slow.
 _UNREACHABLE = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 
 

@@ -1,6 +1,6 @@
 """One replica's state as the router process sees it: load, health and its circuit breaker.
 
-Plain data with no imports of its own, so both the pools (replicas.py) and the policies that choose
+Plain data with no imports of its own, so both the pools (pool.py) and the policies that choose
 among replicas can depend on it without depending on each other.
 """
 from __future__ import annotations

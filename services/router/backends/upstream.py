@@ -72,7 +72,7 @@ def decode_object(raw: bytes) -> dict[str, Any]:
 
 
 def shaped(translate: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """An adapter's translation of an upstream answer; a chat body of another shape than chat's
+    """A codec's translation of an upstream answer; a chat body of another shape than chat's
     (choices that are not objects, say) is the replica's fault, not a crash of the router."""
     try:
         return translate(*args, **kwargs)

@@ -9,14 +9,14 @@ from starlette.types import Send
 
 from services.router.config import ListenerConfig
 from services.router.decision.engine import Choice
-from services.router.listeners.codecs.codec import Adapter
+from services.router.listeners.codecs.codec import Codec
 
 
 @dataclass(slots=True)
 class Call:
     """One public request on its way through the router."""
     listener: ListenerConfig
-    adapter: Adapter  # of the API the client called
+    codec: Codec  # of the API the client called
     request: dict[str, Any]  # the body as the client sent it
     chat: dict[str, Any]  # as a chat or completions body (what goes upstream, but for the model)
     choice: Choice

@@ -49,7 +49,7 @@ class Escalator:
                 async with shared:
                     # The shared deadline is this timeout's: a shorter one inside would fail the stage
                     # a moment early and leave a sliver of time for the next stage to be called in.
-                    opened = await self.dispatcher.open_any(call.chat, call.choice.text, call.adapter.upstream_path,
+                    opened = await self.dispatcher.open_any(call.chat, call.choice.text, call.codec.upstream_path,
                                                             (stage,), payloads, stream=False)
                     raw = await opened.response.read()
                 status = opened.response.status
@@ -102,8 +102,8 @@ class Escalator:
             return
         options = call.chat.get("stream_options")
         usage = isinstance(options, dict) and bool(options.get("include_usage"))
-        chunks = shaped(as_chunks, completion, chat=call.adapter.upstream_path == CHAT_PATH, include_usage=usage)
-        stream = call.adapter.stream(call.request)
+        chunks = shaped(as_chunks, completion, chat=call.codec.upstream_path == CHAT_PATH, include_usage=usage)
+        stream = call.codec.stream(call.request)
         body = stream.start() + b"".join(shaped(stream.feed, c) for c in chunks) + stream.finish()
         await call.start(send, 200, SSE)
         await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -1,6 +1,6 @@
 """The router's OpenAPI document, served at /openapi.json on each listener (router process).
 
-The adapters read request bodies as dicts, field by field, so there are no structs to generate it
+The codecs read request bodies as dicts, field by field, so there are no structs to generate it
 from; the structs here describe what they accept, and msgspec generates the document's schemas from
 them. tests/unit/router/test_openapi.py holds the two together: every documented field of a wrong
 type must be a 400 naming it, every documented value accepted. Chat and completions go upstream as
@@ -19,7 +19,7 @@ _REF = "#/components/schemas/{name}"
 
 
 class _Shape(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """A request shape, documented only: unknown fields are ignored, as the adapters ignore them."""
+    """A request shape, documented only: unknown fields are ignored, as the codecs ignore them."""
 
 
 # ---- chat and completions (passed through upstream) ----
@@ -230,7 +230,7 @@ _APIS: dict[str, tuple[str, type[_Shape] | None, str]] = {
                      "Anthropic's token count of a Messages request, by a replica's POST /tokenize"),
     "decisions": ("/v1/decisions", None, "Where a chat, completions or Responses body would be routed, not sent"),
 }
-_PART_OF = {"count_tokens": "messages"}  # served where that API is (adapters: Adapter.part_of)
+_PART_OF = {"count_tokens": "messages"}  # served where that API is (codecs: Codec.part_of)
 ERROR_SCHEMA: dict[str, Any] = {"type": "object", "required": ["error"], "properties": {"error": {"type": "object"}}}
 
 
@@ -241,7 +241,7 @@ def document(listener: ListenerConfig, models: tuple[str, ...]) -> dict[str, Any
     by_shape = dict(zip(shapes, refs, strict=True))
     for request in shapes:
         schemas[request.__name__]["properties"]["model"]["enum"] = list(models)
-    # msgspec requires a tagged struct's tag; the adapter takes a message item without one.
+    # msgspec requires a tagged struct's tag; the codec takes a message item without one.
     schemas["InputMessage"]["required"].remove("type")
     _untag(schemas["ResponsesRequest"]["properties"]["input"])
     schemas["Error"] = ERROR_SCHEMA

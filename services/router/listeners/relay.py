@@ -30,7 +30,7 @@ class Relay:
 
     async def relay(self, call: Call, send: Send) -> None:
         """The request to the first pool of its plan that has a free replica, and the answer to the client."""
-        opened = await self.dispatcher.open_any(call.chat, call.choice.text, call.adapter.upstream_path,
+        opened = await self.dispatcher.open_any(call.chat, call.choice.text, call.codec.upstream_path,
                                                 call.choice.plan, {})
         call.headers += [(b"x-router-pool", opened.pool.encode()),
                          (b"x-router-replica", opened.lease.replica.url.encode()),
@@ -41,7 +41,7 @@ class Relay:
             if response.status != 200:
                 await self._upstream_refusal(call, response, send)
                 ok = True
-            elif call.adapter.passthrough:
+            elif call.codec.passthrough:
                 ok = await self._pass_through(call, response, send)
             elif call.chat.get("stream"):
                 ok = await self._adapt_stream(call, response, send)
@@ -80,7 +80,7 @@ class Relay:
             if call.status == 0:
                 raise
             if streaming:
-                tail = call.adapter.stream(call.request).error(f"upstream failed mid-stream: {type(exc).__name__}")
+                tail = call.codec.stream(call.request).error(f"upstream failed mid-stream: {type(exc).__name__}")
                 await send({"type": "http.response.body", "body": tail, "more_body": False})
             return False
         await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -88,7 +88,7 @@ class Relay:
 
     async def _adapt_stream(self, call: Call, response: UpstreamResponse, send: Send) -> bool:
         """Upstream chat chunks as the API's events, translated as each arrives."""
-        stream = call.adapter.stream(call.request)
+        stream = call.codec.stream(call.request)
         await call.start(send, 200, SSE)
         await send({"type": "http.response.body", "body": stream.start(), "more_body": True})
         done, reader = False, SSEData()
@@ -124,7 +124,7 @@ class Relay:
 
     async def send_adapted(self, call: Call, chat: dict[str, Any], send: Send) -> None:
         """A whole upstream answer as the API's response body."""
-        body = shaped(call.adapter.from_chat, chat, call.request)
+        body = shaped(call.codec.from_chat, chat, call.request)
         if call.escalation is not None:
             body["router"] = call.escalation
         data = _json.encode(body)
@@ -134,7 +134,7 @@ class Relay:
     async def _upstream_refusal(self, call: Call, response: UpstreamResponse, send: Send) -> None:
         """A 4xx from upstream (bad request, unknown model there, ...): passed on in the API's shape."""
         raw = await response.read()
-        body = call.adapter.refusal_body(response.status, raw)
+        body = call.codec.refusal_body(response.status, raw)
         if body is None:
             await call.start(send, response.status, [(b"content-type", response.content_type.encode())])
             await send({"type": "http.response.body", "body": raw, "more_body": False})

@@ -1,4 +1,4 @@
-"""Reading an upstream text/event-stream body in the router process, for the adapters that translate
+"""Reading an upstream text/event-stream body in the router process, for the codecs that translate
 chat chunks: each event's data, as the WHATWG rules define it (lines end in CRLF, LF or CR; `data:`
 lines join with LF; a blank line ends an event; comments and other fields are skipped)."""
 from __future__ import annotations
@@ -41,5 +41,5 @@ class SSEData:
                 field, _, value = line.partition(b":")
                 if field == b"data":
                     self._data.append(value[1:] if value.startswith(b" ") else value)
-            # `event:`, `id:`, `retry:` and `: comment` lines carry nothing the adapters use.
+            # `event:`, `id:`, `retry:` and `: comment` lines carry nothing the codecs use.
         return events

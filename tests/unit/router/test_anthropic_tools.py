@@ -1,4 +1,4 @@
-"""Anthropic Messages adapter, tools and thinking: client tools and tool_use/tool_result both ways,
+"""Anthropic Messages codec, tools and thinking: client tools and tool_use/tool_result both ways,
 thinking blocks, and what the official anthropic SDK makes of them, streamed (its event types and
 MessageStream accumulator) and not."""
 from __future__ import annotations

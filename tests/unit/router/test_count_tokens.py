@@ -15,7 +15,7 @@ from services.router.backends.pool import build_pools
 from services.router.config import parse_config
 from services.router.decision.engine import Router
 from services.router.listeners.codecs.anthropic_count import count_to_tokenize
-from services.router.listeners.codecs.codec import AdapterError
+from services.router.listeners.codecs.codec import CodecError
 from services.router.metrics import RouterMetrics
 from tests.support.asgi_client import Answer, request
 from tests.support.fake_upstream import FakeUpstream, Reply
@@ -84,7 +84,7 @@ def test_max_tokens_and_stream_are_no_count_tokens_fields() -> None:
     ({"model": "fleet", "messages": HI, "tool_choice": {"type": "any"}}, "tool_choice"),
 ])
 def test_bad_input_is_a_400_naming_the_field(body: dict[str, Any], param: str) -> None:
-    with pytest.raises(AdapterError) as info:
+    with pytest.raises(CodecError) as info:
         count_to_tokenize(body)
     assert info.value.param == param
     answer = Fleet().count(body)

@@ -1,5 +1,5 @@
 """What the router answers a request of the wrong shape, in process through its ASGI app (the replicas
-a fake of the Upstream port): every field the adapters and the router read, sent with a wrong type,
+a fake of the Upstream port): every field the codecs and the router read, sent with a wrong type,
 is a 400 naming the field in the API's error shape, never a 500; so is a body nested too deeply."""
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Anthropic Messages API <-> upstream chat completions, run in the router: the message object (thinking,
-text and tool_use blocks), the streaming events, error bodies, and the adapter that bundles them with
-the request translation (anthropic_request.py). Pure: no I/O, the dispatcher feeds and sends."""
+text and tool_use blocks), the streaming events, error bodies, and the codec that bundles them with
+the request translation (anthropic_request.py). Pure: no I/O, the relay (listeners/relay.py) feeds and sends."""
 from __future__ import annotations
 
 import uuid
@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 
 from services.router.listeners.codecs.anthropic_request import messages_to_chat
-from services.router.listeners.codecs.codec import Adapter, answer_calls, call_deltas, reasoning_of
+from services.router.listeners.codecs.codec import Codec, answer_calls, call_deltas, reasoning_of
 
 _json = msgspec.json.Encoder()
 _decode = msgspec.json.Decoder()
@@ -233,5 +233,5 @@ def refusal_body(status: int, raw: bytes) -> bytes:
     return _json.encode(anthropic_error(status, message))
 
 
-MESSAGES = Adapter("messages", "/v1/messages", messages_to_chat, chat_to_message, MessagesStream,
+MESSAGES = Codec("messages", "/v1/messages", messages_to_chat, chat_to_message, MessagesStream,
                    lambda status, message, param, code: anthropic_error(status, message), refusal_body)

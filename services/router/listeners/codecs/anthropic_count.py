@@ -13,7 +13,7 @@ import msgspec
 
 from services.router.listeners.codecs.anthropic import MessagesStream, anthropic_error, refusal_body
 from services.router.listeners.codecs.anthropic_request import messages_to_chat
-from services.router.listeners.codecs.codec import Adapter
+from services.router.listeners.codecs.codec import Codec
 
 TOKENIZE_PATH = "/tokenize"
 _NO_LIMIT = 2**31 - 1  # count_tokens takes no max_tokens; this one bounds nothing but thinking's budget
@@ -24,7 +24,7 @@ _json = msgspec.json.Encoder()
 
 
 def count_to_tokenize(body: dict[str, Any]) -> dict[str, Any]:
-    """A count_tokens body as /tokenize's chat form, checked as a Messages request is (AdapterError names
+    """A count_tokens body as /tokenize's chat form, checked as a Messages request is (CodecError names
     the field); max_tokens and stream are not count_tokens fields, so whatever is sent for them is ignored."""
     chat = messages_to_chat({**body, "max_tokens": _NO_LIMIT, "stream": None} if isinstance(body, dict) else body)
     out = {"model": chat["model"], "messages": chat["messages"]}
@@ -49,6 +49,6 @@ def _refusal(status: int, raw: bytes) -> bytes:
                                              f"frontend or vLLM serves it); it answered: {message}"))
 
 
-COUNT_TOKENS = Adapter("count_tokens", "/v1/messages/count_tokens", count_to_tokenize, tokenize_to_count,
+COUNT_TOKENS = Codec("count_tokens", "/v1/messages/count_tokens", count_to_tokenize, tokenize_to_count,
                        MessagesStream, lambda status, message, param, code: anthropic_error(status, message),
                        _refusal, upstream_path=TOKENIZE_PATH, part_of="messages", judged=False)

@@ -1,6 +1,6 @@
 """The Anthropic Messages API's request as an upstream chat completions body, run in the router:
 messages and their content blocks (text, tool_use, tool_result, thinking) as chat messages, client
-tools, tool choice, thinking and sampling. Pure; AdapterError names what cannot be carried."""
+tools, tool choice, thinking and sampling. Pure; CodecError names what cannot be carried."""
 from __future__ import annotations
 
 from typing import Any
@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 
 from services.router.listeners.codecs.codec import (
-    AdapterError,
+    CodecError,
     ask_stream,
     chat_call,
     chat_function,
@@ -21,11 +21,11 @@ _json = msgspec.json.Encoder()
 
 
 def messages_to_chat(body: dict[str, Any]) -> dict[str, Any]:
-    """A Messages request body as a chat completions body; AdapterError names what cannot be carried."""
+    """A Messages request body as a chat completions body; CodecError names what cannot be carried."""
     model = checked_model(body, _refuse_unsupported)
     max_tokens = body.get("max_tokens")
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise AdapterError("max_tokens", "is required: an integer >= 1")
+        raise CodecError("max_tokens", "is required: an integer >= 1")
     messages: list[dict[str, Any]] = []
     system = body.get("system")
     if system is not None and system != "":
@@ -41,18 +41,18 @@ def messages_to_chat(body: dict[str, Any]) -> dict[str, Any]:
         value = body.get(name)
         if value is not None:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-                raise AdapterError(name, f"must be a number in [{low}, {high}]")
+                raise CodecError(name, f"must be a number in [{low}, {high}]")
             chat[name] = value
     top_k = body.get("top_k")
     if top_k is not None:
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-            raise AdapterError("top_k", "must be an integer >= 0")
+            raise CodecError("top_k", "must be an integer >= 0")
         if top_k > 0:  # Anthropic's 0 and chat's absent both mean "no top-k"
             chat["top_k"] = top_k
     stops = body.get("stop_sequences")
     if stops is not None:
         if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-            raise AdapterError("stop_sequences", "must be a list of non-empty strings")
+            raise CodecError("stop_sequences", "must be a list of non-empty strings")
         if stops:
             chat["stop"] = stops
     ask_stream(body, chat)
@@ -63,10 +63,10 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
     """Fields that would change the answer if dropped silently; metadata, service_tier and the like are ignored."""
     for name in ("mcp_servers", "container", "output_format"):
         if body.get(name):
-            raise AdapterError(name, "is not supported by this server")
+            raise CodecError(name, "is not supported by this server")
     config = body.get("output_config")
     if isinstance(config, dict) and config.get("format"):
-        raise AdapterError("output_config.format", "structured outputs are not supported by this server")
+        raise CodecError("output_config.format", "structured outputs are not supported by this server")
 
 
 def _ask_tools(body: dict[str, Any], chat: dict[str, Any]) -> None:
@@ -74,12 +74,12 @@ def _ask_tools(body: dict[str, Any], chat: dict[str, Any]) -> None:
     names = set()
     for i, tool in enumerate(tool_list(body)):
         if not isinstance(tool, dict):
-            raise AdapterError(f"tools[{i}]", "must be a tool object")
+            raise CodecError(f"tools[{i}]", "must be a tool object")
         kind = tool.get("type")
         if kind not in (None, "custom"):  # Anthropic's server tools (web_search_..., bash_..., ...)
-            raise AdapterError(f"tools[{i}].type", f"tool type {kind!r} is not supported; only client tools")
+            raise CodecError(f"tools[{i}].type", f"tool type {kind!r} is not supported; only client tools")
         if not isinstance(tool.get("input_schema"), dict):
-            raise AdapterError(f"tools[{i}].input_schema", "is required: a JSON schema object")
+            raise CodecError(f"tools[{i}].input_schema", "is required: a JSON schema object")
         function = chat_function(tool.get("name"), tool.get("description"), tool["input_schema"], f"tools[{i}]")
         names.add(function["function"]["name"])
         chat.setdefault("tools", []).append(function)
@@ -87,25 +87,25 @@ def _ask_tools(body: dict[str, Any], chat: dict[str, Any]) -> None:
     if choice is None:
         return
     if not isinstance(choice, dict):
-        raise AdapterError("tool_choice", "must be an object {'type': 'auto' | 'any' | 'tool' | 'none'}")
+        raise CodecError("tool_choice", "must be an object {'type': 'auto' | 'any' | 'tool' | 'none'}")
     kind = choice.get("type")
     if kind not in ("auto", "any", "tool", "none"):
-        raise AdapterError("tool_choice.type", "must be one of 'auto', 'any', 'tool', 'none'")
+        raise CodecError("tool_choice.type", "must be one of 'auto', 'any', 'tool', 'none'")
     if choice.get("name") is not None and not isinstance(choice["name"], str):
-        raise AdapterError("tool_choice.name", "must be a string")
+        raise CodecError("tool_choice.name", "must be a string")
     if kind in ("any", "tool") and not names:
-        raise AdapterError("tool_choice", f"{{'type': {kind!r}}} needs at least one tool")
+        raise CodecError("tool_choice", f"{{'type': {kind!r}}} needs at least one tool")
     if kind == "tool":
         name = choice.get("name")
         if not isinstance(name, str) or name not in names:
-            raise AdapterError("tool_choice.name", f"must name a tool in tools, got {name!r}")
+            raise CodecError("tool_choice.name", f"must name a tool in tools, got {name!r}")
         chat["tool_choice"] = {"type": "function", "function": {"name": name}}
     elif names:
         chat["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}[kind]
     single = choice.get("disable_parallel_tool_use")
     if single is not None:
         if not isinstance(single, bool):
-            raise AdapterError("tool_choice.disable_parallel_tool_use", "must be a boolean")
+            raise CodecError("tool_choice.disable_parallel_tool_use", "must be a boolean")
         if single and names:
             chat["parallel_tool_calls"] = False
 
@@ -117,30 +117,30 @@ def _ask_thinking(body: dict[str, Any], chat: dict[str, Any], max_tokens: int) -
     if thinking is None:
         return
     if not isinstance(thinking, dict):
-        raise AdapterError("thinking", "must be an object {'type': 'enabled' | 'disabled', ...}")
+        raise CodecError("thinking", "must be an object {'type': 'enabled' | 'disabled', ...}")
     kind = thinking.get("type")
     if kind == "disabled":
         chat["chat_template_kwargs"] = {"enable_thinking": False}
         return
     if kind != "enabled":
-        raise AdapterError("thinking.type", "only 'enabled' and 'disabled' are supported")
+        raise CodecError("thinking.type", "only 'enabled' and 'disabled' are supported")
     budget = thinking.get("budget_tokens")
     if isinstance(budget, bool) or not isinstance(budget, int) or not 1024 <= budget < max_tokens:
-        raise AdapterError("thinking.budget_tokens", f"must be an integer >= 1024 and < max_tokens ({max_tokens})")
+        raise CodecError("thinking.budget_tokens", f"must be an integer >= 1024 and < max_tokens ({max_tokens})")
     chat["chat_template_kwargs"] = {"enable_thinking": True}
 
 
 def _messages(messages: Any) -> list[dict[str, Any]]:
     if not isinstance(messages, list) or not messages:
-        raise AdapterError("messages", "is required: a non-empty list of messages")
+        raise CodecError("messages", "is required: a non-empty list of messages")
     out: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(message, dict):
-            raise AdapterError(where, "must be a message object")
+            raise CodecError(where, "must be a message object")
         role = message.get("role")
         if role not in ("user", "assistant"):
-            raise AdapterError(f"{where}.role", "must be 'user' or 'assistant'")
+            raise CodecError(f"{where}.role", "must be 'user' or 'assistant'")
         content = message.get("content")
         if isinstance(content, list) and role == "assistant":
             out.append(_assistant(content, f"{where}.content"))
@@ -158,20 +158,20 @@ def _assistant(blocks: list[Any], where: str) -> dict[str, Any]:
     calls, thoughts = [], []
     for j, block in enumerate(blocks):
         if not isinstance(block, dict):
-            raise AdapterError(f"{where}[{j}]", "must be a content block object")
+            raise CodecError(f"{where}[{j}]", "must be a content block object")
         kind = block.get("type")
         if kind == "tool_use":
             call_id, name, arguments = block.get("id"), block.get("name"), block.get("input")
             if not isinstance(call_id, str) or not call_id:
-                raise AdapterError(f"{where}[{j}].id", "is required: a non-empty string")
+                raise CodecError(f"{where}[{j}].id", "is required: a non-empty string")
             if not isinstance(name, str) or not name:
-                raise AdapterError(f"{where}[{j}].name", "is required: a non-empty string")
+                raise CodecError(f"{where}[{j}].name", "is required: a non-empty string")
             if not isinstance(arguments, dict):
-                raise AdapterError(f"{where}[{j}].input", "is required: an object")
+                raise CodecError(f"{where}[{j}].input", "is required: an object")
             calls.append(chat_call(call_id, name, _json.encode(arguments).decode()))
         elif kind == "thinking":
             if not isinstance(block.get("thinking"), str):
-                raise AdapterError(f"{where}[{j}].thinking", "must be a string")
+                raise CodecError(f"{where}[{j}].thinking", "must be a string")
             thoughts.append(block["thinking"])
         elif kind != "redacted_thinking":
             texts.append(_text_block(block, f"{where}[{j}]", "tool_use, thinking, redacted_thinking"))
@@ -205,12 +205,12 @@ def _tool_result(block: dict[str, Any], where: str) -> dict[str, Any]:
     so that the model still reads that the call failed."""
     call_id = block.get("tool_use_id")
     if not isinstance(call_id, str) or not call_id:
-        raise AdapterError(f"{where}.tool_use_id", "is required: a non-empty string")
+        raise CodecError(f"{where}.tool_use_id", "is required: a non-empty string")
     content = block.get("content", "")
     content = _content(content, f"{where}.content")
     is_error = block.get("is_error", False)
     if not isinstance(is_error, bool):
-        raise AdapterError(f"{where}.is_error", "must be a boolean")
+        raise CodecError(f"{where}.is_error", "must be a boolean")
     if is_error:
         content = "Error: " + content if isinstance(content, str) else [{"type": "text", "text": "Error: "}, *content]
     return {"role": "tool", "tool_call_id": call_id, "content": content}
@@ -223,10 +223,10 @@ def _content(content: Any, where: str) -> str | list[dict[str, str]]:
 
 def _text_block(block: Any, where: str, others: str) -> dict[str, str]:
     if not isinstance(block, dict):
-        raise AdapterError(where, "must be a content block object")
+        raise CodecError(where, "must be a content block object")
     kind = block.get("type")
     if kind != "text":
-        raise AdapterError(f"{where}.type", f"content block type {kind!r} is not supported here; only text, {others}")
+        raise CodecError(f"{where}.type", f"content block type {kind!r} is not supported here; only text, {others}")
     if not isinstance(block.get("text"), str):
-        raise AdapterError(f"{where}.text", "must be a string")
+        raise CodecError(f"{where}.text", "must be a string")
     return {"type": "text", "text": block["text"]}

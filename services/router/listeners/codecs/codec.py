@@ -1,6 +1,6 @@
-"""The router's public APIs as adapters to upstream chat/completions (router process): the `Adapter`
-record each API builds once, one module per API (openai: chat and completions as they are;
-responses; anthropic), found by name in registry.py, and the helpers the translations share."""
+"""What every public API's codec is (router process): the `Codec` record each API's module builds once
+(its name, its public path, its pure translations to and from upstream chat/completions), CodecError,
+the stream translator's interface, and the helpers the translations share."""
 from __future__ import annotations
 
 import uuid
@@ -26,14 +26,14 @@ class StreamTranslator(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class Adapter:
+class Codec:
     """One public API: what it is called, where it goes upstream, and its pure translations (no I/O:
-    the dispatcher feeds and sends). Each API's module builds its one instance; registry.py lists them."""
+    the relay feeds and sends). Each API's module builds its one instance; registry.py lists them."""
 
     name: str  # as listeners' `apis` and the metrics name it: chat, completions, responses, messages
     path: str  # the public path clients POST to
     to_chat: Callable[[dict[str, Any]], dict[str, Any]]
-    """The request as upstream's body (all but the model); AdapterError names what cannot be carried."""
+    """The request as upstream's body (all but the model); CodecError names what cannot be carried."""
     from_chat: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]
     """(upstream's non-streamed answer, the client's request) -> this API's response body."""
     stream: Callable[[dict[str, Any]], StreamTranslator]
@@ -48,7 +48,7 @@ class Adapter:
     judged: bool = True  # an escalate entry judges its answers; False: the plan's first pool that answers serves it
 
 
-class AdapterError(ValueError):
+class CodecError(ValueError):
     """A request the translation cannot carry faithfully; `param` names the field, as the APIs' 400s do."""
 
     def __init__(self, param: str, message: str) -> None:
@@ -60,11 +60,11 @@ class AdapterError(ValueError):
 def checked_model(body: Any, refuse: Callable[[dict[str, Any]], None]) -> str:
     """The request's model name, after checking the body is an object and has nothing `refuse` rejects."""
     if not isinstance(body, dict):
-        raise AdapterError("", "the request body must be a JSON object")
+        raise CodecError("", "the request body must be a JSON object")
     refuse(body)
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        raise AdapterError("model", "a model name (string) is required")
+        raise CodecError("model", "a model name (string) is required")
     return model
 
 
@@ -72,7 +72,7 @@ def ask_stream(body: dict[str, Any], chat: dict[str, Any]) -> None:
     """Carry `stream` over; a streamed answer needs upstream's usage chunk for its final event."""
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
-        raise AdapterError("stream", "must be a boolean")
+        raise CodecError("stream", "must be a boolean")
     if stream:
         chat["stream"] = True
         chat["stream_options"] = {"include_usage": True}
@@ -84,17 +84,17 @@ def text_parts(content: Any, where: str, kinds: tuple[str, ...], noun: str) -> s
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise AdapterError(where, f"must be a string or a list of {noun}s")
+        raise CodecError(where, f"must be a string or a list of {noun}s")
     parts = []
     for j, part in enumerate(content):
         if not isinstance(part, dict):
-            raise AdapterError(f"{where}[{j}]", f"must be a {noun} object")
+            raise CodecError(f"{where}[{j}]", f"must be a {noun} object")
         kind = part.get("type")
         if kind not in kinds:
-            raise AdapterError(f"{where}[{j}].type", f"{noun} type {kind!r} is not supported; only {list(kinds)}")
+            raise CodecError(f"{where}[{j}].type", f"{noun} type {kind!r} is not supported; only {list(kinds)}")
         text = part.get("text")
         if not isinstance(text, str):
-            raise AdapterError(f"{where}[{j}].text", "must be a string")
+            raise CodecError(f"{where}[{j}].text", "must be a string")
         parts.append({"type": "text", "text": text})
     return parts
 
@@ -105,22 +105,22 @@ def tool_list(body: dict[str, Any]) -> list[Any]:
     if tools is None:
         return []
     if not isinstance(tools, list):
-        raise AdapterError("tools", "must be a list of tools")
+        raise CodecError("tools", "must be a list of tools")
     return tools
 
 
 def chat_function(name: Any, description: Any, parameters: Any, where: str) -> dict[str, Any]:
     """One function tool in chat's shape; `where` names the tool in the client's request."""
     if not isinstance(name, str) or not name:
-        raise AdapterError(f"{where}.name", "a function name (non-empty string) is required")
+        raise CodecError(f"{where}.name", "a function name (non-empty string) is required")
     function: dict[str, Any] = {"name": name}
     if description is not None:
         if not isinstance(description, str):
-            raise AdapterError(f"{where}.description", "must be a string")
+            raise CodecError(f"{where}.description", "must be a string")
         function["description"] = description
     if parameters is not None:
         if not isinstance(parameters, dict):
-            raise AdapterError(f"{where}.parameters", "must be a JSON schema object")
+            raise CodecError(f"{where}.parameters", "must be a JSON schema object")
         function["parameters"] = parameters
     return {"type": "function", "function": function}
 

@@ -1,5 +1,5 @@
 """The OpenAI chat and completions APIs (router process): upstream speaks them already, so their
-adapters pass requests and answers through; the OpenAI error shape, which the Responses API and the
+codecs pass requests and answers through; the OpenAI error shape, which the Responses API and the
 router's own routes share; and the replay of a whole chat/completions answer as a stream's chunks
 (`as_chunks`, for escalate, whose stages answer whole)."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from services.router.listeners.codecs.codec import CHAT_PATH, Adapter, AdapterError, StreamTranslator
+from services.router.listeners.codecs.codec import CHAT_PATH, Codec, CodecError, StreamTranslator
 
 _json = msgspec.json.Encoder()
 _DONE = b"data: [DONE]\n\n"
@@ -88,12 +88,12 @@ def _checked(body: dict[str, Any]) -> None:
     and upstream checks it. What the router reads itself is checked here: the model, and the stream
     options that escalate answers from a whole upstream answer (upstream never sees them then)."""
     if not isinstance(body.get("model"), str):
-        raise AdapterError("model", "a model name (string) is required")
+        raise CodecError("model", "a model name (string) is required")
     stream, options = body.get("stream"), body.get("stream_options")
     if stream is not None and not isinstance(stream, bool):
-        raise AdapterError("stream", "must be a boolean")
+        raise CodecError("stream", "must be a boolean")
     if options is not None and not isinstance(options, dict):
-        raise AdapterError("stream_options", "must be an object")
+        raise CodecError("stream_options", "must be an object")
 
 
 def _chat(body: dict[str, Any]) -> dict[str, Any]:
@@ -101,14 +101,14 @@ def _chat(body: dict[str, Any]) -> dict[str, Any]:
     _checked(body)
     messages = body.get("messages")
     if not isinstance(messages, list):
-        raise AdapterError("messages", "must be a list of messages")
+        raise CodecError("messages", "must be a list of messages")
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise AdapterError(f"messages[{i}]", "must be a message object")
+            raise CodecError(f"messages[{i}]", "must be a message object")
         if not isinstance(message.get("role"), str):
-            raise AdapterError(f"messages[{i}].role", "must be a string")
+            raise CodecError(f"messages[{i}].role", "must be a string")
         if not isinstance(message.get("content"), (str, list, type(None))):
-            raise AdapterError(f"messages[{i}].content", "must be a string, a list of content parts, or null")
+            raise CodecError(f"messages[{i}].content", "must be a string, a list of content parts, or null")
     return body
 
 
@@ -116,7 +116,7 @@ def _completion(body: dict[str, Any]) -> dict[str, Any]:
     """A completions body; its prompt's text is what signals read."""
     _checked(body)
     if not isinstance(body.get("prompt"), (str, list)):
-        raise AdapterError("prompt", "must be a string, or a list of token ids or of one string")
+        raise CodecError("prompt", "must be a string, or a list of token ids or of one string")
     return body
 
 
@@ -128,7 +128,7 @@ def _chunks(request: dict[str, Any]) -> StreamTranslator:
     return ChunkStream()
 
 
-CHAT = Adapter("chat", "/v1/chat/completions", _chat, _as_is, _chunks, openai_error,
+CHAT = Codec("chat", "/v1/chat/completions", _chat, _as_is, _chunks, openai_error,
                upstream_path=CHAT_PATH, passthrough=True)
-COMPLETIONS = Adapter("completions", "/v1/completions", _completion, _as_is, _chunks, openai_error,
+COMPLETIONS = Codec("completions", "/v1/completions", _completion, _as_is, _chunks, openai_error,
                       upstream_path="/v1/completions", passthrough=True)

@@ -1,6 +1,6 @@
 """OpenAI Responses API <-> upstream chat completions, run in the router: the response object (reasoning,
-message and function call items), the streaming events, and the adapter that bundles them with the
-request translation (responses_request.py). Pure: no I/O, the dispatcher feeds and sends."""
+message and function call items), the streaming events, and the codec that bundles them with the
+request translation (responses_request.py). Pure: no I/O, the relay (listeners/relay.py) feeds and sends."""
 from __future__ import annotations
 
 import time
@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from services.router.listeners.codecs.codec import Adapter, answer_calls, call_deltas, reasoning_of
+from services.router.listeners.codecs.codec import Codec, answer_calls, call_deltas, reasoning_of
 from services.router.listeners.codecs.openai import openai_error
 from services.router.listeners.codecs.responses_request import responses_to_chat
 
@@ -298,4 +298,4 @@ def _empty(kind: str, item_id: str) -> dict[str, Any]:
 
 
 # Errors in OpenAI's shape; upstream's own 4xx bodies are passed on as they are.
-RESPONSES = Adapter("responses", "/v1/responses", responses_to_chat, chat_to_response, ResponsesStream, openai_error)
+RESPONSES = Codec("responses", "/v1/responses", responses_to_chat, chat_to_response, ResponsesStream, openai_error)

@@ -1,13 +1,13 @@
-"""The OpenAI chat and completions adapters (services/router/listeners/codecs/openai.py) and the registry
-that finds every API's adapter by name (adapters/registry.py)."""
+"""The OpenAI chat and completions codecs (services/router/listeners/codecs/openai.py) and the registry
+that finds every API's codec by name (listeners/codecs/registry.py)."""
 from __future__ import annotations
 
 import pytest
 
 from services.router.config import APIS
-from services.router.listeners.codecs.codec import AdapterError
+from services.router.listeners.codecs.codec import CodecError
 from services.router.listeners.codecs.openai import CHAT, COMPLETIONS, openai_error
-from services.router.listeners.codecs.registry import ADAPTERS, error_shape
+from services.router.listeners.codecs.registry import CODECS, error_shape
 
 
 def test_chat_and_completions_pass_through() -> None:
@@ -16,7 +16,7 @@ def test_chat_and_completions_pass_through() -> None:
     assert (CHAT.path, CHAT.upstream_path, COMPLETIONS.path, COMPLETIONS.upstream_path) == (
         "/v1/chat/completions", "/v1/chat/completions", "/v1/completions", "/v1/completions")
     assert CHAT.passthrough and COMPLETIONS.passthrough and CHAT.refusal_body(400, b"{}") is None
-    with pytest.raises(AdapterError, match="model: a model name") as info:
+    with pytest.raises(CodecError, match="model: a model name") as info:
         COMPLETIONS.to_chat({"prompt": "x"})
     assert info.value.param == "model"
 
@@ -37,9 +37,9 @@ def test_the_openai_error_shape() -> None:
 
 
 def test_the_registry_names_every_adapted_api_once() -> None:
-    assert list(ADAPTERS) == ["chat", "completions", "responses", "messages", "count_tokens"]
+    assert list(CODECS) == ["chat", "completions", "responses", "messages", "count_tokens"]
     # Each is a listener API of its own, or another's route (count_tokens is served where messages is).
-    assert all((adapter.part_of or name) in APIS and adapter.name == name for name, adapter in ADAPTERS.items())
-    assert len({adapter.path for adapter in ADAPTERS.values()}) == len(ADAPTERS)
-    assert error_shape("messages") is ADAPTERS["messages"]
+    assert all((adapter.part_of or name) in APIS and adapter.name == name for name, adapter in CODECS.items())
+    assert len({adapter.path for adapter in CODECS.values()}) == len(CODECS)
+    assert error_shape("messages") is CODECS["messages"]
     assert error_shape("models") is error_shape(None) is CHAT  # the router's own routes answer as OpenAI

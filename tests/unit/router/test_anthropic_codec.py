@@ -1,4 +1,4 @@
-"""Anthropic Messages adapter: request translation, and what the official anthropic SDK makes of our output.
+"""Anthropic Messages codec: request translation, and what the official anthropic SDK makes of our output.
 
 Streams are served through httpx2.MockTransport to an `anthropic.Anthropic` client, so the SDK's own
 SSE decoder and message accumulator read exactly the bytes the router would send.
@@ -19,7 +19,7 @@ from anthropic.types.shared import ErrorResponse
 from services.frontend import responses as upstream
 from services.router.listeners.codecs.anthropic import MessagesStream, anthropic_error, chat_to_message
 from services.router.listeners.codecs.anthropic_request import messages_to_chat
-from services.router.listeners.codecs.codec import AdapterError
+from services.router.listeners.codecs.codec import CodecError
 from tests.support.sdk_mock import sse_events, sse_http
 
 MODEL = "qwen-test"
@@ -126,7 +126,7 @@ def test_streaming_always_asks_upstream_for_usage() -> None:
     ({"thinking": {"type": "adaptive"}}, "thinking.type"),
 ])
 def test_unsupported_requests_name_the_field(change: dict[str, Any], param: str) -> None:
-    with pytest.raises(AdapterError) as info:
+    with pytest.raises(CodecError) as info:
         messages_to_chat({"model": MODEL, "max_tokens": 16, "messages": HI, **change})
     assert info.value.param == param
     assert str(info.value).startswith(param + ": ")

@@ -1,4 +1,4 @@
-"""Responses API adapter: request translation, and what the official openai SDK makes of our output.
+"""Responses API codec: request translation, and what the official openai SDK makes of our output.
 
 Streams are served through httpx2.MockTransport to an `openai.OpenAI` client, so the SDK's own SSE
 decoder and event accumulator read exactly the bytes the router would send.
@@ -16,7 +16,7 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 
 from services.frontend import responses as upstream
-from services.router.listeners.codecs.codec import AdapterError
+from services.router.listeners.codecs.codec import CodecError
 from services.router.listeners.codecs.responses import ResponsesStream, chat_to_response
 from services.router.listeners.codecs.responses_request import responses_to_chat
 from tests.support.sdk_mock import sse_events, sse_http
@@ -134,7 +134,7 @@ def test_harmless_defaults_are_accepted() -> None:
     ({"input": [{"role": ["user"], "content": "hi"}]}, "input[0].role"),
 ])
 def test_unsupported_requests_name_the_field(change: dict[str, Any], param: str) -> None:
-    with pytest.raises(AdapterError) as info:
+    with pytest.raises(CodecError) as info:
         responses_to_chat({"model": MODEL, "input": "hi", **change})
     assert info.value.param == param
     assert str(info.value).startswith(param + ": ")
