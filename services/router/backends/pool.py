@@ -12,9 +12,9 @@ from typing import Any
 from services.router.backends.policies import Policy, build_policy
 from services.router.backends.policies.least_outstanding import LeastOutstanding
 from services.router.backends.policies.precise_prefix import PrecisePrefix
+from services.router.backends.prompt_ids import PromptModel
 from services.router.backends.replica import CLOSED, HALF_OPEN, OPEN, Replica
 from services.router.config import PoolConfig, RouterConfig
-from services.router.prompt import PromptModel
 
 
 @dataclass(slots=True, frozen=True)

@@ -15,8 +15,8 @@ from protocol.block_hash import block_hashes
 from protocol.grpc import pb2, pb2_grpc
 from services.router.backends.kv_events import KvSubscriber
 from services.router.backends.policies.precise_prefix import PrecisePrefix
+from services.router.backends.prompt_ids import PromptModel
 from services.router.backends.replica import Replica
-from services.router.prompt import PromptModel
 
 KEY = "sk-kv"
 DEADLINE_S = 10.0

@@ -1,4 +1,4 @@
-"""The router's prompt ids (services/router/prompt.py) are the frontend's: both are given the same
+"""The router's prompt ids (services/router/backends/prompt_ids.py) are the frontend's: both are given the same
 bodies and must make the same token ids, so that the router's block hashes are the engines'."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from protocol.block_hash import block_hashes
 from services.frontend.model import Model
 from services.frontend.translation import Preparer
-from services.router.prompt import PromptModel, Unrenderable
+from services.router.backends.prompt_ids import PromptModel, Unrenderable
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """Precise prefix policy (router process): a request is rendered and tokenized as the frontend does
-(prompt.py), hashed into the engines' chained blocks (protocol.block_hash), and goes to the replica
+(prompt_ids.py), hashed into the engines' chained blocks (protocol.block_hash), and goes to the replica
 whose engines report holding the longest leading run of them (kv_blocks.py, fed by each frontend's
 KvEvents stream); with cache_aware's fallbacks on load: imbalance first, then a weak match. A prompt
 just sent counts as held where it went for a few seconds, until its engine has reported it."""
@@ -17,8 +17,8 @@ from protocol.block_hash import block_hashes
 from services.router.backends.kv_blocks import ReplicaBlocks
 from services.router.backends.policies.load import imbalance
 from services.router.backends.policies.load import least_loaded as _least_loaded
+from services.router.backends.prompt_ids import PromptModel, Unrenderable
 from services.router.backends.replica import Replica
-from services.router.prompt import PromptModel, Unrenderable
 
 log = logging.getLogger("router")
 
