@@ -132,6 +132,50 @@ def test_shared_libraries_are_pure(package: str) -> None:
             assert top in allowed or top in sys.stdlib_module_names, f"{name} imports {target}"
 
 
+# Each service's layers, lowest first: a module may import its own package and lower layers, never a higher
+# layer or a sibling in its own (siblings are the packages or modules of one layer). Names are the first part
+# below the service; every one of its modules must be placed.
+LAYERS = {
+    "services.router": [
+        ("config", "errors", "metrics"),
+        ("backends", "decision"),
+        ("listeners",),
+        ("app",), ("server",), ("__main__",),
+    ],
+}
+
+
+def _layer_violations(service: str, layers: list[tuple[str, ...]]) -> list[str]:
+    where = {part: (i, part) for i, group in enumerate(layers) for part in group}
+    graph = _graph(service)
+    found = []
+    for name, targets in graph.items():
+        part = name[len(service) + 1:].split(".")[0] if name != service else ""
+        if not part:
+            continue
+        assert part in where, f"{name}: {part!r} has no place in the layers of {service}"
+        level, own = where[part]
+        for target in targets:
+            other = target[len(service) + 1:].split(".")[0] if target.startswith(service + ".") else ""
+            if not other or other == own:
+                continue
+            if where[other][0] >= level:
+                found.append(f"{name} -> {target}")
+    return found
+
+
+@pytest.mark.parametrize("service", LAYERS)
+def test_each_service_imports_down_its_layers(service: str) -> None:
+    violations = _layer_violations(service, LAYERS[service])
+    assert not violations, f"imports that run up or across the layers of {service}: " + "; ".join(violations)
+
+
+def test_the_layer_check_finds_an_upward_import() -> None:
+    # The router's listeners import its backends (a lower layer): with the two swapped, that is upward.
+    assert _layer_violations("services.router", [("config", "errors", "metrics"), ("listeners", "decision"),
+                                                 ("backends",), ("app",), ("server",), ("__main__",)])
+
+
 def test_protocol_is_pure() -> None:
     """The engine protocol needs msgspec only. The gRPC schema (protocol.grpc) also needs grpcio and
     protobuf, and nothing else in `protocol` imports it, so an engine never loads them."""
