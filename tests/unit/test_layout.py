@@ -136,6 +136,13 @@ def test_shared_libraries_are_pure(package: str) -> None:
 # layer or a sibling in its own (siblings are the packages or modules of one layer). Names are the first part
 # below the service; every one of its modules must be placed.
 LAYERS = {
+    "services.engine": [
+        ("config", "backend", "bridge", "peers", "probe", "token_histogram", "utility", "validation", "weights",
+         "model_files"),
+        ("backends",),
+        ("core", "wiring"),
+        ("launcher",), ("__main__",),
+    ],
     "services.router": [
         ("config", "errors", "metrics"),
         ("backends", "decision"),
