@@ -39,6 +39,7 @@ bench: $(STAMP)
 	$(PY) bench/sim_steps.py
 	$(PY) bench/engine_start.py
 	$(PY) bench/vllm_log_stats.py
+	$(PY) bench/vllm_outputs.py
 	$(PY) bench/vs_vllm.py
 	$(PY) bench/frontend_stream.py --top-logprobs 5
 	$(PY) bench/frontend_parsers.py

@@ -1,6 +1,6 @@
 """Render cost of the tiny model's Qwen3 chat template: a 10-message conversation with 2 tools.
 
-Side by side in one run: ours (minijinja, services/frontend/chat_template.py) and the reference
+Side by side in one run: ours (minijinja, prompting/chat_template.py) and the reference
 transformers renders with jinja2, both its bare renderer and tokenizer.apply_chat_template(tokenize=False).
 Usage: python bench/chat_template.py [--repeat 7] [--n 500]
 """
@@ -18,7 +18,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from timing import per_call_us
 
 import checkpoints
-from services.frontend.chat_template import ChatTemplate, _copy
+from prompting.chat_template import ChatTemplate, _copy
 
 
 def _tool(name: str, description: str) -> dict[str, Any]:
@@ -75,7 +75,7 @@ def main() -> None:
                                              add_generation_prompt=True)
 
     if not ours == bare() == apply():
-        raise SystemExit("renders differ: run tests/unit/frontend/test_chat_template.py")
+        raise SystemExit("renders differ: run tests/unit/prompting/test_chat_template.py")
     rows = [
         ("ours: ChatTemplate.render (minijinja)", per_call_us(lambda: template.render(MESSAGES, tools=TOOLS),
                                                              args.n, args.repeat)),

@@ -1,4 +1,4 @@
-"""What the JSON depth check (services/*/json_depth.py) costs beside the msgspec decode it guards, on
+"""What the JSON depth check (edge/json_depth.py) costs beside the msgspec decode it guards, on
 typical 10 KB bodies and on 4 MB ones of several shapes, and on hostile ones. Best of N runs each.
 Usage: .venv/bin/python bench/json_depth.py
 """
@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import msgspec
 
-from services.frontend.json_depth import MAX_DEPTH, too_deep
+from edge.json_depth import MAX_DEPTH, too_deep
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
                                          "parameters": {"type": "object", "properties": {

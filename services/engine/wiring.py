@@ -1,13 +1,14 @@
 """Builds one rank's backend from the config and the checkpoint (what the engine launcher wires
-together): a pure factory; what is read from the checkpoint's files lives in model_files.py."""
+together): a pure factory; what is read from the checkpoint's files lives in prompting/model_files.py."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from prompting.model_files import eos_token_id, load_tokenizer, model_config
 from services.engine.backend import Backend
 from services.engine.config import EngineConfig
-from services.engine.model_files import eos_token_id, kv_bytes_per_block, model_config
+from services.engine.model_files import kv_bytes_per_block
 
 SIM_MAX_MODEL_LEN = 4096
 
@@ -37,8 +38,6 @@ def build_backend(config: EngineConfig) -> tuple[Backend, int]:
 
 
 def _build_sim(config: EngineConfig, path: Path, config_json: dict[str, Any]) -> Backend:
-    from tokenizers import Tokenizer
-
     from services.engine.backends.sim import SimBackend, SimConfig
     from services.engine.backends.sim.script import Script, load_script
 
@@ -63,7 +62,7 @@ def _build_sim(config: EngineConfig, path: Path, config_json: dict[str, Any]) ->
         echo=config.sim_echo,
     )
     # Generated ids come from the regular vocabulary: special tokens would end or garble streams.
-    tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    tokenizer = load_tokenizer(path).tokenizer
     regular = tokenizer.get_vocab_size(with_added_tokens=False)
     script: Script | None = None
     if config.sim_script is not None:

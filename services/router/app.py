@@ -1,10 +1,11 @@
-"""The router's HTTP side (one ASGI app for every listener, told apart by the port a request came in
-on), run in the router process: routes, API keys and error framing; a generation request is parsed,
-translated by its API's adapter, routed, and handed to dispatch (dispatch.py) or escalate (escalate.py)."""
+"""The router's app (one ASGI app for every listener, told apart by the port a request came in on), run
+in the router process: the components assembled, routes and error framing; a generation request is
+checked (listeners/access.py), parsed, translated by its API's codec (listeners/codecs/), routed by
+the decision engine (decision/engine.py), and relayed to a pool (listeners/relay.py) or escalated
+(listeners/escalate.py)."""
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from dataclasses import replace
@@ -13,12 +14,16 @@ from typing import Any
 import msgspec
 from starlette.types import Receive, Scope, Send
 
-from services.router import openapi
-from services.router.adapters import Adapter, AdapterError
-from services.router.adapters.registry import ADAPTERS, error_shape
-from services.router.asgi import (
+from edge.json_depth import MAX_DEPTH, too_deep
+from services.router.backends.dispatch import Dispatcher
+from services.router.backends.pool import NoReplica, Overloaded, Pool
+from services.router.backends.upstream import Upstream
+from services.router.config import EscalateAlgorithm, RouterConfig
+from services.router.decision.engine import Choice, Router, UnknownModel
+from services.router.errors import HTTPError
+from services.router.listeners.access import authorize
+from services.router.listeners.asgi import (
     ClientGone,
-    HTTPError,
     ResponseState,
     TrackedSend,
     lifespan,
@@ -26,37 +31,35 @@ from services.router.asgi import (
     send_json,
     watch_disconnect,
 )
-from services.router.config import EscalateAlgorithm, ListenerConfig, RouterConfig
-from services.router.dispatch import Call, Dispatcher
-from services.router.escalate import Escalator
-from services.router.json_depth import MAX_DEPTH, too_deep
+from services.router.listeners.call import Call
+from services.router.listeners.codecs.codec import Codec, CodecError
+from services.router.listeners.codecs.registry import CODECS, error_shape
+from services.router.listeners.escalate import Escalator
+from services.router.listeners.listener import Listener, listeners_by_port
+from services.router.listeners.relay import Relay
 from services.router.metrics import RouterMetrics
-from services.router.replicas import NoReplica, Overloaded
-from services.router.routing import Choice, Router, UnknownModel
-from services.router.upstream import Upstream
 
 log = logging.getLogger("router")
 
-POST_APIS = {**{adapter.path: name for name, adapter in ADAPTERS.items()}, "/v1/decisions": "decisions"}
+POST_APIS = {**{codec.path: name for name, codec in CODECS.items()}, "/v1/decisions": "decisions"}
 _json = msgspec.json.Encoder()
 _decode = msgspec.json.Decoder()
 OFF_LOOP_BYTES = 256 << 10  # requests larger than this are routed (signals evaluated) off the event loop
 
 
 class RouterApp:
-    def __init__(self, config: RouterConfig, router: Router, upstream: Upstream, metrics: RouterMetrics, *,
-                 max_body_bytes: int = 32 << 20) -> None:
+    def __init__(self, config: RouterConfig, router: Router, pools: dict[str, Pool], upstream: Upstream,
+                 metrics: RouterMetrics, *, max_body_bytes: int = 32 << 20) -> None:
         self.config = config
         self.router = router
+        self.pools = pools
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
-        self.dispatcher = Dispatcher(config, router.pools, upstream, metrics)
-        self.escalator = Escalator(self.dispatcher, metrics)
-        self._by_port = {listener.port: listener for listener in config.listeners}
-        self._keys = {listener.name: tuple(k.encode() for k in listener.api_keys) for listener in config.listeners}
-        self._entries = {listener.name: listener.entries or tuple(config.entries) for listener in config.listeners}
-        self._openapi = {listener.name: _json.encode(openapi.document(listener, self._entries[listener.name]))
-                         for listener in config.listeners}
+        dispatcher = Dispatcher(config, pools, upstream, metrics)
+        self.relay = Relay(dispatcher, metrics)
+        self.escalator = Escalator(dispatcher, self.relay, metrics)
+        self._by_port = listeners_by_port(config)
+        self._first = self._by_port[config.listeners[0].port]
         self._created = int(time.time())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -66,7 +69,7 @@ class RouterApp:
         if scope["type"] != "http":
             return
         server = scope.get("server")
-        listener = self._by_port.get(server[1] if server else -1, self.config.listeners[0])
+        listener = self._by_port.get(server[1] if server else -1, self._first)
         path, method = scope["path"], scope["method"]
         api = POST_APIS.get(path) or ("models" if path == "/v1/models" else None)
         tracked = TrackedSend(send)
@@ -93,13 +96,13 @@ class RouterApp:
             else:
                 await tracked.end()
 
-    async def _route(self, listener: ListenerConfig, api: str | None, scope: Scope, receive: Receive,
+    async def _route(self, listener: Listener, api: str | None, scope: Scope, receive: Receive,
                      send: TrackedSend) -> None:
         path, method = scope["path"], scope["method"]
         if path == "/health":
             await send_json(send, 200, _json.encode(self._health()))
             return
-        self._authorize(listener, scope)
+        authorize(listener.keys, scope["headers"])
         if path == "/metrics":
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]})
@@ -108,12 +111,12 @@ class RouterApp:
         if path == "/openapi.json":
             if method != "GET":
                 raise HTTPError(405, f"{path} accepts GET only", headers=[(b"allow", b"GET")])
-            await send_json(send, 200, self._openapi[listener.name])
+            await send_json(send, 200, listener.openapi)
             return
         # An API's other routes (count_tokens) are served where the API is.
-        adapter = ADAPTERS.get(api) if api is not None else None
-        served = adapter.part_of or api if adapter is not None else api
-        if api is None or served not in listener.apis:
+        codec = CODECS.get(api) if api is not None else None
+        served = codec.part_of or api if codec is not None else api
+        if api is None or served not in listener.config.apis:
             raise HTTPError(404, f"no route for {method} {path} on listener {listener.name!r}")
         wanted = "GET" if api == "models" else "POST"
         if method != wanted:
@@ -124,77 +127,59 @@ class RouterApp:
             raw = await read_body(scope, receive, self.max_body_bytes)
             await send_json(send, 200, _json.encode(await self._decisions(listener, raw)))
         else:
-            assert adapter is not None  # every other POST route is an adapter's
-            await self._generate(listener, adapter, scope, receive, send)
+            assert codec is not None  # every other POST route is a codec's
+            await self._generate(listener, codec, scope, receive, send)
 
     # ---- plain routes ----
 
     def _health(self) -> dict[str, Any]:
         return {"status": "ok", "pools": {name: {"ready": sum(1 for r in pool.snapshot() if r["ready"]),
                                                  "replicas": len(pool.replicas)}
-                                          for name, pool in self.router.pools.items()}}
+                                          for name, pool in self.pools.items()}}
 
-    def _models(self, listener: ListenerConfig) -> dict[str, Any]:
+    def _models(self, listener: Listener) -> dict[str, Any]:
         return {"object": "list", "data": [{"id": name, "object": "model", "created": self._created,
-                                            "owned_by": "router"} for name in self._entries[listener.name]]}
+                                            "owned_by": "router"} for name in listener.entries]}
 
-    async def _decisions(self, listener: ListenerConfig, raw: bytes) -> dict[str, Any]:
+    async def _decisions(self, listener: Listener, raw: bytes) -> dict[str, Any]:
         body = _parse(raw)
         # A Responses body is routed as what it would send; the others are checked for what routing reads.
         shape = "messages" if "messages" in body else "completions" if "prompt" in body else "responses"
-        chat = _to_chat(ADAPTERS["chat" if shape == "messages" else shape], body)
+        chat = _to_chat(CODECS["chat" if shape == "messages" else shape], body)
         choice = self._choose(listener, chat)
         out = choice.describe()
         size = len(raw)
         for name in choice.plan:
-            pool = self.router.pools[name]
+            pool = self.pools[name]
             picked = pool.preview(size, text=choice.text, prepared=await pool.prepare(chat, size))
             out["pool"] = name
-            out["replicas"] = self.router.pools[name].snapshot()
+            out["replicas"] = pool.snapshot()
             if isinstance(picked, Overloaded):
                 out.update(replica=None, status="overloaded", reason=picked.reason)
             elif isinstance(picked, NoReplica):
                 out.update(replica=None, status="no_replica", reason=picked.reason)
             else:
-                out.update(replica=picked.url, status="ok", reason=self.router.pools[name].policy.last_reason)
+                out.update(replica=picked.url, status="ok", reason=pool.policy.last_reason)
                 break
             if isinstance(choice.entry.algorithm, EscalateAlgorithm):
                 break  # escalate always starts at its first stage
         return out
 
-    def _authorize(self, listener: ListenerConfig, scope: Scope) -> None:
-        keys = self._keys[listener.name]
-        if not keys:
-            return
-        given = b""
-        for name, value in scope["headers"]:
-            if name == b"authorization" and value[:7].lower() == b"bearer ":
-                given = value[7:].strip()
-            elif name == b"x-api-key" and not given:
-                given = value.strip()
-        ok = False
-        for key in keys:  # every key compared, in constant time each: no early exit to time
-            ok |= hmac.compare_digest(given, key)
-        if not ok:
-            message = ("Incorrect API key provided." if given else
-                       "Missing API key: send it as `Authorization: Bearer <key>` or `x-api-key: <key>`.")
-            raise HTTPError(401, message, code="invalid_api_key")
-
     # ---- generation ----
 
-    async def _generate(self, listener: ListenerConfig, adapter: Adapter, scope: Scope, receive: Receive,
+    async def _generate(self, listener: Listener, codec: Codec, scope: Scope, receive: Receive,
                         send: TrackedSend) -> None:
         raw = await read_body(scope, receive, self.max_body_bytes)
         request = _parse(raw)
-        chat = _to_chat(adapter, request)
+        chat = _to_chat(codec, request)
         if len(raw) > OFF_LOOP_BYTES:  # counting tokens or embedding a long text would stall every stream
             choice = await asyncio.to_thread(self._choose, listener, chat)
         else:
             choice = self._choose(listener, chat)
-        if not adapter.judged:
+        if not codec.judged:
             # No answer to judge or to learn from (a token count): the cache-aware policy is not told the text.
             choice = replace(choice, text="")
-        call = Call(listener, adapter, request, chat, choice)
+        call = Call(listener.config, codec, request, chat, choice)
         call.headers = [(b"x-router-entry", choice.entry.name.encode()),
                         (b"x-router-decision", choice.decision.name.encode())]
         self.metrics.decisions.labels(choice.entry.name, choice.decision.name).inc()
@@ -203,10 +188,10 @@ class RouterApp:
         gone = asyncio.Event()
         watcher = asyncio.get_running_loop().create_task(watch_disconnect(receive, task, gone, send))
         try:
-            if isinstance(choice.entry.algorithm, EscalateAlgorithm) and adapter.judged:
+            if isinstance(choice.entry.algorithm, EscalateAlgorithm) and codec.judged:
                 await self.escalator.escalate(call, choice.entry.algorithm, send)
             else:
-                await self.dispatcher.dispatch(call, send)
+                await self.relay.relay(call, send)
         except HTTPError as exc:
             call.status, exc.counted = exc.status, True
             exc.headers = call.headers + exc.headers
@@ -222,11 +207,11 @@ class RouterApp:
             call.status = 499
         finally:
             watcher.cancel()
-            self.metrics.requests.labels(listener.name, adapter.name, str(call.status)).inc()
+            self.metrics.requests.labels(listener.name, codec.name, str(call.status)).inc()
             send.counted = True
 
-    def _choose(self, listener: ListenerConfig, chat: dict[str, Any]) -> Choice:
-        served = self._entries[listener.name]
+    def _choose(self, listener: Listener, chat: dict[str, Any]) -> Choice:
+        served = listener.entries
         model = chat.get("model")
         if model not in served:
             raise HTTPError(404, f"The model `{model}` does not exist; available: {', '.join(served)}",
@@ -238,7 +223,7 @@ class RouterApp:
 
 
 def _parse(raw: bytes) -> dict[str, Any]:
-    if too_deep(raw):  # before decoding: the decoder, the adapters and the encoder recurse per level
+    if too_deep(raw):  # before decoding: the decoder, the codecs and the encoder recurse per level
         raise HTTPError(400, f"the request body nests too deeply: arrays and objects may nest {MAX_DEPTH} levels "
                         "at most")
     try:
@@ -250,10 +235,10 @@ def _parse(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def _to_chat(adapter: Adapter, body: dict[str, Any]) -> dict[str, Any]:
+def _to_chat(codec: Codec, body: dict[str, Any]) -> dict[str, Any]:
     try:
-        return adapter.to_chat(body)
-    except AdapterError as exc:
+        return codec.to_chat(body)
+    except CodecError as exc:
         raise HTTPError(400, str(exc), param=exc.param or None) from None
 
 

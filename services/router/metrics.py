@@ -1,20 +1,25 @@
 """Prometheus metrics of the router process, in a registry it owns; replica state is read from the
-pools at scrape time, so the hot path only bumps counters."""
+pools at scrape time, so the hot path only bumps counters. Shared by every layer: it imports no other router module."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from services.router.replicas import Pool
-
 _LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
+class Snapshots(Protocol):
+    """What the replica gauges read: a pool's replicas' state (backends/pool.py's `Pool`)."""
+
+    def snapshot(self) -> list[dict[str, Any]]: ...
+
+
 class RouterMetrics:
-    def __init__(self, pools: Mapping[str, Pool]) -> None:
+    def __init__(self, pools: Mapping[str, Snapshots]) -> None:
         self.registry = r = CollectorRegistry()
         self.decisions = Counter("router_decisions", "Routing decisions by entry and matched decision.",
                                  ["entry", "decision"], registry=r)
@@ -40,7 +45,7 @@ class RouterMetrics:
 
 
 class _ReplicaCollector(Collector):
-    def __init__(self, pools: Mapping[str, Pool]) -> None:
+    def __init__(self, pools: Mapping[str, Snapshots]) -> None:
         self._pools = pools
 
     def collect(self) -> Iterator[GaugeMetricFamily]:

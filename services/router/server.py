@@ -13,25 +13,28 @@ from typing import Any
 
 import uvicorn
 
-from services.router.aiohttp_upstream import AiohttpUpstream
 from services.router.app import RouterApp
+from services.router.backends.aiohttp_upstream import AiohttpUpstream
+from services.router.backends.health import HealthChecker
+from services.router.backends.kv_events import KvFeeds
+from services.router.backends.pool import build_pools, load_models
 from services.router.config import RouterConfig
-from services.router.health import HealthChecker
-from services.router.kv_events import KvFeeds
+from services.router.decision.engine import Router
 from services.router.metrics import RouterMetrics
-from services.router.routing import Router
 
 log = logging.getLogger("router")
 
 
 async def run(config: RouterConfig) -> int:
     router = Router(config)
-    # Tokenizers and the embedding model load before the first request, never during one.
+    pools = build_pools(config)
+    # Tokenizers, chat templates and the embedding model load before the first request, never during one.
     await asyncio.to_thread(router.load_models)
+    await asyncio.to_thread(load_models, config, pools)
     upstream = AiohttpUpstream()
-    checker = HealthChecker(config, router.pools, upstream)
+    checker = HealthChecker(config, pools, upstream)
     await checker.resolve_all()
-    app = RouterApp(config, router, upstream, RouterMetrics(router.pools))
+    app = RouterApp(config, router, pools, upstream, RouterMetrics(pools))
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -41,7 +44,7 @@ async def run(config: RouterConfig) -> int:
                                              loop="none", lifespan="off", access_log=False, log_config=None,
                                              timeout_keep_alive=75, timeout_graceful_shutdown=5, backlog=2048))
                for listener in config.listeners]
-    feeds = KvFeeds(config, router.pools)  # precise_prefix pools' KV event streams
+    feeds = KvFeeds(config, pools)  # precise_prefix pools' KV event streams
     checker.on_replaced = feeds.sync
     checker.start()
     feeds.start()
@@ -50,7 +53,7 @@ async def run(config: RouterConfig) -> int:
                  ", ".join(listener.apis), f"{len(listener.api_keys)} API key(s)" if listener.api_keys
                  else "no API keys: open")
     log.info("entries: %s; pools: %s", ", ".join(config.entries), ", ".join(
-        f"{name} ({len(pool.replicas)} replicas)" for name, pool in router.pools.items()))
+        f"{name} ({len(pool.replicas)} replicas)" for name, pool in pools.items()))
 
     async def stopper() -> None:
         # uvicorn catches SIGTERM/SIGINT itself while it serves and passes them on when it returns;

@@ -450,8 +450,13 @@ def test_every_service_needs_the_api_key_but_health(fleet: Fleet) -> None:
     assert health.Check(health_pb2.HealthCheckRequest()).status == health_pb2.HealthCheckResponse.SERVING
     assert health.Check(health_pb2.HealthCheckRequest(service="fleet.v1.Inference")).status == \
         health_pb2.HealthCheckResponse.SERVING
-    # HTTP takes the same keys.
-    assert httpx.post(fleet.frontend.url + "/v1/completions", json={"model": "tiny", "prompt": "x"}).status_code == 401
+    # HTTP takes the same keys, in the same two forms (edge/api_keys.py: one rule for every face).
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 1}
+    assert httpx.post(fleet.frontend.url + "/v1/completions", json=body).status_code == 401
+    wrong = httpx.post(fleet.frontend.url + "/v1/completions", json=body, headers={"x-api-key": "wrong"})
+    assert wrong.status_code == 401 and "x-api-key" in wrong.json()["error"]["message"]
+    for headers in ({"x-api-key": KEY}, {"authorization": f"Bearer {KEY}"}):
+        assert httpx.post(fleet.frontend.url + "/v1/completions", json=body, headers=headers).status_code == 200
     assert httpx.get(fleet.frontend.url + "/health").status_code == 200
 
 

@@ -1,4 +1,4 @@
-"""A fake of the router's `Upstream` port (services/router/upstream.py) for in-process router tests:
+"""A fake of the router's `Upstream` port (services/router/backends/upstream.py) for in-process router tests:
 each replica URL answers from a script of `Reply`s, and every request it was sent is kept."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import aiohttp
 
-from services.router.upstream import UpstreamError
+from services.router.backends.upstream import UpstreamError
 
 
 @dataclass(frozen=True)

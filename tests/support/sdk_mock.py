@@ -1,5 +1,5 @@
 """An official SDK client whose HTTP goes to a function instead of a server (httpx2.MockTransport, the
-transport the openai and anthropic SDKs take), for unit tests of the router's adapters."""
+transport the openai and anthropic SDKs take), for unit tests of the router's codecs."""
 from __future__ import annotations
 
 import json
@@ -21,7 +21,7 @@ def sse_http(serve: Callable[[dict[str, Any]], Iterator[bytes]], raw: list[bytes
 
 
 def sse_events(raw: list[bytes]) -> list[tuple[str, dict[str, Any]]]:
-    """(event name, data) of each `event:` + `data:` pair in a stream the adapters wrote."""
+    """(event name, data) of each `event:` + `data:` pair in a stream the codecs wrote."""
     out = []
     for block in b"".join(raw).decode().split("\n\n")[:-1]:
         name, data = block.split("\n")

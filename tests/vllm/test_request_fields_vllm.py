@@ -40,13 +40,17 @@ def test_structured_outputs_has_vllms_public_fields() -> None:
     assert public == _fields(Ours)
 
 
-def _backend() -> object:
+def _backend(outputs: list[SimpleNamespace]) -> object:
     from services.engine.backends.vllm import VllmBackend
 
     backend = VllmBackend.__new__(VllmBackend)  # no engine: only the output conversion is exercised
-    backend._prompt_lens, backend._salted, backend._constrained = {}, {}, {}  # type: ignore[attr-defined]
+    backend._core = SimpleNamespace(  # type: ignore[attr-defined]
+        step=lambda: ({0: SimpleNamespace(outputs=[outputs.pop(0)], timestamp=0.0)}, True),
+        post_step=lambda executed: None)
+    backend._events = SimpleNamespace(batches=[])  # type: ignore[attr-defined]
+    backend._in_flight = {}  # type: ignore[attr-defined]
     backend._hits = backend._queries = backend._preemptions = 0  # type: ignore[attr-defined]
-    backend._phases = {}  # type: ignore[attr-defined]
+    backend._log_stats = True  # type: ignore[attr-defined]
     return backend
 
 
@@ -57,10 +61,15 @@ def _output(rid: str, tokens: list[int], finish: int | None) -> SimpleNamespace:
 
 def test_a_constrained_request_ended_by_an_error_before_its_first_token_is_invalid() -> None:
     pytest.importorskip("vllm")
-    backend = _backend()
-    backend._constrained.update(compiled="grammar", failed="grammar")  # type: ignore[attr-defined]
+    from services.engine.backends.vllm import _InFlight
+
+    step: list[SimpleNamespace] = []
+    backend = _backend(step)
+    backend._in_flight.update(compiled=_InFlight(1, constraint="grammar"),  # type: ignore[attr-defined]
+                              failed=_InFlight(1, constraint="grammar"))
     def convert(output: SimpleNamespace) -> RequestOutput:
-        return backend._convert(output, 0.0)  # type: ignore[attr-defined, no-any-return]
+        step.append(output)
+        return backend.step().outputs[0]  # type: ignore[attr-defined, no-any-return]
 
     failed = convert(_output("failed", [], 3))  # 3: vLLM's FinishReason.ERROR
     assert (failed.finish_reason, failed.error_kind) == ("error", ERROR_INVALID)
@@ -71,4 +80,4 @@ def test_a_constrained_request_ended_by_an_error_before_its_first_token_is_inval
     assert (later.finish_reason, later.error_kind, later.error) == ("error", None, None)
     # An unconstrained request's error stays the engine's.
     assert convert(_output("plain", [], 3)).error_kind is None
-    assert backend._constrained == {}  # type: ignore[attr-defined]
+    assert backend._in_flight == {}  # type: ignore[attr-defined]

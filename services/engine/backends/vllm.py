@@ -8,11 +8,13 @@ import os
 import time
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from prompting.model_files import eos_token_id
 from protocol import ERROR_INVALID, GenerateRequest, PackedLogprobs, RequestOutput, RequestTimings
 from protocol import SamplingParams as WireSampling
 from protocol.block_hash import chain, root
@@ -30,7 +32,6 @@ from services.engine.backend import (
     UtilityUnsupported,
 )
 from services.engine.config import EngineConfig
-from services.engine.model_files import eos_token_id
 from services.engine.weights import ITEMSIZE, TensorView, WeightSession, views
 
 # In-process engine core: vLLM must not spawn its own engine process or talk over its own sockets.
@@ -68,14 +69,21 @@ class _CapturePublisher:
         self.batches.clear()
 
 
-class _Phases:
-    """One request's vLLM events as they arrive with its outputs (engine-core monotonic timestamps)."""
+@dataclass(slots=True)
+class _InFlight:
+    """One request's state from add() until its finish (in step) or abort, the only two places that
+    drop it. Its phases (queued ... preemptions) are vLLM's events as they arrive with its outputs
+    (engine-core monotonic clock); they make timings only with log_stats."""
 
-    __slots__ = ("first_token", "preemptions", "queued", "scheduled")
-
-    def __init__(self) -> None:
-        self.queued = self.scheduled = self.first_token = -1.0
-        self.preemptions = 0
+    prompt_len: int
+    # (logprobs, prompt_logprobs) as asked, when either was; None: its outputs carry no logprobs.
+    logprobs: tuple[int | None, int | None] | None = None
+    # The structured-output constraint (its SamplingParams field) until the request's first token.
+    constraint: str | None = None
+    queued: float = -1.0
+    scheduled: float = -1.0
+    first_token: float = -1.0
+    preemptions: int = 0
 
     def timings(self, now: float) -> RequestTimings:
         return RequestTimings(self.scheduled - self.queued, self.first_token - self.scheduled,
@@ -131,14 +139,9 @@ class VllmBackend:
         )
         self._block_size = cache.block_size
         self._ours: dict[Any, int] = {}  # vLLM's block hash -> protocol.block_hash value
-        self._salted: dict[str, int] = {}  # request's chain root, only for salted/LoRA requests
-        self._prompt_lens: dict[str, int] = {}
-        self._logprobs: dict[str, tuple[int | None, int | None]] = {}  # asked (logprobs, prompt_logprobs)
-        # Requests with a structured-output constraint (its SamplingParams field) until their first token.
-        self._constrained: dict[str, str] = {}
+        self._in_flight: dict[str, _InFlight] = {}  # by request id, from add() until its finish or abort
         self._queries = 0
         self._hits = 0
-        self._phases: dict[str, _Phases] = {}  # per request until it finishes (with log_stats)
         self._preemptions = 0  # PREEMPTED events seen, cumulative (vLLM's vllm:num_preemptions)
         self._lora_enabled = config.enable_lora
         self._loras: dict[str, LoRARequest] = {}  # by name; int ids are ours, never reused
@@ -200,24 +203,15 @@ class VllmBackend:
         )
         req, wave = self._core.preprocess_add_request(core_request)
         self._core.add_request(req, wave)
-        self._prompt_lens[request_id] = len(request.prompt_token_ids)
-        if s.logprobs is not None or s.prompt_logprobs is not None:
-            self._logprobs[request_id] = (s.logprobs, s.prompt_logprobs)
-        if kind is not None:
-            self._constrained[request_id] = kind[0]
-        if request.cache_salt is not None or request.lora is not None:
-            self._salted[request_id] = root(request.cache_salt, request.lora)
-        if self._log_stats:
-            self._phases[request_id] = _Phases()
+        asked = (s.logprobs, s.prompt_logprobs) if s.logprobs is not None or s.prompt_logprobs is not None else None
+        self._in_flight[request_id] = _InFlight(len(request.prompt_token_ids), asked,
+                                                kind[0] if kind is not None else None)
 
     def abort(self, request_ids: list[str]) -> None:
         self._core.abort_requests(request_ids)
+        in_flight = self._in_flight
         for rid in request_ids:
-            self._phases.pop(rid, None)
-            self._prompt_lens.pop(rid, None)
-            self._constrained.pop(rid, None)
-            self._salted.pop(rid, None)
-            self._logprobs.pop(rid, None)
+            in_flight.pop(rid, None)
 
     def has_work(self) -> bool:
         return self._core.scheduler.has_requests()
@@ -226,19 +220,27 @@ class VllmBackend:
         outputs_by_client, executed = self._core.step()
         self._core.post_step(executed)
         result = StepResult()
-        asked = self._logprobs
+        outputs, segments = result.outputs, result.segments
+        # A finished request's record is dropped here, an aborted one's in abort(): nowhere else.
+        record_of, drop = self._in_flight.get, self._in_flight.pop
         num_tokens = 0
         for eco in outputs_by_client.values():
             # When the step's tokens were made (engine-core monotonic clock): vLLM's first and last token.
             made_at = eco.timestamp
             for o in eco.outputs:
-                out = self._convert(o, made_at)
-                result.outputs.append(out)
                 num_tokens += len(o.new_token_ids)
+                out = RequestOutput(o.request_id, o.new_token_ids, None, o.stop_reason)
+                outputs.append(out)
+                if o.finish_reason is None:
+                    record = record_of(o.request_id)
+                    if (o.prefill_stats is None and o.events is None
+                            and (record is None or record.logprobs is None and record.constraint is None)):
+                        continue  # most outputs (a decode step's, nothing asked per token): their tokens alone
+                else:
+                    record = drop(o.request_id, None)
+                self._fill(o, out, record, made_at, segments)
                 if o.prefill_stats is not None:  # the request's first output (vLLM's iteration tokens)
                     num_tokens += o.prefill_stats.num_computed_tokens
-                if asked and o.request_id in asked:
-                    self._pack_logprobs(o, out, result.segments)
         result.num_tokens = num_tokens
         if self._events.batches:
             for batch in self._events.batches:
@@ -246,60 +248,57 @@ class VllmBackend:
             self._events.batches.clear()
         return result
 
-    def _convert(self, o: Any, made_at: float) -> RequestOutput:
-        cached = 0
-        stats = o.prefill_stats
-        phases = self._phases.get(o.request_id) if o.events is not None or stats is not None else None
-        if o.events is not None and phases is not None:
-            self._on_events(phases, o.events)
-        timings = None
-        if stats is not None:  # the request's first output: its first token, as vLLM's is_prefilling
-            cached = stats.num_cached_tokens
-            self._hits += cached
-            self._queries += self._prompt_lens.get(o.request_id, 0)
-            if phases is not None:
-                phases.first_token = made_at
-                if o.new_token_ids:
-                    timings = phases.timings(made_at)
-        finish = None
-        error = error_kind = None
+    def _fill(self, o: Any, out: RequestOutput, record: _InFlight | None, made_at: float,
+              segments: dict[str, list[Segment]]) -> None:
+        """What an output says besides its tokens: its first token's cached prompt tokens and timings,
+        its finish, its logprobs. `record`: its request's (already dropped when `o` finishes it), None
+        for a request not added here. Timings only with log_stats (without it vLLM sends no events)."""
         constrained = None
-        if self._constrained and (o.new_token_ids or o.finish_reason is not None):
-            constrained = self._constrained.pop(o.request_id, None)
+        if record is not None:
+            if o.events is not None:
+                self._on_events(record, o.events)
+            if record.constraint is not None and (o.new_token_ids or o.finish_reason is not None):
+                constrained, record.constraint = record.constraint, None
+        stats = o.prefill_stats
+        if stats is not None:  # the request's first output: its first token, as vLLM's is_prefilling
+            out.num_cached_tokens = stats.num_cached_tokens
+            self._hits += stats.num_cached_tokens
+            if record is not None:
+                self._queries += record.prompt_len
+                record.first_token = made_at
+                if o.new_token_ids and self._log_stats:
+                    out.timings = record.timings(made_at)
         if o.finish_reason is not None:
-            finish = _FINISH[int(o.finish_reason)]
-            self._prompt_lens.pop(o.request_id, None)
-            self._salted.pop(o.request_id, None)
-            done = self._phases.pop(o.request_id, None)
-            timings = done.timings(made_at) if done is not None and finish in ("stop", "length") else None
+            finish = out.finish_reason = _FINISH[int(o.finish_reason)]
+            ended = finish in ("stop", "length") and self._log_stats
+            out.timings = record.timings(made_at) if ended and record is not None else None
             if finish == "error" and constrained is not None and not o.new_token_ids:
                 # Before its first token, the only error vLLM ends a constrained request with is its
                 # grammar failing to compile (the scheduler's grammar_compile_error_reqs): the request's fault.
-                error = f"sampling.{constrained}: vLLM's structured output could not compile it"
-                error_kind = ERROR_INVALID
-        return RequestOutput(o.request_id, o.new_token_ids, finish, o.stop_reason, cached, None, error, error_kind,
-                             timings=timings)
+                out.error = f"sampling.{constrained}: vLLM's structured output could not compile it"
+                out.error_kind = ERROR_INVALID
+        if record is not None and record.logprobs is not None:
+            self._pack_logprobs(o, out, record.logprobs, segments)
 
-    def _on_events(self, phases: _Phases, events: list[Any]) -> None:
+    def _on_events(self, record: _InFlight, events: list[Any]) -> None:
         """vLLM's events of one request since its previous output, in order (its output processor's rule:
         a preempted request keeps its first scheduling)."""
         for event in events:
             kind = event.type
             if kind == EngineCoreEventType.QUEUED:
-                phases.queued = event.timestamp
+                record.queued = event.timestamp
             elif kind == EngineCoreEventType.SCHEDULED:
-                if phases.scheduled < 0:
-                    phases.scheduled = event.timestamp
+                if record.scheduled < 0:
+                    record.scheduled = event.timestamp
             elif kind == EngineCoreEventType.PREEMPTED:
-                phases.preemptions += 1
+                record.preemptions += 1
                 self._preemptions += 1
 
-    def _pack_logprobs(self, o: Any, out: RequestOutput, segments: dict[str, list[Segment]]) -> None:
+    def _pack_logprobs(self, o: Any, out: RequestOutput, asked: tuple[int | None, int | None],
+                       segments: dict[str, list[Segment]]) -> None:
         """vLLM's logprob arrays as they are (protocol/logprobs.py is their layout): row i's column 0 is
         the position's own token, then the batch's widest top-k; ours keeps the request's k columns."""
-        k, prompt_k = self._logprobs[o.request_id]
-        if out.finish_reason is not None:
-            del self._logprobs[o.request_id]
+        k, prompt_k = asked
         found: list[Segment] = []
         if prompt_k is not None and o.new_prompt_logprobs_tensors is not None:
             ids, lps, ranks = (t.numpy() for t in o.new_prompt_logprobs_tensors[:3])

@@ -3,11 +3,12 @@ keys (--api-key), from `authorization: Bearer <key>` or `x-api-key` metadata, co
 time; probes send no keys."""
 from __future__ import annotations
 
-import hmac
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
+
+from edge.api_keys import HOW_TO_SEND, ApiKeys, KeyCheck
 
 _OPEN = ("/grpc.health.v1.Health/",)
 
@@ -16,30 +17,18 @@ class Auth(grpc.aio.ServerInterceptor):
     """Every method but the health service's needs one of the API keys (constant-time compare)."""
 
     def __init__(self, keys: Sequence[str]) -> None:
-        self._keys = [k.encode() for k in keys]
+        self._keys = ApiKeys(keys)
 
     async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]], details: Any) -> Any:
-        if details.method.startswith(_OPEN) or self._allowed(details.invocation_metadata or ()):
+        if (details.method.startswith(_OPEN)
+                or self._keys.check(details.invocation_metadata or ()) is KeyCheck.ACCEPTED):
             return await continuation(details)
         return _refusal(details.method)
-
-    def _allowed(self, md: Sequence[tuple[str, Any]]) -> bool:
-        given = b""
-        for key, value in md:
-            if key == "authorization" and isinstance(value, str) and value[:7].lower() == "bearer ":
-                given = value[7:].strip().encode()
-            elif key == "x-api-key" and isinstance(value, str) and not given:
-                given = value.strip().encode()
-        ok = False
-        for k in self._keys:  # every key compared: the time does not say which one matched
-            ok |= hmac.compare_digest(given, k)
-        return ok
 
 
 def _refusal(method: str) -> Any:
     """A handler that refuses the call: UNAUTHENTICATED, of the method's own kind."""
-    message = ("a valid API key is required: send it in the `authorization: Bearer <key>` (or `x-api-key`) "
-               "metadata")
+    message = f"a valid API key is required: {HOW_TO_SEND} metadata"
 
     async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)

@@ -8,7 +8,6 @@ generation routes are not served.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import time
 from collections.abc import Awaitable, Callable
 from importlib import metadata
@@ -21,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from edge.api_keys import HOW_TO_SEND, ApiKeys, KeyCheck
 from services.frontend.engine_client.lora import LoadLoraBody, UnloadLoraBody
 from services.frontend.errors import APIError, error_body
 from services.frontend.generation.frontend_core import FrontendCore
@@ -53,7 +53,7 @@ class Frontend:
         self.translator, self.lora = core.translator, core.lora
         self.metrics.watch_engines(self._engine_views)
         self._created = int(time.time())
-        self._keys = [k.encode() for k in config.api_keys]
+        self._keys = ApiKeys(config.api_keys)
         self._openapi = msgspec.json.encode(openapi.document(model.name, render_only=config.render_only,
                                                              max_logprobs=config.max_logprobs))
         self._openapi_adapters: tuple[str, ...] = ()  # the adapters self._openapi names
@@ -74,9 +74,10 @@ class Frontend:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"] if scope["type"] == "http" else None
-        if self._keys and path is not None and path.startswith(_GUARDED) and not self._authorized(scope):
-            await send_json(send, 401, error_body(401, "a valid API key is required: send `Authorization: Bearer "
-                                                       "<key>`"), [(b"www-authenticate", b"Bearer")])
+        if (self._keys and path is not None and path.startswith(_GUARDED)
+                and self._keys.check(scope["headers"]) is not KeyCheck.ACCEPTED):
+            await send_json(send, 401, error_body(401, f"a valid API key is required: {HOW_TO_SEND}"),
+                            [(b"www-authenticate", b"Bearer")])
             return
         translate = self._lean.get(path) if path is not None else None
         preprocess = self._preprocess.get(path) if path is not None else None
@@ -111,15 +112,6 @@ class Frontend:
                 await send_json(send, exc.status, exc.body())
             except ClientGone:
                 pass
-
-    def _authorized(self, scope: Scope) -> bool:
-        """The request's bearer key is one of --api-key's (each compared in constant time)."""
-        value = header(scope, b"authorization") or b""
-        given = value[7:].strip() if value[:7].lower() == b"bearer " else b""
-        ok = False
-        for key in self._keys:
-            ok |= hmac.compare_digest(given, key)
-        return ok
 
     # ---- plain routes (starlette) ----
 

@@ -13,9 +13,9 @@ from typing import Any, Literal
 
 import msgspec
 
+from edge.json_depth import MAX_DEPTH, too_deep
 from protocol import SamplingParams
 from services.frontend.errors import APIError, from_validation
-from services.frontend.json_depth import MAX_DEPTH, too_deep
 from services.frontend.text.stop_strings import MAX_STOP_CHARS, MAX_STOP_STRINGS
 
 

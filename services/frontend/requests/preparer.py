@@ -10,11 +10,14 @@ from typing import Any
 
 import msgspec
 
-from services.frontend.chat_template import TemplateError
+from prompting.chat_template import TemplateError
+from prompting.errors import PromptError
+from prompting.messages import template_kwargs
+from prompting.truncation import truncated
 from services.frontend.errors import APIError
-from services.frontend.messages import template_messages
 from services.frontend.model import Model
 from services.frontend.requests import refusals, token_in, tokenization
+from services.frontend.requests.chat_messages import template_messages
 from services.frontend.requests.openai_schema import (
     CHAT_BOUNDS,
     ChatCompletionRequest,
@@ -193,35 +196,14 @@ class Preparer:
 
 
 def _template_kwargs(req: ChatCompletionRequest) -> dict[str, Any] | None:
-    """chat_template_kwargs with the request fields vLLM passes to the template: `documents`, and
-    `reasoning_effort` (with `enable_thinking` false for "none", true otherwise, unless the kwargs set it)."""
-    if req.documents is None and req.reasoning_effort is None:
-        return req.chat_template_kwargs
-    kwargs = dict(req.chat_template_kwargs or {})
-    if req.documents is not None:
-        kwargs["documents"] = req.documents
-    if req.reasoning_effort is not None:
-        kwargs["reasoning_effort"] = req.reasoning_effort
-        kwargs.setdefault("enable_thinking", req.reasoning_effort != "none")
-    return kwargs
+    return template_kwargs(req.chat_template_kwargs, documents=req.documents, reasoning_effort=req.reasoning_effort)
 
 
 def _truncated(ids: array[int], keep: int | None, side: str | None, max_model_len: int) -> array[int]:
-    """truncate_prompt_tokens as vLLM applies it: keep the last `keep` tokens ("left", vLLM's side for
-    generation models) or the first ("right"); -1 keeps as many as leave room for one generated token."""
-    if keep is None:
-        return ids
-    if keep == 0:
-        raise APIError(400, "truncate_prompt_tokens=0 would leave no prompt: it must be -1 or >= 1",
-                       param="truncate_prompt_tokens")
-    if keep > max_model_len:  # vLLM's check and its numbers
-        raise APIError(400, f"truncate_prompt_tokens={keep} cannot be greater than max_model_len = {max_model_len}. "
-                       "Please request a smaller truncation size.", param="truncate_prompt_tokens")
-    if keep < 0:
-        keep = max_model_len - 1
-    if len(ids) <= keep:
-        return ids
-    return ids[:keep] if side == "right" else ids[len(ids) - keep:]
+    try:
+        return truncated(ids, keep, side, max_model_len)
+    except PromptError as exc:
+        raise APIError(400, str(exc), param=exc.param) from None
 
 
 # ---- in a worker process (workers.PreparePool) ----

@@ -3,6 +3,7 @@ non-root user, a HEALTHCHECK, no model baked in, and the install steps the Makef
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,10 @@ def test_dockerfile_rules(image: str) -> None:
     assert users and users[-1] not in ("root", "0")
     assert re.search(r"^HEALTHCHECK .*CMD", text, re.M | re.S)
     copied = re.findall(r"^COPY (\S+)", text, re.M)
-    assert set(copied) <= {"pyproject.toml", "protocol", "services", "checkpoints"}  # no weights, no cache
+    # Every package pyproject installs (a shared library left out fails at import), and no weights, no cache.
+    packages = {p.rstrip("*") for p in tomllib.loads((ROOT / "pyproject.toml").read_text())
+                ["tool"]["setuptools"]["packages"]["find"]["include"]}
+    assert set(copied) == {"pyproject.toml", *packages}
     assert f"-t {NAMES[image]} " in text
     assert all(p in text for p in _makefile_no_deps())
 

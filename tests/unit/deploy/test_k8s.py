@@ -19,9 +19,10 @@ from services.engine.config import parse_args as engine_args
 from services.frontend.config import parse_args as frontend_args
 from services.router.__main__ import build_parser as router_parser
 from services.router.app import RouterApp
+from services.router.backends.pool import build_pools
 from services.router.config import parse_config
+from services.router.decision.engine import Router
 from services.router.metrics import RouterMetrics
-from services.router.routing import Router
 from tests.support.asgi_client import request
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.frontend_app import frontend_app
@@ -271,7 +272,8 @@ def test_router_probes_answer_200_on_the_app_without_an_api_key() -> None:
     router = resources[("Deployment", "router")]
     c = _container(router)
     routing = Router(config)
-    app = RouterApp(config, routing, FakeUpstream(), RouterMetrics(routing.pools))
+    pools = build_pools(config)
+    app = RouterApp(config, routing, pools, FakeUpstream(), RouterMetrics(pools))
     for kind in ("livenessProbe", "readinessProbe"):
         get = c[kind]["httpGet"]
         assert asyncio.run(request(app, "GET", get["path"], port=_ports(router)[get["port"]])).status == 200, kind

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from services.frontend.model import Model, config_max_model_len
+from prompting.model_files import config_max_model_len
+from services.frontend.model import Model
 
 
 @pytest.mark.parametrize(("config", "length"), [

@@ -1,4 +1,4 @@
-"""Anthropic Messages adapter, tools and thinking: client tools and tool_use/tool_result both ways,
+"""Anthropic Messages codec, tools and thinking: client tools and tool_use/tool_result both ways,
 thinking blocks, and what the official anthropic SDK makes of them, streamed (its event types and
 MessageStream accumulator) and not."""
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pydantic
 import pytest
 from anthropic.types import Message, RawMessageStreamEvent
 
-from services.router.adapters.anthropic import MessagesStream, chat_to_message, tool_input
-from services.router.adapters.anthropic_request import messages_to_chat
+from services.router.listeners.codecs.anthropic import MessagesStream, chat_to_message, tool_input
+from services.router.listeners.codecs.anthropic_request import messages_to_chat
 from tests.support.sdk_mock import sse_events, sse_http
 
 MODEL = "qwen-test"
@@ -293,7 +293,7 @@ def test_malformed_streamed_arguments_go_out_as_they_are() -> None:
 
 
 def test_an_escalated_answer_replayed_as_a_stream_keeps_its_thinking_and_tool_use() -> None:
-    from services.router.escalate import as_chunks
+    from services.router.listeners.codecs.openai import as_chunks
 
     chunks = as_chunks(FULL_ANSWER, chat=True, include_usage=True)
     with client(serve_chunks(chunks)).messages.stream(model=MODEL, max_tokens=2048, messages=HI,

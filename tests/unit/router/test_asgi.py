@@ -1,5 +1,5 @@
-"""The router's ASGI helpers (services/router/asgi.py): the response state of a request, the body read
-under its limit, and the disconnect watcher."""
+"""The router's ASGI helpers (services/router/listeners/asgi.py): the response state of a request, the
+body read under its limit, and the disconnect watcher."""
 from __future__ import annotations
 
 import asyncio
@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from starlette.types import Message
 
-from services.router.asgi import (
+from services.router.errors import HTTPError
+from services.router.listeners.asgi import (
     ClientGone,
-    HTTPError,
     ResponseState,
     TrackedSend,
     read_body,

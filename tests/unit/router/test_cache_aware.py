@@ -4,11 +4,11 @@ import random
 
 import pytest
 
-from services.router.policies import Policy
-from services.router.policies.cache_aware import CacheAware, PrefixTree
-from services.router.policies.round_robin import RoundRobin
-from services.router.replica import Replica
-from services.router.replicas import Lease, Pool
+from services.router.backends.policies import Policy
+from services.router.backends.policies.cache_aware import CacheAware, PrefixTree
+from services.router.backends.policies.round_robin import RoundRobin
+from services.router.backends.pool import Lease, Pool
+from services.router.backends.replica import Replica
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""Anthropic's POST /v1/messages/count_tokens (services/router/adapters/anthropic_count.py): the
+"""Anthropic's POST /v1/messages/count_tokens (services/router/listeners/codecs/anthropic_count.py): the
 Messages request as the chat form of a replica's POST /tokenize, in process through the router's ASGI
 app against a fake of the Upstream port; the count back in Anthropic's shape, errors in it too."""
 from __future__ import annotations
@@ -10,12 +10,13 @@ from typing import Any
 
 import pytest
 
-from services.router.adapters import AdapterError
-from services.router.adapters.anthropic_count import count_to_tokenize
 from services.router.app import RouterApp
+from services.router.backends.pool import build_pools
 from services.router.config import parse_config
+from services.router.decision.engine import Router
+from services.router.listeners.codecs.anthropic_count import count_to_tokenize
+from services.router.listeners.codecs.codec import CodecError
 from services.router.metrics import RouterMetrics
-from services.router.routing import Router
 from tests.support.asgi_client import Answer, request
 from tests.support.fake_upstream import FakeUpstream, Reply
 
@@ -40,7 +41,8 @@ class Fleet:
     def __init__(self) -> None:
         self.router = Router(parse_config(CONFIG), rng=random.Random(1))
         self.upstream = FakeUpstream()
-        self.app = RouterApp(self.router.config, self.router, self.upstream, RouterMetrics(self.router.pools))
+        pools = build_pools(self.router.config)
+        self.app = RouterApp(self.router.config, self.router, pools, self.upstream, RouterMetrics(pools))
 
     def count(self, body: Any, port: int = 8080) -> Answer:
         return asyncio.run(request(self.app, "POST", "/v1/messages/count_tokens", body, port=port))
@@ -82,7 +84,7 @@ def test_max_tokens_and_stream_are_no_count_tokens_fields() -> None:
     ({"model": "fleet", "messages": HI, "tool_choice": {"type": "any"}}, "tool_choice"),
 ])
 def test_bad_input_is_a_400_naming_the_field(body: dict[str, Any], param: str) -> None:
-    with pytest.raises(AdapterError) as info:
+    with pytest.raises(CodecError) as info:
         count_to_tokenize(body)
     assert info.value.param == param
     answer = Fleet().count(body)

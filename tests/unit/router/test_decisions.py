@@ -13,8 +13,8 @@ from services.router.config import (
     SignalRef,
     parse_config,
 )
-from services.router.decisions import Decision, decide, holds
-from services.router.signals import SignalResult, evaluate
+from services.router.decision.decisions import Decision, decide, holds
+from services.router.decision.signals import SignalResult, evaluate
 
 RESULTS = {name: SignalResult("keyword", matched, "") for name, matched in
            (("yes", True), ("also", True), ("no", False), ("nor", False))}

@@ -1,4 +1,4 @@
-"""Dispatch (services/router/dispatch.py), in process through the router's ASGI app, with the replicas
+"""Dispatch (services/router/backends/dispatch.py), in process through the router's ASGI app, with the replicas
 replaced by a fake of the Upstream port: what the client sees, which replica was called, and what the
 lease left on the replica (load, failures, breaker)."""
 from __future__ import annotations
@@ -11,10 +11,10 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from services.router.app import RouterApp
+from services.router.backends.pool import Lease, build_pools
 from services.router.config import parse_config
+from services.router.decision.engine import Router
 from services.router.metrics import RouterMetrics
-from services.router.replicas import Lease
-from services.router.routing import Router
 from tests.support.asgi_client import Answer, request
 from tests.support.fake_upstream import FakeUpstream, Reply, chunk_events, completion
 
@@ -38,9 +38,10 @@ class Fleet:
         config = copy.deepcopy(CONFIG)
         config["pools"]["p"].update(pool_p)
         self.router = Router(parse_config(config), rng=random.Random(1))
+        self.pools = build_pools(self.router.config)
         self.upstream = FakeUpstream()
-        self.metrics = RouterMetrics(self.router.pools)
-        self.app = RouterApp(self.router.config, self.router, self.upstream, self.metrics)
+        self.metrics = RouterMetrics(self.pools)
+        self.app = RouterApp(self.router.config, self.router, self.pools, self.upstream, self.metrics)
 
     def post(self, path: str, body: Any, **kw: Any) -> Answer:
         return run(request(self.app, "POST", path, body, **kw))
@@ -50,7 +51,7 @@ class Fleet:
                          leave_after_chunks=leave_after_chunks)
 
     def replica(self, url: str, pool: str = "p") -> dict[str, Any]:
-        return next(r for r in self.router.pools[pool].snapshot() if r["url"] == url)
+        return next(r for r in self.pools[pool].snapshot() if r["url"] == url)
 
     def count(self, name: str, **labels: str) -> float:
         return self.metrics.registry.get_sample_value(name, labels) or 0.0
@@ -135,7 +136,7 @@ def test_no_retry_once_bytes_reached_the_client() -> None:
 
 def test_every_replica_at_its_cap_is_a_429_at_once() -> None:
     fleet = Fleet(max_inflight=1)
-    held = [fleet.router.pools["p"].acquire(10) for _ in range(2)]
+    held = [fleet.pools["p"].acquire(10) for _ in range(2)]
     r = fleet.chat()
     assert r.status == 429 and r.headers["retry-after"] == "1" and r.headers["x-router-entry"] == "fleet"
     error = r.json()["error"]
@@ -149,7 +150,7 @@ def test_every_replica_at_its_cap_is_a_429_at_once() -> None:
 
 def test_a_full_pool_passes_the_request_to_the_next_candidate() -> None:
     fleet = Fleet(max_inflight=1)
-    held = [fleet.router.pools["p"].acquire(10) for _ in range(2)]
+    held = [fleet.pools["p"].acquire(10) for _ in range(2)]
     r = fleet.chat(model="spill")
     assert r.status == 200 and r.headers["x-router-pool"] == "q" and r.headers["x-router-replica"] == C
     assert fleet.upstream.sent[0].body["model"] == "q-m"
@@ -161,7 +162,7 @@ def test_a_full_pool_passes_the_request_to_the_next_candidate() -> None:
 
 def test_no_ready_replica_is_a_503() -> None:
     fleet = Fleet()
-    pool = fleet.router.pools["p"]
+    pool = fleet.pools["p"]
     for replica in pool.replicas:
         for _ in range(2):  # health.failures defaults to 2
             pool.record_health(replica, False, detail="HTTP 500")

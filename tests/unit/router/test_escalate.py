@@ -1,4 +1,4 @@
-"""Escalate (services/router/escalate.py): its pure parts (the verdict on an answer, the replay of a
+"""Escalate (services/router/listeners/escalate.py): its pure parts (the verdict on an answer, the replay of a
 whole answer as chunks), and the stages called in process through the router's ASGI app against a
 fake of the Upstream port: which stage answered, what the client was told, and the replicas' outcomes."""
 from __future__ import annotations
@@ -10,10 +10,12 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from services.router.app import RouterApp
+from services.router.backends.pool import build_pools
 from services.router.config import parse_config
-from services.router.escalate import as_chunks, verdict
+from services.router.decision.algorithms import verdict
+from services.router.decision.engine import Router
+from services.router.listeners.codecs.openai import as_chunks
 from services.router.metrics import RouterMetrics
-from services.router.routing import Router
 from tests.support.asgi_client import Answer, request
 from tests.support.fake_upstream import FakeUpstream, Reply, completion
 
@@ -35,9 +37,10 @@ CONFIG: dict[str, Any] = {
 class Fleet:
     def __init__(self) -> None:
         self.router = Router(parse_config(CONFIG), rng=random.Random(1))
+        self.pools = build_pools(self.router.config)
         self.upstream = FakeUpstream()
-        self.metrics = RouterMetrics(self.router.pools)
-        self.app = RouterApp(self.router.config, self.router, self.upstream, self.metrics)
+        self.metrics = RouterMetrics(self.pools)
+        self.app = RouterApp(self.router.config, self.router, self.pools, self.upstream, self.metrics)
 
     def post(self, path: str, body: Any) -> Answer:
         return run(request(self.app, "POST", path, body))
@@ -46,7 +49,7 @@ class Fleet:
         return self.post("/v1/chat/completions", {"model": model, "messages": HI, **extra})
 
     def replica(self, pool: str) -> dict[str, Any]:
-        [state] = self.router.pools[pool].snapshot()
+        [state] = self.pools[pool].snapshot()
         return state
 
     def count(self, name: str, **labels: str) -> float:

@@ -13,10 +13,10 @@ import grpc
 
 from protocol.block_hash import block_hashes
 from protocol.grpc import pb2, pb2_grpc
-from services.router.kv_events import KvSubscriber
-from services.router.policies.precise_prefix import PrecisePrefix
-from services.router.prompt import PromptModel
-from services.router.replica import Replica
+from services.router.backends.kv_events import KvSubscriber
+from services.router.backends.policies.precise_prefix import PrecisePrefix
+from services.router.backends.prompt_ids import PromptModel
+from services.router.backends.replica import Replica
 
 KEY = "sk-kv"
 DEADLINE_S = 10.0
@@ -284,9 +284,9 @@ def test_a_frontend_with_another_tokenizer_or_template_is_not_scored() -> None:
 
 
 def test_a_dns_pool_subscribes_to_each_address_as_its_membership_changes(monkeypatch: Any) -> None:
+    from services.router.backends.kv_events import KvFeeds, grpc_address
+    from services.router.backends.pool import build_pools
     from services.router.config import parse_config
-    from services.router.kv_events import KvFeeds, grpc_address
-    from services.router.routing import Router
 
     async def idle(self: KvSubscriber) -> None:  # no frontend here: the subscriptions only exist
         await asyncio.Event().wait()
@@ -297,7 +297,7 @@ def test_a_dns_pool_subscribes_to_each_address_as_its_membership_changes(monkeyp
         "pools": {"fe": {"model": "tiny", "tokenizer": "tiny", "policy": "precise_prefix",
                          "dns": {"name": "fe.svc", "port": 8000, "grpc_port": 50051}}},
         "entries": {"tiny": {"default": ["fe"]}}})
-    pools = Router(config).pools
+    pools = build_pools(config)
     pool = pools["fe"]
 
     async def go() -> None:

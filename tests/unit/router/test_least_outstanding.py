@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from services.router.policies.least_outstanding import LeastOutstanding
-from services.router.replica import Replica
+from services.router.backends.policies.least_outstanding import LeastOutstanding
+from services.router.backends.replica import Replica
 
 
 def _replicas(*loads: tuple[int, float]) -> list[Replica]:

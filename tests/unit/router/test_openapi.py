@@ -1,6 +1,6 @@
-"""The router's OpenAPI document (services/router/openapi.py) held to the adapters' parsing, which it
-describes without generating it: every documented field sent with a type the document does not allow
-is an AdapterError naming that field; every documented enum value and range end is accepted; the
+"""The router's OpenAPI document (services/router/listeners/openapi.py) held to the codecs' parsing, which
+it describes without generating it: every documented field sent with a type the document does not allow
+is a CodecError naming that field; every documented enum value and range end is accepted; the
 document's examples of each shape translate; each listener serves its own document."""
 from __future__ import annotations
 
@@ -10,13 +10,14 @@ from typing import Any
 import pytest
 import schemathesis
 
-from services.router import openapi
-from services.router.adapters import AdapterError
-from services.router.adapters.registry import ADAPTERS
 from services.router.app import RouterApp
+from services.router.backends.pool import build_pools
 from services.router.config import ListenerConfig, parse_config
+from services.router.decision.engine import Router
+from services.router.listeners import openapi
+from services.router.listeners.codecs.codec import CodecError
+from services.router.listeners.codecs.registry import CODECS
 from services.router.metrics import RouterMetrics
-from services.router.routing import Router
 from tests.support.asgi_client import request
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.openapi_checks import Probe, documented_values, wrong_types
@@ -75,20 +76,20 @@ def test_every_documented_field_and_component_is_probed() -> None:
 
 @pytest.mark.parametrize(("api", "probe"), PROBES, ids=[f"{api}:{probe.field}" for api, probe in PROBES])
 def test_a_type_the_document_does_not_allow_is_refused_naming_the_field(api: str, probe: Probe) -> None:
-    with pytest.raises(AdapterError) as info:
-        ADAPTERS[api].to_chat(probe.body)
+    with pytest.raises(CodecError) as info:
+        CODECS[api].to_chat(probe.body)
     assert info.value.param == probe.field
 
 
 @pytest.mark.parametrize(("api", "field", "value"), VALUES, ids=[f"{api}:{f}={v}" for api, f, v in VALUES])
 def test_documented_values_are_accepted(api: str, field: str, value: Any) -> None:
-    ADAPTERS[api].to_chat({**BODIES[api][1], field: value})
+    CODECS[api].to_chat({**BODIES[api][1], field: value})
 
 
 @pytest.mark.parametrize("api", sorted(BODIES))
 def test_the_valid_bodies_and_their_components_translate(api: str) -> None:
-    ADAPTERS[api].to_chat(BODIES[api][1])
-    ADAPTERS["responses"].to_chat({"model": "fleet", "input": [
+    CODECS[api].to_chat(BODIES[api][1])
+    CODECS["responses"].to_chat({"model": "fleet", "input": [
         NESTED[c] for c in ("InputMessage", "FunctionCall", "FunctionCallOutput", "ReasoningItem")]})
 
 
@@ -99,7 +100,8 @@ def test_each_listener_serves_its_own_document_which_loads_in_schemathesis() -> 
         "pools": {"p": {"model": "p-m", "replicas": [{"url": "http://a:8000"}]}},
         "entries": {"a": {"default": ["p"]}, "b": {"default": ["p"]}}})
     router = Router(config)
-    app = RouterApp(config, router, FakeUpstream(), RouterMetrics(router.pools))
+    pools = build_pools(config)
+    app = RouterApp(config, router, pools, FakeUpstream(), RouterMetrics(pools))
     public = asyncio.run(request(app, "GET", "/openapi.json")).json()
     assert set(public["paths"]) == {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
                                     "/v1/messages/count_tokens", "/v1/decisions", "/v1/models", "/health",

@@ -7,12 +7,12 @@ import asyncio
 import pytest
 
 from protocol.block_hash import block_hashes
+from services.router.backends.policies import Policy, build_policy
+from services.router.backends.policies.precise_prefix import INLINE_BYTES, PrecisePrefix, Prompt
+from services.router.backends.pool import Lease, Pool
+from services.router.backends.prompt_ids import PromptModel
+from services.router.backends.replica import Replica
 from services.router.config import parse_config
-from services.router.policies import Policy, build_policy
-from services.router.policies.precise_prefix import INLINE_BYTES, PrecisePrefix, Prompt
-from services.router.prompt import PromptModel
-from services.router.replica import Replica
-from services.router.replicas import Lease, Pool
 
 STALE = " (its KvEvents stream is down: what it holds may be stale)"
 HASHES = tuple(block_hashes(list(range(160)), 16))  # ten blocks

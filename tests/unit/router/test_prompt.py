@@ -1,9 +1,8 @@
-"""The router's prompt ids (services/router/prompt.py) are the frontend's: both are given the same
+"""The router's prompt ids (services/router/backends/prompt_ids.py) are the frontend's: both are given the same
 bodies and must make the same token ids, so that the router's block hashes are the engines'."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,7 +10,7 @@ import pytest
 from protocol.block_hash import block_hashes
 from services.frontend.model import Model
 from services.frontend.requests.preparer import Preparer
-from services.router.prompt import PromptModel, Unrenderable
+from services.router.backends.prompt_ids import PromptModel, Unrenderable
 
 
 @pytest.fixture(scope="module")
@@ -104,11 +103,3 @@ BAD = {
 def test_a_body_the_frontend_refuses_gives_no_ids(models: tuple[PromptModel, Preparer], body: dict[str, Any]) -> None:
     with pytest.raises(Unrenderable):
         models[0].prompt_now(body)
-
-
-def test_the_routers_chat_template_is_the_frontends() -> None:
-    """A change to the frontend's renderer must be made to the router's copy too (all but the docstring)."""
-    root = Path(__file__).resolve().parents[3] / "services"
-    ours, theirs = ((root / side / "chat_template.py").read_text().split('"""', 2)[2]
-                    for side in ("router", "frontend"))
-    assert ours == theirs

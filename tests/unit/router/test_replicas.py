@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.router.replica import CLOSED, HALF_OPEN, OPEN
-from services.router.replicas import Lease, NoReplica, Overloaded, Pool
+from services.router.backends.pool import Lease, NoReplica, Overloaded, Pool
+from services.router.backends.replica import CLOSED, HALF_OPEN, OPEN
 
 
 class Clock:

@@ -1,5 +1,5 @@
 """What the router answers a request of the wrong shape, in process through its ASGI app (the replicas
-a fake of the Upstream port): every field the adapters and the router read, sent with a wrong type,
+a fake of the Upstream port): every field the codecs and the router read, sent with a wrong type,
 is a 400 naming the field in the API's error shape, never a 500; so is a body nested too deeply."""
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from services.router.app import RouterApp
+from services.router.backends.pool import build_pools
 from services.router.config import parse_config
+from services.router.decision.engine import Router
 from services.router.metrics import RouterMetrics
-from services.router.routing import Router
 from tests.support.asgi_client import Answer, request
 from tests.support.fake_upstream import FakeUpstream
 
@@ -32,7 +33,8 @@ BASES: dict[str, dict[str, Any]] = {
 
 def _app() -> RouterApp:
     router = Router(parse_config(CONFIG))
-    return RouterApp(router.config, router, FakeUpstream(), RouterMetrics(router.pools))
+    pools = build_pools(router.config)
+    return RouterApp(router.config, router, pools, FakeUpstream(), RouterMetrics(pools))
 
 
 def post(path: str, body: Any) -> Answer:

@@ -1,4 +1,4 @@
-"""Responses API adapter, tools and reasoning: function tools and calls both ways, reasoning items, and
+"""Responses API codec, tools and reasoning: function tools and calls both ways, reasoning items, and
 what the official openai SDK makes of them, streamed (its event types and stream accumulator) and not."""
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pydantic
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 
-from services.router.adapters import AdapterError
-from services.router.adapters.responses import ResponsesStream, chat_to_response
-from services.router.adapters.responses_request import responses_to_chat
+from services.router.listeners.codecs.codec import CodecError
+from services.router.listeners.codecs.responses import ResponsesStream, chat_to_response
+from services.router.listeners.codecs.responses_request import responses_to_chat
 from tests.support.sdk_mock import sse_events, sse_http
 
 MODEL = "qwen-test"
@@ -326,6 +326,6 @@ def test_an_error_mid_call_fails_with_the_items_so_far() -> None:
 
 
 def test_unknown_tool_types_are_refused_by_index() -> None:
-    with pytest.raises(AdapterError) as info:
+    with pytest.raises(CodecError) as info:
         responses_to_chat({"model": MODEL, "input": "hi", "tools": [TIME, {"type": "mcp", "server_label": "x"}]})
     assert info.value.param == "tools[1].type" and "'mcp'" in info.value.message

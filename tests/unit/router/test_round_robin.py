@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from services.router.policies.round_robin import RoundRobin
-from services.router.replicas import Lease, Pool
+from services.router.backends.policies.round_robin import RoundRobin
+from services.router.backends.pool import Lease, Pool
 
 
 def test_rotates_regardless_of_load() -> None:

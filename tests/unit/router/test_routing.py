@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 
 from services.router.config import parse_config
-from services.router.routing import Router, UnknownModel
+from services.router.decision.engine import Router, UnknownModel
 
 CONFIG = {
     "listeners": [{"port": 8080}],

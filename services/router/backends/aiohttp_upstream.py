@@ -1,0 +1,101 @@
+"""The router process's calls to replicas over aiohttp (the `Upstream` port of upstream.py): one
+shared session (keep-alive connections per replica), responses opened so bytes pass through as they
+arrive, and 5xx/429 heads raised as UpstreamError, which may be retried (nothing reached the client yet).
+
+aiohttp rather than httpx: httpcore's pool walks every pooled connection (a poll() each) on every
+request, which made it most of the router's CPU at 64 concurrent requests (encode/httpcore#1035).
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import aiohttp
+
+from services.router.backends.upstream import READ_ERRORS, UpstreamError
+
+# Connecting failed (refused, no route), or the connection broke before the response head: the replica
+# may be down, which a passing health check then answers (pool.py). A timeout says it is slow.
+_UNREACHABLE = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+
+
+class AiohttpResponse:
+    """An upstream response whose head has arrived (the `UpstreamResponse` port)."""
+
+    __slots__ = ("_raw", "content_type", "status", "url")
+
+    def __init__(self, raw: aiohttp.ClientResponse) -> None:
+        self._raw = raw
+        self.status = raw.status
+        self.content_type = raw.headers.get("content-type", "application/json")
+        self.url = str(raw.url)
+
+    async def read(self) -> bytes:
+        return await self._raw.read()
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """Body bytes as they arrive, without waiting to fill a buffer."""
+        async for chunk in self._raw.content.iter_any():
+            yield chunk
+
+    def close(self) -> None:
+        """Done with it: a finished body gives the connection back to the pool; an unfinished one
+        closes it, which is how the replica learns the request was abandoned."""
+        if self._raw.content.at_eof():
+            self._raw.release()
+        else:
+            self._raw.close()
+
+
+class AiohttpUpstream:
+    def __init__(self) -> None:
+        # limit=0: no pool-wide cap; the router's per-replica in-flight cap bounds connections.
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60, enable_cleanup_closed=True),
+            auto_decompress=False, skip_auto_headers=("User-Agent",))
+
+    async def open(self, base_url: str, path: str, body: bytes, *, api_key: str | None,
+                   timeout_s: float) -> AiohttpResponse:
+        """POST and wait for the response head. Connection errors and 5xx/429 heads raise
+        UpstreamError (retryable); other statuses are returned for the caller to pass on.
+        `timeout_s` bounds the wait for the head and then each read (a stalled stream)."""
+        # identity: bytes pass through to the client as they are, without re-encoding.
+        headers = {"content-type": "application/json", "accept-encoding": "identity"}
+        if api_key:
+            headers["authorization"] = f"Bearer {api_key}"
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=timeout_s)
+        try:
+            # No redirects: following one would turn the POST into a bodiless GET.
+            raw = await self.session.post(base_url + path, data=body, headers=headers, timeout=timeout,
+                                          allow_redirects=False)
+        except READ_ERRORS as exc:
+            raise UpstreamError(base_url, _describe(exc), unreachable=isinstance(exc, _UNREACHABLE)) from None
+        if raw.status >= 500 or raw.status == 429:
+            try:
+                detail = (await raw.read())[:300].decode(errors="replace")
+            except READ_ERRORS:
+                detail = ""
+            finally:
+                raw.close()
+            raise UpstreamError(base_url, f"HTTP {raw.status}: {detail}")
+        return AiohttpResponse(raw)
+
+    async def get_ok(self, url: str, timeout_s: float, *, api_key: str | None = None) -> tuple[bool, str]:
+        """An active health check: any status below 400 passes."""
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else None
+        try:
+            async with self.session.get(url, headers=headers,
+                                        timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+                await r.read()
+                return r.status < 400, f"HTTP {r.status}"
+        except READ_ERRORS as exc:
+            return False, _describe(exc)
+
+    async def close(self) -> None:
+        await self.session.close()
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, asyncio.TimeoutError):
+        return "timed out"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

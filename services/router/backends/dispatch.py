@@ -1,0 +1,108 @@
+"""Dispatch to a pool's replicas (router process): a lease on a free replica of the first pool of a
+plan that has one, retried on another replica for failures before the first response byte. What the
+replica answers goes back to the client through the listeners (listeners/relay.py)."""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from services.router.backends.pool import Lease, NoReplica, Overloaded, Pool
+from services.router.backends.upstream import Upstream, UpstreamError, UpstreamResponse
+from services.router.config import RouterConfig
+from services.router.errors import HTTPError
+from services.router.metrics import RouterMetrics
+
+log = logging.getLogger("router")
+
+_json = msgspec.json.Encoder()
+
+
+@dataclass(slots=True)
+class Opened:
+    """A replica's response head, with the lease that holds its slot."""
+    response: UpstreamResponse
+    lease: Lease
+    pool: str
+    attempts: int
+
+
+class Dispatcher:
+    def __init__(self, config: RouterConfig, pools: Mapping[str, Pool], upstream: Upstream,
+                 metrics: RouterMetrics) -> None:
+        self.config = config
+        self.pools = pools
+        self.upstream = upstream
+        self.metrics = metrics
+
+    async def open_any(self, chat: dict[str, Any], text: str, path: str, pools: tuple[str, ...],
+                       payloads: dict[str, bytes], *, stream: bool | None = None) -> Opened:
+        """`chat` (a chat or completions body, but for the model) POSTed to `path` on the first of `pools`
+        with a free replica that answers; the refusal that says most otherwise. `text` is what the
+        policies read of it. `payloads` keeps each pool's request body across calls; stream=False asks
+        for a whole answer."""
+        refusals: list[HTTPError] = []
+        for name in pools:
+            payload = payloads.get(name)
+            if payload is None:
+                body = {**chat, "model": self.config.pools[name].model}
+                if stream is False:
+                    body.pop("stream", None)
+                    body.pop("stream_options", None)
+                payload = payloads[name] = _json.encode(body)
+            result = await self._open(chat, text, path, name, payload)
+            if isinstance(result, Opened):
+                return result
+            refusals.append(result)
+        overloaded = [r for r in refusals if r.status == 429]
+        if overloaded:
+            for name in pools:
+                self.metrics.overloaded.labels(name).inc()
+            raise overloaded[0]
+        raise refusals[-1]
+
+    async def _open(self, chat: dict[str, Any], text: str, path: str, name: str, payload: bytes) -> Opened | HTTPError:
+        """One pool: a free replica, retried on the next one for failures before the first byte."""
+        pool, config = self.pools[name], self.config.pools[name]
+        tried: set[str] = set()
+        last_error = ""
+        prepared = await pool.prepare(chat, len(payload))
+        while True:
+            lease = pool.acquire(len(payload), text=text, exclude=frozenset(tried), prepared=prepared)
+            if isinstance(lease, Overloaded):
+                if last_error:
+                    return HTTPError(502, f"pool {name!r}: {len(tried)} replica(s) failed ({last_error}) and "
+                                     "the rest are at their in-flight cap")
+                return HTTPError(429, f"{lease.reason}; retry after {lease.retry_after_s}s",
+                                 code="overloaded", headers=[(b"retry-after", str(lease.retry_after_s).encode())])
+            if isinstance(lease, NoReplica):
+                if last_error:
+                    return HTTPError(502, f"pool {name!r}: every replica tried failed; last: {last_error}")
+                return HTTPError(503, lease.reason, code="no_replica")
+            if tried:
+                self.metrics.retries.labels(name).inc()
+            url = lease.replica.url
+            tried.add(url)
+            started = time.perf_counter()
+            try:
+                response = await self.upstream.open(url, path, payload,
+                                                     api_key=config.api_key, timeout_s=config.timeout_s)
+            except UpstreamError as exc:
+                lease.release(False, unreachable=exc.unreachable)
+                self.metrics.upstream_errors.labels(name).inc()
+                last_error = str(exc)
+                log.warning("pool %s: %s; trying another replica", name, exc)
+                continue
+            except BaseException:
+                lease.release(None)
+                raise
+            if lease.probe:
+                # A half-open breaker closes at the head: the replica answers. Other requests count as
+                # a success only when they end well, so responses that keep breaking off open it.
+                lease.succeeded()
+            self.metrics.upstream_latency.labels(name).observe(time.perf_counter() - started)
+            return Opened(response, lease, name, len(tried))

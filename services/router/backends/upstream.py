@@ -1,0 +1,80 @@
+"""The router's port to its replicas (a `typing.Protocol`, so tests drive dispatch with a fake), the
+errors that tell a failed replica from a bad request, and the checks on what a replica answered.
+The aiohttp implementation is aiohttp_upstream.py; both run in the router process."""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
+
+import aiohttp
+import msgspec
+
+# Errors of a replica or the network while a response is read: the stream broke off.
+READ_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
+
+_decode = msgspec.json.Decoder()
+
+
+class UpstreamError(Exception):
+    """The replica failed before any response byte (safe to retry on another replica), or answered
+    something that is not what its API promises (the replica's fault, a 502). `unreachable`: no
+    connection could be made, or it dropped before the response head: the replica may be down."""
+
+    def __init__(self, url: str, message: str, *, unreachable: bool = False) -> None:
+        super().__init__(f"{url}: {message}")
+        self.url = url
+        self.unreachable = unreachable
+
+
+class UpstreamResponse(Protocol):
+    """An upstream response whose head has arrived; the body is read or streamed, then closed."""
+
+    status: int
+    content_type: str
+    url: str
+
+    async def read(self) -> bytes:
+        """The whole body."""
+        ...
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        """Body bytes as they arrive, without waiting to fill a buffer."""
+        ...
+
+    def close(self) -> None:
+        """Done with it; closing an unfinished body is how the replica learns the request was abandoned."""
+        ...
+
+
+class Upstream(Protocol):
+    async def open(self, base_url: str, path: str, body: bytes, *, api_key: str | None,
+                   timeout_s: float) -> UpstreamResponse:
+        """POST and wait for the response head. Connection errors and 5xx/429 heads raise
+        UpstreamError (retryable); other statuses are returned for the caller to pass on.
+        `timeout_s` bounds the wait for the head and then each read (a stalled stream)."""
+        ...
+
+    async def get_ok(self, url: str, timeout_s: float, *, api_key: str | None = None) -> tuple[bool, str]:
+        """An active health check: whether it passed, and a short detail."""
+        ...
+
+
+def decode_object(raw: bytes) -> dict[str, Any]:
+    """An upstream JSON body or chunk, which must be an object: anything else is the replica's fault."""
+    try:
+        value = _decode.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise UpstreamError("upstream", f"answered invalid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise UpstreamError("upstream", f"answered JSON that is not an object: {raw[:100]!r}")
+    return value
+
+
+def shaped(translate: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """A codec's translation of an upstream answer; a chat body of another shape than chat's
+    (choices that are not objects, say) is the replica's fault, not a crash of the router."""
+    try:
+        return translate(*args, **kwargs)
+    except (AttributeError, TypeError, KeyError, IndexError) as exc:
+        raise UpstreamError("upstream", f"answered a body that is not a chat completion: {exc!r}") from None

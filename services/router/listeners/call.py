@@ -1,0 +1,29 @@
+"""One public request on its way through the router process: the listener and codec it came by, its
+body as the client sent it and as upstream's chat, the decision engine's choice, and its response head."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.types import Send
+
+from services.router.config import ListenerConfig
+from services.router.decision.engine import Choice
+from services.router.listeners.codecs.codec import Codec
+
+
+@dataclass(slots=True)
+class Call:
+    """One public request on its way through the router."""
+    listener: ListenerConfig
+    codec: Codec  # of the API the client called
+    request: dict[str, Any]  # the body as the client sent it
+    chat: dict[str, Any]  # as a chat or completions body (what goes upstream, but for the model)
+    choice: Choice
+    status: int = 0  # of the response started to the client
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)  # x-router-* for the client
+    escalation: dict[str, Any] | None = None  # which escalate stage answered, told in non-streamed bodies
+
+    async def start(self, send: Send, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.status = status
+        await send({"type": "http.response.start", "status": status, "headers": headers + self.headers})

@@ -1,0 +1,109 @@
+"""The escalate algorithm run for one call (router process): stages called in order, each answer judged
+whole (decision/algorithms.py's `verdict`), and the first accepted one (or the last one got within the
+deadline and call cap) sent to the client, replayed as a stream (codecs/openai.py's `as_chunks`) for a
+client that asked for one. A stage is called without streaming: its answer is judged whole before the
+client sees any of it."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from starlette.types import Send
+
+from services.router.backends.dispatch import Dispatcher, Opened
+from services.router.backends.upstream import READ_ERRORS, UpstreamError, decode_object, shaped
+from services.router.config import EscalateAlgorithm
+from services.router.decision.algorithms import verdict
+from services.router.errors import HTTPError
+from services.router.listeners.call import Call
+from services.router.listeners.codecs.codec import CHAT_PATH
+from services.router.listeners.codecs.openai import as_chunks
+from services.router.listeners.relay import SSE, Relay
+from services.router.metrics import RouterMetrics
+
+log = logging.getLogger("router")
+
+
+class Escalator:
+    def __init__(self, dispatcher: Dispatcher, relay: Relay, metrics: RouterMetrics) -> None:
+        self.dispatcher = dispatcher
+        self.relay = relay
+        self.metrics = metrics
+
+    async def escalate(self, call: Call, algorithm: EscalateAlgorithm, send: Send) -> None:
+        """Stages in order until one is accepted; the client is told which stage answered."""
+        # The loop's clock, the one its timers fire by (uvloop's lags time.monotonic() a little).
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + algorithm.deadline_s
+        calls, answer, refusal = 0, None, None
+        payloads: dict[str, bytes] = {}
+        for stage in algorithm.stages:
+            if calls >= algorithm.max_calls or loop.time() >= deadline:
+                break
+            calls += 1
+            opened: Opened | None = None
+            outcome: bool | None = None  # for the replica's breaker: a passed deadline says nothing
+            shared = asyncio.timeout_at(deadline)
+            try:
+                async with shared:
+                    # The shared deadline is this timeout's: a shorter one inside would fail the stage
+                    # a moment early and leave a sliver of time for the next stage to be called in.
+                    opened = await self.dispatcher.open_any(call.chat, call.choice.text, call.codec.upstream_path,
+                                                            (stage,), payloads, stream=False)
+                    raw = await opened.response.read()
+                status = opened.response.status
+                completion = decode_object(raw) if status == 200 else {}
+                outcome = True
+            except HTTPError as exc:
+                refusal = exc
+                log.info("escalate %s: stage %s refused: %s", call.choice.entry.name, stage, exc.message)
+                continue
+            except (*READ_ERRORS, UpstreamError) as exc:
+                if shared.expired():  # the shared deadline, not the replica (its own read timeout is a failure)
+                    refusal = HTTPError(504, f"stage {stage!r}: no answer within the {algorithm.deadline_s}s deadline")
+                    continue
+                outcome = False
+                self.metrics.upstream_errors.labels(stage).inc()
+                log.warning("escalate %s: stage %s failed: %s", call.choice.entry.name, stage, exc)
+                refusal = HTTPError(502, f"stage {stage!r}: {exc}")
+                continue
+            finally:
+                if opened is not None:
+                    opened.response.close()
+                    opened.lease.release(outcome)
+            if status != 200:
+                refusal = HTTPError(status if status < 500 else 502, f"stage {stage!r} answered HTTP {status}: "
+                                    f"{raw[:300].decode(errors='replace')}")
+                continue
+            why = verdict(algorithm.accept, completion)
+            answer = (stage, opened, completion, why)
+            if why is None:
+                break
+            self.metrics.escalations.labels(call.choice.entry.name, stage).inc()
+            log.info("escalate %s: stage %s not accepted: %s", call.choice.entry.name, stage, why)
+        if answer is None:
+            raise refusal or HTTPError(504, f"no stage answered within {algorithm.deadline_s}s")
+        stage, opened, completion, why = answer
+        call.headers += [(b"x-router-pool", stage.encode()),
+                         (b"x-router-replica", opened.lease.replica.url.encode()),
+                         (b"x-router-attempts", str(opened.attempts).encode()),
+                         (b"x-router-stage", stage.encode()), (b"x-router-calls", str(calls).encode()),
+                         (b"x-router-accepted", b"true" if why is None else b"false")]
+        call.escalation = {"stage": stage, "calls": calls, "accepted": why is None, "reason": why}
+        try:
+            await self._send(call, completion, send)
+        except UpstreamError as exc:  # the answer's shape is not a completion's: the replica's fault
+            raise HTTPError(502, f"stage {stage!r}: {exc}") from None
+
+    async def _send(self, call: Call, completion: dict[str, Any], send: Send) -> None:
+        if not call.chat.get("stream"):
+            await self.relay.send_adapted(call, completion, send)
+            return
+        options = call.chat.get("stream_options")
+        usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        chunks = shaped(as_chunks, completion, chat=call.codec.upstream_path == CHAT_PATH, include_usage=usage)
+        stream = call.codec.stream(call.request)
+        body = stream.start() + b"".join(shaped(stream.feed, c) for c in chunks) + stream.finish()
+        await call.start(send, 200, SSE)
+        await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -1,0 +1,35 @@
+"""A listener as the router process serves it, built once at start from its config: its API keys (the
+shared rule), the entries (public model names) it publishes, and its OpenAPI document, encoded once."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+
+from edge.api_keys import ApiKeys
+from services.router.config import ListenerConfig, RouterConfig
+from services.router.listeners import openapi
+
+_json = msgspec.json.Encoder()
+
+
+@dataclass(frozen=True, slots=True)
+class Listener:
+    config: ListenerConfig
+    keys: ApiKeys
+    entries: tuple[str, ...]
+    openapi: bytes  # the document /openapi.json answers with
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+
+def listeners_by_port(config: RouterConfig) -> dict[int, Listener]:
+    """Every listener of the config, by the port it serves."""
+    by_port = {}
+    for listener in config.listeners:
+        entries = listener.entries or tuple(config.entries)
+        by_port[listener.port] = Listener(listener, ApiKeys(listener.api_keys), entries,
+                                          _json.encode(openapi.document(listener, entries)))
+    return by_port

@@ -1,0 +1,289 @@
+"""The router's OpenAPI document, served at /openapi.json on each listener (router process).
+
+The codecs read request bodies as dicts, field by field, so there are no structs to generate it
+from; the structs here describe what they accept, and msgspec generates the document's schemas from
+them. tests/unit/router/test_openapi.py holds the two together: every documented field of a wrong
+type must be a 400 naming it, every documented value accepted. Chat and completions go upstream as
+they came: only what the router reads of them is described.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+import msgspec
+
+from services.router.config import ListenerConfig
+
+NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
+_REF = "#/components/schemas/{name}"
+
+
+class _Shape(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A request shape, documented only: unknown fields are ignored, as the codecs ignore them."""
+
+
+# ---- chat and completions (passed through upstream) ----
+
+class ChatMessage(_Shape):
+    role: Literal["system", "developer", "user", "assistant", "tool"]  # the router takes any string: upstream's say
+    content: Union[str, list[dict[str, Any]], None] = None
+
+
+class ChatRequest(_Shape):
+    model: str
+    messages: list[ChatMessage]
+    stream: bool | None = None
+    stream_options: dict[str, Any] | None = None
+
+
+class CompletionsRequest(_Shape):
+    model: str
+    prompt: Union[str, list[Any]]
+    stream: bool | None = None
+    stream_options: dict[str, Any] | None = None
+
+
+# ---- the Responses API (responses_request.py) ----
+
+class InputText(_Shape):
+    type: Literal["input_text", "output_text"]
+    text: str
+
+
+class InputMessage(_Shape, tag_field="type", tag="message"):
+    """`type` may be left out: an input item without one is a message."""
+    role: Literal["user", "assistant", "system", "developer"]
+    content: Union[str, list[InputText]]
+
+
+class FunctionCall(_Shape, tag_field="type", tag="function_call"):
+    call_id: NonEmpty
+    name: NonEmpty
+    arguments: str
+
+
+class FunctionCallOutput(_Shape, tag_field="type", tag="function_call_output"):
+    call_id: NonEmpty
+    output: Union[str, list[InputText]]
+
+
+class ReasoningText(_Shape):
+    type: Literal["reasoning_text"]
+    text: str
+
+
+class SummaryText(_Shape):
+    type: Literal["summary_text"]
+    text: str
+
+
+class ReasoningItem(_Shape, tag_field="type", tag="reasoning"):
+    content: list[ReasoningText] | None = None
+    summary: list[SummaryText] | None = None
+
+
+class FunctionTool(_Shape):
+    type: Literal["function"]
+    name: NonEmpty
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class NamedFunction(_Shape):
+    type: Literal["function"]
+    name: NonEmpty
+
+
+class Reasoning(_Shape):
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+
+
+class TextFormat(_Shape, tag_field="type", tag="text"):
+    pass
+
+
+class JsonObjectFormat(_Shape, tag_field="type", tag="json_object"):
+    pass
+
+
+class JsonSchemaFormat(_Shape, tag_field="type", tag="json_schema"):
+    name: NonEmpty
+    schema: dict[str, Any]
+    strict: bool | None = None
+    description: str | None = None
+
+
+class TextOptions(_Shape):
+    format: Union[TextFormat, JsonObjectFormat, JsonSchemaFormat, None] = None
+
+
+class ResponsesRequest(_Shape):
+    model: str
+    input: Union[str, list[Union[InputMessage, FunctionCall, FunctionCallOutput, ReasoningItem]]]
+    instructions: str | None = None
+    max_output_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    reasoning: Reasoning | None = None
+    stream: bool | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Union[Literal["none", "auto", "required"], NamedFunction, None] = None
+    parallel_tool_calls: bool | None = None
+    text: TextOptions | None = None
+    truncation: Literal["disabled"] | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+
+
+# ---- the Anthropic Messages API (anthropic_request.py) ----
+
+class TextBlock(_Shape, tag_field="type", tag="text"):
+    text: str
+
+
+class ToolUseBlock(_Shape, tag_field="type", tag="tool_use"):
+    id: NonEmpty
+    name: NonEmpty
+    input: dict[str, Any]
+
+
+class ToolResultBlock(_Shape, tag_field="type", tag="tool_result"):
+    tool_use_id: NonEmpty
+    content: Union[str, list[TextBlock]] = ""
+    is_error: bool = False
+
+
+class ThinkingBlock(_Shape, tag_field="type", tag="thinking"):
+    thinking: str
+    signature: str | None = None
+
+
+class RedactedThinkingBlock(_Shape, tag_field="type", tag="redacted_thinking"):
+    data: str | None = None
+
+
+class Message(_Shape):
+    role: Literal["user", "assistant"]
+    content: Union[str, list[Union[TextBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock, RedactedThinkingBlock]]]
+
+
+class Tool(_Shape):
+    name: NonEmpty
+    input_schema: dict[str, Any]
+    description: str | None = None
+    type: Literal["custom"] | None = None
+
+
+class ToolChoice(_Shape):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+
+class ThinkingEnabled(_Shape, tag_field="type", tag="enabled"):
+    budget_tokens: Annotated[int, msgspec.Meta(ge=1024)]  # and < max_tokens
+
+
+class ThinkingDisabled(_Shape, tag_field="type", tag="disabled"):
+    pass
+
+
+UnitInterval = Annotated[float, msgspec.Meta(ge=0, le=1)]
+
+
+class MessagesRequest(_Shape):
+    model: str
+    max_tokens: Annotated[int, msgspec.Meta(ge=1)]
+    messages: Annotated[list[Message], msgspec.Meta(min_length=1)]
+    system: Union[str, list[TextBlock], None] = None
+    temperature: UnitInterval | None = None
+    top_p: UnitInterval | None = None
+    top_k: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    stop_sequences: list[NonEmpty] | None = None
+    stream: bool | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: Union[ThinkingEnabled, ThinkingDisabled, None] = None
+
+
+class CountTokensRequest(_Shape):
+    """Anthropic's count_tokens body: a Messages request without max_tokens (anthropic_count.py)."""
+    model: str
+    messages: Annotated[list[Message], msgspec.Meta(min_length=1)]
+    system: Union[str, list[TextBlock], None] = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: Union[ThinkingEnabled, ThinkingDisabled, None] = None
+
+
+# ---- the document ----
+
+# The API each listener `apis` name serves: path, request shape, what it does.
+_APIS: dict[str, tuple[str, type[_Shape] | None, str]] = {
+    "chat": ("/v1/chat/completions", ChatRequest, "OpenAI chat completion, routed and passed upstream"),
+    "completions": ("/v1/completions", CompletionsRequest, "OpenAI text completion, routed and passed upstream"),
+    "responses": ("/v1/responses", ResponsesRequest, "OpenAI Responses API, translated to chat upstream"),
+    "messages": ("/v1/messages", MessagesRequest, "Anthropic Messages API, translated to chat upstream"),
+    "count_tokens": ("/v1/messages/count_tokens", CountTokensRequest,
+                     "Anthropic's token count of a Messages request, by a replica's POST /tokenize"),
+    "decisions": ("/v1/decisions", None, "Where a chat, completions or Responses body would be routed, not sent"),
+}
+_PART_OF = {"count_tokens": "messages"}  # served where that API is (codecs: Codec.part_of)
+ERROR_SCHEMA: dict[str, Any] = {"type": "object", "required": ["error"], "properties": {"error": {"type": "object"}}}
+
+
+def document(listener: ListenerConfig, models: tuple[str, ...]) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of one listener: its APIs, with `models` (its public names) as `model`."""
+    shapes = (ChatRequest, CompletionsRequest, ResponsesRequest, MessagesRequest, CountTokensRequest)
+    refs, schemas = msgspec.json.schema_components(shapes, ref_template=_REF)
+    by_shape = dict(zip(shapes, refs, strict=True))
+    for request in shapes:
+        schemas[request.__name__]["properties"]["model"]["enum"] = list(models)
+    # msgspec requires a tagged struct's tag; the codec takes a message item without one.
+    schemas["InputMessage"]["required"].remove("type")
+    _untag(schemas["ResponsesRequest"]["properties"]["input"])
+    schemas["Error"] = ERROR_SCHEMA
+    paths: dict[str, Any] = {}
+    for api, (path, shape, summary) in _APIS.items():
+        if _PART_OF.get(api, api) in listener.apis:
+            body = by_shape[shape] if shape is not None else {"anyOf": [by_shape[ChatRequest],
+                                                                        by_shape[CompletionsRequest],
+                                                                        by_shape[ResponsesRequest]]}
+            paths[path] = {"post": _post(summary, body)}
+    if "models" in listener.apis:
+        paths["/v1/models"] = {"get": _get("The public model names served on this listener")}
+    paths["/health"] = {"get": _get("Liveness, and the ready replicas of each pool")}
+    paths["/metrics"] = {"get": {"summary": "Prometheus metrics",
+                                 "responses": {"200": {"description": "metrics", "content": {"text/plain": {}}}}}}
+    paths["/openapi.json"] = {"get": _get("This document")}
+    doc: dict[str, Any] = {"openapi": "3.1.0", "info": {"title": f"fleet router: listener {listener.name}",
+                                                        "version": "1"},
+                           "paths": paths, "components": {"schemas": schemas}}
+    if listener.api_keys:
+        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"},
+                                                "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}}
+        doc["security"] = [{"bearer": []}, {"apiKey": []}]
+    return doc
+
+
+def _untag(schema: dict[str, Any]) -> None:
+    """Drop the discriminators (which require `type`) from the item unions under `schema`."""
+    for branch in schema.get("anyOf", ()):
+        branch.get("items", {}).pop("discriminator", None)
+
+
+def _post(summary: str, body: dict[str, Any]) -> dict[str, Any]:
+    error = {"content": {"application/json": {"schema": {"$ref": _REF.format(name="Error")}}}}
+    return {"summary": summary,
+            "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
+            "responses": {"200": {"description": "The answer (JSON), or its events (SSE) when `stream`",
+                                  "content": {"application/json": {}, "text/event-stream": {}}},
+                          "400": {"description": "A field is invalid; the message names it", **error},
+                          "404": {"description": "Unknown model", **error},
+                          "429": {"description": "Every replica is at its in-flight cap", **error}}}
+
+
+def _get(summary: str) -> dict[str, Any]:
+    return {"summary": summary, "responses": {"200": {"description": summary, "content": {"application/json": {}}}}}

@@ -1,0 +1,143 @@
+"""A call relayed to a backend and its answer back (router process): dispatched to the first pool of its
+plan with a free replica (backends/dispatch.py), then upstream's answer to the client: passed through as
+it arrives, translated by the request's API codec, or an upstream refusal in its shape."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import msgspec
+from starlette.types import Send
+
+from services.router.backends.dispatch import Dispatcher
+from services.router.backends.upstream import READ_ERRORS, UpstreamError, UpstreamResponse, decode_object, shaped
+from services.router.errors import HTTPError
+from services.router.listeners.asgi import JSON
+from services.router.listeners.call import Call
+from services.router.listeners.sse import SSEData
+from services.router.metrics import RouterMetrics
+
+log = logging.getLogger("router")
+
+SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+_json = msgspec.json.Encoder()
+
+
+class Relay:
+    def __init__(self, dispatcher: Dispatcher, metrics: RouterMetrics) -> None:
+        self.dispatcher = dispatcher
+        self.metrics = metrics
+
+    async def relay(self, call: Call, send: Send) -> None:
+        """The request to the first pool of its plan that has a free replica, and the answer to the client."""
+        opened = await self.dispatcher.open_any(call.chat, call.choice.text, call.codec.upstream_path,
+                                                call.choice.plan, {})
+        call.headers += [(b"x-router-pool", opened.pool.encode()),
+                         (b"x-router-replica", opened.lease.replica.url.encode()),
+                         (b"x-router-attempts", str(opened.attempts).encode())]
+        response = opened.response
+        ok: bool | None = None  # None: abandoned (the client left), which says nothing about the replica
+        try:
+            if response.status != 200:
+                await self._upstream_refusal(call, response, send)
+                ok = True
+            elif call.codec.passthrough:
+                ok = await self._pass_through(call, response, send)
+            elif call.chat.get("stream"):
+                ok = await self._adapt_stream(call, response, send)
+            else:
+                chat = decode_object(await response.read())
+                await self.send_adapted(call, chat, send)
+                ok = True
+        except (*READ_ERRORS, UpstreamError) as exc:
+            ok = False
+            log.warning("upstream %s failed mid-response: %s", opened.lease.replica.url, exc)
+            if call.status == 0:
+                raise HTTPError(502, f"upstream {opened.lease.replica.url} failed: {exc}") from None
+        finally:
+            response.close()
+            opened.lease.release(ok)
+            if ok is False:
+                self.metrics.upstream_errors.labels(opened.pool).inc()
+
+    async def _pass_through(self, call: Call, response: UpstreamResponse, send: Send) -> bool:
+        """Upstream bytes to the client: a stream as each piece arrives, a JSON body in one send once
+        complete (it is useless to a client before then). False when upstream broke off."""
+        content_type = response.content_type.encode()
+        streaming = content_type.startswith(b"text/event-stream")
+        try:
+            if not streaming:
+                body = await response.read()
+                await call.start(send, 200, [(b"content-type", content_type),
+                                             (b"content-length", str(len(body)).encode())])
+                await send({"type": "http.response.body", "body": body, "more_body": False})
+                return True
+            await call.start(send, 200, [(b"content-type", content_type)])
+            async for chunk in response.chunks():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except READ_ERRORS as exc:
+            log.warning("upstream %s broke off a response: %s", response.url, exc)
+            if call.status == 0:
+                raise
+            if streaming:
+                tail = call.codec.stream(call.request).error(f"upstream failed mid-stream: {type(exc).__name__}")
+                await send({"type": "http.response.body", "body": tail, "more_body": False})
+            return False
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return True
+
+    async def _adapt_stream(self, call: Call, response: UpstreamResponse, send: Send) -> bool:
+        """Upstream chat chunks as the API's events, translated as each arrives."""
+        stream = call.codec.stream(call.request)
+        await call.start(send, 200, SSE)
+        await send({"type": "http.response.body", "body": stream.start(), "more_body": True})
+        done, reader = False, SSEData()
+
+        async def translate(events: list[bytes]) -> None:
+            """Send what translates; a bad event is raised after the good ones before it went out."""
+            nonlocal done
+            out, bad = [], None
+            for data in events:
+                if data.strip() == b"[DONE]":
+                    done = True
+                elif data.strip():
+                    try:
+                        out.append(shaped(stream.feed, decode_object(data)))
+                    except UpstreamError as exc:
+                        bad = exc
+                        break
+            if out:
+                await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
+            if bad is not None:
+                raise bad
+
+        try:
+            async for chunk in response.chunks():
+                await translate(reader.feed(chunk))
+            await translate(reader.finish())
+        except (*READ_ERRORS, UpstreamError) as exc:
+            log.warning("upstream %s broke off a stream: %s", response.url, exc)
+        # A stream that ended without [DONE] (or was no event stream at all) broke off.
+        tail = stream.finish() if done else stream.error("upstream ended the stream early")
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
+        return done
+
+    async def send_adapted(self, call: Call, chat: dict[str, Any], send: Send) -> None:
+        """A whole upstream answer as the API's response body."""
+        body = shaped(call.codec.from_chat, chat, call.request)
+        if call.escalation is not None:
+            body["router"] = call.escalation
+        data = _json.encode(body)
+        await call.start(send, 200, [*JSON, (b"content-length", str(len(data)).encode())])
+        await send({"type": "http.response.body", "body": data, "more_body": False})
+
+    async def _upstream_refusal(self, call: Call, response: UpstreamResponse, send: Send) -> None:
+        """A 4xx from upstream (bad request, unknown model there, ...): passed on in the API's shape."""
+        raw = await response.read()
+        body = call.codec.refusal_body(response.status, raw)
+        if body is None:
+            await call.start(send, response.status, [(b"content-type", response.content_type.encode())])
+            await send({"type": "http.response.body", "body": raw, "more_body": False})
+            return
+        await call.start(send, response.status, JSON)
+        await send({"type": "http.response.body", "body": body, "more_body": False})
