@@ -13,7 +13,7 @@ from services.frontend.errors import APIError
 from services.frontend.model import Model
 from services.frontend.requests.engine_request import EngineRequest
 from services.frontend.requests.translator import Translator
-from tests.unit.frontend.test_messages import EXPECTED_QWEN3, ROUND_TRIP, WEATHER
+from tests.unit.frontend.test_chat_messages import EXPECTED_QWEN3, ROUND_TRIP, WEATHER
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """prompting/messages.py on decoded JSON as the router hands it (the frontend's path, through its schema,
-is tests/unit/frontend/test_messages.py): every shape it cannot take is a PromptError naming the field."""
+is tests/unit/frontend/test_chat_messages.py): every shape it cannot take is a PromptError naming the field."""
 from __future__ import annotations
 
 from typing import Any
