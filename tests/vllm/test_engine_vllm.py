@@ -14,7 +14,7 @@ import zmq
 from protocol import BlockStored, Outputs, Ready, decode
 from protocol.block_hash import block_hashes
 from tests.support.engine_client import EngineClient
-from tests.support.procs import EngineProc, start_engine
+from tests.support.procs import EngineProc
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
@@ -26,13 +26,9 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProc]:
-    """Two vLLM ranks from one command (each rank its own process, as on a GPU node)."""
-    pytest.importorskip("vllm")
-    proc = start_engine(tmp_path_factory.mktemp("vllm-engine"), "--model", "tiny", "--backend", "vllm",
-                        "--max-model-len", "1024", "--kv-cache-bytes", str(16 * 2**20), ranks=2)
-    yield proc
-    assert proc.stop() == 0, proc.log()
+def engine(vllm_engine: EngineProc) -> EngineProc:
+    """Two vLLM ranks from one command (tests/vllm/conftest.py: shared with the frontend tests)."""
+    return vllm_engine
 
 
 @pytest.fixture
