@@ -25,7 +25,7 @@ from protocol import (
 )
 from protocol.block_hash import block_hashes
 from tests.integration.conftest import SIM
-from tests.support.engine_client import EngineClient
+from tests.support.engine_client import EngineClient, wait_subscribed
 from tests.support.procs import pid_listening_on, start_engine
 
 PROMPT = list(range(1000, 1064))  # 64 tokens: four full blocks of 16
@@ -112,7 +112,7 @@ def test_prefix_cache_and_kv_events(client_factory, sim_engine) -> None:  # type
     sub.connect(sim_engine.pub_endpoint())
     c = client_factory()
     ready(c)
-    time.sleep(0.2)  # PUB/SUB: a subscription must reach the publisher before events are sent
+    wait_subscribed(sub)  # PUB/SUB: a subscription must reach the publisher before events are sent
     c.generate("p1", PROMPT, max_tokens=2)
     first = c.collect(["p1"])["p1"]
     c.generate("p2", PROMPT, max_tokens=2)
@@ -139,7 +139,7 @@ def test_eviction_emits_block_removed(tmp_path) -> None:  # type: ignore[no-unty
     c = EngineClient(engine.endpoint())
     try:
         ready(c)
-        time.sleep(0.2)
+        wait_subscribed(sub)
         for i in range(3):  # each 64-token prompt fills 4 of the 8 blocks
             c.generate(f"e{i}", [i * 100 + t for t in PROMPT], max_tokens=1)
             c.collect([f"e{i}"])

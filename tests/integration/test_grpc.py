@@ -211,7 +211,8 @@ def test_control_abort_ends_a_running_request_with_finish_abort(fleet: Fleet) ->
     t = threading.Thread(target=run)
     t.start()
     _wait(lambda: _in_flight(fleet) == 1)
-    time.sleep(0.1)
+    # Running at the engine (its Stats say so), which emits a token with each step from the first (prefill).
+    _wait(lambda: sum(r.running for r in fleet.control.GetLoads(pb2.GetLoadsRequest(), metadata=AUTH).ranks) == 1)
     aborted = fleet.control.Abort(pb2.AbortRequest(request_ids=["to-abort", "unknown"]), metadata=AUTH)
     t.join(30)
     assert list(aborted.aborted) == ["to-abort"]
