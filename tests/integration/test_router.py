@@ -375,7 +375,8 @@ def test_429_with_retry_after_at_the_cap(tmp_path: Path, a_b_c: list[HttpProc]) 
 
 def test_retry_before_first_byte_and_circuit_breaker(tmp_path: Path, a_b_c: list[HttpProc]) -> None:
     a, b, _ = a_b_c
-    router = _sched_router(tmp_path, [a, b], "    breaker: {failures: 2, cooldown_s: 1.0}\n")
+    # A cool-down long enough that a loaded host still reads the breaker open before it passes.
+    router = _sched_router(tmp_path, [a, b], "    breaker: {failures: 2, cooldown_s: 3.0}\n")
     try:
         b.configure(status=500)
         answered = [_chat(router) for _ in range(6)]
@@ -387,7 +388,10 @@ def test_retry_before_first_byte_and_circuit_breaker(tmp_path: Path, a_b_c: list
         assert state[b.url]["breaker"] == "open" and not state[b.url]["ready"]
 
         b.configure(status=200)
-        time.sleep(1.2)  # the cool-down passes: one probe request is let through, and it succeeds
+        deadline = time.monotonic() + 15  # the cool-down passes: one probe request is let through, and it succeeds
+        while {r["url"]: r for r in _decide(router, "x")["replicas"]}[b.url]["breaker"] == "open":
+            assert time.monotonic() < deadline, "the breaker never left open"
+            time.sleep(0.1)
         seen = {_chat(router).headers["x-router-replica"] for _ in range(4)}
         assert b.url in seen
         state = {r["url"]: r for r in _decide(router, "x")["replicas"]}
