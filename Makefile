@@ -27,8 +27,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
+# Two workers: most tests wait on processes and sockets, not the CPU. Each module runs on one worker,
+# every tests/vllm module on the same one, longest groups first (tests/conftest.py).
 test: lint
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q -n 2 --dist loadgroup --no-loadscope-reorder
 
 # Two headless engine ranks (vllm backend on CPU, tiny model) and a frontend on :8000; Ctrl-C stops all.
 up: $(STAMP)

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -9,12 +8,14 @@ from tests.support.engine_client import EngineClient
 from tests.support.procs import EngineProc, start_engine
 
 SIM = ("--model", "tiny", "--backend", "sim")
+SIM_ENGINE = (*SIM, "--sim-decode-ms", "2", "--client-timeout", "1.0")
 
 
-@pytest.fixture
-def sim_engine(tmp_path: Path) -> Iterator[EngineProc]:
-    """One sim rank, real timing (2 ms base decode step) so steps are observable."""
-    engine = start_engine(tmp_path, *SIM, "--sim-decode-ms", "2", "--client-timeout", "1.0")
+@pytest.fixture(scope="module")
+def sim_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProc]:
+    """One sim rank, real timing (2 ms base decode step) so steps are observable; shared by the module's
+    tests, so none may stop it, and a test that needs a cold prefix cache starts its own (SIM_ENGINE)."""
+    engine = start_engine(tmp_path_factory.mktemp("sim-engine"), *SIM_ENGINE)
     yield engine
     engine.stop()
 

@@ -24,8 +24,8 @@ from protocol import (
     encode,
 )
 from protocol.block_hash import block_hashes
-from tests.integration.conftest import SIM
-from tests.support.engine_client import EngineClient
+from tests.integration.conftest import SIM, SIM_ENGINE
+from tests.support.engine_client import EngineClient, wait_subscribed
 from tests.support.procs import pid_listening_on, start_engine
 
 PROMPT = list(range(1000, 1064))  # 64 tokens: four full blocks of 16
@@ -105,29 +105,34 @@ def test_silent_client_requests_are_aborted_after_deadline(client_factory, sim_e
     assert "aborted request forever of frontend fe-silent: its frontend was silent for" in sim_engine.log()
 
 
-def test_prefix_cache_and_kv_events(client_factory, sim_engine) -> None:  # type: ignore[no-untyped-def]
+def test_prefix_cache_and_kv_events(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    sim_engine = start_engine(tmp_path, *SIM_ENGINE)  # its own: a cold prefix cache
     sub = zmq.Context.instance().socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.setsockopt(zmq.LINGER, 0)
     sub.connect(sim_engine.pub_endpoint())
-    c = client_factory()
-    ready(c)
-    time.sleep(0.2)  # PUB/SUB: a subscription must reach the publisher before events are sent
-    c.generate("p1", PROMPT, max_tokens=2)
-    first = c.collect(["p1"])["p1"]
-    c.generate("p2", PROMPT, max_tokens=2)
-    second = c.collect(["p2"])["p2"]
-    assert first.num_cached_tokens == 0
-    assert second.num_cached_tokens == 48  # three full blocks; the last prompt token is recomputed
-    stored: list[int] = []
-    deadline = time.monotonic() + 5
-    while len(stored) < 4 and time.monotonic() < deadline:
-        if sub.poll(100):
-            msg = decode(sub.recv_multipart())
-            if isinstance(msg, BlockStored):
-                stored += msg.block_hashes
-    assert stored[:4] == block_hashes(PROMPT, 16)
-    sub.close()
+    c = EngineClient(sim_engine.endpoint())
+    try:
+        ready(c)
+        wait_subscribed(sub)  # PUB/SUB: a subscription must reach the publisher before events are sent
+        c.generate("p1", PROMPT, max_tokens=2)
+        first = c.collect(["p1"])["p1"]
+        c.generate("p2", PROMPT, max_tokens=2)
+        second = c.collect(["p2"])["p2"]
+        assert first.num_cached_tokens == 0
+        assert second.num_cached_tokens == 48  # three full blocks; the last prompt token is recomputed
+        stored: list[int] = []
+        deadline = time.monotonic() + 5
+        while len(stored) < 4 and time.monotonic() < deadline:
+            if sub.poll(100):
+                msg = decode(sub.recv_multipart())
+                if isinstance(msg, BlockStored):
+                    stored += msg.block_hashes
+        assert stored[:4] == block_hashes(PROMPT, 16)
+    finally:
+        sub.close()
+        c.close()
+        sim_engine.stop()
 
 
 def test_eviction_emits_block_removed(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -139,7 +144,7 @@ def test_eviction_emits_block_removed(tmp_path) -> None:  # type: ignore[no-unty
     c = EngineClient(engine.endpoint())
     try:
         ready(c)
-        time.sleep(0.2)
+        wait_subscribed(sub)
         for i in range(3):  # each 64-token prompt fills 4 of the 8 blocks
             c.generate(f"e{i}", [i * 100 + t for t in PROMPT], max_tokens=1)
             c.collect([f"e{i}"])

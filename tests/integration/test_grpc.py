@@ -4,6 +4,7 @@ equals the HTTP token-in route for the same request, Control and RlControl reach
 relays the engines' KV events and resumes without gaps, auth, health and reflection."""
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -200,6 +201,13 @@ def test_a_deadline_ends_the_request_at_the_engine(fleet: Fleet) -> None:
     _wait(lambda: _in_flight(fleet) == 0)
 
 
+def _first_tokens(fleet: Fleet) -> float:
+    """How many requests the frontend has seen a first token of (its time-to-first-token histogram)."""
+    text = httpx.get(fleet.frontend.url + "/metrics", headers={"authorization": f"Bearer {KEY}"}, timeout=10).text
+    found = re.search(r"^vllm:time_to_first_token_seconds_count\{[^}]*\} (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
 def test_control_abort_ends_a_running_request_with_finish_abort(fleet: Fleet) -> None:
     got: dict[str, Any] = {}
 
@@ -208,10 +216,11 @@ def test_control_abort_ends_a_running_request_with_finish_abort(fleet: Fleet) ->
                                                                                      "ignore_eos": True}),
                                                metadata=AUTH, timeout=60)
 
+    first_tokens = _first_tokens(fleet)
     t = threading.Thread(target=run)
     t.start()
     _wait(lambda: _in_flight(fleet) == 1)
-    time.sleep(0.1)
+    _wait(lambda: _first_tokens(fleet) > first_tokens)  # its first token reached the frontend
     aborted = fleet.control.Abort(pb2.AbortRequest(request_ids=["to-abort", "unknown"]), metadata=AUTH)
     t.join(30)
     assert list(aborted.aborted) == ["to-abort"]

@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -317,6 +317,18 @@ def _sched_router(tmp_path: Path, backends: list[HttpProc], extra: str = "") -> 
     return _router(tmp_path, _pool("p", "m", backends, extra), "{default: [p]}")
 
 
+def _until_replicas(router: HttpProc, holds: Callable[[list[dict]], bool]) -> None:  # type: ignore[type-arg]
+    """Until the router's own view of its replicas (the explain route: in flight, ready) satisfies `holds`."""
+    deadline = time.monotonic() + 10
+    while not holds(replicas := _decide(router, "x")["replicas"]):
+        assert time.monotonic() < deadline, replicas
+        time.sleep(0.02)
+
+
+def _in_flight(n: int) -> Callable[[list[dict]], bool]:  # type: ignore[type-arg]
+    return lambda replicas: sum(r["inflight"] for r in replicas) == n
+
+
 def test_fewest_outstanding_bytes_then_least_recently_assigned(tmp_path: Path, a_b_c: list[HttpProc]) -> None:
     a, b, _ = a_b_c
     router = _sched_router(tmp_path, [a, b])
@@ -328,9 +340,9 @@ def test_fewest_outstanding_bytes_then_least_recently_assigned(tmp_path: Path, a
             proc.configure(delay_s=1.5)
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
             big = pool.submit(_chat, router, "x" * 20_000)  # a large prompt: many outstanding bytes
-            time.sleep(0.3)
+            _until_replicas(router, _in_flight(1))
             small = pool.submit(_chat, router, "y")
-            time.sleep(0.3)
+            _until_replicas(router, _in_flight(2))
             # Both replicas hold one request; the one holding fewer bytes gets the next.
             third = pool.submit(_chat, router, "z")
             big_on, small_on, third_on = (f.result().headers["x-router-replica"] for f in (big, small, third))
@@ -347,7 +359,7 @@ def test_429_with_retry_after_at_the_cap(tmp_path: Path, a_b_c: list[HttpProc]) 
         b.configure(delay_s=2.0)
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             busy = [pool.submit(_chat, router) for _ in range(2)]
-            time.sleep(0.5)
+            _until_replicas(router, _in_flight(2))
             started = time.monotonic()
             refused = _chat(router)
             waited = time.monotonic() - started
@@ -363,7 +375,8 @@ def test_429_with_retry_after_at_the_cap(tmp_path: Path, a_b_c: list[HttpProc]) 
 
 def test_retry_before_first_byte_and_circuit_breaker(tmp_path: Path, a_b_c: list[HttpProc]) -> None:
     a, b, _ = a_b_c
-    router = _sched_router(tmp_path, [a, b], "    breaker: {failures: 2, cooldown_s: 1.0}\n")
+    # A cool-down long enough that a loaded host still reads the breaker open before it passes.
+    router = _sched_router(tmp_path, [a, b], "    breaker: {failures: 2, cooldown_s: 3.0}\n")
     try:
         b.configure(status=500)
         answered = [_chat(router) for _ in range(6)]
@@ -375,7 +388,10 @@ def test_retry_before_first_byte_and_circuit_breaker(tmp_path: Path, a_b_c: list
         assert state[b.url]["breaker"] == "open" and not state[b.url]["ready"]
 
         b.configure(status=200)
-        time.sleep(1.2)  # the cool-down passes: one probe request is let through, and it succeeds
+        deadline = time.monotonic() + 15  # the cool-down passes: one probe request is let through, and it succeeds
+        while {r["url"]: r for r in _decide(router, "x")["replicas"]}[b.url]["breaker"] == "open":
+            assert time.monotonic() < deadline, "the breaker never left open"
+            time.sleep(0.1)
         seen = {_chat(router).headers["x-router-replica"] for _ in range(4)}
         assert b.url in seen
         state = {r["url"]: r for r in _decide(router, "x")["replicas"]}
@@ -390,7 +406,8 @@ def test_health_checks_take_a_replica_out_and_back(tmp_path: Path, a_b_c: list[H
     router = _sched_router(tmp_path, [a, b], "    breaker: {failures: 1, cooldown_s: 0.5}\n")
     try:
         b.configure(healthy=False)
-        time.sleep(1.0)  # two failed checks, 0.2 s apart, take it out
+        # Two failed checks, 0.2 s apart, take it out.
+        _until_replicas(router, lambda replicas: not next(r["ready"] for r in replicas if r["url"] == b.url))
         assert {_chat(router).headers["x-router-replica"] for _ in range(4)} == {a.url}
         b.configure(healthy=True)
         deadline = time.monotonic() + 10

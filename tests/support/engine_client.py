@@ -176,3 +176,12 @@ class EngineClient:
                     r.error_kind = out.error_kind
                     pending.discard(out.request_id)
         return results
+
+
+def wait_subscribed(sub: zmq.Socket, timeout_s: float = 10.0) -> None:  # type: ignore[type-arg]
+    """Until a SUB socket connected to an engine's PUB receives its first message (the engine publishes
+    Stats at least every second): then its subscription has reached the publisher, and no event sent
+    later is dropped. What came first (Stats) is discarded."""
+    if not sub.poll(timeout_s * 1000):
+        raise TimeoutError(f"nothing published within {timeout_s}s: is the SUB connected to the engine's PUB?")
+    sub.recv_multipart()

@@ -1,15 +1,20 @@
 """vLLM tests run the engine in-process and never reach a model hub; both are
-read from the environment, so set them before any test imports vllm."""
+read from the environment, so set them before any test imports vllm.
+
+Starting a vLLM engine costs tens of seconds here, so modules that need the same engine share one:
+`shared` starts each distinct command line once per session (per xdist worker) and stops it at the end."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import checkpoints
+from tests.support.procs import EngineProc, FrontendProc, Proc, start_engine, start_frontend
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -18,6 +23,67 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # 512 bytes of KV per token (2 layers x K,V x 2 heads x 32 dims x bf16): 4 MiB
 # holds 8192 tokens, far more than max_model_len.
 KV_CACHE_BYTES = 4 * 2**20
+
+# The engine test_engine_vllm drives over the protocol (two ranks from one command), whose rank 0 also
+# serves the frontend of test_frontend_vllm and test_preprocess_vllm.
+ENGINE_ARGS = ("--model", "tiny", "--backend", "vllm", "--max-model-len", "1024", "--kv-cache-bytes", str(16 * 2**20))
+ENGINE_RANKS = 2
+
+
+class SharedProcs:
+    """Engines and frontends keyed by their command line: the first test that asks starts one, later
+    ones get the same process."""
+
+    def __init__(self, tmp: Path) -> None:
+        self._tmp = tmp
+        self._procs: dict[tuple[Any, ...], Proc] = {}
+
+    def engine(self, *args: str, ranks: int = 1) -> EngineProc:
+        key = ("engine", ranks, *args)
+        if key not in self._procs:
+            self._procs[key] = start_engine(self._tmp, *args, ranks=ranks)
+        proc = self._procs[key]
+        assert isinstance(proc, EngineProc) and proc.proc.poll() is None, proc.log()
+        return proc
+
+    def frontend(self, *args: str) -> FrontendProc:
+        key = ("frontend", *args)
+        if key not in self._procs:
+            self._procs[key] = start_frontend(self._tmp, *args)
+        proc = self._procs[key]
+        assert isinstance(proc, FrontendProc) and proc.proc.poll() is None, proc.log()
+        return proc
+
+    def stop(self) -> list[str]:
+        """Stop everything, frontends before the engines they use; the logs of those that failed to exit 0."""
+        failed = []
+        for proc in reversed(list(self._procs.values())):
+            if proc.stop() != 0:
+                failed.append(proc.log())
+        self._procs.clear()
+        return failed
+
+
+@pytest.fixture(scope="session")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedProcs]:
+    procs = SharedProcs(tmp_path_factory.mktemp("vllm-shared"))
+    yield procs
+    failed = procs.stop()
+    assert not failed, "\n\n".join(failed)
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(shared: SharedProcs) -> EngineProc:
+    """Two vLLM ranks from one command (each rank its own process, as on a GPU node)."""
+    pytest.importorskip("vllm")
+    return shared.engine(*ENGINE_ARGS, ranks=ENGINE_RANKS)
+
+
+@pytest.fixture(scope="session")
+def vllm_frontend(shared: SharedProcs, vllm_engine: EngineProc) -> FrontendProc:
+    """A frontend on rank 0 of `vllm_engine`."""
+    return shared.frontend("--data-parallel-size", "1", "--data-parallel-size-local", "0",
+                           "--engine-addresses", vllm_engine.endpoint(0))
 
 
 @pytest.fixture(scope="session")

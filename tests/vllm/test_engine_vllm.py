@@ -13,8 +13,8 @@ import zmq
 
 from protocol import BlockStored, Outputs, Ready, decode
 from protocol.block_hash import block_hashes
-from tests.support.engine_client import EngineClient
-from tests.support.procs import EngineProc, start_engine
+from tests.support.engine_client import EngineClient, wait_subscribed
+from tests.support.procs import EngineProc
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
@@ -26,13 +26,9 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProc]:
-    """Two vLLM ranks from one command (each rank its own process, as on a GPU node)."""
-    pytest.importorskip("vllm")
-    proc = start_engine(tmp_path_factory.mktemp("vllm-engine"), "--model", "tiny", "--backend", "vllm",
-                        "--max-model-len", "1024", "--kv-cache-bytes", str(16 * 2**20), ranks=2)
-    yield proc
-    assert proc.stop() == 0, proc.log()
+def engine(vllm_engine: EngineProc) -> EngineProc:
+    """Two vLLM ranks from one command (tests/vllm/conftest.py: shared with the frontend tests)."""
+    return vllm_engine
 
 
 @pytest.fixture
@@ -88,7 +84,7 @@ def test_prefix_cache_hit_reported_with_protocol_block_hashes(client: EngineClie
     sub.setsockopt(zmq.LINGER, 0)
     sub.connect(engine.pub_endpoint(0))
     try:
-        time.sleep(0.3)  # let the subscription reach the publisher
+        wait_subscribed(sub)  # let the subscription reach the publisher
         prompt = list(range(5000, 5300))
         client.generate("c1", prompt, max_tokens=2, temperature=0.0)
         assert client.collect(["c1"], 120)["c1"].num_cached_tokens == 0

@@ -1,7 +1,8 @@
-"""End to end on the real vLLM backend: a managed frontend (it starts its own headless vllm engine)
-answering the official openai SDK, streamed and not: its logprobs against vLLM's own offline LLM, forced
-tool calls, structured outputs (every field that asks for one), logits controls, prompt truncation, what
-vLLM cannot compile a 400, and logprobs of a constrained request."""
+"""End to end on the real vLLM backend: a frontend on a headless vllm rank (the one test_engine_vllm
+drives; managed mode on vllm is test_grpc_vllm's) answering the official openai SDK, streamed and not:
+its logprobs against vLLM's own offline LLM, forced tool calls, structured outputs (every field that
+asks for one), logits controls, prompt truncation, what vLLM cannot compile a 400, and logprobs of a
+constrained request."""
 from __future__ import annotations
 
 import json
@@ -14,23 +15,19 @@ import httpx
 import openai
 import pytest
 
-from tests.support.procs import FrontendProc, free_port_block, start_frontend
+from tests.support.procs import FrontendProc
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
 
 @pytest.fixture(scope="module")
-def frontend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrontendProc]:
-    pytest.importorskip("vllm")
-    engine_port = free_port_block(1)
-    fe = start_frontend(tmp_path_factory.mktemp("vllm-fe"), "--backend", "vllm", "--data-parallel-size-local", "1",
-                        "--engine-port", str(engine_port), "--engine-arg=--max-model-len=1024",
-                        f"--engine-arg=--kv-cache-bytes={16 * 2**20}")
-    yield fe
-    assert fe.stop() == 0, fe.log()
+def frontend(vllm_frontend: FrontendProc) -> FrontendProc:
+    """A frontend on a headless vLLM rank (tests/vllm/conftest.py: shared across modules)."""
+    return vllm_frontend
 
 
 def test_chat_and_completion_through_vllm(frontend: FrontendProc) -> None:
+    before = _settled_metrics(frontend)  # the engine and frontend are shared: count from here
     client = openai.OpenAI(base_url=frontend.url + "/v1", api_key="x", max_retries=0, timeout=120)
     chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "你好"}],
                                           max_tokens=24, temperature=0)
@@ -46,18 +43,38 @@ def test_chat_and_completion_through_vllm(frontend: FrontendProc) -> None:
     # Tokens per step as vLLM counts them: each prompt once (none is a full block: no cache hits), and
     # every generated token; one request at a time, so a step per generated token.
     prompts = 2 * chat.usage.prompt_tokens + done.usage.prompt_tokens  # type: ignore[union-attr]
+
+    def added(text: str, name: str) -> float:  # a histogram with no observations yet has no series
+        return _series(text, name) - (_series(before, name) if re.search(f"^{re.escape(name)}{{", before, re.M) else 0)
+
     deadline = time.monotonic() + 10
     while True:  # the engine's counters arrive with its next Stats
         text = httpx.get(frontend.url + "/metrics", timeout=10).text
-        if _series(text, "vllm:iteration_tokens_total_sum") == prompts + 24 + 24 + 8:
+        if added(text, "vllm:iteration_tokens_total_sum") == prompts + 24 + 24 + 8:
             break
-        assert time.monotonic() < deadline, text
+        assert time.monotonic() < deadline, (added(text, "vllm:iteration_tokens_total_sum"), prompts + 56, text)
         time.sleep(0.1)
-    assert _series(text, "vllm:iteration_tokens_total_count") == 24 + 24 + 8
+    assert added(text, "vllm:iteration_tokens_total_count") == 24 + 24 + 8
     for phase in ("queue", "prefill", "decode", "inference"):
-        assert _series(text, f"vllm:request_{phase}_time_seconds_count") == 3, phase
-    assert _series(text, "vllm:request_decode_time_seconds_sum") > 0
+        assert added(text, f"vllm:request_{phase}_time_seconds_count") == 3, phase
+    assert added(text, "vllm:request_decode_time_seconds_sum") > 0
     assert 'vllm:num_preemptions_total{engine="0",model_name="tiny"}' in text
+
+
+def _settled_metrics(frontend: FrontendProc) -> str:
+    """/metrics once the engine's counters include every step before now (no event tells it): the same
+    iteration tokens in two reads 1 s apart, an idle frontend seeing the engine's Stats (sent every
+    ~100 ms) at least every 0.5 s."""
+    deadline = time.monotonic() + 10
+    last = None
+    while True:
+        text = httpx.get(frontend.url + "/metrics", timeout=10).text
+        value = _series(text, "vllm:iteration_tokens_total_sum")
+        if value == last:
+            return text
+        assert time.monotonic() < deadline, text
+        last = value
+        time.sleep(1.0)
 
 
 def _series(text: str, name: str) -> float:

@@ -4,27 +4,22 @@ structured_outputs.json comes back through the token-in route as output that mat
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from tests.support.procs import FrontendProc, free_port_block, start_frontend
+from tests.support.procs import FrontendProc
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 CHAT = [{"role": "user", "content": "Write about the sea."}]
 
 
 @pytest.fixture(scope="module")
-def frontend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrontendProc]:
-    pytest.importorskip("vllm")
-    fe = start_frontend(tmp_path_factory.mktemp("vllm-pre"), "--backend", "vllm", "--data-parallel-size-local", "1",
-                        "--engine-port", str(free_port_block(1)), "--engine-arg=--max-model-len=1024",
-                        f"--engine-arg=--kv-cache-bytes={16 * 2**20}")
-    yield fe
-    assert fe.stop() == 0, fe.log()
+def frontend(vllm_frontend: FrontendProc) -> FrontendProc:
+    """A frontend on a headless vLLM rank (tests/vllm/conftest.py: shared across modules)."""
+    return vllm_frontend
 
 
 def post(frontend: FrontendProc, path: str, body: Any) -> Any:

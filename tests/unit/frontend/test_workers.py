@@ -126,7 +126,9 @@ def test_a_worker_that_dies_fails_its_request_with_a_503_and_is_replaced(model: 
         assert pool is not None
         pending = asyncio.ensure_future(translator.chat(_body(messages=[{"role": "user",
                                                                          "content": "x " * 2_000_000}]), None))
-        await asyncio.sleep(0.5)
+        async with asyncio.timeout(10):  # until the long prompt is handed to the pool
+            while not pool._pending_work_items:  # type: ignore[attr-defined]
+                await asyncio.sleep(0.01)
         for pid in list(pool._processes):
             os.kill(pid, signal.SIGKILL)
         with pytest.raises(APIError) as info:

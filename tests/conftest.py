@@ -1,0 +1,47 @@
+"""Test distribution under pytest-xdist (`make test` runs `-n 2 --dist loadgroup --no-loadscope-reorder`).
+
+A module's tests go to one worker, so a module-scoped fleet starts once; every tests/vllm module goes to
+the same worker, so its shared engines (tests/vllm/conftest.py) and the in-process reference vLLM start
+once. Groups are handed out longest first, so that no long group starts last while the other worker
+idles: the vLLM group, then the directories whose tests start processes, then the unit tests, which
+fill in at the end. (The groups are made here, by a scheduler, and not with xdist_group marks: xdist
+3.8 names a marked test by assigning `item._nodeid`, which pytest 9 no longer reads.)"""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+# The order groups are handed out in: the longest first.
+_ORDER = ("tests/vllm/", "tests/e2e/", "tests/integration/", "tests/contract/", "tests/unit/")
+
+
+def _group(nodeid: str) -> str:
+    return "tests/vllm" if nodeid.startswith("tests/vllm/") else nodeid.split("::", 1)[0]
+
+
+def _rank(nodeid: str) -> int:
+    return next((i for i, prefix in enumerate(_ORDER) if nodeid.startswith(prefix)), len(_ORDER))
+
+
+def _loadgroup(config: pytest.Config) -> bool:
+    # The controller has the option as given; xdist rewrites it on its workers to dist=no, loadgroup=True.
+    return config.getoption("dist", "no") == "loadgroup" or bool(getattr(config.option, "loadgroup", False))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _loadgroup(config):
+        items.sort(key=lambda item: _rank(item.nodeid))  # stable: each group keeps its own order
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: unknown without it
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if not _loadgroup(config):
+        return None  # xdist's own
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    return GroupScheduling(config, log)
