@@ -8,7 +8,7 @@ from typing import Any
 from prompting.model_files import eos_token_id, load_tokenizer, model_config
 from services.engine.backend import Backend
 from services.engine.config import EngineConfig
-from services.engine.model_files import kv_bytes_per_block
+from services.engine.kv_sizing import kv_bytes_per_block
 
 SIM_MAX_MODEL_LEN = 4096
 

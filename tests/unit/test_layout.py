@@ -136,9 +136,18 @@ def test_shared_libraries_are_pure(package: str) -> None:
 # layer or a sibling in its own (siblings are the packages or modules of one layer). Names are the first part
 # below the service; every one of its modules must be placed.
 LAYERS = {
+    "services.frontend": [
+        ("errors", "text", "parsers"),
+        ("config", "model"),
+        ("engine_client",),
+        ("requests",),
+        ("generation",),
+        ("http_api", "grpc_api"),  # siblings: HTTP and gRPC share the generation core, never each other
+        ("managed",), ("server",), ("__main__",),
+    ],
     "services.engine": [
         ("config", "backend", "bridge", "peers", "probe", "token_histogram", "utility", "validation", "weights",
-         "model_files"),
+         "kv_sizing"),
         ("backends",),
         ("core", "wiring"),
         ("launcher",), ("__main__",),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from importlib import metadata
 
 from services.frontend.config import FrontendConfig
 from services.frontend.engine_client.engines import EngineSet
@@ -36,6 +37,7 @@ class FrontendCore:
         self.submitter = Submitter(engines, self.placement)
         self.lora = Adapters(engines, model.name)
         self.shutdown = Shutdown()
+        self.version = fleet_version()
         self.translator = Translator(model, self.max_model_len, long_prompt_chars=config.long_prompt_chars,
                                      max_concurrent_tokenizations=config.max_concurrent_tokenizations,
                                      enable_auto_tool_choice=config.enable_auto_tool_choice,
@@ -144,3 +146,11 @@ def output_parser(options: OutputOptions) -> OutputParser | TokenOutputParser | 
         return build_parser(options.tool_parser, options.reasoning_parser, tools=list(options.tools),
                             prompt=options.prompt_tail)
     return None
+
+
+def fleet_version() -> str:
+    """This fleet's package version, as HTTP's /version and gRPC's GetServerInfo report it."""
+    try:
+        return metadata.version("fleet")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"

@@ -3,8 +3,6 @@ prefix caches' reset, as the engines' allowlisted utility calls on every ready r
 server 0's event loop."""
 from __future__ import annotations
 
-import hashlib
-from importlib import metadata
 from typing import Any
 
 import grpc
@@ -17,24 +15,16 @@ from services.frontend.grpc_api.inference import Inference
 from services.frontend.grpc_api.rpc import Failed, Ranks, failed, guard, need
 
 
-def _sha256(path: Any) -> str:
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError:
-        return ""
-
-
 class Control(pb2_grpc.ControlServicer):
     def __init__(self, core: FrontendCore, inference: Inference, started_at: float) -> None:
         self._core, self._inference, self._ranks = core, inference, Ranks(core)
         self._started_at = started_at
-        self._tokenizer_sha = _sha256(core.model.path / "tokenizer.json")
         self._schema = f"{lock.describe()['package']}:{lock.fingerprint(lock.merged(None, lock.describe()))}"
 
     async def GetServerInfo(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         core = self._core
         return pb2.GetServerInfoResponse(
-            server_version=_version(), frontend_id=core.engines.frontend_id, protocol_major=MAJOR,
+            server_version=self._core.version, frontend_id=core.engines.frontend_id, protocol_major=MAJOR,
             protocol_minor=MINOR, data_parallel_size=len(core.engines.engines),
             ready_ranks=[e.rank for e in core.engines.engines if e.state == "ready"], started_at=self._started_at,
             grpc_schema=self._schema)
@@ -51,7 +41,7 @@ class Control(pb2_grpc.ControlServicer):
                 max_model_len=min(r.max_model_len for r in ready),
                 vocab_size=model.tokenizer.get_vocab_size(with_added_tokens=True), block_size=ready[0].block_size,
                 eos_token_ids=[] if model.eos_token_id is None else [model.eos_token_id],
-                tokenizer_sha256=self._tokenizer_sha, chat_template_sha256=model.template.sha256,
+                tokenizer_sha256=model.tokenizer_sha256, chat_template_sha256=model.template.sha256,
                 backend=ready[0].backend)
         return await guard(context, info())
 
@@ -109,10 +99,3 @@ class Control(pb2_grpc.ControlServicer):
             return pb2.ResetPrefixCacheResponse(reset_ranks=[engines[i].rank for i, ok in zip(indexes, results,
                                                                                               strict=False) if ok])
         return await guard(context, reset())
-
-
-def _version() -> str:
-    try:
-        return metadata.version("fleet")
-    except metadata.PackageNotFoundError:
-        return "unknown"

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from importlib import metadata
 
 import msgspec
 from starlette.applications import Starlette
@@ -173,11 +172,7 @@ class Frontend:
 
     async def _version(self, request: Request) -> Response:
         """As vLLM's GET /version: {"version": ...}, this fleet's package version."""
-        try:
-            version = metadata.version("fleet")
-        except metadata.PackageNotFoundError:  # run from a source tree that was never installed
-            version = "unknown"
-        return JSONResponse({"version": version})
+        return JSONResponse({"version": self.core.version})
 
     # ---- preprocessing (JSON in, JSON out; no engine) ----
 

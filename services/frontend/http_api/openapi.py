@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-from prompting.messages import ROLES
+from prompting.chat_messages import ROLES
 from services.frontend.requests.openai_schema import (
     BOUNDS,
     CHAT_BOUNDS,

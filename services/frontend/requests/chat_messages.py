@@ -1,5 +1,5 @@
 """Chat messages as the schema decoded them, made into the chat template's input by the shared prompting
-library (prompting/messages.py, which follows vLLM's chat_utils); its refusals become 400s naming the
+library (prompting/chat_messages.py, which follows vLLM's chat_utils); its refusals become 400s naming the
 field. Runs in each API server process, from `preparer.py`."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 import msgspec
 
+from prompting.chat_messages import template_messages as _template_messages
 from prompting.errors import PromptError
-from prompting.messages import template_messages as _template_messages
 from services.frontend.errors import APIError
 from services.frontend.requests.openai_schema import ChatMessage
 

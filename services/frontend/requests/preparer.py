@@ -10,9 +10,9 @@ from typing import Any
 
 import msgspec
 
+from prompting.chat_messages import template_kwargs
 from prompting.chat_template import TemplateError
 from prompting.errors import PromptError
-from prompting.messages import template_kwargs
 from prompting.truncation import truncated
 from services.frontend.errors import APIError
 from services.frontend.model import Model

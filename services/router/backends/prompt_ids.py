@@ -13,9 +13,9 @@ from typing import Any
 from tokenizers import Tokenizer
 
 import checkpoints
+from prompting.chat_messages import template_kwargs, template_messages
 from prompting.chat_template import ChatTemplate, TemplateError
 from prompting.errors import PromptError
-from prompting.messages import template_kwargs, template_messages
 from prompting.model_files import load_tokenizer
 from prompting.truncation import truncated
 

@@ -1,7 +1,7 @@
-"""model_files: the KV-cache bytes one block of the real model would hold."""
+"""kv_sizing: the KV-cache bytes one block of the real model would hold."""
 from __future__ import annotations
 
-from services.engine.model_files import kv_bytes_per_block
+from services.engine.kv_sizing import kv_bytes_per_block
 
 
 def test_kv_bytes_per_block_counts_k_and_v_of_every_layer_in_bf16() -> None:

@@ -1,4 +1,4 @@
-"""prompting/messages.py on decoded JSON as the router hands it (the frontend's path, through its schema,
+"""prompting/chat_messages.py on decoded JSON as the router hands it (the frontend's path, through its schema,
 is tests/unit/frontend/test_chat_messages.py): every shape it cannot take is a PromptError naming the field."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from prompting.chat_messages import template_kwargs, template_messages
 from prompting.errors import PromptError
-from prompting.messages import template_kwargs, template_messages
 from prompting.truncation import truncated
 
 
