@@ -1,5 +1,5 @@
 """Logprobs end to end with the official openai SDK: a frontend process over a headless sim engine, whose
-logprobs are a fixed fake distribution (backends/sim/logprobs.py) and whose scripted reply to "capital
+logprobs are a fixed fake distribution (backends/sim/fake_logprobs.py) and whose scripted reply to "capital
 of France" ends with EOS. Shapes as OpenAI's and vLLM's, values consistent with the returned tokens
 (their strings join to the text), streamed and not; echo; prompt_logprobs; a stop string; the EOS."""
 from __future__ import annotations

@@ -3,7 +3,7 @@ is served, how often the engines are asked, a load that one rank refuses, a relo
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,13 @@ class Rank:
     reloading: bool = False
     loras: dict[str, str] = field(default_factory=dict)
     refuse: str | None = None
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Let the registry's background work run until `condition` holds (a failure past the deadline)."""
+    async with asyncio.timeout(timeout_s):
+        while not condition():
+            await asyncio.sleep(0.001)
 
 
 class FakeEngines:
@@ -98,7 +105,7 @@ def test_a_known_name_is_answered_at_once_and_looked_at_again_behind_it(monkeypa
         monkeypatch.setattr(lora, "REFRESH_S", 0.0)
         del engines.engines[0].loras["x"]  # unloaded through another process
         await a.check("x")  # still served from what this process saw
-        await asyncio.sleep(0.01)  # the look taken behind it
+        await _until(lambda: "x" not in a.served)  # the look taken behind it
         with pytest.raises(APIError):
             await a.check("x")
     asyncio.run(go())
@@ -141,8 +148,7 @@ def test_a_rank_with_a_new_session_gets_what_this_process_loaded() -> None:
         engines.engines[1].loras = {}  # restarted: a new session holds only its --lora-modules
         for joined in engines.on_ready:
             joined(engines.engines[1])
-        await asyncio.sleep(0.01)
-        assert engines.engines[1].loras == {"x": "/x"}
+        await _until(lambda: engines.engines[1].loras == {"x": "/x"})
     asyncio.run(go())
 
 
@@ -163,8 +169,7 @@ def test_a_cancelled_caller_does_not_leave_the_look_stuck() -> None:
         caller = asyncio.get_running_loop().create_task(a.check("x"))
         await asyncio.sleep(0)  # the look has started
         caller.cancel()
-        await asyncio.sleep(0.01)
-        assert a._look is None
+        await _until(lambda: a._look is None)
         engines.engines[0].loras = {"x": "/x"}
         a._looked_at = -lora.REFRESH_S
         await a.check("x")  # a new look finds it
@@ -182,8 +187,8 @@ def test_a_reloading_rank_takes_no_requests_and_is_not_looked_at_until_its_adapt
         assert rank.reloading
         await a.refresh()  # the restarted rank's short list does not drop the adapter for every rank
         assert "x" in a.served and a.paths == {"x": "/x"}
-        await asyncio.sleep(0.01)
-        assert not rank.reloading and rank.loras == {"x": "/x"} and engines.changed.is_set()
+        await _until(lambda: not rank.reloading)
+        assert rank.loras == {"x": "/x"} and engines.changed.is_set()
     asyncio.run(go())
 
 

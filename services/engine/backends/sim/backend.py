@@ -25,7 +25,7 @@ from services.engine.backend import (
 )
 from services.engine.backends.sim.block_pool import BlockPool
 from services.engine.backends.sim.config import SimConfig
-from services.engine.backends.sim.logprobs import FakeLogprobs
+from services.engine.backends.sim.fake_logprobs import FakeLogprobs
 from services.engine.backends.sim.scheduler import Scheduler, SimRequest
 from services.engine.backends.sim.script import Script
 from services.engine.weights import WeightSession, views
@@ -315,7 +315,7 @@ class SimBackend:
         return self._with_logprobs(req, RequestOutput(req.request_id, [token], finish, None, req.num_cached_tokens))
 
     def _with_logprobs(self, req: SimRequest, out: RequestOutput) -> RequestOutput:
-        """The fake distribution's logprobs (sim/logprobs.py) of the token just sampled, and with the
+        """The fake distribution's logprobs (sim/fake_logprobs.py) of the token just sampled, and with the
         first one those of the prompt, when the request asked for them."""
         if req.logprobs is None and req.prompt_logprobs is None:
             return out
