@@ -1,11 +1,14 @@
 """Test distribution under pytest-xdist (`make test` runs `-n 2 --dist loadgroup --no-loadscope-reorder`).
 
-A module's tests go to one worker, so a module-scoped fleet starts once; every tests/vllm module goes to
-the same worker, so its shared engines (tests/vllm/conftest.py) and the in-process reference vLLM start
-once. Groups are handed out longest first, so that no long group starts last while the other worker
-idles: the vLLM group, then the directories whose tests start processes, then the unit tests, which
-fill in at the end. (The groups are made here, by a scheduler, and not with xdist_group marks: xdist
-3.8 names a marked test by assigning `item._nodeid`, which pytest 9 no longer reads.)"""
+A module's tests go to one worker, so a module-scoped fleet starts once; the tests/vllm modules that use
+the shared engines (tests/vllm/conftest.py) or vLLM in-process go to the same worker, so those engines and
+the in-process reference vLLM start once and vllm is imported by one worker; the two vllm modules that
+only start processes of their own (the compose file, the metrics engine) are groups of their own, free
+to run on the other worker. Groups are handed out longest first, so that no long group starts last
+while the other worker idles: the vLLM group, then the directories whose tests start processes, then
+the unit tests, which fill in at the end. (The groups are made here, by a scheduler, and not with
+xdist_group marks: xdist 3.8 names a marked test by assigning `item._nodeid`, which pytest 9 no longer
+reads.)"""
 from __future__ import annotations
 
 from typing import Any
@@ -16,8 +19,13 @@ import pytest
 _ORDER = ("tests/vllm/", "tests/e2e/", "tests/integration/", "tests/contract/", "tests/unit/")
 
 
+# tests/vllm modules that start only processes of their own: not tied to the shared vllm group.
+_OWN_PROCESSES = ("tests/vllm/test_compose_vllm.py", "tests/vllm/test_metrics_vllm.py")
+
+
 def _group(nodeid: str) -> str:
-    return "tests/vllm" if nodeid.startswith("tests/vllm/") else nodeid.split("::", 1)[0]
+    module = nodeid.split("::", 1)[0]
+    return "tests/vllm" if module.startswith("tests/vllm/") and module not in _OWN_PROCESSES else module
 
 
 def _rank(nodeid: str) -> int:
