@@ -37,6 +37,7 @@ up: $(STAMP)
 	$(PY) deploy/local/up.py --backend vllm --ranks 2 --port 8000
 
 bench: $(STAMP)
+	$(PY) bench/layout.py
 	$(PY) bench/protocol_codec.py
 	$(PY) bench/sim_steps.py
 	$(PY) bench/engine_start.py
