@@ -118,6 +118,9 @@ class InFlight:
             await self._waiter
             self._waiter = None
         batch, self._pending = self._pending, []
+        # The interval counts from what the consumer took, not from the wake: a consumer that ran late
+        # took the tokens fed since, and the next wake must wait for `interval` more (else a short chunk).
+        self._woken = self.generated
         if self.keeps_frames:
             self.raw_frames, self._frames = self._frames, []
         return batch
