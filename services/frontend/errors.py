@@ -6,6 +6,8 @@ from typing import Any
 
 import msgspec
 
+from prompting.errors import PromptError
+
 _TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
           413: "invalid_request_error", 429: "rate_limit_error", 500: "internal_server_error",
           503: "service_unavailable_error"}
@@ -62,3 +64,8 @@ def from_validation(exc: msgspec.ValidationError) -> APIError:
         return APIError(400, f"{param}: this field is required", param=param)
     text = text[0].lower() + text[1:] if text else text
     return APIError(400, f"{param}: {text}" if param else text, param=param)
+
+
+def refused_prompt(exc: PromptError) -> APIError:
+    """The prompting library's refusal of a request field, as the 400 naming that field."""
+    return APIError(400, str(exc), param=exc.param)

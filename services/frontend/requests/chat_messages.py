@@ -9,7 +9,7 @@ import msgspec
 
 from prompting.chat_messages import template_messages as _template_messages
 from prompting.errors import PromptError
-from services.frontend.errors import APIError
+from services.frontend.errors import refused_prompt
 from services.frontend.requests.openai_schema import ChatMessage
 
 
@@ -18,4 +18,4 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     try:
         return _template_messages(msgspec.to_builtins(messages))
     except PromptError as exc:
-        raise APIError(400, str(exc), param=exc.param) from None
+        raise refused_prompt(exc) from None

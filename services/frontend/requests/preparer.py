@@ -12,8 +12,6 @@ import msgspec
 
 from prompting.chat_messages import template_kwargs
 from prompting.chat_template import TemplateError
-from prompting.errors import PromptError
-from prompting.truncation import truncated
 from services.frontend.errors import APIError
 from services.frontend.model import Model
 from services.frontend.requests import refusals, token_in, tokenization
@@ -99,7 +97,8 @@ class Preparer:
                            "tool_choice 'required' or a named function, whose calls are constrained already",
                            param=constrained.param)
         text = self.render(req.messages, req.tools, req.add_generation_prompt, req.continue_final_message,
-                           _template_kwargs(req))
+                           template_kwargs(req.chat_template_kwargs, documents=req.documents,
+                                           reasoning_effort=req.reasoning_effort))
         ids = array("l", self._model.encode(text, add_special_tokens=req.add_special_tokens))
         return Prepared(msgspec.structs.replace(req, messages=[], tools=None), ids, True, text[-PROMPT_TAIL_CHARS:],
                         tools, choice, parallel, schema, constrained, lora=tokenization.adapter(self._model, req.model))
@@ -193,17 +192,6 @@ class Preparer:
             if exc.param is not None:  # a render option of the request, not the template, is at fault
                 raise APIError(400, str(exc), param=exc.param) from None
             raise APIError(400, f"chat template error: {exc}", param="messages") from None
-
-
-def _template_kwargs(req: ChatCompletionRequest) -> dict[str, Any] | None:
-    return template_kwargs(req.chat_template_kwargs, documents=req.documents, reasoning_effort=req.reasoning_effort)
-
-
-def _truncated(ids: array[int], keep: int | None, side: str | None, max_model_len: int) -> array[int]:
-    try:
-        return truncated(ids, keep, side, max_model_len)
-    except PromptError as exc:
-        raise APIError(400, str(exc), param=exc.param) from None
 
 
 # ---- in a worker process (workers.PreparePool) ----

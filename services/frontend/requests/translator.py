@@ -13,9 +13,11 @@ from typing import Any, Protocol
 
 import msgspec
 
+from prompting.errors import PromptError
+from prompting.truncation import truncated as truncate_prompt
 from protocol import GenerateRequest
 from services.frontend.engine_client.lora import no_such_model
-from services.frontend.errors import APIError
+from services.frontend.errors import APIError, refused_prompt
 from services.frontend.model import Model
 from services.frontend.parsers import (
     HARMONY_REASONING_PARSERS,
@@ -38,7 +40,6 @@ from services.frontend.requests.preparer import (
     PREPARE,
     Prepared,
     Preparer,
-    _truncated,
     prepare_in_worker,
     start_worker,
 )
@@ -346,3 +347,10 @@ def _pinned_rank(value: bytes | None) -> int | None:
 async def _no_adapters(name: str, param: str) -> None:
     """A Translator with no engines to ask (render-only, tests): only the base model is served."""
     raise no_such_model(name)
+
+
+def _truncated(ids: array[int], keep: int | None, side: str | None, max_model_len: int) -> array[int]:
+    try:
+        return truncate_prompt(ids, keep, side, max_model_len)
+    except PromptError as exc:
+        raise refused_prompt(exc) from None
