@@ -27,7 +27,8 @@ class FrontendConfig:
     engine_args: tuple[str, ...] = ()  # extra flags passed to engines started here
     auth_token: str | None = None  # engine handshake token
     handshake_timeout_s: float = 600.0  # how long start-up waits for all engines before it gives up
-    engine_timeout_s: float = 2.0  # an engine silent this long is dead
+    engine_timeout_s: float = 2.0  # an engine silent this long is slow: it takes no new requests
+    engine_dead_timeout_s: float = 10.0  # ... and this long dead: its running requests fail
     heartbeat_interval_s: float = 0.5
     shutdown_timeout_s: float = 30.0  # on SIGTERM, how long running requests may finish (the engines' drain)
     max_body_bytes: int = 4 * 2**20
@@ -57,6 +58,8 @@ class FrontendConfig:
                  self.data_parallel_size_local, ">= 0")
         _require(self.engine_timeout_s > self.heartbeat_interval_s / 5, "--engine-timeout",
                  self.engine_timeout_s, "> 0.1 s (engines beat every 100 ms)")
+        _require(self.engine_dead_timeout_s >= self.engine_timeout_s, "--engine-dead-timeout",
+                 self.engine_dead_timeout_s, f">= --engine-timeout ({self.engine_timeout_s})")
         _require(self.max_body_bytes >= 1024, "--max-body-bytes", self.max_body_bytes, ">= 1024")
         _require(self.shutdown_timeout_s >= 0, "--shutdown-timeout", self.shutdown_timeout_s, ">= 0 seconds")
         _require(1 <= self.api_server_count <= 64, "--api-server-count", self.api_server_count, "1..64")
@@ -154,7 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--handshake-timeout", type=float, default=d["handshake_timeout_s"], dest="handshake_timeout_s",
                    help="seconds start-up waits for every engine to be ready before the process exits 1")
     p.add_argument("--engine-timeout", type=float, default=d["engine_timeout_s"], dest="engine_timeout_s",
-                   help="seconds an engine may be silent before it is dead and its requests fail")
+                   help="seconds an engine may be silent before it is slow: it takes no new requests (they go to "
+                        "other ranks) until it speaks again; its running requests wait (--engine-dead-timeout)")
+    p.add_argument("--engine-dead-timeout", type=float, default=d["engine_dead_timeout_s"],
+                   dest="engine_dead_timeout_s",
+                   help="seconds an engine may be silent before it is dead: its running requests fail (those "
+                        "that have no output yet go to another rank). A closed connection fails them at once")
     p.add_argument("--shutdown-timeout", type=float, default=d["shutdown_timeout_s"], dest="shutdown_timeout_s",
                    help="on SIGTERM or SIGINT, seconds running requests may still finish while new ones get 503; "
                         "then each one left ends with an error (a stream: an error event and [DONE]); a second "

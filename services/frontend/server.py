@@ -53,7 +53,8 @@ async def run(config: FrontendConfig, server_index: int = 0) -> int:
     siblings = _start_siblings(config, addresses) if server_index == 0 else []
     frontend_id = config.frontend_id or f"frontend-{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     engines = EngineSet(addresses, frontend_id=frontend_id, engine_timeout_s=config.engine_timeout_s,
-                        heartbeat_interval_s=config.heartbeat_interval_s, auth_token=config.auth_token)
+                        heartbeat_interval_s=config.heartbeat_interval_s, auth_token=config.auth_token,
+                        engine_dead_timeout_s=config.engine_dead_timeout_s)
     if not config.render_only:  # render-only: no engine, so no socket thread either
         engines.start()
     core = FrontendCore(config, model, engines, Metrics(config.model_name))

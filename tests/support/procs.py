@@ -182,8 +182,10 @@ class HttpProc(Proc):
 
 @dataclass
 class FrontendProc(HttpProc):
-    def wait_ready(self, timeout_s: float = 120.0, *, status: int = 200) -> dict:  # type: ignore[type-arg]
-        """Poll /ready until it answers `status` (fails at once if the process exits)."""
+    def wait_ready(self, timeout_s: float = 120.0, *, status: int = 200,
+                   all_ranks: bool = True) -> dict:  # type: ignore[type-arg]
+        """Poll /ready until it answers `status` (fails at once if the process exits); a 200 with
+        `all_ranks` only once no rank is missing (/ready is 200 as soon as one rank serves)."""
         import httpx
 
         deadline = time.monotonic() + timeout_s
@@ -194,7 +196,7 @@ class FrontendProc(HttpProc):
             try:
                 r = httpx.get(self.url + "/ready", timeout=2)
                 last = (r.status_code, r.text)
-                if r.status_code == status:
+                if r.status_code == status and not (status == 200 and all_ranks and "missing" in r.json()):
                     return r.json()
             except httpx.TransportError as exc:
                 last = exc

@@ -1,6 +1,10 @@
 """The frontend's view of its engine ranks: handshakes, heartbeats and deadlines, latest Stats,
 KV indexes, and the one pass that dispatches each step's outputs to their streams.
 
+Slow is not dead: a rank silent past --engine-timeout takes no new requests until it speaks again, and
+its running requests wait; only past --engine-dead-timeout, or when its connection closes, do they fail
+(those with no output yet are placed on another rank by output processing).
+
 Runs on the event loop; sockets live in the bridge thread.
 """
 from __future__ import annotations
@@ -45,7 +49,7 @@ from services.frontend.engine_client.bridge import (
     Bridge,
     Inbound,
 )
-from services.frontend.engine_client.inflight import NOT_SENT, InFlight
+from services.frontend.engine_client.inflight import LOST, NOT_SENT, InFlight
 from services.frontend.engine_client.kv_index import KVIndex
 
 log = logging.getLogger(__name__)
@@ -93,17 +97,34 @@ class Engine:
     kv: KVIndex = field(default_factory=lambda: KVIndex(-1))
     lost: str | None = None  # its connection closed: in-flight requests fail once the sends queued are tried
     reloading: bool = False  # a new session getting this process's LoRA adapters again: no requests yet
+    slow: str | None = None  # ready but silent past the short deadline (why): no new requests until it speaks
 
     @property
     def accepting(self) -> bool:
-        return self.state == "ready" and not self.reloading and not (self.stats is not None and self.stats.draining)
+        return (self.state == "ready" and self.slow is None and not self.reloading
+                and not (self.stats is not None and self.stats.draining))
 
     @property
     def unavailable(self) -> str:
         """Why it takes no requests (its state's reason, unless it is ready)."""
-        if self.state == "ready" and self.reloading:
-            return "loading this frontend's LoRA adapters again after a restart"
+        if self.state == "ready":
+            if self.slow is not None:
+                return self.slow
+            if self.reloading:
+                return "loading this frontend's LoRA adapters again after a restart"
+            if self.stats is not None and self.stats.draining:
+                return "draining (shutting down)"
         return self.reason
+
+    @property
+    def condition(self) -> str:
+        """Its state as /ready and error messages name it: `slow: why`, `dead: why`, ..."""
+        if self.state == "ready":
+            if self.accepting:
+                return "ready"
+            label = "slow" if self.slow is not None else "reloading" if self.reloading else "draining"
+            return f"{label}: {self.unavailable}"
+        return f"{self.state}: {self.reason}"
 
     @property
     def block_size(self) -> int:
@@ -116,12 +137,17 @@ class Engine:
 
 class EngineSet:
     def __init__(self, addresses: list[str], *, frontend_id: str, engine_timeout_s: float,
-                 heartbeat_interval_s: float, auth_token: str | None = None) -> None:
+                 heartbeat_interval_s: float, auth_token: str | None = None,
+                 engine_dead_timeout_s: float | None = None) -> None:
+        """engine_timeout_s: silence that makes a rank slow; engine_dead_timeout_s (default: 5 times it)
+        silence that makes it dead."""
         self.engines = [Engine(i, a, rank=i) for i, a in enumerate(addresses)]
         for e in self.engines:
             e.kv.rank = e.rank
         self._frontend_id = frontend_id
         self._timeout = engine_timeout_s
+        self._dead_timeout = max(engine_timeout_s, engine_dead_timeout_s if engine_dead_timeout_s is not None
+                                 else 5 * engine_timeout_s)
         self._beat_interval = heartbeat_interval_s
         self._auth_token = auth_token
         self._bridge: Bridge | None = None
@@ -151,7 +177,7 @@ class EngineSet:
         if self._ticker is not None:
             self._ticker.cancel()
         for e in self.engines:
-            self._fail_all(e, "frontend shutting down")
+            self._fail_all(e, "frontend shutting down", movable=False)
         if self._bridge is not None:
             await asyncio.to_thread(self._bridge.close)
 
@@ -159,7 +185,12 @@ class EngineSet:
         return all(e.state == "ready" for e in self.engines)
 
     def not_ready(self) -> dict[int, str]:
-        return {e.rank: f"{e.state}: {e.reason}" for e in self.engines if e.state != "ready"}
+        """The ranks that take no new requests, and why (`slow: ...`, `dead: ...`, `connecting: ...`)."""
+        return {e.rank: e.condition for e in self.engines if not e.accepting}
+
+    def serving(self) -> list[int]:
+        """The ranks that take new requests: the process can serve while there is one (/ready)."""
+        return [e.rank for e in self.engines if e.accepting]
 
     async def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -272,6 +303,8 @@ class EngineSet:
                 continue
             if channel == DEALER:
                 engine.last_seen = now
+                if engine.slow is not None:
+                    self._speaks_again(engine, now)
             if isinstance(msg, Outputs):
                 self._on_outputs(engine, msg, frames[2:] if len(frames) > 2 else ())
             elif isinstance(msg, Stats):
@@ -336,7 +369,7 @@ class EngineSet:
         engine.rank = msg.rank
         engine.kv.rank = msg.rank
         engine.ready, engine.epoch, engine.state, engine.reason = msg, msg.session_epoch, "ready", "ready"
-        engine.lost, engine.reloading = None, False
+        engine.lost, engine.reloading, engine.slow = None, False, None
         engine.stats, engine.sent_since_stats, engine.pending_prefill, engine.last_seen = None, 0, 0, now
         engine.recent_sends.clear()
         engine.kv.reset()
@@ -393,8 +426,22 @@ class EngineSet:
         """No engine can be reached any more: fail everything in flight at once, not by deadline."""
         self.broken = f"the frontend's engine socket thread stopped: {reason}"
         for e in self.engines:
-            self._mark_dead(e, self.broken)
-            self._fail_all(e, f"engine rank {e.rank} failed: {self.broken}")  # one already down awaits no flush
+            self._mark_dead(e, self.broken, fail=False)
+            # One already down awaits no flush; no rank is left to move a request to.
+            self._fail_all(e, f"engine rank {e.rank} failed: {self.broken}", movable=False)
+        self.changed.set()
+
+    def _mark_slow(self, engine: Engine, silent: float) -> None:
+        """Silent past the short deadline: no new requests; its running ones wait for the long one."""
+        engine.slow = (f"no message for {silent:.1f}s (--engine-timeout {self._timeout:g}s): takes no new "
+                       f"requests; its {len(engine.inflight)} running request(s) fail at {self._dead_timeout:g}s")
+        log.warning("engine rank %d is slow: %s", engine.rank, engine.slow)
+        self.changed.set()
+
+    def _speaks_again(self, engine: Engine, now: float) -> None:
+        log.info("engine rank %d speaks again: taking new requests (its %d running request(s) continue)",
+                 engine.rank, len(engine.inflight))
+        engine.slow = None
         self.changed.set()
 
     def _mark_dead(self, engine: Engine, reason: str, *, fail: bool = True) -> None:
@@ -404,17 +451,24 @@ class EngineSet:
         if self.relay is not None and engine.epoch:
             self.relay.cleared(engine.rank, engine.epoch)
         engine.state, engine.reason, engine.hello_sent, engine.epoch = "dead", reason, 0.0, ""
+        engine.slow = None
         engine.kv.reset()
         if fail:
             self._fail_all(engine, f"engine rank {engine.rank} failed: {reason}")
         self.changed.set()
 
-    def _fail_all(self, engine: Engine, reason: str) -> None:
+    def _fail_all(self, engine: Engine, reason: str, *, movable: bool = True) -> None:
+        """End the rank's in-flight requests. With `movable`, one that has no output yet is told so
+        (error_kind LOST) rather than failed: output processing may place it on another rank, as
+        nothing of it reached its client."""
         streams = list(engine.inflight.values())
         engine.inflight.clear()
         engine.pending_prefill = 0
         for stream in streams:
-            stream.fail(reason)
+            if movable and not stream.started:
+                stream.feed(RequestOutput(stream.request_id, [], "error", error=reason, error_kind=LOST))
+            else:
+                stream.fail(reason)
 
     # ---- timers: handshake retries, heartbeats, deadlines ----
 
@@ -431,15 +485,19 @@ class EngineSet:
             assert bridge is not None
             for e in self.engines:
                 if e.state == "ready":
-                    if now - e.last_seen > self._timeout and not stalled:
-                        self._mark_dead(e, f"no heartbeat for {now - e.last_seen:.1f}s "
-                                           f"(deadline {self._timeout}s)")
+                    silent = now - e.last_seen
+                    if silent > self._dead_timeout and not stalled:
+                        self._mark_dead(e, f"no message for {silent:.1f}s (--engine-dead-timeout "
+                                           f"{self._dead_timeout:g}s)")
                         continue
+                    if silent > self._timeout and e.slow is None and not stalled:
+                        self._mark_slow(e, silent)
                     if now - e.last_beat >= self._beat_interval:
                         e.beat_seq += 1
                         e.last_beat = now
                         bridge.send(e.index, encode(Heartbeat(e.beat_seq, time.time())))
-                    due = min(due, e.last_seen + self._timeout, e.last_beat + self._beat_interval)
+                    deadline = self._timeout if e.slow is None else self._dead_timeout
+                    due = min(due, e.last_seen + deadline, e.last_beat + self._beat_interval)
                 elif e.state != "rejected":
                     if now - e.hello_sent >= HELLO_RETRY_S:
                         e.hello_sent = now

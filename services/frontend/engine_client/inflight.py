@@ -10,6 +10,9 @@ from protocol import RequestOutput
 # error_kind of the output that tells a stream its request was refused by the socket for want of a
 # connection: it never left this process, so it may go to another rank. Frontend-local, never on the wire.
 NOT_SENT = "not_sent"
+# error_kind of the output that tells a stream its rank died (or dropped this frontend's session) before
+# it produced anything for it: nothing of it reached the client, so it too may go to another rank.
+LOST = "lost"
 
 
 # What a stream fails with when its client disconnects (its request is aborted, not failed).

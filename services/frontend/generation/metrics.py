@@ -126,8 +126,8 @@ class Metrics:
         self._success = Counter("vllm:request_success", "Finished requests by finish reason.",
                                 ["model_name", "finished_reason"], registry=r)
         self._model = model_name
-        self.engines_ready = Gauge("fleet:engines_ready", "Engine ranks handshaken and alive (the fewest "
-                                   "any API server sees).", labels, registry=r,
+        self.engines_ready = Gauge("fleet:engines_ready", "Engine ranks taking new requests: handshaken, neither "
+                                   "slow nor draining (the fewest any API server sees).", labels, registry=r,
                                    multiprocess_mode="livemin").labels(model_name)
         self.engine_streams = Gauge("fleet:engine_streams_open", "This frontend's requests open at each "
                                     "engine rank.", ["model_name", "engine"], registry=r,

@@ -1,7 +1,7 @@
 """Output processing: the only code that loops over a request's engine outputs (detokenize, stop
-strings, finish, usage, metrics, a request that a draining or unreachable rank did not take placed
-again). Runs on each API server's event loop, one OutputProcessor per request, in one pass over each
-batch of queued outputs.
+strings, finish, usage, metrics, a request that a draining, unreachable or dying rank did not start
+placed again). Runs on each API server's event loop, one OutputProcessor per request, in one pass over
+each batch of queued outputs.
 
 Per output: detokenize -> stop strings -> the request's OutputParser (reasoning and tool-call parsers,
 incremental state machines fed one decoded delta at a time: services/frontend/parsers/) -> pieces
@@ -21,7 +21,7 @@ from tokenizers import Tokenizer
 
 from protocol import ERROR_DRAINING, ERROR_INVALID, ProtocolError, RequestOutput, RequestTimings
 from protocol.logprobs import Segment, unpack
-from services.frontend.engine_client.inflight import CLIENT_GONE, NOT_SENT, EngineFailure, InFlight
+from services.frontend.engine_client.inflight import CLIENT_GONE, LOST, NOT_SENT, EngineFailure, InFlight
 from services.frontend.generation.metrics import Metrics, Parent
 from services.frontend.parsers import OutputParser, ParsedDelta, TokenOutputParser, ToolCall
 from services.frontend.requests.engine_request import EngineRequest, OutputOptions, refused_field
@@ -51,8 +51,9 @@ class EnginePort(Protocol):
 
 
 Piece = str | ParsedDelta  # content text, or a parser's delta with reasoning or tool calls
-# Refusals that prove the rank never started the request: another rank may serve it.
-_ELSEWHERE = (ERROR_DRAINING, NOT_SENT)
+# Refusals that prove the rank never started the request, or failures of a rank before it sent anything for
+# it (its client has seen nothing of it): another rank may serve it.
+_ELSEWHERE = (ERROR_DRAINING, NOT_SENT, LOST)
 
 
 class OutputProcessor:
@@ -304,8 +305,9 @@ class OutputProcessor:
             m.request_timings(self.stream.rank, timings, decode_time)
 
     def _place_again(self) -> bool:
-        """A draining rank turned the request away, or it could not be sent to its rank: place it on
-        another rank (not pinned requests: they asked for that rank). False when there is none to try."""
+        """A draining rank turned the request away, it could not be sent to its rank, or its rank died
+        before it produced anything for it: place it on another rank (not pinned requests: they asked for
+        that rank). False when there is none to try."""
         stream = self.stream
         if self.completion_tokens or self._request.request.pinned_rank is not None or stream.gone is not None:
             return False  # tokens were produced, the rank was asked for, or the client left meanwhile

@@ -1,6 +1,6 @@
 """Sends requests to engine ranks: the placement's choice, the submit, a second placement after a
-draining rank's refusal or a send that found no connection, and the abort. Runs on each API server's
-event loop."""
+draining rank's refusal, a send that found no connection, or a rank lost before it produced anything
+for the request, and the abort. Runs on each API server's event loop."""
 from __future__ import annotations
 
 import logging
@@ -38,8 +38,8 @@ class Submitter:
         except NoEngine:
             return False
         first = self._engines.engines[stream.engine_index]
-        why = "is draining" if first.state == "ready" else "is unreachable (the request was never sent)"
-        log.info("request %s: rank %d %s; placing it on rank %d", stream.request_id, stream.rank, why, engine.rank)
+        log.info("request %s: rank %d did not start it (%s); placing it on rank %d", stream.request_id, stream.rank,
+                 first.condition if not first.accepting else "it started a new session", engine.rank)
         stream.finished = stream.started = False
         self._engines.submit(engine, stream, request.request)
         return True

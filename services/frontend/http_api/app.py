@@ -122,10 +122,13 @@ class Frontend:
             return JSONResponse({"ready": False, "draining": True}, 503)
         if self.config.render_only:  # the tokenizer, template and config loaded before the server started
             return JSONResponse({"ready": True, "render_only": True})
-        missing = self.engines.not_ready()
+        # "Can serve": some rank takes new requests. The others are named (a router that health-checks
+        # /ready must not drop a replica that serves because one of its ranks is slow or restarting).
+        serving, missing = self.engines.serving(), self.engines.not_ready()
+        body: dict[str, object] = {"ready": bool(serving), "ranks": serving}
         if missing:
-            return JSONResponse({"ready": False, "missing": {str(k): v for k, v in missing.items()}}, 503)
-        return JSONResponse({"ready": True, "ranks": [e.rank for e in self.engines.engines]})
+            body["missing"] = {str(k): v for k, v in missing.items()}
+        return JSONResponse(body, 200 if serving else 503)
 
     async def _models(self, request: Request) -> Response:
         """The base model, then each LoRA adapter every ready rank serves (vLLM's entries: `parent` the base
