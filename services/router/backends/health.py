@@ -51,10 +51,10 @@ class HealthChecker:
                 return
             was_ready, breaker = pool.is_ready(replica), replica.breaker
             pool.record_health(replica, ok, detail=detail, sent_at=sent_at)
-            if was_ready != pool.is_ready(replica):
+            if was_ready != pool.is_ready(replica):  # a change, logged once: back in service is routine
                 closed = " after being down: its breaker is closed" if breaker != replica.breaker else ""
-                log.warning("pool %s: replica %s is %s (%s)%s", name, replica_url,
-                            "ready" if ok else "not ready", detail, closed)
+                log.log(logging.INFO if ok else logging.WARNING, "pool %s: replica %s is %s (%s)%s", name,
+                        replica_url, "ready" if ok else "not ready", detail, closed)
 
         await asyncio.gather(*(check(r.url) for r in list(pool.replicas)))
 
