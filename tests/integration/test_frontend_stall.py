@@ -1,11 +1,13 @@
 """Slow is not dead, with real sim engines and a real frontend: a rank stopped (SIGSTOP) past
 --engine-timeout takes no new requests meanwhile but keeps its streams, which finish once it runs
 again (SIGCONT); stopped past --engine-dead-timeout, its streams fail naming the deadline, and it
-rejoins when it runs again. /ready stays 200 while the other rank serves."""
+rejoins when it runs again. /ready stays 200 while the other rank serves. And a rank killed while
+requests wait on it with no output yet: the other rank answers them."""
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -121,6 +123,35 @@ def test_a_rank_stopped_past_the_dead_deadline_fails_its_streams_then_rejoins(tm
     finally:
         if stopped:
             os.kill(victim, signal.SIGCONT)
+        pool.shutdown()
+        fe.stop()
+        for rank in ranks:
+            rank.stop()
+
+
+def test_requests_on_a_rank_killed_before_their_first_token_are_answered_by_the_other(tmp_path: Path) -> None:
+    base = free_port_block(2)
+    # Rank 1 prefills 5 tokens a second: a request waits there for seconds before its first token.
+    ranks = [start_engine(tmp_path, *SIM, "--data-parallel-start-rank", "0", "--sim-instant", port=base),
+             start_engine(tmp_path, *SIM, "--data-parallel-start-rank", "1", "--sim-prefill-tps", "5",
+                          port=base + 1)]
+    fe = start_frontend(tmp_path, "--data-parallel-size", "2", "--data-parallel-size-local", "0", "--engine-addresses",
+                        f"tcp://127.0.0.1:{base},tcp://127.0.0.1:{base + 1}")
+    pool = ThreadPoolExecutor(4)
+    try:
+        calls = [pool.submit(httpx.post, fe.url + "/v1/completions", timeout=60,
+                             json={"model": "tiny", "prompt": "hello there", "max_tokens": 2}) for _ in range(4)]
+        deadline = time.monotonic() + 30
+        on_rank_1 = re.compile(r'^fleet:engine_streams_open\{engine="1",model_name="tiny"\} ([1-9])', re.M)
+        while not on_rank_1.search(httpx.get(fe.url + "/metrics", timeout=5).text):
+            assert time.monotonic() < deadline and not all(c.done() for c in calls)
+            time.sleep(0.02)
+        ranks[1].proc.kill()
+        answers = [c.result(timeout=60) for c in calls]
+        assert [a.status_code for a in answers] == [200] * 4, [a.text for a in answers]
+        assert {a.headers["x-data-parallel-rank"] for a in answers} == {"0"}
+        assert "did not start it" in fe.log()
+    finally:
         pool.shutdown()
         fe.stop()
         for rank in ranks:
