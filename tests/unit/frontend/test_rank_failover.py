@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from protocol import EngineDead, GenerateRequest, Outputs, Ready, RequestOutput, Stats, decode, encode
-from services.frontend.config import FrontendConfig
+from services.frontend.config import FrontendConfig, parse_args
 from services.frontend.engine_client.bridge import DEALER, DISCONNECTED, FLUSHED, SEND_FAILED, Inbound
 from services.frontend.engine_client.engines import EngineSet
 from services.frontend.generation.frontend_core import FrontendCore
@@ -326,3 +326,14 @@ def test_a_rank_silent_past_the_dead_deadline_fails_its_streams_and_moves_those_
         alive.cancel()
 
     asyncio.run(main())
+
+
+def test_the_dead_deadline_defaults_past_the_slow_one_and_may_not_precede_it(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    config = parse_args(["--model", "tiny"])
+    assert (config.engine_timeout_s, config.engine_dead_timeout_s) == (2.0, 10.0)
+    same = parse_args(["--model", "tiny", "--engine-timeout", "5", "--engine-dead-timeout", "5"])
+    assert same.engine_dead_timeout_s == 5  # no slow phase: silent past 5 s is dead, as before
+    with pytest.raises(SystemExit):
+        parse_args(["--model", "tiny", "--engine-timeout", "5", "--engine-dead-timeout", "4"])
+    assert "--engine-dead-timeout=4.0 is invalid: allowed >= --engine-timeout (5.0)" in capsys.readouterr().err
