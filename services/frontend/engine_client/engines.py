@@ -97,7 +97,7 @@ class Engine:
     kv: KVIndex = field(default_factory=lambda: KVIndex(-1))
     lost: str | None = None  # its connection closed: in-flight requests fail once the sends queued are tried
     reloading: bool = False  # a new session getting this process's LoRA adapters again: no requests yet
-    slow: str | None = None  # ready but silent past the short deadline (why): no new requests until it speaks
+    slow: str | None = None  # ready but silent past the short deadline (its deadlines): no new requests
 
     @property
     def accepting(self) -> bool:
@@ -109,7 +109,8 @@ class Engine:
         """Why it takes no requests (its state's reason, unless it is ready)."""
         if self.state == "ready":
             if self.slow is not None:
-                return self.slow
+                return (f"no message for {time.monotonic() - self.last_seen:.1f}s {self.slow}: takes no new "
+                        f"requests; its {len(self.inflight)} running request(s) wait")
             if self.reloading:
                 return "loading this frontend's LoRA adapters again after a restart"
             if self.stats is not None and self.stats.draining:
@@ -302,9 +303,9 @@ class EngineSet:
                 self._on_send_failed(engine, msg)
                 continue
             if channel == DEALER:
-                engine.last_seen = now
                 if engine.slow is not None:
-                    self._speaks_again(engine, now)
+                    self._speaks_again(engine, now - engine.last_seen)
+                engine.last_seen = now
             if isinstance(msg, Outputs):
                 self._on_outputs(engine, msg, frames[2:] if len(frames) > 2 else ())
             elif isinstance(msg, Stats):
@@ -431,16 +432,15 @@ class EngineSet:
             self._fail_all(e, f"engine rank {e.rank} failed: {self.broken}", movable=False)
         self.changed.set()
 
-    def _mark_slow(self, engine: Engine, silent: float) -> None:
+    def _mark_slow(self, engine: Engine) -> None:
         """Silent past the short deadline: no new requests; its running ones wait for the long one."""
-        engine.slow = (f"no message for {silent:.1f}s (--engine-timeout {self._timeout:g}s): takes no new "
-                       f"requests; its {len(engine.inflight)} running request(s) fail at {self._dead_timeout:g}s")
-        log.warning("engine rank %d is slow: %s", engine.rank, engine.slow)
+        engine.slow = f"(--engine-timeout {self._timeout:g}s, --engine-dead-timeout {self._dead_timeout:g}s)"
+        log.warning("engine rank %d is slow: %s", engine.rank, engine.unavailable)
         self.changed.set()
 
-    def _speaks_again(self, engine: Engine, now: float) -> None:
-        log.info("engine rank %d speaks again: taking new requests (its %d running request(s) continue)",
-                 engine.rank, len(engine.inflight))
+    def _speaks_again(self, engine: Engine, silent: float) -> None:
+        log.info("engine rank %d speaks again after %.1fs of silence: taking new requests (its %d running "
+                 "request(s) continue)", engine.rank, silent, len(engine.inflight))
         engine.slow = None
         self.changed.set()
 
@@ -491,7 +491,7 @@ class EngineSet:
                                            f"{self._dead_timeout:g}s)")
                         continue
                     if silent > self._timeout and e.slow is None and not stalled:
-                        self._mark_slow(e, silent)
+                        self._mark_slow(e)
                     if now - e.last_beat >= self._beat_interval:
                         e.beat_seq += 1
                         e.last_beat = now
