@@ -256,8 +256,9 @@ def test_long_engine_steps_keep_the_rank_alive_but_a_stall_does_not(tmp_path: Pa
     slow = _rank(tmp_path, base, 0, "--sim-decode-ms", "2500")  # each step longer than the deadline
     stuck = _rank(tmp_path, base + 1, 1, "--sim-decode-ms", "2500", "--stall-timeout", "0.5")
     addresses = f"tcp://127.0.0.1:{base},tcp://127.0.0.1:{base + 1}"
+    # Rank 1 goes silent 0.5 s into each 2.5 s step: slow 1 s later, dead 1.2 s later, before the step ends.
     fe = start_frontend(tmp_path, "--data-parallel-size", "2", "--data-parallel-size-local", "0",
-                        "--engine-addresses", addresses, "--engine-timeout", "1.0")
+                        "--engine-addresses", addresses, "--engine-timeout", "1.0", "--engine-dead-timeout", "1.2")
     try:
         with openai.OpenAI(base_url=fe.url + "/v1", api_key="x", max_retries=0, timeout=60) as client:
             r = client.completions.create(model="tiny", prompt="hi", max_tokens=2,
@@ -267,7 +268,9 @@ def test_long_engine_steps_keep_the_rank_alive_but_a_stall_does_not(tmp_path: Pa
                 client.completions.create(model="tiny", prompt="hi", max_tokens=2,
                                           extra_headers={"X-Data-Parallel-Rank": "1"})
             assert err.value.status_code == 503 and "engine rank 1" in str(err.value)
-        assert "engine rank 0 is dead" not in fe.log()
+        log = fe.log()
+        assert "engine rank 0 is slow" not in log and "engine rank 0 is dead" not in log
+        assert "engine rank 1 is slow" in log and "engine rank 1 is dead" in log
     finally:
         fe.stop()
         slow.stop()
