@@ -27,7 +27,7 @@ class Control(pb2_grpc.ControlServicer):
             server_version=self._core.version, frontend_id=core.engines.frontend_id, protocol_major=MAJOR,
             protocol_minor=MINOR, data_parallel_size=len(core.engines.engines),
             ready_ranks=[e.rank for e in core.engines.engines if e.state == "ready"], started_at=self._started_at,
-            grpc_schema=self._schema)
+            grpc_schema=self._schema, max_message_bytes=core.config.max_body_bytes)
 
     async def GetModelInfo(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def info() -> Any:

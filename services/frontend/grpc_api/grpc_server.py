@@ -24,8 +24,8 @@ from services.frontend.grpc_api.rl_control import RlControl
 
 log = logging.getLogger(__name__)
 
-# A tensor of UpdateWeights travels in one message: the receive limit bounds the largest one.
-MAX_MESSAGE_BYTES = 1 << 30
+# What a response may carry (our own output: a long prompt's prompt_logprobs).
+MAX_SEND_BYTES = 1 << 30
 
 
 class GrpcServer:
@@ -36,9 +36,14 @@ class GrpcServer:
         self.core, self.relay = core, relay
         self._host, self._port = host, port
         interceptors = [Auth(api_keys)] if api_keys else []
+        # Every method's messages are bounded by HTTP's body limit, UpdateWeights' too (a tensor larger than
+        # that comes in pieces). gRPC checks a message's length from its 5-byte prefix and refuses a larger
+        # one, RESOURCE_EXHAUSTED, before it holds its bytes; one limit for the whole server is all grpcio
+        # offers (it has no per-method one).
+        self.max_message_bytes = core.config.max_body_bytes
         self.server = grpc.aio.server(interceptors=interceptors, options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.so_reuseport", 0)])
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+            ("grpc.max_send_message_length", MAX_SEND_BYTES), ("grpc.so_reuseport", 0)])
         self.inference = Inference(core)
         # Inference's requests reach the handlers serialized: translation parses them where it would parse
         # an HTTP body (in a worker process when long), not the event loop.
