@@ -582,3 +582,65 @@ def test_sigterm_ends_kv_event_streams_so_the_frontend_exits_without_waiting_out
         f.channel.close()
         fe.stop()
         engine.stop()
+
+
+def _hold_http_stream(url: str, prompt: list[int], stop: threading.Event) -> threading.Thread:
+    """A streamed HTTP token-in request on its own connection, read until `stop` (then the connection closes
+    and the frontend aborts it)."""
+    def run() -> None:
+        body = {"token_ids": prompt, "stream": True, "sampling_params": {"max_tokens": 3000, "ignore_eos": True}}
+        with httpx.Client(timeout=60) as client, client.stream("POST", url + "/inference/v1/generate",
+                                                               json=body) as r:
+            assert r.status_code == 200, r.read()
+            for _ in r.iter_raw():
+                if stop.is_set():
+                    break
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def test_with_two_api_servers_loads_and_kv_events_cover_both(tmp_path: Path) -> None:
+    """--api-server-count 2: API server 0 alone serves gRPC, each server has its own engine links. GetLoads'
+    in_flight counts both servers' requests, KvEvents relays the blocks of requests either served, and
+    Control.Abort ends a call made over gRPC (every one is on API server 0)."""
+    engine = start_engine(tmp_path, *SIM, "--sim-decode-ms", "5")
+    grpc_port = free_port_block(1, spread=0)
+    fe = start_frontend(tmp_path, "--data-parallel-size-local", "0", "--engine-addresses", engine.endpoint(),
+                        "--grpc-port", str(grpc_port), "--api-server-count", "2")
+    f = Fleet(engine, fe, grpc_port)
+    stop = threading.Event()
+    try:
+        _wait(lambda: fe.log().count("engine rank(s) ready") >= 2, 60)  # both processes, each with its link
+        assert "gRPC is served by API server 0 of 2" in fe.log()
+        block = f.control.GetModelInfo(pb2.GetModelInfoRequest()).block_size
+        sub = _Subscriber(f)
+        # Each stream on a connection of its own: the kernel spreads them over both API servers.
+        prompts = [list(range(10_000 + 1000 * i, 10_000 + 1000 * i + 2 * block + 1)) for i in range(8)]
+        holders = [_hold_http_stream(fe.url, p, stop) for p in prompts]
+        in_flight = lambda: sum(r.in_flight for r in f.control.GetLoads(pb2.GetLoadsRequest()).ranks)  # noqa: E731
+        _wait(lambda: in_flight() == len(prompts))
+        want = {h for p in prompts for h in block_hashes(p, block)}
+        _wait(lambda: want <= sub.stored())
+        stop.set()
+        for t in holders:
+            t.join(30)
+        _wait(lambda: in_flight() == 0)
+        got: dict[str, Any] = {}
+
+        def generate() -> None:
+            got["resp"] = f.inference.Generate(_req(request_id="two-servers", sampling={"max_tokens": 3000,
+                                                                                       "ignore_eos": True}),
+                                               timeout=60)
+        t = threading.Thread(target=generate)
+        t.start()
+        _wait(lambda: in_flight() == 1)
+        assert list(f.control.Abort(pb2.AbortRequest(request_ids=["two-servers"])).aborted) == ["two-servers"]
+        t.join(30)
+        assert got["resp"].finish_reason == "abort"
+        sub.stop()
+    finally:
+        stop.set()
+        f.channel.close()
+        fe.stop()
+        engine.stop()
