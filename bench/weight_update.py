@@ -23,7 +23,7 @@ import grpc  # noqa: E402
 import checkpoints  # noqa: E402
 from checkpoints import tiny  # noqa: E402
 from protocol import Ready  # noqa: E402
-from protocol.grpc import pb2, pb2_grpc  # noqa: E402
+from protocol.grpc import pb2, pb2_grpc, tensor_messages  # noqa: E402
 from tests.support.engine_client import EngineClient  # noqa: E402
 from tests.support.procs import free_port_block, start_engine, start_frontend  # noqa: E402
 from tests.support.safetensors_frames import weight_calls  # noqa: E402
@@ -38,8 +38,7 @@ def main() -> None:
     weights = checkpoints.resolve("tiny", weights=True) / tiny.WEIGHTS_FILE
     calls = weight_calls(weights, a.per_call)
     nbytes = sum(len(f) for _, frames in calls for f in frames)
-    tensors = [pb2.Tensor(name=t["name"], dtype=t["dtype"], shape=t["shape"], data=bytes(frame))
-               for args, frames in calls for t, frame in zip(args["tensors"], frames, strict=True)]
+    count = sum(len(args["tensors"]) for args, _ in calls)
     rates: dict[str, list[float]] = {"gRPC UpdateWeights": [], "engine protocol": []}
     with tempfile.TemporaryDirectory() as tmp:
         engine = start_engine(Path(tmp), "--model", "tiny", "--backend", a.backend, "--max-model-len", "512")
@@ -50,6 +49,10 @@ def main() -> None:
         channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
         rl = pb2_grpc.RlControlStub(channel)
         try:
+            # A tensor over the server's message limit (--max-body-bytes) goes in pieces (Tensor.more).
+            limit = pb2_grpc.ControlStub(channel).GetServerInfo(pb2.GetServerInfoRequest(), timeout=60)
+            messages = [m for args, frames in calls for t, frame in zip(args["tensors"], frames, strict=True)
+                        for m in tensor_messages(t["name"], t["dtype"], t["shape"], frame, limit.max_message_bytes)]
             assert isinstance(client.handshake(timeout_s=60), Ready)
             for run in range(a.runs):
                 for way in rates:
@@ -63,7 +66,7 @@ def main() -> None:
                         assert r.ok, r.error
                     else:
                         rl.StartWeightUpdate(pb2.StartWeightUpdateRequest(), timeout=60)
-                        sent = rl.UpdateWeights(iter(tensors), timeout=120)
+                        sent = rl.UpdateWeights(iter(messages), timeout=120)
                         assert sent.bytes == nbytes, sent
                         rl.FinishWeightUpdate(pb2.FinishWeightUpdateRequest(version=f"grpc-{run}"), timeout=60)
                     elapsed = time.perf_counter() - t0
@@ -75,7 +78,7 @@ def main() -> None:
             client.close()
             frontend.stop()
             engine.stop()
-    print(f"{a.backend} backend, tiny checkpoint ({len(tensors)} tensors, {nbytes / 1e6:.1f} MB), start to finish, "
+    print(f"{a.backend} backend, tiny checkpoint ({count} tensors, {nbytes / 1e6:.1f} MB), start to finish, "
           f"median of {a.runs}:")
     for way, r in rates.items():
         how = "(all tensors in one client stream)" if way.startswith("gRPC") else f"({a.per_call} tensors per call)"

@@ -89,3 +89,21 @@ pb2, pb2_grpc = _stubs()
 def service_names() -> list[str]:
     """The fully qualified names of this schema's services (for reflection)."""
     return [pb2.DESCRIPTOR.services_by_name[s].full_name for s in SERVICES]
+
+
+# What a Tensor message holds beside its data, at most (a name and shape of any plausible length): a
+# client's piece size is the server's max_message_bytes less this.
+TENSOR_OVERHEAD_BYTES = 64 * 1024
+
+
+def tensor_messages(name: str, dtype: str, shape: list[int], data: bytes | memoryview,
+                    max_message_bytes: int) -> list[Any]:
+    """One tensor as UpdateWeights' messages: one when it fits `max_message_bytes` (GetServerInfo's),
+    else pieces, the first naming it and all but the last setting `more`."""
+    piece = max(max_message_bytes - TENSOR_OVERHEAD_BYTES, 1)
+    if len(data) <= piece:
+        return [pb2.Tensor(name=name, dtype=dtype, shape=shape, data=bytes(data))]
+    view = memoryview(data)
+    starts = range(0, len(view), piece)
+    return [pb2.Tensor(name=name, dtype=dtype, shape=shape, data=bytes(view[s:s + piece]), more=True) if s == 0
+            else pb2.Tensor(data=bytes(view[s:s + piece]), more=s + piece < len(view)) for s in starts]

@@ -168,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "then each one left ends with an error (a stream: an error event and [DONE]); a second "
                         "signal ends them at once. The default is the engines' --drain-timeout")
     p.add_argument("--max-body-bytes", type=int, default=d["max_body_bytes"],
-                   help="largest request body accepted; larger ones get 413")
+                   help="largest request body accepted, larger ones get 413; also every gRPC message's limit "
+                        "(RESOURCE_EXHAUSTED past it; UpdateWeights takes a larger tensor in pieces)")
     p.add_argument("--api-server-count", type=int, default=d["api_server_count"],
                    help="HTTP server processes sharing the port (SO_REUSEPORT), each with its own engine links")
     p.add_argument("--http-server", choices=HTTP_SERVERS, default=d["http_server"],

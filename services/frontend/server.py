@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import multiprocessing
 import os
@@ -22,6 +23,7 @@ from services.frontend.config import FrontendConfig
 from services.frontend.engine_client.engines import EngineSet
 from services.frontend.generation.frontend_core import FrontendCore
 from services.frontend.generation.metrics import Metrics
+from services.frontend.grpc_api.in_flight import InFlightBoard
 from services.frontend.http_api.app import Frontend
 from services.frontend.managed import ManagedEngines
 from services.frontend.model import Model
@@ -30,9 +32,10 @@ from services.frontend.parsers.harmony import tokenizer_problem
 log = logging.getLogger("frontend")
 
 
-async def run(config: FrontendConfig, server_index: int = 0) -> int:
+async def run(config: FrontendConfig, server_index: int = 0, board: InFlightBoard | None = None) -> int:
     """One API server process. Server 0 also starts managed engines and the other API servers, which
-    bind the same port (SO_REUSEPORT: the kernel spreads connections) with their own engine links."""
+    bind the same port (SO_REUSEPORT: the kernel spreads connections) with their own engine links.
+    `board`: with gRPC and several API servers, where the others publish their requests in flight."""
     model = Model.load(config.model, config.model_name)
     if config.harmony:
         problem = tokenizer_problem(model.tokenizer.token_to_id)
@@ -50,7 +53,9 @@ async def run(config: FrontendConfig, server_index: int = 0) -> int:
         managed = ManagedEngines(config)
         managed.start()
         addresses = managed.addresses
-    siblings = _start_siblings(config, addresses) if server_index == 0 else []
+    if server_index == 0 and config.grpc_port and config.api_server_count > 1:
+        board = InFlightBoard(multiprocessing.get_context("spawn"), config.api_server_count, len(addresses))
+    siblings = _start_siblings(config, addresses, board) if server_index == 0 else []
     frontend_id = config.frontend_id or f"frontend-{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     engines = EngineSet(addresses, frontend_id=frontend_id, engine_timeout_s=config.engine_timeout_s,
                         heartbeat_interval_s=config.heartbeat_interval_s, auth_token=config.auth_token,
@@ -66,7 +71,8 @@ async def run(config: FrontendConfig, server_index: int = 0) -> int:
 
         engines.relay = relay = KvRelay(lambda: [(e.rank, e.epoch, e.kv.blocks, e.block_size)
                                                  for e in engines.engines if e.state == "ready"])
-        grpc_server = GrpcServer(core, relay, host=config.host, port=config.grpc_port, api_keys=config.api_keys)
+        grpc_server = GrpcServer(core, relay, host=config.host, port=config.grpc_port, api_keys=config.api_keys,
+                                 others_in_flight=functools.partial(board.others, 0) if board else lambda i: 0)
         try:
             await grpc_server.start()
         except OSError as exc:
@@ -188,6 +194,9 @@ async def run(config: FrontendConfig, server_index: int = 0) -> int:
 
     tasks = [loop.create_task(startup()), loop.create_task(supervise_children()),
              loop.create_task(drain_then_stop())]
+    if board is not None and server_index > 0:  # for API server 0's gRPC GetLoads
+        tasks.append(loop.create_task(board.keep_publishing(server_index,
+                                                            lambda: [len(e.inflight) for e in engines.engines])))
     if config.api_server_count > 1:  # one process answers a scrape for all: the others keep theirs current
         tasks.append(loop.create_task(refresh_gauges()))
     try:
@@ -289,21 +298,22 @@ def _quiet_cancellations(loop: asyncio.AbstractEventLoop, context: dict[str, Any
     loop.default_exception_handler(context)
 
 
-def _start_siblings(config: FrontendConfig, addresses: list[str]) -> list[multiprocessing.process.BaseProcess]:
+def _start_siblings(config: FrontendConfig, addresses: list[str],
+                    board: InFlightBoard | None) -> list[multiprocessing.process.BaseProcess]:
     ctx = multiprocessing.get_context("spawn")
     sibling = replace(config, data_parallel_size_local=0, engine_addresses=tuple(addresses))
     procs: list[multiprocessing.process.BaseProcess] = [
-        ctx.Process(target=_sibling_main, args=(sibling, i), name=f"api-server-{i}")
+        ctx.Process(target=_sibling_main, args=(sibling, i, board), name=f"api-server-{i}")
         for i in range(1, config.api_server_count)]
     for p in procs:
         p.start()
     return procs
 
 
-def _sibling_main(config: FrontendConfig, index: int) -> None:
+def _sibling_main(config: FrontendConfig, index: int, board: InFlightBoard | None) -> None:
     logging.basicConfig(level=config.log_level.upper(),
                         format=f"%(asctime)s %(levelname)s api-server-{index} %(name)s: %(message)s")
-    raise SystemExit(run_loop(run(config, index)))
+    raise SystemExit(run_loop(run(config, index, board)))
 
 
 def run_loop(coro: Any) -> int:

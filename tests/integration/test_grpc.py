@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from protocol.block_hash import block_hashes
-from protocol.grpc import pb2, pb2_grpc
+from protocol.grpc import pb2, pb2_grpc, tensor_messages
 from tests.integration.conftest import SIM
 from tests.support.procs import EngineProc, FrontendProc, free_port_block, start_engine, start_frontend
 
@@ -164,11 +164,32 @@ def test_bad_prompt_and_pin_are_refused(fleet: Fleet) -> None:
             fleet.inference.Generate(req, metadata=AUTH, timeout=30)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
         assert field in err.value.details()
-    with pytest.raises(grpc.RpcError) as err:  # past --max-body-bytes (4 MiB), as HTTP's 413
-        fleet.inference.Generate(_req(token_ids=[100_000] * 2_000_000), metadata=AUTH, timeout=30)
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "--max-body-bytes" in err.value.details()
     pinned = fleet.inference.Generate(_req(data_parallel_rank=1), metadata=AUTH, timeout=30)
     assert pinned.data_parallel_rank == 1
+
+
+def test_a_message_past_the_body_limit_is_refused_unread_on_every_method(fleet: Fleet) -> None:
+    """Every method's messages are bounded by --max-body-bytes (4 MiB here), as HTTP bodies are; gRPC refuses
+    a larger one from its length prefix, RESOURCE_EXHAUSTED, and a call without the API key is refused
+    before its message is read at all (UNAUTHENTICATED, not the size)."""
+    limit = fleet.control.GetServerInfo(pb2.GetServerInfoRequest(), metadata=AUTH).max_message_bytes
+    assert limit == 4 * 2**20
+    big = _req(token_ids=[100_000] * 2_000_000)  # 6 MB
+    assert big.ByteSize() > limit
+    calls = [lambda md: fleet.inference.Generate(big, metadata=md, timeout=30),
+             lambda md: list(fleet.inference.GenerateStream(big, metadata=md, timeout=30)),
+             lambda md: fleet.control.LoadLora(pb2.LoadLoraRequest(name="x", path="p" * (limit + 1)), metadata=md,
+                                               timeout=30),
+             lambda md: fleet.rl.UpdateWeights(iter([pb2.Tensor(name="w", dtype="uint8", shape=[limit + 1],
+                                                                data=bytes(limit + 1))]), metadata=md, timeout=30)]
+    for call in calls:
+        with pytest.raises(grpc.RpcError) as err:
+            call(AUTH)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.value.details()
+        assert "larger than max" in err.value.details() and f"vs. {limit})" in err.value.details()
+        with pytest.raises(grpc.RpcError) as err:
+            call((("authorization", "Bearer wrong"),))
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED, err.value.details()
 
 
 def _in_flight(fleet: Fleet) -> int:
@@ -375,6 +396,29 @@ def test_weight_update_session_on_sim(fleet: Fleet) -> None:
     assert fleet.rl.GetWeightVersion(pb2.GetWeightVersionRequest(), metadata=AUTH).version == "step-1"
 
 
+def test_a_tensor_larger_than_a_message_comes_in_pieces(fleet: Fleet) -> None:
+    limit = fleet.control.GetServerInfo(pb2.GetServerInfoRequest(), metadata=AUTH).max_message_bytes
+    data = bytes(range(256)) * ((2 * limit + 1000) // 256)  # float32 [n]: more than two messages
+    pieces = tensor_messages("embed.weight", "float32", [len(data) // 4], data, limit)
+    assert len(pieces) == 3 and [p.more for p in pieces] == [True, True, False] and not pieces[1].name
+    small = tensor_messages("norm.weight", "float32", [4], bytes(16), limit)
+    fleet.rl.StartWeightUpdate(pb2.StartWeightUpdateRequest(), metadata=AUTH)
+    try:
+        resp = fleet.rl.UpdateWeights(iter([*small, *pieces, *small]), metadata=AUTH, timeout=60)
+        assert (resp.tensors, resp.bytes) == (3, len(data) + 32)
+        refusals = [  # a piece that names another tensor; a stream that ends inside one; more than its shape holds
+            ([pieces[0], pb2.Tensor(name="other", data=b"x")], "name: 'other' in a piece of tensor 'embed.weight'"),
+            (pieces[:2], "more: the stream ended inside tensor 'embed.weight'"),
+            ([pb2.Tensor(name="w", dtype="float32", shape=[2], data=bytes(20), more=True), pb2.Tensor(data=bytes(20))],
+             "data: tensor 'w' came with more than the 32 bytes its shape [2] holds")]
+        for messages, says in refusals:
+            with pytest.raises(grpc.RpcError) as err:
+                fleet.rl.UpdateWeights(iter(messages), metadata=AUTH, timeout=60)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and says in err.value.details()
+    finally:
+        fleet.rl.FinishWeightUpdate(pb2.FinishWeightUpdateRequest(version="pieces"), metadata=AUTH)
+
+
 # ---- KvEvents ----------------------------------------------------------------------------------------
 
 
@@ -535,6 +579,68 @@ def test_sigterm_ends_kv_event_streams_so_the_frontend_exits_without_waiting_out
         assert not sub.thread.is_alive()
         assert sub.call.code() == grpc.StatusCode.OK  # ended by the server, not broken
     finally:
+        f.channel.close()
+        fe.stop()
+        engine.stop()
+
+
+def _hold_http_stream(url: str, prompt: list[int], stop: threading.Event) -> threading.Thread:
+    """A streamed HTTP token-in request on its own connection, read until `stop` (then the connection closes
+    and the frontend aborts it)."""
+    def run() -> None:
+        body = {"token_ids": prompt, "stream": True, "sampling_params": {"max_tokens": 3000, "ignore_eos": True}}
+        with httpx.Client(timeout=60) as client, client.stream("POST", url + "/inference/v1/generate",
+                                                               json=body) as r:
+            assert r.status_code == 200, r.read()
+            for _ in r.iter_raw():
+                if stop.is_set():
+                    break
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def test_with_two_api_servers_loads_and_kv_events_cover_both(tmp_path: Path) -> None:
+    """--api-server-count 2: API server 0 alone serves gRPC, each server has its own engine links. GetLoads'
+    in_flight counts both servers' requests, KvEvents relays the blocks of requests either served, and
+    Control.Abort ends a call made over gRPC (every one is on API server 0)."""
+    engine = start_engine(tmp_path, *SIM, "--sim-decode-ms", "5")
+    grpc_port = free_port_block(1, spread=0)
+    fe = start_frontend(tmp_path, "--data-parallel-size-local", "0", "--engine-addresses", engine.endpoint(),
+                        "--grpc-port", str(grpc_port), "--api-server-count", "2")
+    f = Fleet(engine, fe, grpc_port)
+    stop = threading.Event()
+    try:
+        _wait(lambda: fe.log().count("engine rank(s) ready") >= 2, 60)  # both processes, each with its link
+        assert "gRPC is served by API server 0 of 2" in fe.log()
+        block = f.control.GetModelInfo(pb2.GetModelInfoRequest()).block_size
+        sub = _Subscriber(f)
+        # Each stream on a connection of its own: the kernel spreads them over both API servers.
+        prompts = [list(range(10_000 + 1000 * i, 10_000 + 1000 * i + 2 * block + 1)) for i in range(8)]
+        holders = [_hold_http_stream(fe.url, p, stop) for p in prompts]
+        in_flight = lambda: sum(r.in_flight for r in f.control.GetLoads(pb2.GetLoadsRequest()).ranks)  # noqa: E731
+        _wait(lambda: in_flight() == len(prompts))
+        want = {h for p in prompts for h in block_hashes(p, block)}
+        _wait(lambda: want <= sub.stored())
+        stop.set()
+        for t in holders:
+            t.join(30)
+        _wait(lambda: in_flight() == 0)
+        got: dict[str, Any] = {}
+
+        def generate() -> None:
+            got["resp"] = f.inference.Generate(_req(request_id="two-servers", sampling={"max_tokens": 3000,
+                                                                                       "ignore_eos": True}),
+                                               timeout=60)
+        t = threading.Thread(target=generate)
+        t.start()
+        _wait(lambda: in_flight() == 1)
+        assert list(f.control.Abort(pb2.AbortRequest(request_ids=["two-servers"])).aborted) == ["two-servers"]
+        t.join(30)
+        assert got["resp"].finish_reason == "abort"
+        sub.stop()
+    finally:
+        stop.set()
         f.channel.close()
         fe.stop()
         engine.stop()

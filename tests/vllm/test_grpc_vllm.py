@@ -22,7 +22,7 @@ import httpx
 import openai
 import pytest
 
-from protocol.grpc import pb2, pb2_grpc
+from protocol.grpc import pb2, pb2_grpc, tensor_messages
 from tests.support.procs import FrontendProc, free_port_block, start_frontend
 from tests.support.safetensors_frames import weight_calls
 
@@ -233,11 +233,14 @@ def test_update_weights_from_a_second_checkpoint_equals_offline_llm_on_it(fleet:
     assert fleet.rl.GetWeightVersion(pb2.GetWeightVersionRequest()).version == "0"
     fleet.rl.PauseGeneration(pb2.PauseGenerationRequest(mode=pb2.PAUSE_MODE_WAIT), timeout=60)
     fleet.rl.StartWeightUpdate(pb2.StartWeightUpdateRequest())
-    tensors = [pb2.Tensor(name=t["name"], dtype=t["dtype"], shape=t["shape"], data=bytes(frame))
+    # A tensor larger than the server's message limit (the embedding here) goes in pieces.
+    limit = fleet.control.GetServerInfo(pb2.GetServerInfoRequest()).max_message_bytes
+    tensors = [tensor_messages(t["name"], t["dtype"], t["shape"], frame, limit)
                for args, frames in weight_calls(second / tiny.WEIGHTS_FILE)
                for t, frame in zip(args["tensors"], frames, strict=True)]
-    resp = fleet.rl.UpdateWeights(iter(tensors), timeout=120)
-    assert resp.tensors == len(tensors) and resp.bytes == sum(len(t.data) for t in tensors)
+    assert any(len(pieces) > 1 for pieces in tensors)
+    resp = fleet.rl.UpdateWeights(iter([m for pieces in tensors for m in pieces]), timeout=120)
+    assert resp.tensors == len(tensors) and resp.bytes == sum(len(m.data) for pieces in tensors for m in pieces)
     assert fleet.rl.FinishWeightUpdate(pb2.FinishWeightUpdateRequest(version="step-1"), timeout=60).version == "step-1"
     fleet.rl.ResumeGeneration(pb2.ResumeGenerationRequest())
     assert fleet.rl.GetWeightVersion(pb2.GetWeightVersionRequest()).version == "step-1"

@@ -3,6 +3,7 @@ prefix caches' reset, as the engines' allowlisted utility calls on every ready r
 server 0's event loop."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -16,8 +17,11 @@ from services.frontend.grpc_api.rpc import Failed, Ranks, failed, guard, need
 
 
 class Control(pb2_grpc.ControlServicer):
-    def __init__(self, core: FrontendCore, inference: Inference, started_at: float) -> None:
+    def __init__(self, core: FrontendCore, inference: Inference, started_at: float,
+                 others_in_flight: Callable[[int], int] = lambda index: 0) -> None:
+        """`others_in_flight(i)`: the other API servers' requests on rank index i (in_flight.py)."""
         self._core, self._inference, self._ranks = core, inference, Ranks(core)
+        self._others_in_flight = others_in_flight
         self._started_at = started_at
         self._schema = f"{lock.describe()['package']}:{lock.fingerprint(lock.merged(None, lock.describe()))}"
 
@@ -27,7 +31,7 @@ class Control(pb2_grpc.ControlServicer):
             server_version=self._core.version, frontend_id=core.engines.frontend_id, protocol_major=MAJOR,
             protocol_minor=MINOR, data_parallel_size=len(core.engines.engines),
             ready_ranks=[e.rank for e in core.engines.engines if e.state == "ready"], started_at=self._started_at,
-            grpc_schema=self._schema)
+            grpc_schema=self._schema, max_message_bytes=core.config.max_body_bytes)
 
     async def GetModelInfo(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def info() -> Any:
@@ -47,9 +51,10 @@ class Control(pb2_grpc.ControlServicer):
 
     async def GetLoads(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         ranks = []
-        for e in self._core.engines.engines:
+        for i, e in enumerate(self._core.engines.engines):
             s = e.stats
-            load = pb2.RankLoad(rank=e.rank, state=e.state, in_flight=len(e.inflight), epoch=e.epoch)
+            load = pb2.RankLoad(rank=e.rank, state=e.state, in_flight=len(e.inflight) + self._others_in_flight(i),
+                                epoch=e.epoch)
             if s is not None and e.state == "ready":
                 load.running, load.waiting, load.kv_usage = s.running, s.waiting, s.kv_usage
                 load.num_kv_blocks = s.num_kv_blocks

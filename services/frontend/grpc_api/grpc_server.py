@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -18,27 +18,35 @@ from protocol.grpc import pb2, pb2_grpc, service_names
 from services.frontend.generation.frontend_core import FrontendCore
 from services.frontend.grpc_api.auth import Auth
 from services.frontend.grpc_api.control import Control
+from services.frontend.grpc_api.in_flight import PUBLISH_S
 from services.frontend.grpc_api.inference import Inference
 from services.frontend.grpc_api.kv_relay import KvEvents, KvRelay
 from services.frontend.grpc_api.rl_control import RlControl
 
 log = logging.getLogger(__name__)
 
-# A tensor of UpdateWeights travels in one message: the receive limit bounds the largest one.
-MAX_MESSAGE_BYTES = 1 << 30
+# What a response may carry (our own output: a long prompt's prompt_logprobs).
+MAX_SEND_BYTES = 1 << 30
 
 
 class GrpcServer:
     """The gRPC services on this process's loop. start() binds (raises OSError when the port cannot be
     had), stop(grace) ends it: running calls get `grace` seconds."""
 
-    def __init__(self, core: FrontendCore, relay: KvRelay, *, host: str, port: int, api_keys: Sequence[str]) -> None:
+    def __init__(self, core: FrontendCore, relay: KvRelay, *, host: str, port: int, api_keys: Sequence[str],
+                 others_in_flight: Callable[[int], int] = lambda index: 0) -> None:
+        """`others_in_flight(i)`: the other API servers' requests on rank index i (in_flight.py), for GetLoads."""
         self.core, self.relay = core, relay
         self._host, self._port = host, port
         interceptors = [Auth(api_keys)] if api_keys else []
+        # Every method's messages are bounded by HTTP's body limit, UpdateWeights' too (a tensor larger than
+        # that comes in pieces). gRPC checks a message's length from its 5-byte prefix and refuses a larger
+        # one, RESOURCE_EXHAUSTED, before it holds its bytes; one limit for the whole server is all grpcio
+        # offers (it has no per-method one).
+        self.max_message_bytes = core.config.max_body_bytes
         self.server = grpc.aio.server(interceptors=interceptors, options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.so_reuseport", 0)])
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+            ("grpc.max_send_message_length", MAX_SEND_BYTES), ("grpc.so_reuseport", 0)])
         self.inference = Inference(core)
         # Inference's requests reach the handlers serialized: translation parses them where it would parse
         # an HTTP body (in a worker process when long), not the event loop.
@@ -47,7 +55,8 @@ class GrpcServer:
             "Generate": grpc.unary_unary_rpc_method_handler(self.inference.Generate, response_serializer=out),
             "GenerateStream": grpc.unary_stream_rpc_method_handler(self.inference.GenerateStream,
                                                                     response_serializer=out)}),))
-        pb2_grpc.add_ControlServicer_to_server(Control(core, self.inference, time.time()), self.server)
+        control = Control(core, self.inference, time.time(), others_in_flight)
+        pb2_grpc.add_ControlServicer_to_server(control, self.server)
         pb2_grpc.add_RlControlServicer_to_server(RlControl(core), self.server)
         pb2_grpc.add_KvEventsServicer_to_server(KvEvents(relay), self.server)
         self.health = health_aio.HealthServicer()
@@ -68,6 +77,12 @@ class GrpcServer:
         await self.set_serving(self.core.engines.all_ready())
         log.info("gRPC serving %s:%d (%s; health, reflection)", self._host, self.port,
                  ", ".join(s.rsplit(".", 1)[1] for s in service_names()))
+        servers = self.core.config.api_server_count
+        if servers > 1:
+            log.info("gRPC is served by API server 0 of %d: GetLoads' in_flight adds the other API servers' requests "
+                     "(published every %.1f s), KvEvents relays every rank's events (each API server subscribes to "
+                     "every engine's), Control.Abort ends calls made over gRPC (all of them on API server 0)",
+                     servers, PUBLISH_S)
 
     async def set_serving(self, serving: bool) -> None:
         """The health service's answer, overall and per service: SERVING once every engine is ready."""

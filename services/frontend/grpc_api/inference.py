@@ -89,15 +89,12 @@ class Inference(pb2_grpc.InferenceServicer):
 
     async def _translate(self, raw: bytes, *, stream: bool) -> Any:
         """The serialized GenerateRequest through the token-in route's translation (parsed there: in a
-        worker process when it is long)."""
+        worker process when it is long). Its size is bounded already: the server's receive limit is
+        --max-body-bytes (grpc_server.py)."""
         core = self._core
         if core.shutdown.draining:
             raise Failed(grpc.StatusCode.UNAVAILABLE, "the frontend is shutting down; send the request to another "
                                                        "replica")
-        limit = core.config.max_body_bytes
-        if len(raw) > limit:  # HTTP's 413 (the 1 GiB message limit is for UpdateWeights' tensors)
-            raise Failed(grpc.StatusCode.INVALID_ARGUMENT, f"token_ids: the request is {len(raw)} bytes, more than "
-                                                            f"the server's --max-body-bytes ({limit})")
         try:
             return await core.translator.generate(raw, None, kind="grpc_stream" if stream else "grpc")
         except APIError as exc:

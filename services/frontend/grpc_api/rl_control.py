@@ -3,6 +3,7 @@ ready engine rank. Runs on API server 0's event loop."""
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -15,6 +16,7 @@ from services.frontend.grpc_api.rpc import Failed, Ranks, guard, need
 # UpdateWeights sends the engines a batch of tensors once this many bytes have come in (and at the end).
 WEIGHT_BATCH_BYTES = 8 << 20
 WEIGHT_BATCHES_IN_FLIGHT = 2
+MAX_ITEM_BYTES = 16  # the widest element of any dtype (complex128): a tensor's bytes are at most 16 per element
 
 _MODES = {pb2.PAUSE_MODE_UNSPECIFIED: "keep", pb2.PAUSE_MODE_KEEP: "keep", pb2.PAUSE_MODE_ABORT: "abort",
           pb2.PAUSE_MODE_WAIT: "wait"}
@@ -92,10 +94,7 @@ class RlControl(pb2_grpc.RlControlServicer):
             # engine's load overlap.
             sent: list[asyncio.Task[list[Any]]] = []
             try:
-                async for t in request_iterator:
-                    need(t.name, "name", "the parameter's name in the model's state dict")
-                    need(t.dtype, "dtype", "torch's name of its element type, e.g. bfloat16")
-                    data = t.data
+                async for t, data in _tensors(request_iterator):
                     metas.append({"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "frame": len(frames),
                                   "offset": 0, "nbytes": len(data)})
                     frames.append(data)
@@ -139,3 +138,36 @@ class RlControl(pb2_grpc.RlControlServicer):
                               f"the engine ranks serve different weight versions: {versions}")
             return pb2.GetWeightVersionResponse(version=versions[0])
         return await guard(context, version())
+
+
+async def _tensors(messages: AsyncIterator[Any]) -> AsyncIterator[tuple[Any, bytes]]:
+    """UpdateWeights' stream as whole tensors: each one's first message, and its bytes, joined when it came
+    in pieces (Tensor.more: one message is at most the server's receive limit, a tensor can be larger)."""
+    first: Any = None
+    pieces: list[bytes] = []
+    size = 0
+    async for t in messages:
+        if first is None:
+            need(t.name, "name", "the parameter's name in the model's state dict")
+            need(t.dtype, "dtype", "torch's name of its element type, e.g. bfloat16")
+            first = t
+        else:
+            for field, value, want in (("name", t.name, first.name), ("dtype", t.dtype, first.dtype),
+                                       ("shape", list(t.shape), list(first.shape))):
+                if value and value != want:
+                    raise Failed(grpc.StatusCode.INVALID_ARGUMENT,
+                                 f"{field}: {value!r} in a piece of tensor {first.name!r}, whose first message "
+                                 f"said {want!r}: a piece after the first carries only data (and more)")
+        pieces.append(t.data)
+        size += len(t.data)
+        if size > math.prod(first.shape) * MAX_ITEM_BYTES:  # the engine checks the exact size; this bounds memory
+            raise Failed(grpc.StatusCode.INVALID_ARGUMENT, f"data: tensor {first.name!r} came with more than the "
+                                                            f"{math.prod(first.shape) * MAX_ITEM_BYTES} bytes its "
+                                                            f"shape {list(first.shape)} holds in any dtype")
+        if not t.more:
+            yield first, pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            first, pieces, size = None, [], 0
+    if first is not None:
+        raise Failed(grpc.StatusCode.INVALID_ARGUMENT, f"more: the stream ended inside tensor {first.name!r} "
+                                                        f"({size} bytes came, its last piece "
+                                                        "set `more`)")
