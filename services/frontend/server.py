@@ -166,10 +166,10 @@ async def run(config: FrontendConfig, server_index: int = 0, board: InFlightBoar
             await asyncio.sleep(1.0)
 
     async def grpc_health(server: Any) -> None:
-        """The gRPC health service follows the engines: SERVING while every one is ready."""
+        """The gRPC health service follows /ready: SERVING while some rank takes new requests."""
         serving = None
         while not quit_.is_set():
-            ready = engines.all_ready()
+            ready = bool(engines.serving())
             if ready != serving:
                 serving = ready
                 await server.set_serving(ready)

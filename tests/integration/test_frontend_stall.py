@@ -15,7 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.support.procs import EngineProc, FrontendProc, free_port_block, start_engine, start_frontend
 
@@ -95,7 +97,9 @@ def test_a_rank_stopped_past_the_short_deadline_keeps_its_streams_and_takes_no_n
 
 
 def test_a_rank_stopped_past_the_dead_deadline_fails_its_streams_then_rejoins(tmp_path: Path) -> None:
-    ranks, fe = _fleet(tmp_path, "--engine-timeout", "1", "--engine-dead-timeout", "2.5")
+    grpc_port = free_port_block(1, spread=0)
+    ranks, fe = _fleet(tmp_path, "--engine-timeout", "1", "--engine-dead-timeout", "2.5", "--grpc-port", str(grpc_port))
+    health = health_pb2_grpc.HealthStub(grpc.insecure_channel(f"127.0.0.1:{grpc_port}"))
     pool = ThreadPoolExecutor(4)
     victim = ranks[1].proc.pid
     stopped = False
@@ -112,6 +116,12 @@ def test_a_rank_stopped_past_the_dead_deadline_fails_its_streams_then_rejoins(tm
         ready = httpx.get(fe.url + "/ready", timeout=5)
         assert ready.status_code == 200 and ready.json()["missing"]["1"].startswith("dead: no message for")
         assert not streams[0].done()  # the other rank's stream goes on
+        # gRPC's health service says what /ready says: a gRPC probe must not drop a replica that serves either
+        deadline = time.monotonic() + 10  # it follows the engines' state changes
+        while (status := health.Check(health_pb2.HealthCheckRequest(), timeout=5).status) != \
+                health_pb2.HealthCheckResponse.SERVING and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert status == health_pb2.HealthCheckResponse.SERVING
         os.kill(victim, signal.SIGCONT)
         stopped = False
         _ready_until(fe, lambda r: r.json() == {"ready": True, "ranks": [0, 1]})  # it rejoins by handshake

@@ -74,7 +74,7 @@ class GrpcServer:
         if not self.port:
             raise OSError(f"--grpc-port {self._port}: cannot listen on {address}")
         await self.server.start()
-        await self.set_serving(self.core.engines.all_ready())
+        await self.set_serving(bool(self.core.engines.serving()))
         log.info("gRPC serving %s:%d (%s; health, reflection)", self._host, self.port,
                  ", ".join(s.rsplit(".", 1)[1] for s in service_names()))
         servers = self.core.config.api_server_count
@@ -85,7 +85,7 @@ class GrpcServer:
                      servers, PUBLISH_S)
 
     async def set_serving(self, serving: bool) -> None:
-        """The health service's answer, overall and per service: SERVING once every engine is ready."""
+        """The health service's answer, overall and per service: SERVING while some rank takes requests (/ready)."""
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ("", *service_names()):
             await self.health.set(name, status)
