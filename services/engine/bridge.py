@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 Inbound = tuple[bytes, list[zmq.Frame]]  # (peer identity, frames); no frames: its connection closed
 # After the monitor reports a closed connection: when to probe every peer, in seconds after the report.
 PROBE_AFTER_S = (0.0, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2)
+UNREACHABLE_MAX = 4096  # peers told closed, remembered so each is told once; forgotten all at once past this
 # After the last messages (a drain's final outputs, EngineDead) the connections stay open this long
 # before the socket closes: a frontend's DEALER (ZMQ_IMMEDIATE) drops what it has not read yet when its
 # connection drops, so closing at once can lose them. Input meanwhile is read and dropped, which also
@@ -199,6 +200,8 @@ class Bridge:
             if exc.errno != zmq.EHOSTUNREACH:
                 raise
             if identity not in self._unreachable:
+                if len(self._unreachable) >= UNREACHABLE_MAX:  # identities that never came back (probes')
+                    self._unreachable.clear()
                 self._unreachable.add(identity)
                 self.inbox.put((identity, []))
 
