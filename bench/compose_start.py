@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -33,7 +34,8 @@ def main() -> int:
     t0 = time.monotonic()
     runner = subprocess.Popen([sys.executable, str(COMPOSE / "run.py"), *map(str, files), "--ports-file",
                                str(ports_file), "--volumes-dir", str(args.volumes_dir or tmp / "volumes")],
-                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                              env={"ENGINE_AUTH_TOKEN": secrets.token_hex(16), **os.environ})
     body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}).encode()
     try:
         while time.monotonic() - t0 < args.timeout and runner.poll() is None:

@@ -2,10 +2,15 @@
 from __future__ import annotations
 
 import hmac
+from collections.abc import Mapping
 from enum import Enum
 
 from protocol.messages import Hello, Reject
 from protocol.version import MAJOR, MINOR
+
+# Where engines and frontends both look for the shared handshake token when no flag gives it: the
+# environment (a Kubernetes Secret, compose), never the command line, which `ps` shows to every user.
+TOKEN_ENV = "ENGINE_AUTH_TOKEN"
 
 
 class RejectCode(str, Enum):
@@ -43,3 +48,22 @@ def version_reject(major: int, minor: int) -> Reject:
         f"protocol major mismatch: frontend speaks {major}.{minor}, engine speaks {MAJOR}.{MINOR}; "
         "upgrade one side so the majors match",
     )
+
+
+def auth_token_from(token: str | None, token_file: str | None, environ: Mapping[str, str]) -> str | None:
+    """The handshake token a process was given: --auth-token, else the content of --auth-token-file
+    (surrounding whitespace dropped: files end with a newline), else $ENGINE_AUTH_TOKEN, else None.
+    ValueError naming the flag for two sources at once, an unreadable file or an empty token."""
+    if token is not None and token_file is not None:
+        raise ValueError("--auth-token-file and --auth-token are exclusive: give the token once")
+    if token_file is not None:
+        try:
+            with open(token_file, encoding="utf-8") as f:
+                token = f.read().strip()
+        except OSError as exc:
+            raise ValueError(f"--auth-token-file={token_file!r} is invalid: {exc.strerror}") from None
+    elif token is None:
+        token = environ.get(TOKEN_ENV) or None
+    if token is not None and not token.strip():
+        raise ValueError(f"the auth token (--auth-token-file, --auth-token or ${TOKEN_ENV}) is empty")
+    return token

@@ -331,8 +331,9 @@ class Runner:
                 print(f"run | {svc.name} exited with {proc.returncode} before it was healthy", flush=True)
                 return False
             try:
-                passed = subprocess.run(svc.health, cwd=self.cwd, capture_output=True,
-                                        timeout=svc.timeout_s).returncode == 0
+                # In the service's environment, as compose runs a healthcheck inside its container.
+                passed = subprocess.run(svc.health, cwd=self.cwd, capture_output=True, timeout=svc.timeout_s,
+                                        env={**os.environ, **svc.env}).returncode == 0
             except subprocess.TimeoutExpired:  # compose counts a check past its timeout as failed
                 passed = False
             if passed:

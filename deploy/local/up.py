@@ -4,12 +4,16 @@ Prints the router's URL, the one to use; Ctrl-C stops everything."""
 from __future__ import annotations
 
 import argparse
+import os
+import secrets
 import signal
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
+
+from protocol.handshake import TOKEN_ENV
 
 ENGINE_PORT = 5555
 ROUTER_CONFIG = Path(__file__).resolve().parent.parent / "router.yaml"
@@ -24,13 +28,16 @@ def main() -> int:
     p.add_argument("--router-config", type=Path, default=ROUTER_CONFIG)
     args = p.parse_args()
     py = sys.executable
+    # One handshake token for the engines and the frontend (theirs if set, else a fresh one), passed in
+    # the environment: other users of this machine reach loopback ports too.
+    env = {**os.environ, TOKEN_ENV: os.environ.get(TOKEN_ENV) or secrets.token_hex(32)}
     engines = subprocess.Popen([py, "-m", "services.engine", "--headless", "--model", args.model,
                                 "--backend", args.backend, "--host", "127.0.0.1", "--port", str(ENGINE_PORT),
-                                "--data-parallel-size-local", str(args.ranks)])
+                                "--data-parallel-size-local", str(args.ranks)], env=env)
     addresses = ",".join(f"tcp://127.0.0.1:{ENGINE_PORT + i}" for i in range(args.ranks))
     frontend = subprocess.Popen([py, "-m", "services.frontend", "--model", args.model, "--host", "127.0.0.1",
                                  "--port", str(args.port), "--data-parallel-size", str(args.ranks),
-                                 "--data-parallel-size-local", "0", "--engine-addresses", addresses])
+                                 "--data-parallel-size-local", "0", "--engine-addresses", addresses], env=env)
     router = subprocess.Popen([py, "-m", "services.router", "--config", str(args.router_config)])
     procs = [router, frontend, engines]
     stopping = False

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, Union
 
 from protocol import GenerateRequest, PackedLogprobs, RequestOutput
@@ -18,6 +19,13 @@ class RequestRejected(ValueError):
 
 class UtilityUnsupported(RuntimeError):
     """This backend does not implement that (allowlisted) utility."""
+
+
+def check_adapter_dir(path: str) -> None:
+    """What every backend's add_lora accepts as a path: a local PEFT adapter directory (its
+    adapter_config.json there). A file, a URL or a hub id is refused, naming the argument."""
+    if not Path(path, "adapter_config.json").is_file():
+        raise ValueError(f"add_lora.path {path!r}: no adapter_config.json there (a PEFT adapter directory)")
 
 
 @dataclass(frozen=True, slots=True)

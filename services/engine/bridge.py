@@ -5,6 +5,15 @@ which wake this thread through a pipe so it can sleep in one poll over both dire
 This thread also sends liveness Heartbeats to every peer on its own, so one long engine step (a big
 prefill, a compile) does not get a healthy engine declared dead; it stops when the core loop has made
 no progress for `stall_timeout_s`, so a hung engine still is.
+
+A peer whose connection closed is told to the core loop at once (an empty frame list in `inbox`), so
+its requests are aborted then, not at --client-timeout. libzmq's ROUTER_NOTIFY is a draft API absent
+from the bundled libzmq, and a socket monitor names a file descriptor, not a peer; so the ROUTER is
+ROUTER_MANDATORY: a send to an identity with no connection fails (EHOSTUNREACH) instead of vanishing,
+and that failure names the peer. Every peer gets something at least every beat interval, and when the
+monitor reports a connection closed, every peer is probed at once and a few times after: the monitor
+event comes before libzmq takes the peer's pipe down, so a probe sent right after it can still be
+accepted and lost; only a later send fails.
 """
 from __future__ import annotations
 
@@ -22,7 +31,10 @@ from protocol import Frames, Heartbeat, encode
 
 log = logging.getLogger(__name__)
 
-Inbound = tuple[bytes, list[zmq.Frame]]  # (peer identity, frames)
+Inbound = tuple[bytes, list[zmq.Frame]]  # (peer identity, frames); no frames: its connection closed
+# After the monitor reports a closed connection: when to probe every peer, in seconds after the report.
+PROBE_AFTER_S = (0.0, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2)
+UNREACHABLE_MAX = 4096  # peers told closed, remembered so each is told once; forgotten all at once past this
 # After the last messages (a drain's final outputs, EngineDead) the connections stay open this long
 # before the socket closes: a frontend's DEALER (ZMQ_IMMEDIATE) drops what it has not read yet when its
 # connection drops, so closing at once can lose them. Input meanwhile is read and dropped, which also
@@ -51,12 +63,18 @@ class Bridge:
         self._router.setsockopt(zmq.SNDHWM, 0)
         self._router.setsockopt(zmq.RCVHWM, 0)
         self._router.setsockopt(zmq.LINGER, 2000)
+        # A send to a peer without a connection raises EHOSTUNREACH rather than being dropped unseen.
+        # ROUTER_HANDOVER stays off: a second connection claiming a connected peer's identity is refused.
+        self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._monitor = self._router.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._pub = ctx.socket(zmq.PUB)
         self._pub.setsockopt(zmq.LINGER, 0)
         for name, sock, endpoint in (("ROUTER", self._router, router_endpoint), ("PUB", self._pub, pub_endpoint)):
             try:
                 sock.bind(endpoint)
             except zmq.ZMQError as exc:
+                self._router.disable_monitor()
+                self._monitor.close()
                 self._router.close()
                 self._pub.close()
                 raise BindError(f"cannot bind the {name} socket to {endpoint}: {exc.strerror}") from None
@@ -65,6 +83,7 @@ class Bridge:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self._closing = False
+        self._unreachable: set[bytes] = set()  # peers told closed and not heard from since
         self._thread = threading.Thread(target=self._run, name="engine-sockets", daemon=True)
         self._thread.start()
 
@@ -97,38 +116,57 @@ class Bridge:
         poller = zmq.Poller()
         poller.register(self._router, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
-        router, pub, outbox, inbox = self._router, self._pub, self._outbox, self.inbox
+        poller.register(self._monitor, zmq.POLLIN)
+        router, pub, outbox, inbox, monitor = self._router, self._pub, self._outbox, self.inbox, self._monitor
         beat_ms = int(self._beat_interval * 1000)
         last_beat, seq = 0.0, 0
         # When each peer was last sent anything: any message is a sign of life, so a peer that got the
         # core loop's Stats (or outputs) within the interval needs no Heartbeat from this thread too.
         last_sent: dict[bytes, float] = {}
+        probes: list[float] = []  # when to probe every peer next (after a closed connection), soonest last
         try:
             while True:
-                events = dict(poller.poll(beat_ms))
+                timeout = beat_ms if not probes else max(0, int((probes[-1] - time.monotonic()) * 1000))
+                events = dict(poller.poll(timeout))
                 now = time.monotonic()
-                if now - last_beat >= self._beat_interval:
+                if monitor in events:
+                    while True:
+                        try:
+                            monitor.recv_multipart(zmq.NOBLOCK)  # EVENT_DISCONNECTED, the only one watched
+                        except zmq.Again:
+                            break
+                        probes = sorted((now + after for after in PROBE_AFTER_S), reverse=True)
+                probe = bool(probes) and probes[-1] <= now
+                while probes and probes[-1] <= now:
+                    probes.pop()
+                due = now - last_beat >= self._beat_interval
+                if due:
                     last_beat = now
-                    if now - self.loop_alive_at < self._stall_timeout:
-                        beat: Frames | None = None
-                        for peer in self.peers:
-                            if now - last_sent.get(peer, 0.0) < 2 * self._beat_interval:
-                                continue
-                            if beat is None:
-                                seq += 1
-                                beat = encode(Heartbeat(seq, time.time()))
-                            router.send_multipart([peer, *beat])
-                            last_sent[peer] = now
                     if len(last_sent) > 2 * len(self.peers) + 16:  # peers that left
                         live = set(self.peers)
                         last_sent = {p: t for p, t in last_sent.items() if p in live}
+                # A stalled loop gets no beats, probes included: any message tells a peer this rank lives.
+                if (due or probe) and now - self.loop_alive_at < self._stall_timeout:
+                    if probe:
+                        router.getsockopt(zmq.EVENTS)  # take in libzmq's pending pipe terminations first
+                    beat: Frames | None = None
+                    for peer in self.peers:
+                        if not probe and now - last_sent.get(peer, 0.0) < 2 * self._beat_interval:
+                            continue
+                        if beat is None:
+                            seq += 1
+                            beat = encode(Heartbeat(seq, time.time()))
+                        self._send(peer, beat)
+                        last_sent[peer] = now
                 if router in events:
                     while True:
                         try:
                             frames = router.recv_multipart(zmq.NOBLOCK, copy=False)
                         except zmq.Again:
                             break
-                        inbox.put((frames[0].bytes, frames[1:]))
+                        identity = frames[0].bytes
+                        self._unreachable.discard(identity)
+                        inbox.put((identity, frames[1:]))
                 if self._wake_r in events:
                     try:
                         while os.read(self._wake_r, 4096):
@@ -141,7 +179,7 @@ class Bridge:
                         for frames in batch:
                             pub.send_multipart(frames, copy=False)
                     else:
-                        router.send_multipart([identity, *batch[0]], copy=False)
+                        self._send(identity, batch[0])
                         last_sent[identity] = now
                 if self._closing and not outbox:
                     self._farewell()
@@ -149,8 +187,23 @@ class Bridge:
         except zmq.ZMQError as exc:
             log.error("engine socket thread stopped: %s", exc)
         finally:
+            router.disable_monitor()
+            monitor.close()
             router.close()
             pub.close()
+
+    def _send(self, identity: bytes, frames: Frames) -> None:
+        """Send to a peer; one without a connection is told to the core loop (once until it is heard again)."""
+        try:
+            self._router.send_multipart([identity, *frames], copy=False)
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            if identity not in self._unreachable:
+                if len(self._unreachable) >= UNREACHABLE_MAX:  # identities that never came back (probes')
+                    self._unreachable.clear()
+                self._unreachable.add(identity)
+                self.inbox.put((identity, []))
 
     def _farewell(self) -> None:
         """Keep the connections open for FAREWELL_S after the last send, reading and dropping input."""

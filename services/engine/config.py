@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
-from dataclasses import dataclass, fields, replace
+import os
+from dataclasses import dataclass, field, fields, replace
 from typing import Literal
+
+from protocol.handshake import TOKEN_ENV, auth_token_from
 
 Backend = Literal["vllm", "sim"]
 
@@ -13,7 +17,7 @@ Backend = Literal["vllm", "sim"]
 class EngineConfig:
     model: str
     backend: Backend
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"  # loopback: a deployment that needs more says so (compose, k8s: 0.0.0.0)
     port: int = 5555  # ROUTER port of the first local rank; rank i binds port + i
     # PUB port of the first local rank, rank i binds pub_port + i; default: one the OS picks for each rank,
     # announced in Ready (a fixed offset from --port landed on a neighbouring engine's ROUTER ports).
@@ -25,7 +29,10 @@ class EngineConfig:
     block_size: int | None = None  # default: the backend's (vLLM picks per platform; sim 16)
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
-    auth_token: str | None = None
+    # The handshake token (from --auth-token-file or ENGINE_AUTH_TOKEN): required when --host is not
+    # loopback, unless insecure_no_auth_token. Kept out of repr, so a logged config does not show it.
+    auth_token: str | None = field(default=None, repr=False)
+    insecure_no_auth_token: bool = False
     heartbeat_interval_s: float = 0.1
     client_timeout_s: float = 5.0  # a frontend silent this long is gone: its requests are aborted
     drain_timeout_s: float = 30.0  # on SIGTERM, how long in-flight requests may still run
@@ -87,6 +94,13 @@ class EngineConfig:
         _require(len(set(names)) == len(names), "--lora-modules", " ".join(names), "distinct adapter names")
         _require(self.sim_script is None or self.backend == "sim", "--sim-script", self.sim_script,
                  "only with --backend sim")
+        if self.auth_token is not None and not self.auth_token.strip():
+            raise ValueError(f"the auth token (--auth-token-file, --auth-token or ${TOKEN_ENV}) is empty")
+        _require(self.auth_token is not None or self.insecure_no_auth_token or is_loopback(self.host), "--host",
+                 self.host, f"a loopback address (127.0.0.1, ::1, localhost) without a token; to listen on "
+                 f"{self.host} give the frontends' shared token (--auth-token-file FILE or ${TOKEN_ENV}), or "
+                 "accept that any host reaching the port may pause, abort and reconfigure this engine "
+                 "with --insecure-no-auth-token")
 
     def for_local_rank(self, i: int) -> EngineConfig:
         """The config of one rank process: its own ports and global rank, one rank each."""
@@ -101,6 +115,18 @@ class EngineConfig:
     @property
     def rank(self) -> int:
         return self.data_parallel_start_rank
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a ZMQ bind address reaches only this machine (a name other than localhost, an interface
+    name or `*` may reach further, so they count as beyond loopback)."""
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _require(ok: bool, flag: str, value: object, allowed: str) -> None:
@@ -126,7 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="'tiny' (built on first use) or a local checkpoint directory")
     p.add_argument("--backend", choices=("vllm", "sim"), default="vllm",
                    help="vllm: vLLM's EngineCore in-process; sim: the simulator (same protocol, a timing model)")
-    p.add_argument("--host", default=d["host"], help="address the ROUTER and PUB sockets bind")
+    p.add_argument("--host", default=d["host"],
+                   help="address the ROUTER and PUB sockets bind; beyond loopback the handshake token is required "
+                        "(--auth-token-file or $" + TOKEN_ENV + ") unless --insecure-no-auth-token")
     p.add_argument("--port", type=int, default=d["port"],
                    help="ROUTER port of the first local rank; rank i binds port + i")
     p.add_argument("--pub-port", type=int, default=d["pub_port"],
@@ -148,8 +176,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=d["max_num_seqs"], help="most requests running at once")
     p.add_argument("--max-num-batched-tokens", type=int, default=d["max_num_batched_tokens"],
                    help="most tokens one engine step processes")
+    p.add_argument("--auth-token-file", metavar="FILE",
+                   help="file holding the token frontends must send in their handshake (surrounding whitespace "
+                        f"dropped); default: ${TOKEN_ENV}, else none asked (then --host must be loopback)")
     p.add_argument("--auth-token", default=d["auth_token"],
-                   help="a token frontends must send in their handshake; default: none asked")
+                   help=f"the token itself; it shows in `ps`: prefer --auth-token-file or ${TOKEN_ENV}")
+    p.add_argument("--insecure-no-auth-token", action="store_true",
+                   help="listen beyond loopback without a token: anyone who reaches the port can pause or abort "
+                        "all generation, load adapters and push weights (only behind a network policy that "
+                        "admits the frontends alone)")
     p.add_argument("--heartbeat-interval", type=float, default=d["heartbeat_interval_s"], dest="heartbeat_interval_s",
                    help="seconds between Stats heartbeats to every frontend, also when idle")
     p.add_argument("--client-timeout", type=float, default=d["client_timeout_s"], dest="client_timeout_s",
@@ -215,6 +250,7 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
     ns.pop("headless")
     ns["lora_modules"] = tuple(ns["lora_modules"])
     try:
+        ns["auth_token"] = auth_token_from(ns["auth_token"], ns.pop("auth_token_file"), os.environ)
         return EngineConfig(**ns)
     except ValueError as exc:
         p.error(str(exc))

@@ -54,6 +54,11 @@ from services.engine.token_histogram import TokenHistogram
 log = logging.getLogger(__name__)
 
 PUB_STATS_IDLE_S = 1.0  # the longest a rank's PUB goes without a Stats
+# A repeated Hello of a session that has said nothing since its Ready, within this long of it, is one of
+# the retries that queued while this rank loaded: dropped. Later it is answered with the same Ready (the
+# first may not have arrived), still one session.
+DUPLICATE_HELLO_S = 1.0
+TOLD_MAX = 4096  # (peer, what) pairs remembered for log-once; forgotten all at once past this
 
 
 class CoreLoop:
@@ -88,6 +93,7 @@ class CoreLoop:
         self._published_at = 0.0
         self._kv_seq = 0
         self._iteration_tokens = TokenHistogram()
+        self._told: set[tuple[bytes, str]] = set()  # what was logged about a peer without a session
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -187,23 +193,58 @@ class CoreLoop:
 
     def _on_frames(self, identity: bytes, frames: list[zmq.Frame]) -> None:
         now = self._clock()
+        if not frames:
+            self._on_closed(identity)
+            return
         raw = [f.buffer for f in frames]
         try:
-            major, minor, tag = peek_header(raw[0]) if raw else (MAJOR, MINOR, -1)
+            major, minor, tag = peek_header(raw[0])
             if tag == Hello.TAG:
                 self._on_hello(identity, raw, major, minor, now)
                 return
             peer = self._peers.get(identity)
             if peer is None:
-                if tag == Heartbeat.TAG:
-                    return  # a beat racing its own Hello, or from an expired session (already told)
-                self._send(identity, Reject(RejectCode.MALFORMED.value,
-                                            "no handshake on this connection: send Hello first"))
+                self._refuse_sessionless(identity, tag)
                 return
             peer.last_seen = now
+            peer.spoke = True
             self._on_message(peer, decode(raw), raw[2:])
         except ProtocolError as exc:
             log.warning("rank %d: undecodable message from peer %r: %s", self.rank, identity, exc)
+
+    def _refuse_sessionless(self, identity: bytes, tag: int) -> None:
+        """A message other than Hello from a peer with no session (never handshaken, refused, or expired):
+        nothing is done, and the peer is told why; logged once per peer."""
+        if tag == Heartbeat.TAG:
+            return  # a beat racing its own Hello, or from an expired session (already told)
+        self._send(identity, Reject(RejectCode.MALFORMED.value, (
+            "no session on this connection: send Hello (with the engine's auth token, if it asks one) and "
+            "wait for Ready; this message was refused and changed nothing")))
+        self._log_once(identity, "sessionless", logging.WARNING, "rank %d refused messages from %r, which has no "
+                       "session (no accepted Hello): nothing they ask is done", self.rank, identity)
+
+    def _log_once(self, identity: bytes, what: str, level: int, fmt: str, *args: object) -> None:
+        """Log a peer's repeated event (a refusal it keeps retrying) only the first time."""
+        if (identity, what) in self._told:
+            return
+        if len(self._told) >= TOLD_MAX:
+            self._told.clear()
+        self._told.add((identity, what))
+        log.log(level, fmt, *args)
+
+    def _on_closed(self, identity: bytes) -> None:
+        """The peer's connection closed (the bridge's send found none): its requests are aborted now,
+        not at --client-timeout. A frontend that is still alive connects again and sends Hello."""
+        peer = self._peers.get(identity)
+        if peer is None:
+            return
+        orphans = self._peers.leave(peer)
+        self.bridge.peers = tuple(p.identity for p in self._peers)
+        log.log(logging.WARNING if orphans else logging.INFO, "rank %d: frontend %s closed its connection; "
+                "aborting its %d request(s)", self.rank, peer.frontend_id, len(orphans))
+        if orphans:
+            self._abort_owned(orphans)
+            self._log_aborted(peer, orphans, "its frontend's connection closed")
 
     def _on_hello(self, identity: bytes, raw: list[Any], major: int, minor: int, now: float) -> None:
         if major != MAJOR:
@@ -220,11 +261,20 @@ class CoreLoop:
         reject = check_hello(hello, auth_token=self.config.auth_token,
                              draining=self._drain_deadline is not None)
         if reject is not None:
-            log.warning("rank %d refused handshake from %s (protocol %d.%d): %s",
-                        self.rank, hello.frontend_id, hello.major, hello.minor, reject.reason)
+            self._log_once(identity, f"hello:{reject.code}", logging.WARNING,
+                           "rank %d refused handshake from %s (protocol %d.%d): %s", self.rank, hello.frontend_id,
+                           hello.major, hello.minor, reject.reason)
             self._send(identity, reject)
             return
         old = self._peers.get(identity)
+        if old is not None and old.frontend_id == hello.frontend_id and not old.spoke:
+            # The same session's Hello again, before the peer said anything else: a retry (one per
+            # HELLO_RETRY_S queues up while this rank loads). One Ready per session, one log line.
+            if now - old.last_seen >= DUPLICATE_HELLO_S:
+                old.last_seen = now
+                self._send(identity, self._ready())
+            return
+        self._told = {t for t in self._told if t[0] != identity}  # a new session: its refusals may be told again
         if old is not None:  # the same connection handshook again: its earlier session is over
             orphans = self._peers.leave(old)
             self._abort_owned(orphans)
@@ -232,14 +282,15 @@ class CoreLoop:
             self._log_aborted(old, orphans, "its frontend started a new session")
         self._peers.join(identity, hello.frontend_id, now)
         self.bridge.peers = tuple(p.identity for p in self._peers)
-        info = self.backend.info
         log.info("rank %d accepted frontend %s (protocol %d.%d, fingerprint %s; engine %d.%d)",
                  self.rank, hello.frontend_id, hello.major, hello.minor, hello.schema_fingerprint,
                  MAJOR, MINOR)
-        self._send(identity, Ready(
-            self.rank, info.model, info.max_model_len, info.block_size, info.num_kv_blocks,
-            info.name, info.version, self.epoch, self.bridge.pub_port, MAJOR, MINOR,
-        ))
+        self._send(identity, self._ready())
+
+    def _ready(self) -> Ready:
+        info = self.backend.info
+        return Ready(self.rank, info.model, info.max_model_len, info.block_size, info.num_kv_blocks,
+                     info.name, info.version, self.epoch, self.bridge.pub_port, MAJOR, MINOR)
 
     def _on_message(self, peer: Peer, msg: Message, frames: Sequence[Buffer] = ()) -> None:
         if isinstance(msg, GenerateRequest):

@@ -11,7 +11,7 @@ from multiprocessing.synchronize import Event
 
 import zmq
 
-from services.engine.config import EngineConfig
+from services.engine.config import EngineConfig, is_loopback
 
 log = logging.getLogger("engine")
 
@@ -25,6 +25,10 @@ def run_rank(config: EngineConfig, on_ready: Callable[[], None] | None = None) -
     from services.engine.wiring import build_backend
 
     started = time.monotonic()
+    if config.auth_token is None and not is_loopback(config.host):
+        log.warning("rank %d listens on %s with no handshake token (--insecure-no-auth-token): any host that "
+                    "reaches port %d can pause or abort generation, load adapters and push weights",
+                    config.rank, config.host, config.port)
     ctx = zmq.Context()
     pub = "*" if config.pub_port is None else str(config.pub_port)  # "*": the OS picks a free port
     try:
@@ -45,9 +49,10 @@ def run_rank(config: EngineConfig, on_ready: Callable[[], None] | None = None) -
             signal.signal(sig, lambda *_: core.request_drain())
         info = backend.info
         log.info("rank %d ready in %.1fs: backend=%s model=%s max_model_len=%d kv_blocks=%d "
-                 "router=tcp://%s:%d pub=tcp://%s:%d epoch=%s", config.rank, time.monotonic() - started,
-                 info.name, info.model, info.max_model_len, info.num_kv_blocks, config.host, config.port,
-                 config.host, bridge.pub_port, core.epoch)
+                 "router=tcp://%s:%d pub=tcp://%s:%d epoch=%s handshake token %s", config.rank,
+                 time.monotonic() - started, info.name, info.model, info.max_model_len, info.num_kv_blocks,
+                 config.host, config.port, config.host, bridge.pub_port, core.epoch,
+                 "required" if config.auth_token else "not asked")
         if on_ready is not None:
             on_ready()
         return core.run()

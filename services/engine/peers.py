@@ -16,6 +16,9 @@ class Peer:
     number: int
     last_seen: float
     requests: set[str] = field(default_factory=set)  # engine-internal ids
+    # Anything but Hello heard since its Ready: a Hello after that starts a new session; one before it
+    # is a retry the frontend sent while waiting for that Ready (queued while this rank loaded).
+    spoke: bool = False
 
 
 class Peers:

@@ -5,6 +5,7 @@ import argparse
 import os
 from dataclasses import dataclass, field, fields
 
+from protocol.handshake import auth_token_from
 from services.frontend.parsers import (
     HARMONY_REASONING_PARSERS,
     HARMONY_TOOL_PARSERS,
@@ -25,7 +26,7 @@ class FrontendConfig:
     backend: str = "vllm"  # for engines started here (managed mode)
     engine_port: int = 5555  # first port for engines started here
     engine_args: tuple[str, ...] = ()  # extra flags passed to engines started here
-    auth_token: str | None = None  # engine handshake token
+    auth_token: str | None = field(default=None, repr=False)  # engine handshake token; kept out of logs
     handshake_timeout_s: float = 600.0  # how long start-up waits for all engines before it gives up
     engine_timeout_s: float = 2.0  # an engine silent this long is slow: it takes no new requests
     engine_dead_timeout_s: float = 10.0  # ... and this long dead: its running requests fail
@@ -152,8 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-port", type=int, default=d["engine_port"], help="first port for engines started here")
     p.add_argument("--engine-arg", action="append", default=[], dest="engine_args",
                    help="extra flag for engines started here (repeatable), e.g. --engine-arg=--sim-instant")
+    p.add_argument("--auth-token-file", metavar="FILE",
+                   help="file holding the token sent in every engine handshake (the engines' token; surrounding "
+                        "whitespace dropped); default: $ENGINE_AUTH_TOKEN, else none")
     p.add_argument("--auth-token", default=d["auth_token"],
-                   help="token sent in every engine handshake (the engines' --auth-token); default: none")
+                   help="the engine handshake token itself; it shows in `ps`: prefer --auth-token-file or "
+                        "$ENGINE_AUTH_TOKEN")
     p.add_argument("--handshake-timeout", type=float, default=d["handshake_timeout_s"], dest="handshake_timeout_s",
                    help="seconds start-up waits for every engine to be ready before the process exits 1")
     p.add_argument("--engine-timeout", type=float, default=d["engine_timeout_s"], dest="engine_timeout_s",
@@ -227,6 +232,7 @@ def parse_args(argv: list[str] | None = None) -> FrontendConfig:
     if ns["data_parallel_size"] is None:
         ns["data_parallel_size"] = local if local > 0 else max(1, len(addresses))
     try:
+        ns["auth_token"] = auth_token_from(ns["auth_token"], ns.pop("auth_token_file"), os.environ)
         return FrontendConfig(engine_addresses=addresses, engine_args=tuple(ns.pop("engine_args")),
                               api_keys=tuple(keys), **ns)
     except ValueError as exc:

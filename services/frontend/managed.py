@@ -3,10 +3,12 @@ and stops them on exit."""
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import sys
 
+from protocol.handshake import TOKEN_ENV
 from services.frontend.config import FrontendConfig
 
 log = logging.getLogger(__name__)
@@ -25,10 +27,13 @@ class ManagedEngines:
                "--host", "127.0.0.1", "--port", str(c.engine_port),
                "--data-parallel-size-local", str(c.data_parallel_size_local),
                "--max-logprobs", str(c.max_logprobs), *c.engine_args]
+        # The token goes in the environment, not on the command line (which `ps` shows); the engines
+        # bind loopback here, where they take one if given and need none otherwise.
+        env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
         if c.auth_token:
-            cmd += ["--auth-token", c.auth_token]
+            env[TOKEN_ENV] = c.auth_token
         log.info("starting %d %s engine rank(s): %s", c.data_parallel_size_local, c.backend, " ".join(cmd))
-        self._proc = subprocess.Popen(cmd)
+        self._proc = subprocess.Popen(cmd, env=env)
 
     def exited(self) -> int | None:
         return None if self._proc is None else self._proc.poll()

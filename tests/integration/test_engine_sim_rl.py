@@ -10,6 +10,7 @@ import pytest
 
 from protocol import GenerateRequest, Outputs, Ready, SamplingParams, UtilityResult
 from tests.integration.conftest import SIM
+from tests.support.adapters import fake_adapter
 from tests.support.engine_client import EngineClient
 from tests.support.procs import EngineProc, start_engine
 
@@ -202,7 +203,8 @@ def test_weight_update_session_checks_and_counts_bytes(connect) -> None:  # type
 
 def test_a_request_with_a_loaded_lora_samples_other_tokens(connect, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     c = connect()
-    assert c.utility("add_lora", name="ad", path=str(tmp_path)).result is True
+    assert c.utility("add_lora", name="ad", path=str(tmp_path)).ok is False  # not an adapter directory
+    assert c.utility("add_lora", name="ad", path=str(fake_adapter(tmp_path))).result is True
     assert c.utility("list_loras").result == ["ad"]
     for rid, lora in (("base", None), ("lora", "ad"), ("lora2", "ad")):
         c.send(GenerateRequest(rid, PROMPT, SamplingParams(max_tokens=8, seed=5), 0.0, lora=lora))

@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from protocol.block_hash import block_hashes
 from protocol.grpc import pb2, pb2_grpc, tensor_messages
 from tests.integration.conftest import SIM
+from tests.support.adapters import fake_adapter
 from tests.support.procs import EngineProc, FrontendProc, free_port_block, start_engine, start_frontend
 
 KEY = "grpc-test-key"
@@ -275,7 +276,7 @@ def test_reset_prefix_cache_on_every_rank(fleet: Fleet) -> None:
 
 
 def test_lora_load_list_use_unload(fleet: Fleet, tmp_path: Path) -> None:
-    fleet.control.LoadLora(pb2.LoadLoraRequest(name="ad1", path=str(tmp_path)), metadata=AUTH)
+    fleet.control.LoadLora(pb2.LoadLoraRequest(name="ad1", path=str(fake_adapter(tmp_path))), metadata=AUTH)
     assert "ad1" in fleet.control.ListLoras(pb2.ListLorasRequest(), metadata=AUTH).names
     base = fleet.inference.Generate(_req(), metadata=AUTH, timeout=30)
     adapted = fleet.inference.Generate(_req(lora_name="ad1"), metadata=AUTH, timeout=30)

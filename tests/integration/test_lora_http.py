@@ -6,6 +6,7 @@ loaded again on a rank that restarts. The sim mixes an adapter's name into its t
 adapter's output differs from the base model's for the same seed."""
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ import openai
 import pytest
 
 from tests.integration.conftest import SIM
+from tests.support.adapters import fake_adapter
 from tests.support.procs import EngineProc, FrontendProc, start_engine, start_frontend
 
 MESSAGES = [{"role": "user", "content": "Tell me a story"}]
@@ -33,8 +35,9 @@ class Fleet:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     tmp = tmp_path_factory.mktemp("lora")
-    engine = start_engine(tmp, *SIM, "--sim-decode-ms", "2", "--lora-modules", f"boot={tmp}/boot",
-                          '{"name": "boot2", "path": "/adapters/boot2"}', ranks=2)
+    boot2 = json.dumps({"name": "boot2", "path": str(fake_adapter(tmp, "boot2"))})
+    engine = start_engine(tmp, *SIM, "--sim-decode-ms", "2", "--lora-modules", f"boot={fake_adapter(tmp, 'boot')}",
+                          boot2, ranks=2)
     try:
         fe = start_frontend(tmp, "--data-parallel-size", "2", "--data-parallel-size-local", "0",
                             "--engine-addresses", f"{engine.endpoint(0)},{engine.endpoint(1)}",
@@ -98,11 +101,12 @@ def test_an_unknown_model_is_a_404_naming_it(fleet: Fleet) -> None:
 
 
 def test_load_serve_and_unload_at_run_time(fleet: Fleet, tmp_path: Path) -> None:
-    r = fleet.post("/v1/load_lora_adapter", {"lora_name": "live", "lora_path": str(tmp_path)})
+    adapter = fake_adapter(tmp_path)
+    r = fleet.post("/v1/load_lora_adapter", {"lora_name": "live", "lora_path": str(adapter)})
     assert r.status_code == 200 and r.text == "Success: LoRA adapter 'live' added successfully."
     assert _chat(fleet, "live").model == "live"
     assert "live" in {m.id for m in fleet.client.models.list().data}
-    again = fleet.post("/v1/load_lora_adapter", {"lora_name": "live", "lora_path": str(tmp_path)})
+    again = fleet.post("/v1/load_lora_adapter", {"lora_name": "live", "lora_path": str(adapter)})
     assert again.status_code == 400 and "has already been loaded" in again.json()["error"]["message"]
     r = fleet.post("/v1/unload_lora_adapter", {"lora_name": "live"})
     assert r.status_code == 200 and r.text == "Success: LoRA adapter 'live' removed successfully."
@@ -147,7 +151,8 @@ def test_an_adapter_loaded_at_run_time_comes_back_on_a_restarted_rank(tmp_path: 
                         "--allow-runtime-lora-updating")
     fleet = Fleet(engine, fe)
     try:
-        assert fleet.post("/v1/load_lora_adapter", {"lora_name": "live", "lora_path": str(tmp_path)}).status_code == 200
+        adapter = str(fake_adapter(tmp_path))
+        assert fleet.post("/v1/load_lora_adapter", {"lora_name": "live", "lora_path": adapter}).status_code == 200
         before = _chat(fleet, "live").choices[0].message.content
         port = engine.port
         engine.stop()

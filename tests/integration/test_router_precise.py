@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.adapters import fake_adapter
 from tests.support.procs import (
     EngineProc,
     FrontendProc,
@@ -30,9 +31,12 @@ PREFIX = " ".join(f"Fact {i}: the {i}th lantern of the harbour burns copper-gree
 DEADLINE_S = 30.0
 
 
-# Each engine serves the base model and the LoRA adapter `ad` (the sim loads nothing from the path).
-SIM = ("--model", "tiny", "--backend", "sim", "--sim-decode-ms", "1", "--block-size", "16", "--lora-modules",
-       "ad=/adapters/ad")
+# Each engine serves the base model and the LoRA adapter `ad` (the sim loads nothing from its directory).
+SIM = ("--model", "tiny", "--backend", "sim", "--sim-decode-ms", "1", "--block-size", "16")
+
+
+def _sim(tmp: Path) -> tuple[str, ...]:
+    return (*SIM, "--lora-modules", f"ad={fake_adapter(tmp, 'ad')}")
 
 
 @dataclass
@@ -54,7 +58,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     try:
         replicas = []
         for _ in range(2):
-            engine = start_engine(tmp, *SIM)
+            engine = start_engine(tmp, *_sim(tmp))
             engines.append(engine)
             grpc_port = free_port_block(1, spread=0)
             grpc_ports.append(grpc_port)
@@ -135,7 +139,7 @@ def test_a_restarted_engines_blocks_are_cleared(fleet: Fleet) -> None:
     port = fleet.engines[index].port
     fleet.engines[index].stop()
     # The same engine address, a new session holding nothing: the frontend relays `cleared` for its rank.
-    fleet.engines[index] = start_engine(fleet.tmp, *SIM, port=port)
+    fleet.engines[index] = start_engine(fleet.tmp, *_sim(fleet.tmp), port=port)
     fleet.frontends[index].wait_ready()
     # (What was sent there counts as held for pending_s, 5 s, unless the engine reports it: then not.)
     _until(fleet, body, lambda d: d["status"] == "ok" and d["reason"].startswith("precise_prefix: best 0/"))

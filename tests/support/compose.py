@@ -6,6 +6,7 @@ import json
 import os
 import queue
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -49,7 +50,8 @@ def start_compose(tmp: Path, *files: str, timeout_s: float = 60.0, grace_s: floa
     runner = subprocess.Popen(
         [sys.executable, str(COMPOSE / "run.py"), *(str(COMPOSE / f) for f in files), "--ports-file", str(ports_file),
          "--volumes-dir", str(tmp / "volumes"), "--grace", str(grace_s)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env={**os.environ, "ENGINE_AUTH_TOKEN": secrets.token_hex(16)})  # the compose file asks for one
     run = ComposeRun(runner, "", {})
     events: queue.Queue[str] = queue.Queue()
 

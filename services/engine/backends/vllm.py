@@ -30,6 +30,7 @@ from services.engine.backend import (
     StepResult,
     Stored,
     UtilityUnsupported,
+    check_adapter_dir,
 )
 from services.engine.config import EngineConfig
 from services.engine.weights import ITEMSIZE, TensorView, WeightSession, views
@@ -383,8 +384,7 @@ class VllmBackend:
                 return False
             raise ValueError(f"add_lora: an adapter named {name!r} is already loaded from {loaded.lora_path!r}; "
                              "remove_lora it first")
-        if not Path(path, "adapter_config.json").is_file():
-            raise ValueError(f"add_lora.path {path!r}: no adapter_config.json there (a PEFT adapter directory)")
+        check_adapter_dir(path)
         lora = LoRARequest(name, self._next_lora_id, path)
         self._next_lora_id += 1
         self._core.add_lora(lora)  # raises with vLLM's reason (rank too large, bad target modules, ...)

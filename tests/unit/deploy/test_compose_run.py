@@ -2,6 +2,8 @@
 127.0.0.1 (args, environment, healthchecks, mounted config files)."""
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,8 +15,11 @@ from deploy.compose import run
 COMPOSE = Path(__file__).resolve().parents[3] / "deploy" / "compose"
 
 
+TOKEN = {"ENGINE_AUTH_TOKEN": "shared-t0ken"}  # the compose file asks for the engines' handshake token
+
+
 def _plan(tmp_path: Path, *files: Path, env: dict[str, str] | None = None) -> dict[str, run.Service]:
-    model = run.load(files, env or {})
+    model = run.load(files, {**TOKEN, **(env or {})})
     return {s.name: s for s in run.plan(model, tmp_path / "volumes", tmp_path / "files")}
 
 
@@ -49,6 +54,32 @@ def test_compose_file_maps_onto_loopback(tmp_path: Path) -> None:
     assert config["pools"]["tiny"]["replicas"] == [{"url": f"http://127.0.0.1:{frontend.ports[8000]}"}]
     assert [(listener["host"], listener["port"]) for listener in config["listeners"]] == [
         ("127.0.0.1", router.ports[8080]), ("127.0.0.1", router.ports[8081])]
+
+
+def test_one_token_reaches_engines_frontend_and_probe_and_none_means_no_start(tmp_path: Path) -> None:
+    services = _plan(tmp_path, COMPOSE / "compose.yaml")
+    for name in ("engine-0", "engine-1", "frontend"):
+        assert services[name].env["ENGINE_AUTH_TOKEN"] == "shared-t0ken"
+        assert "shared-t0ken" not in services[name].argv  # never on a command line (`ps` shows those)
+    with pytest.raises(SystemExit, match="ENGINE_AUTH_TOKEN"):
+        run.load([COMPOSE / "compose.yaml"], {})
+
+
+def test_a_healthcheck_runs_in_its_services_environment(tmp_path: Path) -> None:
+    compose = tmp_path / "c.yaml"
+    compose.write_text(yaml.safe_dump({"services": {"s": {
+        "command": ["python", "-c", "import time; time.sleep(30)"], "environment": {"PROBE_SAYS": "ok"},
+        "healthcheck": {"test": ["CMD", "python", "-c", "import os, sys; sys.exit(os.environ['PROBE_SAYS'] != 'ok')"],
+                        "interval": "1s", "retries": 1, "start_period": "5s"}}}}))
+    (svc,) = run.plan(run.load([compose], {}), tmp_path / "volumes", tmp_path / "files")
+    runner = run.Runner([svc], tmp_path, grace_s=1)
+    env = {k: v for k, v in os.environ.items() if k != "PROBE_SAYS"}  # only the service env has it
+    runner.procs["s"] = proc = subprocess.Popen(svc.argv, env=env)
+    try:
+        assert runner._wait_healthy(svc)
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_default_file_runs_vllm(tmp_path: Path) -> None:

@@ -122,19 +122,43 @@ def test_renderer_applies_json6902_and_refuses_what_it_does_not_implement(tmp_pa
 # Engines
 
 
-def test_engine_args_parse_and_each_pod_is_its_own_rank_on_the_declared_ports(fleet: Any) -> None:
+def _token_secret(container: dict[str, Any]) -> tuple[str, str]:
+    """The (Secret, key) a container's ENGINE_AUTH_TOKEN comes from; not optional."""
+    (token_env,) = [e for e in container["env"] if e["name"] == "ENGINE_AUTH_TOKEN"]
+    ref = token_env["valueFrom"]["secretKeyRef"]
+    assert not ref.get("optional", False), "a pod without the token must not start"
+    return ref["name"], ref["key"]
+
+
+def test_engines_and_frontends_take_one_token_from_one_secret(fleet: Any) -> None:
+    _, resources = fleet
+    engine = _container(resources[("StatefulSet", "engine")])
+    frontend = _container(resources[("Deployment", "frontend")])
+    assert _token_secret(engine) == _token_secret(frontend) == ("engine-auth-token", "token")
+    # Never on the command line, where `ps` shows it.
+    assert not {"--auth-token", "--insecure-no-auth-token"} & set(engine["args"] + frontend["args"])
+
+
+def test_engine_args_parse_and_each_pod_is_its_own_rank_on_the_declared_ports(
+        fleet: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     tree, resources = fleet
     sts = resources[("StatefulSet", "engine")]
     c = _container(sts)
     assert c["command"] == ["python", "-m", "services.engine"]
     (rank_env,) = [e for e in c["env"] if e["name"] == "ENGINE_RANK"]
     assert rank_env["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['apps.kubernetes.io/pod-index']"
+    # The engine binds all interfaces: without its Secret's token it refuses to start.
+    monkeypatch.delenv("ENGINE_AUTH_TOKEN", raising=False)
+    with pytest.raises(SystemExit):
+        engine_args(_expand(c["args"], {"ENGINE_RANK": "0"}))
+    assert "--host='0.0.0.0' is invalid" in capsys.readouterr().err
+    monkeypatch.setenv("ENGINE_AUTH_TOKEN", "from-the-secret")
     for ordinal in range(sts["spec"]["replicas"]):
         config = engine_args(_expand(c["args"], {"ENGINE_RANK": str(ordinal)}))
         assert config.rank == ordinal
         assert config.data_parallel_size_local == 1
         assert (config.port, config.pub_port) == (_ports(sts)["zmq-router"], _ports(sts)["zmq-pub"])
-        assert config.host == "0.0.0.0"
+        assert config.host == "0.0.0.0" and config.auth_token == "from-the-secret"
         assert config.model == ("tiny" if tree == "cpu" else "/models/model")
         assert config.backend == "vllm"
         # SIGKILL must not cut the drain short.

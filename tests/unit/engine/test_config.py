@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from services.engine.config import EngineConfig, parse_args
@@ -76,3 +78,50 @@ def test_bad_lora_modules_name_the_flag(argv: list[str], message: str, capsys: p
         parse_args(["--model", "tiny", *argv])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_default_bind_is_loopback_and_needs_no_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ENGINE_AUTH_TOKEN", raising=False)
+    c = parse_args(["--model", "tiny"])
+    assert (c.host, c.auth_token) == ("127.0.0.1", None)
+    for host in ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"):
+        assert parse_args(["--model", "tiny", "--host", host]).auth_token is None
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "*", "10.0.0.5", "::", "eth0", "engine-0"])
+def test_beyond_loopback_without_a_token_the_engine_refuses_to_start(
+        host: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("ENGINE_AUTH_TOKEN", raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--model", "tiny", "--host", host])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--host={host!r} is invalid: allowed a loopback address" in err
+    assert "--auth-token-file" in err and "--insecure-no-auth-token" in err
+    # The operator's explicit opt-out, named for its risk.
+    c = parse_args(["--model", "tiny", "--host", host, "--insecure-no-auth-token"])
+    assert (c.host, c.auth_token, c.insecure_no_auth_token) == (host, None, True)
+
+
+def test_the_token_comes_from_a_file_or_the_environment(tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("ENGINE_AUTH_TOKEN", raising=False)
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    c = parse_args(["--model", "tiny", "--host", "0.0.0.0", "--auth-token-file", str(token)])
+    assert c.auth_token == "s3cret"
+    assert "s3cret" not in repr(c)  # a logged config does not show it
+    monkeypatch.setenv("ENGINE_AUTH_TOKEN", "from-env")
+    assert parse_args(["--model", "tiny", "--host", "0.0.0.0"]).auth_token == "from-env"
+    assert parse_args(["--model", "tiny", "--auth-token-file", str(token)]).auth_token == "s3cret"  # file first
+    for argv, message in (
+        (["--auth-token-file", str(tmp_path / "missing")], "--auth-token-file="),
+        (["--auth-token-file", str(token), "--auth-token", "x"], "--auth-token-file and --auth-token are exclusive"),
+    ):
+        with pytest.raises(SystemExit):
+            parse_args(["--model", "tiny", *argv])
+        assert message in capsys.readouterr().err
+    token.write_text(" \n")
+    with pytest.raises(SystemExit):
+        parse_args(["--model", "tiny", "--host", "0.0.0.0", "--auth-token-file", str(token)])
+    assert "the auth token (--auth-token-file, --auth-token or $ENGINE_AUTH_TOKEN) is empty" in capsys.readouterr().err

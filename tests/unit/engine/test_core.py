@@ -15,6 +15,7 @@ from protocol import (
     GenerateRequest,
     Outputs,
     Ready,
+    Reject,
     RequestOutput,
     SamplingParams,
     Stats,
@@ -342,3 +343,90 @@ def test_a_request_held_by_a_pause_is_refused_as_draining_when_the_rank_drains(p
     [out] = [o for m in bridge.to(b"a", Outputs) for o in m.outputs]
     assert (out.request_id, out.finish_reason, out.error_kind) == ("held", "error", "draining")
     assert "while paused" in (out.error or "")
+
+
+def test_a_closed_connection_aborts_its_requests_at_once(parts, caplog) -> None:  # type: ignore[no-untyped-def]
+    bridge, backend, core = parts
+    bridge.push(b"a", make_hello("fe-a"))
+    bridge.push(b"a", _req("r", 10**9))
+    thread, _ = _run(core)
+    _wait(lambda: len(bridge.to(b"a", Outputs)) > 0)
+    with caplog.at_level("INFO", logger="services.engine.core"):
+        bridge.inbox.put((b"a", []))  # the bridge: a send to it found no connection
+        _wait(lambda: backend.aborted == ["1:r"])
+    assert "rank 0: frontend fe-a closed its connection; aborting its 1 request(s)" in caplog.text
+    assert core.bridge.peers == ()
+    bridge.push(b"a", UtilityCall(7, "stats", {}))  # its session is gone: a new connection must handshake
+    _wait(lambda: len(bridge.to(b"a", Reject)) == 1)
+    core.request_drain()
+    thread.join(5)
+
+
+def test_hello_retries_of_one_session_get_one_ready_and_one_log_line(parts, caplog) -> None:  # type: ignore[no-untyped-def]
+    bridge, _, core = parts
+    for _ in range(50):  # what queues while a rank loads: the frontend retries every 0.5 s
+        bridge.push(b"a", make_hello("fe-a"))
+    bridge.push(b"a", UtilityCall(1, "stats", {}))
+    with caplog.at_level("INFO", logger="services.engine.core"):
+        thread, _ = _run(core)
+        _wait(lambda: len(bridge.to(b"a", UtilityResult)) == 1)
+        assert len(bridge.to(b"a", Ready)) == 1
+        assert bridge.to(b"a", UtilityResult)[0].result["peers"] == 1
+        # Once it has spoken, a Hello is a new session (it declared this rank dead, say): answered.
+        bridge.push(b"a", make_hello("fe-a"))
+        _wait(lambda: len(bridge.to(b"a", Ready)) == 2)
+    assert caplog.text.count("accepted frontend fe-a") == 2
+    core.request_drain()
+    thread.join(5)
+
+
+def test_a_late_hello_retry_gets_the_same_ready_again(parts, monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]
+    bridge, _, core = parts
+    monkeypatch.setattr("services.engine.core.DUPLICATE_HELLO_S", 0.0)  # every retry counts as late
+    with caplog.at_level("INFO", logger="services.engine.core"):
+        bridge.push(b"a", make_hello("fe-a"))
+        bridge.push(b"a", make_hello("fe-a"))
+        thread, _ = _run(core)
+        _wait(lambda: len(bridge.to(b"a", Ready)) == 2)
+    first, again = bridge.to(b"a", Ready)
+    assert first == again  # the same session (epoch): its first Ready may have been lost
+    assert caplog.text.count("accepted frontend fe-a") == 1
+    core.request_drain()
+    thread.join(5)
+
+
+def test_a_peer_without_a_session_changes_nothing_and_is_logged_once(parts, caplog) -> None:  # type: ignore[no-untyped-def]
+    bridge, backend, core = parts
+    bridge.push(b"a", make_hello("fe-a"))
+    bridge.push(b"a", _req("r", 10**9))
+    calls = [UtilityCall(1, "pause", {"mode": "abort"}), Abort(["r"]), _req("x"),
+             UtilityCall(2, "add_lora", {"name": "evil", "path": "/tmp"}), UtilityCall(3, "start_weight_update", {})]
+    with caplog.at_level("INFO", logger="services.engine.core"):
+        thread, _ = _run(core)
+        _wait(lambda: len(bridge.to(b"a", Outputs)) > 0)
+        for msg in calls:
+            bridge.push(b"x", msg)
+        bridge.push(b"y", make_hello("fe-y", "a token nobody asked for"))  # accepted: this engine asks none
+        _wait(lambda: len(bridge.to(b"x", Reject)) == len(calls) and bridge.to(b"y", Ready))
+    assert all("no session on this connection" in r.reason for r in bridge.to(b"x", Reject))
+    assert caplog.text.count("refused messages from b'x'") == 1
+    assert backend.aborted == [] and list(backend.running) == ["1:r"] and core._pause_mode is None
+    core.request_drain()
+    thread.join(5)
+
+
+def test_a_refused_hello_is_answered_each_time_and_logged_once(caplog) -> None:  # type: ignore[no-untyped-def]
+    bridge, backend = FakeBridge(), EchoBackend()
+    config = EngineConfig(model="m", backend="sim", heartbeat_interval_s=0.01, auth_token="s3cret")
+    core = CoreLoop(config, backend, bridge, vocab_size=100)  # type: ignore[arg-type]
+    for token in (None, "wrong", "wrong"):
+        bridge.push(b"x", make_hello("fe-x", token))
+    bridge.push(b"x", UtilityCall(1, "pause", {}))
+    bridge.push(b"a", make_hello("fe-a", "s3cret"))
+    with caplog.at_level("INFO", logger="services.engine.core"):
+        thread, _ = _run(core)
+        _wait(lambda: len(bridge.to(b"x", Reject)) == 4 and bridge.to(b"a", Ready))
+    assert [r.code for r in bridge.to(b"x", Reject)] == ["unauthorized"] * 3 + ["malformed"]
+    assert caplog.text.count("refused handshake from fe-x") == 1 and core._pause_mode is None
+    core.request_drain()
+    thread.join(5)

@@ -22,6 +22,7 @@ from services.engine.backend import (
     Segment,
     StepResult,
     UtilityUnsupported,
+    check_adapter_dir,
 )
 from services.engine.backends.sim.block_pool import BlockPool
 from services.engine.backends.sim.config import SimConfig
@@ -166,12 +167,15 @@ class SimBackend:
             return self._pool.reset()
         if name == "add_lora":  # as the vllm backend's: the same adapter again is False, another path an error
             lora = _str_arg(name, args, "name")
-            path = _str_arg(name, args, "path")  # the sim loads nothing, but callers must still send it
+            # The sim loads nothing from it, but refuses what the vllm backend refuses: a path that is not
+            # an adapter directory (a file, a URL) would otherwise be listed as an adapter's root.
+            path = _str_arg(name, args, "path")
             if lora in self._loras:
                 if self._loras[lora] == path:
                     return False
                 raise ValueError(f"add_lora: an adapter named {lora!r} is already loaded from "
                                  f"{self._loras[lora]!r}; remove_lora it first")
+            check_adapter_dir(path)
             self._loras[lora] = path
             return True
         if name == "remove_lora":

@@ -23,6 +23,7 @@ from services.engine.backend import (
 )
 from services.engine.backends.sim import SimBackend, SimConfig
 from services.engine.backends.sim.script import Rule, Script
+from tests.support.adapters import fake_adapter
 
 VOCAB = 1000
 EOS = 1000  # a special token past the regular vocabulary, as in real tokenizers
@@ -168,9 +169,9 @@ def test_repeated_prefix_reports_cached_full_blocks() -> None:
     assert (load.prefix_cache_queries, load.prefix_cache_hits) == (122, 32)
 
 
-def test_stored_events_carry_protocol_hashes_of_prompt_and_output() -> None:
+def test_stored_events_carry_protocol_hashes_of_prompt_and_output(tmp_path: Path) -> None:
     b = backend()
-    b.utility("add_lora", {"name": "ad", "path": "/unused"})
+    b.utility("add_lora", {"name": "ad", "path": str(fake_adapter(tmp_path))})
     # A 5-token prompt: its first full block is mostly generated tokens, still on the salted chain.
     for prompt, salt, lora in ((PROMPT, None, None), (PROMPT, "s", "ad"), (PROMPT[:5], "s", None)):
         b.add("r", req(prompt, max_tokens=30, salt=salt, lora=lora))
@@ -293,14 +294,15 @@ def test_load_counts_running_and_waiting() -> None:
     assert (b.load().running, b.load().waiting) == (2, 1)
 
 
-def test_lora_utilities() -> None:
+def test_lora_utilities(tmp_path: Path) -> None:
     b = backend()
-    assert b.utility("add_lora", {"name": "b", "path": "/x"}) is True
-    assert b.utility("add_lora", {"name": "a", "path": "/y"}) is True
+    x, y, z = (str(fake_adapter(tmp_path, n)) for n in "xyz")
+    assert b.utility("add_lora", {"name": "b", "path": x}) is True
+    assert b.utility("add_lora", {"name": "a", "path": y}) is True
     assert b.utility("list_loras", {}) == ["a", "b"]
-    assert b.utility("add_lora", {"name": "a", "path": "/y"}) is False  # the same adapter again
-    with pytest.raises(ValueError, match="already loaded from '/y'"):
-        b.utility("add_lora", {"name": "a", "path": "/z"})
+    assert b.utility("add_lora", {"name": "a", "path": y}) is False  # the same adapter again
+    with pytest.raises(ValueError, match=f"already loaded from '{y}'"):
+        b.utility("add_lora", {"name": "a", "path": z})
     assert run(b, req(PROMPT, lora="a"))["r"]["finish"] == "length"
     assert b.utility("remove_lora", {"name": "a"}) is True
     assert b.utility("remove_lora", {"name": "a"}) is False
@@ -541,3 +543,14 @@ def test_preemption_under_kv_pressure_is_counted_and_inside_the_timings() -> Non
         assert first.decode_time == 0 and last.decode_time > 0
         total = last.queued_time + last.prefill_time + last.decode_time
         assert total == pytest.approx(finished_at[rid] - 0.5 * i)
+
+
+@pytest.mark.parametrize("kind", ["missing", "file", "url", "directory without adapter_config.json"])
+def test_add_lora_refuses_what_is_not_an_adapter_directory(tmp_path: Path, kind: str) -> None:
+    b = backend()
+    (tmp_path / "weights.safetensors").write_bytes(b"")
+    path = {"missing": str(tmp_path / "nope"), "file": str(tmp_path / "weights.safetensors"),
+            "url": "https://example.com/adapter", "directory without adapter_config.json": str(tmp_path)}[kind]
+    with pytest.raises(ValueError, match=re.escape(f"add_lora.path {path!r}: no adapter_config.json there")):
+        b.utility("add_lora", {"name": "a", "path": path})
+    assert b.utility("list_loras", {}) == []
