@@ -100,17 +100,18 @@ class RouterApp:
                      send: TrackedSend) -> None:
         path, method = scope["path"], scope["method"]
         if path == "/health":
+            _only_get(path, method)
             await send_json(send, 200, _json.encode(self._health()))
             return
         authorize(listener.keys, scope["headers"])
         if path == "/metrics":
+            _only_get(path, method)
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]})
             await send({"type": "http.response.body", "body": self.metrics.render()})
             return
         if path == "/openapi.json":
-            if method != "GET":
-                raise HTTPError(405, f"{path} accepts GET only", headers=[(b"allow", b"GET")])
+            _only_get(path, method)
             await send_json(send, 200, listener.openapi)
             return
         # An API's other routes (count_tokens) are served where the API is.
@@ -118,9 +119,10 @@ class RouterApp:
         served = codec.part_of or api if codec is not None else api
         if api is None or served not in listener.config.apis:
             raise HTTPError(404, f"no route for {method} {path} on listener {listener.name!r}")
-        wanted = "GET" if api == "models" else "POST"
-        if method != wanted:
-            raise HTTPError(405, f"{path} accepts {wanted} only", headers=[(b"allow", wanted.encode())])
+        if api == "models":
+            _only_get(path, method)
+        elif method != "POST":
+            raise HTTPError(405, f"{path} accepts POST only", headers=[(b"allow", b"POST")])
         if api == "models":
             await send_json(send, 200, _json.encode(self._models(listener)))
         elif api == "decisions":
@@ -215,11 +217,17 @@ class RouterApp:
         model = chat.get("model")
         if model not in served:
             raise HTTPError(404, f"The model `{model}` does not exist; available: {', '.join(served)}",
-                            param="model", code="model_not_found")
+                            param="model")
         try:
             return self.router.choose(chat)
         except UnknownModel as exc:
-            raise HTTPError(404, str(exc), param="model", code="model_not_found") from None
+            raise HTTPError(404, str(exc), param="model") from None
+
+
+def _only_get(path: str, method: str) -> None:
+    """The read-only routes answer GET and HEAD (uvicorn sends no body for HEAD), as the frontend's do."""
+    if method not in ("GET", "HEAD"):
+        raise HTTPError(405, f"{path} accepts GET and HEAD only", headers=[(b"allow", b"GET, HEAD")])
 
 
 def _parse(raw: bytes) -> dict[str, Any]:
@@ -243,4 +251,4 @@ def _to_chat(codec: Codec, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _error_body(api: str | None, exc: HTTPError) -> bytes:
-    return _json.encode(error_shape(api).error_body(exc.status, exc.message, exc.param, exc.code))
+    return _json.encode(error_shape(api).error_body(exc.status, exc.message, exc.param))

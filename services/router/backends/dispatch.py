@@ -78,11 +78,11 @@ class Dispatcher:
                     return HTTPError(502, f"pool {name!r}: {len(tried)} replica(s) failed ({last_error}) and "
                                      "the rest are at their in-flight cap")
                 return HTTPError(429, f"{lease.reason}; retry after {lease.retry_after_s}s",
-                                 code="overloaded", headers=[(b"retry-after", str(lease.retry_after_s).encode())])
+                                 headers=[(b"retry-after", str(lease.retry_after_s).encode())])
             if isinstance(lease, NoReplica):
                 if last_error:
                     return HTTPError(502, f"pool {name!r}: every replica tried failed; last: {last_error}")
-                return HTTPError(503, lease.reason, code="no_replica")
+                return HTTPError(503, lease.reason)
             if tried:
                 self.metrics.retries.labels(name).inc()
             url = lease.replica.url

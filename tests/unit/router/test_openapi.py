@@ -116,4 +116,4 @@ def test_each_listener_serves_its_own_document_which_loads_in_schemathesis() -> 
     for doc in (public, claude):
         assert all(result.ok() for result in schemathesis.openapi.from_dict(doc).get_all_operations())
     wrong = asyncio.run(request(app, "POST", "/openapi.json"))
-    assert wrong.status == 405 and wrong.headers["allow"] == "GET"
+    assert wrong.status == 405 and wrong.headers["allow"] == "GET, HEAD"

@@ -38,8 +38,8 @@ class Codec:
     """(upstream's non-streamed answer, the client's request) -> this API's response body."""
     stream: Callable[[dict[str, Any]], StreamTranslator]
     """A translator for one streamed answer to the request."""
-    error_body: Callable[[int, str, str | None, str | int | None], dict[str, Any]]
-    """(status, message, param, code) -> this API's error body."""
+    error_body: Callable[[int, str, str | None], dict[str, Any]]
+    """(status, message, param) -> this API's error body."""
     refusal_body: Callable[[int, bytes], bytes | None] = lambda status, raw: None
     """Upstream's 4xx body (OpenAI's error shape) in this API's shape; None to pass it on as it is."""
     upstream_path: str = CHAT_PATH  # the replica's path the translated request goes to
