@@ -14,7 +14,6 @@ from typing import Any
 import msgspec
 from starlette.types import Receive, Scope, Send
 
-from edge.json_depth import MAX_DEPTH, too_deep
 from services.router.backends.dispatch import Dispatcher
 from services.router.backends.pool import NoReplica, Overloaded, Pool
 from services.router.backends.upstream import Upstream
@@ -31,10 +30,12 @@ from services.router.listeners.asgi import (
     send_json,
     watch_disconnect,
 )
+from services.router.listeners.body_workers import BodyWorkers, parse
 from services.router.listeners.call import Call
 from services.router.listeners.codecs.codec import Codec, CodecError
 from services.router.listeners.codecs.registry import CODECS, error_shape
 from services.router.listeners.escalate import Escalator
+from services.router.listeners.json_body import BodyError, decode_object
 from services.router.listeners.listener import Listener, listeners_by_port
 from services.router.listeners.relay import Relay
 from services.router.metrics import RouterMetrics
@@ -43,13 +44,14 @@ log = logging.getLogger("router")
 
 POST_APIS = {**{codec.path: name for name, codec in CODECS.items()}, "/v1/decisions": "decisions"}
 _json = msgspec.json.Encoder()
-_decode = msgspec.json.Decoder()
-OFF_LOOP_BYTES = 256 << 10  # requests larger than this are routed (signals evaluated) off the event loop
+# Bodies larger than this are decoded and translated in a body worker process, and routed (signals
+# evaluated) in a thread: the event loop keeps serving every other stream meanwhile.
+OFF_LOOP_BYTES = 256 << 10
 
 
 class RouterApp:
     def __init__(self, config: RouterConfig, router: Router, pools: dict[str, Pool], upstream: Upstream,
-                 metrics: RouterMetrics, *, max_body_bytes: int = 32 << 20) -> None:
+                 metrics: RouterMetrics, *, max_body_bytes: int = 32 << 20, body_workers: int = 2) -> None:
         self.config = config
         self.router = router
         self.pools = pools
@@ -58,9 +60,14 @@ class RouterApp:
         dispatcher = Dispatcher(config, pools, upstream, metrics)
         self.relay = Relay(dispatcher, metrics)
         self.escalator = Escalator(dispatcher, self.relay, metrics)
+        self.bodies = BodyWorkers(body_workers)
         self._by_port = listeners_by_port(config)
         self._first = self._by_port[config.listeners[0].port]
         self._created = int(time.time())
+
+    def close(self) -> None:
+        """The body workers stopped (at shutdown)."""
+        self.bodies.close()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -172,16 +179,20 @@ class RouterApp:
     async def _generate(self, listener: Listener, codec: Codec, scope: Scope, receive: Receive,
                         send: TrackedSend) -> None:
         raw = await read_body(scope, receive, self.max_body_bytes)
-        request = _parse(raw)
-        chat = _to_chat(codec, request)
-        if len(raw) > OFF_LOOP_BYTES:  # counting tokens or embedding a long text would stall every stream
-            choice = await asyncio.to_thread(self._choose, listener, chat)
+        long = len(raw) > OFF_LOOP_BYTES
+        try:
+            parsed = await self.bodies.parse(codec.name, raw) if long else parse(codec.name, raw)
+        except BodyError as exc:
+            raise HTTPError(400, exc.message, param=exc.param or None) from None
+        chat = parsed.chat
+        if long:  # counting tokens or embedding a long text would stall every stream
+            choice = await asyncio.to_thread(self._choose, listener, chat, parsed.text)
         else:
-            choice = self._choose(listener, chat)
+            choice = self._choose(listener, chat, parsed.text)
         if not codec.judged:
             # No answer to judge or to learn from (a token count): the cache-aware policy is not told the text.
             choice = replace(choice, text="")
-        call = Call(listener.config, codec, request, chat, choice)
+        call = Call(listener.config, codec, parsed.request, chat, choice, bulk=parsed.bulk)
         call.headers = [(b"x-router-entry", choice.entry.name.encode()),
                         (b"x-router-decision", choice.decision.name.encode())]
         self.metrics.decisions.labels(choice.entry.name, choice.decision.name).inc()
@@ -212,14 +223,14 @@ class RouterApp:
             self.metrics.requests.labels(listener.name, codec.name, str(call.status)).inc()
             send.counted = True
 
-    def _choose(self, listener: Listener, chat: dict[str, Any]) -> Choice:
+    def _choose(self, listener: Listener, chat: dict[str, Any], text: str | None = None) -> Choice:
         served = listener.entries
         model = chat.get("model")
         if model not in served:
             raise HTTPError(404, f"The model `{model}` does not exist; available: {', '.join(served)}",
                             param="model")
         try:
-            return self.router.choose(chat)
+            return self.router.choose(chat, text)
         except UnknownModel as exc:
             raise HTTPError(404, str(exc), param="model") from None
 
@@ -231,16 +242,10 @@ def _only_get(path: str, method: str) -> None:
 
 
 def _parse(raw: bytes) -> dict[str, Any]:
-    if too_deep(raw):  # before decoding: the decoder, the codecs and the encoder recurse per level
-        raise HTTPError(400, f"the request body nests too deeply: arrays and objects may nest {MAX_DEPTH} levels "
-                        "at most")
     try:
-        body = _decode.decode(raw)
-    except msgspec.DecodeError as exc:
-        raise HTTPError(400, f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise HTTPError(400, "the request body must be a JSON object")
-    return body
+        return decode_object(raw)
+    except BodyError as exc:
+        raise HTTPError(400, exc.message, param=exc.param or None) from None
 
 
 def _to_chat(codec: Codec, body: dict[str, Any]) -> dict[str, Any]:

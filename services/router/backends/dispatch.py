@@ -4,6 +4,7 @@ plan that has one, retried on another replica when the request provably never re
 goes back to the client through the listeners (listeners/relay.py)."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping
@@ -21,6 +22,7 @@ from services.router.metrics import RouterMetrics
 log = logging.getLogger("router")
 
 _json = msgspec.json.Encoder()
+_decode = msgspec.json.Decoder()
 
 
 @dataclass(slots=True)
@@ -41,13 +43,13 @@ class Dispatcher:
         self.metrics = metrics
 
     async def open_any(self, chat: dict[str, Any], text: str, path: str, pools: tuple[str, ...],
-                       payloads: dict[str, bytes], *, stream: bool | None = None) -> Opened:
+                       payloads: dict[str, bytes], *, stream: bool | None = None, bulk: bytes = b"") -> Opened:
         """`chat` (a chat or completions body, but for the model) POSTed to `path` on the first of `pools`
         with a free replica that answers; the refusal that says most otherwise. A failure after the
         request may have reached a replica is a 502 at once: neither another replica nor another pool
-        is sent what may be running already. `text` is what the
-        policies read of it. `payloads` keeps each pool's request body across calls; stream=False asks
-        for a whole answer."""
+        is sent what may be running already. `text` is what the policies read of it. `payloads` keeps
+        each pool's request body across calls; stream=False asks for a whole answer. `bulk`: fields
+        left out of `chat` (a long body's messages or prompt), already encoded as a JSON object."""
         refusals: list[HTTPError] = []
         for name in pools:
             payload = payloads.get(name)
@@ -56,8 +58,8 @@ class Dispatcher:
                 if stream is False:
                     body.pop("stream", None)
                     body.pop("stream_options", None)
-                payload = payloads[name] = _json.encode(body)
-            result = await self._open(chat, text, path, name, payload)
+                payload = payloads[name] = _joined(_json.encode(body), bulk)
+            result = await self._open(chat, text, path, name, payload, bulk)
             if isinstance(result, Opened):
                 return result
             refusals.append(result)
@@ -68,12 +70,15 @@ class Dispatcher:
             raise overloaded[0]
         raise refusals[-1]
 
-    async def _open(self, chat: dict[str, Any], text: str, path: str, name: str, payload: bytes) -> Opened | HTTPError:
+    async def _open(self, chat: dict[str, Any], text: str, path: str, name: str, payload: bytes,
+                    bulk: bytes) -> Opened | HTTPError:
         """One pool: a free replica, retried on the next one when the request never reached it or was
         refused there; a 502 raised when it may have run there."""
         pool, config = self.pools[name], self.config.pools[name]
         tried: set[str] = set()
         last_error = ""
+        if bulk and pool.policy.reads_body:  # precise_prefix renders the messages: it needs them whole
+            chat = {**chat, **await asyncio.to_thread(_decode.decode, bulk)}
         prepared = await pool.prepare(chat, len(payload))
         while True:
             lease = pool.acquire(len(payload), text=text, exclude=frozenset(tried), prepared=prepared)
@@ -130,6 +135,13 @@ class Dispatcher:
                 lease.succeeded()
             self.metrics.upstream_latency.labels(name).observe(time.perf_counter() - started)
             return Opened(response, lease, name, len(tried))
+
+
+def _joined(head: bytes, bulk: bytes) -> bytes:
+    """Two encoded JSON objects with no key in common as one (`bulk` may be b"": none)."""
+    if not bulk or bulk == b"{}":
+        return head
+    return head[:-1] + b"," + bulk[1:] if head != b"{}" else bulk
 
 
 async def _detail(response: UpstreamResponse) -> str:

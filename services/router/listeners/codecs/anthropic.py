@@ -234,4 +234,5 @@ def refusal_body(status: int, raw: bytes) -> bytes:
 
 
 MESSAGES = Codec("messages", "/v1/messages", messages_to_chat, chat_to_message, MessagesStream,
-                   lambda status, message, param: anthropic_error(status, message), refusal_body)
+                   lambda status, message, param: anthropic_error(status, message), refusal_body,
+                   bulk=("messages", "system"))

@@ -46,6 +46,7 @@ class Codec:
     passthrough: bool = False  # upstream's answer is already this API's: its bytes go to the client as they arrive
     part_of: str = ""  # the listener `apis` name that serves it, when it is another API's route (count_tokens)
     judged: bool = True  # an escalate entry judges its answers; False: the plan's first pool that answers serves it
+    bulk: tuple[str, ...] = ()  # request fields the answer's translation never reads (left in a body worker)
 
 
 class CodecError(ValueError):

@@ -128,6 +128,6 @@ def _chunks(request: dict[str, Any]) -> StreamTranslator:
 
 
 CHAT = Codec("chat", "/v1/chat/completions", _chat, _as_is, _chunks, openai_error,
-               upstream_path=CHAT_PATH, passthrough=True)
+               upstream_path=CHAT_PATH, passthrough=True, bulk=("messages",))
 COMPLETIONS = Codec("completions", "/v1/completions", _completion, _as_is, _chunks, openai_error,
-                      upstream_path="/v1/completions", passthrough=True)
+                      upstream_path="/v1/completions", passthrough=True, bulk=("prompt",))

@@ -298,4 +298,5 @@ def _empty(kind: str, item_id: str) -> dict[str, Any]:
 
 
 # Errors in OpenAI's shape; upstream's own 4xx bodies are passed on as they are.
-RESPONSES = Codec("responses", "/v1/responses", responses_to_chat, chat_to_response, ResponsesStream, openai_error)
+RESPONSES = Codec("responses", "/v1/responses", responses_to_chat, chat_to_response, ResponsesStream, openai_error,
+                  bulk=("input",))
