@@ -80,6 +80,10 @@ def messages_to_chat(body: dict[str, Any]) -> dict[str, Any]:
 def _refuse_unsupported(body: dict[str, Any]) -> None:
     """Fields that would change the answer if dropped silently; metadata, service_tier and the like are ignored."""
     check_fields(body, _FIELDS, _REFUSED)
+    if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
+        raise CodecError("metadata", "must be an object")
+    if body.get("service_tier") is not None and not isinstance(body["service_tier"], str):
+        raise CodecError("service_tier", "must be a string")
     for name in ("mcp_servers", "container", "output_format", "context_management"):
         if body.get(name):
             raise CodecError(name, "is not supported by this server")
@@ -101,6 +105,8 @@ def _ask_tools(body: dict[str, Any], chat: dict[str, Any]) -> None:
             raise CodecError(f"tools[{i}].type", f"tool type {kind!r} is not supported; only client tools")
         # cache_control is dropped: prefix caching upstream is automatic.
         check_fields(tool, ("type", "name", "description", "input_schema", "cache_control"), {}, f"tools[{i}]")
+        if tool.get("cache_control") is not None and not isinstance(tool["cache_control"], dict):
+            raise CodecError(f"tools[{i}].cache_control", "must be an object")
         if not isinstance(tool.get("input_schema"), dict):
             raise CodecError(f"tools[{i}].input_schema", "is required: a JSON schema object")
         function = chat_function(tool.get("name"), tool.get("description"), tool["input_schema"], f"tools[{i}]")

@@ -182,12 +182,16 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
 
 
 def _check_echoed(body: dict[str, Any]) -> None:
-    """Fields not carried upstream but echoed in the response object, whose shape the SDKs check."""
+    """Fields not carried upstream: echoed in the response object, whose shape the SDKs check, or of no
+    effect on the answer; each still of its type."""
     metadata = body.get("metadata")
     if metadata is not None and not (isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())):
         raise CodecError("metadata", "must be an object of string values")
-    if body.get("user") is not None and not isinstance(body["user"], str):
-        raise CodecError("user", "must be a string")
+    for name, kind, noun in (("user", str, "a string"), ("service_tier", str, "a string"),
+                             ("prompt_cache_key", str, "a string"), ("safety_identifier", str, "a string"),
+                             ("store", bool, "a boolean"), ("stream_options", dict, "an object")):
+        if body.get(name) is not None and not isinstance(body[name], kind):
+            raise CodecError(name, f"must be {noun}")
 
 
 def _ask_tools(body: dict[str, Any], chat: dict[str, Any]) -> None:
