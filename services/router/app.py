@@ -30,12 +30,12 @@ from services.router.listeners.asgi import (
     send_json,
     watch_disconnect,
 )
-from services.router.listeners.body_workers import BodyWorkers, parse
+from services.router.listeners.body_workers import BodyWorkers, Parsed, parse
 from services.router.listeners.call import Call
-from services.router.listeners.codecs.codec import Codec, CodecError
+from services.router.listeners.codecs.codec import Codec
 from services.router.listeners.codecs.registry import CODECS, error_shape
 from services.router.listeners.escalate import Escalator
-from services.router.listeners.json_body import BodyError, decode_object
+from services.router.listeners.json_body import BodyError
 from services.router.listeners.listener import Listener, listeners_by_port
 from services.router.listeners.relay import Relay
 from services.router.metrics import RouterMetrics
@@ -44,6 +44,7 @@ log = logging.getLogger("router")
 
 POST_APIS = {**{codec.path: name for name, codec in CODECS.items()}, "/v1/decisions": "decisions"}
 _json = msgspec.json.Encoder()
+_decode = msgspec.json.Decoder()
 # Bodies larger than this are decoded and translated in a body worker process, and routed (signals
 # evaluated) in a thread: the event loop keeps serving every other stream meanwhile.
 OFF_LOOP_BYTES = 256 << 10
@@ -134,7 +135,8 @@ class RouterApp:
             await send_json(send, 200, _json.encode(self._models(listener)))
         elif api == "decisions":
             raw = await read_body(scope, receive, self.max_body_bytes)
-            await send_json(send, 200, _json.encode(await self._decisions(listener, raw)))
+            await send_json(send, 200, _json.encode(await self._decisions(listener, await self._parse(api, raw),
+                                                                          len(raw))))
         else:
             assert codec is not None  # every other POST route is a codec's
             await self._generate(listener, codec, scope, receive, send)
@@ -150,17 +152,26 @@ class RouterApp:
         return {"object": "list", "data": [{"id": name, "object": "model", "created": self._created,
                                             "owned_by": "router"} for name in listener.entries]}
 
-    async def _decisions(self, listener: Listener, raw: bytes) -> dict[str, Any]:
-        body = _parse(raw)
-        # A Responses body is routed as what it would send; the others are checked for what routing reads.
-        shape = "messages" if "messages" in body else "completions" if "prompt" in body else "responses"
-        chat = _to_chat(CODECS["chat" if shape == "messages" else shape], body)
-        choice = self._choose(listener, chat)
+    async def _parse(self, api: str, raw: bytes) -> Parsed:
+        """The body read for routing: a long one in a body worker, off the event loop; 400 naming the field."""
+        try:
+            return await self.bodies.parse(api, raw) if len(raw) > OFF_LOOP_BYTES else parse(api, raw)
+        except BodyError as exc:
+            raise HTTPError(400, exc.message, param=exc.param or None) from None
+
+    async def _decisions(self, listener: Listener, parsed: Parsed, size: int) -> dict[str, Any]:
+        chat = parsed.chat
+        if size > OFF_LOOP_BYTES:
+            choice = await asyncio.to_thread(self._choose, listener, chat, parsed.text)
+        else:
+            choice = self._choose(listener, chat, parsed.text)
         out = choice.describe()
-        size = len(raw)
         for name in choice.plan:
             pool = self.pools[name]
-            picked = pool.preview(size, text=choice.text, prepared=await pool.prepare(chat, size))
+            body = chat
+            if parsed.bulk and pool.policy.reads_body:  # precise_prefix renders the messages: it needs them whole
+                body = {**chat, **await asyncio.to_thread(_decode.decode, parsed.bulk)}
+            picked = pool.preview(size, text=choice.text, prepared=await pool.prepare(body, size))
             out["pool"] = name
             out["replicas"] = pool.snapshot()
             if isinstance(picked, Overloaded):
@@ -179,13 +190,9 @@ class RouterApp:
     async def _generate(self, listener: Listener, codec: Codec, scope: Scope, receive: Receive,
                         send: TrackedSend) -> None:
         raw = await read_body(scope, receive, self.max_body_bytes)
-        long = len(raw) > OFF_LOOP_BYTES
-        try:
-            parsed = await self.bodies.parse(codec.name, raw) if long else parse(codec.name, raw)
-        except BodyError as exc:
-            raise HTTPError(400, exc.message, param=exc.param or None) from None
+        parsed = await self._parse(codec.name, raw)
         chat = parsed.chat
-        if long:  # counting tokens or embedding a long text would stall every stream
+        if len(raw) > OFF_LOOP_BYTES:  # counting tokens or embedding a long text would stall every stream
             choice = await asyncio.to_thread(self._choose, listener, chat, parsed.text)
         else:
             choice = self._choose(listener, chat, parsed.text)
@@ -239,20 +246,6 @@ def _only_get(path: str, method: str) -> None:
     """The read-only routes answer GET and HEAD (uvicorn sends no body for HEAD), as the frontend's do."""
     if method not in ("GET", "HEAD"):
         raise HTTPError(405, f"{path} accepts GET and HEAD only", headers=[(b"allow", b"GET, HEAD")])
-
-
-def _parse(raw: bytes) -> dict[str, Any]:
-    try:
-        return decode_object(raw)
-    except BodyError as exc:
-        raise HTTPError(400, exc.message, param=exc.param or None) from None
-
-
-def _to_chat(codec: Codec, body: dict[str, Any]) -> dict[str, Any]:
-    try:
-        return codec.to_chat(body)
-    except CodecError as exc:
-        raise HTTPError(400, str(exc), param=exc.param or None) from None
 
 
 def _error_body(api: str | None, exc: HTTPError) -> bytes:

@@ -107,6 +107,26 @@ def test_openai_responses_streamed_and_not(client: openai.OpenAI) -> None:
     assert deltas and deltas == events[-1].response.output_text
 
 
+def test_responses_extras_reach_the_frontend_and_its_refusals_name_the_clients_field(client: openai.OpenAI) -> None:
+    r = client.responses.create(model="assistant", input="Say something", max_output_tokens=6, top_logprobs=2,
+                                extra_body={"seed": 7, "top_k": 5, "min_p": 0.05, "stop": ["\u2603"]})
+    part = r.output[0].content[0]  # type: ignore[union-attr]
+    assert part.type == "output_text" and len(part.logprobs or []) == 6  # one per token, from the frontend
+    assert all(len(lp.top_logprobs) == 2 for lp in part.logprobs or [])
+    again = client.responses.create(model="assistant", input="Say something", max_output_tokens=6,
+                                    extra_body={"seed": 7, "top_k": 5, "min_p": 0.05})
+    assert again.output_text == r.output_text  # the seed reached the engine
+    with pytest.raises(openai.BadRequestError) as err:  # carried to the frontend, whose sim engines refuse it
+        client.responses.create(model="assistant", input="x", extra_body={"logit_bias": {"5": 1.0}})
+    assert err.value.param == "logit_bias"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model="assistant", input="x", max_output_tokens=10**6)
+    assert err.value.param == "max_output_tokens" and "max_tokens" not in err.value.message
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model="assistant", input="x", extra_body={"respone_format": {"type": "json_object"}})
+    assert err.value.param == "respone_format"
+
+
 def test_anthropic_messages_streamed_and_not(claude: anthropic.Anthropic) -> None:
     m = claude.messages.create(model="assistant", max_tokens=6, system="Be brief.",
                                messages=[{"role": "user", "content": "Hello"}])

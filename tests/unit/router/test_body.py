@@ -100,6 +100,10 @@ def test_a_long_body_read_in_a_worker_goes_upstream_and_is_routed_as_a_short_one
             assert sent.body == {**parse(_api(path), raw).chat, "model": "p-m"}, path  # as read on the loop
             if path == "/v1/responses":  # the request's echoed fields came back from the worker
                 assert answer.json()["metadata"] == {"k": "v"} and answer.json()["max_output_tokens"] == 7
+        for path in ("/v1/chat/completions", "/v1/responses"):  # the explain route reads them as they go
+            raw = json.dumps(_long_bodies()[path]).encode()
+            explained = asyncio.run(request(app, "POST", "/v1/decisions", raw)).json()
+            assert explained["decision"] == "found" and explained["replica"] == "http://a:8000", explained
     finally:
         app.close()
 
