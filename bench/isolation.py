@@ -10,7 +10,11 @@ max gap under 100 ms.
 
 The hostile requests may be refused (a 4 MiB prompt exceeds the sim's context): what counts is
 that the frontend parsed, rendered and tokenized them, and what that did to everyone else.
-Usage: python bench/isolation.py [--streams 64] [--step-ms 20] [--quiet-s 3]
+
+`--router`: the same through a router process in front of the frontend (one pool, one replica), so
+the router's reading of each hostile body counts too; `--router-at REV`: the router of git revision
+REV (a worktree under /tmp) in front of this checkout's frontend, to compare before and after.
+Usage: python bench/isolation.py [--streams 64] [--step-ms 20] [--quiet-s 3] [--router | --router-at REV]
 """
 from __future__ import annotations
 
@@ -21,10 +25,11 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import aiohttp
-from frontend_stream import _free_port, wait_ready
+from frontend_stream import _free_port, tree_at, wait_ready
 from timing import percentile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -141,6 +146,8 @@ def main() -> None:
     p.add_argument("--streams", type=int, default=64)
     p.add_argument("--step-ms", type=float, default=20.0)
     p.add_argument("--quiet-s", type=float, default=3.0)
+    p.add_argument("--router", action="store_true", help="through a router in front of the frontend")
+    p.add_argument("--router-at", metavar="REV", help="through the router of git revision REV")
     args = p.parse_args()
     engine_port, http_port = _free_port(), _free_port()
     py = sys.executable
@@ -153,14 +160,48 @@ def main() -> None:
                                  "--engine-addresses", f"tcp://127.0.0.1:{engine_port}", "--log-level", "warning"],
                                 cwd=ROOT)
     base = f"http://127.0.0.1:{http_port}"
+    procs = [frontend, engine]
     try:
         wait_ready(base)
+        if args.router or args.router_at:
+            router, base = _start_router(base, tree_at(args.router_at) if args.router_at else ROOT, args.streams)
+            procs.insert(0, router)
+            print(f"through the router of {args.router_at or 'this checkout'} ({base})")
         asyncio.run(run(base, args.streams, args.step_ms, args.quiet_s))
     finally:
-        for proc in (frontend, engine):
+        for proc in procs:
             proc.send_signal(signal.SIGTERM)
-        for proc in (frontend, engine):
+        for proc in procs:
             proc.wait(60)
+
+
+def _start_router(frontend: str, tree: Path, streams: int) -> tuple[subprocess.Popen[bytes], str]:
+    """A router in `tree` with one pool (the frontend) and the entry "tiny"; its process and URL."""
+    port = _free_port()
+    config = Path(f"/tmp/isolation-router-{port}.yaml")
+    config.write_text(f"""
+listeners: [{{port: {port}, host: 127.0.0.1}}]
+pools:
+  tiny:
+    model: tiny
+    replicas: [{{url: "{frontend}"}}]
+    max_inflight: {streams + 16}
+entries:
+  tiny: {{default: [tiny]}}
+""")
+    router = subprocess.Popen([sys.executable, "-m", "services.router", "--config", str(config)], cwd=tree)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if urllib.request.urlopen(base + "/health", timeout=1).status == 200:
+                return router, base
+        except OSError:
+            pass
+        if time.monotonic() > deadline or router.poll() is not None:
+            router.kill()
+            raise TimeoutError(f"the router at {base} did not start")
+        time.sleep(0.2)
 
 
 if __name__ == "__main__":

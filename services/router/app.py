@@ -14,7 +14,6 @@ from typing import Any
 import msgspec
 from starlette.types import Receive, Scope, Send
 
-from edge.json_depth import MAX_DEPTH, too_deep
 from services.router.backends.dispatch import Dispatcher
 from services.router.backends.pool import NoReplica, Overloaded, Pool
 from services.router.backends.upstream import Upstream
@@ -31,10 +30,12 @@ from services.router.listeners.asgi import (
     send_json,
     watch_disconnect,
 )
+from services.router.listeners.body_workers import BodyWorkers, Parsed, parse
 from services.router.listeners.call import Call
-from services.router.listeners.codecs.codec import Codec, CodecError
+from services.router.listeners.codecs.codec import Codec
 from services.router.listeners.codecs.registry import CODECS, error_shape
 from services.router.listeners.escalate import Escalator
+from services.router.listeners.json_body import BodyError
 from services.router.listeners.listener import Listener, listeners_by_port
 from services.router.listeners.relay import Relay
 from services.router.metrics import RouterMetrics
@@ -44,12 +45,14 @@ log = logging.getLogger("router")
 POST_APIS = {**{codec.path: name for name, codec in CODECS.items()}, "/v1/decisions": "decisions"}
 _json = msgspec.json.Encoder()
 _decode = msgspec.json.Decoder()
-OFF_LOOP_BYTES = 256 << 10  # requests larger than this are routed (signals evaluated) off the event loop
+# Bodies larger than this are decoded and translated in a body worker process, and routed (signals
+# evaluated) in a thread: the event loop keeps serving every other stream meanwhile.
+OFF_LOOP_BYTES = 256 << 10
 
 
 class RouterApp:
     def __init__(self, config: RouterConfig, router: Router, pools: dict[str, Pool], upstream: Upstream,
-                 metrics: RouterMetrics, *, max_body_bytes: int = 32 << 20) -> None:
+                 metrics: RouterMetrics, *, max_body_bytes: int = 32 << 20, body_workers: int = 2) -> None:
         self.config = config
         self.router = router
         self.pools = pools
@@ -58,9 +61,14 @@ class RouterApp:
         dispatcher = Dispatcher(config, pools, upstream, metrics)
         self.relay = Relay(dispatcher, metrics)
         self.escalator = Escalator(dispatcher, self.relay, metrics)
+        self.bodies = BodyWorkers(body_workers)
         self._by_port = listeners_by_port(config)
         self._first = self._by_port[config.listeners[0].port]
         self._created = int(time.time())
+
+    def close(self) -> None:
+        """The body workers stopped (at shutdown)."""
+        self.bodies.close()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -100,17 +108,18 @@ class RouterApp:
                      send: TrackedSend) -> None:
         path, method = scope["path"], scope["method"]
         if path == "/health":
+            _only_get(path, method)
             await send_json(send, 200, _json.encode(self._health()))
             return
         authorize(listener.keys, scope["headers"])
         if path == "/metrics":
+            _only_get(path, method)
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]})
             await send({"type": "http.response.body", "body": self.metrics.render()})
             return
         if path == "/openapi.json":
-            if method != "GET":
-                raise HTTPError(405, f"{path} accepts GET only", headers=[(b"allow", b"GET")])
+            _only_get(path, method)
             await send_json(send, 200, listener.openapi)
             return
         # An API's other routes (count_tokens) are served where the API is.
@@ -118,14 +127,16 @@ class RouterApp:
         served = codec.part_of or api if codec is not None else api
         if api is None or served not in listener.config.apis:
             raise HTTPError(404, f"no route for {method} {path} on listener {listener.name!r}")
-        wanted = "GET" if api == "models" else "POST"
-        if method != wanted:
-            raise HTTPError(405, f"{path} accepts {wanted} only", headers=[(b"allow", wanted.encode())])
+        if api == "models":
+            _only_get(path, method)
+        elif method != "POST":
+            raise HTTPError(405, f"{path} accepts POST only", headers=[(b"allow", b"POST")])
         if api == "models":
             await send_json(send, 200, _json.encode(self._models(listener)))
         elif api == "decisions":
             raw = await read_body(scope, receive, self.max_body_bytes)
-            await send_json(send, 200, _json.encode(await self._decisions(listener, raw)))
+            await send_json(send, 200, _json.encode(await self._decisions(listener, await self._parse(api, raw),
+                                                                          len(raw))))
         else:
             assert codec is not None  # every other POST route is a codec's
             await self._generate(listener, codec, scope, receive, send)
@@ -141,17 +152,26 @@ class RouterApp:
         return {"object": "list", "data": [{"id": name, "object": "model", "created": self._created,
                                             "owned_by": "router"} for name in listener.entries]}
 
-    async def _decisions(self, listener: Listener, raw: bytes) -> dict[str, Any]:
-        body = _parse(raw)
-        # A Responses body is routed as what it would send; the others are checked for what routing reads.
-        shape = "messages" if "messages" in body else "completions" if "prompt" in body else "responses"
-        chat = _to_chat(CODECS["chat" if shape == "messages" else shape], body)
-        choice = self._choose(listener, chat)
+    async def _parse(self, api: str, raw: bytes) -> Parsed:
+        """The body read for routing: a long one in a body worker, off the event loop; 400 naming the field."""
+        try:
+            return await self.bodies.parse(api, raw) if len(raw) > OFF_LOOP_BYTES else parse(api, raw)
+        except BodyError as exc:
+            raise HTTPError(400, exc.message, param=exc.param or None) from None
+
+    async def _decisions(self, listener: Listener, parsed: Parsed, size: int) -> dict[str, Any]:
+        chat = parsed.chat
+        if size > OFF_LOOP_BYTES:
+            choice = await asyncio.to_thread(self._choose, listener, chat, parsed.text)
+        else:
+            choice = self._choose(listener, chat, parsed.text)
         out = choice.describe()
-        size = len(raw)
         for name in choice.plan:
             pool = self.pools[name]
-            picked = pool.preview(size, text=choice.text, prepared=await pool.prepare(chat, size))
+            body = chat
+            if parsed.bulk and pool.policy.reads_body:  # precise_prefix renders the messages: it needs them whole
+                body = {**chat, **await asyncio.to_thread(_decode.decode, parsed.bulk)}
+            picked = pool.preview(size, text=choice.text, prepared=await pool.prepare(body, size))
             out["pool"] = name
             out["replicas"] = pool.snapshot()
             if isinstance(picked, Overloaded):
@@ -170,16 +190,16 @@ class RouterApp:
     async def _generate(self, listener: Listener, codec: Codec, scope: Scope, receive: Receive,
                         send: TrackedSend) -> None:
         raw = await read_body(scope, receive, self.max_body_bytes)
-        request = _parse(raw)
-        chat = _to_chat(codec, request)
+        parsed = await self._parse(codec.name, raw)
+        chat = parsed.chat
         if len(raw) > OFF_LOOP_BYTES:  # counting tokens or embedding a long text would stall every stream
-            choice = await asyncio.to_thread(self._choose, listener, chat)
+            choice = await asyncio.to_thread(self._choose, listener, chat, parsed.text)
         else:
-            choice = self._choose(listener, chat)
+            choice = self._choose(listener, chat, parsed.text)
         if not codec.judged:
             # No answer to judge or to learn from (a token count): the cache-aware policy is not told the text.
             choice = replace(choice, text="")
-        call = Call(listener.config, codec, request, chat, choice)
+        call = Call(listener.config, codec, parsed.request, chat, choice, bulk=parsed.bulk)
         call.headers = [(b"x-router-entry", choice.entry.name.encode()),
                         (b"x-router-decision", choice.decision.name.encode())]
         self.metrics.decisions.labels(choice.entry.name, choice.decision.name).inc()
@@ -210,37 +230,23 @@ class RouterApp:
             self.metrics.requests.labels(listener.name, codec.name, str(call.status)).inc()
             send.counted = True
 
-    def _choose(self, listener: Listener, chat: dict[str, Any]) -> Choice:
+    def _choose(self, listener: Listener, chat: dict[str, Any], text: str | None = None) -> Choice:
         served = listener.entries
         model = chat.get("model")
         if model not in served:
             raise HTTPError(404, f"The model `{model}` does not exist; available: {', '.join(served)}",
-                            param="model", code="model_not_found")
+                            param="model")
         try:
-            return self.router.choose(chat)
+            return self.router.choose(chat, text)
         except UnknownModel as exc:
-            raise HTTPError(404, str(exc), param="model", code="model_not_found") from None
+            raise HTTPError(404, str(exc), param="model") from None
 
 
-def _parse(raw: bytes) -> dict[str, Any]:
-    if too_deep(raw):  # before decoding: the decoder, the codecs and the encoder recurse per level
-        raise HTTPError(400, f"the request body nests too deeply: arrays and objects may nest {MAX_DEPTH} levels "
-                        "at most")
-    try:
-        body = _decode.decode(raw)
-    except msgspec.DecodeError as exc:
-        raise HTTPError(400, f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise HTTPError(400, "the request body must be a JSON object")
-    return body
-
-
-def _to_chat(codec: Codec, body: dict[str, Any]) -> dict[str, Any]:
-    try:
-        return codec.to_chat(body)
-    except CodecError as exc:
-        raise HTTPError(400, str(exc), param=exc.param or None) from None
+def _only_get(path: str, method: str) -> None:
+    """The read-only routes answer GET and HEAD (uvicorn sends no body for HEAD), as the frontend's do."""
+    if method not in ("GET", "HEAD"):
+        raise HTTPError(405, f"{path} accepts GET and HEAD only", headers=[(b"allow", b"GET, HEAD")])
 
 
 def _error_body(api: str | None, exc: HTTPError) -> bytes:
-    return _json.encode(error_shape(api).error_body(exc.status, exc.message, exc.param, exc.code))
+    return _json.encode(error_shape(api).error_body(exc.status, exc.message, exc.param))

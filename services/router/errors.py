@@ -4,11 +4,12 @@ from __future__ import annotations
 
 
 class HTTPError(Exception):
-    """An error response: its status, and what the API's error body says (`param`, `code`)."""
+    """An error response: its status, and what the API's error body says (`param`). OpenAI-shaped bodies
+    carry the status as their integer `code`, as vLLM's and the fleet's frontend do."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+    def __init__(self, status: int, message: str, *, param: str | None = None,
                  headers: list[tuple[bytes, bytes]] | None = None) -> None:
         super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
+        self.status, self.message, self.param = status, message, param
         self.headers = headers or []
         self.counted = False  # in router_requests_total already

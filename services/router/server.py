@@ -35,6 +35,7 @@ async def run(config: RouterConfig) -> int:
     checker = HealthChecker(config, pools, upstream)
     await checker.resolve_all()
     app = RouterApp(config, router, pools, upstream, RouterMetrics(pools))
+    await app.bodies.warm()
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -70,6 +71,7 @@ async def run(config: RouterConfig) -> int:
         await checker.stop()
         await feeds.stop()
         await upstream.close()
+        app.close()
     return 0
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import socketserver
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -116,7 +118,7 @@ entries:
         assert httpx.get(router.url + "/health").status_code == 200
         missing = _chat(router)
         assert missing.status_code == 401
-        assert missing.json()["error"]["code"] == "invalid_api_key" and "Missing API key" in missing.text
+        assert missing.json()["error"]["code"] == 401 and "Missing API key" in missing.text
         assert _chat(router, key="k-three").status_code == 401
         assert _chat(router, key="k-two").status_code == 200
         r = httpx.post(router.url + "/v1/chat/completions", headers={"x-api-key": "k-one"},
@@ -147,7 +149,7 @@ entries:
         models = httpx.get(router.url + "/v1/models").json()
         assert [m["id"] for m in models["data"]] == ["fleet", "other"]
         unknown = _chat(router, model="nope")
-        assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
+        assert unknown.status_code == 404 and unknown.json()["error"]["code"] == 404
         assert "available: fleet, other" in unknown.json()["error"]["message"]
         assert _chat(router, model="internal").status_code == 404  # an entry this listener does not serve
         bad = httpx.post(router.url + "/v1/chat/completions", content=b"{not json")
@@ -373,12 +375,12 @@ def test_429_with_retry_after_at_the_cap(tmp_path: Path, a_b_c: list[HttpProc]) 
         router.stop()
 
 
-def test_retry_before_first_byte_and_circuit_breaker(tmp_path: Path, a_b_c: list[HttpProc]) -> None:
+def test_retry_of_a_refusal_and_circuit_breaker(tmp_path: Path, a_b_c: list[HttpProc]) -> None:
     a, b, _ = a_b_c
     # A cool-down long enough that a loaded host still reads the breaker open before it passes.
     router = _sched_router(tmp_path, [a, b], "    breaker: {failures: 2, cooldown_s: 3.0}\n")
     try:
-        b.configure(status=500)
+        b.configure(status=503)  # a refusal: b says it did not take the request
         answered = [_chat(router) for _ in range(6)]
         assert all(r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "a:m" for r in answered)
         retried = [r for r in answered if r.headers["x-router-attempts"] == "2"]
@@ -399,6 +401,63 @@ def test_retry_before_first_byte_and_circuit_breaker(tmp_path: Path, a_b_c: list
         assert 'router_retries_total{pool="p"} 2.0' in httpx.get(router.url + "/metrics").text
     finally:
         router.stop()
+
+
+class DroppingReplica:
+    """A replica on a real socket that answers GET /health and, to a POST, reads the whole request and
+    then drops the connection unanswered, as a replica that crashed while running it would."""
+
+    def __init__(self) -> None:
+        self.posts = 0
+        self._server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), self._handler())
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def _handler(self) -> type[socketserver.StreamRequestHandler]:
+        replica = self
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self) -> None:
+                while line := self.rfile.readline():
+                    headers = {}
+                    while (header := self.rfile.readline()) not in (b"\r\n", b""):
+                        name, _, value = header.decode().partition(":")
+                        headers[name.strip().lower()] = value.strip()
+                    self.rfile.read(int(headers.get("content-length", "0")))
+                    if line.startswith(b"POST"):
+                        replica.posts += 1
+                        return  # the connection closes with the request read and no answer
+                    self.wfile.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-type: application/json"
+                                     b"\r\n\r\n{}")
+
+        return Handler
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def test_a_request_dropped_after_it_reached_a_replica_is_not_sent_again(tmp_path: Path,
+                                                                        a_b_c: list[HttpProc]) -> None:
+    dropping, b = DroppingReplica(), a_b_c[1]
+    # Neither replica was ever assigned: the tie goes to the first listed, the dropping one.
+    router = _router(tmp_path, f"""
+  p:
+    model: m
+    replicas: [{{url: {dropping.url}}}, {{url: {b.url}}}]
+    health: {{interval_s: 0.2, timeout_s: 1}}
+""", "{default: [p]}")
+    try:
+        r = _chat(router)
+        assert r.status_code == 502, r.text
+        error = r.json()["error"]
+        assert error["code"] == 502 and "not retried on another replica" in error["message"], error
+        assert dropping.url in error["message"]
+        assert dropping.posts == 1 and b.stats()["requests"] == 0  # it ran (at most) once, where it was sent
+    finally:
+        router.stop()
+        dropping.stop()
 
 
 def test_health_checks_take_a_replica_out_and_back(tmp_path: Path, a_b_c: list[HttpProc]) -> None:

@@ -107,6 +107,26 @@ def test_openai_responses_streamed_and_not(client: openai.OpenAI) -> None:
     assert deltas and deltas == events[-1].response.output_text
 
 
+def test_responses_extras_reach_the_frontend_and_its_refusals_name_the_clients_field(client: openai.OpenAI) -> None:
+    r = client.responses.create(model="assistant", input="Say something", max_output_tokens=6, top_logprobs=2,
+                                extra_body={"seed": 7, "top_k": 5, "min_p": 0.05, "stop": ["\u2603"]})
+    part = r.output[0].content[0]  # type: ignore[union-attr]
+    assert part.type == "output_text" and len(part.logprobs or []) == 6  # one per token, from the frontend
+    assert all(len(lp.top_logprobs) == 2 for lp in part.logprobs or [])
+    again = client.responses.create(model="assistant", input="Say something", max_output_tokens=6,
+                                    extra_body={"seed": 7, "top_k": 5, "min_p": 0.05})
+    assert again.output_text == r.output_text  # the seed reached the engine
+    with pytest.raises(openai.BadRequestError) as err:  # carried to the frontend, whose sim engines refuse it
+        client.responses.create(model="assistant", input="x", extra_body={"logit_bias": {"5": 1.0}})
+    assert err.value.param == "logit_bias"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model="assistant", input="x", max_output_tokens=10**6)
+    assert err.value.param == "max_output_tokens" and "max_tokens" not in err.value.message
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model="assistant", input="x", extra_body={"respone_format": {"type": "json_object"}})
+    assert err.value.param == "respone_format"
+
+
 def test_anthropic_messages_streamed_and_not(claude: anthropic.Anthropic) -> None:
     m = claude.messages.create(model="assistant", max_tokens=6, system="Be brief.",
                                messages=[{"role": "user", "content": "Hello"}])
@@ -179,6 +199,7 @@ entries:
 """)
     victim = frontends[1]
     answers: list[tuple[float, int, str, str]] = []  # (sent at, status, replica, attempts)
+    failed: dict[float, str] = {}  # sent at -> the error body
     stop = threading.Event()
 
     def load() -> None:
@@ -189,6 +210,8 @@ entries:
                            json={"model": "assistant", "messages": CHAT, "max_tokens": 4})
                 answers.append((sent, r.status_code, r.headers.get("x-router-replica", ""),
                                 r.headers.get("x-router-attempts", "")))
+                if r.status_code != 200:
+                    failed[sent] = r.text
 
     def breaker() -> str:
         state = httpx.post(router.url + "/v1/decisions", headers={"authorization": f"Bearer {KEY}"}, timeout=10,
@@ -209,7 +232,8 @@ entries:
         while breaker() != "open":
             assert time.monotonic() < deadline + 30, "the breaker never opened"
             time.sleep(0.02)
-        opened = time.monotonic() - killed
+        opened_at = time.monotonic()
+        opened = opened_at - killed
         time.sleep(0.5)  # more load while it is out
         frontends[1] = victim = start_frontend(tmp, *args[1], port=victim.port)  # returns once /ready is 200
         ready = time.monotonic()
@@ -222,8 +246,14 @@ entries:
             w.join(30)
         print(f"router: breaker open {opened * 1000:.0f} ms after SIGKILL; restarted replica used again "
               f"{(used - ready) * 1000:.0f} ms after its /ready answered 200 (cool-down 600 s)")
-        assert [a for a in answers if a[1] != 200] == []  # every failure was before the first byte: retried
-        assert any(a[3] == "2" for a in answers)  # those running on it at the kill, at least
+        # A request running on it at the kill may have run there: a 502 saying so, never sent elsewhere.
+        # Every later one the dead replica refused to connect is retried on the other.
+        for sent, status, _, _ in answers:
+            if status != 200:
+                assert status == 502 and "not retried on another replica" in failed[sent], failed[sent]
+                assert sent < opened_at
+        assert len(failed) <= 2 * len(workers)  # those in flight at the kill (and the FIN's race), no more
+        assert any(a[3] == "2" for a in answers)  # connection refused before the breaker opened: retried
         assert breaker() == "closed"
         assert "after being down: its breaker is closed" in router.log()
     finally:

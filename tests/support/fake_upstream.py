@@ -16,7 +16,8 @@ from services.router.backends.upstream import UpstreamError
 @dataclass(frozen=True)
 class Reply:
     """One scripted answer. `refuse`: open() raises UpstreamError with it (a connect error, a 5xx or
-    429 head); `hang`: open() never answers. Otherwise a head with `status`, then the body: `chunks`
+    429 head), `retryable` as given (False: the request may have reached the replica); `hang`: open()
+    never answers. Otherwise a head with `status`, then the body: `chunks`
     one by one, raising a read error after `break_after` of them, or waiting forever after
     `stall_after` (a stream that goes silent)."""
     status: int = 200
@@ -25,6 +26,7 @@ class Reply:
     break_after: int | None = None
     stall_after: int | None = None
     refuse: str | None = None
+    retryable: bool = True
     hang: bool = False
 
 
@@ -87,7 +89,7 @@ class FakeUpstream:
         if reply.hang:
             await asyncio.Event().wait()
         if reply.refuse is not None:
-            raise UpstreamError(base_url, reply.refuse)
+            raise UpstreamError(base_url, reply.refuse, retryable=reply.retryable)
         response = FakeResponse(base_url, reply)
         self.responses.append(response)
         return response

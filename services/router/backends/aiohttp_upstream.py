@@ -17,6 +17,12 @@ from services.router.backends.upstream import READ_ERRORS, UpstreamError
 # Connecting failed (refused, no route), or the connection broke before the response head: the replica
 # may be down, which a passing health check then answers (pool.py). A timeout says it is slow.
 _UNREACHABLE = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+# No connection was made (refused, no route, DNS, the connect timeout): no byte of the request left the
+# router. Any later failure (the connection dropped after the request was written, a read timeout) may
+# follow a request the replica read and is running: sending it elsewhere could run it twice.
+_NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
+# Heads that say the replica did not take the request (overloaded, not ready, draining): another may.
+_REFUSALS = (429, 503)
 
 
 class AiohttpResponse:
@@ -57,7 +63,8 @@ class AiohttpUpstream:
     async def open(self, base_url: str, path: str, body: bytes, *, api_key: str | None,
                    timeout_s: float) -> AiohttpResponse:
         """POST and wait for the response head. Connection errors and 5xx/429 heads raise
-        UpstreamError (retryable); other statuses are returned for the caller to pass on.
+        UpstreamError (`retryable` when nothing was sent, or the head is a 429 or 503 refusal); other
+        statuses are returned for the caller to pass on.
         `timeout_s` bounds the wait for the head and then each read (a stalled stream)."""
         # identity: bytes pass through to the client as they are, without re-encoding.
         headers = {"content-type": "application/json", "accept-encoding": "identity"}
@@ -69,7 +76,8 @@ class AiohttpUpstream:
             raw = await self.session.post(base_url + path, data=body, headers=headers, timeout=timeout,
                                           allow_redirects=False)
         except READ_ERRORS as exc:
-            raise UpstreamError(base_url, _describe(exc), unreachable=isinstance(exc, _UNREACHABLE)) from None
+            raise UpstreamError(base_url, _describe(exc), unreachable=isinstance(exc, _UNREACHABLE),
+                                retryable=isinstance(exc, _NOT_SENT)) from None
         if raw.status >= 500 or raw.status == 429:
             try:
                 detail = (await raw.read())[:300].decode(errors="replace")
@@ -77,7 +85,7 @@ class AiohttpUpstream:
                 detail = ""
             finally:
                 raw.close()
-            raise UpstreamError(base_url, f"HTTP {raw.status}: {detail}")
+            raise UpstreamError(base_url, f"HTTP {raw.status}: {detail}", retryable=raw.status in _REFUSALS)
         return AiohttpResponse(raw)
 
     async def get_ok(self, url: str, timeout_s: float, *, api_key: str | None = None) -> tuple[bool, str]:

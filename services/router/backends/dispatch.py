@@ -1,8 +1,10 @@
 """Dispatch to a pool's replicas (router process): a lease on a free replica of the first pool of a
-plan that has one, retried on another replica for failures before the first response byte. What the
-replica answers goes back to the client through the listeners (listeners/relay.py)."""
+plan that has one, retried on another replica when the request provably never reached the first
+(no connection) or was refused there (429, 503, or the pool's api_key refused). What the replica answers
+goes back to the client through the listeners (listeners/relay.py)."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping
@@ -12,7 +14,7 @@ from typing import Any
 import msgspec
 
 from services.router.backends.pool import Lease, NoReplica, Overloaded, Pool
-from services.router.backends.upstream import Upstream, UpstreamError, UpstreamResponse
+from services.router.backends.upstream import READ_ERRORS, Upstream, UpstreamError, UpstreamResponse
 from services.router.config import RouterConfig
 from services.router.errors import HTTPError
 from services.router.metrics import RouterMetrics
@@ -20,6 +22,7 @@ from services.router.metrics import RouterMetrics
 log = logging.getLogger("router")
 
 _json = msgspec.json.Encoder()
+_decode = msgspec.json.Decoder()
 
 
 @dataclass(slots=True)
@@ -40,11 +43,13 @@ class Dispatcher:
         self.metrics = metrics
 
     async def open_any(self, chat: dict[str, Any], text: str, path: str, pools: tuple[str, ...],
-                       payloads: dict[str, bytes], *, stream: bool | None = None) -> Opened:
+                       payloads: dict[str, bytes], *, stream: bool | None = None, bulk: bytes = b"") -> Opened:
         """`chat` (a chat or completions body, but for the model) POSTed to `path` on the first of `pools`
-        with a free replica that answers; the refusal that says most otherwise. `text` is what the
-        policies read of it. `payloads` keeps each pool's request body across calls; stream=False asks
-        for a whole answer."""
+        with a free replica that answers; the refusal that says most otherwise. A failure after the
+        request may have reached a replica is a 502 at once: neither another replica nor another pool
+        is sent what may be running already. `text` is what the policies read of it. `payloads` keeps
+        each pool's request body across calls; stream=False asks for a whole answer. `bulk`: fields
+        left out of `chat` (a long body's messages or prompt), already encoded as a JSON object."""
         refusals: list[HTTPError] = []
         for name in pools:
             payload = payloads.get(name)
@@ -53,8 +58,8 @@ class Dispatcher:
                 if stream is False:
                     body.pop("stream", None)
                     body.pop("stream_options", None)
-                payload = payloads[name] = _json.encode(body)
-            result = await self._open(chat, text, path, name, payload)
+                payload = payloads[name] = _joined(_json.encode(body), bulk)
+            result = await self._open(chat, text, path, name, payload, bulk)
             if isinstance(result, Opened):
                 return result
             refusals.append(result)
@@ -65,11 +70,15 @@ class Dispatcher:
             raise overloaded[0]
         raise refusals[-1]
 
-    async def _open(self, chat: dict[str, Any], text: str, path: str, name: str, payload: bytes) -> Opened | HTTPError:
-        """One pool: a free replica, retried on the next one for failures before the first byte."""
+    async def _open(self, chat: dict[str, Any], text: str, path: str, name: str, payload: bytes,
+                    bulk: bytes) -> Opened | HTTPError:
+        """One pool: a free replica, retried on the next one when the request never reached it or was
+        refused there; a 502 raised when it may have run there."""
         pool, config = self.pools[name], self.config.pools[name]
         tried: set[str] = set()
         last_error = ""
+        if bulk and pool.policy.reads_body:  # precise_prefix renders the messages: it needs them whole
+            chat = {**chat, **await asyncio.to_thread(_decode.decode, bulk)}
         prepared = await pool.prepare(chat, len(payload))
         while True:
             lease = pool.acquire(len(payload), text=text, exclude=frozenset(tried), prepared=prepared)
@@ -78,11 +87,11 @@ class Dispatcher:
                     return HTTPError(502, f"pool {name!r}: {len(tried)} replica(s) failed ({last_error}) and "
                                      "the rest are at their in-flight cap")
                 return HTTPError(429, f"{lease.reason}; retry after {lease.retry_after_s}s",
-                                 code="overloaded", headers=[(b"retry-after", str(lease.retry_after_s).encode())])
+                                 headers=[(b"retry-after", str(lease.retry_after_s).encode())])
             if isinstance(lease, NoReplica):
                 if last_error:
                     return HTTPError(502, f"pool {name!r}: every replica tried failed; last: {last_error}")
-                return HTTPError(503, lease.reason, code="no_replica")
+                return HTTPError(503, lease.reason)
             if tried:
                 self.metrics.retries.labels(name).inc()
             url = lease.replica.url
@@ -94,15 +103,52 @@ class Dispatcher:
             except UpstreamError as exc:
                 lease.release(False, unreachable=exc.unreachable)
                 self.metrics.upstream_errors.labels(name).inc()
+                if not exc.retryable:
+                    log.warning("pool %s: %s; not retried: the replica may have run the request", name, exc)
+                    raise HTTPError(502, f"pool {name!r}: {exc}; not retried on another replica, as the request "
+                                    "may have reached this one") from None
                 last_error = str(exc)
                 log.warning("pool %s: %s; trying another replica", name, exc)
                 continue
             except BaseException:
                 lease.release(None)
                 raise
+            if response.status in (401, 403):
+                # The client's key was the router's to check, and it passed: this refusal is of the pool's
+                # own api_key, which the client can do nothing about (a 502, not the replica's 401).
+                detail = await _detail(response)
+                lease.release(None)  # a config error, not a failing replica: its breaker stays as it is
+                self.metrics.upstream_errors.labels(name).inc()
+                last_error = (f"{url} refused the pool's api_key (HTTP {response.status}: {detail}); "
+                              f"check pools.{name}.api_key")
+                if not lease.replica.key_refused:
+                    lease.replica.key_refused = True
+                    log.error("pool %s: replica %s refuses the pool's api_key (HTTP %d: %s); check pools.%s.api_key",
+                              name, url, response.status, detail, name)
+                continue
+            if lease.replica.key_refused:
+                lease.replica.key_refused = False
+                log.warning("pool %s: replica %s accepts the pool's api_key again", name, url)
             if lease.probe:
                 # A half-open breaker closes at the head: the replica answers. Other requests count as
                 # a success only when they end well, so responses that keep breaking off open it.
                 lease.succeeded()
             self.metrics.upstream_latency.labels(name).observe(time.perf_counter() - started)
             return Opened(response, lease, name, len(tried))
+
+
+def _joined(head: bytes, bulk: bytes) -> bytes:
+    """Two encoded JSON objects with no key in common as one (`bulk` may be b"": none)."""
+    if not bulk or bulk == b"{}":
+        return head
+    return head[:-1] + b"," + bulk[1:] if head != b"{}" else bulk
+
+
+async def _detail(response: UpstreamResponse) -> str:
+    """The start of a refusal's body, for the operator's log and the client's 502; the response closed."""
+    try:
+        return (await response.read())[:300].decode(errors="replace")
+    except READ_ERRORS as exc:
+        return f"body unread: {type(exc).__name__}"
+    finally:
+        response.close()

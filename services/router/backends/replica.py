@@ -26,3 +26,4 @@ class Replica:
     # connect. A passing check then means it came back (a restart), and closes an open breaker.
     seen_down: bool = False
     probe_inflight: bool = False
+    key_refused: bool = False  # its latest answer refused the pool's api_key (401/403): logged once per change

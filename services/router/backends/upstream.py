@@ -17,14 +17,17 @@ _decode = msgspec.json.Decoder()
 
 
 class UpstreamError(Exception):
-    """The replica failed before any response byte (safe to retry on another replica), or answered
-    something that is not what its API promises (the replica's fault, a 502). `unreachable`: no
+    """The replica failed before any response byte, or answered something that is not what its API
+    promises (the replica's fault, a 502). `retryable`: the replica provably did not take the request
+    (no connection was made, or it refused the request with 429 or 503), so another replica may run it;
+    a request that may have reached a replica and run there is never sent again. `unreachable`: no
     connection could be made, or it dropped before the response head: the replica may be down."""
 
-    def __init__(self, url: str, message: str, *, unreachable: bool = False) -> None:
+    def __init__(self, url: str, message: str, *, unreachable: bool = False, retryable: bool = False) -> None:
         super().__init__(f"{url}: {message}")
         self.url = url
         self.unreachable = unreachable
+        self.retryable = retryable
 
 
 class UpstreamResponse(Protocol):
@@ -51,7 +54,8 @@ class Upstream(Protocol):
     async def open(self, base_url: str, path: str, body: bytes, *, api_key: str | None,
                    timeout_s: float) -> UpstreamResponse:
         """POST and wait for the response head. Connection errors and 5xx/429 heads raise
-        UpstreamError (retryable); other statuses are returned for the caller to pass on.
+        UpstreamError (`retryable` only when the request never reached the replica or was refused
+        by a 429 or 503); other statuses are returned for the caller to pass on.
         `timeout_s` bounds the wait for the head and then each read (a stalled stream)."""
         ...
 

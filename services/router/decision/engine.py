@@ -65,12 +65,13 @@ class Router:
 
             self.embedder = Embedder.load()
 
-    def choose(self, body: dict[str, Any]) -> Choice:
+    def choose(self, body: dict[str, Any], text: str | None = None) -> Choice:
+        """`text`: the body's request_text, when the caller has it already."""
         model = body.get("model")
         entry = self.config.entries.get(model) if isinstance(model, str) else None
         if entry is None:
             raise UnknownModel(f"The model `{model}` does not exist; available: {', '.join(self.config.entries)}")
-        text = request_text(body)
+        text = request_text(body) if text is None else text
         results = evaluate(entry, text, token_count=self._counters.get(entry.default[0]), embedder=self.embedder)
         decision = decide(entry, results)
         return Choice(entry, text, results, decision, algorithms.plan(entry.algorithm, decision.pools, self._rng))

@@ -13,4 +13,4 @@ def authorize(keys: ApiKeys, headers: Iterable[tuple[bytes, bytes]]) -> None:
     check = keys.check(headers)
     if check is not KeyCheck.ACCEPTED:
         message = "Incorrect API key provided." if check is KeyCheck.WRONG else f"Missing API key: {HOW_TO_SEND}."
-        raise HTTPError(401, message, code="invalid_api_key")
+        raise HTTPError(401, message)

@@ -18,11 +18,12 @@ class Call:
     listener: ListenerConfig
     codec: Codec  # of the API the client called
     request: dict[str, Any]  # the body as the client sent it
-    chat: dict[str, Any]  # as a chat or completions body (what goes upstream, but for the model)
+    chat: dict[str, Any]  # as a chat or completions body (what goes upstream, but for the model and `bulk`)
     choice: Choice
     status: int = 0  # of the response started to the client
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)  # x-router-* for the client
     escalation: dict[str, Any] | None = None  # which escalate stage answered, told in non-streamed bodies
+    bulk: bytes = b""  # the upstream body's bulk (messages, prompt), left out of `chat` and encoded, if split
 
     async def start(self, send: Send, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.status = status

@@ -50,7 +50,7 @@ class Escalator:
                     # The shared deadline is this timeout's: a shorter one inside would fail the stage
                     # a moment early and leave a sliver of time for the next stage to be called in.
                     opened = await self.dispatcher.open_any(call.chat, call.choice.text, call.codec.upstream_path,
-                                                            (stage,), payloads, stream=False)
+                                                            (stage,), payloads, stream=False, bulk=call.bulk)
                     raw = await opened.response.read()
                 status = opened.response.status
                 completion = decode_object(raw) if status == 200 else {}

@@ -19,7 +19,12 @@ _REF = "#/components/schemas/{name}"
 
 
 class _Shape(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """A request shape, documented only: unknown fields are ignored, as the codecs ignore them."""
+    """A request shape, documented only: unknown fields are passed on (chat, completions) or ignored
+    (input items and content blocks, which SDKs send back with fields of their own)."""
+
+
+class _Strict(_Shape, forbid_unknown_fields=True):
+    """A shape whose unknown fields the codec refuses by name (request_fields.check_fields)."""
 
 
 # ---- chat and completions (passed through upstream) ----
@@ -82,7 +87,7 @@ class ReasoningItem(_Shape, tag_field="type", tag="reasoning"):
     summary: list[SummaryText] | None = None
 
 
-class FunctionTool(_Shape):
+class FunctionTool(_Strict):
     type: Literal["function"]
     name: NonEmpty
     description: str | None = None
@@ -90,36 +95,37 @@ class FunctionTool(_Shape):
     strict: bool | None = None
 
 
-class NamedFunction(_Shape):
+class NamedFunction(_Strict):
     type: Literal["function"]
     name: NonEmpty
 
 
-class Reasoning(_Shape):
+class Reasoning(_Strict):
     effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
     summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None
 
 
-class TextFormat(_Shape, tag_field="type", tag="text"):
+class TextFormat(_Strict, tag_field="type", tag="text"):
     pass
 
 
-class JsonObjectFormat(_Shape, tag_field="type", tag="json_object"):
+class JsonObjectFormat(_Strict, tag_field="type", tag="json_object"):
     pass
 
 
-class JsonSchemaFormat(_Shape, tag_field="type", tag="json_schema"):
+class JsonSchemaFormat(_Strict, tag_field="type", tag="json_schema"):
     name: NonEmpty
     schema: dict[str, Any]
     strict: bool | None = None
     description: str | None = None
 
 
-class TextOptions(_Shape):
+class TextOptions(_Strict):
     format: Union[TextFormat, JsonObjectFormat, JsonSchemaFormat, None] = None
 
 
-class ResponsesRequest(_Shape):
+class ResponsesRequest(_Strict):
     model: str
     input: Union[str, list[Union[InputMessage, FunctionCall, FunctionCallOutput, ReasoningItem]]]
     instructions: str | None = None
@@ -135,6 +141,32 @@ class ResponsesRequest(_Shape):
     truncation: Literal["disabled"] | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
+    # Output logprobs, answered in each output_text part.
+    top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=20)] | None = None
+    include: list[Literal["message.output_text.logprobs", "reasoning.encrypted_content"]] | None = None
+    # vLLM's Responses extras, carried to upstream's chat body as they are.
+    stop: Union[str, list[str], None] = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    logit_bias: dict[str, float] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool | None = None
+    skip_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None
+    cache_salt: str | None = None
+    priority: int | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    # Accepted, no change to the answer.
+    store: bool | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    stream_options: dict[str, Any] | None = None
 
 
 # ---- the Anthropic Messages API (anthropic_request.py) ----
@@ -169,31 +201,32 @@ class Message(_Shape):
     content: Union[str, list[Union[TextBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock, RedactedThinkingBlock]]]
 
 
-class Tool(_Shape):
+class Tool(_Strict):
     name: NonEmpty
     input_schema: dict[str, Any]
     description: str | None = None
     type: Literal["custom"] | None = None
+    cache_control: dict[str, Any] | None = None  # dropped: prefix caching upstream is automatic
 
 
-class ToolChoice(_Shape):
+class ToolChoice(_Strict):
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
     disable_parallel_tool_use: bool | None = None
 
 
-class ThinkingEnabled(_Shape, tag_field="type", tag="enabled"):
+class ThinkingEnabled(_Strict, tag_field="type", tag="enabled"):
     budget_tokens: Annotated[int, msgspec.Meta(ge=1024)]  # and < max_tokens
 
 
-class ThinkingDisabled(_Shape, tag_field="type", tag="disabled"):
+class ThinkingDisabled(_Strict, tag_field="type", tag="disabled"):
     pass
 
 
 UnitInterval = Annotated[float, msgspec.Meta(ge=0, le=1)]
 
 
-class MessagesRequest(_Shape):
+class MessagesRequest(_Strict):
     model: str
     max_tokens: Annotated[int, msgspec.Meta(ge=1)]
     messages: Annotated[list[Message], msgspec.Meta(min_length=1)]
@@ -206,6 +239,10 @@ class MessagesRequest(_Shape):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Union[ThinkingEnabled, ThinkingDisabled, None] = None
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's; thinking sets enable_thinking over it
+    cache_salt: str | None = None  # vLLM's
+    metadata: dict[str, Any] | None = None  # accepted, no change to the answer
+    service_tier: str | None = None  # accepted, no change to the answer
 
 
 class CountTokensRequest(_Shape):

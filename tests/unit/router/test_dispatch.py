@@ -6,9 +6,12 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import logging
 import random
 from collections.abc import Coroutine
 from typing import Any, TypeVar
+
+import pytest
 
 from services.router.app import RouterApp
 from services.router.backends.pool import Lease, build_pools
@@ -90,9 +93,10 @@ def test_a_stream_passes_through_piece_by_piece() -> None:
     assert fleet.upstream.sent[0].path == "/v1/completions"
 
 
-def test_a_failure_before_the_first_byte_is_retried_on_another_replica() -> None:
+@pytest.mark.parametrize("refusal", ["connection refused", "HTTP 503: not ready", "HTTP 429: busy"])
+def test_a_request_that_never_reached_a_replica_or_was_refused_is_retried_on_another(refusal: str) -> None:
     fleet = Fleet()
-    fleet.upstream.answer(A, Reply(refuse="HTTP 500: boom"))
+    fleet.upstream.answer(A, Reply(refuse=refusal))
     r = fleet.chat()
     assert r.status == 200 and r.json()["choices"][0]["message"]["content"] == f"from {B}"
     assert r.headers["x-router-replica"] == B and r.headers["x-router-attempts"] == "2"
@@ -100,6 +104,49 @@ def test_a_failure_before_the_first_byte_is_retried_on_another_replica() -> None
     assert fleet.replica(A)["consecutive_failures"] == 1 and fleet.replica(B)["consecutive_failures"] == 0
     assert fleet.count("router_retries_total", pool="p") == 1
     assert fleet.count("router_upstream_errors_total", pool="p") == 1
+
+
+@pytest.mark.parametrize("failure", ["HTTP 500: boom", "ServerDisconnectedError: Server disconnected"])
+def test_a_request_that_may_have_run_on_a_replica_is_not_sent_to_another(failure: str) -> None:
+    fleet = Fleet()
+    fleet.upstream.answer(A, Reply(refuse=failure, retryable=False))
+    r = fleet.chat(model="spill")  # not to the plan's next pool either
+    assert r.status == 502 and r.json()["error"]["code"] == 502
+    assert r.json()["error"]["message"] == (f"pool 'p': {A}: {failure}; not retried on another replica, as the "
+                                            "request may have reached this one")
+    assert fleet.upstream.urls() == [A]
+    assert fleet.replica(A)["consecutive_failures"] == 1 and fleet.replica(A)["inflight"] == 0
+    assert fleet.count("router_retries_total", pool="p") == 0
+    assert fleet.count("router_upstream_errors_total", pool="p") == 1
+
+
+def test_an_upstream_refusing_the_pools_api_key_is_a_502_naming_it_logged_once_per_change(
+        caplog: pytest.LogCaptureFixture) -> None:
+    fleet = Fleet()
+    refusal = json.dumps({"error": {"message": "Incorrect API key provided.", "code": 401}}).encode()
+    for url in (A, B):
+        fleet.upstream.answer(url, Reply(status=401, chunks=(refusal,)))
+    with caplog.at_level(logging.WARNING, logger="router"):
+        answers = [fleet.chat() for _ in range(3)]
+    for r in answers:
+        assert r.status == 502, r.body  # the client's key was good: never the replica's 401
+        error = r.json()["error"]
+        assert error["type"] == "upstream_error" and error["code"] == 502
+        assert "refused the pool's api_key (HTTP 401: " in error["message"]
+        assert "check pools.p.api_key" in error["message"]
+    messages = fleet.post("/v1/messages", {"model": "fleet", "max_tokens": 5, "messages": HI})
+    assert messages.status == 502 and messages.json()["error"]["type"] == "api_error"
+    refused = [rec.getMessage() for rec in caplog.records if "refuses the pool's api_key" in rec.getMessage()]
+    assert len(refused) == 2 and {A, B} == {url for url in (A, B) for m in refused if url in m}
+    assert all(response.closed for response in fleet.upstream.responses)
+    # A config error, not a failing replica: the breaker stays closed, and nothing is left in flight.
+    assert fleet.replica(A)["breaker"] == "closed" and fleet.replica(A)["inflight"] == 0
+    caplog.clear()
+    fleet.upstream.answer(A, Reply(chunks=(completion("ok"),)))
+    fleet.upstream.answer(B, Reply(chunks=(completion("ok"),)))
+    with caplog.at_level(logging.WARNING, logger="router"):
+        assert fleet.chat().status == 200
+    assert [rec.getMessage() for rec in caplog.records] == [f"pool p: replica {A} accepts the pool's api_key again"]
 
 
 def test_repeated_failures_open_the_breaker_and_the_replica_is_left_out() -> None:
@@ -140,7 +187,7 @@ def test_every_replica_at_its_cap_is_a_429_at_once() -> None:
     r = fleet.chat()
     assert r.status == 429 and r.headers["retry-after"] == "1" and r.headers["x-router-entry"] == "fleet"
     error = r.json()["error"]
-    assert error["type"] == "rate_limit_error" and error["code"] == "overloaded" and "in-flight" in error["message"]
+    assert error["type"] == "rate_limit_error" and error["code"] == 429 and "in-flight" in error["message"]
     assert fleet.upstream.sent == []
     assert fleet.count("router_overloaded_total", pool="p") == 1
     for lease in held:
@@ -167,7 +214,7 @@ def test_no_ready_replica_is_a_503() -> None:
         for _ in range(2):  # health.failures defaults to 2
             pool.record_health(replica, False, detail="HTTP 500")
     r = fleet.chat()
-    assert r.status == 503 and r.json()["error"]["code"] == "no_replica"
+    assert r.status == 503 and r.json()["error"]["code"] == 503
     assert "unhealthy (HTTP 500)" in r.json()["error"]["message"] and fleet.upstream.sent == []
 
 

@@ -29,8 +29,8 @@ def test_replayed_chunks_are_upstreams_own_event_stream() -> None:
 
 
 def test_the_openai_error_shape() -> None:
-    assert openai_error(429, "slow down", None, "overloaded") == {
-        "error": {"message": "slow down", "type": "rate_limit_error", "param": None, "code": "overloaded"}}
+    assert openai_error(429, "slow down") == {
+        "error": {"message": "slow down", "type": "rate_limit_error", "param": None, "code": 429}}
     assert openai_error(400, "bad", "model") == {
         "error": {"message": "bad", "type": "invalid_request_error", "param": "model", "code": 400}}
     assert openai_error(418, "teapot")["error"]["type"] == "error"

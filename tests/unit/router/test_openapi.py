@@ -116,4 +116,37 @@ def test_each_listener_serves_its_own_document_which_loads_in_schemathesis() -> 
     for doc in (public, claude):
         assert all(result.ok() for result in schemathesis.openapi.from_dict(doc).get_all_operations())
     wrong = asyncio.run(request(app, "POST", "/openapi.json"))
-    assert wrong.status == 405 and wrong.headers["allow"] == "GET"
+    assert wrong.status == 405 and wrong.headers["allow"] == "GET, HEAD"
+
+
+STRICT: list[tuple[str, str, dict[str, Any], str]] = [
+    # (api, component, the body with an unknown field "zz" in that component, the field's name)
+    ("responses", "ResponsesRequest", {**BODIES["responses"][1], "zz": 1}, "zz"),
+    ("responses", "Reasoning", {**BODIES["responses"][1], "reasoning": {"zz": 1}}, "reasoning.zz"),
+    ("responses", "TextOptions", {**BODIES["responses"][1], "text": {"zz": 1}}, "text.zz"),
+    ("responses", "JsonSchemaFormat", {**BODIES["responses"][1], "text": {"format": {**NESTED["JsonSchemaFormat"],
+                                                                                        "zz": 1}}}, "text.format.zz"),
+    ("responses", "FunctionTool", {**BODIES["responses"][1], "tools": [{**TOOL, "zz": 1}]}, "tools[0].zz"),
+    ("responses", "NamedFunction", {**BODIES["responses"][1], "tool_choice": {**TOOL, "zz": 1}}, "tool_choice.zz"),
+    ("messages", "MessagesRequest", {**BODIES["messages"][1], "zz": 1}, "zz"),
+    ("messages", "Tool", {**BODIES["messages"][1], "tools": [{"name": "f", "input_schema": {}, "zz": 1}]},
+     "tools[0].zz"),
+    ("messages", "ToolChoice", {**BODIES["messages"][1], "tool_choice": {"type": "auto", "zz": 1}}, "tool_choice.zz"),
+    ("messages", "ThinkingDisabled", {**BODIES["messages"][1], "thinking": {"type": "disabled", "zz": 1}},
+     "thinking.zz"),
+]
+
+
+@pytest.mark.parametrize(("api", "component", "body", "field"), STRICT, ids=[s[1] for s in STRICT])
+def test_a_component_documented_closed_refuses_an_unknown_field_naming_it(api: str, component: str,
+                                                                          body: dict[str, Any], field: str) -> None:
+    assert DOC["components"]["schemas"][component]["additionalProperties"] is False
+    with pytest.raises(CodecError) as info:
+        CODECS[api].to_chat(body)
+    assert info.value.param == field
+
+
+def test_the_open_components_are_the_ones_sdks_send_back_with_fields_of_their_own() -> None:
+    closed = {name for name, schema in DOC["components"]["schemas"].items()
+              if schema.get("additionalProperties") is False}
+    assert closed == {s[1] for s in STRICT} | {"TextFormat", "JsonObjectFormat", "ThinkingEnabled"}

@@ -198,6 +198,24 @@ def test_unknown_paths_and_methods_are_json_errors() -> None:
     assert wrong.json()["error"]["message"] == "/v1/responses accepts POST only"
 
 
+@pytest.mark.parametrize("path", ["/health", "/metrics", "/openapi.json", "/v1/models"])
+@pytest.mark.parametrize("method", ["TRACE", "DELETE", "POST", "PUT"])
+def test_the_read_only_routes_refuse_other_methods(path: str, method: str) -> None:
+    answer = asyncio.run(request(_app(), method, path))
+    assert answer.status == 405 and answer.headers["allow"] == "GET, HEAD"
+    assert answer.json()["error"] == {"message": f"{path} accepts GET and HEAD only",
+                                      "type": "invalid_request_error", "param": None, "code": 405}
+    assert asyncio.run(request(_app(), "GET", path)).status == 200
+
+
+def test_every_openai_shaped_error_carries_its_status_as_an_integer_code() -> None:
+    unknown = post("/v1/chat/completions", {"model": "nope", "messages": HI})
+    assert unknown.status == 404 and unknown.json()["error"]["code"] == 404
+    assert unknown.json()["error"]["param"] == "model"
+    bad = post("/v1/responses", {"model": "fleet", "input": 1})
+    assert bad.json()["error"]["code"] == 400 and bad.json()["error"]["param"] == "input"
+
+
 @pytest.mark.parametrize("body", [b"[1]", b'"x"', b"{", b""])
 def test_a_body_that_is_no_json_object_is_a_400(body: bytes) -> None:
     answer = post("/v1/responses", body)

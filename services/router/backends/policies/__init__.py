@@ -23,6 +23,9 @@ class Policy(Protocol):
     last_reason: str
     """One line on the latest choice, e.g. "cache_aware: match 0.83 > 0.50 -> http://a:8000"."""
 
+    reads_body: bool
+    """Whether `prepare` reads the body's messages or prompt (a long body's are decoded for it only then)."""
+
     async def prepare(self, body: dict[str, Any], size: int) -> object:
         """Once per request and pool, before any choice: work the choice needs that may take a while
         (precise_prefix tokenizes `body`, the chat or completions body of `size` bytes). What it

@@ -163,6 +163,8 @@ class CacheAware:
     passes (ready and below its cap). sgl-router's default of 64 could never fire under the
     default cap of 32 requests per replica, so ours is 16."""
 
+    reads_body = False
+
     def __init__(self, *, cache_threshold: float = 0.5, balance_abs: int = 16, balance_rel: float = 1.5,
                  max_tree_chars: int = 2_000_000, eviction_s: float = 120.0,
                  clock: Callable[[], float] = time.monotonic) -> None:

@@ -14,6 +14,7 @@ def _load(r: Replica) -> tuple[int, float]:
 
 class LeastOutstanding:
     __slots__ = ("last_reason",)
+    reads_body = False
 
     def __init__(self) -> None:
         self.last_reason = ""

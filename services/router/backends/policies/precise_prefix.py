@@ -49,6 +49,8 @@ def _hashed(model: PromptModel, body: dict[str, Any], block_size: int, lora: str
 
 
 class PrecisePrefix:
+    reads_body = True  # it renders and tokenizes the messages
+
     def __init__(self, *, cache_threshold: float = 0.5, balance_abs: int = 16, balance_rel: float = 1.5,
                  pending_s: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
         if not 0.0 <= cache_threshold <= 1.0:

@@ -14,6 +14,7 @@ def _last_assigned(r: Replica) -> float:
 
 class RoundRobin:
     __slots__ = ("last_reason",)
+    reads_body = False
 
     def __init__(self) -> None:
         self.last_reason = ""

@@ -8,8 +8,9 @@ from typing import Any
 
 import msgspec
 
-from services.router.listeners.codecs.anthropic_request import messages_to_chat
+from services.router.listeners.codecs.anthropic_request import RENAMES, messages_to_chat
 from services.router.listeners.codecs.codec import Codec, answer_calls, call_deltas, reasoning_of
+from services.router.listeners.codecs.request_fields import renamed_message
 
 _json = msgspec.json.Encoder()
 _decode = msgspec.json.Decoder()
@@ -225,13 +226,21 @@ _PING = _event("ping", {"type": "ping"})
 
 
 def refusal_body(status: int, raw: bytes) -> bytes:
-    """Every error in Anthropic's shape, upstream's 4xx (OpenAI's shape) too."""
+    """Every error in Anthropic's shape, upstream's 4xx (OpenAI's shape) too, the chat field it names
+    as the client sent it (stop_sequences, not stop), leading the message as this API's errors do."""
     try:
-        message = _decode.decode(raw)["error"]["message"]
-    except (msgspec.DecodeError, KeyError, TypeError):
-        message = raw[:500].decode(errors="replace")
+        error = _decode.decode(raw)["error"]
+        message, param = error["message"], error.get("param")
+    except (msgspec.DecodeError, KeyError, TypeError, AttributeError):
+        message, param = raw[:500].decode(errors="replace"), None
+    if not isinstance(message, str):
+        message = str(message)
+    message = renamed_message(message, RENAMES)
+    if param in RENAMES and not message.startswith(RENAMES[param]):
+        message = f"{RENAMES[param]}: {message}"
     return _json.encode(anthropic_error(status, message))
 
 
 MESSAGES = Codec("messages", "/v1/messages", messages_to_chat, chat_to_message, MessagesStream,
-                   lambda status, message, param, code: anthropic_error(status, message), refusal_body)
+                   lambda status, message, param: anthropic_error(status, message), refusal_body,
+                   bulk=("messages", "system"))

@@ -50,5 +50,6 @@ def _refusal(status: int, raw: bytes) -> bytes:
 
 
 COUNT_TOKENS = Codec("count_tokens", "/v1/messages/count_tokens", count_to_tokenize, tokenize_to_count,
-                       MessagesStream, lambda status, message, param, code: anthropic_error(status, message),
-                       _refusal, upstream_path=TOKENIZE_PATH, part_of="messages", judged=False)
+                       MessagesStream, lambda status, message, param: anthropic_error(status, message),
+                       _refusal, upstream_path=TOKENIZE_PATH, part_of="messages", judged=False,
+                       bulk=("messages", "system"))

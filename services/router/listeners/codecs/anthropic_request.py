@@ -1,6 +1,7 @@
 """The Anthropic Messages API's request as an upstream chat completions body, run in the router:
 messages and their content blocks (text, tool_use, tool_result, thinking) as chat messages, client
-tools, tool choice, thinking and sampling. Pure; CodecError names what cannot be carried."""
+tools, tool choice, thinking and sampling, and vLLM's chat_template_kwargs and cache_salt. Every other
+field is refused by name. Pure; CodecError names what cannot be carried."""
 from __future__ import annotations
 
 from typing import Any
@@ -16,16 +17,28 @@ from services.router.listeners.codecs.codec import (
     text_parts,
     tool_list,
 )
+from services.router.listeners.codecs.request_fields import carry, check_fields, number, whole
 
 _json = msgspec.json.Encoder()
+_FIELDS = frozenset((
+    "model", "messages", "max_tokens", "system", "stop_sequences", "stream", "temperature", "top_k", "top_p",
+    "tools", "tool_choice", "thinking", "chat_template_kwargs", "cache_salt",
+    # No change to the answer: accepted, not carried.
+    "metadata", "service_tier",
+    # Refused when set (_refuse_unsupported).
+    "mcp_servers", "container", "output_format", "output_config", "context_management"))
+_REFUSED = {name: "is not supported by this router" for name in (
+    "mm_payload", "return_mm_kwargs", "watermarking", "kv_transfer_params", "ec_transfer_params", "vllm_xargs")}
+# Upstream's chat fields as this API names them, for upstream's refusals.
+RENAMES = {"stop": "stop_sequences", "max_completion_tokens": "max_tokens"}
 
 
 def messages_to_chat(body: dict[str, Any]) -> dict[str, Any]:
     """A Messages request body as a chat completions body; CodecError names what cannot be carried."""
     model = checked_model(body, _refuse_unsupported)
-    max_tokens = body.get("max_tokens")
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+    if body.get("max_tokens") is None:
         raise CodecError("max_tokens", "is required: an integer >= 1")
+    max_tokens = whole(body["max_tokens"], "max_tokens", 1)
     messages: list[dict[str, Any]] = []
     system = body.get("system")
     if system is not None and system != "":
@@ -33,20 +46,25 @@ def messages_to_chat(body: dict[str, Any]) -> dict[str, Any]:
     messages.extend(_messages(body.get("messages")))
     chat: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": max_tokens}
     _ask_tools(body, chat)
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None:
+        if not isinstance(kwargs, dict):
+            raise CodecError("chat_template_kwargs", "must be an object")
+        chat["chat_template_kwargs"] = kwargs
     _ask_thinking(body, chat, max_tokens)
+    carry(body, chat, ("cache_salt",))
     if messages[-1]["role"] == "assistant":
         # A final assistant turn is a prefill: the model continues it rather than starting a new turn.
         chat["continue_final_message"], chat["add_generation_prompt"] = True, False
     for name, low, high in (("temperature", 0.0, 1.0), ("top_p", 0.0, 1.0)):
         value = body.get(name)
         if value is not None:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+            if not low <= number(value, name) <= high:
                 raise CodecError(name, f"must be a number in [{low}, {high}]")
             chat[name] = value
     top_k = body.get("top_k")
     if top_k is not None:
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-            raise CodecError("top_k", "must be an integer >= 0")
+        top_k = whole(top_k, "top_k", 0)
         if top_k > 0:  # Anthropic's 0 and chat's absent both mean "no top-k"
             chat["top_k"] = top_k
     stops = body.get("stop_sequences")
@@ -61,12 +79,19 @@ def messages_to_chat(body: dict[str, Any]) -> dict[str, Any]:
 
 def _refuse_unsupported(body: dict[str, Any]) -> None:
     """Fields that would change the answer if dropped silently; metadata, service_tier and the like are ignored."""
-    for name in ("mcp_servers", "container", "output_format"):
+    check_fields(body, _FIELDS, _REFUSED)
+    if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
+        raise CodecError("metadata", "must be an object")
+    if body.get("service_tier") is not None and not isinstance(body["service_tier"], str):
+        raise CodecError("service_tier", "must be a string")
+    for name in ("mcp_servers", "container", "output_format", "context_management"):
         if body.get(name):
             raise CodecError(name, "is not supported by this server")
     config = body.get("output_config")
     if isinstance(config, dict) and config.get("format"):
         raise CodecError("output_config.format", "structured outputs are not supported by this server")
+    if isinstance(config, dict):
+        check_fields(config, ("format",), {"effort": "is not supported by this server"}, "output_config")
 
 
 def _ask_tools(body: dict[str, Any], chat: dict[str, Any]) -> None:
@@ -78,6 +103,10 @@ def _ask_tools(body: dict[str, Any], chat: dict[str, Any]) -> None:
         kind = tool.get("type")
         if kind not in (None, "custom"):  # Anthropic's server tools (web_search_..., bash_..., ...)
             raise CodecError(f"tools[{i}].type", f"tool type {kind!r} is not supported; only client tools")
+        # cache_control is dropped: prefix caching upstream is automatic.
+        check_fields(tool, ("type", "name", "description", "input_schema", "cache_control"), {}, f"tools[{i}]")
+        if tool.get("cache_control") is not None and not isinstance(tool["cache_control"], dict):
+            raise CodecError(f"tools[{i}].cache_control", "must be an object")
         if not isinstance(tool.get("input_schema"), dict):
             raise CodecError(f"tools[{i}].input_schema", "is required: a JSON schema object")
         function = chat_function(tool.get("name"), tool.get("description"), tool["input_schema"], f"tools[{i}]")
@@ -91,6 +120,7 @@ def _ask_tools(body: dict[str, Any], chat: dict[str, Any]) -> None:
     kind = choice.get("type")
     if kind not in ("auto", "any", "tool", "none"):
         raise CodecError("tool_choice.type", "must be one of 'auto', 'any', 'tool', 'none'")
+    check_fields(choice, ("type", "name", "disable_parallel_tool_use"), {}, "tool_choice")
     if choice.get("name") is not None and not isinstance(choice["name"], str):
         raise CodecError("tool_choice.name", "must be a string")
     if kind in ("any", "tool") and not names:
@@ -119,15 +149,19 @@ def _ask_thinking(body: dict[str, Any], chat: dict[str, Any], max_tokens: int) -
     if not isinstance(thinking, dict):
         raise CodecError("thinking", "must be an object {'type': 'enabled' | 'disabled', ...}")
     kind = thinking.get("type")
+    check_fields(thinking, ("type", "budget_tokens"), {}, "thinking")
+    # The client's own chat_template_kwargs are kept; thinking decides enable_thinking.
+    kwargs = chat.setdefault("chat_template_kwargs", {})
     if kind == "disabled":
-        chat["chat_template_kwargs"] = {"enable_thinking": False}
+        kwargs["enable_thinking"] = False
         return
     if kind != "enabled":
         raise CodecError("thinking.type", "only 'enabled' and 'disabled' are supported")
     budget = thinking.get("budget_tokens")
-    if isinstance(budget, bool) or not isinstance(budget, int) or not 1024 <= budget < max_tokens:
-        raise CodecError("thinking.budget_tokens", f"must be an integer >= 1024 and < max_tokens ({max_tokens})")
-    chat["chat_template_kwargs"] = {"enable_thinking": True}
+    allowed = f"must be an integer >= 1024 and < max_tokens ({max_tokens})"
+    if budget is None or not 1024 <= whole(budget, "thinking.budget_tokens") < max_tokens:
+        raise CodecError("thinking.budget_tokens", allowed)
+    kwargs["enable_thinking"] = True
 
 
 def _messages(messages: Any) -> list[dict[str, Any]]:

@@ -38,14 +38,15 @@ class Codec:
     """(upstream's non-streamed answer, the client's request) -> this API's response body."""
     stream: Callable[[dict[str, Any]], StreamTranslator]
     """A translator for one streamed answer to the request."""
-    error_body: Callable[[int, str, str | None, str | int | None], dict[str, Any]]
-    """(status, message, param, code) -> this API's error body."""
+    error_body: Callable[[int, str, str | None], dict[str, Any]]
+    """(status, message, param) -> this API's error body."""
     refusal_body: Callable[[int, bytes], bytes | None] = lambda status, raw: None
     """Upstream's 4xx body (OpenAI's error shape) in this API's shape; None to pass it on as it is."""
     upstream_path: str = CHAT_PATH  # the replica's path the translated request goes to
     passthrough: bool = False  # upstream's answer is already this API's: its bytes go to the client as they arrive
     part_of: str = ""  # the listener `apis` name that serves it, when it is another API's route (count_tokens)
     judged: bool = True  # an escalate entry judges its answers; False: the plan's first pool that answers serves it
+    bulk: tuple[str, ...] = ()  # request fields the answer's translation never reads (left in a body worker)
 
 
 class CodecError(ValueError):

@@ -17,11 +17,10 @@ _ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404:
                 502: "upstream_error", 503: "service_unavailable_error", 504: "timeout_error"}
 
 
-def openai_error(status: int, message: str, param: str | None = None,
-                 code: str | int | None = None) -> dict[str, Any]:
-    """OpenAI's error body; `code` defaults to the status, as the fleet's frontends answer."""
+def openai_error(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    """OpenAI's error body with the status as its integer `code`, as vLLM and the fleet's frontend answer."""
     return {"error": {"message": message, "type": _ERROR_TYPES.get(status, "error"), "param": param,
-                      "code": code if code is not None else status}}
+                      "code": status}}
 
 
 class ChunkStream:
@@ -129,6 +128,6 @@ def _chunks(request: dict[str, Any]) -> StreamTranslator:
 
 
 CHAT = Codec("chat", "/v1/chat/completions", _chat, _as_is, _chunks, openai_error,
-               upstream_path=CHAT_PATH, passthrough=True)
+               upstream_path=CHAT_PATH, passthrough=True, bulk=("messages",))
 COMPLETIONS = Codec("completions", "/v1/completions", _completion, _as_is, _chunks, openai_error,
-                      upstream_path="/v1/completions", passthrough=True)
+                      upstream_path="/v1/completions", passthrough=True, bulk=("prompt",))

@@ -12,7 +12,8 @@ import msgspec
 
 from services.router.listeners.codecs.codec import Codec, answer_calls, call_deltas, reasoning_of
 from services.router.listeners.codecs.openai import openai_error
-from services.router.listeners.codecs.responses_request import responses_to_chat
+from services.router.listeners.codecs.request_fields import renamed_refusal
+from services.router.listeners.codecs.responses_request import RENAMES, responses_to_chat, wants_logprobs
 
 _json = msgspec.json.Encoder()
 
@@ -34,7 +35,8 @@ def chat_to_response(chat: dict[str, Any], request: dict[str, Any]) -> dict[str,
         output.append(_reasoning_item(f"rs_{uuid.uuid4().hex}", "completed" if with_message or calls else status,
                                       reasoning))
     if with_message:
-        output.append(_message_item(f"msg_{uuid.uuid4().hex}", "completed" if calls else status, text))
+        logprobs = _logprobs(choice.get("logprobs")) if wants_logprobs(request) else []
+        output.append(_message_item(f"msg_{uuid.uuid4().hex}", "completed" if calls else status, text, logprobs))
     output.extend(_call_item(f"fc_{uuid.uuid4().hex}", status, *call) for call in calls)
     return _response(f"resp_{uuid.uuid4().hex}", chat.get("created") or int(time.time()), request,
                      model=chat.get("model") or request.get("model", ""), status=status, output=output,
@@ -49,13 +51,24 @@ def _status(finish_reason: str | None) -> tuple[str, dict[str, str] | None]:
     return "completed", None
 
 
-def _message_item(item_id: str, status: str, text: str | None) -> dict[str, Any]:
-    content = [] if text is None else [_text_part(text)]
+def _message_item(item_id: str, status: str, text: str | None,
+                  logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    content = [] if text is None else [_text_part(text, logprobs)]
     return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
 
 
-def _text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
+
+
+def _logprobs(chat_logprobs: Any) -> list[dict[str, Any]]:
+    """Upstream chat's choice (or delta) logprobs as output_text's: one {token, logprob, bytes,
+    top_logprobs} per token, the shape both APIs share."""
+    content = chat_logprobs.get("content") if isinstance(chat_logprobs, dict) else None
+    return [{"token": entry.get("token", ""), "logprob": entry.get("logprob", 0.0), "bytes": entry.get("bytes"),
+             "top_logprobs": [{"token": top.get("token", ""), "logprob": top.get("logprob", 0.0),
+                               "bytes": top.get("bytes")} for top in entry.get("top_logprobs") or ()]}
+            for entry in content or ()]
 
 
 def _reasoning_item(item_id: str, status: str, text: str | None) -> dict[str, Any]:
@@ -124,6 +137,7 @@ class _Item:
     id: str
     index: int  # its output_index: items are numbered in the order they are added
     pieces: list[str] = field(default_factory=list)  # reasoning or message text, or call arguments
+    logprobs: list[dict[str, Any]] = field(default_factory=list)  # a message's, when the client asked
     call_id: str = ""
     name: str = ""
     done: dict[str, Any] | None = None  # the item as its output_item.done carried it
@@ -133,7 +147,7 @@ class _Item:
         if self.kind == "reasoning":
             return _reasoning_item(self.id, status, text)
         if self.kind == "message":
-            return _message_item(self.id, status, text)
+            return _message_item(self.id, status, text, self.logprobs)
         return _call_item(self.id, status, self.call_id, self.name, text)
 
 
@@ -147,11 +161,12 @@ class ResponsesStream:
     failure; after either end, further calls return b"".
     """
 
-    __slots__ = ("_calls", "_created", "_ended", "_finish", "_id", "_items", "_open", "_request", "_seq",
-                 "_started", "_usage")
+    __slots__ = ("_calls", "_created", "_ended", "_finish", "_id", "_items", "_logprobs", "_open", "_request",
+                 "_seq", "_started", "_usage")
 
     def __init__(self, request: dict[str, Any]) -> None:
         self._request = request
+        self._logprobs = wants_logprobs(request)
         self._id = f"resp_{uuid.uuid4().hex}"
         self._created = int(time.time())
         self._seq = 0
@@ -185,14 +200,14 @@ class ResponsesStream:
                 out += self._text("reasoning", reasoning)
             piece = delta.get("content")
             if piece:
-                out += self._text("message", piece)
+                out += self._text("message", piece, _logprobs(choice.get("logprobs")) if self._logprobs else [])
             for index, call_id, name, fragment in call_deltas(delta):
                 out += self._call(index, call_id, name, fragment)
             if choice.get("finish_reason"):
                 self._finish = choice["finish_reason"]
         return out
 
-    def _text(self, kind: str, piece: str) -> bytes:
+    def _text(self, kind: str, piece: str, logprobs: list[dict[str, Any]] | None = None) -> bytes:
         out = b""
         item = self._open
         if item is None or item.kind != kind:
@@ -204,7 +219,9 @@ class ResponsesStream:
         item.pieces.append(piece)
         if kind == "reasoning":
             return out + self._event("response.reasoning_text.delta", **self._where(item), delta=piece)
-        return out + self._event("response.output_text.delta", **self._where(item), delta=piece, logprobs=[])
+        item.logprobs.extend(logprobs or ())
+        return out + self._event("response.output_text.delta", **self._where(item), delta=piece,
+                                 logprobs=logprobs or [])
 
     def _call(self, index: int, call_id: str | None, name: str | None, fragment: str) -> bytes:
         out = b""
@@ -260,8 +277,9 @@ class ResponsesStream:
             out = self._event("response.reasoning_text.done", **self._where(item), text=text)
             out += self._event("response.content_part.done", **self._where(item), part=_reasoning_part(text))
         else:
-            out = self._event("response.output_text.done", **self._where(item), text=text, logprobs=[])
-            out += self._event("response.content_part.done", **self._where(item), part=_text_part(text))
+            out = self._event("response.output_text.done", **self._where(item), text=text, logprobs=item.logprobs)
+            out += self._event("response.content_part.done", **self._where(item),
+                               part=_text_part(text, item.logprobs))
         return out + self._event("response.output_item.done", output_index=item.index, item=done)
 
     def error(self, message: str | None) -> bytes:
@@ -297,5 +315,12 @@ def _empty(kind: str, item_id: str) -> dict[str, Any]:
         _message_item(item_id, "in_progress", None)
 
 
-# Errors in OpenAI's shape; upstream's own 4xx bodies are passed on as they are.
-RESPONSES = Codec("responses", "/v1/responses", responses_to_chat, chat_to_response, ResponsesStream, openai_error)
+def refusal_body(status: int, raw: bytes) -> bytes | None:
+    """Upstream's 4xx in OpenAI's shape, its chat fields named as the client sent them (max_output_tokens,
+    text.format, input); None to pass on one that names none of them as it is."""
+    return renamed_refusal(raw, RENAMES)
+
+
+# Errors in OpenAI's shape; upstream's own 4xx bodies are passed on with the client's field names.
+RESPONSES = Codec("responses", "/v1/responses", responses_to_chat, chat_to_response, ResponsesStream, openai_error,
+                  refusal_body, bulk=("input",))

@@ -1,6 +1,7 @@
 """The OpenAI Responses API's request as an upstream chat completions body, run in the router: input
 items (messages, function calls and their outputs, reasoning) as chat messages, function tools, tool
-choice and reasoning options. Pure; CodecError names what cannot be carried."""
+choice and reasoning options, and the sampling extras vLLM's own Responses API takes. Every other field
+is refused by name. Pure; CodecError names what cannot be carried."""
 from __future__ import annotations
 
 from typing import Any
@@ -14,6 +15,7 @@ from services.router.listeners.codecs.codec import (
     text_parts,
     tool_list,
 )
+from services.router.listeners.codecs.request_fields import carry, check_fields, number, whole
 
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system",
           # Most chat templates know no "developer" role; it means what "system" means there.
@@ -21,6 +23,32 @@ _ROLES = {"user": "user", "assistant": "assistant", "system": "system",
 _TEXT_PARTS = ("input_text", "output_text")
 _EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 _SUMMARIES = ("auto", "concise", "detailed")
+# vLLM's Responses extras carried to upstream's chat body under the same name (request_fields.SAMPLING).
+_CARRIED = ("stop", "top_k", "min_p", "seed", "logit_bias", "structured_outputs", "presence_penalty",
+            "frequency_penalty", "repetition_penalty", "stop_token_ids", "ignore_eos", "skip_special_tokens",
+            "include_stop_str_in_output", "cache_salt", "priority")
+_FIELDS = frozenset((
+    "model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "reasoning", "text", "tools",
+    "tool_choice", "parallel_tool_calls", "stream", "top_logprobs", "include", "chat_template_kwargs",
+    # Echoed in the response, or no change to the answer: store, service_tier and the like are accepted.
+    "metadata", "user", "store", "service_tier", "prompt_cache_key", "safety_identifier", "stream_options",
+    # Refused when set to anything that would change the answer (_refuse_unsupported).
+    "previous_response_id", "conversation", "prompt", "background", "truncation",
+    *_CARRIED))
+_NOT_HERE = "is not supported by this router"
+_REFUSED = {name: _NOT_HERE for name in (
+    "max_tool_calls", "request_id", "session_id", "media_io_kwargs", "mm_processor_kwargs", "mm_payload",
+    "return_mm_kwargs", "enable_response_messages", "previous_input_messages", "vllm_xargs", "kv_transfer_params",
+    "ec_transfer_params", "watermarking")}
+# What include may ask: output logprobs (honoured), and what this server has none of to include.
+_INCLUDES = ("message.output_text.logprobs", "reasoning.encrypted_content", "code_interpreter_call.outputs",
+             "computer_call_output.output.image_url", "file_search_call.results", "message.input_image.image_url",
+             "web_search_call.action.sources")
+LOGPROBS = "message.output_text.logprobs"
+# Upstream's chat fields as this API names them, for upstream's refusals.
+RENAMES = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens",
+           "response_format": "text.format", "reasoning_effort": "reasoning.effort", "messages": "input",
+           "logprobs": "top_logprobs"}
 
 
 def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
@@ -40,30 +68,62 @@ def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
     _ask_tools(body, chat)
     max_out = body.get("max_output_tokens")
     if max_out is not None:
-        if isinstance(max_out, bool) or not isinstance(max_out, int) or max_out < 1:
-            raise CodecError("max_output_tokens", "must be an integer >= 1")
-        chat["max_tokens"] = max_out
+        chat["max_tokens"] = whole(max_out, "max_output_tokens", 1)
     for name in ("temperature", "top_p"):
         value = body.get(name)
         if value is not None:
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise CodecError(name, "must be a number")
-            chat[name] = value
+            chat[name] = number(value, name)
+    carry(body, chat, _CARRIED)
+    _ask_logprobs(body, chat)
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None:
+        if not isinstance(kwargs, dict):
+            raise CodecError("chat_template_kwargs", "must be an object")
+        chat["chat_template_kwargs"] = kwargs
     reasoning = body.get("reasoning")
     if reasoning is not None:
         if not isinstance(reasoning, dict):
             raise CodecError("reasoning", "must be an object")
+        check_fields(reasoning, ("effort", "summary", "generate_summary"), {}, "reasoning")
         effort = reasoning.get("effort")
         if effort is not None:
             if effort not in _EFFORTS:
                 raise CodecError("reasoning.effort", f"must be one of {list(_EFFORTS)}")
             chat["reasoning_effort"] = effort
         # summary is accepted and not produced: reasoning comes back as its text, with summary [].
-        if reasoning.get("summary") not in (None, *_SUMMARIES):
-            raise CodecError("reasoning.summary", f"must be one of {list(_SUMMARIES)}")
+        for name in ("summary", "generate_summary"):
+            if reasoning.get(name) not in (None, *_SUMMARIES):
+                raise CodecError(f"reasoning.{name}", f"must be one of {list(_SUMMARIES)}")
     _ask_format(body, chat)
+    if "structured_outputs" in chat and "response_format" in chat:  # as vLLM refuses them together
+        raise CodecError("structured_outputs", "cannot be set together with text.format")
     ask_stream(body, chat)
     return chat
+
+
+def _ask_logprobs(body: dict[str, Any], chat: dict[str, Any]) -> None:
+    """Output logprobs, asked by include's message.output_text.logprobs or by top_logprobs > 0, as chat's
+    logprobs + top_logprobs; they come back in each output_text part's `logprobs`."""
+    include = body.get("include")
+    if include is not None:
+        if not isinstance(include, list) or not all(isinstance(name, str) for name in include):
+            raise CodecError("include", "must be a list of strings")
+        for i, name in enumerate(include):
+            if name not in _INCLUDES:
+                raise CodecError(f"include[{i}]", f"must be one of {list(_INCLUDES)}")
+    top = body.get("top_logprobs")
+    top = 0 if top is None else whole(top, "top_logprobs", 0)
+    if top > 20:
+        raise CodecError("top_logprobs", "must be an integer in [0, 20]")
+    if top or (include and LOGPROBS in include):
+        chat["logprobs"] = True
+        chat["top_logprobs"] = top
+
+
+def wants_logprobs(request: dict[str, Any]) -> bool:
+    """Whether the answer carries output logprobs (as _ask_logprobs asked upstream for them)."""
+    include = request.get("include")
+    return bool(request.get("top_logprobs")) or (isinstance(include, list) and LOGPROBS in include)
 
 
 _FORMATS = ("text", "json_object", "json_schema")
@@ -77,6 +137,7 @@ def _ask_format(body: dict[str, Any], chat: dict[str, Any]) -> None:
         return
     if not isinstance(text, dict):
         raise CodecError("text", "must be an object")
+    check_fields(text, ("format",), {"verbosity": _NOT_HERE}, "text")
     fmt = text.get("format")
     if fmt is None:
         return
@@ -85,6 +146,8 @@ def _ask_format(body: dict[str, Any], chat: dict[str, Any]) -> None:
     kind = fmt.get("type")
     if kind not in _FORMATS:
         raise CodecError("text.format.type", f"must be one of {list(_FORMATS)}")
+    check_fields(fmt, ("type", "name", "schema", "strict", "description") if kind == "json_schema" else ("type",),
+                 {}, "text.format")
     if kind == "json_object":
         chat["response_format"] = {"type": "json_object"}
     elif kind == "json_schema":
@@ -108,6 +171,7 @@ def _ask_format(body: dict[str, Any], chat: dict[str, Any]) -> None:
 
 def _refuse_unsupported(body: dict[str, Any]) -> None:
     """Fields that would change the answer if dropped silently; store, service_tier and the like are ignored."""
+    check_fields(body, _FIELDS, _REFUSED)
     for name in ("previous_response_id", "conversation", "prompt"):
         if body.get(name):
             raise CodecError(name, "is not supported: this server stores no responses, conversations or prompts")
@@ -118,12 +182,16 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
 
 
 def _check_echoed(body: dict[str, Any]) -> None:
-    """Fields not carried upstream but echoed in the response object, whose shape the SDKs check."""
+    """Fields not carried upstream: echoed in the response object, whose shape the SDKs check, or of no
+    effect on the answer; each still of its type."""
     metadata = body.get("metadata")
     if metadata is not None and not (isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())):
         raise CodecError("metadata", "must be an object of string values")
-    if body.get("user") is not None and not isinstance(body["user"], str):
-        raise CodecError("user", "must be a string")
+    for name, kind, noun in (("user", str, "a string"), ("service_tier", str, "a string"),
+                             ("prompt_cache_key", str, "a string"), ("safety_identifier", str, "a string"),
+                             ("store", bool, "a boolean"), ("stream_options", dict, "an object")):
+        if body.get(name) is not None and not isinstance(body[name], kind):
+            raise CodecError(name, f"must be {noun}")
 
 
 def _ask_tools(body: dict[str, Any], chat: dict[str, Any]) -> None:
@@ -135,6 +203,7 @@ def _ask_tools(body: dict[str, Any], chat: dict[str, Any]) -> None:
         kind = tool.get("type")
         if kind != "function":
             raise CodecError(f"tools[{i}].type", f"tool type {kind!r} is not supported; only 'function'")
+        check_fields(tool, ("type", "name", "description", "parameters", "strict"), {}, f"tools[{i}]")
         function = chat_function(tool.get("name"), tool.get("description"), tool.get("parameters"), f"tools[{i}]")
         strict = tool.get("strict")
         if strict is not None:
@@ -148,6 +217,7 @@ def _ask_tools(body: dict[str, Any], chat: dict[str, Any]) -> None:
         if choice.get("type") != "function":
             raise CodecError("tool_choice.type", "must be 'function' (or tool_choice one of 'none', 'auto', "
                                "'required')")
+        check_fields(choice, ("type", "name"), {}, "tool_choice")
         name = choice.get("name")
         if not isinstance(name, str) or name not in names:
             raise CodecError("tool_choice.name", f"must name a function in tools, got {name!r}")
