@@ -114,6 +114,8 @@ class CoreLoop:
                 now = self._clock()
                 # 2. Heartbeats out, silent peers reaped, drain progress.
                 if now >= next_beat:
+                    if now - next_beat > interval:  # this loop looked away: not the peers' silence
+                        self._peers.excuse(now - next_beat, now)
                     self._heartbeat(now)
                     self._reap_silent(now)
                     next_beat = now + interval

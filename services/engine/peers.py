@@ -51,6 +51,12 @@ class Peers:
         peer.requests.clear()
         return orphans
 
+    def excuse(self, seconds: float, now: float) -> None:
+        """Credit every peer with `seconds` this rank did not listen (a long step, the process stopped):
+        messages queued meanwhile are not read yet, and that silence is the rank's, not the peers'."""
+        for p in self._by_identity.values():
+            p.last_seen = min(now, p.last_seen + seconds)
+
     def silent_since(self, deadline: float) -> list[Peer]:
         return [p for p in self._by_identity.values() if p.last_seen < deadline]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -428,5 +429,37 @@ def test_a_refused_hello_is_answered_each_time_and_logged_once(caplog) -> None: 
         _wait(lambda: len(bridge.to(b"x", Reject)) == 4 and bridge.to(b"a", Ready))
     assert [r.code for r in bridge.to(b"x", Reject)] == ["unauthorized"] * 3 + ["malformed"]
     assert caplog.text.count("refused handshake from fe-x") == 1 and core._pause_mode is None
+    core.request_drain()
+    thread.join(5)
+
+
+def test_a_stall_of_the_rank_itself_is_not_its_peers_silence() -> None:
+    """A step that held the loop past --client-timeout (the process stopped, a long prefill): the peers'
+    heartbeats queued meanwhile are unread, so the rank must not reap them as silent (a peer silent in real
+    time is reaped: tests/integration/test_engine_sim.py)."""
+    offset = [0.0]
+    clock = lambda: time.monotonic() + offset[0]  # noqa: E731
+
+    class StallingBackend(EchoBackend):
+        def step(self) -> StepResult:
+            if "1:stall" in self.running:
+                offset[0] += 60.0  # a minute away from the loop, twice the client timeout
+                self.running.pop("1:stall")
+                return StepResult([RequestOutput("1:stall", [1], "length")], num_tokens=1)
+            return super().step()
+
+    bridge, backend = FakeBridge(), StallingBackend()
+    config = EngineConfig(model="m", backend="sim", heartbeat_interval_s=0.01, client_timeout_s=30,
+                          drain_timeout_s=5)
+    core = CoreLoop(config, backend, bridge, vocab_size=100, clock=clock)  # type: ignore[arg-type]
+    bridge.push(b"a", make_hello("fe-a"))
+    bridge.push(b"a", _req("stall"))
+    thread, _ = _run(core)
+    _wait(lambda: any(o.finish_reason == "length" for m in bridge.to(b"a", Outputs) for o in m.outputs))
+    beats = len(bridge.to(b"a", Stats))
+    _wait(lambda: len(bridge.to(b"a", Stats)) > beats + 3)  # heartbeats went on after the stall
+    assert bridge.to(b"a", Reject) == []  # the session outlived the rank's own minute away
+    bridge.push(b"a", UtilityCall(1, "stats", {}))
+    _wait(lambda: len(bridge.to(b"a", UtilityResult)) == 1)
     core.request_drain()
     thread.join(5)
