@@ -16,6 +16,7 @@ from services.frontend.errors import APIError
 from services.frontend.model import Model
 from services.frontend.requests import refusals, token_in, tokenization
 from services.frontend.requests.chat_messages import template_messages
+from services.frontend.requests.json_body import parse
 from services.frontend.requests.openai_schema import (
     CHAT_BOUNDS,
     ChatCompletionRequest,
@@ -24,7 +25,6 @@ from services.frontend.requests.openai_schema import (
     check_bounds,
     check_common,
     check_logprobs,
-    parse,
 )
 from services.frontend.requests.structured import Constraint, constraint
 from services.frontend.requests.tokenization import Tokenized
