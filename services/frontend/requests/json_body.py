@@ -34,6 +34,19 @@ def check_entry(body: bytes) -> None:
         raise APIError(400, f"request body nests too deeply: arrays and objects may nest {MAX_DEPTH} levels at most")
 
 
+def decode_text(param: str, text: str) -> Any:
+    """JSON sent as a string inside a body (a schema or a structural tag as text), decoded with the
+    same entry checks, refused as the field `param`."""
+    raw = text.encode()
+    if too_deep(raw):
+        raise APIError(400, f"{param}: nests too deeply: arrays and objects may nest {MAX_DEPTH} levels at most",
+                       param=param)
+    try:
+        return msgspec.json.decode(lone_surrogates_replaced(raw))
+    except msgspec.DecodeError as exc:
+        raise APIError(400, f"{param}: is not valid JSON: {exc}", param=param) from None
+
+
 def parse(cls: type[Any], body: bytes) -> Any:
     """A body checked at the entry and decoded into `cls`."""
     check_entry(body)
