@@ -84,11 +84,11 @@ def served(server: HttpProc) -> bool:
 
 def test_a_connection_that_sends_nothing_is_closed(server: HttpProc) -> None:
     with connect(server) as sock:
-        answer = closed_by_server(sock)
-        assert answer == b"" or answer.startswith(b"HTTP/1.1 408 "), answer
+        assert closed_by_server(sock) == b""  # nothing asked, nothing answered
 
 
-def test_a_request_begun_and_never_finished_is_closed_while_others_are_served(server: HttpProc) -> None:
+def test_a_request_begun_and_never_finished_is_closed_while_others_are_served(server: HttpProc,
+                                                                             request: pytest.FixtureRequest) -> None:
     socks = [connect(server) for _ in range(3)]
     try:
         for sock in socks:
@@ -96,7 +96,11 @@ def test_a_request_begun_and_never_finished_is_closed_while_others_are_served(se
         assert served(server)  # the stalled ones hold no one up
         for sock in socks:
             answer = closed_by_server(sock)
-            assert answer == b"" or answer.startswith(b"HTTP/1.1 408 "), answer
+            if request.node.callspec.params["server"] == "granian":  # hyper closes without a word
+                assert answer == b"", answer
+            else:
+                assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answer
+                assert b'"code": 408' in answer and b"headers were not complete within 1 s" in answer
     finally:
         for sock in socks:
             sock.close()

@@ -105,8 +105,10 @@ class _GuardedTCPServer(TCPServer):
         self.reader = _HeadReader(self.reader, self.header_timeout_s, self._head_timed_out,  # type: ignore[assignment]
                                   self.idle_task.stop)
 
-    async def _head_timed_out(self) -> None:
+    async def _head_timed_out(self, begun: bool) -> None:
         await self.idle_task.stop()
+        if begun:  # a request begun and stalled: say why; a connection that sent nothing just ends
+            self.writer.write(refusal(408, header_timeout_message(self.header_timeout_s)))
         self.writer.close()
 
     async def run(self) -> None:
@@ -135,13 +137,14 @@ class _HeadReader:
     either way, but its connection task would wait for that timer (the keep-alive timeout, 75 s)
     before it closed the socket, holding the connection that long after the client had gone."""
 
-    def __init__(self, reader: asyncio.StreamReader, timeout_s: float, on_timeout: Callable[[], Awaitable[None]],
-                 on_eof: Callable[[], Awaitable[None]]) -> None:
+    def __init__(self, reader: asyncio.StreamReader, timeout_s: float,
+                 on_timeout: Callable[[bool], Awaitable[None]], on_eof: Callable[[], Awaitable[None]]) -> None:
         self._reader = reader
-        self._on_timeout = on_timeout
+        self._on_timeout = on_timeout  # called with whether the awaited head had begun
         self._on_eof = on_eof
         self._timeout_s = timeout_s
         self._awaiting = True
+        self._begun = False  # bytes of the awaited head have come
         self._deadline: float | None = time.monotonic() + timeout_s  # from the connection's opening
 
     def awaiting_head(self, idle: bool) -> None:
@@ -151,6 +154,7 @@ class _HeadReader:
         if idle and self._awaiting:
             return
         self._awaiting = idle
+        self._begun = False
         self._deadline = None
 
     def at_eof(self) -> bool:
@@ -163,10 +167,12 @@ class _HeadReader:
             try:
                 data = await asyncio.wait_for(self._reader.read(n), max(self._deadline - time.monotonic(), 0.0))
             except TimeoutError:
-                await self._on_timeout()
+                await self._on_timeout(self._begun)
                 raise
         if not data:
             await self._on_eof()
-        elif self._awaiting and self._deadline is None:
-            self._deadline = time.monotonic() + self._timeout_s
+        elif self._awaiting:
+            self._begun = True
+            if self._deadline is None:
+                self._deadline = time.monotonic() + self._timeout_s
         return data
