@@ -85,6 +85,12 @@ def test_whole_number_floats_in_integer_fields_are_those_integers(app: Frontend)
     assert answer.status == 200, answer.body
     assert list(_sent(app).prompt_token_ids) == [1, 2] and _sent(app).sampling.max_tokens == 2
     assert call(app, "/detokenize", {"tokens": [9707.0]}).json() == call(app, "/detokenize", {"tokens": [9707]}).json()
+    # A completion prompt of token ids (typed by hand: its union takes any list), alone or in a batch.
+    for prompt in ([1.0, 2.0], [[1.0, 2.0]]):
+        answer = call(app, "/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": 1})
+        assert answer.status == 200 and list(_sent(app).prompt_token_ids) == [1, 2], answer.body
+    answer = call(app, "/v1/completions", {"model": "tiny", "prompt": [1.0, 2.5], "max_tokens": 1})
+    assert answer.status == 400 and answer.json()["error"]["param"] == "prompt", answer.body
 
 
 @pytest.mark.parametrize(("path", "body", "param"), [
