@@ -36,6 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if not args.header_timeout > 0:
+        parser.error(f"--header-timeout: expected > 0 seconds, got {args.header_timeout}")
+    if args.max_connections < 1:
+        parser.error(f"--max-connections: expected >= 1, got {args.max_connections}")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = load_config(args.config)
@@ -49,10 +53,6 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"--port: expected 1..65535, got {args.port}")
         first, *rest = config.listeners
         config = replace(config, listeners=(replace(first, port=args.port), *rest))
-    if not args.header_timeout > 0:
-        parser.error(f"--header-timeout: expected > 0 seconds, got {args.header_timeout}")
-    if args.max_connections < 1:
-        parser.error(f"--max-connections: expected >= 1, got {args.max_connections}")
     sys.exit(run_loop(run(config, header_timeout_s=args.header_timeout, max_connections=args.max_connections)))
 
 
