@@ -121,6 +121,24 @@ def _not_granian(request: pytest.FixtureRequest, why: str) -> None:
         pytest.skip(f"granian: {why} (docs/frontend.md)")
 
 
+def test_pipelined_requests_are_answered_and_an_unfinished_one_cut_off(server: HttpProc,
+                                                                     request: pytest.FixtureRequest) -> None:
+    with connect(server) as sock:
+        sock.sendall(GET + GET)
+        data = b""
+        while data.count(b"HTTP/1.1 200 ") < 2 or not data.endswith(b"}"):  # both answers, bodies included
+            chunk = sock.recv(65536)
+            assert chunk, data
+            data += chunk
+        assert data.count(b"HTTP/1.1 ") == 2, data
+    with connect(server) as sock:  # the second's head comes with the first, and stops short
+        sock.sendall(GET + b"GET /health HTTP/1.1\r\nHost: x\r\n")
+        answer = closed_by_server(sock)
+        assert answer.startswith(b"HTTP/1.1 200 ") and answer.count(b"HTTP/1.1 ") == (
+            1 if request.node.callspec.params["server"] == "granian" else 2), answer
+        assert answer.count(b"HTTP/1.1 408 ") == answer.count(b"HTTP/1.1 ") - 1, answer
+
+
 def test_a_keep_alive_connection_outlives_the_header_timeout(server: HttpProc, request: pytest.FixtureRequest) -> None:
     _not_granian(request, "its header_read_timeout also ends a keep-alive connection idle that long")
     with connect(server) as sock:

@@ -9,6 +9,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import h11
 from hypercorn.asyncio.tcp_server import TCPServer
 from hypercorn.events import Event, Updated
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -127,7 +128,10 @@ class _GuardedTCPServer(TCPServer):
         if isinstance(event, Updated):
             reader = self.reader
             assert isinstance(reader, _HeadReader)
-            reader.awaiting_head(event.idle)
+            # A pipelined request's head may have come while the one before it was answered: h11 holds it.
+            connection = getattr(getattr(self.protocol, "protocol", None), "connection", None)
+            reader.awaiting_head(event.idle, begun=isinstance(connection, h11.Connection)
+                                 and bool(connection.trailing_data[0]))
         await super().protocol_send(event)
 
 
@@ -147,15 +151,16 @@ class _HeadReader:
         self._begun = False  # bytes of the awaited head have come
         self._deadline: float | None = time.monotonic() + timeout_s  # from the connection's opening
 
-    def awaiting_head(self, idle: bool) -> None:
+    def awaiting_head(self, idle: bool, *, begun: bool = False) -> None:
         """hypercorn's Updated event: idle again (the next request's head is awaited, timed from its
-        first byte) or a request's headers received (no deadline). hypercorn says idle once at the
-        start too: the head awaited since the opening keeps its deadline."""
+        first byte, or from now if `begun`: bytes of it came already) or a request's headers received
+        (no deadline). hypercorn says idle once at the start too: the head awaited since the opening
+        keeps its deadline."""
         if idle and self._awaiting:
             return
         self._awaiting = idle
-        self._begun = False
-        self._deadline = None
+        self._begun = idle and begun
+        self._deadline = time.monotonic() + self._timeout_s if self._begun else None
 
     def at_eof(self) -> bool:
         return self._reader.at_eof()
