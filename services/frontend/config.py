@@ -5,6 +5,7 @@ import argparse
 import os
 from dataclasses import dataclass, field, fields
 
+from edge.connection_limits import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS
 from protocol.handshake import auth_token_from
 from services.frontend.parsers import (
     HARMONY_REASONING_PARSERS,
@@ -33,6 +34,10 @@ class FrontendConfig:
     heartbeat_interval_s: float = 0.5
     shutdown_timeout_s: float = 30.0  # on SIGTERM, how long running requests may finish (the engines' drain)
     max_body_bytes: int = 4 * 2**20
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S  # a request's headers complete within it, or 408 and closed
+    # Per API server process; one more is answered 503 and closed. None: DEFAULT_MAX_CONNECTIONS, or for
+    # granian, which cannot bound its connections, no limit.
+    max_connections: int | None = None
     max_concurrent_tokenizations: int = 2
     long_prompt_chars: int = 2000  # longer bodies are prepared in worker processes (workers.py)
     api_server_count: int = 1
@@ -52,6 +57,11 @@ class FrontendConfig:
     allow_runtime_lora_updating: bool = False
     frontend_id: str = field(default="")
 
+    @property
+    def connection_limit(self) -> int:
+        """--max-connections, or its default (uvicorn and hypercorn)."""
+        return DEFAULT_MAX_CONNECTIONS if self.max_connections is None else self.max_connections
+
     def __post_init__(self) -> None:
         _require(0 < self.port < 65536, "--port", self.port, "1..65535")
         _require(self.data_parallel_size >= 1, "--data-parallel-size", self.data_parallel_size, ">= 1")
@@ -62,6 +72,12 @@ class FrontendConfig:
         _require(self.engine_dead_timeout_s >= self.engine_timeout_s, "--engine-dead-timeout",
                  self.engine_dead_timeout_s, f">= --engine-timeout ({self.engine_timeout_s})")
         _require(self.max_body_bytes >= 1024, "--max-body-bytes", self.max_body_bytes, ">= 1024")
+        _require(self.header_timeout_s > 0, "--header-timeout", self.header_timeout_s, "> 0 seconds")
+        _require(self.max_connections is None or self.max_connections >= 1, "--max-connections",
+                 self.max_connections, ">= 1")
+        _require(self.max_connections is None or self.http_server != "granian", "--max-connections",
+                 self.max_connections, "left out with --http-server granian (granian cannot bound its connections: "
+                 "use uvicorn or hypercorn)")
         _require(self.shutdown_timeout_s >= 0, "--shutdown-timeout", self.shutdown_timeout_s, ">= 0 seconds")
         _require(1 <= self.api_server_count <= 64, "--api-server-count", self.api_server_count, "1..64")
         _require(self.backend in ("vllm", "sim"), "--backend", self.backend, "vllm or sim")
@@ -175,6 +191,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-body-bytes", type=int, default=d["max_body_bytes"],
                    help="largest request body accepted, larger ones get 413; also every gRPC message's limit "
                         "(RESOURCE_EXHAUSTED past it; UpdateWeights takes a larger tensor in pieces)")
+    p.add_argument("--header-timeout", type=float, default=d["header_timeout_s"], dest="header_timeout_s",
+                   help="seconds a request's headers may take from its first byte (a connection's first request: "
+                        "from its opening); a slower one is answered 408 and its connection closed (slowloris)")
+    p.add_argument("--max-connections", type=int, default=d["max_connections"],
+                   help="open connections each API server process holds; one more is answered 503 and closed at "
+                        f"once. Keep it under the open-file limit (ulimit -n). Default: {DEFAULT_MAX_CONNECTIONS} "
+                        "(uvicorn, hypercorn); granian cannot bound them")
     p.add_argument("--api-server-count", type=int, default=d["api_server_count"],
                    help="HTTP server processes sharing the port (SO_REUSEPORT), each with its own engine links")
     p.add_argument("--http-server", choices=HTTP_SERVERS, default=d["http_server"],

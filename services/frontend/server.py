@@ -25,6 +25,7 @@ from services.frontend.generation.frontend_core import FrontendCore
 from services.frontend.generation.metrics import Metrics
 from services.frontend.grpc_api.in_flight import InFlightBoard
 from services.frontend.http_api.app import Frontend
+from services.frontend.http_api.connections import guard_hypercorn, uvicorn_protocol
 from services.frontend.managed import ManagedEngines
 from services.frontend.model import Model
 from services.frontend.parsers.harmony import tokenizer_problem
@@ -124,6 +125,7 @@ async def run(config: FrontendConfig, server_index: int = 0, board: InFlightBoar
     hc.backlog = 2048  # hypercorn's default of 100 drops connections when hundreds arrive at once
     hc.accesslog = None
     hc.keep_alive_timeout = 75
+    guard_hypercorn(config.header_timeout_s, config.connection_limit)
     # Requests are drained before hypercorn is told to stop (shutdown.py); this only bounds the close of
     # connections after that, and a response that a client stopped reading.
     hc.graceful_timeout = 3
@@ -257,7 +259,8 @@ async def _serve_uvicorn(app: Frontend, config: FrontendConfig, stop: asyncio.Ev
     if config.api_server_count > 1:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((config.host, config.port))
-    server = _Uvicorn(uvicorn.Config(app, http="httptools", ws="none", lifespan="off", interface="asgi3",
+    http = uvicorn_protocol(config.header_timeout_s, config.connection_limit)  # httptools, both bounds added
+    server = _Uvicorn(uvicorn.Config(app, http=http, ws="none", lifespan="off", interface="asgi3",
                                      access_log=False, log_config=None, proxy_headers=False, backlog=2048,
                                      timeout_keep_alive=75,
                                      timeout_graceful_shutdown=3), stop)
@@ -272,10 +275,15 @@ async def _serve_granian(app: Frontend, config: FrontendConfig, stop: asyncio.Ev
     `granian` extra (docs/frontend.md compares the servers). One API server process only: granian binds
     its own socket, without SO_REUSEPORT."""
     from granian.constants import HTTPModes, Interfaces
+    from granian.http import HTTP1Settings
     from granian.server.embed import Server
 
+    # granian bounds headers itself (hyper's header_read_timeout: it closes without a 408, and it also
+    # ends a keep-alive connection idle that long). It cannot bound its connections (config.py refuses
+    # --max-connections with it): its backpressure counts requests.
     server = Server(app, address=config.host, port=config.port, interface=Interfaces.ASGI, http=HTTPModes.http1,
-                    websockets=False, backlog=2048, log_enabled=False)
+                    websockets=False, backlog=2048, log_enabled=False,
+                    http1_settings=HTTP1Settings(header_read_timeout=int(config.header_timeout_s * 1000)))
 
     async def stop_when_told() -> None:
         await stop.wait()

@@ -13,6 +13,7 @@ from typing import Any
 
 import uvicorn
 
+from edge.connection_limits import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS
 from services.router.app import RouterApp
 from services.router.backends.aiohttp_upstream import AiohttpUpstream
 from services.router.backends.health import HealthChecker
@@ -20,12 +21,14 @@ from services.router.backends.kv_events import KvFeeds
 from services.router.backends.pool import build_pools, load_models
 from services.router.config import RouterConfig
 from services.router.decision.engine import Router
+from services.router.listeners.connections import uvicorn_protocol
 from services.router.metrics import RouterMetrics
 
 log = logging.getLogger("router")
 
 
-async def run(config: RouterConfig) -> int:
+async def run(config: RouterConfig, *, header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
+              max_connections: int = DEFAULT_MAX_CONNECTIONS) -> int:
     router = Router(config)
     pools = build_pools(config)
     # Tokenizers, chat templates and the embedding model load before the first request, never during one.
@@ -41,7 +44,8 @@ async def run(config: RouterConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    servers = [uvicorn.Server(uvicorn.Config(app, host=listener.host, port=listener.port, http="httptools",
+    http = uvicorn_protocol(header_timeout_s, max_connections)  # httptools, with both bounds (listeners/connections.py)
+    servers = [uvicorn.Server(uvicorn.Config(app, host=listener.host, port=listener.port, http=http,
                                              loop="none", lifespan="off", access_log=False, log_config=None,
                                              timeout_keep_alive=75, timeout_graceful_shutdown=5, backlog=2048))
                for listener in config.listeners]

@@ -34,7 +34,7 @@ from services.frontend.http_api.asgi import (
 )
 from services.frontend.http_api.response_writer import send_completion, send_stream, send_tokens
 from services.frontend.requests.engine_request import EngineRequest
-from services.frontend.requests.openai_schema import parse
+from services.frontend.requests.json_body import parse
 
 # The routes --api-key guards (vLLM's: everything under /v1, and the token-in, render and tokenize routes);
 # /health, /ready, /metrics, /version and /openapi.json stay open for probes and scrapers.

@@ -13,9 +13,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from edge.json_depth import MAX_DEPTH, too_deep
 from protocol import SamplingParams
-from services.frontend.errors import APIError, from_validation
+from services.frontend.errors import APIError
 from services.frontend.text.stop_strings import MAX_STOP_CHARS, MAX_STOP_STRINGS
 
 
@@ -202,28 +201,6 @@ class CompletionRequest(_Sampling, kw_only=True):
     add_special_tokens: bool = True
     best_of: int | None = None
     prompt_embeds: str | list[str] | None = None
-
-
-_decoders: dict[type[msgspec.Struct], msgspec.json.Decoder[Any]] = {
-    cls: msgspec.json.Decoder(cls) for cls in (ChatCompletionRequest, CompletionRequest)}
-
-
-def parse(cls: type[msgspec.Struct], body: bytes) -> Any:
-    if not body.strip():
-        raise APIError(400, "request body is empty: expected a JSON object")
-    if too_deep(body):  # before decoding: the decoder and the checks after it recurse per level
-        raise APIError(400, f"request body nests too deeply: arrays and objects may nest {MAX_DEPTH} levels at most")
-    try:
-        decoder = _decoders.get(cls)
-        if decoder is None:  # another module's body (tokenization.py, token_in.py): built once, at first use
-            decoder = _decoders[cls] = msgspec.json.Decoder(cls)
-        return decoder.decode(body)
-    except msgspec.ValidationError as exc:
-        if str(exc).startswith("Expected `object`") and " - at `$" not in str(exc):  # the body itself
-            raise APIError(400, "request body must be a JSON object") from None
-        raise from_validation(exc) from None
-    except msgspec.DecodeError as exc:
-        raise APIError(400, f"request body is not valid JSON: {exc}") from None
 
 
 def _range(ok: bool, param: str, value: object, allowed: str) -> None:

@@ -16,6 +16,7 @@ from services.frontend.errors import APIError
 from services.frontend.model import Model
 from services.frontend.requests import refusals, token_in, tokenization
 from services.frontend.requests.chat_messages import template_messages
+from services.frontend.requests.json_body import parse
 from services.frontend.requests.openai_schema import (
     CHAT_BOUNDS,
     ChatCompletionRequest,
@@ -24,7 +25,6 @@ from services.frontend.requests.openai_schema import (
     check_bounds,
     check_common,
     check_logprobs,
-    parse,
 )
 from services.frontend.requests.structured import Constraint, constraint
 from services.frontend.requests.tokenization import Tokenized
@@ -129,8 +129,11 @@ class Preparer:
     def _prompt_ids(self, prompt: Any, add_special_tokens: bool, param: str) -> array[int]:
         """One completion prompt's token ids: a string tokenized, or token ids checked."""
         if isinstance(prompt, list) and not all(type(t) is int for t in prompt):
-            raise APIError(400, f"{param}: expected a string or a list of token ids (a batch is a list of "
-                           "those)", param=param)
+            # Whole-number floats are the ids they name, as in vLLM (its list[int] is pydantic's, lax).
+            if not all(type(t) is int or (type(t) is float and t.is_integer()) for t in prompt):
+                raise APIError(400, f"{param}: expected a string or a list of token ids (a batch is a list of "
+                               "those)", param=param)
+            prompt = [int(t) for t in prompt]
         if isinstance(prompt, str):
             ids = array("l", self._model.encode(prompt, add_special_tokens=add_special_tokens))
         else:

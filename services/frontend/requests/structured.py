@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 from services.frontend.errors import APIError
+from services.frontend.requests.json_body import decode_text
 from services.frontend.requests.openai_schema import (
     JsonObjectFormat,
     JsonSchemaResponseFormat,
@@ -23,7 +24,7 @@ from services.frontend.requests.openai_schema import (
     StructuredOutputsParams,
     TextFormat,
 )
-from services.frontend.requests.tools import schema_problem
+from services.frontend.requests.tools import MAX_SCHEMA_BYTES, schema_problem
 
 # The structured-output backend of this project's vllm engines (services/engine/backends/vllm.py).
 ENGINE_BACKEND = "xgrammar"
@@ -56,7 +57,9 @@ def constraint(req: Any) -> Constraint | None:
             raise _refuse("response_format", "a structural_tag has either `format`, or `structures` and `triggers`")
         if fmt.format is None and (fmt.structures is None or fmt.triggers is None):
             raise _refuse("response_format", "a legacy structural_tag needs both `structures` and `triggers`")
-        found.append(Constraint("response_format", "structural_tag", _encoder.encode(fmt).decode()))
+        tag = _encoder.encode(fmt).decode()
+        _bounded("response_format", tag)
+        found.append(Constraint("response_format", "structural_tag", tag))
     else:
         assert fmt is None or isinstance(fmt, TextFormat)
     if req.structured_outputs is not None:
@@ -118,21 +121,27 @@ def from_structured_outputs(so: StructuredOutputsParams | Any, at: str = "struct
 def _json_schema(param: str, schema: str | dict[str, Any]) -> str:
     """The schema as compact JSON text, once it is a valid JSON Schema object."""
     if isinstance(schema, str):
-        try:
-            schema = msgspec.json.decode(schema)
-        except msgspec.DecodeError as exc:
-            raise _refuse(param, f"is not valid JSON: {exc}") from None
+        schema = decode_text(param, schema)
     if not isinstance(schema, dict):
         raise _refuse(param, f"must be a JSON Schema object, got {type(schema).__name__}")
     encoded = _encoder.encode(schema)
-    problem = schema_problem(encoded)
+    problem = schema_problem(encoded, schema)
     if problem is not None:
         at, message = problem
-        raise _refuse(param + at, f"is not a valid JSON Schema (draft 2020-12): {message}")
+        raise _refuse(param + at, message)
     return encoded.decode()
 
 
+def _bounded(param: str, text: str) -> None:
+    """A constraint's text is compiled by the engine: bounded as a JSON Schema is (tools.py)."""
+    size = len(text.encode())
+    if size > MAX_SCHEMA_BYTES:
+        raise _refuse(param, f"is {size:,} bytes; at most {MAX_SCHEMA_BYTES:,} are accepted (a bound on the work "
+                      "of compiling it)")
+
+
 def _regex(param: str, regex: str) -> Constraint:
+    _bounded(param, regex)
     if "\x00" in regex:  # vLLM's rule: xgrammar's converter cannot take it
         raise _refuse(param, "must not contain a NUL character")
     return Constraint(param, "regex", regex)
@@ -145,16 +154,15 @@ def _choice(param: str, choice: list[str]) -> Constraint:
 
 
 def _grammar(param: str, grammar: str) -> Constraint:
+    _bounded(param, grammar)
     if not grammar.strip():
         raise _refuse(param, "must not be empty: an EBNF (GBNF) or Lark grammar")
     return Constraint(param, "grammar", grammar)
 
 
 def _structural_tag(param: str, tag: str) -> Constraint:
-    try:
-        value = msgspec.json.decode(tag)
-    except msgspec.DecodeError as exc:
-        raise _refuse(param, f"is not valid JSON: {exc}") from None
+    _bounded(param, tag)
+    value = decode_text(param, tag)
     if not isinstance(value, dict):
         raise _refuse(param, "must be a JSON object (a structural tag)")
     return Constraint(param, "structural_tag", tag)

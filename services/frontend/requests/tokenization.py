@@ -12,20 +12,21 @@ import msgspec
 
 from services.frontend.errors import APIError
 from services.frontend.model import Model
-from services.frontend.requests.openai_schema import ChatMessage, parse
+from services.frontend.requests.json_body import check_entry, decode, parse
+from services.frontend.requests.openai_schema import ChatMessage
 from services.frontend.requests.tools import check_tools
 
 _json = msgspec.json.Encoder()
 
 
-class TokenizeCompletionRequest(msgspec.Struct, kw_only=True):
+class TokenizeCompletionRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     prompt: str
     model: str | None = None
     add_special_tokens: bool = True
     return_token_strs: bool | None = False
 
 
-class TokenizeChatRequest(msgspec.Struct, kw_only=True):
+class TokenizeChatRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The chat form: rendered with the chat template as /v1/chat/completions renders it."""
 
     messages: list[ChatMessage]
@@ -42,7 +43,7 @@ class TokenizeChatRequest(msgspec.Struct, kw_only=True):
     mm_processor_kwargs: dict[str, Any] | None = None
 
 
-class DetokenizeRequest(msgspec.Struct, kw_only=True):
+class DetokenizeRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tokens: list[int]
     model: str | None = None
 
@@ -77,12 +78,13 @@ Render = Callable[[list[ChatMessage], list[dict[str, Any]] | None, bool, bool, d
 
 def tokenize(model: Model, body: bytes, render: Render) -> Tokenized:
     """A /tokenize body, either form, checked and tokenized."""
+    check_entry(body)  # before the form is looked for: that is a decode too
     try:
         chat = _form.decode(body).messages is not msgspec.UNSET
     except (msgspec.DecodeError, msgspec.ValidationError):
-        chat = False  # not an object: parse() below says why, as for the other routes
+        chat = False  # not an object: decode() below says why, as for the other routes
     if chat:
-        req: TokenizeChatRequest = parse(TokenizeChatRequest, body)
+        req: TokenizeChatRequest = decode(TokenizeChatRequest, body)
         named = req.model
         if req.chat_template is not None:
             raise APIError(400, "chat_template: a chat template sent with the request is not accepted; the "
@@ -95,7 +97,7 @@ def tokenize(model: Model, body: bytes, render: Render) -> Tokenized:
                       req.chat_template_kwargs)
         add_special, strs = req.add_special_tokens, req.return_token_strs
     else:
-        completion: TokenizeCompletionRequest = parse(TokenizeCompletionRequest, body)
+        completion: TokenizeCompletionRequest = decode(TokenizeCompletionRequest, body)
         named = completion.model
         text, add_special, strs = completion.prompt, completion.add_special_tokens, completion.return_token_strs
     encoding = model.tokenizer.encode(text, add_special_tokens=add_special)

@@ -11,7 +11,8 @@ import checkpoints
 from prompting.chat_template import ChatTemplate
 from services.frontend.errors import APIError
 from services.frontend.requests.chat_messages import template_messages
-from services.frontend.requests.openai_schema import ChatCompletionRequest, parse
+from services.frontend.requests.json_body import parse
+from services.frontend.requests.openai_schema import ChatCompletionRequest
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather of a city",

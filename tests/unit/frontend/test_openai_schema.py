@@ -5,11 +5,11 @@ import json
 import pytest
 
 from services.frontend.errors import APIError
+from services.frontend.requests.json_body import parse
 from services.frontend.requests.openai_schema import (
     ChatCompletionRequest,
     CompletionRequest,
     check_common,
-    parse,
     sampling_params,
 )
 from services.frontend.text.stop_strings import MAX_STOP_CHARS, MAX_STOP_STRINGS

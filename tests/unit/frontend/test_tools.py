@@ -1,13 +1,14 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import msgspec
 import pytest
 
 from services.frontend.errors import APIError
-from services.frontend.requests.tools import AUTO_NEEDS_FLAGS, check_tools, resolve_tool_choice
+from services.frontend.requests.tools import AUTO_NEEDS_FLAGS, MAX_SCHEMA_BYTES, check_tools, resolve_tool_choice
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather of a city", "strict": True,
@@ -76,9 +77,9 @@ def test_parameters_must_be_a_valid_json_schema() -> None:
     bad = _tool(name="f", parameters={"type": "object", "properties": {"city": {"type": "strin"}}})
     err = _refused_tools([WEATHER, bad])
     assert err.param == "tools[1].function.parameters.properties.city.type"
-    assert "is not a valid JSON Schema (draft 2020-12): 'strin' is not valid" in err.message
+    assert 'is not a valid JSON Schema (draft 2020-12): "strin" is not valid' in err.message
     err = _refused_tools([_tool(name="f", parameters={"required": "city"})])
-    assert err.param == "tools[0].function.parameters.required" and "is not of type 'array'" in err.message
+    assert err.param == "tools[0].function.parameters.required" and 'is not of type "array"' in err.message
 
 
 def test_absent_tool_choice_is_auto_beside_tools_and_none_without() -> None:
@@ -129,8 +130,6 @@ def test_required_and_named_need_no_parser_and_name_the_function_as_given() -> N
 
 
 def test_forced_schemas_are_the_parameters_or_an_array_of_named_calls() -> None:
-    import json
-
     from services.frontend.requests.tools import forced_schema
 
     named = {"type": "function", "function": {"name": "get_weather"}}
@@ -145,13 +144,29 @@ def test_forced_schemas_are_the_parameters_or_an_array_of_named_calls() -> None:
     assert json.loads(forced_schema("required", (WEATHER,), parallel=False))["maxItems"] == 1
 
 
-def test_schema_checks_are_cached_by_the_schemas_json() -> None:
-    from services.frontend.requests.tools import schema_problem
+def test_a_schema_past_the_size_limit_is_refused_naming_the_field_and_the_limit() -> None:
+    props = {f"p{i}": {"type": "string", "description": "a field"} for i in range(25_000)}  # 1.2 MiB
+    err = _refused_tools([WEATHER, _tool(name="f", parameters={"type": "object", "properties": props})])
+    assert err.param == "tools[1].function.parameters"
+    assert f"at most {MAX_SCHEMA_BYTES:,} are accepted" in err.message and "1,263,922 bytes" in err.message
 
-    tool = _tool(name="cached", parameters={"type": "object", "properties": {"n": {"type": "integer"}}})
-    check_tools([tool])
-    hits = schema_problem.cache_info().hits
-    check_tools([copy.deepcopy(tool)])
-    assert schema_problem.cache_info().hits == hits + 1
-    bad = _tool(name="f", parameters={"type": 5})
-    assert _refused_tools([bad]).message == _refused_tools([copy.deepcopy(bad)]).message
+
+def test_a_schema_just_under_the_limit_is_checked_against_the_meta_schema() -> None:
+    props = {f"p{i}": {"type": "string", "description": "a field"} for i in range(5_000)}
+    big = {"type": "object", "properties": props}
+    assert len(json.dumps(big, separators=(",", ":"))) < MAX_SCHEMA_BYTES
+    assert check_tools([_tool(name="f", parameters=big)])
+    props["p4999"] = {"type": "strin"}
+    err = _refused_tools([_tool(name="f", parameters=big)])
+    assert err.param == "tools[0].function.parameters.properties.p4999.type"
+
+
+@pytest.mark.parametrize("schema", [{"$ref": "http://169.254.169.254/latest"}, {"$schema": "http://127.0.0.1:1/x"}])
+def test_a_schema_referring_elsewhere_is_not_fetched(schema: dict[str, Any]) -> None:
+    """Nothing is fetched: the meta-schema check looks at the schema's own shape only (a $ref is a string)."""
+    assert check_tools([_tool(name="f", parameters=schema)])
+
+
+def test_a_pattern_must_be_a_regex() -> None:
+    err = _refused_tools([_tool(name="f", parameters={"type": "string", "pattern": "(a"})])
+    assert err.param == "tools[0].function.parameters.pattern" and 'is not a "regex"' in err.message

@@ -220,3 +220,36 @@ def test_a_long_body_prepared_in_a_worker_keeps_its_constraint(translator: Trans
     err = _refused(_chat, translator, messages=[{"role": "user", "content": "word " * 420}],
                    structured_outputs={"choice": []})
     assert err.param == "structured_outputs.choice"
+
+
+DEEP_TEXT = "[" * 1000 + "]" * 1000
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"guided_json": DEEP_TEXT}, "guided_json"),
+    ({"structured_outputs": {"json": DEEP_TEXT}}, "structured_outputs.json"),
+    ({"structural_tag": DEEP_TEXT}, "structural_tag"),
+    ({"structured_outputs": {"structural_tag": DEEP_TEXT}}, "structured_outputs.structural_tag"),
+])
+def test_json_sent_as_text_nested_too_deeply_is_a_400_naming_the_field(translator: Translator, body: dict[str, Any],
+                                                                       param: str) -> None:
+    """The entry's depth check covers JSON inside a string too (it was a RecursionError, a 500)."""
+    err = _refused(_completion, translator, **body)
+    assert err.param == param and "nests too deeply" in err.message
+
+
+BIG_SCHEMA = {"type": "object", "properties": {f"p{i}": {"type": "string", "description": "a field"}
+                                               for i in range(25_000)}}
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": BIG_SCHEMA}}},
+     "response_format.json_schema.schema"),
+    ({"structured_outputs": {"json": json.dumps(BIG_SCHEMA)}}, "structured_outputs.json"),
+    ({"guided_regex": "a" * 300_000}, "guided_regex"),
+    ({"structured_outputs": {"grammar": "root ::= " + '"a" ' * 70_000}}, "structured_outputs.grammar"),
+])
+def test_a_constraint_past_the_size_limit_is_a_400_naming_the_field_and_the_limit(
+        translator: Translator, body: dict[str, Any], param: str) -> None:
+    err = _refused(_chat, translator, **body)
+    assert err.param == param and "at most 262,144 are accepted" in err.message, err.message

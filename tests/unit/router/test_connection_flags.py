@@ -1,0 +1,25 @@
+"""The router's connection bounds on its command line (__main__.py): the defaults of every HTTP server
+of the fleet (edge/connection_limits.py), and bad values refused naming the flag before anything starts."""
+from __future__ import annotations
+
+import pytest
+
+from edge.connection_limits import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS
+from services.router.__main__ import build_parser, main
+
+
+def test_the_defaults_are_the_fleets() -> None:
+    args = build_parser().parse_args(["--config", "r.yaml"])
+    assert (args.header_timeout, args.max_connections) == (DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--header-timeout", "0"], "--header-timeout: expected > 0 seconds, got 0.0"),
+    (["--max-connections", "0"], "--max-connections: expected >= 1, got 0"),
+])
+def test_bad_values_exit_with_a_message_naming_the_flag(argv: list[str], message: str,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--config", "/nonexistent/router.yaml", *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
