@@ -4,12 +4,14 @@ that follows the JSON standard pays nothing for them):
 
 - a lone UTF-16 surrogate escape (`"\\ud800"`, which JavaScript clients send when they cut a string
   inside an emoji) is replaced by U+FFFD, as a lenient UTF-8 decoder replaces a broken sequence;
-- `NaN`, `Infinity` and `-Infinity` (which Python's json module writes) are not JSON: the request is
-  refused, and `non_finite` says which field held one, so the refusal can name it.
+- `NaN`, `Infinity` and `-Infinity` (which Python's json module writes) are not JSON, and a number past
+  a float's range (`1e400`) is no number a request can use: the request is refused, and `non_finite`
+  says which field held one, so the refusal can name it.
 """
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -19,7 +21,7 @@ _HIGH, _LOW = rb"u[dD][89abAB][0-9a-fA-F]{2}", rb"u[dD][c-fC-F][0-9a-fA-F]{2}"
 _ESCAPE = re.compile(rb"\\(?:\\|" + _HIGH + rb"(?:\\" + _LOW + rb")?|" + _LOW + rb")")
 _LONE = re.compile(rb"\\u[dD][89a-fA-F]")  # a surrogate escape, maybe a lone one
 _REPLACEMENT = rb"\ufffd"
-_NON_FINITE = re.compile(rb"NaN|Infinity")
+_NON_FINITE = re.compile(rb"NaN|Infinity|[eE][+-]?0*\d{3}")  # the last: an exponent that may pass the range
 
 
 def _replace(m: re.Match[bytes]) -> bytes:
@@ -51,10 +53,15 @@ def non_finite(body: bytes) -> tuple[str, str] | None:
     if not _NON_FINITE.search(body):
         return None
     try:
-        doc = json.loads(body, parse_constant=_Constant)
+        doc = json.loads(body, parse_constant=_Constant, parse_float=_float)
     except (ValueError, RecursionError):
         return None
     return _find(doc, "")
+
+
+def _float(literal: str) -> float | _Constant:
+    value = float(literal)
+    return value if math.isfinite(value) else _Constant(literal)
 
 
 def _find(value: Any, at: str) -> tuple[str, str] | None:

@@ -63,17 +63,24 @@ def decode(cls: type[Any], body: bytes) -> Any:
     except msgspec.ValidationError as exc:
         if _INT_GOT_FLOAT.search(str(exc)):
             return _whole_numbers(decoder, body, exc)
+        if str(exc).startswith("Number out of range"):  # 1e400: msgspec cannot say where
+            _refuse_non_finite(body)
         raise _refusal(exc) from None
     except msgspec.DecodeError as exc:
         mended = lone_surrogates_replaced(body)
         if mended is not body:
             return decode(cls, mended)
-        found = non_finite(body)
-        if found is not None:
-            where, literal = found
-            raise APIError(400, f"{where or 'request body'}: {literal} is not a JSON number; send a finite number",
-                           param=where or None) from None
+        _refuse_non_finite(body)
         raise APIError(400, f"request body is not valid JSON: {exc}") from None
+
+
+def _refuse_non_finite(body: bytes) -> None:
+    """A 400 naming the field that holds NaN, Infinity or a number past a float's range, if one does."""
+    found = non_finite(body)
+    if found is not None:
+        where, literal = found
+        raise APIError(400, f"{where or 'request body'}: {literal} is not a finite number; send a finite number",
+                       param=where or None) from None
 
 
 def _refusal(exc: msgspec.ValidationError) -> APIError:

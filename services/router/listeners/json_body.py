@@ -5,17 +5,14 @@ text inside an emoji) become U+FFFD as a lenient UTF-8 decoder makes them, and N
 number goes is a 400 that names the field. Pure: the errors are BodyError, never HTTP."""
 from __future__ import annotations
 
-import json
-import math
-import re
 from typing import Any
 
 import msgspec
 
 from edge.json_depth import MAX_DEPTH, too_deep
+from edge.json_text import lone_surrogates_replaced, non_finite
 
 _decode = msgspec.json.Decoder()
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads joins valid pairs: any left is alone
 
 
 class BodyError(ValueError):
@@ -35,6 +32,8 @@ def decode_object(raw: bytes) -> dict[str, Any]:
         raise BodyError(f"the request body nests too deeply: arrays and objects may nest {MAX_DEPTH} levels at most")
     try:
         body = _decode.decode(raw)
+    except msgspec.ValidationError as exc:  # a number past a float's range
+        body = _lenient(raw, msgspec.DecodeError(str(exc)))
     except msgspec.DecodeError as exc:
         body = _lenient(raw, exc)
     if not isinstance(body, dict):
@@ -43,24 +42,17 @@ def decode_object(raw: bytes) -> dict[str, Any]:
 
 
 def _lenient(raw: bytes, strict_error: msgspec.DecodeError) -> Any:
-    """What msgspec refused, read as Python's json module reads it (NaN, Infinity, numbers out of a
-    float's range, lone surrogates), then made safe; still invalid JSON is msgspec's 400."""
-    try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError):
-        raise BodyError(f"the request body is not valid JSON: {strict_error}") from None
-    return _cleaned(body, "")
-
-
-def _cleaned(value: Any, where: str) -> Any:
-    """`value` with lone surrogates replaced; a non-finite number raises BodyError naming its path."""
-    if isinstance(value, str):
-        return _LONE_SURROGATE.sub("\ufffd", value)
-    if isinstance(value, float) and not math.isfinite(value):
-        raise BodyError(f"{where or 'the request body'}: must be a finite number, got {value}", where)
-    if isinstance(value, list):
-        return [_cleaned(item, f"{where}[{i}]") for i, item in enumerate(value)]
-    if isinstance(value, dict):
-        return {_LONE_SURROGATE.sub("\ufffd", key): _cleaned(item, f"{where}.{key}" if where else key)
-                for key, item in value.items()}
-    return value
+    """What msgspec refused, read by the shared entry rules (edge/json_text.py, as the frontend reads
+    it): lone surrogates made U+FFFD; NaN, Infinity or a number past a float's range a 400 naming the
+    field; anything else msgspec's 400."""
+    mended = lone_surrogates_replaced(raw)
+    if mended is not raw:
+        try:
+            return _decode.decode(mended)
+        except msgspec.DecodeError as exc:
+            raw, strict_error = mended, exc
+    found = non_finite(raw)
+    if found is not None:
+        where, literal = found
+        raise BodyError(f"{where or 'the request body'}: must be a finite number, got {literal}", where)
+    raise BodyError(f"the request body is not valid JSON: {strict_error}")

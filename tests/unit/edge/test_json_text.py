@@ -58,11 +58,13 @@ def test_any_string_decodes_as_a_lenient_decoder_reads_it(text: str) -> None:
     (b'{"model": "NaN", "top_p": -Infinity}', ("top_p", "-Infinity")),
     (b'{"messages": [{"content": "x"}, {"x": [1, Infinity]}]}', ("messages[1].x[1]", "Infinity")),
     (b"NaN", ("", "NaN")),
+    (b'{"top_p": 1e400}', ("top_p", "1e400")),
+    (b'{"x": [1.0, -2E+0400]}', ("x[1]", "-2E+0400")),
 ])
 def test_the_field_holding_a_non_finite_number_is_named(raw: bytes, found: tuple[str, str]) -> None:
     assert non_finite(raw) == found
 
 
-@pytest.mark.parametrize("raw", [b'{"a": "NaN and Infinity"}', b'{"a": 1', b'{"a": 1.5}'])
+@pytest.mark.parametrize("raw", [b'{"a": "NaN and Infinity"}', b'{"a": 1', b'{"a": 1.5}', b'{"a": 1e300}'])
 def test_no_non_finite_number_no_answer(raw: bytes) -> None:
     assert non_finite(raw) is None

@@ -126,6 +126,7 @@ def test_a_lone_surrogate_is_the_replacement_character(app: Frontend) -> None:
                              b'"logit_bias": {"5": -Infinity}}', "logit_bias.5"),
     ("/inference/v1/generate", b'{"token_ids": [1], "sampling_params": {"min_p": NaN}}', "sampling_params.min_p"),
     ("/tokenize", b'{"prompt": NaN}', "prompt"),
+    ("/v1/completions", b'{"model": "tiny", "prompt": "hi", "temperature": 1e400}', "temperature"),  # past a float
 ])
 def test_nan_and_infinity_are_400s_naming_the_field(app: Frontend, path: str, raw: bytes, param: str) -> None:
     answer = call(app, path, raw)
