@@ -253,7 +253,9 @@ entries:
                 assert status == 502 and "not retried on another replica" in failed[sent], failed[sent]
                 assert sent < opened_at
         assert len(failed) <= 2 * len(workers)  # those in flight at the kill (and the FIN's race), no more
-        assert any(a[3] == "2" for a in answers)  # connection refused before the breaker opened: retried
+        # (Whether a request met a refused connection before the breaker opened, and was retried, is a race:
+        # with 4 clients each may have been answered 502 or sent to the other replica. The retry of a refused
+        # connection is shown in tests/unit/router/test_dispatch.py and test_router.py.)
         assert breaker() == "closed"
         assert "after being down: its breaker is closed" in router.log()
     finally:
