@@ -9,8 +9,8 @@ import msgspec
 from prompting.errors import PromptError
 
 _TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
-          413: "invalid_request_error", 429: "rate_limit_error", 500: "internal_server_error",
-          503: "service_unavailable_error"}
+          408: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+          500: "internal_server_error", 503: "service_unavailable_error"}
 _encoder = msgspec.json.Encoder()
 
 

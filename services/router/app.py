@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 from starlette.types import Receive, Scope, Send
 
+from edge.connection_limits import DEFAULT_HEADER_TIMEOUT_S
 from services.router.backends.dispatch import Dispatcher
 from services.router.backends.pool import NoReplica, Overloaded, Pool
 from services.router.backends.upstream import Upstream
@@ -52,12 +53,14 @@ OFF_LOOP_BYTES = 256 << 10
 
 class RouterApp:
     def __init__(self, config: RouterConfig, router: Router, pools: dict[str, Pool], upstream: Upstream,
-                 metrics: RouterMetrics, *, max_body_bytes: int = 32 << 20, body_workers: int = 2) -> None:
+                 metrics: RouterMetrics, *, max_body_bytes: int = 32 << 20, body_workers: int = 2,
+                 body_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S) -> None:
         self.config = config
         self.router = router
         self.pools = pools
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s  # --header-timeout: a body's longest gap (edge.connection_limits)
         dispatcher = Dispatcher(config, pools, upstream, metrics)
         self.relay = Relay(dispatcher, metrics)
         self.escalator = Escalator(dispatcher, self.relay, metrics)
@@ -134,7 +137,7 @@ class RouterApp:
         if api == "models":
             await send_json(send, 200, _json.encode(self._models(listener)))
         elif api == "decisions":
-            raw = await read_body(scope, receive, self.max_body_bytes)
+            raw = await read_body(scope, receive, self.max_body_bytes, self.body_timeout_s)
             await send_json(send, 200, _json.encode(await self._decisions(listener, await self._parse(api, raw),
                                                                           len(raw))))
         else:
@@ -189,7 +192,7 @@ class RouterApp:
 
     async def _generate(self, listener: Listener, codec: Codec, scope: Scope, receive: Receive,
                         send: TrackedSend) -> None:
-        raw = await read_body(scope, receive, self.max_body_bytes)
+        raw = await read_body(scope, receive, self.max_body_bytes, self.body_timeout_s)
         parsed = await self._parse(codec.name, raw)
         chat = parsed.chat
         if len(raw) > OFF_LOOP_BYTES:  # counting tokens or embedding a long text would stall every stream

@@ -37,7 +37,7 @@ async def run(config: RouterConfig, *, header_timeout_s: float = DEFAULT_HEADER_
     upstream = AiohttpUpstream()
     checker = HealthChecker(config, pools, upstream)
     await checker.resolve_all()
-    app = RouterApp(config, router, pools, upstream, RouterMetrics(pools))
+    app = RouterApp(config, router, pools, upstream, RouterMetrics(pools), body_timeout_s=header_timeout_s)
     await app.bodies.warm()
 
     stop = asyncio.Event()

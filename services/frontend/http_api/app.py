@@ -26,6 +26,7 @@ from services.frontend.generation.frontend_core import FrontendCore
 from services.frontend.generation.metrics import EngineView
 from services.frontend.http_api import openai_bodies, openapi, render
 from services.frontend.http_api.asgi import (
+    CLOSE,
     ClientGone,
     header,
     read_body,
@@ -100,7 +101,7 @@ class Frontend:
             return
         with self.shutdown.handling():
             try:
-                body = await read_body(scope, receive, self.config.max_body_bytes)
+                body = await read_body(scope, receive, self.config.max_body_bytes, self.config.header_timeout_s)
                 if preprocess is not None:
                     await send_json(send, 200, await preprocess(body))
                     return
@@ -108,7 +109,7 @@ class Frontend:
                 requests = await translate(body, header(scope, b"x-data-parallel-rank"))
                 await self._generate(requests if isinstance(requests, list) else [requests], receive, send)
             except APIError as exc:
-                await send_json(send, exc.status, exc.body())
+                await send_json(send, exc.status, exc.body(), CLOSE if exc.status == 408 else None)
             except ClientGone:
                 pass
 
@@ -161,7 +162,8 @@ class Frontend:
                                 "and unload LoRA adapters at run time")
         if self.config.render_only:
             raise APIError(404, f"{request.url.path} is not served: this frontend runs with --render-only (no engines)")
-        return parse(kind, await request.body())
+        return parse(kind, await read_body(request.scope, request.receive, self.config.max_body_bytes,
+                                           self.config.header_timeout_s))
 
     async def _openapi_json(self, request: Request) -> Response:
         """The document, its `model` enums naming the LoRA adapters served now (remade when they change)."""
@@ -236,7 +238,8 @@ class Frontend:
 async def _api_error(request: Request, exc: Exception) -> Response:
     """An APIError raised by a starlette route, in the OpenAI error shape."""
     assert isinstance(exc, APIError)
-    return Response(exc.body(), exc.status, media_type="application/json")
+    return Response(exc.body(), exc.status, headers={"connection": "close"} if exc.status == 408 else None,
+                    media_type="application/json")
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

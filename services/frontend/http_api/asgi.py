@@ -2,15 +2,18 @@
 response, watch for the client leaving. Runs on each API server process's event loop."""
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
-from starlette.requests import ClientDisconnect, Request
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
+from edge.connection_limits import BodyClock
 from services.frontend.engine_client.inflight import CLIENT_GONE
 from services.frontend.errors import APIError
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
+CLOSE = [(b"connection", b"close")]  # with a 408: the rest of a stalled body is not waited for
+LOOP_SLACK_S = 0.05  # a timer this late is punctual; later, this loop was busy and the client not to blame
 
 
 class ClientGone(Exception):
@@ -25,22 +28,49 @@ def header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
-async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
-    """The whole request body; 413 past `limit` bytes, refused early when content-length says so."""
+async def read_body(scope: Scope, receive: Receive, limit: int, timeout_s: float) -> bytes:
+    """The whole request body; 413 past `limit` bytes, refused early when content-length says so; 408 when
+    it stops arriving (edge.connection_limits.BodyClock: no bytes for `timeout_s`, or too slow), which the
+    caller answers with `connection: close` (CLOSE)."""
     for name, value in scope["headers"]:
         if name == b"content-length" and value.isdigit() and int(value) > limit:
             raise APIError(413, f"request body is {int(value)} bytes; the limit is {limit}")
+    loop = asyncio.get_running_loop()
+    clock = BodyClock(timeout_s, loop.time())
     chunks: list[bytes] = []
     size = 0
-    try:
-        async for chunk in Request(scope, receive).stream():  # starlette's reading of http.request messages
-            size += len(chunk)
-            if size > limit:
-                raise APIError(413, f"request body exceeds the limit of {limit} bytes")
+    while True:
+        message = await _receive_by(receive, clock, loop)
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        if message["type"] != "http.request":
+            continue
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise APIError(413, f"request body exceeds the limit of {limit} bytes")
+        clock.received(len(chunk), loop.time())
+        if chunk:
             chunks.append(chunk)
-    except ClientDisconnect:
-        raise ClientGone from None
-    return b"".join(chunks)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _receive_by(receive: Receive, clock: BodyClock, loop: asyncio.AbstractEventLoop) -> Message:
+    """The next message, or 408 at the clock's deadline. A deadline passed while this loop was busy
+    elsewhere is credited to the client: bytes that came meanwhile reach receive() a few turns later."""
+    pending = asyncio.ensure_future(receive())
+    try:
+        while True:
+            done, _ = await asyncio.wait((pending,), timeout=max(clock.deadline() - loop.time(), 0.0))
+            if done:
+                return pending.result()
+            late = loop.time() - clock.deadline()
+            if late <= LOOP_SLACK_S:
+                raise APIError(408, clock.message())
+            clock.credit(late + LOOP_SLACK_S)
+    finally:
+        pending.cancel()  # when given up, or this task was cancelled; a no-op once done
 
 
 async def send_json(send: Send, status: int, body: bytes,

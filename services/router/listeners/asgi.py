@@ -1,18 +1,19 @@
-"""ASGI plumbing of the router's listeners (router process): the request body read under a size limit,
-JSON responses, the response state of a request, the disconnect watcher, and lifespan. Raw ASGI but
-for starlette's body reading: the hot path stays thin."""
+"""ASGI plumbing of the router's listeners (router process): the request body read under a size limit
+and a deadline, JSON responses, the response state of a request, the disconnect watcher, and lifespan.
+Raw ASGI: the hot path stays thin."""
 from __future__ import annotations
 
 import asyncio
 import enum
 from typing import Any
 
-from starlette.requests import ClientDisconnect, Request
 from starlette.types import Message, Receive, Scope, Send
 
+from edge.connection_limits import BodyClock
 from services.router.errors import HTTPError
 
 JSON = [(b"content-type", b"application/json")]
+LOOP_SLACK_S = 0.05  # a timer this late is punctual; later, this loop was busy and the client not to blame
 
 
 class ClientGone(Exception):
@@ -48,22 +49,49 @@ class TrackedSend:
             await self({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
-    """The whole request body; 413 past `limit` bytes (told by content-length, or counted as it comes)."""
+async def read_body(scope: Scope, receive: Receive, limit: int, timeout_s: float) -> bytes:
+    """The whole request body; 413 past `limit` bytes (told by content-length, or counted as it comes);
+    408 with `connection: close` when it stops arriving (edge.connection_limits.BodyClock: no bytes for
+    `timeout_s`, or too slow)."""
     for name, value in scope["headers"]:
         if name == b"content-length" and value.isdigit() and int(value) > limit:
             raise HTTPError(413, f"request body is {int(value)} bytes; the limit is {limit}")
+    loop = asyncio.get_running_loop()
+    clock = BodyClock(timeout_s, loop.time())
     chunks: list[bytes] = []
     size = 0
-    try:
-        async for chunk in Request(scope, receive).stream():  # starlette's reading of http.request messages
-            size += len(chunk)
-            if size > limit:
-                raise HTTPError(413, f"request body exceeds the limit of {limit} bytes")
+    while True:
+        message = await _receive_by(receive, clock, loop)
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        if message["type"] != "http.request":
+            continue
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise HTTPError(413, f"request body exceeds the limit of {limit} bytes")
+        clock.received(len(chunk), loop.time())
+        if chunk:
             chunks.append(chunk)
-    except ClientDisconnect:
-        raise ClientGone from None
-    return b"".join(chunks)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _receive_by(receive: Receive, clock: BodyClock, loop: asyncio.AbstractEventLoop) -> Message:
+    """The next message, or 408 at the clock's deadline. A deadline passed while this loop was busy
+    elsewhere is credited to the client: bytes that came meanwhile reach receive() a few turns later."""
+    pending = asyncio.ensure_future(receive())
+    try:
+        while True:
+            done, _ = await asyncio.wait((pending,), timeout=max(clock.deadline() - loop.time(), 0.0))
+            if done:
+                return pending.result()
+            late = loop.time() - clock.deadline()
+            if late <= LOOP_SLACK_S:
+                raise HTTPError(408, clock.message(), headers=[(b"connection", b"close")])
+            clock.credit(late + LOOP_SLACK_S)
+    finally:
+        pending.cancel()  # when given up, or this task was cancelled; a no-op once done
 
 
 async def send_json(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:

@@ -1,8 +1,9 @@
 """The router's ASGI helpers (services/router/listeners/asgi.py): the response state of a request, the
-body read under its limit, and the disconnect watcher."""
+body read under its limit and its deadline, and the disconnect watcher."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -66,14 +67,14 @@ def test_send_json_sets_type_and_length() -> None:
 def test_read_body_joins_pieces_and_enforces_the_limit() -> None:
     pieces = ({"type": "http.request", "body": b"ab", "more_body": True},
               {"type": "http.request", "body": b"cd", "more_body": False})
-    assert asyncio.run(read_body({"type": "http", "headers": []}, _receiver(*pieces), 4)) == b"abcd"
+    assert asyncio.run(read_body({"type": "http", "headers": []}, _receiver(*pieces), 4, 10.0)) == b"abcd"
     with pytest.raises(HTTPError, match="exceeds the limit of 3 bytes") as counted:
-        asyncio.run(read_body({"type": "http", "headers": []}, _receiver(*pieces), 3))
+        asyncio.run(read_body({"type": "http", "headers": []}, _receiver(*pieces), 3, 10.0))
     assert counted.value.status == 413
     with pytest.raises(HTTPError, match="request body is 10 bytes; the limit is 4"):
-        asyncio.run(read_body({"type": "http", "headers": [(b"content-length", b"10")]}, _receiver(), 4))
+        asyncio.run(read_body({"type": "http", "headers": [(b"content-length", b"10")]}, _receiver(), 4, 10.0))
     with pytest.raises(ClientGone):
-        asyncio.run(read_body({"type": "http", "headers": []}, _receiver({"type": "http.disconnect"}), 4))
+        asyncio.run(read_body({"type": "http", "headers": []}, _receiver({"type": "http.disconnect"}), 4, 10.0))
 
 
 def test_a_disconnect_cancels_the_handler_only_before_the_response_completed() -> None:
@@ -94,3 +95,40 @@ def test_a_disconnect_cancels_the_handler_only_before_the_response_completed() -
 
     assert asyncio.run(main(complete=False)) == (True, True)
     assert asyncio.run(main(complete=True)) == (False, False)
+
+
+def test_a_body_that_stalls_is_a_408_that_closes_the_connection() -> None:
+    async def main() -> tuple[HTTPError, bool]:
+        never: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        messages = [{"type": "http.request", "body": b"ab", "more_body": True}]
+
+        async def receive() -> Message:
+            return messages.pop(0) if messages else await never  # a few bytes, then nothing
+
+        with pytest.raises(HTTPError) as raised:
+            await read_body({"type": "http", "headers": [(b"content-length", b"10")]}, receive, 100, 0.05)
+        await asyncio.sleep(0)  # let the cancellation land
+        return raised.value, never.cancelled()
+
+    error, receive_cancelled = asyncio.run(main())
+    assert (error.status, error.headers) == (408, [(b"connection", b"close")])
+    assert error.message == "the request's body stopped arriving: no bytes came for 0.05 s"
+    assert receive_cancelled  # no receive() left waiting behind the answer
+
+
+def test_a_deadline_passed_while_the_loop_was_blocked_is_not_the_clients() -> None:
+    """The bytes came during a stall of our own loop, and reach receive() some turns after it: a stall
+    of this process is not a silence of the client."""
+    async def main() -> bytes:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Message] = asyncio.Queue()
+
+        def stall() -> None:  # the body's last bytes arrive, two hops from receive(), as the loop blocks
+            loop.call_soon(loop.call_soon, queue.put_nowait,
+                           {"type": "http.request", "body": b"cd", "more_body": False})
+            time.sleep(0.3)  # the loop blocked past the 0.05 s deadline (a stimulus, not a wait)
+
+        loop.call_later(0.01, stall)
+        return await read_body({"type": "http", "headers": []}, queue.get, 100, 0.05)
+
+    assert asyncio.run(main()) == b"cd"

@@ -13,7 +13,8 @@ from services.router.listeners.codecs.codec import CHAT_PATH, Codec, CodecError,
 _json = msgspec.json.Encoder()
 _DONE = b"data: [DONE]\n\n"
 _ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "not_found_error",
-                405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+                405: "invalid_request_error", 408: "invalid_request_error", 413: "invalid_request_error",
+                429: "rate_limit_error",
                 502: "upstream_error", 503: "service_unavailable_error", 504: "timeout_error"}
 
 

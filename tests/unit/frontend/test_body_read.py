@@ -1,0 +1,57 @@
+"""The frontend's request body read (services/frontend/http_api/asgi.py): joined, under its size limit,
+and given up with a 408 when the body stops arriving (a fake receive that stalls)."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from starlette.types import Message, Receive
+
+from services.frontend.errors import APIError
+from services.frontend.http_api.asgi import ClientGone, read_body
+
+
+def _scope(*headers: tuple[bytes, bytes]) -> dict[str, object]:
+    return {"type": "http", "headers": list(headers)}
+
+
+def test_pieces_are_joined_and_the_limit_enforced() -> None:
+    def receive() -> Receive:
+        pieces = [{"type": "http.request", "body": b"ab", "more_body": True},
+                  {"type": "http.request", "body": b"cd", "more_body": False}]
+
+        async def next_piece() -> Message:
+            return pieces.pop(0)
+
+        return next_piece
+
+    assert asyncio.run(read_body(_scope(), receive(), 4, 10.0)) == b"abcd"
+    with pytest.raises(APIError, match="exceeds the limit of 3 bytes"):
+        asyncio.run(read_body(_scope(), receive(), 3, 10.0))
+
+
+def test_a_body_that_stalls_is_a_408_and_its_receive_is_not_left_waiting() -> None:
+    async def main() -> tuple[APIError, bool]:
+        never: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        messages: list[Message] = [{"type": "http.request", "body": b"ab", "more_body": True}]
+
+        async def receive() -> Message:
+            return messages.pop(0) if messages else await never  # a few bytes, then nothing
+
+        with pytest.raises(APIError) as raised:
+            await read_body(_scope((b"content-length", b"10")), receive, 100, 0.05)
+        await asyncio.sleep(0)  # let the cancellation land
+        return raised.value, never.cancelled()
+
+    error, receive_cancelled = asyncio.run(main())
+    assert error.status == 408 and error.message == "the request's body stopped arriving: no bytes came for 0.05 s"
+    assert b'"code":408' in error.body() and b'"type":"invalid_request_error"' in error.body()
+    assert receive_cancelled
+
+
+def test_a_client_gone_mid_body_is_no_one_to_answer() -> None:
+    async def receive() -> Message:
+        return {"type": "http.disconnect"}
+
+    with pytest.raises(ClientGone):
+        asyncio.run(read_body(_scope(), receive, 100, 10.0))
