@@ -1,7 +1,9 @@
 """Slowloris against each HTTP server of the fleet, with its default flags: N connections that send a
 request line and then one header byte a second, never finishing their headers, and N that send
-nothing. Prints, per server, how many the server closed within --wait seconds and when (the header
-timeout: --header-timeout, 10 s by default), and whether a normal request was served meanwhile. The
+nothing. Then slow POST: N that send complete headers (content-length 3 KB) and 10 body bytes, then a
+body byte a second, and N that stop after those 10 bytes. Prints, per server and attack, how many the
+server closed within --wait seconds and when (--header-timeout, 10 s by default, bounds both: the
+headers, and a body's gaps and its rate), and whether a normal request was served meanwhile. The
 frontend runs render-only (no engine) under uvicorn and hypercorn; the router with one pool.
 
 Usage: .venv/bin/python bench/slowloris.py [--connections 50] [--wait 30] [--root CHECKOUT]
@@ -35,8 +37,15 @@ entries:
 """
 
 
-def attack(proc: HttpProc, connections: int, wait_s: float) -> str:
-    """Open the connections, trickle header bytes on half of them, and watch which the server closes."""
+def post_head(path: str) -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            "Content-Length: 3000\r\n\r\n{\"messages\": [").encode()  # and then a byte a second, or nothing
+
+
+def attack(proc: HttpProc, connections: int, wait_s: float, opening: bytes = b"GET /health HTTP/1.1\r\nHost: x\r\n",
+           stalled: bytes = b"", kinds: tuple[str, str] = ("trickling headers", "sending nothing")) -> str:
+    """Open the connections: half send `opening` and then a byte a second, half send `stalled` and then
+    nothing; watch which the server closes."""
     sel = selectors.DefaultSelector()
     opened = time.monotonic()
     socks = []
@@ -44,8 +53,8 @@ def attack(proc: HttpProc, connections: int, wait_s: float) -> str:
         sock = socket.create_connection(("127.0.0.1", proc.port))
         sock.setblocking(False)
         slow = i % 2 == 0
-        if slow:
-            sock.send(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+        if slow or stalled:
+            sock.send(opening if slow else stalled)
         sel.register(sock, selectors.EVENT_READ, slow)
         socks.append(sock)
     served = httpx.get(proc.url + "/health", timeout=10).status_code == 200
@@ -77,7 +86,7 @@ def attack(proc: HttpProc, connections: int, wait_s: float) -> str:
         return (f"{kind}: {len(times)}/{connections} closed, median {statistics.median(times):.1f} s, "
                 f"last {max(times):.1f} s")
 
-    return (f"{line('trickling headers', closed[True])}; {line('sending nothing', closed[False])}; "
+    return (f"{line(kinds[0], closed[True])}; {line(kinds[1], closed[False])}; "
             f"a normal request meanwhile: {'served' if served else 'NOT served'}")
 
 
@@ -91,13 +100,17 @@ def main() -> int:
     os.chdir(root)  # `python -m services...` runs the code of the working directory
     os.environ["PYTHONPATH"] = str(root)
     print(f"checkout {root}: {args.connections} connections trickling headers and {args.connections} sending "
-          f"nothing, per server, watched for {args.wait:g} s")
+          f"nothing, then {args.connections} trickling a body and {args.connections} stalling theirs, per server, "
+          f"each watched for {args.wait:g} s")
     with tempfile.TemporaryDirectory() as tmp:
         for name in ("frontend uvicorn", "frontend hypercorn", "router"):
             proc = (start_router(Path(tmp), ROUTER) if name == "router"
                     else start_frontend(Path(tmp), "--render-only", "--http-server", name.split()[1]))
             try:
                 print(f"{name}: {attack(proc, args.connections, args.wait)}", flush=True)
+                head = post_head("/v1/decisions" if name == "router" else "/v1/chat/completions/render")
+                kinds = ("trickling a body", "body stalled")
+                print(f"{name}: {attack(proc, args.connections, args.wait, head, head, kinds)}", flush=True)
             finally:
                 proc.stop()
     return 0

@@ -5,7 +5,7 @@ import argparse
 import os
 from dataclasses import dataclass, field, fields
 
-from edge.connection_limits import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS
+from edge.connection_limits import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS, MIN_BODY_RATE
 from protocol.handshake import auth_token_from
 from services.frontend.parsers import (
     HARMONY_REASONING_PARSERS,
@@ -34,7 +34,7 @@ class FrontendConfig:
     heartbeat_interval_s: float = 0.5
     shutdown_timeout_s: float = 30.0  # on SIGTERM, how long running requests may finish (the engines' drain)
     max_body_bytes: int = 4 * 2**20
-    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S  # a request's headers complete within it, or 408 and closed
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S  # headers within it, body gaps under it; or 408 and closed
     # Per API server process; one more is answered 503 and closed. None: DEFAULT_MAX_CONNECTIONS, or for
     # granian, which cannot bound its connections, no limit.
     max_connections: int | None = None
@@ -193,7 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(RESOURCE_EXHAUSTED past it; UpdateWeights takes a larger tensor in pieces)")
     p.add_argument("--header-timeout", type=float, default=d["header_timeout_s"], dest="header_timeout_s",
                    help="seconds a request's headers may take from its first byte (a connection's first request: "
-                        "from its opening); a slower one is answered 408 and its connection closed (slowloris)")
+                        "from its opening); a slower one is answered 408 and its connection closed (slowloris). "
+                        "Also a request body's longest gap: no bytes for this long, or under "
+                        f"{MIN_BODY_RATE} bytes a second after the first this long, is a 408 and a close (slow POST)")
     p.add_argument("--max-connections", type=int, default=d["max_connections"],
                    help="open connections each API server process holds; one more is answered 503 and closed at "
                         f"once. Keep it under the open-file limit (ulimit -n). Default: {DEFAULT_MAX_CONNECTIONS} "

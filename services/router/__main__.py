@@ -8,7 +8,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from edge.connection_limits import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS
+from edge.connection_limits import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS, MIN_BODY_RATE
 from services.router.config import ConfigError, load_config
 from services.router.server import run, run_loop
 
@@ -24,7 +24,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--header-timeout", type=float, default=DEFAULT_HEADER_TIMEOUT_S,
                         help="seconds a request's headers may take from its first byte (a connection's first "
                              "request: from its opening); a slower one is answered 408 and its connection closed "
-                             f"(slowloris). Default: {DEFAULT_HEADER_TIMEOUT_S:g}")
+                             "(slowloris). Also a request body's longest gap: no bytes for this long, or under "
+                             f"{MIN_BODY_RATE} bytes a second after the first this long, is a 408 and a close "
+                             "(slow POST). "
+                             f"Default: {DEFAULT_HEADER_TIMEOUT_S:g}")
     parser.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
                         help="open connections each listener holds; one more is answered 503 and closed at once. "
                              f"Keep it under the open-file limit (ulimit -n). Default: {DEFAULT_MAX_CONNECTIONS}")

@@ -3,10 +3,13 @@ fleet, real processes over raw sockets: the frontend under uvicorn, hypercorn an
 no engine needed), and the router. A slowloris client (header bytes sent slowly, or a request begun
 and never finished, or nothing sent at all) is closed after --header-timeout while others are served;
 a keep-alive connection that finished its request is not; one connection past --max-connections is
-refused, never served, and a connection is served again once one closes."""
+refused, never served, and a connection is served again once one closes. The same wait bounds a request's
+body (slow POST): one that stops arriving, or trickles a byte at a time, is answered 408 and closed, its
+connection slot freed; one that keeps coming in short gaps is served however long it takes."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import select
 import socket
 import time
@@ -201,3 +204,87 @@ def _served_raw(server: HttpProc) -> bool:
             return _response(sock).startswith(b"HTTP/1.1 200 ")
         except (AssertionError, ConnectionError):
             return False
+
+
+def _post(request: pytest.FixtureRequest) -> tuple[bytes, bytes]:
+    """A POST's complete head and the body it announces, which the route reads whole and answers 200 to:
+    the frontend renders it (render-only), the router explains where it would go (no replica is called)."""
+    router = request.node.callspec.params["server"] == "router"
+    path = "/v1/decisions" if router else "/v1/chat/completions/render"
+    body = json.dumps({"model": "fleet" if router else "tiny",
+                       "messages": [{"role": "user", "content": "slow " * 600}]}).encode()
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode(), body
+
+
+def _error(answer: bytes) -> dict[str, object]:
+    """The error object of a whole response (its body sized or chunked: the JSON object in it)."""
+    body = answer.partition(b"\r\n\r\n")[2]
+    error = json.loads(body[body.index(b"{"):body.rindex(b"}") + 1])["error"]
+    assert isinstance(error, dict)
+    return error
+
+
+def test_a_body_that_stops_arriving_is_answered_408_and_closed_and_its_slot_freed(
+        server: HttpProc, request: pytest.FixtureRequest) -> None:
+    head, body = _post(request)
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(MAX_CONNECTIONS):  # every connection this server holds
+            socks.append(_held(server, head + body[:10]))  # headers complete, a few body bytes, then nothing
+        for sock in socks:
+            answer = closed_by_server(sock)
+            assert answer.startswith(b"HTTP/1.1 408 "), answer
+            assert b"connection: close" in answer.partition(b"\r\n\r\n")[0].lower(), answer
+            assert _error(answer) == {"message": "the request's body stopped arriving: no bytes came for 1 s",
+                                      "type": "invalid_request_error", "param": None, "code": 408}
+    finally:
+        for sock in socks:
+            sock.close()
+    deadline = time.monotonic() + DEADLINE_S
+    while not _served_raw(server):  # their slots free again (the server sees the closes on its own time)
+        assert time.monotonic() < deadline, "no connection was served after the stalled bodies were closed"
+
+
+def _held(server: HttpProc, data: bytes) -> socket.socket:
+    """A connection that sent `data` and was not refused at once: the connections an earlier test closed
+    may still hold slots for a moment (the server sees a close on its own time), so a refusal is retried."""
+    deadline = time.monotonic() + DEADLINE_S
+    while True:
+        sock = connect(server)
+        sock.sendall(data)
+        readable, _, _ = select.select([sock], [], [], HEADER_TIMEOUT_S / 5)
+        if not readable:
+            return sock
+        answer = sock.recv(65536)
+        sock.close()
+        assert answer.startswith(b"HTTP/1.1 503 ") and time.monotonic() < deadline, answer
+
+
+def test_a_body_trickled_a_byte_at_a_time_is_cut_off(server: HttpProc, request: pytest.FixtureRequest) -> None:
+    """Never a gap as long as the timeout, but a few bytes a second: the rate floor ends it (slow POST)."""
+    head, body = _post(request)
+    with connect(server) as sock:
+        sock.sendall(head)
+        answer = closed_by_server(sock, trickle=body)
+        assert answer.startswith(b"HTTP/1.1 408 "), answer
+        assert "arrived too slowly" in str(_error(answer)["message"]), answer
+
+
+def test_a_body_that_keeps_coming_in_short_gaps_is_served(server: HttpProc, request: pytest.FixtureRequest) -> None:
+    """Sent in pieces a quarter of the timeout apart, over several timeouts: not cut."""
+    head, body = _post(request)
+    with connect(server) as sock:
+        sock.sendall(head)
+        pieces = [body[i:i + 200] for i in range(0, len(body), 200)]
+        assert len(pieces) * HEADER_TIMEOUT_S / 4 > 3 * HEADER_TIMEOUT_S
+        for piece in pieces:
+            readable, _, _ = select.select([sock], [], [], HEADER_TIMEOUT_S / 4)  # the gap (a stimulus)
+            assert not readable, sock.recv(65536)  # no answer before the body is complete
+            sock.sendall(piece)
+        head_received = b""
+        while b"\r\n\r\n" not in head_received:
+            chunk = sock.recv(65536)
+            assert chunk, head_received
+            head_received += chunk
+        assert head_received.startswith(b"HTTP/1.1 200 "), head_received
