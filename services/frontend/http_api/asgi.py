@@ -57,20 +57,34 @@ async def read_body(scope: Scope, receive: Receive, limit: int, timeout_s: float
 
 
 async def _receive_by(receive: Receive, clock: BodyClock, loop: asyncio.AbstractEventLoop) -> Message:
-    """The next message, or 408 at the clock's deadline. A deadline passed while this loop was busy
-    elsewhere is credited to the client: bytes that came meanwhile reach receive() a few turns later."""
-    pending = asyncio.ensure_future(receive())
-    try:
-        while True:
-            done, _ = await asyncio.wait((pending,), timeout=max(clock.deadline() - loop.time(), 0.0))
-            if done:
-                return pending.result()
-            late = loop.time() - clock.deadline()
-            if late <= LOOP_SLACK_S:
-                raise APIError(408, clock.message())
+    """The next message, or 408 at the clock's deadline (receive() cancelled then, as asyncio.timeout
+    does: one timer, no task). A deadline passed while this loop was busy elsewhere is credited to the
+    client, not blamed on it: bytes that came meanwhile reach receive() a few turns later."""
+    task = asyncio.current_task()
+    assert task is not None  # a request is always read in a task
+    cancelling = task.cancelling()
+    expired = False
+    handle: asyncio.TimerHandle
+
+    def at_deadline() -> None:
+        nonlocal handle, expired
+        late = loop.time() - clock.deadline()
+        if late > LOOP_SLACK_S:
             clock.credit(late + LOOP_SLACK_S)
+            handle = loop.call_at(clock.deadline(), at_deadline)
+            return
+        expired = True
+        task.cancel()
+
+    handle = loop.call_at(clock.deadline(), at_deadline)
+    try:
+        return await receive()
+    except asyncio.CancelledError:
+        if expired and task.uncancel() <= cancelling:
+            raise APIError(408, clock.message()) from None
+        raise
     finally:
-        pending.cancel()  # when given up, or this task was cancelled; a no-op once done
+        handle.cancel()
 
 
 async def send_json(send: Send, status: int, body: bytes,

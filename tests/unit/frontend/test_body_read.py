@@ -3,6 +3,7 @@ and given up with a 408 when the body stops arriving (a fake receive that stalls
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from starlette.types import Message, Receive
@@ -55,3 +56,20 @@ def test_a_client_gone_mid_body_is_no_one_to_answer() -> None:
 
     with pytest.raises(ClientGone):
         asyncio.run(read_body(_scope(), receive, 100, 10.0))
+
+
+def test_a_deadline_passed_while_the_loop_was_blocked_is_not_the_clients() -> None:
+    """The bytes came during a stall of our own loop, and reach receive() some turns after it."""
+    async def main() -> bytes:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Message] = asyncio.Queue()
+
+        def stall() -> None:  # the body's last bytes arrive, two hops from receive(), as the loop blocks
+            loop.call_soon(loop.call_soon, queue.put_nowait,
+                           {"type": "http.request", "body": b"cd", "more_body": False})
+            time.sleep(0.3)  # the loop blocked past the 0.05 s deadline (a stimulus, not a wait)
+
+        loop.call_later(0.01, stall)
+        return await read_body(_scope(), queue.get, 100, 0.05)
+
+    assert asyncio.run(main()) == b"cd"

@@ -132,3 +132,20 @@ def test_a_deadline_passed_while_the_loop_was_blocked_is_not_the_clients() -> No
         return await read_body({"type": "http", "headers": []}, queue.get, 100, 0.05)
 
     assert asyncio.run(main()) == b"cd"
+
+
+def test_a_read_cancelled_from_outside_stays_a_cancellation() -> None:
+    """Shutdown or a client gone cancels the handler: not a 408 to send."""
+    async def main() -> None:
+        never: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+
+        async def receive() -> Message:
+            return await never
+
+        reader = asyncio.ensure_future(read_body({"type": "http", "headers": []}, receive, 100, 10.0))
+        await asyncio.sleep(0)  # let it reach receive()
+        reader.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reader
+
+    asyncio.run(main())
