@@ -20,11 +20,13 @@ object. Anything else in a block after its pairs is framing and is dropped.
 Reasoning: `[<think>]reasoning</think>content`. vLLM's glm45 starts in reasoning unless
 thinking is switched off; here the output starts in reasoning unless the rendered prompt ends with a
 closed `<think></think>` (the template's enable_thinking=false), when it is all content. Without
-`</think>`, all of the output is reasoning.
+`</think>`, all of the output is reasoning, up to a `<tool_call>`: a call ends the reasoning and
+the content begins at it, as in vLLM (GLM may call a tool without thinking first; the call is not
+hidden in the reasoning).
 """
 from __future__ import annotations
 
-from services.frontend.parsers.call_blocks import KeyValueBlockParser
+from services.frontend.parsers.call_blocks import CallBlockParser, KeyValueBlockParser
 from services.frontend.parsers.delta import ParsedDelta
 from services.frontend.parsers.schema_types import STRING_TYPES, json_or_text, schema_type, typed_value
 from services.frontend.parsers.tags import held_suffix
@@ -174,4 +176,4 @@ def _value_start(head: str, *, final: bool) -> tuple[str | None, int] | None:
 
 
 def glm45(prompt: str = "") -> ThinkParser:
-    return ThinkParser(starts_in_reasoning=not prompt_closes_think(prompt))
+    return ThinkParser(starts_in_reasoning=not prompt_closes_think(prompt), content_starts=(CallBlockParser.START,))

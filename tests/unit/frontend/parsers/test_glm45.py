@@ -121,6 +121,15 @@ def test_reasoning_then_a_call() -> None:
     check_all_ways(lambda: build_parser("glm45", "glm45", tools=TOOLS, prompt=PLAIN), text, expected)  # type: ignore
 
 
+@pytest.mark.parametrize("thinking", ["", "<think>The user wants the weather."], ids=["no thinking", "never closed"])
+def test_a_call_ends_the_reasoning(thinking: str) -> None:
+    """A call made without thinking first, or without closing the reasoning, is a call (as in vLLM), not
+    reasoning text."""
+    text = thinking + call("get_weather", city="Paris")
+    expected = Final("", thinking.removeprefix("<think>"), (("get_weather", args({"city": "Paris"})),))
+    check_all_ways(lambda: build_parser("glm45", "glm45", tools=TOOLS, prompt=PLAIN), text, expected)  # type: ignore
+
+
 def test_the_names_are_vllms_flags() -> None:
     assert isinstance(build_parser("glm45", None), Glm45ToolParser)
     assert build_parser(None, "glm45") is not None
