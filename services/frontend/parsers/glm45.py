@@ -94,7 +94,7 @@ class Glm45ToolParser(KeyValueBlockParser):
                 return True
         elif not final and any(tag.startswith(head) and tag != head for tag in (KEY, self.END)):
             return False
-        self._calls.add(out, "}")
+        self._close_object(out, complete=head.startswith(self.END) or not final)
         self._phase = _TAIL
         return True
 

@@ -71,9 +71,9 @@ class Qwen3CoderToolParser(KeyValueBlockParser):
                         or head.startswith(PARAMETER) and not final:
                     self._buf = head
                     return False
-                else:  # </function>, or the model went on without closing it
+                else:  # </function>, or the model went on without closing it (or the output ended)
                     self._buf = head[len(FUNCTION_END):] if head.startswith(FUNCTION_END) else head
-                    self._calls.add(out, "}")
+                    self._close_object(out, complete=head.startswith((FUNCTION_END, self.END)))
                     self._phase = _TAIL
             elif self._phase == _VALUE:
                 end, sure = self._value_end(final=final)

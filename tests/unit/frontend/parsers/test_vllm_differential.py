@@ -203,9 +203,7 @@ def test_generated(family: str, calls: list[tuple[str, dict[str, Any]]]) -> None
 # The rule on damaged output: generated calls, then the output cut anywhere (stop or length) or a
 # character dropped. Every call we send has a JSON object as arguments, streamed equals whole, and
 # from cut output every call we send is one the model wrote whole (name and arguments), in order.
-# qwen3_coder and glm45 are left out: they break it (DIFFERENCES, "kv_cut": a call cut inside a value
-# is sent with the value cut).
-_RULE_FAMILIES = [f for f, (tool, r) in FAMILIES.items() if r is None and tool not in ("qwen3_coder", "glm45")]
+_RULE_FAMILIES = [f for f, (_, r) in FAMILIES.items() if r is None]
 
 
 @pytest.mark.parametrize("family", _RULE_FAMILIES)

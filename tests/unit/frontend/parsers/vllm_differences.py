@@ -21,15 +21,13 @@ REASONS = {
     "think_whitespace": "The whitespace after </think> (the template's separator) is dropped; vLLM keeps \"\\n\\n\".",
     "earlier_calls_kept": "Calls before a broken one stay calls (each was sent when it closed, before the broken one "
                           "began) and the broken one is content as written; vLLM returns the whole output as content.",
-    "never_half_call": "A call whose arguments are not a complete JSON object is never sent (the rule): vLLM sends it "
-                       "with the broken text as arguments and finish_reason tool_calls. mistral returns its text as "
-                       "content with its [TOOL_CALLS]; kimi_k2 and deepseek drop it (control tokens, as vLLM's "
-                       "deepseek drops a cut call).",
+    "never_half_call": "A call the model did not finish (arguments no complete JSON object, or the output ended "
+                       "inside it) is never sent (the rule). vLLM sends it: with the broken text as arguments "
+                       "(mistral, kimi_k2), without the value cut ({} for qwen3_coder and glm45; glm45 also when only "
+                       "its </tool_call> is missing), finish_reason tool_calls. mistral, qwen3_coder and glm45 return "
+                       "its text as content, as the model wrote it; kimi_k2 and deepseek drop it (control tokens, as "
+                       "vLLM's deepseek drops a cut call).",
     "length_finish": "finish_reason stays length when the output was cut, calls or not: vLLM says tool_calls.",
-    "kv_cut": "NOT FIXED: a call cut inside a value is sent with the values that arrived, the cut one too "
-              "({\"city\": \"Pa\"}); vLLM sends it without the cut value ({}), finish_reason tool_calls. Cut by "
-              "max_tokens our finish_reason is length (allowed by the rule); ended normally inside the call, both "
-              "send a call the model did not finish. Fix: hold the call until </function> as hermes holds its block.",
     "kv_missing_end_tag": "NOT FIXED: a value without its </parameter> runs to the next </parameter> and takes the "
                           "next parameter's text; vLLM ends it at the next <parameter=.",
 }
@@ -59,14 +57,15 @@ DIFFERENCES: dict[tuple[str, str], tuple[str, Result]] = {
     ('qwen3_coder', 'text after'): ('text_after', Result(content='I asked for the weather.', reasoning='', calls=(('get_weather', {'city': 'Paris', 'days': 3}),), finish='tool_calls')),
     ('qwen3_coder', 'malformed'): ('kv_missing_end_tag', Result(content='', reasoning='', calls=(('get_weather', {'city': 'Paris\n\n<parameter=days>\n3'}),), finish='tool_calls')),
     ('qwen3_coder', 'valid then malformed'): ('kv_missing_end_tag', Result(content='', reasoning='', calls=(('search', {'query': 'rain', 'filters': {'unit': 'C'}}), ('get_weather', {'city': 'Paris\n\n<parameter=days>\n3'})), finish='tool_calls')),
-    ('qwen3_coder', 'cut, ended normally'): ('kv_cut', Result(content='', reasoning='', calls=(('get_weather', {'city': 'Pa'}),), finish='tool_calls')),
-    ('qwen3_coder', 'cut by length'): ('kv_cut', Result(content='', reasoning='', calls=(('get_weather', {'city': 'Pa'}),), finish='length')),
-    ('qwen3_coder', 'call then cut by length'): ('kv_cut', Result(content='', reasoning='', calls=(('search', {'query': 'rain', 'filters': {'unit': 'C'}}), ('get_weather', {'city': 'Pa'})), finish='length')),
+    ('qwen3_coder', 'cut, ended normally'): ('never_half_call', Result(content='<tool_call>\n<function=get_weather>\n<parameter=city>\nPa', reasoning='', calls=(), finish='stop')),
+    ('qwen3_coder', 'cut by length'): ('never_half_call', Result(content='<tool_call>\n<function=get_weather>\n<parameter=city>\nPa', reasoning='', calls=(), finish='length')),
+    ('qwen3_coder', 'call then cut by length'): ('never_half_call', Result(content='<tool_call>\n<function=get_weather>\n<parameter=city>\nPa', reasoning='', calls=(('search', {'query': 'rain', 'filters': {'unit': 'C'}}),), finish='length')),
     ('glm45', 'text before'): ('trailing_whitespace', Result(content='Let me check.\n', reasoning='', calls=(('get_weather', {'city': 'Paris', 'days': 3}),), finish='tool_calls')),
     ('glm45', 'text after'): ('text_after', Result(content='I asked for the weather.', reasoning='', calls=(('get_weather', {'city': 'Paris', 'days': 3}),), finish='tool_calls')),
-    ('glm45', 'cut, ended normally'): ('kv_cut', Result(content='', reasoning='', calls=(('get_weather', {'city': 'Pa'}),), finish='tool_calls')),
-    ('glm45', 'cut by length'): ('kv_cut', Result(content='', reasoning='', calls=(('get_weather', {'city': 'Pa'}),), finish='length')),
-    ('glm45', 'call then cut by length'): ('kv_cut', Result(content='', reasoning='', calls=(('search', {'query': 'rain', 'filters': {'unit': 'C'}}), ('get_weather', {'city': 'Pa'})), finish='length')),
+    ('glm45', 'unclosed'): ('never_half_call', Result(content='<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n', reasoning='', calls=(), finish='stop')),
+    ('glm45', 'cut, ended normally'): ('never_half_call', Result(content='<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Pa', reasoning='', calls=(), finish='stop')),
+    ('glm45', 'cut by length'): ('never_half_call', Result(content='<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Pa', reasoning='', calls=(), finish='length')),
+    ('glm45', 'call then cut by length'): ('never_half_call', Result(content='<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Pa', reasoning='', calls=(('search', {'query': 'rain', 'filters': {'unit': 'C'}}),), finish='length')),
     ('kimi_k2', 'text after'): ('text_after', Result(content='I asked for the weather.', reasoning='', calls=(('get_weather', {'city': 'Paris', 'days': 3}),), finish='tool_calls')),
     ('kimi_k2', 'malformed'): ('never_half_call', Result(content='', reasoning='', calls=(), finish='stop')),
     ('kimi_k2', 'valid then malformed'): ('never_half_call', Result(content='', reasoning='', calls=(('search', {'query': 'rain', 'filters': {'unit': 'C'}}),), finish='tool_calls')),
@@ -92,15 +91,16 @@ DIFFERENCES: dict[tuple[str, str], tuple[str, Result]] = {
     ('qwen3+qwen3_coder', 'text after'): ('text_after', Result(content='I asked for the weather.', reasoning='', calls=(('get_weather', {'city': 'Paris', 'days': 3}),), finish='tool_calls')),
     ('qwen3+qwen3_coder', 'malformed'): ('kv_missing_end_tag', Result(content='', reasoning='', calls=(('get_weather', {'city': 'Paris\n\n<parameter=days>\n3'}),), finish='tool_calls')),
     ('qwen3+qwen3_coder', 'valid then malformed'): ('kv_missing_end_tag', Result(content='', reasoning='', calls=(('search', {'query': 'rain', 'filters': {'unit': 'C'}}), ('get_weather', {'city': 'Paris\n\n<parameter=days>\n3'})), finish='tool_calls')),
-    ('qwen3+qwen3_coder', 'cut, ended normally'): ('kv_cut', Result(content='', reasoning='', calls=(('get_weather', {'city': 'Pa'}),), finish='tool_calls')),
-    ('qwen3+qwen3_coder', 'cut by length'): ('kv_cut', Result(content='', reasoning='', calls=(('get_weather', {'city': 'Pa'}),), finish='length')),
-    ('qwen3+qwen3_coder', 'call then cut by length'): ('kv_cut', Result(content='', reasoning='', calls=(('search', {'query': 'rain', 'filters': {'unit': 'C'}}), ('get_weather', {'city': 'Pa'})), finish='length')),
+    ('qwen3+qwen3_coder', 'cut, ended normally'): ('never_half_call', Result(content='<tool_call>\n<function=get_weather>\n<parameter=city>\nPa', reasoning='', calls=(), finish='stop')),
+    ('qwen3+qwen3_coder', 'cut by length'): ('never_half_call', Result(content='<tool_call>\n<function=get_weather>\n<parameter=city>\nPa', reasoning='', calls=(), finish='length')),
+    ('qwen3+qwen3_coder', 'call then cut by length'): ('never_half_call', Result(content='<tool_call>\n<function=get_weather>\n<parameter=city>\nPa', reasoning='', calls=(('search', {'query': 'rain', 'filters': {'unit': 'C'}}),), finish='length')),
     ('qwen3+qwen3_coder', 'reasoning, no call'): ('think_whitespace', Result(content='It is mild.', reasoning='I should check the weather.', calls=(), finish='stop')),
     ('glm45+glm45', 'text before'): ('trailing_whitespace', Result(content='', reasoning='Let me check.\n', calls=(('get_weather', {'city': 'Paris', 'days': 3}),), finish='tool_calls')),
     ('glm45+glm45', 'text after'): ('text_after', Result(content='I asked for the weather.', reasoning='', calls=(('get_weather', {'city': 'Paris', 'days': 3}),), finish='tool_calls')),
-    ('glm45+glm45', 'cut, ended normally'): ('kv_cut', Result(content='', reasoning='', calls=(('get_weather', {'city': 'Pa'}),), finish='tool_calls')),
-    ('glm45+glm45', 'cut by length'): ('kv_cut', Result(content='', reasoning='', calls=(('get_weather', {'city': 'Pa'}),), finish='length')),
-    ('glm45+glm45', 'call then cut by length'): ('kv_cut', Result(content='', reasoning='', calls=(('search', {'query': 'rain', 'filters': {'unit': 'C'}}), ('get_weather', {'city': 'Pa'})), finish='length')),
+    ('glm45+glm45', 'unclosed'): ('never_half_call', Result(content='<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n', reasoning='', calls=(), finish='stop')),
+    ('glm45+glm45', 'cut, ended normally'): ('never_half_call', Result(content='<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Pa', reasoning='', calls=(), finish='stop')),
+    ('glm45+glm45', 'cut by length'): ('never_half_call', Result(content='<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Pa', reasoning='', calls=(), finish='length')),
+    ('glm45+glm45', 'call then cut by length'): ('never_half_call', Result(content='<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Pa', reasoning='', calls=(('search', {'query': 'rain', 'filters': {'unit': 'C'}}),), finish='length')),
     ('glm45+glm45', 'reasoning, no call'): ('think_whitespace', Result(content='It is mild.', reasoning='I should check the weather.', calls=(), finish='stop')),
     ('kimi_k2+kimi_k2', 'text before'): ('trailing_whitespace', Result(content='', reasoning='Let me check.\n', calls=(('get_weather', {'city': 'Paris', 'days': 3}),), finish='tool_calls')),
     ('kimi_k2+kimi_k2', 'text after'): ('text_after', Result(content='I asked for the weather.', reasoning='', calls=(('get_weather', {'city': 'Paris', 'days': 3}),), finish='tool_calls')),
