@@ -3,19 +3,17 @@ frontend API-server processes.
 
 Calls: `<tool_call>NAME\\n<arg_key>K</arg_key>\\n<arg_value>V</arg_value>\\n...</tool_call>` (GLM-4.7
 writes no newline after NAME). The arguments are the JSON object
-`json.dumps({K: value, ...}, ensure_ascii=False)`, streamed as `{` with the call's name, then
-`"K": value` (`, ` between), then `}`. A value of a string type streams as it arrives (JSON-escaped;
-whitespace at its ends and what could begin `</arg_value>` held back); others are sent once their
-`</arg_value>` has arrived. Keys and values are stripped, as in vLLM. A value is typed by its
+`json.dumps({K: value, ...}, ensure_ascii=False)`, built as the pairs arrive; the call is sent
+whole, in one delta, at its `</tool_call>`. Keys and values are stripped, as in vLLM. A value is typed by its
 parameter's schema as in qwen3_coder (a string type keeps the text; integer, number, boolean, null
 and JSON types take the value when the text is one); a parameter the tools do not describe takes
 the text as JSON when it parses, else the text (vLLM also tries Python literals).
 
 Where the model strays: a block whose name is empty, or cut before the name's line ended, is
 returned as content, tags included. A value runs to its `</arg_value>` (so it may hold
-`</tool_call>`); output cut inside a value completes the call with what arrived (a half-written tag
-at the cut dropped), cut inside a key drops that pair; either way the arguments are still a JSON
-object. Anything else in a block after its pairs is framing and is dropped.
+`</tool_call>`). A call the output ends inside of (cut by max_tokens, or a stop string; its
+`</tool_call>` missing) is never sent: its block is content, as the model wrote it (vLLM sends it
+without the value that was cut). Anything else in a block after its pairs is framing and is dropped.
 
 Reasoning: `[<think>]reasoning</think>content`. vLLM's glm45 starts in reasoning unless
 thinking is switched off; here the output starts in reasoning unless the rendered prompt ends with a

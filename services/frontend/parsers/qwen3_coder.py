@@ -2,10 +2,9 @@
 `<tool_call>\\n<function=NAME>\\n<parameter=P>\\nVALUE\\n</parameter>\\n...</function>\\n</tool_call>`,
 whose values are typed by the request's tool schemas. Runs in frontend API-server processes.
 
-The arguments are the JSON object `json.dumps({P: value, ...}, ensure_ascii=False)`, streamed as
-`{` with the call's name, then `"P": value` (`, ` between), then `}`. A string value streams as it
-arrives (JSON-escaped; a newline at its end and what could begin `</parameter>` are held back);
-other values are sent once complete, when their type can be read.
+The arguments are the JSON object `json.dumps({P: value, ...}, ensure_ascii=False)`, built as the
+values arrive; the call is sent whole, in one delta, once the model closed it (`</function>`, or
+`</tool_call>` without it).
 A value loses one newline at each end; it is typed by the parameter's schema as vLLM does: a string
 type (or no schema) keeps the text; "null"/"None" is null for a nullable or non-string type;
 integer and number types take the number when the text is one; boolean takes true/false in any
@@ -15,9 +14,9 @@ string the model wrote (vLLM also tries Python literals; here the value must be 
 A `</parameter>` ends a value only when `<parameter=`, `</function>`, `</tool_call>` or the end of
 output follows it (whitespace aside), so a value may contain the tag (code that mentions it).
 Where the model strays: a block that does not begin with `<function=NAME>` is returned as
-content, tags included, at its `</tool_call>` (or at flush). Output cut inside a call completes it
-with what arrived (vLLM's non-streaming parser also takes a value running to the end), so its
-arguments are still a JSON object; a half-written tag at the cut is dropped from the value.
+content, tags included, at its `</tool_call>` (or at flush). A call the output ends inside of (cut
+by max_tokens, or a stop string) is never sent: its block is content, as the model wrote it (vLLM
+sends it without the value that was cut).
 """
 from __future__ import annotations
 
