@@ -29,7 +29,7 @@ from services.frontend.parsers.llama3_json import PYTHON_TAG, Llama3JsonToolPars
 from services.frontend.parsers.mistral import BOT, MistralToolParser
 from services.frontend.parsers.pythonic import PythonicToolParser
 from services.frontend.parsers.qwen3 import qwen3
-from services.frontend.parsers.qwen3_coder import Qwen3CoderToolParser
+from services.frontend.parsers.qwen3_coder import Qwen3CoderToolParser, SeedOssToolParser
 
 __all__ = ["HARMONY_REASONING_PARSERS", "HARMONY_TOOL_PARSERS", "REASONING_MARKERS", "REASONING_PARSERS",
            "REASONING_PARSER_NAMES", "TOOL_MARKERS", "TOOL_PARSERS", "TOOL_PARSER_NAMES", "OutputParser", "ParsedDelta",
@@ -47,6 +47,8 @@ TOOL_PARSERS: dict[str, Callable[[list[dict[str, Any]] | None], OutputParser]] =
     "mistral": lambda tools: MistralToolParser(),
     "pythonic": lambda tools: PythonicToolParser(),
     "qwen3_coder": Qwen3CoderToolParser,
+    "qwen3_xml": Qwen3CoderToolParser,  # vLLM's other name for the same parser
+    "seed_oss": SeedOssToolParser,
 }
 # The tags each family's output is read by. Where the served model's tokenizer marks one of them
 # special (Mistral's [TOOL_CALLS], Kimi's section tags, GLM-4.5's <tool_call>), skipping special
@@ -66,6 +68,8 @@ TOOL_MARKERS: dict[str, tuple[str, ...]] = {
     "mistral": (BOT, "[ARGS]"),
     "pythonic": (),
     "qwen3_coder": (CallBlockParser.START, CallBlockParser.END),
+    "qwen3_xml": (CallBlockParser.START, CallBlockParser.END),
+    "seed_oss": (SeedOssToolParser.START, SeedOssToolParser.END),
 }
 REASONING_MARKERS: dict[str, tuple[str, ...]] = {
     "deepseek_r1": _THINK, "glm45": _THINK, "kimi_k2": (*_THINK, *kimi_tags.SECTION_BEGIN), "qwen3": _THINK}

@@ -158,7 +158,8 @@ class CallSectionParser(BufferedParser):
         return True
 
     def _raw(self, out: ParsedDelta, *, final: bool) -> bool:
-        """Arguments that are no JSON value: none at all are `{}`, other text drops the call."""
+        """Arguments that are no JSON value: none at all (in a call that ended) are `{}`, other text
+        drops the call."""
         buf = self._buf
         stop = self._call_stop(buf)
         if stop < 0 and not final:
@@ -167,7 +168,7 @@ class CallSectionParser(BufferedParser):
         suffix = self.ARGUMENTS_SUFFIX
         if suffix and text.endswith(suffix):
             text = text[:-len(suffix)].rstrip()
-        self._send("" if text else "{}", out)
+        self._send("{}" if not text and stop >= 0 else "", out)  # no arguments, in a call that ended
         self._buf = "" if stop < 0 else buf[stop:]
         self._state = _FRAMING
         return stop >= 0

@@ -20,19 +20,17 @@ sends it without the value that was cut).
 """
 from __future__ import annotations
 
-from services.frontend.parsers.call_blocks import CallBlockParser, KeyValueBlockParser
+from services.frontend.parsers.call_blocks import KeyValueBlockParser
 from services.frontend.parsers.delta import ParsedDelta
 from services.frontend.parsers.schema_types import STRING_TYPES, schema_type, typed_value
 from services.frontend.parsers.tags import held_suffix
 
-__all__ = ["Qwen3CoderToolParser"]
+__all__ = ["Qwen3CoderToolParser", "SeedOssToolParser"]
 
 FUNCTION = "<function="
 FUNCTION_END = "</function>"
 PARAMETER = "<parameter="
 PARAMETER_END = "</parameter>"
-_AFTER_VALUE = (PARAMETER, FUNCTION_END, CallBlockParser.END)
-_AFTER_LONGEST = max(map(len, _AFTER_VALUE))
 _FUNC, _PARAMS, _VALUE, _TAIL = 0, 1, 2, 3
 
 
@@ -94,10 +92,12 @@ class Qwen3CoderToolParser(KeyValueBlockParser):
             after = end + len(PARAMETER_END)
             while after < len(buf) and buf[after].isspace():
                 after += 1
-            if buf.startswith(_AFTER_VALUE, after):
+            after_value = (PARAMETER, FUNCTION_END, self.END)
+            if buf.startswith(after_value, after):
                 return end, end
-            rest = buf[after:after + _AFTER_LONGEST]
-            if len(rest) < _AFTER_LONGEST and any(tag.startswith(rest) for tag in _AFTER_VALUE):
+            longest = max(map(len, after_value))
+            rest = buf[after:after + longest]
+            if len(rest) < longest and any(tag.startswith(rest) for tag in after_value):
                 return (end if final else None), end  # what follows could still make it the end
             self._search = end + 1  # text inside the value: never looked at again
         cut = len(buf) - held_suffix(buf, (PARAMETER_END,))
@@ -134,3 +134,12 @@ class Qwen3CoderToolParser(KeyValueBlockParser):
             self._send_string(out, text[self._emitted:], close=True)
             return
         self._send_value(out, typed_value(text, self._properties.get(self._key)))
+
+
+class SeedOssToolParser(Qwen3CoderToolParser):
+    """`seed_oss` (ByteDance Seed-OSS): qwen3_coder's grammar in `<seed:tool_call>` blocks, as vLLM reads it."""
+
+    START = "<seed:tool_call>"
+    END = "</seed:tool_call>"
+
+    __slots__ = ()

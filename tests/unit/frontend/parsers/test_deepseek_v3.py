@@ -74,6 +74,7 @@ def cases(call: Any) -> list[tuple[str, str, str, tuple[tuple[str, str], ...], b
          (), True),
         ("arguments that are no object", CALLS_BEGIN + call("f", {}).replace("{}", "[1]") + CALLS_END, "",
          (), True),
+        ("cut before the arguments", CALLS_BEGIN + call("f", {}).split("{}")[0], "", (), True),
         ("unclosed object", CALLS_BEGIN + call("f", {"a": 1}).replace("1}", "1") + CALLS_END + "ok", "ok",
          (), True),
     ]

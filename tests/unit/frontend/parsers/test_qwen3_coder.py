@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from services.frontend.parsers import build_parser
-from services.frontend.parsers.qwen3_coder import Qwen3CoderToolParser
+from services.frontend.parsers.qwen3_coder import Qwen3CoderToolParser, SeedOssToolParser
 from tests.unit.frontend.parsers.harness import Final, args, check_all_ways, drive
 
 TOOLS = [
@@ -107,3 +107,27 @@ def test_a_tool_call_ends_unclosed_reasoning(text: str, reasoning: str, calls: t
     check_all_ways(lambda: build_parser("qwen3_coder", "qwen3", tools=TOOLS,  # type: ignore[arg-type,return-value]
                                         prompt="<|im_start|>assistant\n<think>\n"), text,
                    Final("", reasoning, calls), tags_are_real=real)
+
+
+SEED_CASES = [
+    ("one call", "Sure.\n" + call("get_weather", city="Rome", days="2").replace("tool_call>", "seed:tool_call>"),
+     "Sure.\n", [("get_weather", {"city": "Rome", "days": 2})]),
+    ("a value holding qwen3's end tag", "<seed:tool_call>\n<function=write>\n<parameter=content>\n</tool_call>\n"
+     "</parameter>\n</function>\n</seed:tool_call>", "", [("write", {"content": "</tool_call>"})]),
+    ("qwen3's tags are text", call("ping"), call("ping"), []),
+    ("cut", "<seed:tool_call>\n<function=get_weather>\n<parameter=city>\nRo",
+     "<seed:tool_call>\n<function=get_weather>\n<parameter=city>\nRo", []),
+]
+
+
+@pytest.mark.parametrize(("text", "content", "calls"), [c[1:] for c in SEED_CASES], ids=[c[0] for c in SEED_CASES])
+def test_seed_oss_is_the_same_grammar_in_seed_tags(text: str, content: str,
+                                                   calls: list[tuple[str, dict[str, Any]]]) -> None:
+    expected = Final(content, "", tuple((name, args(obj)) for name, obj in calls))
+    check_all_ways(lambda: build_parser("seed_oss", None, tools=TOOLS), text, expected,  # type: ignore[arg-type,return-value]
+                   tags_are_real=False, seeds=20)
+
+
+def test_qwen3_xml_is_vllms_other_name_for_qwen3_coder() -> None:
+    assert type(build_parser("qwen3_xml", None)) is Qwen3CoderToolParser
+    assert isinstance(build_parser("seed_oss", None), SeedOssToolParser)

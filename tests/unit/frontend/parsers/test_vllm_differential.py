@@ -36,6 +36,8 @@ FAMILIES: dict[str, tuple[str | None, str | None]] = {
     "pythonic": ("pythonic", None),
     "mistral": ("mistral", None),
     "qwen3_coder": ("qwen3_coder", None),
+    "qwen3_xml": ("qwen3_xml", None),
+    "seed_oss": ("seed_oss", None),
     "glm45": ("glm45", None),
     "kimi_k2": ("kimi_k2", None),
     "deepseek_v3": ("deepseek_v3", None),
@@ -65,7 +67,8 @@ THINK = "<think>I should check the weather.</think>\n\n"
 
 # The text that closes a family's calls, removed by the "unclosed" rows.
 _CLOSER = {"hermes": "\n</tool_call>", "llama3_json": "}", "llama4_json": "}", "pythonic": "]", "mistral": "}",
-           "qwen3_coder": "</tool_call>", "glm45": "</tool_call>", "kimi_k2": KIMI_SECTION_END,
+           "qwen3_coder": "</tool_call>", "qwen3_xml": "</tool_call>",
+           "seed_oss": "</seed:tool_call>", "glm45": "</tool_call>", "kimi_k2": KIMI_SECTION_END,
            "deepseek_v3": DS_CALLS_END, "deepseek_v31": DS_CALLS_END}
 
 
@@ -78,7 +81,7 @@ def _malformed(fmt: str, calls: tuple[tuple[str, dict[str, Any]], ...] = (WEATHE
     text = render(fmt, calls)
     if fmt == "pythonic":
         return text.replace("days=3", "days=")
-    if fmt == "qwen3_coder":
+    if fmt in ("qwen3_coder", "qwen3_xml", "seed_oss"):
         return text.replace("Paris\n</parameter>", "Paris\n", 1)
     if fmt == "glm45":
         return text.replace("Paris</arg_value>", "Paris", 1)

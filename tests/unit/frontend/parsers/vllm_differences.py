@@ -23,8 +23,8 @@ REASONS = {
                           "began) and the broken one is content as written; vLLM returns the whole output as content.",
     "never_half_call": "A call the model did not finish (arguments no complete JSON object, or the output ended "
                        "inside it) is never sent (the rule). vLLM sends it: with the broken text as arguments "
-                       "(mistral, kimi_k2), without the value cut ({} for qwen3_coder and glm45; glm45 also when only "
-                       "its </tool_call> is missing), finish_reason tool_calls. mistral, qwen3_coder and glm45 return "
+                       "(mistral, kimi_k2), without the value cut ({} for qwen3_coder, qwen3_xml, seed_oss and glm45; glm45 also when only "
+                       "its </tool_call> is missing), finish_reason tool_calls. mistral and the XML families return "
                        "its text as content, as the model wrote it; kimi_k2 and deepseek drop it (control tokens, as "
                        "vLLM's deepseek drops a cut call).",
     "length_finish": "finish_reason stays length when the output was cut, calls or not: vLLM says tool_calls.",
@@ -60,6 +60,20 @@ DIFFERENCES: dict[tuple[str, str], tuple[str, Result]] = {
     ('qwen3_coder', 'cut, ended normally'): ('never_half_call', Result(content='<tool_call>\n<function=get_weather>\n<parameter=city>\nPa', reasoning='', calls=(), finish='stop')),
     ('qwen3_coder', 'cut by length'): ('never_half_call', Result(content='<tool_call>\n<function=get_weather>\n<parameter=city>\nPa', reasoning='', calls=(), finish='length')),
     ('qwen3_coder', 'call then cut by length'): ('never_half_call', Result(content='<tool_call>\n<function=get_weather>\n<parameter=city>\nPa', reasoning='', calls=(('search', {'query': 'rain', 'filters': {'unit': 'C'}}),), finish='length')),
+    ('qwen3_xml', 'text before'): ('trailing_whitespace', Result(content='Let me check.\n', reasoning='', calls=(('get_weather', {'city': 'Paris', 'days': 3}),), finish='tool_calls')),
+    ('qwen3_xml', 'text after'): ('text_after', Result(content='I asked for the weather.', reasoning='', calls=(('get_weather', {'city': 'Paris', 'days': 3}),), finish='tool_calls')),
+    ('qwen3_xml', 'malformed'): ('kv_missing_end_tag', Result(content='', reasoning='', calls=(('get_weather', {'city': 'Paris\n\n<parameter=days>\n3'}),), finish='tool_calls')),
+    ('qwen3_xml', 'valid then malformed'): ('kv_missing_end_tag', Result(content='', reasoning='', calls=(('search', {'query': 'rain', 'filters': {'unit': 'C'}}), ('get_weather', {'city': 'Paris\n\n<parameter=days>\n3'})), finish='tool_calls')),
+    ('qwen3_xml', 'cut, ended normally'): ('never_half_call', Result(content='<tool_call>\n<function=get_weather>\n<parameter=city>\nPa', reasoning='', calls=(), finish='stop')),
+    ('qwen3_xml', 'cut by length'): ('never_half_call', Result(content='<tool_call>\n<function=get_weather>\n<parameter=city>\nPa', reasoning='', calls=(), finish='length')),
+    ('qwen3_xml', 'call then cut by length'): ('never_half_call', Result(content='<tool_call>\n<function=get_weather>\n<parameter=city>\nPa', reasoning='', calls=(('search', {'query': 'rain', 'filters': {'unit': 'C'}}),), finish='length')),
+    ('seed_oss', 'text before'): ('trailing_whitespace', Result(content='Let me check.\n', reasoning='', calls=(('get_weather', {'city': 'Paris', 'days': 3}),), finish='tool_calls')),
+    ('seed_oss', 'text after'): ('text_after', Result(content='I asked for the weather.', reasoning='', calls=(('get_weather', {'city': 'Paris', 'days': 3}),), finish='tool_calls')),
+    ('seed_oss', 'malformed'): ('kv_missing_end_tag', Result(content='', reasoning='', calls=(('get_weather', {'city': 'Paris\n\n<parameter=days>\n3'}),), finish='tool_calls')),
+    ('seed_oss', 'valid then malformed'): ('kv_missing_end_tag', Result(content='', reasoning='', calls=(('search', {'query': 'rain', 'filters': {'unit': 'C'}}), ('get_weather', {'city': 'Paris\n\n<parameter=days>\n3'})), finish='tool_calls')),
+    ('seed_oss', 'cut, ended normally'): ('never_half_call', Result(content='<seed:tool_call>\n<function=get_weather>\n<parameter=city>\nPa', reasoning='', calls=(), finish='stop')),
+    ('seed_oss', 'cut by length'): ('never_half_call', Result(content='<seed:tool_call>\n<function=get_weather>\n<parameter=city>\nPa', reasoning='', calls=(), finish='length')),
+    ('seed_oss', 'call then cut by length'): ('never_half_call', Result(content='<seed:tool_call>\n<function=get_weather>\n<parameter=city>\nPa', reasoning='', calls=(('search', {'query': 'rain', 'filters': {'unit': 'C'}}),), finish='length')),
     ('glm45', 'text before'): ('trailing_whitespace', Result(content='Let me check.\n', reasoning='', calls=(('get_weather', {'city': 'Paris', 'days': 3}),), finish='tool_calls')),
     ('glm45', 'text after'): ('text_after', Result(content='I asked for the weather.', reasoning='', calls=(('get_weather', {'city': 'Paris', 'days': 3}),), finish='tool_calls')),
     ('glm45', 'unclosed'): ('never_half_call', Result(content='<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n', reasoning='', calls=(), finish='stop')),

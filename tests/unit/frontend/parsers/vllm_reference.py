@@ -152,6 +152,9 @@ FORMATS: dict[str, Format] = {
                            lambda cs: DS_CALLS + "".join(cs) + DS_CALLS_END),
 }
 FORMATS["llama4_json"] = FORMATS["llama3_json"]
+FORMATS["qwen3_xml"] = FORMATS["qwen3_coder"]
+FORMATS["seed_oss"] = Format(
+    lambda n, a, i: FORMATS["qwen3_coder"].call(n, a, i).replace("tool_call>", "seed:tool_call>"), "\n".join)
 
 
 def render(family: str, calls: Sequence[tuple[str, dict[str, Any]]]) -> str:
