@@ -154,7 +154,8 @@ class KeyValueBlockParser(CallBlockParser):
     def _block_over(self, out: ParsedDelta) -> None:
         if self._calls.pending:
             self._calls.drop()
-            out.content += "".join(self._raw)
+            raw = "".join(self._raw)  # from the block's start to the end of what arrived; `_buf` is what
+            out.content += raw[:len(raw) - len(self._buf)]  # follows the block
 
     def _send_string(self, out: ParsedDelta, piece: str, *, close: bool) -> None:
         """Stream a piece of the open pair's string value (its key and quote first)."""

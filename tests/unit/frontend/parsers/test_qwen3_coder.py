@@ -61,6 +61,8 @@ CASES: list[tuple[str, str, str, list[tuple[str, dict[str, Any]]], bool]] = [
      "<tool_call>\n<function=get_weather>\n<parameter=days>\n4\n</param", [], False),
     ("cut after a parameter", "<tool_call>\n<function=get_weather>\n<parameter=days>\n4\n</parameter>\n<para",
      "<tool_call>\n<function=get_weather>\n<parameter=days>\n4\n</parameter>\n<para", [], False),
+    ("a call not closed, then a call", "<tool_call>\n<function=ping>\n/function>\n</tool_call>\n" + call("ping"),
+     "<tool_call>\n<function=ping>\n/function>\n</tool_call>\n", [("ping", {})], False),
     ("cut in the function tag", "Hi <tool_call>\n<function=get_wea", "Hi <tool_call>\n<function=get_wea", [], False),
     ("missing function tag", "<tool_call>\n{\"name\": \"f\"}\n</tool_call> after",
      "<tool_call>\n{\"name\": \"f\"}\n</tool_call> after", [], False),

@@ -47,10 +47,11 @@ def _arguments(text: str) -> Any:
 @functools.cache
 def _tokenizer() -> Any:
     from transformers import AutoTokenizer
+    from vllm.tokenizers.hf import get_cached_tokenizer
 
     tok = AutoTokenizer.from_pretrained(str(checkpoints.resolve("tiny")))
     tok.add_special_tokens({"additional_special_tokens": _EXTRA_TOKENS})
-    return tok
+    return get_cached_tokenizer(tok)  # as vLLM serves it: the vocabulary read once, not per parser
 
 
 @functools.cache
