@@ -1,8 +1,7 @@
 # ruff: noqa: E501  (a data table: one difference a line reads better than one wrapped over four)
 """Every intended difference between our parsers and vLLM's non-streamed result on the differential
 table (test_vllm_differential.py), with its reason: what we answer instead, per (family, row). The
-test checks each as a difference: ours must be exactly this, and vLLM's must differ from it.
-Entries marked NOT FIXED are defects found and left open, not choices."""
+test checks each as a difference: ours must be exactly this, and vLLM's must differ from it."""
 from __future__ import annotations
 
 from tests.unit.frontend.parsers.vllm_reference import Result
@@ -28,8 +27,11 @@ REASONS = {
                        "its text as content, as the model wrote it; kimi_k2 and deepseek drop it (control tokens, as "
                        "vLLM's deepseek drops a cut call).",
     "length_finish": "finish_reason stays length when the output was cut, calls or not: vLLM says tool_calls.",
-    "kv_missing_end_tag": "NOT FIXED: a value without its </parameter> runs to the next </parameter> and takes the "
-                          "next parameter's text; vLLM ends it at the next <parameter=.",
+    "kv_missing_end_tag": "A qwen3_coder value ends at a </parameter> followed by a tag (<parameter=, </function>, "
+                          "</tool_call>), so a value may hold those tags (code that mentions them, a case in "
+                          "test_qwen3_coder.py); the cost, here: a value whose </parameter> the model left out takes "
+                          "the next parameter's text. vLLM ends a value at the next <parameter= instead, which cuts such "
+                          "code short.",
 }
 
 DIFFERENCES: dict[tuple[str, str], tuple[str, Result]] = {
