@@ -28,7 +28,7 @@ from services.frontend.parsers.kimi_k2 import KimiK2ToolParser, kimi_k2
 from services.frontend.parsers.llama3_json import PYTHON_TAG, Llama3JsonToolParser
 from services.frontend.parsers.mistral import BOT, MistralToolParser
 from services.frontend.parsers.pythonic import PythonicToolParser
-from services.frontend.parsers.qwen3 import qwen3
+from services.frontend.parsers.qwen3 import SEED_THINK, qwen3, seed_oss
 from services.frontend.parsers.qwen3_coder import Qwen3CoderToolParser, SeedOssToolParser
 
 __all__ = ["HARMONY_REASONING_PARSERS", "HARMONY_TOOL_PARSERS", "REASONING_MARKERS", "REASONING_PARSERS",
@@ -72,13 +72,15 @@ TOOL_MARKERS: dict[str, tuple[str, ...]] = {
     "seed_oss": (SeedOssToolParser.START, SeedOssToolParser.END),
 }
 REASONING_MARKERS: dict[str, tuple[str, ...]] = {
-    "deepseek_r1": _THINK, "glm45": _THINK, "kimi_k2": (*_THINK, *kimi_tags.SECTION_BEGIN), "qwen3": _THINK}
+    "deepseek_r1": _THINK, "glm45": _THINK, "kimi_k2": (*_THINK, *kimi_tags.SECTION_BEGIN), "qwen3": _THINK,
+    "seed_oss": SEED_THINK}
 # name -> factory(prompt): the rendered prompt tells whether the template opened the reasoning.
 REASONING_PARSERS: dict[str, Callable[[str], OutputParser]] = {
     "deepseek_r1": deepseek_r1,
     "glm45": glm45,
     "kimi_k2": kimi_k2,
     "qwen3": qwen3,
+    "seed_oss": seed_oss,
 }
 
 

@@ -47,6 +47,7 @@ FAMILIES: dict[str, tuple[str | None, str | None]] = {
     "glm45+glm45": ("glm45", "glm45"),
     "kimi_k2+kimi_k2": ("kimi_k2", "kimi_k2"),
     "deepseek_r1+deepseek_v3": ("deepseek_v3", "deepseek_r1"),
+    "seed_oss+seed_oss": ("seed_oss", "seed_oss"),
 }
 # Not here: gpt-oss's harmony ("openai"): its markers are special tokens of the o200k tokenizer, which
 # the suite does not have (tests/unit/frontend/parsers/test_harmony.py covers it by token id).
@@ -64,6 +65,10 @@ PING: tuple[str, dict[str, Any]] = ("ping", {})
 UNICODE = ("get_weather", {"city": "Zürich 東京 🌧️", "days": 2})
 TRICKY = ("search", {"query": 'say "hi" {x} [y] \\ end'})
 THINK = "<think>I should check the weather.</think>\n\n"
+
+
+def _think(fmt: str) -> str:
+    return THINK.replace("think>", "seed:think>") if fmt == "seed_oss" else THINK
 
 # The text that closes a family's calls, removed by the "unclosed" rows.
 _CLOSER = {"hermes": "\n</tool_call>", "llama3_json": "}", "llama4_json": "}", "pythonic": "]", "mistral": "}",
@@ -123,9 +128,9 @@ ROWS: dict[str, Row] = {
     "cut, ended normally": Row(_cut),
     "cut by length": Row(_cut, finish="length"),
     "call then cut by length": Row(lambda fmt: _cut(fmt, (SEARCH, WEATHER)), finish="length"),
-    "reasoning, no call": Row(lambda fmt: THINK + "It is mild.", reasoning=True),
-    "reasoning then call": Row(lambda fmt: THINK + render(fmt, [WEATHER]), reasoning=True),
-    "reasoning cut by length": Row(lambda fmt: THINK[:20], finish="length", reasoning=True),
+    "reasoning, no call": Row(lambda fmt: _think(fmt) + "It is mild.", reasoning=True),
+    "reasoning then call": Row(lambda fmt: _think(fmt) + render(fmt, [WEATHER]), reasoning=True),
+    "reasoning cut by length": Row(lambda fmt: _think(fmt)[:25], finish="length", reasoning=True),
 }
 
 

@@ -15,7 +15,7 @@ REASONS = {
                          "streamed path returns all of it as content, call included.",
     "trailing_whitespace": "Text before a call keeps its trailing whitespace: it was streamed before the call's tag "
                            "arrived. vLLM strips it in these families (hermes and the JSON families keep it too).",
-    "qwen3_prompt": "qwen3 reasoning: the rendered prompt says whether the output starts in reasoning (here it does "
+    "qwen3_prompt": "qwen3 and seed_oss reasoning: the rendered prompt says whether the output starts in reasoning (here it does "
                     "not, prompt \"\"); vLLM assumes thinking is on, so untagged text is reasoning there.",
     "think_whitespace": "The whitespace after </think> (the template's separator) is dropped; vLLM keeps \"\\n\\n\".",
     "earlier_calls_kept": "Calls before a broken one stay calls (each was sent when it closed, before the broken one "
@@ -127,4 +127,13 @@ DIFFERENCES: dict[tuple[str, str], tuple[str, Result]] = {
     ('kimi_k2+kimi_k2', 'call then cut by length'): ('never_half_call', Result(content='', reasoning='', calls=(('search', {'query': 'rain', 'filters': {'unit': 'C'}}),), finish='length')),
     ('kimi_k2+kimi_k2', 'reasoning, no call'): ('think_whitespace', Result(content='It is mild.', reasoning='I should check the weather.', calls=(), finish='stop')),
     ('deepseek_r1+deepseek_v3', 'reasoning, no call'): ('think_whitespace', Result(content='It is mild.', reasoning='I should check the weather.', calls=(), finish='stop')),
+    ('seed_oss+seed_oss', 'plain text'): ('qwen3_prompt', Result(content='The weather in Paris is mild.', reasoning='', calls=(), finish='stop')),
+    ('seed_oss+seed_oss', 'text before'): ('qwen3_prompt', Result(content='Let me check.\n', reasoning='', calls=(('get_weather', {'city': 'Paris', 'days': 3}),), finish='tool_calls')),
+    ('seed_oss+seed_oss', 'text after'): ('text_after', Result(content='I asked for the weather.', reasoning='', calls=(('get_weather', {'city': 'Paris', 'days': 3}),), finish='tool_calls')),
+    ('seed_oss+seed_oss', 'malformed'): ('kv_missing_end_tag', Result(content='', reasoning='', calls=(('get_weather', {'city': 'Paris\n\n<parameter=days>\n3'}),), finish='tool_calls')),
+    ('seed_oss+seed_oss', 'valid then malformed'): ('kv_missing_end_tag', Result(content='', reasoning='', calls=(('search', {'query': 'rain', 'filters': {'unit': 'C'}}), ('get_weather', {'city': 'Paris\n\n<parameter=days>\n3'})), finish='tool_calls')),
+    ('seed_oss+seed_oss', 'cut, ended normally'): ('never_half_call', Result(content='<seed:tool_call>\n<function=get_weather>\n<parameter=city>\nPa', reasoning='', calls=(), finish='stop')),
+    ('seed_oss+seed_oss', 'cut by length'): ('never_half_call', Result(content='<seed:tool_call>\n<function=get_weather>\n<parameter=city>\nPa', reasoning='', calls=(), finish='length')),
+    ('seed_oss+seed_oss', 'call then cut by length'): ('never_half_call', Result(content='<seed:tool_call>\n<function=get_weather>\n<parameter=city>\nPa', reasoning='', calls=(('search', {'query': 'rain', 'filters': {'unit': 'C'}}),), finish='length')),
+    ('seed_oss+seed_oss', 'reasoning, no call'): ('think_whitespace', Result(content='It is mild.', reasoning='I should check the weather.', calls=(), finish='stop')),
 }
