@@ -26,6 +26,7 @@ from services.frontend.parsers.harmony import HarmonyParser
 from services.frontend.parsers.hermes import HermesToolParser
 from services.frontend.parsers.kimi_k2 import KimiK2ToolParser, kimi_k2
 from services.frontend.parsers.llama3_json import PYTHON_TAG, Llama3JsonToolParser
+from services.frontend.parsers.minimax_m2 import MinimaxM2ToolParser, minimax_m2
 from services.frontend.parsers.mistral import BOT, MistralToolParser
 from services.frontend.parsers.pythonic import PythonicToolParser
 from services.frontend.parsers.qwen3 import SEED_THINK, qwen3, seed_oss
@@ -44,6 +45,7 @@ TOOL_PARSERS: dict[str, Callable[[list[dict[str, Any]] | None], OutputParser]] =
     "kimi_k2": lambda tools: KimiK2ToolParser(),
     "llama3_json": lambda tools: Llama3JsonToolParser(),
     "llama4_json": lambda tools: Llama3JsonToolParser(),
+    "minimax_m2": MinimaxM2ToolParser,
     "mistral": lambda tools: MistralToolParser(),
     "pythonic": lambda tools: PythonicToolParser(),
     "qwen3_coder": Qwen3CoderToolParser,
@@ -65,6 +67,7 @@ TOOL_MARKERS: dict[str, tuple[str, ...]] = {
                 kimi_tags.ARGUMENT_BEGIN),
     "llama3_json": (PYTHON_TAG,),
     "llama4_json": (PYTHON_TAG,),
+    "minimax_m2": (MinimaxM2ToolParser.START, MinimaxM2ToolParser.END),
     "mistral": (BOT, "[ARGS]"),
     "pythonic": (),
     "qwen3_coder": (CallBlockParser.START, CallBlockParser.END),
@@ -73,12 +76,13 @@ TOOL_MARKERS: dict[str, tuple[str, ...]] = {
 }
 REASONING_MARKERS: dict[str, tuple[str, ...]] = {
     "deepseek_r1": _THINK, "glm45": _THINK, "kimi_k2": (*_THINK, *kimi_tags.SECTION_BEGIN), "qwen3": _THINK,
-    "seed_oss": SEED_THINK}
+    "seed_oss": SEED_THINK, "minimax_m2": (*_THINK, MinimaxM2ToolParser.START)}
 # name -> factory(prompt): the rendered prompt tells whether the template opened the reasoning.
 REASONING_PARSERS: dict[str, Callable[[str], OutputParser]] = {
     "deepseek_r1": deepseek_r1,
     "glm45": glm45,
     "kimi_k2": kimi_k2,
+    "minimax_m2": minimax_m2,
     "qwen3": qwen3,
     "seed_oss": seed_oss,
 }

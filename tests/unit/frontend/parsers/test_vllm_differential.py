@@ -38,6 +38,7 @@ FAMILIES: dict[str, tuple[str | None, str | None]] = {
     "qwen3_coder": ("qwen3_coder", None),
     "qwen3_xml": ("qwen3_xml", None),
     "seed_oss": ("seed_oss", None),
+    "minimax_m2": ("minimax_m2", None),
     "glm45": ("glm45", None),
     "kimi_k2": ("kimi_k2", None),
     "deepseek_v3": ("deepseek_v3", None),
@@ -48,6 +49,7 @@ FAMILIES: dict[str, tuple[str | None, str | None]] = {
     "kimi_k2+kimi_k2": ("kimi_k2", "kimi_k2"),
     "deepseek_r1+deepseek_v3": ("deepseek_v3", "deepseek_r1"),
     "seed_oss+seed_oss": ("seed_oss", "seed_oss"),
+    "minimax_m2+minimax_m2": ("minimax_m2", "minimax_m2"),
 }
 # Not here: gpt-oss's harmony ("openai"): its markers are special tokens of the o200k tokenizer, which
 # the suite does not have (tests/unit/frontend/parsers/test_harmony.py covers it by token id).
@@ -73,7 +75,8 @@ def _think(fmt: str) -> str:
 # The text that closes a family's calls, removed by the "unclosed" rows.
 _CLOSER = {"hermes": "\n</tool_call>", "llama3_json": "}", "llama4_json": "}", "pythonic": "]", "mistral": "}",
            "qwen3_coder": "</tool_call>", "qwen3_xml": "</tool_call>",
-           "seed_oss": "</seed:tool_call>", "glm45": "</tool_call>", "kimi_k2": KIMI_SECTION_END,
+           "seed_oss": "</seed:tool_call>", "minimax_m2": "</minimax:tool_call>", "glm45": "</tool_call>",
+           "kimi_k2": KIMI_SECTION_END,
            "deepseek_v3": DS_CALLS_END, "deepseek_v31": DS_CALLS_END}
 
 
@@ -90,6 +93,8 @@ def _malformed(fmt: str, calls: tuple[tuple[str, dict[str, Any]], ...] = (WEATHE
         return text.replace("Paris\n</parameter>", "Paris\n", 1)
     if fmt == "glm45":
         return text.replace("Paris</arg_value>", "Paris", 1)
+    if fmt == "minimax_m2":
+        return text.replace("Paris</parameter>", "Paris", 1)
     return text.replace('"days": 3}', '"days": 3,}')
 
 

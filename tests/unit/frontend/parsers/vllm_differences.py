@@ -22,7 +22,7 @@ REASONS = {
                           "began) and the broken one is content as written; vLLM returns the whole output as content.",
     "never_half_call": "A call the model did not finish (arguments no complete JSON object, or the output ended "
                        "inside it) is never sent (the rule). vLLM sends it: with the broken text as arguments "
-                       "(mistral, kimi_k2), without the value cut ({} for qwen3_coder, qwen3_xml, seed_oss and glm45; glm45 also when only "
+                       "(mistral, kimi_k2), without the value cut ({} for qwen3_coder, qwen3_xml, seed_oss, minimax_m2 and glm45; glm45 also when only "
                        "its </tool_call> is missing), finish_reason tool_calls. mistral and the XML families return "
                        "its text as content, as the model wrote it; kimi_k2 and deepseek drop it (control tokens, as "
                        "vLLM's deepseek drops a cut call).",
@@ -76,6 +76,11 @@ DIFFERENCES: dict[tuple[str, str], tuple[str, Result]] = {
     ('seed_oss', 'cut, ended normally'): ('never_half_call', Result(content='<seed:tool_call>\n<function=get_weather>\n<parameter=city>\nPa', reasoning='', calls=(), finish='stop')),
     ('seed_oss', 'cut by length'): ('never_half_call', Result(content='<seed:tool_call>\n<function=get_weather>\n<parameter=city>\nPa', reasoning='', calls=(), finish='length')),
     ('seed_oss', 'call then cut by length'): ('never_half_call', Result(content='<seed:tool_call>\n<function=get_weather>\n<parameter=city>\nPa', reasoning='', calls=(('search', {'query': 'rain', 'filters': {'unit': 'C'}}),), finish='length')),
+    ('minimax_m2', 'text before'): ('trailing_whitespace', Result(content='Let me check.\n', reasoning='', calls=(('get_weather', {'city': 'Paris', 'days': 3}),), finish='tool_calls')),
+    ('minimax_m2', 'text after'): ('text_after', Result(content='I asked for the weather.', reasoning='', calls=(('get_weather', {'city': 'Paris', 'days': 3}),), finish='tool_calls')),
+    ('minimax_m2', 'cut, ended normally'): ('never_half_call', Result(content='<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Pa', reasoning='', calls=(), finish='stop')),
+    ('minimax_m2', 'cut by length'): ('never_half_call', Result(content='<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Pa', reasoning='', calls=(), finish='length')),
+    ('minimax_m2', 'call then cut by length'): ('never_half_call', Result(content='<invoke name="get_weather">\n<parameter name="city">Pa', reasoning='', calls=(('search', {'query': 'rain', 'filters': {'unit': 'C'}}),), finish='length')),
     ('glm45', 'text before'): ('trailing_whitespace', Result(content='Let me check.\n', reasoning='', calls=(('get_weather', {'city': 'Paris', 'days': 3}),), finish='tool_calls')),
     ('glm45', 'text after'): ('text_after', Result(content='I asked for the weather.', reasoning='', calls=(('get_weather', {'city': 'Paris', 'days': 3}),), finish='tool_calls')),
     ('glm45', 'unclosed'): ('never_half_call', Result(content='<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n', reasoning='', calls=(), finish='stop')),
@@ -136,4 +141,10 @@ DIFFERENCES: dict[tuple[str, str], tuple[str, Result]] = {
     ('seed_oss+seed_oss', 'cut by length'): ('never_half_call', Result(content='<seed:tool_call>\n<function=get_weather>\n<parameter=city>\nPa', reasoning='', calls=(), finish='length')),
     ('seed_oss+seed_oss', 'call then cut by length'): ('never_half_call', Result(content='<seed:tool_call>\n<function=get_weather>\n<parameter=city>\nPa', reasoning='', calls=(('search', {'query': 'rain', 'filters': {'unit': 'C'}}),), finish='length')),
     ('seed_oss+seed_oss', 'reasoning, no call'): ('think_whitespace', Result(content='It is mild.', reasoning='I should check the weather.', calls=(), finish='stop')),
+    ('minimax_m2+minimax_m2', 'text before'): ('trailing_whitespace', Result(content='', reasoning='Let me check.\n', calls=(('get_weather', {'city': 'Paris', 'days': 3}),), finish='tool_calls')),
+    ('minimax_m2+minimax_m2', 'text after'): ('text_after', Result(content='I asked for the weather.', reasoning='', calls=(('get_weather', {'city': 'Paris', 'days': 3}),), finish='tool_calls')),
+    ('minimax_m2+minimax_m2', 'cut, ended normally'): ('never_half_call', Result(content='<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Pa', reasoning='', calls=(), finish='stop')),
+    ('minimax_m2+minimax_m2', 'cut by length'): ('never_half_call', Result(content='<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Pa', reasoning='', calls=(), finish='length')),
+    ('minimax_m2+minimax_m2', 'call then cut by length'): ('never_half_call', Result(content='<invoke name="get_weather">\n<parameter name="city">Pa', reasoning='', calls=(('search', {'query': 'rain', 'filters': {'unit': 'C'}}),), finish='length')),
+    ('minimax_m2+minimax_m2', 'reasoning, no call'): ('think_whitespace', Result(content='It is mild.', reasoning='I should check the weather.', calls=(), finish='stop')),
 }

@@ -154,6 +154,9 @@ FORMATS: dict[str, Format] = {
 }
 FORMATS["llama4_json"] = FORMATS["llama3_json"]
 FORMATS["qwen3_xml"] = FORMATS["qwen3_coder"]
+FORMATS["minimax_m2"] = Format(lambda n, a, i: f'<invoke name="{n}">\n' + "".join(
+    f'<parameter name="{k}">{_xml_value(v)}</parameter>\n' for k, v in a.items()) + "</invoke>",
+    lambda cs: "<minimax:tool_call>\n" + "\n".join(cs) + "\n</minimax:tool_call>")
 FORMATS["seed_oss"] = Format(
     lambda n, a, i: FORMATS["qwen3_coder"].call(n, a, i).replace("tool_call>", "seed:tool_call>"), "\n".join)
 
