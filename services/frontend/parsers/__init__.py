@@ -22,6 +22,8 @@ from services.frontend.parsers.deepseek_v3 import (
 )
 from services.frontend.parsers.delta import OutputParser, ParsedDelta, TokenOutputParser, ToolCall, ToolCallDelta
 from services.frontend.parsers.glm45 import Glm45ToolParser, glm45
+from services.frontend.parsers.granite import MARKERS as GRANITE_MARKERS
+from services.frontend.parsers.granite import GraniteToolParser
 from services.frontend.parsers.harmony import HarmonyParser
 from services.frontend.parsers.hermes import HermesToolParser
 from services.frontend.parsers.kimi_k2 import KimiK2ToolParser, kimi_k2
@@ -41,6 +43,7 @@ TOOL_PARSERS: dict[str, Callable[[list[dict[str, Any]] | None], OutputParser]] =
     "deepseek_v3": lambda tools: DeepSeekV3ToolParser(),
     "deepseek_v31": lambda tools: DeepSeekV31ToolParser(),
     "glm45": Glm45ToolParser,
+    "granite": lambda tools: GraniteToolParser(),
     "hermes": lambda tools: HermesToolParser(),
     "kimi_k2": lambda tools: KimiK2ToolParser(),
     "llama3_json": lambda tools: Llama3JsonToolParser(),
@@ -62,6 +65,7 @@ TOOL_MARKERS: dict[str, tuple[str, ...]] = {
     "deepseek_v31": (CALLS_BEGIN, CALLS_END, CALL_BEGIN, CALL_END, SEP),
     "glm45": (CallBlockParser.START, CallBlockParser.END, glm45_tags.KEY, glm45_tags.KEY_END, glm45_tags.VALUE,
               glm45_tags.VALUE_END),
+    "granite": GRANITE_MARKERS,
     "hermes": (CallBlockParser.START, CallBlockParser.END),
     "kimi_k2": (*kimi_tags.SECTION_BEGIN, *kimi_tags.SECTION_END, kimi_tags.CALL_BEGIN, kimi_tags.CALL_END,
                 kimi_tags.ARGUMENT_BEGIN),

@@ -39,6 +39,7 @@ FAMILIES: dict[str, tuple[str | None, str | None]] = {
     "qwen3_xml": ("qwen3_xml", None),
     "seed_oss": ("seed_oss", None),
     "minimax_m2": ("minimax_m2", None),
+    "granite": ("granite", None),
     "glm45": ("glm45", None),
     "kimi_k2": ("kimi_k2", None),
     "deepseek_v3": ("deepseek_v3", None),
@@ -76,7 +77,7 @@ def _think(fmt: str) -> str:
 _CLOSER = {"hermes": "\n</tool_call>", "llama3_json": "}", "llama4_json": "}", "pythonic": "]", "mistral": "}",
            "qwen3_coder": "</tool_call>", "qwen3_xml": "</tool_call>",
            "seed_oss": "</seed:tool_call>", "minimax_m2": "</minimax:tool_call>", "glm45": "</tool_call>",
-           "kimi_k2": KIMI_SECTION_END,
+           "kimi_k2": KIMI_SECTION_END, "granite": "]",
            "deepseek_v3": DS_CALLS_END, "deepseek_v31": DS_CALLS_END}
 
 

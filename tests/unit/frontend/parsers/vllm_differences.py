@@ -22,10 +22,11 @@ REASONS = {
                           "began) and the broken one is content as written; vLLM returns the whole output as content.",
     "never_half_call": "A call the model did not finish (arguments no complete JSON object, or the output ended "
                        "inside it) is never sent (the rule). vLLM sends it: with the broken text as arguments "
-                       "(mistral, kimi_k2), without the value cut ({} for qwen3_coder, qwen3_xml, seed_oss, minimax_m2 and glm45; glm45 also when only "
-                       "its </tool_call> is missing), finish_reason tool_calls. mistral and the XML families return "
-                       "its text as content, as the model wrote it; kimi_k2 and deepseek drop it (control tokens, as "
-                       "vLLM's deepseek drops a cut call).",
+                       "(mistral, granite, kimi_k2), or without the value cut ({} for qwen3_coder, qwen3_xml, "
+                       "seed_oss, minimax_m2 and glm45; glm45 also when only its </tool_call> is missing), "
+                       "finish_reason tool_calls. mistral, granite and the XML families return its text as content, "
+                       "as the model wrote it; kimi_k2 and deepseek drop it (control tokens, as vLLM's deepseek "
+                       "drops a cut call).",
     "length_finish": "finish_reason stays length when the output was cut, calls or not: vLLM says tool_calls.",
     "kv_missing_end_tag": "A qwen3_coder value ends at a </parameter> followed by a tag (<parameter=, </function>, "
                           "</tool_call>), so a value may hold those tags (code that mentions them, a case in "
@@ -81,6 +82,13 @@ DIFFERENCES: dict[tuple[str, str], tuple[str, Result]] = {
     ('minimax_m2', 'cut, ended normally'): ('never_half_call', Result(content='<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Pa', reasoning='', calls=(), finish='stop')),
     ('minimax_m2', 'cut by length'): ('never_half_call', Result(content='<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Pa', reasoning='', calls=(), finish='length')),
     ('minimax_m2', 'call then cut by length'): ('never_half_call', Result(content='<invoke name="get_weather">\n<parameter name="city">Pa', reasoning='', calls=(('search', {'query': 'rain', 'filters': {'unit': 'C'}}),), finish='length')),
+    ('granite', 'text before'): ('trailing_whitespace', Result(content='Let me check.\n', reasoning='', calls=(('get_weather', {'city': 'Paris', 'days': 3}),), finish='tool_calls')),
+    ('granite', 'text after'): ('text_after', Result(content='I asked for the weather.', reasoning='', calls=(('get_weather', {'city': 'Paris', 'days': 3}),), finish='tool_calls')),
+    ('granite', 'malformed'): ('never_half_call', Result(content='{"name": "get_weather", "arguments": {"city": "Paris", "days": 3,}}]', reasoning='', calls=(), finish='stop')),
+    ('granite', 'valid then malformed'): ('never_half_call', Result(content='{"name": "get_weather", "arguments": {"city": "Paris", "days": 3,}}]', reasoning='', calls=(('search', {'query': 'rain', 'filters': {'unit': 'C'}}),), finish='tool_calls')),
+    ('granite', 'cut, ended normally'): ('never_half_call', Result(content='{"name": "get_weather", "arguments": {"city": "Pa', reasoning='', calls=(), finish='stop')),
+    ('granite', 'cut by length'): ('never_half_call', Result(content='{"name": "get_weather", "arguments": {"city": "Pa', reasoning='', calls=(), finish='length')),
+    ('granite', 'call then cut by length'): ('never_half_call', Result(content='{"name": "get_weather", "arguments": {"city": "Pa', reasoning='', calls=(('search', {'query': 'rain', 'filters': {'unit': 'C'}}),), finish='length')),
     ('glm45', 'text before'): ('trailing_whitespace', Result(content='Let me check.\n', reasoning='', calls=(('get_weather', {'city': 'Paris', 'days': 3}),), finish='tool_calls')),
     ('glm45', 'text after'): ('text_after', Result(content='I asked for the weather.', reasoning='', calls=(('get_weather', {'city': 'Paris', 'days': 3}),), finish='tool_calls')),
     ('glm45', 'unclosed'): ('never_half_call', Result(content='<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n', reasoning='', calls=(), finish='stop')),

@@ -23,8 +23,8 @@ TOOLS: list[dict[str, Any]] = [
 ]
 
 # Markers the tiny checkpoint's tokenizer (Qwen3's) lacks and vLLM's parsers look up in the vocabulary.
-_EXTRA_TOKENS = ["<|python_tag|>", "[TOOL_CALLS]", "[ARGS]", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>",
-                 "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"]
+_EXTRA_TOKENS = ["<|python_tag|>", "<|tool_call|>", "[TOOL_CALLS]", "[ARGS]", "<｜tool▁calls▁begin｜>",
+                 "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +154,8 @@ FORMATS: dict[str, Format] = {
 }
 FORMATS["llama4_json"] = FORMATS["llama3_json"]
 FORMATS["qwen3_xml"] = FORMATS["qwen3_coder"]
+FORMATS["granite"] = Format(lambda n, a, i: f'{{"name": "{n}", "arguments": {_j(a)}}}',
+                            lambda cs: "<|tool_call|>[" + ", ".join(cs) + "]")
 FORMATS["minimax_m2"] = Format(lambda n, a, i: f'<invoke name="{n}">\n' + "".join(
     f'<parameter name="{k}">{_xml_value(v)}</parameter>\n' for k, v in a.items()) + "</invoke>",
     lambda cs: "<minimax:tool_call>\n" + "\n".join(cs) + "\n</minimax:tool_call>")
