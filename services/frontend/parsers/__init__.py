@@ -23,7 +23,7 @@ from services.frontend.parsers.deepseek_v3 import (
 from services.frontend.parsers.delta import OutputParser, ParsedDelta, TokenOutputParser, ToolCall, ToolCallDelta
 from services.frontend.parsers.glm45 import Glm45ToolParser, glm45
 from services.frontend.parsers.granite import MARKERS as GRANITE_MARKERS
-from services.frontend.parsers.granite import GraniteToolParser
+from services.frontend.parsers.granite import GraniteToolParser, Phi4MiniJsonToolParser
 from services.frontend.parsers.harmony import HarmonyParser
 from services.frontend.parsers.hermes import HermesToolParser
 from services.frontend.parsers.kimi_k2 import KimiK2ToolParser, kimi_k2
@@ -50,6 +50,7 @@ TOOL_PARSERS: dict[str, Callable[[list[dict[str, Any]] | None], OutputParser]] =
     "llama4_json": lambda tools: Llama3JsonToolParser(),
     "minimax_m2": MinimaxM2ToolParser,
     "mistral": lambda tools: MistralToolParser(),
+    "phi4_mini_json": lambda tools: Phi4MiniJsonToolParser(),
     "pythonic": lambda tools: PythonicToolParser(),
     "qwen3_coder": Qwen3CoderToolParser,
     "qwen3_xml": Qwen3CoderToolParser,  # vLLM's other name for the same parser
@@ -73,6 +74,7 @@ TOOL_MARKERS: dict[str, tuple[str, ...]] = {
     "llama4_json": (PYTHON_TAG,),
     "minimax_m2": (MinimaxM2ToolParser.START, MinimaxM2ToolParser.END),
     "mistral": (BOT, "[ARGS]"),
+    "phi4_mini_json": Phi4MiniJsonToolParser.MARKERS,
     "pythonic": (),
     "qwen3_coder": (CallBlockParser.START, CallBlockParser.END),
     "qwen3_xml": (CallBlockParser.START, CallBlockParser.END),

@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tests.unit.frontend.parsers.vllm_differences import DIFFERENCES, REASONS
@@ -40,6 +40,7 @@ FAMILIES: dict[str, tuple[str | None, str | None]] = {
     "seed_oss": ("seed_oss", None),
     "minimax_m2": ("minimax_m2", None),
     "granite": ("granite", None),
+    "phi4_mini_json": ("phi4_mini_json", None),
     "glm45": ("glm45", None),
     "kimi_k2": ("kimi_k2", None),
     "deepseek_v3": ("deepseek_v3", None),
@@ -77,7 +78,7 @@ def _think(fmt: str) -> str:
 _CLOSER = {"hermes": "\n</tool_call>", "llama3_json": "}", "llama4_json": "}", "pythonic": "]", "mistral": "}",
            "qwen3_coder": "</tool_call>", "qwen3_xml": "</tool_call>",
            "seed_oss": "</seed:tool_call>", "minimax_m2": "</minimax:tool_call>", "glm45": "</tool_call>",
-           "kimi_k2": KIMI_SECTION_END, "granite": "]",
+           "kimi_k2": KIMI_SECTION_END, "granite": "]", "phi4_mini_json": "]",
            "deepseek_v3": DS_CALLS_END, "deepseek_v31": DS_CALLS_END}
 
 
@@ -206,6 +207,8 @@ def _generated_calls(draw: st.DrawFn) -> list[tuple[str, dict[str, Any]]]:
 @given(calls=_generated_calls())
 def test_generated(family: str, calls: list[tuple[str, dict[str, Any]]]) -> None:
     text = render(family, calls)
+    # vLLM's phi4_mini_json cuts the array at its first "]" (DIFFERENCES, "phi4_first_bracket").
+    assume(family != "phi4_mini_json" or text.count("]") == 1)
     ours = our_results(family, None, text, "stop", splits=("whole", "tokens"))
     assert ours["tokens"] == ours["whole"]
     theirs = vllm_result(family, None, text, "stop")

@@ -27,6 +27,13 @@ REASONS = {
                        "finish_reason tool_calls. mistral, granite and the XML families return its text as content, "
                        "as the model wrote it; kimi_k2 and deepseek drop it (control tokens, as vLLM's deepseek "
                        "drops a cut call).",
+    "text_before_kept": "Text before the calls is content: vLLM's phi4_mini_json drops it.",
+    "phi4_first_bracket": "vLLM's phi4_mini_json cuts the array at its first ] (here one inside a string) and, that "
+                          "being no JSON, returns neither the call nor any text; this parser reads the JSON.",
+    "phi4_output_lost": "vLLM's phi4_mini_json returns nothing at all, no call and no content, when the array is "
+                        "no JSON; here the calls before the broken object are calls and the rest is content.",
+    "array_unclosed": "A call is complete when its object closes (it was sent then); the array's ] is framing, so "
+                      "an array the model never closed still gives its calls. vLLM's phi4_mini_json returns content.",
     "length_finish": "finish_reason stays length when the output was cut, calls or not: vLLM says tool_calls.",
     "kv_missing_end_tag": "A qwen3_coder value ends at a </parameter> followed by a tag (<parameter=, </function>, "
                           "</tool_call>), so a value may hold those tags (code that mentions them, a case in "
@@ -84,11 +91,18 @@ DIFFERENCES: dict[tuple[str, str], tuple[str, Result]] = {
     ('minimax_m2', 'call then cut by length'): ('never_half_call', Result(content='<invoke name="get_weather">\n<parameter name="city">Pa', reasoning='', calls=(('search', {'query': 'rain', 'filters': {'unit': 'C'}}),), finish='length')),
     ('granite', 'text before'): ('trailing_whitespace', Result(content='Let me check.\n', reasoning='', calls=(('get_weather', {'city': 'Paris', 'days': 3}),), finish='tool_calls')),
     ('granite', 'text after'): ('text_after', Result(content='I asked for the weather.', reasoning='', calls=(('get_weather', {'city': 'Paris', 'days': 3}),), finish='tool_calls')),
-    ('granite', 'malformed'): ('never_half_call', Result(content='{"name": "get_weather", "arguments": {"city": "Paris", "days": 3,}}]', reasoning='', calls=(), finish='stop')),
+    ('granite', 'malformed'): ('never_half_call', Result(content='<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris", "days": 3,}}]', reasoning='', calls=(), finish='stop')),
     ('granite', 'valid then malformed'): ('never_half_call', Result(content='{"name": "get_weather", "arguments": {"city": "Paris", "days": 3,}}]', reasoning='', calls=(('search', {'query': 'rain', 'filters': {'unit': 'C'}}),), finish='tool_calls')),
-    ('granite', 'cut, ended normally'): ('never_half_call', Result(content='{"name": "get_weather", "arguments": {"city": "Pa', reasoning='', calls=(), finish='stop')),
-    ('granite', 'cut by length'): ('never_half_call', Result(content='{"name": "get_weather", "arguments": {"city": "Pa', reasoning='', calls=(), finish='length')),
+    ('granite', 'cut, ended normally'): ('never_half_call', Result(content='<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Pa', reasoning='', calls=(), finish='stop')),
+    ('granite', 'cut by length'): ('never_half_call', Result(content='<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Pa', reasoning='', calls=(), finish='length')),
     ('granite', 'call then cut by length'): ('never_half_call', Result(content='{"name": "get_weather", "arguments": {"city": "Pa', reasoning='', calls=(('search', {'query': 'rain', 'filters': {'unit': 'C'}}),), finish='length')),
+    ('phi4_mini_json', 'text before'): ('text_before_kept', Result(content='Let me check.\n', reasoning='', calls=(('get_weather', {'city': 'Paris', 'days': 3}),), finish='tool_calls')),
+    ('phi4_mini_json', 'text after'): ('text_after', Result(content='I asked for the weather.', reasoning='', calls=(('get_weather', {'city': 'Paris', 'days': 3}),), finish='tool_calls')),
+    ('phi4_mini_json', 'quotes and brackets'): ('phi4_first_bracket', Result(content='', reasoning='', calls=(('search', {'query': 'say "hi" {x} [y] \\ end'}),), finish='tool_calls')),
+    ('phi4_mini_json', 'malformed'): ('phi4_output_lost', Result(content='functools[{"name": "get_weather", "arguments": {"city": "Paris", "days": 3,}}]', reasoning='', calls=(), finish='stop')),
+    ('phi4_mini_json', 'valid then malformed'): ('phi4_output_lost', Result(content='{"name": "get_weather", "arguments": {"city": "Paris", "days": 3,}}]', reasoning='', calls=(('search', {'query': 'rain', 'filters': {'unit': 'C'}}),), finish='tool_calls')),
+    ('phi4_mini_json', 'unclosed'): ('array_unclosed', Result(content='', reasoning='', calls=(('get_weather', {'city': 'Paris', 'days': 3}),), finish='tool_calls')),
+    ('phi4_mini_json', 'call then cut by length'): ('earlier_calls_kept', Result(content='{"name": "get_weather", "arguments": {"city": "Pa', reasoning='', calls=(('search', {'query': 'rain', 'filters': {'unit': 'C'}}),), finish='length')),
     ('glm45', 'text before'): ('trailing_whitespace', Result(content='Let me check.\n', reasoning='', calls=(('get_weather', {'city': 'Paris', 'days': 3}),), finish='tool_calls')),
     ('glm45', 'text after'): ('text_after', Result(content='I asked for the weather.', reasoning='', calls=(('get_weather', {'city': 'Paris', 'days': 3}),), finish='tool_calls')),
     ('glm45', 'unclosed'): ('never_half_call', Result(content='<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n', reasoning='', calls=(), finish='stop')),

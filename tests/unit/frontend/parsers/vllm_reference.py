@@ -156,6 +156,7 @@ FORMATS["llama4_json"] = FORMATS["llama3_json"]
 FORMATS["qwen3_xml"] = FORMATS["qwen3_coder"]
 FORMATS["granite"] = Format(lambda n, a, i: f'{{"name": "{n}", "arguments": {_j(a)}}}',
                             lambda cs: "<|tool_call|>[" + ", ".join(cs) + "]")
+FORMATS["phi4_mini_json"] = Format(FORMATS["granite"].call, lambda cs: "functools[" + ", ".join(cs) + "]")
 FORMATS["minimax_m2"] = Format(lambda n, a, i: f'<invoke name="{n}">\n' + "".join(
     f'<parameter name="{k}">{_xml_value(v)}</parameter>\n' for k, v in a.items()) + "</invoke>",
     lambda cs: "<minimax:tool_call>\n" + "\n".join(cs) + "\n</minimax:tool_call>")
