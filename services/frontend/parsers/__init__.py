@@ -22,14 +22,17 @@ from services.frontend.parsers.deepseek_v3 import (
 )
 from services.frontend.parsers.delta import OutputParser, ParsedDelta, TokenOutputParser, ToolCall, ToolCallDelta
 from services.frontend.parsers.glm45 import Glm45ToolParser, glm45
+from services.frontend.parsers.granite import MARKERS as GRANITE_MARKERS
+from services.frontend.parsers.granite import GraniteToolParser, Phi4MiniJsonToolParser
 from services.frontend.parsers.harmony import HarmonyParser
 from services.frontend.parsers.hermes import HermesToolParser
 from services.frontend.parsers.kimi_k2 import KimiK2ToolParser, kimi_k2
 from services.frontend.parsers.llama3_json import PYTHON_TAG, Llama3JsonToolParser
+from services.frontend.parsers.minimax_m2 import MinimaxM2ToolParser, minimax_m2
 from services.frontend.parsers.mistral import BOT, MistralToolParser
 from services.frontend.parsers.pythonic import PythonicToolParser
-from services.frontend.parsers.qwen3 import qwen3
-from services.frontend.parsers.qwen3_coder import Qwen3CoderToolParser
+from services.frontend.parsers.qwen3 import SEED_THINK, qwen3, seed_oss
+from services.frontend.parsers.qwen3_coder import Qwen3CoderToolParser, SeedOssToolParser
 
 __all__ = ["HARMONY_REASONING_PARSERS", "HARMONY_TOOL_PARSERS", "REASONING_MARKERS", "REASONING_PARSERS",
            "REASONING_PARSER_NAMES", "TOOL_MARKERS", "TOOL_PARSERS", "TOOL_PARSER_NAMES", "OutputParser", "ParsedDelta",
@@ -40,13 +43,18 @@ TOOL_PARSERS: dict[str, Callable[[list[dict[str, Any]] | None], OutputParser]] =
     "deepseek_v3": lambda tools: DeepSeekV3ToolParser(),
     "deepseek_v31": lambda tools: DeepSeekV31ToolParser(),
     "glm45": Glm45ToolParser,
+    "granite": lambda tools: GraniteToolParser(),
     "hermes": lambda tools: HermesToolParser(),
     "kimi_k2": lambda tools: KimiK2ToolParser(),
     "llama3_json": lambda tools: Llama3JsonToolParser(),
     "llama4_json": lambda tools: Llama3JsonToolParser(),
+    "minimax_m2": MinimaxM2ToolParser,
     "mistral": lambda tools: MistralToolParser(),
+    "phi4_mini_json": lambda tools: Phi4MiniJsonToolParser(),
     "pythonic": lambda tools: PythonicToolParser(),
     "qwen3_coder": Qwen3CoderToolParser,
+    "qwen3_xml": Qwen3CoderToolParser,  # vLLM's other name for the same parser
+    "seed_oss": SeedOssToolParser,
 }
 # The tags each family's output is read by. Where the served model's tokenizer marks one of them
 # special (Mistral's [TOOL_CALLS], Kimi's section tags, GLM-4.5's <tool_call>), skipping special
@@ -58,23 +66,31 @@ TOOL_MARKERS: dict[str, tuple[str, ...]] = {
     "deepseek_v31": (CALLS_BEGIN, CALLS_END, CALL_BEGIN, CALL_END, SEP),
     "glm45": (CallBlockParser.START, CallBlockParser.END, glm45_tags.KEY, glm45_tags.KEY_END, glm45_tags.VALUE,
               glm45_tags.VALUE_END),
+    "granite": GRANITE_MARKERS,
     "hermes": (CallBlockParser.START, CallBlockParser.END),
     "kimi_k2": (*kimi_tags.SECTION_BEGIN, *kimi_tags.SECTION_END, kimi_tags.CALL_BEGIN, kimi_tags.CALL_END,
                 kimi_tags.ARGUMENT_BEGIN),
     "llama3_json": (PYTHON_TAG,),
     "llama4_json": (PYTHON_TAG,),
+    "minimax_m2": (MinimaxM2ToolParser.START, MinimaxM2ToolParser.END),
     "mistral": (BOT, "[ARGS]"),
+    "phi4_mini_json": Phi4MiniJsonToolParser.MARKERS,
     "pythonic": (),
     "qwen3_coder": (CallBlockParser.START, CallBlockParser.END),
+    "qwen3_xml": (CallBlockParser.START, CallBlockParser.END),
+    "seed_oss": (SeedOssToolParser.START, SeedOssToolParser.END),
 }
 REASONING_MARKERS: dict[str, tuple[str, ...]] = {
-    "deepseek_r1": _THINK, "glm45": _THINK, "kimi_k2": (*_THINK, *kimi_tags.SECTION_BEGIN), "qwen3": _THINK}
+    "deepseek_r1": _THINK, "glm45": _THINK, "kimi_k2": (*_THINK, *kimi_tags.SECTION_BEGIN), "qwen3": _THINK,
+    "seed_oss": SEED_THINK, "minimax_m2": (*_THINK, MinimaxM2ToolParser.START)}
 # name -> factory(prompt): the rendered prompt tells whether the template opened the reasoning.
 REASONING_PARSERS: dict[str, Callable[[str], OutputParser]] = {
     "deepseek_r1": deepseek_r1,
     "glm45": glm45,
     "kimi_k2": kimi_k2,
+    "minimax_m2": minimax_m2,
     "qwen3": qwen3,
+    "seed_oss": seed_oss,
 }
 
 

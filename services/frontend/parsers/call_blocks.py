@@ -26,10 +26,11 @@ class CallBlockParser(BufferedParser):
     START = "<tool_call>"
     END = "</tool_call>"
 
-    __slots__ = ("_after", "_calls", "_calls_before", "_inside")
+    __slots__ = ("_after", "_calls", "_calls_before", "_inside", "_raw")
 
     def __init__(self) -> None:
         super().__init__()
+        self._raw: list[str] = []  # the open block's text from its <tool_call> on, as it arrived
         self._inside = False
         self._after = False  # a call just ended: drop the whitespace that follows it
         self._calls = CallLog()
@@ -38,11 +39,17 @@ class CallBlockParser(BufferedParser):
     def calls(self) -> list[ToolCall]:
         return self._calls.complete()
 
+    def push(self, text: str) -> ParsedDelta:
+        if self._inside:
+            self._raw.append(text)
+        return super().push(text)
+
     def _step(self, out: ParsedDelta, *, final: bool) -> bool:
         while True:
             if self._inside:
                 if not self._body(out, final=final):
                     return False
+                self._block_over(out)
                 self._inside = False
                 self._after = len(self._calls) > self._calls_before
                 continue
@@ -57,6 +64,7 @@ class CallBlockParser(BufferedParser):
             if start >= 0:
                 out.content += buf[:start]
                 self._buf = buf[start + len(self.START):]
+                self._raw = [self.START, self._buf]
                 self._inside = True
                 self._calls_before = len(self._calls)
                 self._begin()
@@ -65,6 +73,9 @@ class CallBlockParser(BufferedParser):
             out.content += buf[:cut]
             self._buf = buf[cut:]
             return False
+
+    def _block_over(self, out: ParsedDelta) -> None:
+        """The open block is over (`_body` returned True)."""
 
     @abstractmethod
     def _begin(self) -> None:
@@ -109,14 +120,17 @@ class CallBlockParser(BufferedParser):
 
 
 class KeyValueBlockParser(CallBlockParser):
-    """Blocks whose arguments are key/value pairs: the JSON object `{"K": value, ...}`, sent as `{`
-    with the call's name, then one `"K": value` per pair (`, ` between), then `}`. A subclass reads
-    the pairs and types each value by its parameter's schema in the request's tools."""
+    """Blocks whose arguments are key/value pairs: the JSON object `{"K": value, ...}`, built as `{`,
+    then one `"K": value` per pair (`, ` between), then `}`, and sent whole, in one delta, once the
+    model closed the call (`_close_object` with `complete`). A call the output ends inside of is never
+    sent: its block's text is content, as the model wrote it. A subclass reads the pairs and types each
+    value by its parameter's schema in the request's tools."""
 
     __slots__ = ("_count", "_key", "_opened", "_properties", "_schemas")
 
     def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
         super().__init__()
+        self._calls = CallLog(held=True)
         self._schemas = parameter_schemas(tools or [])
         self._properties: dict[str, Any] = {}  # the open call's parameter schemas
         self._begin()
@@ -129,6 +143,19 @@ class KeyValueBlockParser(CallBlockParser):
     def _open_object(self, out: ParsedDelta, name: str) -> None:
         self._properties = self._schemas.get(name, {})
         self._open_call(out, name, "{")
+
+    def _close_object(self, out: ParsedDelta, *, complete: bool) -> None:
+        """The call's pairs are over: send it when the model closed it (else `_block_over` returns
+        its text as content)."""
+        self._calls.add(out, "}")
+        if complete:
+            self._calls.release(out)
+
+    def _block_over(self, out: ParsedDelta) -> None:
+        if self._calls.pending:
+            self._calls.drop()
+            raw = "".join(self._raw)  # from the block's start to the end of what arrived; `_buf` is what
+            out.content += raw[:len(raw) - len(self._buf)]  # follows the block
 
     def _send_string(self, out: ParsedDelta, piece: str, *, close: bool) -> None:
         """Stream a piece of the open pair's string value (its key and quote first)."""

@@ -2,23 +2,23 @@
 Kimi-K2): `SECTION_BEGIN (CALL_BEGIN header HEADER_END arguments CALL_END)* SECTION_END`, text
 outside the section is content. Runs in frontend API-server processes.
 
-A subclass gives the tokens and reads a call's header into its name (and id). The arguments stream
-as the model's own text of the JSON object after the header, up to the bracket that closes it
-(strings and nesting tracked; a `<` outside a string ends it early, as every token begins with one);
-what follows it up to CALL_END is framing and is dropped. Arguments that are no JSON object or
-array are sent whole at CALL_END, stripped; none at all are `{}`.
+A subclass gives the tokens and reads a call's header into its name (and id). A call is sent whole,
+in one delta, once its arguments are complete: the model's own text of the JSON object after the
+header, up to the bracket that closes it (strings and nesting tracked); what follows it up to
+CALL_END is framing and is dropped. No arguments at all are `{}`.
 
 Choices where the model strays: text before the section is content verbatim; whitespace inside the
 section is dropped, and so is any other text there between calls (as vLLM drops it: it sits among
 control tokens); after SECTION_END, whitespace aside, the output is content again and a later
-section is parsed too.
-A call whose header is not complete at its CALL_END (or at the end of output) or does not parse is
-dropped: nothing of it was sent, and its text is the model's control tokens, not content. A call
-cut inside its arguments keeps what was streamed (then no complete JSON), as in vLLM's streaming; a
-call whose CALL_END is missing ends at the next CALL_BEGIN or SECTION_END.
+section is parsed too. A call that is not complete is dropped, never sent: its header incomplete at
+its CALL_END (or at the end of output) or unreadable, its arguments no JSON object, or left open by
+a `<` outside a string (every token begins with one) or by the end of the output (cut by
+max_tokens: finish_reason "length" tells the client). Its text is the model's control tokens, not
+content. A call whose CALL_END is missing ends at the next CALL_BEGIN or SECTION_END.
 """
 from __future__ import annotations
 
+import json
 from abc import abstractmethod
 
 from services.frontend.parsers.delta import CallLog, ParsedDelta, ToolCall
@@ -41,7 +41,7 @@ class CallSectionParser(BufferedParser):
     ARGUMENTS_PREFIX = ""  # dropped before the arguments when present (DeepSeek-V3's "```json")
     ARGUMENTS_SUFFIX = ""  # dropped after raw arguments when present (its closing "```")
 
-    __slots__ = ("_calls", "_prefixed", "_scan", "_state")
+    __slots__ = ("_arguments_text", "_calls", "_pending", "_prefixed", "_scan", "_state")
 
     def __init__(self) -> None:
         super().__init__()
@@ -49,6 +49,8 @@ class CallSectionParser(BufferedParser):
         self._scan = JsonScan()
         self._prefixed = False  # ARGUMENTS_PREFIX was looked for
         self._calls = CallLog()
+        self._pending: tuple[str, str] | None = None  # (call id, name) of the call being read
+        self._arguments_text: list[str] = []  # its arguments so far
 
     def calls(self) -> list[ToolCall]:
         return self._calls.complete()
@@ -76,9 +78,10 @@ class CallSectionParser(BufferedParser):
             return self._arguments(final=final)
         if state == _JSON:
             end = self._scan.scan(self._buf, stop_at_lt=True)
-            self._calls.add(out, self._buf[:end])
+            self._arguments_text.append(self._buf[:end])
             self._buf = self._buf[end:]
             if self._scan.closed or self._scan.stopped:
+                self._send("".join(self._arguments_text) if self._scan.closed else "", out)
                 self._state = _FRAMING
                 return True
             if final:
@@ -150,12 +153,13 @@ class CallSectionParser(BufferedParser):
             self._state = _FRAMING
             return True
         name, call_id = call
-        self._calls.open(out, call_id, name)
+        self._pending, self._arguments_text = (call_id, name), []
         self._state, self._prefixed = _ARGUMENTS, False
         return True
 
     def _raw(self, out: ParsedDelta, *, final: bool) -> bool:
-        """Arguments that are no JSON value: sent whole, stripped, once the call ends."""
+        """Arguments that are no JSON value: none at all (in a call that ended) are `{}`, other text
+        drops the call."""
         buf = self._buf
         stop = self._call_stop(buf)
         if stop < 0 and not final:
@@ -164,10 +168,20 @@ class CallSectionParser(BufferedParser):
         suffix = self.ARGUMENTS_SUFFIX
         if suffix and text.endswith(suffix):
             text = text[:-len(suffix)].rstrip()
-        self._calls.add(out, text or "{}")
+        self._send("{}" if not text and stop >= 0 else "", out)  # no arguments, in a call that ended
         self._buf = "" if stop < 0 else buf[stop:]
         self._state = _FRAMING
         return stop >= 0
+
+    def _send(self, arguments: str, out: ParsedDelta) -> None:
+        """Send the call being read when `arguments` are a complete JSON object, else drop it."""
+        pending, self._pending = self._pending, None
+        try:
+            complete = isinstance(json.loads(arguments), dict)
+        except ValueError:
+            complete = False
+        if pending is not None and complete:
+            self._calls.open(out, pending[0], pending[1], arguments)
 
     def _framing(self, *, final: bool) -> bool:
         """After a call's arguments: skip to its CALL_END (or a CALL_BEGIN / SECTION_END that ends it)."""

@@ -51,18 +51,22 @@ class _Call:
 class CallLog:
     """A tool parser's calls, and the deltas that stream them: `open` sends a call's id and name,
     `add` more of the last call's arguments, joined to this push's delta of that call if it has one
-    (one delta per call per push)."""
+    (one delta per call per push). With `held`, nothing is sent until `release` sends the last call
+    whole, in one delta; `drop` forgets a last call that was never released."""
 
-    __slots__ = ("_calls",)
+    __slots__ = ("_calls", "_held", "_released")
 
-    def __init__(self) -> None:
+    def __init__(self, *, held: bool = False) -> None:
         self._calls: list[_Call] = []
+        self._held = held
+        self._released = 0  # with `held`: how many calls were sent
 
     def __len__(self) -> int:
         return len(self._calls)
 
     def open(self, out: ParsedDelta, call_id: str, name: str, arguments: str = "") -> None:
-        out.tool_calls.append(ToolCallDelta(len(self._calls), call_id, name, arguments))
+        if not self._held:
+            out.tool_calls.append(ToolCallDelta(len(self._calls), call_id, name, arguments))
         self._calls.append(_Call(call_id, name, [arguments] if arguments else []))
 
     def add(self, out: ParsedDelta, text: str) -> None:
@@ -71,14 +75,33 @@ class CallLog:
             return
         index = len(self._calls) - 1
         self._calls[index].arguments.append(text)
+        if self._held:
+            return
         last = out.tool_calls[-1] if out.tool_calls else None
         if last is not None and last.index == index:
             last.arguments += text
         else:
             out.tool_calls.append(ToolCallDelta(index, None, None, text))
 
+    @property
+    def pending(self) -> bool:
+        """With `held`: the last call was opened and not released."""
+        return self._held and len(self._calls) > self._released
+
+    def release(self, out: ParsedDelta) -> None:
+        """With `held`: send the last call whole."""
+        call, index = self._calls[-1], len(self._calls) - 1
+        out.tool_calls.append(ToolCallDelta(index, call.id, call.name, "".join(call.arguments)))
+        self._released = len(self._calls)
+
+    def drop(self) -> None:
+        """With `held`: forget the last call, never released."""
+        assert self.pending
+        self._calls.pop()
+
     def complete(self) -> list[ToolCall]:
-        return [ToolCall(c.id, c.name, "".join(c.arguments)) for c in self._calls]
+        calls = self._calls[:self._released] if self._held else self._calls
+        return [ToolCall(c.id, c.name, "".join(c.arguments)) for c in calls]
 
 
 class OutputParser(Protocol):

@@ -3,28 +3,28 @@ frontend API-server processes.
 
 Calls: `<tool_call>NAME\\n<arg_key>K</arg_key>\\n<arg_value>V</arg_value>\\n...</tool_call>` (GLM-4.7
 writes no newline after NAME). The arguments are the JSON object
-`json.dumps({K: value, ...}, ensure_ascii=False)`, streamed as `{` with the call's name, then
-`"K": value` (`, ` between), then `}`. A value of a string type streams as it arrives (JSON-escaped;
-whitespace at its ends and what could begin `</arg_value>` held back); others are sent once their
-`</arg_value>` has arrived. Keys and values are stripped, as in vLLM. A value is typed by its
+`json.dumps({K: value, ...}, ensure_ascii=False)`, built as the pairs arrive; the call is sent
+whole, in one delta, at its `</tool_call>`. Keys and values are stripped, as in vLLM. A value is typed by its
 parameter's schema as in qwen3_coder (a string type keeps the text; integer, number, boolean, null
 and JSON types take the value when the text is one); a parameter the tools do not describe takes
 the text as JSON when it parses, else the text (vLLM also tries Python literals).
 
 Where the model strays: a block whose name is empty, or cut before the name's line ended, is
 returned as content, tags included. A value runs to its `</arg_value>` (so it may hold
-`</tool_call>`); output cut inside a value completes the call with what arrived (a half-written tag
-at the cut dropped), cut inside a key drops that pair; either way the arguments are still a JSON
-object. Anything else in a block after its pairs is framing and is dropped.
+`</tool_call>`). A call the output ends inside of (cut by max_tokens, or a stop string; its
+`</tool_call>` missing) is never sent: its block is content, as the model wrote it (vLLM sends it
+without the value that was cut). Anything else in a block after its pairs is framing and is dropped.
 
 Reasoning: `[<think>]reasoning</think>content`. vLLM's glm45 starts in reasoning unless
 thinking is switched off; here the output starts in reasoning unless the rendered prompt ends with a
 closed `<think></think>` (the template's enable_thinking=false), when it is all content. Without
-`</think>`, all of the output is reasoning.
+`</think>`, all of the output is reasoning, up to a `<tool_call>`: a call ends the reasoning and
+the content begins at it, as in vLLM (GLM may call a tool without thinking first; the call is not
+hidden in the reasoning).
 """
 from __future__ import annotations
 
-from services.frontend.parsers.call_blocks import KeyValueBlockParser
+from services.frontend.parsers.call_blocks import CallBlockParser, KeyValueBlockParser
 from services.frontend.parsers.delta import ParsedDelta
 from services.frontend.parsers.schema_types import STRING_TYPES, json_or_text, schema_type, typed_value
 from services.frontend.parsers.tags import held_suffix
@@ -92,7 +92,7 @@ class Glm45ToolParser(KeyValueBlockParser):
                 return True
         elif not final and any(tag.startswith(head) and tag != head for tag in (KEY, self.END)):
             return False
-        self._calls.add(out, "}")
+        self._close_object(out, complete=head.startswith(self.END) or not final)
         self._phase = _TAIL
         return True
 
@@ -174,4 +174,4 @@ def _value_start(head: str, *, final: bool) -> tuple[str | None, int] | None:
 
 
 def glm45(prompt: str = "") -> ThinkParser:
-    return ThinkParser(starts_in_reasoning=not prompt_closes_think(prompt))
+    return ThinkParser(starts_in_reasoning=not prompt_closes_think(prompt), content_starts=(CallBlockParser.START,))

@@ -1,17 +1,16 @@
 """The frame shared by tool parsers whose calls are bare JSON objects, `{"name": ..., "arguments":
 {...}}`, one after another (llama3_json, mistral's JSON array). Runs in frontend API-server processes.
 
-Arguments stream as the model's own text once `{"name": "NAME", "arguments": ` (or "parameters")
-has arrived; an object in another shape is parsed once it closes and sent in one delta as
-`json.dumps(arguments, ensure_ascii=False)`. An object that is no call is returned as content, and
-so is everything after it. Separators and whitespace between calls are dropped, text after the calls
-is content. Cut before a call's name arrived: content; cut inside the arguments: the call keeps what
-was streamed (then no complete JSON), as in vLLM's streaming.
+Each object is held until it closes and is then parsed whole: an object that is one call is sent
+in one delta, arguments `json.dumps(arguments, ensure_ascii=False)` (as vLLM sends them), so a call
+that was sent is never one the model did not finish. An object that is no call (bad JSON, no name,
+arguments no object) is returned as content, and so is an object the output ends inside of (cut by
+max_tokens: the client gets the text and finish_reason "length"). Separators and whitespace between
+calls are dropped; what a subclass does with other text is its own (phase CONTENT).
 """
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 
 from services.frontend.parsers.delta import CallLog, ParsedDelta, ToolCall, make_call_id
@@ -20,8 +19,7 @@ from services.frontend.parsers.tags import BufferedParser
 
 __all__ = ["JsonCallsParser", "parse_call"]
 
-_HEADER = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
-START, BETWEEN, HEADER, ARGUMENTS, TAIL, AFTER, CONTENT = range(7)
+START, BETWEEN, OBJECT, AFTER, CONTENT = range(5)
 
 
 class JsonCallsParser(BufferedParser):
@@ -54,28 +52,10 @@ class JsonCallsParser(BufferedParser):
             if self._terminator and head.startswith(self._terminator):
                 self._buf, self._phase = head[len(self._terminator):], AFTER
             else:
-                self._phase = HEADER if head.startswith("{") else CONTENT
+                self._phase = OBJECT if head.startswith("{") else CONTENT
                 self._scan, self._scanned = JsonScan(), 0
-        elif phase == HEADER:
-            header = _HEADER.match(self._buf)
-            if header is None:
-                return self._whole(out, final=final)
-            self._open(out, json.loads(header.group(1)), "")
-            self._buf = self._buf[header.end():]
-            self._phase, self._scan = ARGUMENTS, JsonScan()
-        elif phase == ARGUMENTS:
-            end = self._scan.scan(self._buf)
-            self._calls.add(out, self._buf[:end])
-            self._buf = self._buf[end:]
-            if not self._scan.closed:
-                return False
-            self._phase, self._scan = TAIL, JsonScan(depth=1)
-        elif phase == TAIL:  # the rest of the call's object is framing: skip to its close
-            end = self._scan.scan(self._buf)
-            self._buf = self._buf[end:]
-            if not self._scan.closed:
-                return False
-            self._phase = BETWEEN
+        elif phase == OBJECT:
+            return self._whole(out, final=final)
         elif phase == AFTER:
             self._buf = self._buf.lstrip()
             if not self._buf:
@@ -90,14 +70,15 @@ class JsonCallsParser(BufferedParser):
         return True
 
     def _whole(self, out: ParsedDelta, *, final: bool) -> bool:
-        """An object not in the streamable shape: parse it once it closes; False while it is open."""
+        """The object at `_buf`'s start: parse it once it closes; False while it is open."""
         scan = self._scan  # read on from where the last push left it: one pass over a long object
         end = self._scanned + scan.scan(self._buf[self._scanned:])
         self._scanned = end
         if not scan.closed:
             if not final:
                 return False
-            self._phase = CONTENT  # cut before it was a call
+            out.content += self._buf  # the output ended inside it: no call
+            self._buf, self._phase = "", CONTENT
             return True
         text, self._buf = self._buf[:end], self._buf[end:]
         call = parse_call(text)

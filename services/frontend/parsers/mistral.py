@@ -6,13 +6,15 @@ two formats Mistral's tokenizers were trained on. Runs in frontend API-server pr
 
 vLLM picks the format from the tokenizer's version; here it is read from the text: a `[` right
 after `[TOOL_CALLS]` is the array. Call ids are 9 letters and digits, the form Mistral's templates
-require. Arguments stream as the model's own text (the array's objects as in json_calls.py). Where
-the model strays: a v11 name that is not followed by `{` (or is no name) is returned as content with
-its `[TOOL_CALLS]`; text after the calls is content, whitespace aside. Output cut before a call's
-`{`: content; cut inside the arguments: the call keeps what was streamed (then no complete JSON).
+require. A call is sent whole once its arguments object closes and parses (the array's objects as
+in json_calls.py). Where the model strays: a v11 name that is not followed by `{` (or is no name),
+arguments that are no JSON object, or output that ends before the arguments close (cut by
+max_tokens: finish_reason "length") is returned as content with its `[TOOL_CALLS]`, never as a call
+the model did not finish; text after the calls is content, whitespace aside.
 """
 from __future__ import annotations
 
+import json
 import re
 import secrets
 import string
@@ -38,10 +40,11 @@ def mistral_call_id() -> str:
 class MistralToolParser(JsonCallsParser):
     """Content until `[TOOL_CALLS]`, then calls in the v11 or the array format."""
 
-    __slots__ = ()
+    __slots__ = ("_head", "_name")
 
     def __init__(self) -> None:
         super().__init__(separators=",", terminator="]", make_id=mistral_call_id)
+        self._name = self._head = ""  # the v11 call being read: its name, and its text before the arguments
 
     def _step(self, out: ParsedDelta, *, final: bool) -> bool:
         phase, buf = self._phase, self._buf
@@ -65,20 +68,29 @@ class MistralToolParser(JsonCallsParser):
         elif phase == _NAME_:
             name = _NAME.match(buf)
             if name is not None:
-                self._open(out, name.group(1), "")
-                self._buf, self._phase, self._scan = buf[name.end():], _ARGUMENTS, JsonScan()
+                self._name, self._head = name.group(1), BOT + buf[:name.end()]
+                self._buf, self._phase, self._scan, self._scanned = buf[name.end():], _ARGUMENTS, JsonScan(), 0
             elif _NAME_PREFIX.match(buf) and not final:
                 return False
             else:
                 out.content += BOT
                 self._phase = CONTENT
-        elif phase == _ARGUMENTS:
-            end = self._scan.scan(buf)
-            self._calls.add(out, buf[:end])
-            self._buf = buf[end:]
+        elif phase == _ARGUMENTS:  # held until the object closes (one pass over a long one)
+            end = self._scanned + self._scan.scan(buf[self._scanned:])
+            self._scanned = end
             if not self._scan.closed:
-                return False
-            self._phase = _NEXT
+                if not final:
+                    return False
+                out.content += self._head + buf
+                self._buf, self._phase = "", CONTENT
+                return True
+            arguments, self._buf = buf[:end], buf[end:]
+            if _is_object(arguments):
+                self._open(out, self._name, arguments)
+                self._phase = _NEXT
+            else:
+                out.content += self._head + arguments
+                self._phase = CONTENT
         elif phase == _NEXT:
             head = buf.lstrip()
             self._buf = head
@@ -91,3 +103,10 @@ class MistralToolParser(JsonCallsParser):
         else:
             return super()._step(out, final=final)
         return True
+
+
+def _is_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False

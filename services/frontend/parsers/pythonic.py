@@ -2,14 +2,16 @@
 of calls, `[get_weather(city="Paris", days=3), ping()]`. Runs in frontend API-server processes.
 
 As in vLLM, only an output that begins with `[` (leading whitespace aside) can be calls, and only
-keyword arguments count (vLLM ignores positional ones too). A call is sent once `NAME(` has arrived;
-its arguments are the JSON object of the keyword values, streamed as `{`, then `"k": value` (`, `
-between) as each value completes, then `}`; a value is a Python literal (str, number, bool, None,
-list, tuple, dict) turned into JSON. Where the model strays: text that stops looking like a list of
-calls before a call was sent is content, all of it; after a call, what follows the list (or what
-breaks it) is content, whitespace aside. A value that is no literal is passed as its source text
-(vLLM would return the whole output as content, which cannot be done once the call is sent). A cut
-output completes the open call with the values that were complete (a half value is dropped).
+keyword arguments count (positional ones are dropped, as vLLM drops them). The list is held until
+its closing `]` and then read whole: when it is a list of calls whose keyword values are all
+literals (str, number, bool, None, and lists, tuples and dicts of them; JSON's null, true and
+false too, as vLLM reads them), the calls are sent, each in one delta, with the JSON object of the
+keyword values as arguments. Anything else is content, all of it, as vLLM returns it: a list that
+is no list of calls, a value that is no literal, a list the output ends inside of (a model that
+stopped early, or one cut by max_tokens: the client gets the text and finish_reason "length").
+Text that stops looking like the start of a call list (`[1] See...`) is released as content at
+once. Unlike vLLM (which returns the whole output as content when text follows the list), text after
+the list is content and the calls stay calls: they were sent when the list closed.
 """
 from __future__ import annotations
 
@@ -23,113 +25,79 @@ from services.frontend.parsers.tags import BufferedParser
 
 __all__ = ["PythonicToolParser"]
 
-_CALL = re.compile(r"[\[,]\s*([A-Za-z_]\w*)\s*\(")
-_CALL_PREFIX = re.compile(r"[\[,]\s*(?:[A-Za-z_]\w*\s*)?\Z")
-_KEYWORD = re.compile(r"\s*([A-Za-z_]\w*)\s*=(?!=)\s*")
-_KEYWORD_PREFIX = re.compile(r"\s*(?:[A-Za-z_]\w*\s*)?\Z")
-_START, _NAME, _KEYWORDS, _VALUE, _AFTER_CALL, _AFTER_LIST, _CONTENT = range(7)
+# What the held text must keep looking like: "[", then a (dotted) name and its "(", or less of it.
+_CALL_START = re.compile(r"\[\s*(?:[A-Za-z_][\w.]*\s*(?:\(|\Z)|\Z)")
+_START, _LIST, _AFTER_LIST, _CONTENT = range(4)
 _CLOSING = {"(": ")", "[": "]", "{": "}"}
+_JSON_NAMES = {"null": None, "true": True, "false": False}
+
+
+class _NotACall(ValueError):
+    pass
 
 
 class PythonicToolParser(BufferedParser):
     """A leading Python list of calls to tool calls; anything else is content."""
 
-    __slots__ = ("_calls", "_count", "_keyword", "_phase", "_quote", "_scanned", "_stack")
+    __slots__ = ("_calls", "_phase", "_quote", "_scanned", "_stack")
 
     def __init__(self) -> None:
         super().__init__()
         self._phase = _START
         self._calls = CallLog()
-        self._count = 0  # keyword values sent for the open call
-        self._keyword: str | None = None
-        self._stack: list[str] = []  # open brackets inside the value being scanned
+        self._stack: list[str] = []  # closers of the brackets open in the list
         self._quote = ""  # the open string's quote, or "" outside strings
-        self._scanned = 0  # how much of _buf the value scan has read
+        self._scanned = 0  # how much of _buf the scan has read
 
     def calls(self) -> list[ToolCall]:
         return self._calls.complete()
 
     def _step(self, out: ParsedDelta, *, final: bool) -> bool:
-        while True:
-            phase, buf = self._phase, self._buf
-            if phase == _START:
-                head = buf.lstrip()
-                if head.startswith("["):
-                    self._buf, self._phase = head, _NAME
-                elif head or final:
-                    self._phase = _CONTENT
-                else:
-                    return False
-            elif phase == _NAME:  # at "[" or ",": the next element must be a call
-                call = _CALL.match(buf)
-                if call is not None:
-                    self._open(out, call.group(1))
-                    self._buf, self._phase = buf[call.end():], _KEYWORDS
-                elif _CALL_PREFIX.match(buf) and not final:
-                    return False
-                else:
-                    self._phase = _CONTENT
-            elif phase == _KEYWORDS:
-                head = buf.lstrip()
-                keyword = _KEYWORD.match(buf)
-                if head.startswith(")"):
-                    self._close(out)
-                    self._buf, self._phase = head[1:], _AFTER_CALL
-                elif keyword is not None:
-                    self._keyword = keyword.group(1)
-                    self._buf = buf[keyword.end():]
-                    self._begin_value()
-                elif final:
-                    self._close(out)
-                    self._buf, self._phase = "", _AFTER_CALL
-                elif _KEYWORD_PREFIX.match(buf):
-                    return False
-                else:  # a positional argument: scanned past and dropped, as vLLM ignores it
-                    self._keyword = None
-                    self._begin_value()
-            elif phase == _VALUE:
-                end = self._scan_value()
-                if end < 0:
-                    if not final:
-                        return False
-                    self._buf, self._phase = "", _KEYWORDS  # cut: the half value is dropped
-                    continue
-                self._add_value(out, buf[:end])
-                self._buf = buf[end + 1:] if buf[end] == "," else buf[end:]
-                self._phase = _KEYWORDS
-            elif phase == _AFTER_CALL:
-                head = buf.lstrip()
-                if head.startswith(","):
-                    self._buf, self._phase = head, _NAME
-                elif head.startswith("]"):
-                    self._buf, self._phase = head[1:], _AFTER_LIST
-                elif head:
-                    self._buf, self._phase = head, _CONTENT
-                else:
-                    self._buf = ""
-                    return False
-            elif phase == _AFTER_LIST:
-                self._buf = buf.lstrip()
-                if not self._buf:
-                    return False
+        phase, buf = self._phase, self._buf
+        if phase == _START:
+            head = buf.lstrip()
+            if head.startswith("["):
+                self._buf, self._phase = head, _LIST
+            elif head or final:
                 self._phase = _CONTENT
             else:
-                out.content += buf
-                self._buf = ""
                 return False
+        elif phase == _LIST:
+            end = self._scan()
+            if end < 0:
+                if not final and _CALL_START.match(buf[:self._scanned + 1]):
+                    return False
+                self._phase = _CONTENT  # no call list (or one the output ended inside of): text
+                return True
+            try:
+                calls = _read_calls(buf[:end])
+            except (_NotACall, SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+                self._phase = _CONTENT
+                return True
+            for name, arguments in calls:
+                self._calls.open(out, make_call_id(), name, arguments)
+            self._buf, self._phase = buf[end:], _AFTER_LIST
+        elif phase == _AFTER_LIST:
+            self._buf = buf.lstrip()
+            if not self._buf:
+                return False
+            self._phase = _CONTENT
+        else:
+            out.content += buf
+            self._buf = ""
+            return False
+        return True
 
-    def _begin_value(self) -> None:
-        self._phase = _VALUE
-        self._stack, self._quote, self._scanned = [], "", 0
-
-    def _scan_value(self) -> int:
-        """The index of the `,` or `)` that ends the value in `_buf`, or -1 while it is open."""
+    def _scan(self) -> int:
+        """The index just past the `]` that closes the list in `_buf`, or -1 while it is open."""
         buf, stack, quote = self._buf, self._stack, self._quote
         i = self._scanned
         while i < len(buf):
             ch = buf[i]
             if quote:
                 if ch == "\\":
+                    if i + 1 == len(buf):
+                        break  # read the escape again with the character it escapes
                     i += 1
                 elif ch == quote:
                     quote = ""
@@ -139,34 +107,55 @@ class PythonicToolParser(BufferedParser):
                 stack.append(_CLOSING[ch])
             elif stack and ch == stack[-1]:
                 stack.pop()
-            elif not stack and ch in ",)":
-                self._quote = ""
-                return i
+                if not stack:
+                    return i + 1
+            elif ch in ")]}":
+                return i + 1  # a closer that closes nothing: no Python, read as such
             i += 1
-        # An escape at the very end is read again with the character it escapes.
-        self._scanned, self._quote = min(i, len(buf)) - (1 if i > len(buf) else 0), quote
+        self._scanned, self._quote = i, quote
         return -1
 
-    def _open(self, out: ParsedDelta, name: str) -> None:
-        self._calls.open(out, make_call_id(), name, "{")
-        self._count = 0
 
-    def _close(self, out: ParsedDelta) -> None:
-        self._calls.add(out, "}")
+def _read_calls(source: str) -> list[tuple[str, str]]:
+    """(name, arguments JSON) of each call of a Python list of calls; _NotACall (or SyntaxError) else."""
+    tree = ast.parse(source, mode="eval").body
+    if not isinstance(tree, ast.List) or not tree.elts:
+        raise _NotACall(source)
+    calls = []
+    for call in tree.elts:
+        if not isinstance(call, ast.Call):
+            raise _NotACall(source)
+        arguments = {}
+        for keyword in call.keywords:
+            if keyword.arg is None:  # **kwargs
+                raise _NotACall(source)
+            arguments[keyword.arg] = _literal(keyword.value)
+        calls.append((_dotted(call.func), json.dumps(arguments, ensure_ascii=False, allow_nan=False)))
+    return calls
 
-    def _add_value(self, out: ParsedDelta, source: str) -> None:
-        if self._keyword is None:
-            return
-        sep = ", " if self._count else ""
-        self._count += 1
-        self._calls.add(out, f"{sep}{json.dumps(self._keyword, ensure_ascii=False)}: {_json_value(source)}")
+
+def _dotted(node: ast.expr) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return _dotted(node.value) + "." + node.attr
+    raise _NotACall(ast.dump(node))
 
 
-def _json_value(source: str) -> str:
-    """A Python literal's JSON text; a value that is no literal is kept as its source string."""
-    source = source.strip()
-    try:
-        value: Any = ast.literal_eval(source)
-        return json.dumps(value, ensure_ascii=False, allow_nan=False)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return json.dumps(source, ensure_ascii=False)
+def _literal(node: ast.expr) -> Any:
+    if isinstance(node, ast.Constant) and (node.value is None or isinstance(node.value, (str, int, float))):
+        return node.value
+    if isinstance(node, ast.Name) and node.id in _JSON_NAMES:
+        return _JSON_NAMES[node.id]
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return [_literal(item) for item in node.elts]
+    if isinstance(node, ast.Dict) and all(key is not None for key in node.keys):
+        keys = [_literal(key) for key in node.keys if key is not None]
+        if not all(isinstance(key, str) for key in keys):
+            raise _NotACall(ast.dump(node))
+        return dict(zip(keys, (_literal(value) for value in node.values), strict=True))
+    if (isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd))
+            and isinstance(node.operand, ast.Constant) and isinstance(node.operand.value, (int, float))
+            and not isinstance(node.operand.value, bool)):
+        return -node.operand.value if isinstance(node.op, ast.USub) else node.operand.value
+    raise _NotACall(ast.dump(node))

@@ -14,8 +14,15 @@ from __future__ import annotations
 
 from services.frontend.parsers.think import ThinkParser, prompt_opens_think
 
-__all__ = ["qwen3"]
+__all__ = ["SEED_THINK", "qwen3", "seed_oss"]
+
+SEED_THINK = ("<seed:think>", "</seed:think>")
 
 
 def qwen3(prompt: str = "") -> ThinkParser:
     return ThinkParser(starts_in_reasoning=prompt_opens_think(prompt), tool_call_ends=True)
+
+
+def seed_oss(prompt: str = "") -> ThinkParser:
+    """`seed_oss` (Seed-OSS): qwen3's rule with `<seed:think>` and `</seed:think>`, as vLLM reads them."""
+    return ThinkParser(starts_in_reasoning=prompt_opens_think(prompt, *SEED_THINK), tags=SEED_THINK)

@@ -2,10 +2,9 @@
 `<tool_call>\\n<function=NAME>\\n<parameter=P>\\nVALUE\\n</parameter>\\n...</function>\\n</tool_call>`,
 whose values are typed by the request's tool schemas. Runs in frontend API-server processes.
 
-The arguments are the JSON object `json.dumps({P: value, ...}, ensure_ascii=False)`, streamed as
-`{` with the call's name, then `"P": value` (`, ` between), then `}`. A string value streams as it
-arrives (JSON-escaped; a newline at its end and what could begin `</parameter>` are held back);
-other values are sent once complete, when their type can be read.
+The arguments are the JSON object `json.dumps({P: value, ...}, ensure_ascii=False)`, built as the
+values arrive; the call is sent whole, in one delta, once the model closed it (`</function>`, or
+`</tool_call>` without it).
 A value loses one newline at each end; it is typed by the parameter's schema as vLLM does: a string
 type (or no schema) keeps the text; "null"/"None" is null for a nullable or non-string type;
 integer and number types take the number when the text is one; boolean takes true/false in any
@@ -15,25 +14,23 @@ string the model wrote (vLLM also tries Python literals; here the value must be 
 A `</parameter>` ends a value only when `<parameter=`, `</function>`, `</tool_call>` or the end of
 output follows it (whitespace aside), so a value may contain the tag (code that mentions it).
 Where the model strays: a block that does not begin with `<function=NAME>` is returned as
-content, tags included, at its `</tool_call>` (or at flush). Output cut inside a call completes it
-with what arrived (vLLM's non-streaming parser also takes a value running to the end), so its
-arguments are still a JSON object; a half-written tag at the cut is dropped from the value.
+content, tags included, at its `</tool_call>` (or at flush). A call the output ends inside of (cut
+by max_tokens, or a stop string) is never sent: its block is content, as the model wrote it (vLLM
+sends it without the value that was cut).
 """
 from __future__ import annotations
 
-from services.frontend.parsers.call_blocks import CallBlockParser, KeyValueBlockParser
+from services.frontend.parsers.call_blocks import KeyValueBlockParser
 from services.frontend.parsers.delta import ParsedDelta
 from services.frontend.parsers.schema_types import STRING_TYPES, schema_type, typed_value
 from services.frontend.parsers.tags import held_suffix
 
-__all__ = ["Qwen3CoderToolParser"]
+__all__ = ["Qwen3CoderToolParser", "SeedOssToolParser"]
 
 FUNCTION = "<function="
 FUNCTION_END = "</function>"
 PARAMETER = "<parameter="
 PARAMETER_END = "</parameter>"
-_AFTER_VALUE = (PARAMETER, FUNCTION_END, CallBlockParser.END)
-_AFTER_LONGEST = max(map(len, _AFTER_VALUE))
 _FUNC, _PARAMS, _VALUE, _TAIL = 0, 1, 2, 3
 
 
@@ -71,9 +68,9 @@ class Qwen3CoderToolParser(KeyValueBlockParser):
                         or head.startswith(PARAMETER) and not final:
                     self._buf = head
                     return False
-                else:  # </function>, or the model went on without closing it
+                else:  # </function>, or the model went on without closing it (or the output ended)
                     self._buf = head[len(FUNCTION_END):] if head.startswith(FUNCTION_END) else head
-                    self._calls.add(out, "}")
+                    self._close_object(out, complete=head.startswith((FUNCTION_END, self.END)))
                     self._phase = _TAIL
             elif self._phase == _VALUE:
                 end, sure = self._value_end(final=final)
@@ -95,10 +92,12 @@ class Qwen3CoderToolParser(KeyValueBlockParser):
             after = end + len(PARAMETER_END)
             while after < len(buf) and buf[after].isspace():
                 after += 1
-            if buf.startswith(_AFTER_VALUE, after):
+            after_value = (PARAMETER, FUNCTION_END, self.END)
+            if buf.startswith(after_value, after):
                 return end, end
-            rest = buf[after:after + _AFTER_LONGEST]
-            if len(rest) < _AFTER_LONGEST and any(tag.startswith(rest) for tag in _AFTER_VALUE):
+            longest = max(map(len, after_value))
+            rest = buf[after:after + longest]
+            if len(rest) < longest and any(tag.startswith(rest) for tag in after_value):
                 return (end if final else None), end  # what follows could still make it the end
             self._search = end + 1  # text inside the value: never looked at again
         cut = len(buf) - held_suffix(buf, (PARAMETER_END,))
@@ -135,3 +134,12 @@ class Qwen3CoderToolParser(KeyValueBlockParser):
             self._send_string(out, text[self._emitted:], close=True)
             return
         self._send_value(out, typed_value(text, self._properties.get(self._key)))
+
+
+class SeedOssToolParser(Qwen3CoderToolParser):
+    """`seed_oss` (ByteDance Seed-OSS): qwen3_coder's grammar in `<seed:tool_call>` blocks, as vLLM reads it."""
+
+    START = "<seed:tool_call>"
+    END = "</seed:tool_call>"
+
+    __slots__ = ()

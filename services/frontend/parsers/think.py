@@ -14,10 +14,10 @@ FUNCTION = "<function="
 _OPENING, _REASONING, _CLOSED, _CONTENT = 0, 1, 2, 3
 
 
-def prompt_opens_think(prompt: str) -> bool:
+def prompt_opens_think(prompt: str, start: str = START, end: str = END) -> bool:
     """Whether the rendered prompt ends inside a `<think>` it opened (the generation prompt of
     templates that start the model's reasoning for it)."""
-    return prompt.rfind(START) > prompt.rfind(END)
+    return prompt.rfind(start) > prompt.rfind(end)
 
 
 def prompt_closes_think(prompt: str) -> bool:
@@ -43,16 +43,17 @@ class ThinkParser(BufferedParser):
     tool-call section without closing its reasoning).
     """
 
-    __slots__ = ("_default", "_ends", "_starts", "_state", "_tool_call_ends")
+    __slots__ = ("_default", "_end", "_ends", "_start", "_starts", "_state", "_tool_call_ends")
 
     def __init__(self, *, starts_in_reasoning: bool, tool_call_ends: bool = False,
-                 content_starts: tuple[str, ...] = ()) -> None:
+                 content_starts: tuple[str, ...] = (), tags: tuple[str, str] = (START, END)) -> None:
         super().__init__()
+        self._start, self._end = tags  # another family's spelling of <think> and </think>
         self._state = _OPENING
         self._default = _REASONING if starts_in_reasoning else _CONTENT
         self._tool_call_ends = tool_call_ends
         self._starts = content_starts
-        self._ends = (END, *((TOOL_CALL,) if tool_call_ends else ()), *content_starts)
+        self._ends = (self._end, *((TOOL_CALL,) if tool_call_ends else ()), *content_starts)
 
     def calls(self) -> list[ToolCall]:
         return []
@@ -61,16 +62,16 @@ class ThinkParser(BufferedParser):
         if self._state == _OPENING:
             buf = self._buf
             head = buf.lstrip()
-            if head.startswith(START):
-                self._buf = head[len(START):]
+            if head.startswith(self._start):
+                self._buf = head[len(self._start):]
                 self._state = _REASONING
-            elif START.startswith(head) and not final:
+            elif self._start.startswith(head) and not final:
                 return False  # still "", whitespace or a prefix of <think>
             else:
                 self._state = self._default
         if self._state == _REASONING:
             buf = self._buf
-            end = buf.find(END)
+            end = buf.find(self._end)
             call, undecided = self._tool_call(final=final)
             if call >= 0 and (end < 0 or call < end):
                 out.reasoning += buf[:call]
@@ -78,7 +79,7 @@ class ThinkParser(BufferedParser):
                 self._state = _CONTENT
             elif end >= 0:
                 out.reasoning += buf[:end]
-                self._buf = buf[end + len(END):]
+                self._buf = buf[end + len(self._end):]
                 self._state = _CLOSED
             else:
                 cut = len(buf) - (0 if final else held_suffix(buf, self._ends))

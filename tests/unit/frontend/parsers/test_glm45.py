@@ -59,14 +59,15 @@ CASES: list[tuple[str, str, str, list[tuple[str, dict[str, Any]]], bool]] = [
     ("a string value with inner whitespace", call("write", content="a  \n\n b\t"), "",
      [("write", {"content": "a  \n\n b"})], True),
     # Cut and malformed outputs.
-    ("no end tag", "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Rome</arg_value>", "",
-     [("get_weather", {"city": "Rome"})], True),
-    ("cut in a value", "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Ro", "",
-     [("get_weather", {"city": "Ro"})], True),
-    ("cut in a value end tag", "<tool_call>get_weather\n<arg_key>days</arg_key>\n<arg_value>4</arg_v", "",
-     [("get_weather", {"days": 4})], True),
-    ("cut in a key", "<tool_call>get_weather\n<arg_key>city</arg_key><arg_value>A</arg_value><arg_key>da", "",
-     [("get_weather", {"city": "A"})], True),
+    # A call the output ends inside of is never sent: its text is content, as the model wrote it.
+    ("no end tag", "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Rome</arg_value>",
+     "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Rome</arg_value>", [], False),
+    ("cut in a value", "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Ro",
+     "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Ro", [], False),
+    ("cut in a value end tag", "<tool_call>get_weather\n<arg_key>days</arg_key>\n<arg_value>4</arg_v",
+     "<tool_call>get_weather\n<arg_key>days</arg_key>\n<arg_value>4</arg_v", [], False),
+    ("cut in a key", "<tool_call>get_weather\n<arg_key>city</arg_key><arg_value>A</arg_value><arg_key>da",
+     "<tool_call>get_weather\n<arg_key>city</arg_key><arg_value>A</arg_value><arg_key>da", [], False),
     ("cut in the name", "Hi <tool_call>get_wea", "Hi <tool_call>get_wea", [], False),
     ("empty name", "<tool_call>\n<arg_key>a</arg_key></tool_call> after",
      "<tool_call>\n<arg_key>a</arg_key></tool_call> after", [], False),
@@ -84,15 +85,14 @@ def test_every_splitting_gives_the_same_result(text: str, content: str, calls: l
     assert [(name, json.loads(arguments)) for name, arguments in final.calls] == calls
 
 
-def test_strings_stream_as_they_arrive_and_other_values_once_complete() -> None:
+def test_a_call_is_sent_whole_once_the_model_closed_it() -> None:
     parser = Glm45ToolParser(TOOLS)
     assert parser.push("Sure. <tool_call>get_weather").content == "Sure. "
-    first = parser.push("\n<arg_key>city</arg_key><arg_value> Pa")
-    assert [(d.index, d.name, d.arguments) for d in first.tool_calls] == [(0, "get_weather", '{"city": "Pa')]
-    assert [d.arguments for d in parser.push('ris "x" \n').tool_calls] == ['ris \\"x\\"']
-    second = parser.push("</arg_value><arg_key>days</arg_key><arg_value>2")
-    assert [(d.id, d.arguments) for d in second.tool_calls] == [(None, '"')]
-    assert parser.push("</arg_value></tool_call>").tool_calls[0].arguments == ', "days": 2}'
+    assert parser.push('\n<arg_key>city</arg_key><arg_value> Paris "x" \n').tool_calls == []
+    assert parser.push("</arg_value><arg_key>days</arg_key><arg_value>2</arg_value>").tool_calls == []
+    done = parser.push("</tool_call>")
+    assert [(d.index, d.name, json.loads(d.arguments)) for d in done.tool_calls] == [
+        (0, "get_weather", {"city": 'Paris "x"', "days": 2})]
     assert json.loads(parser.calls()[0].arguments) == {"city": 'Paris "x"', "days": 2}
 
 
@@ -118,6 +118,15 @@ def test_reasoning_every_splitting(prompt: str, text: str, reasoning: str, conte
 def test_reasoning_then_a_call() -> None:
     text = "<think>The user wants the weather.</think>\n" + call("get_weather", city="Paris")
     expected = Final("", "The user wants the weather.", (("get_weather", args({"city": "Paris"})),))
+    check_all_ways(lambda: build_parser("glm45", "glm45", tools=TOOLS, prompt=PLAIN), text, expected)  # type: ignore
+
+
+@pytest.mark.parametrize("thinking", ["", "<think>The user wants the weather."], ids=["no thinking", "never closed"])
+def test_a_call_ends_the_reasoning(thinking: str) -> None:
+    """A call made without thinking first, or without closing the reasoning, is a call (as in vLLM), not
+    reasoning text."""
+    text = thinking + call("get_weather", city="Paris")
+    expected = Final("", thinking.removeprefix("<think>"), (("get_weather", args({"city": "Paris"})),))
     check_all_ways(lambda: build_parser("glm45", "glm45", tools=TOOLS, prompt=PLAIN), text, expected)  # type: ignore
 
 

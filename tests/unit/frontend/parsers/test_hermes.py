@@ -27,24 +27,32 @@ CASES = [
     ("unicode and nested", "Ça va? " + hermes_call("search", TRICKY), "Ça va? ", (("search", args(TRICKY)),), True),
     ("escaped name", hermes_call('we"ird', {"a": 1}), "", (('we"ird', args({"a": 1})),), True),
     ("compact JSON", '<tool_call>{"name":"f","arguments":{"a":{"b":"}"}}}</tool_call>', "",
-     (("f", '{"a":{"b":"}"}}'),), True),
+     (("f", '{"a": {"b": "}"}}'),), True),
     ("no end tag", '<tool_call>\n{"name": "f", "arguments": {"x": 1}}', "", (("f", '{"x": 1}'),), True),
     ("other key order", '<tool_call>\n{"arguments": {"x": "é"}, "name": "f"}\n</tool_call>', "",
      (("f", '{"x": "é"}'),), True),
     ("arguments as a string", '<tool_call>\n{"name": "f", "arguments": "{\\"x\\": 1}"}\n</tool_call>', "",
      (("f", '{"x": 1}'),), True),
-    # Malformed and cut outputs: what could not be a call comes back as content, tags and all.
+    # Malformed and cut outputs: what could not be a call comes back as content, tags and all (as vLLM
+    # returns it); never a call whose arguments are not the complete object the model wrote.
     ("malformed body", 'A <tool_call>\n{"name": "f", "arguments": }\n</tool_call> B',
      'A <tool_call>\n{"name": "f", "arguments": }\n</tool_call> B', (), False),
     ("no name", '<tool_call>\n{"arguments": {}}\n</tool_call>', '<tool_call>\n{"arguments": {}}\n</tool_call>', (),
      False),
     ("cut in the header", 'Hi <tool_call>\n{"name": "f", "argu', 'Hi <tool_call>\n{"name": "f", "argu', (), False),
     ("cut in the start tag", "Hi <tool_ca", "Hi <tool_ca", (), False),
-    ("cut in the arguments", 'Hi <tool_call>\n{"name": "f", "arguments": {"a": "par', "Hi ",
-     (("f", '{"a": "par'),), True),
-    ("cut in the end tag", hermes_call("f", {"a": 1})[:-3], "", (("f", args({"a": 1})),), True),
-    ("unclosed object", '<tool_call>\n{"name": "f", "arguments": {"a": 1\n</tool_call>\nok', "ok",
-     (("f", '{"a": 1\n'),), True),
+    ("cut in the arguments", 'Hi <tool_call>\n{"name": "f", "arguments": {"a": "par',
+     'Hi <tool_call>\n{"name": "f", "arguments": {"a": "par', (), False),
+    ("cut in the end tag", hermes_call("f", {"a": 1})[:-3], hermes_call("f", {"a": 1})[:-3], (), False),
+    ("unclosed object", '<tool_call>\n{"name": "f", "arguments": {"a": 1\n</tool_call>\nok',
+     '<tool_call>\n{"name": "f", "arguments": {"a": 1\n</tool_call>\nok', (), False),
+    ("trailing comma", '<tool_call>\n{"name": "f", "arguments": {"a": 1,}}\n</tool_call>',
+     '<tool_call>\n{"name": "f", "arguments": {"a": 1,}}\n</tool_call>', (), False),
+    ("a call, then a malformed one",
+     hermes_call("f", {"a": 1}) + '\n<tool_call>\n{"name": "g", "arguments": {"b": tru}}\n</tool_call>',
+     '<tool_call>\n{"name": "g", "arguments": {"b": tru}}\n</tool_call>', (("f", args({"a": 1})),), False),
+    ("no end tag before the next call", '<tool_call>\n{"name": "f", "arguments": {}}\n' + hermes_call("g", {}), "",
+     (("f", "{}"), ("g", "{}")), True),
 ]
 
 
@@ -59,13 +67,14 @@ def test_complete_arguments_are_the_json_of_the_object() -> None:
     assert json.loads(final.calls[0][1]) == TRICKY
 
 
-def test_the_name_is_sent_before_the_arguments_are_complete() -> None:
+def test_a_call_is_sent_whole_once_its_block_has_ended() -> None:
     parser = HermesToolParser()
     assert parser.push("Sure. <tool_call>\n").content == "Sure. "
-    first = parser.push('{"name": "f", "arguments": {"a": "lo')
-    assert [(d.index, d.name, d.arguments) for d in first.tool_calls] == [(0, "f", '{"a": "lo')]
-    second = parser.push('ng"}}\n</tool_call>')
-    assert [(d.index, d.id, d.name, d.arguments) for d in second.tool_calls] == [(0, None, None, 'ng"}')]
+    assert parser.push('{"name": "f", "arguments": {"a": "lo').tool_calls == []
+    assert parser.push('ng"}}\n</tool_c').tool_calls == []
+    done = parser.push("all>")
+    assert [(d.index, d.name, d.arguments) for d in done.tool_calls] == [(0, "f", '{"a": "long"}')]
+    assert done.tool_calls[0].id is not None
 
 
 def test_a_partial_tag_is_held_then_released_when_it_stops_matching() -> None:

@@ -60,7 +60,7 @@ CASES: list[tuple[str, str, str, tuple[tuple[str, str, str], ...], bool]] = [
     ("a call with no section is text", call("f", {}), call("f", {}), (), False),
     ("cut in the section tag", "Hi " + BEGIN[:9], "Hi " + BEGIN[:9], (), False),
     ("cut in the header", "Hi " + BEGIN + CALL_BEGIN + "functions.get_wea", "Hi ", (), True),
-    ("cut in the arguments", "Hi " + BEGIN + CUT, "Hi ", (("functions.f:0", "f", CUT[CUT.index("{"):]),), True),
+    ("cut in the arguments", "Hi " + BEGIN + CUT, "Hi ", (), True),  # never sent half-written
     ("cut in the end tag", BEGIN + call("f", {"a": 1})[:-4], "", (("functions.f:0", "f", args({"a": 1})),), True),
 ]
 
@@ -84,13 +84,13 @@ def test_complete_arguments_are_the_json_of_the_object() -> None:
     assert json.loads(final.calls[0][1]) == TRICKY
 
 
-def test_the_id_and_name_are_sent_before_the_arguments_are_complete() -> None:
+def test_a_call_is_sent_whole_once_its_arguments_are_complete() -> None:
     parser = KimiK2ToolParser()
     assert parser.push("Sure. " + BEGIN + CALL_BEGIN + "functions.f:0").content == "Sure. "
-    first = parser.push(ARGUMENT_BEGIN + '{"a": "lo')
-    assert [(d.index, d.id, d.name, d.arguments) for d in first.tool_calls] == [(0, "functions.f:0", "f", '{"a": "lo')]
-    second = parser.push('ng"}' + CALL_END + END)
-    assert [(d.index, d.id, d.name, d.arguments) for d in second.tool_calls] == [(0, None, None, 'ng"}')]
+    assert parser.push(ARGUMENT_BEGIN + '{"a": "lo').tool_calls == []
+    done = parser.push('ng"}' + CALL_END + END)
+    assert [(d.index, d.id, d.name, d.arguments) for d in done.tool_calls] == [
+        (0, "functions.f:0", "f", '{"a": "long"}')]
 
 
 PLAIN = "<|im_user|>user<|im_middle|>hi<|im_end|><|im_assistant|>assistant<|im_middle|>"

@@ -1,4 +1,4 @@
-"""The llama3_json tool parser: JSON calls at the start of the output, however it was split."""
+"""The llama3_json tool parser: JSON calls anywhere in the output, however it was split."""
 from __future__ import annotations
 
 import json
@@ -30,10 +30,20 @@ CASES = [
     ("extra keys after the arguments", '{"name": "f", "parameters": {"a": 1}, "type": "function"}', "",
      (("f", '{"a": 1}'),)),
     ("text after the calls", call("f", {}) + "\n\nThat is all.", "That is all.", (("f", "{}"),)),
-    ("text then JSON is content", "Sure: " + call("f", {}), "Sure: " + call("f", {}), ()),
+    ("text, then a call", "Sure, let me check.\n" + call("f", {"a": 1}), "Sure, let me check.\n",
+     (("f", args({"a": 1})),)),
+    ("text, a call, text, a call", "A " + call("f", {}) + " then " + call("g", {}) + " done", "A then done",
+     (("f", "{}"), ("g", "{}"))),
+    ("braces in prose", "Use {x} or { y } here.", "Use {x} or { y } here.", ()),
     ("a JSON answer is content", '{"answer": 42} and more', '{"answer": 42} and more', ()),
     ("cut before the name", '{"name": "get_wea', '{"name": "get_wea', ()),
-    ("cut in the arguments", '{"name": "f", "parameters": {"a": "x', "", (("f", '{"a": "x'),)),
+    # What is not a complete call object is content as the model wrote it, as in vLLM: never a call
+    # the model did not finish.
+    ("cut in the arguments", '{"name": "f", "parameters": {"a": "x', '{"name": "f", "parameters": {"a": "x', ()),
+    ("the object never closed", '{"name": "f", "parameters": {"a": 1}', '{"name": "f", "parameters": {"a": 1}', ()),
+    ("malformed", '{"name": "f", "parameters": {"a": 1,}}', '{"name": "f", "parameters": {"a": 1,}}', ()),
+    ("a call, then a malformed one", call("f", {}) + '; {"name": "g", "parameters": {"b": tru}}',
+     '{"name": "g", "parameters": {"b": tru}}', (("f", "{}"),)),
     ("cut in the python tag", "<|python_t", "<|python_t", ()),
 ]
 
@@ -43,11 +53,13 @@ def test_every_splitting_gives_the_same_result(text: str, content: str, calls: t
     check_all_ways(Llama3JsonToolParser, text, Final(content, "", calls), tags_are_real=True)
 
 
-def test_the_name_is_sent_before_the_arguments_are_complete() -> None:
+def test_a_call_is_sent_whole_once_its_object_closes() -> None:
     parser = Llama3JsonToolParser()
+    assert parser.push("Sure. ").content == "Sure. "
     first = parser.push('{"name": "f", "parameters": {"a": "lo')
-    assert [(d.index, d.name, d.arguments) for d in first.tool_calls] == [(0, "f", '{"a": "lo')]
-    assert [(d.id, d.arguments) for d in parser.push('ng"}}').tool_calls] == [(None, 'ng"}')]
+    assert first.tool_calls == [] and first.content == ""
+    done = parser.push('ng"}}')
+    assert [(d.index, d.name, d.arguments) for d in done.tool_calls] == [(0, "f", '{"a": "long"}')]
     assert parser.flush() == type(first)()
     assert json.loads(parser.calls()[0].arguments) == {"a": "long"}
 

@@ -34,7 +34,11 @@ CASES = [
     ("v11 bad name", "[TOOL_CALLS]not a name{}", "[TOOL_CALLS]not a name{}", ()),
     ("cut in the marker", "Hi [TOOL_CA", "Hi [TOOL_CA", ()),
     ("cut in the name", "[TOOL_CALLS]get_wea", "[TOOL_CALLS]get_wea", ()),
-    ("cut in the arguments", '[TOOL_CALLS]f{"a": "x', "", (("f", '{"a": "x'),)),
+    # Never a call the model did not finish: what is not one is content as written.
+    ("cut in the arguments", '[TOOL_CALLS]f{"a": "x', '[TOOL_CALLS]f{"a": "x', ()),
+    ("malformed arguments", '[TOOL_CALLS]f[ARGS]{"a": 1,}', '[TOOL_CALLS]f[ARGS]{"a": 1,}', ()),
+    ("a call, then one cut", '[TOOL_CALLS]f{"a": 1}[TOOL_CALLS]g{"b": "x', '[TOOL_CALLS]g{"b": "x',
+     (("f", '{"a": 1}'),)),
 ]
 
 
@@ -44,11 +48,10 @@ def test_every_splitting_gives_the_same_result(text: str, content: str, calls: t
                    tags_are_real="[TOOL_CALLS]" not in content)
 
 
-def test_arguments_stream_as_they_arrive() -> None:
+def test_a_call_is_sent_whole_once_its_arguments_close() -> None:
     parser = MistralToolParser()
-    first = parser.push('[TOOL_CALLS]f{"a": "lo')
-    assert [(d.index, d.name, d.arguments) for d in first.tool_calls] == [(0, "f", '{"a": "lo')]
-    assert [(d.id, d.arguments) for d in parser.push('ng"}').tool_calls] == [(None, 'ng"}')]
+    assert parser.push('[TOOL_CALLS]f{"a": "lo').tool_calls == []
+    assert [(d.index, d.name, d.arguments) for d in parser.push('ng"}').tool_calls] == [(0, "f", '{"a": "long"}')]
     parser.flush()
     assert json.loads(parser.calls()[0].arguments) == {"a": "long"}
 

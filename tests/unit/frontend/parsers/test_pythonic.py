@@ -26,13 +26,19 @@ CASES: list[tuple[str, str, str, list[tuple[str, dict[str, Any]]]]] = [
                   "tags": []})]),
     ("trailing comma", "[f(a=1,)]", "", [("f", {"a": 1})]),
     ("leading whitespace, text after", "\n[f(a=1)]\n\nDone.", "Done.", [("f", {"a": 1})]),
-    ("a value that is no literal", "[f(a=x + 1, b=2)]", "", [("f", {"a": "x + 1", "b": 2})]),
+    ("JSON names", "[f(a=null, b=true, c=false, d=-1)]", "", [("f", {"a": None, "b": True, "c": False, "d": -1})]),
     ("positional arguments are dropped", "[f(1, b=2)]", "", [("f", {"b": 2})]),
+    # What is not a complete list of calls with literal values is content, all of it, as in vLLM: never
+    # a call the model did not finish, or one with a value dropped.
+    ("a value that is no literal", "[f(a=x + 1, b=2)]", "[f(a=x + 1, b=2)]", []),
+    ("a value missing", '[f(city="Paris", days=)]', '[f(city="Paris", days=)]', []),
+    ("the list never closed", '[f(city="Paris", days=3)', '[f(city="Paris", days=3)', []),
     ("cut before the call", "[get_wea", "[get_wea", []),
-    ("cut in a value", "[f(a=1, b='hal", "", [("f", {"a": 1})]),
-    ("cut in an escape", "[f(a='x\\", "", [("f", {})]),
-    ("cut between calls", "[f(a=1), g", ", g", [("f", {"a": 1})]),
-    ("the list broken after a call", "[f(a=1), 5]", ", 5]", [("f", {"a": 1})]),
+    ("cut in a value", "[f(a=1, b='hal", "[f(a=1, b='hal", []),
+    ("cut in an escape", "[f(a='x\\", "[f(a='x\\", []),
+    ("cut between calls", "[f(a=1), g", "[f(a=1), g", []),
+    ("the list broken after a call", "[f(a=1), 5]", "[f(a=1), 5]", []),
+    ("a closer that closes nothing", "[f(a=1)) and more", "[f(a=1)) and more", []),
 ]
 
 
@@ -45,10 +51,16 @@ def test_every_splitting_gives_the_same_result(text: str, content: str,
     assert [(name, json.loads(arguments)) for name, arguments in final.calls] == calls
 
 
-def test_each_value_streams_as_it_completes() -> None:
+def test_the_calls_are_sent_when_the_list_closes() -> None:
     parser = PythonicToolParser()
-    first = parser.push('[get_weather(city="Par')
-    assert [(d.index, d.name, d.arguments) for d in first.tool_calls] == [(0, "get_weather", "{")]
-    second = parser.push('is", days=')
-    assert [(d.id, d.arguments) for d in second.tool_calls] == [(None, '"city": "Paris"')]
-    assert [d.arguments for d in parser.push("3)]").tool_calls] == [', "days": 3}']
+    assert parser.push('[get_weather(city="Par').tool_calls == []
+    assert parser.push('is", days=3), ping(').tool_calls == []
+    done = parser.push(")]")
+    assert [(d.index, d.name, d.arguments) for d in done.tool_calls] == [
+        (0, "get_weather", '{"city": "Paris", "days": 3}'), (1, "ping", "{}")]
+
+
+def test_text_that_stops_looking_like_calls_is_released_at_once() -> None:
+    parser = PythonicToolParser()
+    assert parser.push("[").content == ""
+    assert parser.push("Note: ").content == "[Note: "

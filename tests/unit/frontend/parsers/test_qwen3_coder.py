@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from services.frontend.parsers import build_parser
-from services.frontend.parsers.qwen3_coder import Qwen3CoderToolParser
+from services.frontend.parsers.qwen3_coder import Qwen3CoderToolParser, SeedOssToolParser
 from tests.unit.frontend.parsers.harness import Final, args, check_all_ways, drive
 
 TOOLS = [
@@ -54,12 +54,15 @@ CASES: list[tuple[str, str, str, list[tuple[str, dict[str, Any]]], bool]] = [
      [("write", {"path": "a.py", "content": CODE})], True),
     ("multi-line value keeps inner newlines", call("write", content="\n\nline\n\n"), "",
      [("write", {"content": "\n\nline\n\n"})], True),
-    ("no end tags at all", "<tool_call>\n<function=get_weather>\n<parameter=city>\nRome", "",
-     [("get_weather", {"city": "Rome"})], True),
-    ("cut in a parameter end tag", "<tool_call>\n<function=get_weather>\n<parameter=days>\n4\n</param", "",
-     [("get_weather", {"days": 4})], True),
-    ("cut after a parameter", "<tool_call>\n<function=get_weather>\n<parameter=days>\n4\n</parameter>\n<para", "",
-     [("get_weather", {"days": 4})], True),
+    # A call the output ends inside of is never sent: its text is content, as the model wrote it.
+    ("no end tags at all", "<tool_call>\n<function=get_weather>\n<parameter=city>\nRome",
+     "<tool_call>\n<function=get_weather>\n<parameter=city>\nRome", [], False),
+    ("cut in a parameter end tag", "<tool_call>\n<function=get_weather>\n<parameter=days>\n4\n</param",
+     "<tool_call>\n<function=get_weather>\n<parameter=days>\n4\n</param", [], False),
+    ("cut after a parameter", "<tool_call>\n<function=get_weather>\n<parameter=days>\n4\n</parameter>\n<para",
+     "<tool_call>\n<function=get_weather>\n<parameter=days>\n4\n</parameter>\n<para", [], False),
+    ("a call not closed, then a call", "<tool_call>\n<function=ping>\n/function>\n</tool_call>\n" + call("ping"),
+     "<tool_call>\n<function=ping>\n/function>\n</tool_call>\n", [("ping", {})], False),
     ("cut in the function tag", "Hi <tool_call>\n<function=get_wea", "Hi <tool_call>\n<function=get_wea", [], False),
     ("missing function tag", "<tool_call>\n{\"name\": \"f\"}\n</tool_call> after",
      "<tool_call>\n{\"name\": \"f\"}\n</tool_call> after", [], False),
@@ -76,16 +79,13 @@ def test_every_splitting_gives_the_same_result(text: str, content: str, calls: l
     assert [(name, json.loads(arguments)) for name, arguments in final.calls] == calls
 
 
-def test_strings_stream_as_they_arrive_and_other_values_once_complete() -> None:
+def test_a_call_is_sent_whole_once_the_model_closed_it() -> None:
     parser = Qwen3CoderToolParser(TOOLS)
-    first = parser.push("<tool_call>\n<function=get_weather>\n<parameter=city>\nPar")
-    assert [(d.index, d.name, d.arguments) for d in first.tool_calls] == [(0, "get_weather", '{"city": "Par')]
-    second = parser.push('is "X"\n\n</param')  # the last newline and the half tag are held
-    assert [(d.id, d.arguments) for d in second.tool_calls] == [(None, 'is \\"X\\"\\n')]
-    third = parser.push("eter>\n<parameter=days>\n2\n</parameter>\n")
-    # days is held: until a tag follows its </parameter>, that could still be text inside the value.
-    assert [(d.id, d.arguments) for d in third.tool_calls] == [(None, '"')]
-    assert [d.arguments for d in parser.push("</function>\n</tool_call>").tool_calls] == [', "days": 2}']
+    assert parser.push("<tool_call>\n<function=get_weather>\n<parameter=city>\nPar").tool_calls == []
+    assert parser.push('is "X"\n\n</parameter>\n<parameter=days>\n2\n</parameter>\n').tool_calls == []
+    done = parser.push("</function>\n</tool_call>")
+    assert [(d.index, d.name, json.loads(d.arguments)) for d in done.tool_calls] == [
+        (0, "get_weather", {"city": 'Paris "X"\n', "days": 2})]
     parser.flush()
     assert json.loads(parser.calls()[0].arguments) == {"city": 'Paris "X"\n', "days": 2}
 
@@ -109,3 +109,27 @@ def test_a_tool_call_ends_unclosed_reasoning(text: str, reasoning: str, calls: t
     check_all_ways(lambda: build_parser("qwen3_coder", "qwen3", tools=TOOLS,  # type: ignore[arg-type,return-value]
                                         prompt="<|im_start|>assistant\n<think>\n"), text,
                    Final("", reasoning, calls), tags_are_real=real)
+
+
+SEED_CASES = [
+    ("one call", "Sure.\n" + call("get_weather", city="Rome", days="2").replace("tool_call>", "seed:tool_call>"),
+     "Sure.\n", [("get_weather", {"city": "Rome", "days": 2})]),
+    ("a value holding qwen3's end tag", "<seed:tool_call>\n<function=write>\n<parameter=content>\n</tool_call>\n"
+     "</parameter>\n</function>\n</seed:tool_call>", "", [("write", {"content": "</tool_call>"})]),
+    ("qwen3's tags are text", call("ping"), call("ping"), []),
+    ("cut", "<seed:tool_call>\n<function=get_weather>\n<parameter=city>\nRo",
+     "<seed:tool_call>\n<function=get_weather>\n<parameter=city>\nRo", []),
+]
+
+
+@pytest.mark.parametrize(("text", "content", "calls"), [c[1:] for c in SEED_CASES], ids=[c[0] for c in SEED_CASES])
+def test_seed_oss_is_the_same_grammar_in_seed_tags(text: str, content: str,
+                                                   calls: list[tuple[str, dict[str, Any]]]) -> None:
+    expected = Final(content, "", tuple((name, args(obj)) for name, obj in calls))
+    check_all_ways(lambda: build_parser("seed_oss", None, tools=TOOLS), text, expected,  # type: ignore[arg-type,return-value]
+                   tags_are_real=False, seeds=20)
+
+
+def test_qwen3_xml_is_vllms_other_name_for_qwen3_coder() -> None:
+    assert type(build_parser("qwen3_xml", None)) is Qwen3CoderToolParser
+    assert isinstance(build_parser("seed_oss", None), SeedOssToolParser)

@@ -84,3 +84,17 @@ def test_reasoning_parsers_make_no_calls() -> None:
         parser.push("a</think>b")
         parser.flush()
         assert parser.calls() == []
+
+
+SEED = [  # (id, prompt, model output, final reasoning, final content)
+    ("think then answer", "", "<seed:think>Step 1.</seed:think>\n\nThe answer.", "Step 1.", "The answer."),
+    ("opened by the prompt", "<seed:bos>assistant\n<seed:think>", "Step 1.</seed:think>Done.", "Step 1.", "Done."),
+    ("qwen3's tags are text", "", "<think>not reasoning</think>", "", "<think>not reasoning</think>"),
+    ("never closed", "", "<seed:think>still", "still", ""),
+]
+
+
+@pytest.mark.parametrize(("prompt", "text", "reasoning", "content"), [c[1:] for c in SEED], ids=[c[0] for c in SEED])
+def test_seed_oss_is_qwen3s_rule_in_seed_tags(prompt: str, text: str, reasoning: str, content: str) -> None:
+    check_all_ways(lambda: build_parser(None, "seed_oss", prompt=prompt), text, Final(content, reasoning, ()),  # type: ignore
+                   tags_are_real=False, seeds=20)
