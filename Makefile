@@ -57,6 +57,10 @@ bench: $(STAMP)
 	$(PY) bench/chaos.py
 	$(PY) bench/json_depth.py
 	$(PY) bench/fuzz.py
+	$(PY) bench/slowloris.py
+	$(PY) bench/grpc_memory.py
+	$(PY) bench/stall.py
+	$(PY) bench/peer_disconnect.py
 	$(PY) bench/image_sizes.py
 	$(PY) bench/compose_start.py --sim
 	$(PY) bench/compose_start.py
