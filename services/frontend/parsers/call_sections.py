@@ -18,11 +18,10 @@ content. A call whose CALL_END is missing ends at the next CALL_BEGIN or SECTION
 """
 from __future__ import annotations
 
-import json
 from abc import abstractmethod
 
 from services.frontend.parsers.delta import CallLog, ParsedDelta, ToolCall
-from services.frontend.parsers.json_scan import JsonScan
+from services.frontend.parsers.json_scan import JsonScan, strict_json
 from services.frontend.parsers.tags import BufferedParser, held_suffix
 
 __all__ = ["CallSectionParser"]
@@ -177,7 +176,7 @@ class CallSectionParser(BufferedParser):
         """Send the call being read when `arguments` are a complete JSON object, else drop it."""
         pending, self._pending = self._pending, None
         try:
-            complete = isinstance(json.loads(arguments), dict)
+            complete = isinstance(strict_json(arguments), dict)
         except ValueError:
             complete = False
         if pending is not None and complete:

@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable
 
 from services.frontend.parsers.delta import CallLog, ParsedDelta, ToolCall, make_call_id
-from services.frontend.parsers.json_scan import JsonScan
+from services.frontend.parsers.json_scan import JsonScan, strict_json
 from services.frontend.parsers.tags import BufferedParser
 
 __all__ = ["JsonCallsParser", "parse_call"]
@@ -99,7 +99,7 @@ def parse_call(text: str, *, parameters: bool = True) -> tuple[str, str] | None:
     or a JSON string of one, under "arguments" (or, with `parameters`, "parameters" when there is no
     "arguments")."""
     try:
-        obj = json.loads(text)
+        obj = strict_json(text)
     except ValueError:
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
@@ -107,7 +107,7 @@ def parse_call(text: str, *, parameters: bool = True) -> tuple[str, str] | None:
     arguments = obj.get("arguments", obj.get("parameters") if parameters else None)
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments)
+            arguments = strict_json(arguments)
         except ValueError:
             return None
     if not isinstance(arguments, dict):

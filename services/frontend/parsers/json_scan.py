@@ -1,8 +1,31 @@
 """Finding where a JSON value ends in text that arrives in pieces: string, escape and bracket state
-carried from one piece to the next. Used by the JSON tool-call parsers (frontend API servers)."""
+carried from one piece to the next; and reading that value strictly. Used by the JSON tool-call parsers
+(frontend API servers)."""
 from __future__ import annotations
 
-__all__ = ["JsonScan"]
+import json
+import math
+from typing import Any
+
+__all__ = ["JsonScan", "strict_json"]
+
+
+def strict_json(text: str) -> Any:
+    """The JSON value `text` holds, as JSON has it: Python's NaN, Infinity and numbers past a float's
+    range (1e400, which would come back out as Infinity) raise ValueError, so a call whose arguments
+    hold one is no call (a strict client's JSON.parse would throw on them)."""
+    return json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is no JSON value")
+
+
+def _finite(literal: str) -> float:
+    value = float(literal)
+    if not math.isfinite(value):
+        raise ValueError(f"{literal} is past a float's range")
+    return value
 
 
 class JsonScan:

@@ -14,14 +14,13 @@ the model did not finish; text after the calls is content, whitespace aside.
 """
 from __future__ import annotations
 
-import json
 import re
 import secrets
 import string
 
 from services.frontend.parsers.delta import ParsedDelta
 from services.frontend.parsers.json_calls import AFTER, BETWEEN, CONTENT, START, JsonCallsParser
-from services.frontend.parsers.json_scan import JsonScan
+from services.frontend.parsers.json_scan import JsonScan, strict_json
 from services.frontend.parsers.tags import held_suffix
 
 __all__ = ["MistralToolParser", "mistral_call_id"]
@@ -107,6 +106,6 @@ class MistralToolParser(JsonCallsParser):
 
 def _is_object(text: str) -> bool:
     try:
-        return isinstance(json.loads(text), dict)
+        return isinstance(strict_json(text), dict)
     except ValueError:
         return False

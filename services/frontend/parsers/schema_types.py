@@ -2,9 +2,10 @@
 tools (the XML-style formats: qwen3_coder, glm45). Runs in frontend API-server processes."""
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
+
+from services.frontend.parsers.json_scan import strict_json
 
 __all__ = ["STRING_TYPES", "json_or_text", "parameter_schemas", "schema_type", "typed_value"]
 
@@ -66,12 +67,8 @@ def typed_value(text: str, schema: Any) -> Any:
 
 
 def json_or_text(text: str) -> Any:
-    """The JSON value `text` is (NaN and Infinity are none), else the text itself."""
+    """The JSON value `text` is (NaN, Infinity and 1e400 are none), else the text itself."""
     try:
-        return json.loads(text, parse_constant=_no_constant)
+        return strict_json(text)
     except ValueError:
         return text
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is no JSON value")

@@ -174,6 +174,21 @@ def _assert_the_rule(result: Result, engine_finish: str) -> None:
         assert result.finish == "length"
 
 
+_JSON_ARGUMENT_FAMILIES = ("hermes", "llama3_json", "mistral", "granite", "phi4_mini_json", "kimi_k2", "deepseek_v3",
+                           "deepseek_v31")
+
+
+@pytest.mark.parametrize("literal", ["NaN", "-Infinity", "1e400"])
+@pytest.mark.parametrize("family", _JSON_ARGUMENT_FAMILIES)
+def test_arguments_holding_what_json_has_not_are_no_call(family: str, literal: str) -> None:
+    """Python's json reads NaN and Infinity (and makes 1e400 Infinity), which a strict client's JSON.parse
+    throws on: such arguments are not a complete JSON object, so no call is sent (vLLM sends one)."""
+    text = render(family, [("get_weather", {"city": "Paris", "days": 12345})]).replace("12345", literal)
+    ours = our_results(family, None, text, "stop", splits=("whole", "tokens"))
+    assert ours["tokens"] == ours["whole"]
+    assert ours["whole"].calls == () and ours["whole"].finish == "stop", (text, ours["whole"])
+
+
 def test_every_difference_is_a_row_with_a_reason() -> None:
     assert set(DIFFERENCES) <= set(_cases())
     assert {reason for reason, _ in DIFFERENCES.values()} == set(REASONS)

@@ -1,7 +1,10 @@
 # ruff: noqa: E501  (a data table: one difference a line reads better than one wrapped over four)
 """Every intended difference between our parsers and vLLM's non-streamed result on the differential
 table (test_vllm_differential.py), with its reason: what we answer instead, per (family, row). The
-test checks each as a difference: ours must be exactly this, and vLLM's must differ from it."""
+test checks each as a difference: ours must be exactly this, and vLLM's must differ from it.
+One more is tested beside the table, since it concerns the JSON families alone: arguments holding NaN,
+Infinity or 1e400 (which Python's json reads, and a strict client's JSON.parse throws on) are no call
+here, where vLLM sends them (test_arguments_holding_what_json_has_not_are_no_call)."""
 from __future__ import annotations
 
 from tests.unit.frontend.parsers.vllm_reference import Result

@@ -38,10 +38,16 @@ class Result:
 
 
 def _arguments(text: str) -> Any:
+    """Arguments as a strict client reads them: NaN and Infinity (which Python's json module writes and
+    reads) are not JSON, so arguments holding one are no object."""
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_not_json)
     except ValueError:
         return ("not JSON", text)  # never equal to a parsed object: a difference shows
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 @functools.cache
