@@ -91,8 +91,14 @@ def _refusal(exc: msgspec.ValidationError) -> APIError:
 
 def _whole_numbers(decoder: msgspec.json.Decoder[Any], body: bytes, exc: msgspec.ValidationError) -> Any:
     """The body decoded again with each whole-number float that an integer field holds made an int
-    (every one in the same array at once: token ids come in arrays); a fraction stays the 400."""
-    doc = msgspec.json.decode(body)
+    (every one in the same array at once: token ids come in arrays); a fraction stays the 400. The
+    strict decode stopped at the first float, so what comes after it has not been read yet: a lone
+    surrogate is mended here too, and NaN, Infinity or 1e400 refused naming its field."""
+    try:
+        doc = msgspec.json.decode(lone_surrogates_replaced(body))
+    except msgspec.DecodeError as bad:  # a ValidationError too: 1e400
+        _refuse_non_finite(body)
+        raise APIError(400, f"request body is not valid JSON: {bad}") from None
     for _ in range(_MAX_FIXES):
         m = _INT_GOT_FLOAT.search(str(exc))
         place = _locate(doc, m.group("path")) if m else None

@@ -133,3 +133,22 @@ def test_nan_and_infinity_are_400s_naming_the_field(app: Frontend, path: str, ra
     assert answer.status == 400, answer.body
     error = answer.json()["error"]
     assert error["param"] == param and error["message"].startswith(f"{param}: "), error
+
+
+@pytest.mark.parametrize(("tail", "param"), [
+    (b'"content": "cut \\ud83d"}]', None),  # mended, then the whole-number float read
+    (b'"content": "x"}], "temperature": NaN', "temperature"),
+    (b'"content": "x"}], "temperature": 1e400', "temperature"),
+])
+def test_a_whole_number_float_before_another_lenient_reading_is_read_as_either_alone(
+        app: Frontend, tail: bytes, param: str | None) -> None:
+    """The strict decode stops at the first float; what follows it still gets its own reading (a 500 when
+    the whole-number mending decoded the rest without it)."""
+    answer = call(app, "/v1/chat/completions",
+                  b'{"model": "tiny", "max_tokens": 5.0, "messages": [{"role": "user", ' + tail + b"}")
+    if param is None:
+        assert answer.status == 200, answer.body
+        assert _sent(app).sampling.max_tokens == 5
+    else:
+        assert answer.status == 400, answer.body
+        assert answer.json()["error"]["param"] == param
