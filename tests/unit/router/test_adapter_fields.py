@@ -193,3 +193,16 @@ def test_upstream_refusals_name_the_field_the_client_sent() -> None:
     raw = json.dumps(other).encode()
     fleet.upstream.answer(A, Reply(status=400, chunks=(raw,)))
     assert fleet.post("/v1/responses", {**RESPONSES, "temperature": 3}).body == raw  # passed on as it is
+
+
+def test_an_upstream_path_below_a_renamed_field_is_passed_on_as_it_is() -> None:
+    """Chat's messages[1] is not the client's input[1] (instructions come first, items merge), nor is
+    response_format.json_schema a Responses path: a refusal naming such a path keeps it, message and
+    param alike, rather than naming a field the client never sent."""
+    fleet = Fleet()
+    for param in ("messages[1].content", "response_format.json_schema.schema"):
+        refusal = {"error": {"message": f"{param}: is not valid", "type": "BadRequestError", "param": param,
+                             "code": 400}}
+        raw = json.dumps(refusal).encode()
+        fleet.upstream.answer(A, Reply(status=400, chunks=(raw,)))
+        assert fleet.post("/v1/responses", {**RESPONSES, "instructions": "be brief"}).body == raw

@@ -124,11 +124,14 @@ def renamed_refusal(raw: bytes, renames: Mapping[str, str]) -> bytes | None:
 
 def renamed_message(message: str, renames: Mapping[str, str]) -> str:
     """`message` with chat field names replaced by the client's: names with an underscore wherever they
-    stand as a word; plain words (stop, messages) only where they lead the message or are quoted."""
+    stand as a word; plain words (stop, messages) only where they lead the message or are quoted. A name
+    that starts a longer path (`messages[1].content`, `response_format.json_schema`) is left alone, as
+    `param` is: the client's path below it differs (its input items are not the chat messages one for
+    one), and a wrong path would be worse than the chat one."""
     for old, new in renames.items():
         if "_" in old:
-            message = re.sub(rf"\b{re.escape(old)}\b", new, message)
+            message = re.sub(rf"\b{re.escape(old)}\b(?![\[.])", new, message)
         else:
-            message = re.sub(rf"^{re.escape(old)}\b", new, message)
+            message = re.sub(rf"^{re.escape(old)}\b(?![\[.])", new, message)
             message = re.sub(rf"([`'\"]){re.escape(old)}\1", rf"\g<1>{new}\g<1>", message)
     return message
