@@ -1,8 +1,9 @@
 """The `pythonic` tool-call parser (Llama 3.2, Llama 4, ToolACE): an output that is a Python list
 of calls, `[get_weather(city="Paris", days=3), ping()]`. Runs in frontend API-server processes.
 
-As in vLLM, only an output that begins with `[` (leading whitespace aside) can be calls, and only
-keyword arguments count (positional ones are dropped, as vLLM drops them). The list is held until
+As in vLLM, only an output that begins with `[` (leading whitespace aside) can be calls. Arguments are
+keywords: a call with a positional argument or a keyword repeated is no call (vLLM drops the first and
+keeps the last of the second, which sends arguments other than the model wrote). The list is held until
 its closing `]` and then read whole: when it is a list of calls whose keyword values are all
 literals (str, number, bool, None, and lists, tuples and dicts of them; JSON's null, true and
 false too, as vLLM reads them), the calls are sent, each in one delta, with the JSON object of the
@@ -125,9 +126,11 @@ def _read_calls(source: str) -> list[tuple[str, str]]:
     for call in tree.elts:
         if not isinstance(call, ast.Call):
             raise _NotACall(source)
+        if call.args:  # positional: no name to give it in a JSON object
+            raise _NotACall(source)
         arguments = {}
         for keyword in call.keywords:
-            if keyword.arg is None:  # **kwargs
+            if keyword.arg is None or keyword.arg in arguments:  # **kwargs, or a keyword repeated
                 raise _NotACall(source)
             arguments[keyword.arg] = _literal(keyword.value)
         calls.append((_dotted(call.func), json.dumps(arguments, ensure_ascii=False, allow_nan=False)))

@@ -27,7 +27,10 @@ CASES: list[tuple[str, str, str, list[tuple[str, dict[str, Any]]]]] = [
     ("trailing comma", "[f(a=1,)]", "", [("f", {"a": 1})]),
     ("leading whitespace, text after", "\n[f(a=1)]\n\nDone.", "Done.", [("f", {"a": 1})]),
     ("JSON names", "[f(a=null, b=true, c=false, d=-1)]", "", [("f", {"a": None, "b": True, "c": False, "d": -1})]),
-    ("positional arguments are dropped", "[f(1, b=2)]", "", [("f", {"b": 2})]),
+    # Arguments that would not match what the model wrote (vLLM drops a positional one, keeps the last
+    # of a repeated keyword) are content: the rule is the call as written or none.
+    ("a positional argument", "[f(1, b=2)]", "[f(1, b=2)]", []),
+    ("a keyword repeated", "[f(a=1, a=2)]", "[f(a=1, a=2)]", []),
     # What is not a complete list of calls with literal values is content, all of it, as in vLLM: never
     # a call the model did not finish, or one with a value dropped.
     ("a value that is no literal", "[f(a=x + 1, b=2)]", "[f(a=x + 1, b=2)]", []),
