@@ -39,6 +39,11 @@ CASES = [
     ("malformed arguments", '[TOOL_CALLS]f[ARGS]{"a": 1,}', '[TOOL_CALLS]f[ARGS]{"a": 1,}', ()),
     ("a call, then one cut", '[TOOL_CALLS]f{"a": 1}[TOOL_CALLS]g{"b": "x', '[TOOL_CALLS]g{"b": "x',
      (("f", '{"a": 1}'),)),
+    # The array format alike: its marker and "[" stay with the text when no call came of it.
+    ("array malformed", '[TOOL_CALLS] [{"name": "f", "arguments": {"a": 1,}}]',
+     '[TOOL_CALLS] [{"name": "f", "arguments": {"a": 1,}}]', ()),
+    ("array cut", '[TOOL_CALLS][{"name": "f", "arguments": {"a": "x',
+     '[TOOL_CALLS][{"name": "f", "arguments": {"a": "x', ()),
 ]
 
 
