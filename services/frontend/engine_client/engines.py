@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -168,7 +169,12 @@ class EngineSet:
         # Idle Stats wait at most a quarter of the deadline (and half a second) before the loop sees them; a
         # process with nothing in flight reads its engines that often (bridge.py's idle_hold), so the first
         # request it places after a quiet spell sees load up to that old (those after it, fresh load).
-        self._bridge = Bridge(loop, self._on_batch, self._frontend_id, on_dead=self._on_bridge_dead,
+        # The ZMQ routing id an engine keeps this process's session under: unguessable, and not the
+        # frontend id (which logs and GetServerInfo show), so that no peer without the token can claim it
+        # first (a ROUTER ignores a second connection with a known id: the frontend would be shut out) or
+        # step into the session between this process's reconnects.
+        routing_id = "fe-" + secrets.token_hex(16)
+        self._bridge = Bridge(loop, self._on_batch, routing_id, on_dead=self._on_bridge_dead,
                               hold_stats_s=min(0.5, self._timeout / 4))
         for e in self.engines:
             self._bridge.connect(e.index, e.address)

@@ -88,3 +88,40 @@ def test_requests_sent_just_before_a_stats_snapshot_stay_counted() -> None:
     assert engine.sent_since_stats == 2
     engines._on_stats(engine, Stats(0, 1, time.time(), running=9, waiting=0, kv_usage=0.0, session_epoch="e1"))
     assert engine.stats is not None and engine.stats.seq == 3  # an older snapshot (via PUB) changes nothing
+
+
+def test_a_peer_claiming_the_frontend_id_first_does_not_shut_the_frontend_out() -> None:
+    """An engine's ROUTER keeps a session under the peer's routing id and ignores a second connection with
+    an id it knows. The frontend id is no secret (logs, GetServerInfo), so the routing id is not it: a
+    stranger that connects first under the frontend id leaves the frontend's Hello still heard."""
+    from protocol import Hello, decode
+
+    ctx = zmq.Context.instance()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    squatter = ctx.socket(zmq.DEALER)
+    squatter.setsockopt(zmq.IDENTITY, b"fe-known")
+    squatter.connect(f"tcp://127.0.0.1:{port}")
+    squatter.send(b"x")
+    assert router.poll(5000) and router.recv_multipart()[0] == b"fe-known"  # the squatter is known first
+
+    async def main() -> None:
+        engines = EngineSet([f"tcp://127.0.0.1:{port}"], frontend_id="fe-known", engine_timeout_s=60,
+                            heartbeat_interval_s=1)
+        engines.start()
+        try:
+            deadline = time.monotonic() + 10
+            while not router.poll(0):
+                assert time.monotonic() < deadline, "the frontend's Hello never arrived"
+                await asyncio.sleep(0.02)
+            identity, *frames = router.recv_multipart()
+            assert identity != b"fe-known" and isinstance(decode(frames), Hello)
+            assert decode(frames).frontend_id == "fe-known"  # the id it names itself by is unchanged
+        finally:
+            await engines.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        squatter.close(0)
+        router.close(0)
