@@ -101,9 +101,9 @@ def tensor_messages(name: str, dtype: str, shape: list[int], data: bytes | memor
     """One tensor as UpdateWeights' messages: one when it fits `max_message_bytes` (GetServerInfo's),
     else pieces, the first naming it and all but the last setting `more`."""
     piece = max(max_message_bytes - TENSOR_OVERHEAD_BYTES, 1)
-    if len(data) <= piece:
-        return [pb2.Tensor(name=name, dtype=dtype, shape=shape, data=bytes(data))]
-    view = memoryview(data)
-    starts = range(0, len(view), piece)
+    view = memoryview(data).cast("B")  # bytes, whatever the view's item size (a float32 array's, say)
+    if view.nbytes <= piece:
+        return [pb2.Tensor(name=name, dtype=dtype, shape=shape, data=bytes(view))]
+    starts = range(0, view.nbytes, piece)
     return [pb2.Tensor(name=name, dtype=dtype, shape=shape, data=bytes(view[s:s + piece]), more=True) if s == 0
-            else pb2.Tensor(data=bytes(view[s:s + piece]), more=s + piece < len(view)) for s in starts]
+            else pb2.Tensor(data=bytes(view[s:s + piece]), more=s + piece < view.nbytes) for s in starts]

@@ -140,12 +140,12 @@ async def run(config: FrontendConfig, server_index: int = 0, board: InFlightBoar
             return
         log.info("API server %d serving http://%s:%d (model %s); waiting for %d engine(s): %s", server_index,
                  config.host, config.port, config.model_name, len(addresses), ", ".join(addresses))
+        if grpc_server is not None:  # SERVING once some rank is ready, as /ready: not when the last one is
+            loop.create_task(grpc_health(grpc_server))
         try:
             await engines.wait_ready(config.handshake_timeout_s)
             app.update_gauges()  # now, not at the next refresh: another process may answer the next scrape
             log.info("all %d engine rank(s) ready", len(addresses))
-            if grpc_server is not None:
-                loop.create_task(grpc_health(grpc_server))
         except TimeoutError as exc:
             log.error("%s", exc)
             code = 1

@@ -19,6 +19,7 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from protocol.grpc import pb2, pb2_grpc
 from tests.support.procs import EngineProc, FrontendProc, free_port_block, start_engine, start_frontend
 
 SIM = ("--model", "tiny", "--backend", "sim")
@@ -57,7 +58,10 @@ def _ready_until(fe: FrontendProc, condition: Any, timeout_s: float = 30) -> htt
 
 
 def test_a_rank_stopped_past_the_short_deadline_keeps_its_streams_and_takes_no_new_work(tmp_path: Path) -> None:
-    ranks, fe = _fleet(tmp_path)  # the default deadlines: --engine-timeout 2, --engine-dead-timeout 10
+    grpc_port = free_port_block(1, spread=0)
+    # the default deadlines: --engine-timeout 2, --engine-dead-timeout 10
+    ranks, fe = _fleet(tmp_path, "--grpc-port", str(grpc_port))
+    control = pb2_grpc.ControlStub(grpc.insecure_channel(f"127.0.0.1:{grpc_port}"))
     pool = ThreadPoolExecutor(8)
     victim = ranks[1].proc.pid
     stopped = False
@@ -70,6 +74,9 @@ def test_a_rank_stopped_past_the_short_deadline_keeps_its_streams_and_takes_no_n
         ready = _ready_until(fe, lambda r: "1" in r.json().get("missing", {}))
         assert ready.status_code == 200 and ready.json()["ranks"] == [0], ready.text  # the replica still serves
         assert ready.json()["missing"]["1"].startswith("slow: no message for")
+        # gRPC says the same: a client balancing on GetLoads or GetServerInfo must skip the slow rank too
+        assert list(control.GetServerInfo(pb2.GetServerInfoRequest(), timeout=5).ready_ranks) == [0]
+        assert [r.state for r in control.GetLoads(pb2.GetLoadsRequest(), timeout=5).ranks] == ["ready", "slow"]
         answers = [httpx.post(fe.url + "/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2},
                               timeout=30) for _ in range(6)]
         assert [a.status_code for a in answers] == [200] * 6, [a.text for a in answers]

@@ -30,7 +30,7 @@ class Control(pb2_grpc.ControlServicer):
         return pb2.GetServerInfoResponse(
             server_version=self._core.version, frontend_id=core.engines.frontend_id, protocol_major=MAJOR,
             protocol_minor=MINOR, data_parallel_size=len(core.engines.engines),
-            ready_ranks=[e.rank for e in core.engines.engines if e.state == "ready"], started_at=self._started_at,
+            ready_ranks=core.engines.serving(), started_at=self._started_at,
             grpc_schema=self._schema, max_message_bytes=core.config.max_body_bytes)
 
     async def GetModelInfo(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -53,7 +53,8 @@ class Control(pb2_grpc.ControlServicer):
         ranks = []
         for i, e in enumerate(self._core.engines.engines):
             s = e.stats
-            load = pb2.RankLoad(rank=e.rank, state=e.state, in_flight=len(e.inflight) + self._others_in_flight(i),
+            state = e.condition.split(":", 1)[0]  # a ready rank that takes no new requests says why: slow, ...
+            load = pb2.RankLoad(rank=e.rank, state=state, in_flight=len(e.inflight) + self._others_in_flight(i),
                                 epoch=e.epoch)
             if s is not None and e.state == "ready":
                 load.running, load.waiting, load.kv_usage = s.running, s.waiting, s.kv_usage

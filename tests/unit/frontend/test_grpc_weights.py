@@ -41,6 +41,16 @@ def test_pieces_join_back_into_the_tensor(size: int) -> None:
                                                   ("b", "float32", [1], bytes(4))]
 
 
+def test_a_typed_memoryview_is_split_by_its_bytes() -> None:
+    """A float32 array's memoryview counts 4-byte items: the pieces are still bytes within the limit."""
+    import array
+
+    floats = array.array("f", range(750))  # 3,000 bytes, 750 items
+    pieces = tensor_messages("w", "float32", [750], memoryview(floats), LIMIT)
+    assert len(pieces) == 3 and all(len(p.data) <= 1000 and p.ByteSize() <= LIMIT for p in pieces)
+    assert _joined(pieces) == [("w", "float32", [750], floats.tobytes())]
+
+
 def test_a_piece_may_repeat_what_the_first_said() -> None:
     messages = [pb2.Tensor(name="w", dtype="uint8", shape=[4], data=b"ab", more=True),
                 pb2.Tensor(name="w", dtype="uint8", shape=[4], data=b"cd")]
