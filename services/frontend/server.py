@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import multiprocessing
 import os
+import secrets
 import signal
 import socket
 import uuid
@@ -51,6 +53,8 @@ async def run(config: FrontendConfig, server_index: int = 0, board: InFlightBoar
     managed = None
     addresses = list(config.engine_addresses)
     if config.data_parallel_size_local > 0:
+        if config.auth_token is None:  # loopback is reachable by every user of this host: a token anyway
+            config = dataclasses.replace(config, auth_token=secrets.token_hex(32))
         managed = ManagedEngines(config)
         managed.start()
         addresses = managed.addresses

@@ -241,6 +241,11 @@ def test_managed_mode_starts_supervises_and_stops_its_engines(tmp_path: Path) ->
                      .headers["x-data-parallel-rank"] for _ in range(4)}
         assert ranks == {"0", "1"}
         assert httpx.get(fe.url + "/ready").json() == {"ready": True, "ranks": [0, 1]}
+        # Given no token, it made one for its engines: another user of this host reaches loopback too.
+        from services.engine.probe import probe
+
+        ok, said = probe("127.0.0.1", port, 10)
+        assert not ok and "unauthorized" in said, said
     finally:
         assert fe.stop() == 0
     # The engines went with it: their ports are free again.
