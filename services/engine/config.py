@@ -96,6 +96,9 @@ class EngineConfig:
                  "only with --backend sim")
         if self.auth_token is not None and not self.auth_token.strip():
             raise ValueError(f"the auth token (--auth-token-file, --auth-token or ${TOKEN_ENV}) is empty")
+        _require(not (self.insecure_no_auth_token and self.auth_token is not None), "--insecure-no-auth-token",
+                 True, f"only without a token (one was given: --auth-token-file, --auth-token or ${TOKEN_ENV}); "
+                 "drop one of the two")
         _require(self.auth_token is not None or self.insecure_no_auth_token or is_loopback(self.host), "--host",
                  self.host, f"a loopback address (127.0.0.1, ::1, localhost) without a token; to listen on "
                  f"{self.host} give the frontends' shared token (--auth-token-file FILE or ${TOKEN_ENV}), or "

@@ -30,7 +30,7 @@ class FrontendConfig:
     auth_token: str | None = field(default=None, repr=False)  # engine handshake token; kept out of logs
     handshake_timeout_s: float = 600.0  # how long start-up waits for all engines before it gives up
     engine_timeout_s: float = 2.0  # an engine silent this long is slow: it takes no new requests
-    engine_dead_timeout_s: float = 10.0  # ... and this long dead: its running requests fail
+    engine_dead_timeout_s: float | None = None  # ... and this long dead (default 5x): its running requests fail
     heartbeat_interval_s: float = 0.5
     shutdown_timeout_s: float = 30.0  # on SIGTERM, how long running requests may finish (the engines' drain)
     max_body_bytes: int = 4 * 2**20
@@ -63,12 +63,15 @@ class FrontendConfig:
         return DEFAULT_MAX_CONNECTIONS if self.max_connections is None else self.max_connections
 
     def __post_init__(self) -> None:
+        if self.engine_dead_timeout_s is None:  # follows --engine-timeout: raising it alone stays valid
+            object.__setattr__(self, "engine_dead_timeout_s", 5 * self.engine_timeout_s)
         _require(0 < self.port < 65536, "--port", self.port, "1..65535")
         _require(self.data_parallel_size >= 1, "--data-parallel-size", self.data_parallel_size, ">= 1")
         _require(self.data_parallel_size_local >= 0, "--data-parallel-size-local",
                  self.data_parallel_size_local, ">= 0")
         _require(self.engine_timeout_s > self.heartbeat_interval_s / 5, "--engine-timeout",
                  self.engine_timeout_s, "> 0.1 s (engines beat every 100 ms)")
+        assert self.engine_dead_timeout_s is not None
         _require(self.engine_dead_timeout_s >= self.engine_timeout_s, "--engine-dead-timeout",
                  self.engine_dead_timeout_s, f">= --engine-timeout ({self.engine_timeout_s})")
         _require(self.max_body_bytes >= 1024, "--max-body-bytes", self.max_body_bytes, ">= 1024")
@@ -183,7 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-dead-timeout", type=float, default=d["engine_dead_timeout_s"],
                    dest="engine_dead_timeout_s",
                    help="seconds an engine may be silent before it is dead: its running requests fail (those "
-                        "that have no output yet go to another rank). A closed connection fails them at once")
+                        "that have no output yet go to another rank). A closed connection fails them at once. "
+                        "Default: 5 times --engine-timeout (10 s)")
     p.add_argument("--shutdown-timeout", type=float, default=d["shutdown_timeout_s"], dest="shutdown_timeout_s",
                    help="on SIGTERM or SIGINT, seconds running requests may still finish while new ones get 503; "
                         "then each one left ends with an error (a stream: an error event and [DONE]); a second "

@@ -103,6 +103,14 @@ def test_beyond_loopback_without_a_token_the_engine_refuses_to_start(
     assert (c.host, c.auth_token, c.insecure_no_auth_token) == (host, None, True)
 
 
+def test_the_opt_out_with_a_token_is_refused_not_ignored(monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("ENGINE_AUTH_TOKEN", "s3cret")
+    with pytest.raises(SystemExit):
+        parse_args(["--model", "tiny", "--host", "0.0.0.0", "--insecure-no-auth-token"])
+    assert "--insecure-no-auth-token=True is invalid: allowed only without a token" in capsys.readouterr().err
+
+
 def test_the_token_comes_from_a_file_or_the_environment(tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.delenv("ENGINE_AUTH_TOKEN", raising=False)

@@ -334,6 +334,7 @@ def test_the_dead_deadline_defaults_past_the_slow_one_and_may_not_precede_it(
     assert (config.engine_timeout_s, config.engine_dead_timeout_s) == (2.0, 10.0)
     same = parse_args(["--model", "tiny", "--engine-timeout", "5", "--engine-dead-timeout", "5"])
     assert same.engine_dead_timeout_s == 5  # no slow phase: silent past 5 s is dead, as before
+    assert parse_args(["--model", "tiny", "--engine-timeout", "15"]).engine_dead_timeout_s == 75  # follows it
     with pytest.raises(SystemExit):
         parse_args(["--model", "tiny", "--engine-timeout", "5", "--engine-dead-timeout", "4"])
     assert "--engine-dead-timeout=4.0 is invalid: allowed >= --engine-timeout (5.0)" in capsys.readouterr().err
