@@ -56,8 +56,11 @@ class AiohttpResponse:
 class AiohttpUpstream:
     def __init__(self) -> None:
         # limit=0: no pool-wide cap; the router's per-replica in-flight cap bounds connections.
+        # keepalive_timeout under uvicorn's 5 s (vLLM's server; ours keeps 75 s): an idle connection is
+        # dropped here before a replica closes it, since a request sent as the replica's close crosses it
+        # fails with nothing to show it never ran there, and is then not retried (dispatch.py).
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60, enable_cleanup_closed=True),
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4, enable_cleanup_closed=True),
             auto_decompress=False, skip_auto_headers=("User-Agent",))
 
     async def open(self, base_url: str, path: str, body: bytes, *, api_key: str | None,
