@@ -26,12 +26,11 @@ class GraniteToolParser(JsonCallsParser):
 
     MARKERS: tuple[str, ...] = MARKERS
 
-    __slots__ = ("_marker", "_opening")
+    __slots__ = ("_marker",)
 
     def __init__(self) -> None:
         super().__init__(separators=",", terminator="]")
         self._marker = ""
-        self._opening = ""  # the marker and the array's "[" as written, until a call is sent
 
     def _step(self, out: ParsedDelta, *, final: bool) -> bool:
         phase, buf = self._phase, self._buf
@@ -58,14 +57,6 @@ class GraniteToolParser(JsonCallsParser):
         else:
             return super()._step(out, final=final)
         return True
-
-    def _whole(self, out: ParsedDelta, *, final: bool) -> bool:
-        at = len(out.content)
-        done = super()._whole(out, final=final)
-        if self._phase == CONTENT and not len(self._calls) and self._opening:  # no call at all: all of it is text
-            out.content = out.content[:at] + self._opening + out.content[at:]
-            self._opening = ""
-        return done
 
 
 class Phi4MiniJsonToolParser(GraniteToolParser):

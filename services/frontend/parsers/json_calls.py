@@ -25,7 +25,7 @@ START, BETWEEN, OBJECT, AFTER, CONTENT = range(5)
 class JsonCallsParser(BufferedParser):
     """JSON call objects; a subclass decides in `_step` where they begin (phase START)."""
 
-    __slots__ = ("_calls", "_make_id", "_phase", "_scan", "_scanned", "_separators", "_terminator")
+    __slots__ = ("_calls", "_make_id", "_opening", "_phase", "_scan", "_scanned", "_separators", "_terminator")
 
     def __init__(self, *, separators: str, terminator: str = "",
                  make_id: Callable[[], str] = make_call_id) -> None:
@@ -37,6 +37,9 @@ class JsonCallsParser(BufferedParser):
         self._separators = separators + " \t\r\n"
         self._terminator = terminator  # ends the calls (mistral's "]"); "" for none
         self._make_id = make_id
+        # The text that opened the calls (a marker and an array's "["), set by a subclass that drops it: put
+        # back before the content when no call came of them (a malformed or cut first object).
+        self._opening = ""
 
     def calls(self) -> list[ToolCall]:
         return self._calls.complete()
@@ -71,6 +74,14 @@ class JsonCallsParser(BufferedParser):
 
     def _whole(self, out: ParsedDelta, *, final: bool) -> bool:
         """The object at `_buf`'s start: parse it once it closes; False while it is open."""
+        at = len(out.content)
+        done = self._object(out, final=final)
+        if self._phase == CONTENT and not len(self._calls) and self._opening:  # no call at all: all of it is text
+            out.content = out.content[:at] + self._opening + out.content[at:]
+            self._opening = ""
+        return done
+
+    def _object(self, out: ParsedDelta, *, final: bool) -> bool:
         scan = self._scan  # read on from where the last push left it: one pass over a long object
         end = self._scanned + scan.scan(self._buf[self._scanned:])
         self._scanned = end

@@ -39,12 +39,11 @@ def mistral_call_id() -> str:
 class MistralToolParser(JsonCallsParser):
     """Content until `[TOOL_CALLS]`, then calls in the v11 or the array format."""
 
-    __slots__ = ("_head", "_name", "_opening")
+    __slots__ = ("_head", "_name")
 
     def __init__(self) -> None:
         super().__init__(separators=",", terminator="]", make_id=mistral_call_id)
         self._name = self._head = ""  # the v11 call being read: its name, and its text before the arguments
-        self._opening = ""  # the array format's [TOOL_CALLS] and "[" as written, until a call is sent
 
     def _step(self, out: ParsedDelta, *, final: bool) -> bool:
         phase, buf = self._phase, self._buf
@@ -104,14 +103,6 @@ class MistralToolParser(JsonCallsParser):
         else:
             return super()._step(out, final=final)
         return True
-
-    def _whole(self, out: ParsedDelta, *, final: bool) -> bool:
-        at = len(out.content)
-        done = super()._whole(out, final=final)
-        if self._phase == CONTENT and not len(self._calls) and self._opening:  # no call at all: all of it is text
-            out.content = out.content[:at] + self._opening + out.content[at:]
-            self._opening = ""
-        return done
 
 
 def _is_object(text: str) -> bool:
