@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from tests.unit.frontend.parsers.vllm_differences import DIFFERENCES, REASONS
 from tests.unit.frontend.parsers.vllm_reference import (
     DS_CALLS_END,
+    EXTRA_TOKENS,
     KIMI_SECTION_END,
     Result,
     our_results,
@@ -195,9 +196,13 @@ def test_every_difference_is_a_row_with_a_reason() -> None:
 
 
 # Generated outputs: calls with arbitrary (schema-conforming) arguments, with and without text before.
-# Text the tokenizer round-trips (it normalizes to NFC), with no "<" (the XML-style formats have no escape).
+# Text the tokenizer round-trips (it normalizes to NFC), with no "<" (the XML-style formats have no escape),
+# and none of the marker tokens this harness adds to the tokenizer as special ones ("[ARGS]": vLLM's
+# engine drops a special token inside a value, which a real Qwen tokenizer would read as plain text).
+# Derandomized: the suite runs the same examples every time (a CI run must not draw a new case).
 _STRINGS = st.text(st.characters(blacklist_categories=("Cs", "Cc")), max_size=12).filter(
-    lambda s: "<" not in s and s == s.strip() and unicodedata.normalize("NFC", s) == s)
+    lambda s: "<" not in s and s == s.strip() and unicodedata.normalize("NFC", s) == s
+    and not any(token in s for token in EXTRA_TOKENS))
 
 
 @st.composite
@@ -218,7 +223,8 @@ def _generated_calls(draw: st.DrawFn) -> list[tuple[str, dict[str, Any]]]:
 
 
 @pytest.mark.parametrize("family", [f for f, (_, r) in FAMILIES.items() if r is None])
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=50, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(calls=_generated_calls())
 def test_generated(family: str, calls: list[tuple[str, dict[str, Any]]]) -> None:
     text = render(family, calls)
@@ -239,7 +245,8 @@ _RULE_FAMILIES = [f for f, (_, r) in FAMILIES.items() if r is None]
 
 
 @pytest.mark.parametrize("family", _RULE_FAMILIES)
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=50, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(calls=_generated_calls(), data=st.data())
 def test_damaged_output_never_gives_a_call_the_model_did_not_write(family: str, calls: list[tuple[str, dict[str, Any]]],
                                                                    data: st.DataObject) -> None:

@@ -23,7 +23,8 @@ TOOLS: list[dict[str, Any]] = [
 ]
 
 # Markers the tiny checkpoint's tokenizer (Qwen3's) lacks and vLLM's parsers look up in the vocabulary.
-_EXTRA_TOKENS = ["<|python_tag|>", "<|tool_call|>", "[TOOL_CALLS]", "[ARGS]", "<｜tool▁calls▁begin｜>",
+# Marker tokens the tiny (Qwen3) tokenizer lacks, added as special tokens so that vLLM's parsers find them.
+EXTRA_TOKENS = ["<|python_tag|>", "<|tool_call|>", "[TOOL_CALLS]", "[ARGS]", "<｜tool▁calls▁begin｜>",
                  "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"]
 
 
@@ -56,7 +57,7 @@ def _tokenizer() -> Any:
     from vllm.tokenizers.hf import get_cached_tokenizer
 
     tok = AutoTokenizer.from_pretrained(str(checkpoints.resolve("tiny")))
-    tok.add_special_tokens({"additional_special_tokens": _EXTRA_TOKENS})
+    tok.add_special_tokens({"additional_special_tokens": EXTRA_TOKENS})
     return get_cached_tokenizer(tok)  # as vLLM serves it: the vocabulary read once, not per parser
 
 
