@@ -6,7 +6,7 @@ import json
 
 import msgspec
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edge.json_text import lone_surrogates_replaced, non_finite
@@ -46,6 +46,7 @@ def _lenient(text: str) -> str:
     return "".join(out)
 
 
+@settings(max_examples=300, derandomize=True, database=None)  # the same examples every run
 @given(st.text(alphabet=st.sampled_from(["a", "\\", "\ud800", "\udbff", "\udc00", "\udfff", "\U0001f600", "u"])))
 def test_any_string_decodes_as_a_lenient_decoder_reads_it(text: str) -> None:
     """json.dumps writes every surrogate a Python string holds (lone ones too) as an escape."""
