@@ -46,11 +46,7 @@ def messages_to_chat(body: dict[str, Any]) -> dict[str, Any]:
     messages.extend(_messages(body.get("messages")))
     chat: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": max_tokens}
     _ask_tools(body, chat)
-    kwargs = body.get("chat_template_kwargs")
-    if kwargs is not None:
-        if not isinstance(kwargs, dict):
-            raise CodecError("chat_template_kwargs", "must be an object")
-        chat["chat_template_kwargs"] = kwargs
+    carry(body, chat, ("chat_template_kwargs",))  # before the reasoning options, which add to it
     _ask_thinking(body, chat, max_tokens)
     carry(body, chat, ("cache_salt",))
     if messages[-1]["role"] == "assistant":

@@ -93,6 +93,7 @@ SAMPLING = {
     "structured_outputs": _object, "presence_penalty": number, "frequency_penalty": number,
     "repetition_penalty": number, "stop_token_ids": _ints, "ignore_eos": _bool, "skip_special_tokens": _bool,
     "include_stop_str_in_output": _bool, "cache_salt": _string, "priority": whole,
+    "chat_template_kwargs": _object,
 }
 
 

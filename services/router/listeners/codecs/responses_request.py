@@ -75,11 +75,7 @@ def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
             chat[name] = number(value, name)
     carry(body, chat, _CARRIED)
     _ask_logprobs(body, chat)
-    kwargs = body.get("chat_template_kwargs")
-    if kwargs is not None:
-        if not isinstance(kwargs, dict):
-            raise CodecError("chat_template_kwargs", "must be an object")
-        chat["chat_template_kwargs"] = kwargs
+    carry(body, chat, ("chat_template_kwargs",))  # before the reasoning options, which add to it
     reasoning = body.get("reasoning")
     if reasoning is not None:
         if not isinstance(reasoning, dict):
