@@ -52,6 +52,11 @@ class Ready(_Wire, frozen=True):
     pub_port: int = 0
     major: int = 0
     minor: int = 0
+    # Since MINOR 5: what the engine's model does, as vLLM names it: runner "generate" or "pooling",
+    # and the tasks it serves ("generate"; or pooling tasks: "embed", "classify", "token_embed",
+    # "token_classify"). Older engines send neither: they generate.
+    runner: str = "generate"
+    tasks: list[str] = []
 
 
 class Reject(_Wire, frozen=True):
@@ -115,7 +120,28 @@ class SamplingParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
     bad_words: list[str] = []
 
 
+class PoolingParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
+    """A pooling request's parameters (since MINOR 5), named as vLLM's PoolingParams names them.
+
+    task: "embed", "classify", "token_embed" or "token_classify" (one the engine's Ready lists); a
+    cross-encoder score is "classify" over a (query, document) pair. dimensions: a matryoshka
+    truncation of the embedding (embed, token_embed). use_activation: None is the model's default
+    (normalize embeddings, softmax/sigmoid class logits), False returns the raw pooled values.
+    token_type_split: for a pair, the index of the first token of the second text (token type 1 from
+    there on: vLLM's compressed_token_type_ids); None for a single text."""
+
+    task: str
+    dimensions: int | None = None
+    use_activation: bool | None = None
+    token_type_split: int | None = None
+
+
 class GenerateRequest(_Wire, frozen=True):
+    """A request for one engine. With `pooling` set (since MINOR 5) it is a pooling request: the engine
+    runs the prompt once and answers with one RequestOutput carrying `pooled` (no tokens), and
+    `sampling` is ignored (the frontend sends max_tokens=1). An older engine would generate instead,
+    so the frontend sends pooling requests only to engines whose Ready lists the task."""
+
     TAG: ClassVar[int] = 5
     request_id: str
     prompt_token_ids: list[int]
@@ -125,6 +151,7 @@ class GenerateRequest(_Wire, frozen=True):
     lora: str | None = None
     cache_salt: str | None = None
     pinned_rank: int | None = None
+    pooling: PoolingParams | None = None
 
 
 class Abort(_Wire, frozen=True):
@@ -175,6 +202,16 @@ class PackedLogprobs(_Item):
     k: int
 
 
+class PackedPooled(_Item):
+    """Where one pooling request's output lies in its Outputs message's raw frames (since MINOR 5): a
+    little-endian float32 array of `shape` (one dimension: a sequence's embedding or class scores; two:
+    one row per token) at byte `offset` of raw frame `frame`. protocol/pooled.py reads and writes it."""
+
+    frame: int
+    offset: int
+    shape: list[int]
+
+
 class RequestTimings(_Item):
     """A request's phases in seconds on its engine's clock (since MINOR 4), as vLLM defines them: queued =
     first scheduled - queued (its arrival at the engine core), prefill = first token - first scheduled,
@@ -215,6 +252,8 @@ class RequestOutput(_Item):
     packed_logprobs: PackedLogprobs | None = None
     packed_prompt_logprobs: PackedLogprobs | None = None
     timings: RequestTimings | None = None
+    # Since MINOR 5: a pooling request's result, with finish_reason "stop" and no new tokens.
+    pooled: PackedPooled | None = None
 
 
 ERROR_INVALID, ERROR_DRAINING, ERROR_ENGINE = "invalid", "draining", "engine"
@@ -320,4 +359,4 @@ assert len(MESSAGE_TYPES) == len(get_args(Message)), "two messages share a tag"
 
 # Nested structs: not messages themselves, but part of the schema lock.
 NESTED_TYPES: tuple[type[msgspec.Struct], ...] = (SamplingParams, Logprobs, PackedLogprobs, RequestTimings,
-                                                   RequestOutput)
+                                                   RequestOutput, PoolingParams, PackedPooled)

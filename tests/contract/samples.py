@@ -15,6 +15,8 @@ from protocol import (
     Message,
     Outputs,
     PackedLogprobs,
+    PackedPooled,
+    PoolingParams,
     Ready,
     Reject,
     RequestOutput,
@@ -23,6 +25,7 @@ from protocol import (
     Stats,
     UtilityCall,
     UtilityResult,
+    pooled,
 )
 from protocol.logprobs import pack, segment_size
 
@@ -30,11 +33,14 @@ from protocol.logprobs import pack, segment_size
 # alternatives (its token 11 is the most likely), then 2 prompt rows with 1 alternative each.
 SAMPLE_LOGPROBS = pack([11, 11, 12], [-0.25, -0.25, -1.5], [1])
 SAMPLE_PROMPT_LOGPROBS = pack([5, 7, 6, 6], [-3.0, -0.5, -0.125, -0.125], [4, 1])
-RAW_FRAMES: dict[str, list[bytes]] = {"Outputs": [SAMPLE_LOGPROBS + SAMPLE_PROMPT_LOGPROBS]}
+# req-5's pooled output, a 3-float embedding, in a raw frame of its own.
+SAMPLE_POOLED = pooled.pack([0.5, -0.25, 0.125])
+RAW_FRAMES: dict[str, list[bytes]] = {"Outputs": [SAMPLE_LOGPROBS + SAMPLE_PROMPT_LOGPROBS, SAMPLE_POOLED]}
 
 SAMPLES: dict[str, Message] = {
     "Hello": Hello(1, 0, "0123456789abcdef", "frontend-a", "secret"),
-    "Ready": Ready(3, "tiny", 4096, 16, 1024, "sim", "0.1.0", "epoch01", 5655, 1, 0),
+    "Ready": Ready(3, "tiny", 4096, 16, 1024, "sim", "0.1.0", "epoch01", 5655, 1, 0, "pooling",
+                   ["embed", "token_embed"]),
     "Reject": Reject("version_mismatch", "frontend speaks 2.0, engine speaks 1.0"),
     "Heartbeat": Heartbeat(7, 1700000000.25),
     "GenerateRequest": GenerateRequest(
@@ -53,6 +59,7 @@ SAMPLES: dict[str, Message] = {
         lora="adapter-a",
         cache_salt="tenant-1",
         pinned_rank=1,
+        pooling=PoolingParams("classify", 8, False, 3),
     ),
     "Abort": Abort(["req-1", "req-2"]),
     "UtilityCall": UtilityCall(9, "sleep", {"level": 1}),
@@ -68,6 +75,7 @@ SAMPLES: dict[str, Message] = {
             RequestOutput("req-3", [], "error", None, 0, None, "prompt too long", "invalid"),
             RequestOutput("req-4", [11], None, None, 0, None, None, None,
                           PackedLogprobs(0, 0, 1, 2), PackedLogprobs(0, segment_size(1, 2), 2, 1)),
+            RequestOutput("req-5", [], "stop", pooled=PackedPooled(1, 0, [3])),
         ],
         1700000001.0,
     ),

@@ -85,13 +85,31 @@ def test_minor_3_and_minor_4_peers_read_each_others_outputs_and_stats() -> None:
     the defaults (no timings, no counts), which it exports as nothing measured."""
     frames = encode(SAMPLES["Outputs"], *RAW_FRAMES["Outputs"])
     old = msgspec.msgpack.decode(frames[1], type=OldOutputs)
-    assert [o.request_id for o in old.outputs] == ["req-1", "req-2", "req-3", "req-4"]
+    assert [o.request_id for o in old.outputs] == ["req-1", "req-2", "req-3", "req-4", "req-5"]
     body = _body("Outputs")
     for out in body[2]:
         del out[10:]  # as a 1.3 engine writes them: up to packed_prompt_logprobs
     outs = decode([encode(SAMPLES["Outputs"])[0], msgspec.msgpack.encode(body)]).outputs  # type: ignore[union-attr]
-    assert [o.timings for o in outs] == [None] * 4
+    assert [o.timings for o in outs] == [None] * 5
     assert outs[1].stop_reason == 151645
     stats = _body("Stats")[:11]  # up to session_epoch
     got = decode([encode(SAMPLES["Stats"])[0], msgspec.msgpack.encode(stats)])
     assert (got.num_preemptions, got.iteration_tokens, got.iteration_tokens_sum) == (0, [], 0)  # type: ignore[union-attr]
+
+
+def test_minor_4_and_minor_5_peers_skew_on_pooling() -> None:
+    """1.5 appended pooling: a 1.4 engine's Ready reads as a generating engine with no pooling tasks
+    (so a 1.5 frontend sends it no pooling request), and a 1.4 reader of a 1.5 GenerateRequest and
+    Outputs decodes them without the pooling fields."""
+    ready = _body("Ready")[:11]  # up to minor, as a 1.4 engine writes it
+    got = decode([encode(SAMPLES["Ready"])[0], msgspec.msgpack.encode(ready)])
+    assert (got.runner, got.tasks) == ("generate", [])  # type: ignore[union-attr]
+    request = _body("GenerateRequest")
+    assert request[-1] == ["classify", 8, False, 3]
+    old = decode([encode(SAMPLES["GenerateRequest"])[0], msgspec.msgpack.encode(request[:-1])])
+    assert old.pooling is None  # type: ignore[union-attr]
+    body = _body("Outputs")
+    for out in body[2]:
+        del out[11:]  # as a 1.4 engine writes them: up to timings
+    outs = decode([encode(SAMPLES["Outputs"])[0], msgspec.msgpack.encode(body)]).outputs  # type: ignore[union-attr]
+    assert [o.pooled for o in outs] == [None] * 5
