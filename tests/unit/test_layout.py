@@ -154,7 +154,9 @@ LAYERS = {
     ],
     "services.router": [
         ("config", "errors", "metrics"),
-        ("backends", "decision"),
+        ("backends",),  # chat pools and the replica scheduling the model runtime shares
+        ("runtime",),  # decision-model deployments, on the backends' scheduling
+        ("decision",),  # signals ask the runtime's port
         ("listeners",),
         ("app",), ("server",), ("__main__",),
     ],
@@ -189,7 +191,7 @@ def test_each_service_imports_down_its_layers(service: str) -> None:
 def test_the_layer_check_finds_an_upward_import() -> None:
     # The router's listeners import its backends (a lower layer): with the two swapped, that is upward.
     assert _layer_violations("services.router", [("config", "errors", "metrics"), ("listeners", "decision"),
-                                                 ("backends",), ("app",), ("server",), ("__main__",)])
+                                                 ("backends", "runtime"), ("app",), ("server",), ("__main__",)])
 
 
 def test_protocol_is_pure() -> None:

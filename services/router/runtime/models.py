@@ -1,0 +1,51 @@
+"""What the decision engine asks of the model runtime: one call per signal evaluation, answered by one
+worker of a deployment. Runs on the router's event loop. The runtime (deployments.py) implements it;
+signals see only this port, so unit tests give them a fake."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class ModelUnavailable(RuntimeError):
+    """A deployment could not answer in time: no ready worker, every worker full, the worker failed or
+    timed out. The message says which and why; the signal becomes unknown, the request goes on."""
+
+
+@dataclass(slots=True, frozen=True)
+class Answer:
+    worker: str  # the replica that answered (its URL)
+    latency_s: float  # the call as the router saw it
+
+
+@dataclass(slots=True, frozen=True)
+class Embedded(Answer):
+    vectors: list[list[float]]  # one per text, L2-normalized as the model's pooler gives them
+
+
+@dataclass(slots=True, frozen=True)
+class Label:
+    label: str  # the top class's name (the checkpoint's id2label)
+    probability: float  # its probability
+    probs: dict[str, float]  # every class by name
+
+
+@dataclass(slots=True, frozen=True)
+class Classified(Answer):
+    results: list[Label]  # one per text
+
+
+@dataclass(slots=True, frozen=True)
+class Reranked(Answer):
+    scores: list[float]  # one per document, in document order (the cross-encoder's relevance score)
+
+
+class DecisionModels(Protocol):
+    """Deployments by name. Every call raises ModelUnavailable (never hangs past `timeout_s`) and
+    KeyError for a deployment the config does not declare (a config error caught at load)."""
+
+    async def embed(self, deployment: str, texts: list[str], *, timeout_s: float) -> Embedded: ...
+
+    async def classify(self, deployment: str, texts: list[str], *, timeout_s: float) -> Classified: ...
+
+    async def rerank(self, deployment: str, query: str, documents: list[str], *, timeout_s: float) -> Reranked: ...
