@@ -41,9 +41,11 @@ def encode_texts(tokenizer: Tokenizer, texts: Sequence[str], *, add_special_toke
 
 
 def encode_pairs(tokenizer: Tokenizer, pairs: Sequence[tuple[str, str]], *, keep: int | None, side: str | None,
-                 token_types: bool, use_sep_token: bool) -> list[Encoded]:
+                 token_types: bool, use_sep_token: bool, only_second: bool = False) -> list[Encoded]:
     """Each (query, document) pair as a cross-encoder reads it: the tokenizer's pair encoding
-    ([CLS] a [SEP] b [SEP] for BERT), or, without separators, the two texts joined as one."""
+    ([CLS] a [SEP] b [SEP] for BERT), or, without separators, the two texts joined as one.
+    `only_second`: the tokenizer cuts the document alone to fit `keep` (vLLM's way once a request sets
+    max_tokens_per_doc), not the longer text first."""
     if not use_sep_token:
         joined = encode_texts(tokenizer, [a + b for a, b in pairs], add_special_tokens=True, keep=keep, side=side)
         return [Encoded(e.ids, len(e.ids) if token_types else None) for e in joined]
@@ -55,7 +57,7 @@ def encode_pairs(tokenizer: Tokenizer, pairs: Sequence[tuple[str, str]], *, keep
             if side is not None:
                 ids, types = sliced(ids, keep, side), sliced(types, keep, side)
             else:
-                enc = _longest_first(tokenizer, pair, keep)
+                enc = (_second_cut if only_second else _longest_first)(tokenizer, pair, keep)
                 ids, types = enc.ids, enc.type_ids
         out.append(Encoded(ids, _first_one(types) if token_types else None))
     return out
@@ -79,6 +81,30 @@ def _longest_first(tokenizer: Tokenizer, pair: tuple[str, str], keep: int) -> En
     first.truncate(n1, direction="right")
     second.truncate(n2, direction="right")
     return tokenizer.post_process(first, second, add_special_tokens=True)
+
+
+def _second_cut(tokenizer: Tokenizer, pair: tuple[str, str], keep: int) -> Encoding:
+    """The pair cut to `keep` tokens by cutting the document only (tokenizers' OnlySecond)."""
+    first, second = (tokenizer.encode(text, add_special_tokens=False) for text in pair)
+    room = _room(keep, _special(tokenizer, pair=True)) - len(first.ids)
+    if room < 0:
+        raise APIError(400, f"truncate_prompt_tokens={keep}: the query alone is longer, and with "
+                       "max_tokens_per_doc only the document is cut", param="truncate_prompt_tokens")
+    second.truncate(room, direction="right")
+    return tokenizer.post_process(first, second, add_special_tokens=True)
+
+
+def cut_text(tokenizer: Tokenizer, text: str, max_tokens: int) -> str:
+    """The text cut at a token boundary so that it tokenizes (without special tokens) to at most
+    `max_tokens` tokens, as vLLM applies max_tokens_per_query and max_tokens_per_doc: cut where the
+    last kept token ends, and again while re-tokenizing the cut text still gives more."""
+    while text:
+        enc = tokenizer.encode(text, add_special_tokens=False)
+        if len(enc.ids) <= max_tokens:
+            break
+        end = min(enc.offsets[max_tokens - 1][1], enc.offsets[max_tokens][0]) if max_tokens > 0 else 0
+        text = text[:min(end, len(text) - 1)]
+    return text
 
 
 def _special(tokenizer: Tokenizer, *, pair: bool) -> int:

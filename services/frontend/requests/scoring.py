@@ -30,7 +30,7 @@ from services.frontend.requests.json_body import parse
 from services.frontend.requests.pooling_fields import MAX_INPUTS, PoolingFields
 from services.frontend.requests.pooling_job import Pooled, PoolingInput, PoolingJob
 from services.frontend.requests.pooling_model import PoolingModel
-from services.frontend.requests.prompt_encoding import Encoded, encode_pairs, encode_texts
+from services.frontend.requests.prompt_encoding import Encoded, cut_text, encode_pairs, encode_texts
 
 PREFIX = "score"  # vLLM's response id prefix, for rerank too (one serving class answers both)
 SCORE_API, RERANK_API = "Score API", "Rerank (Score) API"
@@ -184,9 +184,6 @@ def _check(req: _Scoring, max_model_len: int) -> int | None:
             raise APIError(400, f"{name} must be a non-negative integer", param=name)
         if value >= max_model_len:
             raise APIError(400, f"{name} ({value}) must be less than max_model_len ({max_model_len}).", param=name)
-        if value:
-            raise APIError(400, f"{name}: truncating each text apart is not supported by this server yet; use "
-                           "truncate_prompt_tokens", param=name)
     for name in ("instruction", "chat_template_kwargs"):
         if getattr(req, name) is not None:
             raise APIError(400, f"{name}: score templates are not supported by this server (vLLM reads it only "
@@ -229,10 +226,15 @@ def _pooling_inputs(task: str, model: PoolingModel, req: _Scoring, keep: int | N
     """The engine requests and how their outputs become scores: each pair encoded together
     (cross-encoder), or each text once (bi-encoder: the first side's texts, then the second's)."""
     (first, second), firsts, seconds = sides
+    if req.max_tokens_per_query:
+        firsts = [cut_text(model.tokenizer, text, req.max_tokens_per_query) for text in firsts]
+    if req.max_tokens_per_doc:
+        seconds = [cut_text(model.tokenizer, text, req.max_tokens_per_doc) for text in seconds]
     if task == "classify":
         pairs = list(zip(firsts * len(seconds) if len(firsts) == 1 else firsts, seconds, strict=True))
         encoded = encode_pairs(model.tokenizer, pairs, keep=keep, side=req.truncation_side,
-                               token_types=model.token_types, use_sep_token=model.use_sep_token)
+                               token_types=model.token_types, use_sep_token=model.use_sep_token,
+                               only_second=req.max_tokens_per_doc > 0)
         params = [f"{second}[{i}]" if len(seconds) > 1 else second for i in range(len(pairs))]
         scores = PairScores(None)
     else:

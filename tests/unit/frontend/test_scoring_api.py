@@ -65,8 +65,8 @@ def vllm_cross(hf: Any) -> Any:
     return proc
 
 
-def vllm_pair(hf: Any, proc: Any, first: str, second: str, keep: int | None = None,
-              side: str | None = None) -> tuple[list[int], int]:
+def vllm_pair(hf: Any, proc: Any, first: str, second: str, keep: int | None = None, side: str | None = None,
+              per_query: int = 0, per_doc: int = 0) -> tuple[list[int], int]:
     """A pair's token ids and compressed token type ids as vLLM's cross-encoder render makes them."""
     from vllm.entrypoints.pooling.scoring.io_processor import _apply_post_tokenization_to_token_type_ids
     from vllm.entrypoints.pooling.scoring.utils import compress_token_type_ids
@@ -74,7 +74,8 @@ def vllm_pair(hf: Any, proc: Any, first: str, second: str, keep: int | None = No
 
     params = TokenizeParams(max_total_tokens=MAX_LEN, max_output_tokens=0, truncate_prompt_tokens=keep,
                             truncation_side=side, add_special_tokens=True)
-    _, prompt = proc.get_score_prompt(first, second, params.get_encode_kwargs())
+    _, prompt = proc.get_score_prompt(first, second, params.get_encode_kwargs(), max_tokens_per_query=per_query,
+                                      max_tokens_per_doc=per_doc)
     params.apply_post_tokenization(hf, prompt)
     type_ids = _apply_post_tokenization_to_token_type_ids(hf, params, prompt.pop("token_type_ids"))
     return prompt["prompt_token_ids"], compress_token_type_ids(type_ids)
@@ -131,6 +132,38 @@ def test_truncation_of_a_pair_is_vllm_s(cross: PoolingModel, hf: Any, vllm_cross
         body["truncation_side"] = side
     sent = score(cross, body).inputs[0]
     assert (sent.token_ids, sent.params.token_type_split) == vllm_pair(hf, vllm_cross, first, second, keep, side)
+
+
+@pytest.mark.parametrize(("per_query", "per_doc"), [(0, 3), (2, 0), (4, 6), (8, 3), (1, 1), (40, 40)])
+@pytest.mark.parametrize(("keep", "side"), [(None, None), (12, None), (-1, None), (12, "left"), (9, "right")])
+def test_per_text_limits_cut_as_vllm_cuts(cross: PoolingModel, hf: Any, vllm_cross: Any, per_query: int,
+                                          per_doc: int, keep: int | None, side: str | None) -> None:
+    query, doc = "unbelievably long-winded questions, asked twice", " ".join(DOCS)
+    body: dict[str, Any] = {"query": query, "documents": [doc, "tiny"], "max_tokens_per_query": per_query,
+                            "max_tokens_per_doc": per_doc, "truncate_prompt_tokens": keep, "truncation_side": side}
+    try:
+        theirs = [vllm_pair(hf, vllm_cross, query, d, keep, side, per_query, per_doc) for d in (doc, "tiny")]
+    except Exception as exc:  # the tokenizer's own error, a 500 at vLLM: the query alone is past the cut
+        assert "Truncation error" in str(exc)
+        assert "only the document is cut" in refused(rerank, cross, body, "truncate_prompt_tokens")
+        return
+    assert [(i.token_ids, i.params.token_type_split) for i in rerank(cross, body).inputs] == theirs
+
+
+def test_per_text_limits_cut_each_text_of_a_bi_encoder_as_vllm_cuts(embedder: PoolingModel, hf: Any) -> None:
+    from vllm.entrypoints.pooling.scoring.utils import truncate_text_to_tokens
+
+    texts = ["unbelievably long-winded questions", "Ünïcödé, emoji 🙂 and more words", "ok"]
+    made = score(embedder, {"queries": texts[0], "documents": texts[1:], "max_tokens_per_query": 3,
+                            "max_tokens_per_doc": 4}, tasks=EMBED_TASKS)
+    limits = [3, 4, 4]
+    assert [i.token_ids for i in made.inputs] == [hf(truncate_text_to_tokens(t, hf, n))["input_ids"]
+                                                  for t, n in zip(texts, limits, strict=True)]
+
+
+def test_a_query_longer_than_truncation_allows_with_a_document_limit_is_refused(cross: PoolingModel) -> None:
+    body = {"query": QUERY, "documents": "a b c", "max_tokens_per_doc": 2, "truncate_prompt_tokens": 5}
+    assert "only the document is cut" in refused(rerank, cross, body, "truncate_prompt_tokens")
 
 
 def test_a_pair_past_the_context_is_refused_naming_the_document(cross: PoolingModel) -> None:
@@ -262,7 +295,6 @@ def test_a_cross_encoder_output_of_more_than_one_value_is_an_error_not_a_score(c
     ({"queries": QUERY, "documents": ["a", {"content": []}]}, "documents[1]", "text only"),
     ({"queries": {"content": []}, "documents": "a"}, "queries", "text only"),
     ({"queries": QUERY, "documents": ["a"] * 2049}, "documents", "at most 2048"),
-    ({"queries": QUERY, "documents": "a", "max_tokens_per_doc": 5}, "max_tokens_per_doc", "not supported"),
     ({"queries": QUERY, "documents": "a", "max_tokens_per_query": -1}, "max_tokens_per_query", "non-negative"),
     ({"queries": QUERY, "documents": "a", "max_tokens_per_doc": MAX_LEN}, "max_tokens_per_doc", "less than"),
     ({"queries": QUERY, "documents": "a", "instruction": "be strict"}, "instruction", "score templates"),
