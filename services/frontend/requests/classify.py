@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -47,7 +47,8 @@ class ClassifyWriter:
 
     def __call__(self, outputs: list[Pooled], prompt_tokens: int) -> dict[str, Any]:
         data = []
-        for index, probs in enumerate(outputs):
+        for index, pooled in enumerate(outputs):
+            probs = cast("list[float]", list(pooled))  # a list even if the engine's values came as a float32 array view
             top = max(range(len(probs)), key=probs.__getitem__)  # the first of equal ones, as numpy's argmax
             data.append({"index": index, "label": self.id2label.get(top), "probs": probs, "num_classes": len(probs)})
         return {"id": self.id, "object": "list", "created": self.created, "model": self.model, "data": data,

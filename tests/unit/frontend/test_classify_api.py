@@ -142,6 +142,17 @@ def test_the_engine_request_is_a_classify_with_the_request_s_activation(model: P
     assert job(model, {"input": "a"}).inputs[0].params.use_activation is None  # the model's default
 
 
+def test_float32_values_are_written_as_vllm_writes_them(model: PoolingModel) -> None:
+    from array import array
+
+    import torch
+
+    values = array("f", [0.1, 0.7, 0.2])  # float32, as the engine packs them
+    body = job(model, {"input": "a"}).respond([values], 3)  # type: ignore[list-item]
+    assert body["data"][0]["probs"] == torch.tensor([0.1, 0.7, 0.2]).tolist()  # vLLM's floats, exactly
+    assert type(body["data"][0]["probs"]) is list
+
+
 def test_the_writer_crosses_processes(model: PoolingModel) -> None:
     made = job(model, {"input": "a", "request_id": "r"})
     again = pickle.loads(pickle.dumps(made.respond))
