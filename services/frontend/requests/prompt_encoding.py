@@ -25,17 +25,19 @@ class Encoded:
 def encode_texts(tokenizer: Tokenizer, texts: Sequence[str], *, add_special_tokens: bool, keep: int | None,
                  side: str | None) -> list[Encoded]:
     """Each text's token ids, cut to `keep` tokens when it has more."""
+    special = _special(tokenizer, pair=False) if add_special_tokens else 0
     out = []
     for text, whole in zip(texts, tokenizer.encode_batch(list(texts), add_special_tokens=add_special_tokens),
                            strict=True):
         if keep is None or len(whole.ids) <= keep:
             out.append(Encoded(whole.ids))
-        elif side is not None:
-            out.append(Encoded(sliced(whole.ids, keep, side)))
+        elif side is not None or keep < special:
+            # Below the special tokens, transformers leaves the text whole (it logs an error) and vLLM's
+            # renderer then slices it from the right, special tokens and all.
+            out.append(Encoded(sliced(whole.ids, keep, side or "right")))
         else:
-            special = _special(tokenizer, pair=False) if add_special_tokens else 0
             bare = tokenizer.encode(text, add_special_tokens=False)
-            bare.truncate(_room(keep, special), direction="right")
+            bare.truncate(keep - special, direction="right")
             out.append(Encoded(tokenizer.post_process(bare, None, add_special_tokens=add_special_tokens).ids))
     return out
 
@@ -49,13 +51,13 @@ def encode_pairs(tokenizer: Tokenizer, pairs: Sequence[tuple[str, str]], *, keep
     if not use_sep_token:
         joined = encode_texts(tokenizer, [a + b for a, b in pairs], add_special_tokens=True, keep=keep, side=side)
         return [Encoded(e.ids, len(e.ids) if token_types else None) for e in joined]
+    special = _special(tokenizer, pair=True)
     out = []
     for pair, whole in zip(pairs, tokenizer.encode_batch(list(pairs), add_special_tokens=True), strict=True):
-        enc = whole
         ids, types = whole.ids, whole.type_ids
         if keep is not None and len(ids) > keep:
-            if side is not None:
-                ids, types = sliced(ids, keep, side), sliced(types, keep, side)
+            if side is not None or keep < special:  # as for one text (encode_texts)
+                ids, types = sliced(ids, keep, side or "right"), sliced(types, keep, side or "right")
             else:
                 enc = (_second_cut if only_second else _longest_first)(tokenizer, pair, keep)
                 ids, types = enc.ids, enc.type_ids
@@ -72,7 +74,7 @@ def _longest_first(tokenizer: Tokenizer, pair: tuple[str, str], keep: int) -> En
     """The pair cut to `keep` tokens as the tokenizers library's LongestFirst strategy cuts it: the
     longer text down towards the shorter one first, then both evenly (the longer keeps the odd token)."""
     first, second = (tokenizer.encode(text, add_special_tokens=False) for text in pair)
-    room = _room(keep, _special(tokenizer, pair=True))
+    room = keep - _special(tokenizer, pair=True)
     short, long = sorted((len(first.ids), len(second.ids)))
     long = short if short > room else max(short, room - short)
     if short + long > room:
@@ -86,7 +88,7 @@ def _longest_first(tokenizer: Tokenizer, pair: tuple[str, str], keep: int) -> En
 def _second_cut(tokenizer: Tokenizer, pair: tuple[str, str], keep: int) -> Encoding:
     """The pair cut to `keep` tokens by cutting the document only (tokenizers' OnlySecond)."""
     first, second = (tokenizer.encode(text, add_special_tokens=False) for text in pair)
-    room = _room(keep, _special(tokenizer, pair=True)) - len(first.ids)
+    room = keep - _special(tokenizer, pair=True) - len(first.ids)
     if room < 0:
         raise APIError(400, f"truncate_prompt_tokens={keep}: the query alone is longer, and with "
                        "max_tokens_per_doc only the document is cut", param="truncate_prompt_tokens")
@@ -110,13 +112,6 @@ def cut_text(tokenizer: Tokenizer, text: str, max_tokens: int) -> str:
 def _special(tokenizer: Tokenizer, *, pair: bool) -> int:
     processor = tokenizer.post_processor
     return processor.num_special_tokens_to_add(pair) if processor is not None else 0
-
-
-def _room(keep: int, special: int) -> int:
-    if keep < special:  # transformers refuses it too: the special tokens alone are longer
-        raise APIError(400, f"truncate_prompt_tokens={keep} leaves no room for the prompt's {special} special "
-                       "tokens", param="truncate_prompt_tokens")
-    return keep - special
 
 
 def _first_one(type_ids: list[int]) -> int:
