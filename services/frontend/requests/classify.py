@@ -3,7 +3,7 @@ into a PoolingJob, one engine request per input with task "classify", whose writ
 ClassificationResponse. Runs in each API server process, from the route.
 
 The route's call (no I/O here; tokenizing a large batch may go to a thread, see prompt_encoding.py):
-    job = classify.translate(body, model, max_model_len=..., tasks=...)
+    job = classify.translate(body, model, max_model_len=..., tasks=..., request_id=<X-Request-Id>)
 where `model` is a PoolingModel (pooling_model.py) built once at start and `tasks` the engines'
 Ready.tasks; a 400 is raised as APIError. `job.respond(outputs, prompt_tokens)` is a picklable
 ClassifyWriter.
@@ -56,8 +56,9 @@ class ClassifyWriter:
 
 
 def translate(body: bytes | dict[str, Any], model: PoolingModel, *, max_model_len: int, tasks: Collection[str],
-              max_inputs: int = MAX_INPUTS) -> PoolingJob:
-    """A /classify body (raw JSON, or already decoded) as the PoolingJob that answers it."""
+              max_inputs: int = MAX_INPUTS, request_id: str | None = None) -> PoolingJob:
+    """A /classify body (raw JSON, or already decoded) as the PoolingJob that answers it. `request_id`:
+    the X-Request-Id header, which vLLM's response id prefers to the body's."""
     if TASK not in tasks:  # vLLM's words (a 501 there); a 400 here, naming what the model serves
         raise APIError(400, "The model does not support Classification API: its engines serve "
                        f"{', '.join(sorted(tasks)) or 'no pooling task'}", param="model")
@@ -74,7 +75,7 @@ def translate(body: bytes | dict[str, Any], model: PoolingModel, *, max_model_le
     for i, ids in enumerate(_token_ids(prompts, model, req, keep)):
         pooling_fields.check_length("input" if len(prompts) == 1 else f"input[{i}]", len(ids), max_model_len)
         inputs.append(PoolingInput(ids, params))
-    writer = ClassifyWriter(pooling_fields.response_id(req, TASK), pooling_fields.created(), model.name,
+    writer = ClassifyWriter(pooling_fields.response_id(req, TASK, request_id), pooling_fields.created(), model.name,
                             model.id2label)
     return PoolingJob(TASK, inputs, writer, priority=req.priority)
 

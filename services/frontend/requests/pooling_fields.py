@@ -76,9 +76,11 @@ def check_length(param: str, length: int, max_model_len: int) -> None:
                        "the length of the input, or set truncate_prompt_tokens.", param=param)
 
 
-def response_id(req: PoolingFields, prefix: str) -> str:
-    """vLLM's response id: the route's prefix and the request's request_id (a random one if unset)."""
-    return f"{prefix}-{req.request_id if req.request_id is not None else uuid.uuid4().hex}"
+def response_id(req: PoolingFields, prefix: str, header: str | None) -> str:
+    """vLLM's response id: the route's prefix and the X-Request-Id header, else the body's request_id,
+    else a random one."""
+    base = header if header is not None else req.request_id
+    return f"{prefix}-{base if base is not None else uuid.uuid4().hex}"
 
 
 def created() -> int:

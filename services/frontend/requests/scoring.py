@@ -8,10 +8,11 @@ encoded together (cross-encoder: task "classify", each pair one engine request, 
 the second text starts).
 
 The routes' calls (no I/O here; tokenizing a large batch may go to a thread, see prompt_encoding.py):
-    job = scoring.translate_score(body, model, max_model_len=..., tasks=...)
-    job = scoring.translate_rerank(body, model, max_model_len=..., tasks=...)
-with `model` a PoolingModel (pooling_model.py) and `tasks` the engines' Ready.tasks; a 400 is raised as
-APIError. `job.respond` is a picklable writer.
+    job = scoring.translate_score(body, model, max_model_len=..., tasks=..., request_id=<X-Request-Id>)
+    job = scoring.translate_rerank(body, model, max_model_len=..., tasks=..., request_id=<X-Request-Id>)
+with `model` a PoolingModel (pooling_model.py), `tasks` the engines' Ready.tasks and `request_id` the
+X-Request-Id header (vLLM's response id prefers it to the body's); a 400 is raised as APIError.
+`job.respond` is a picklable writer.
 """
 from __future__ import annotations
 
@@ -120,7 +121,8 @@ class RerankWriter:
 
 
 def translate_score(body: bytes | dict[str, Any], model: PoolingModel, *, max_model_len: int,
-                    tasks: Collection[str], max_inputs: int = MAX_INPUTS) -> PoolingJob:
+                    tasks: Collection[str], max_inputs: int = MAX_INPUTS,
+                    request_id: str | None = None) -> PoolingJob:
     """A /score body (raw JSON, or already decoded) as the PoolingJob that answers it: 1:1, 1:N or N:N."""
     task = _task(tasks, model, SCORE_API)
     req: ScoreRequest = parse(ScoreRequest, _raw(body))
@@ -132,12 +134,14 @@ def translate_score(body: bytes | dict[str, Any], model: PoolingModel, *, max_mo
         raise APIError(400, f"{names[0]}, {names[1]}: Input lengths must be either 1:1, 1:N or N:N (got "
                        f"{len(firsts)}:{len(seconds)})", param=names[1])
     inputs, scores = _pooling_inputs(task, model, req, keep, max_model_len, (names, firsts, seconds))
-    writer = ScoreWriter(pooling_fields.response_id(req, PREFIX), pooling_fields.created(), model.name, scores)
+    writer = ScoreWriter(pooling_fields.response_id(req, PREFIX, request_id), pooling_fields.created(), model.name,
+                         scores)
     return PoolingJob(task, inputs, writer, priority=req.priority)
 
 
 def translate_rerank(body: bytes | dict[str, Any], model: PoolingModel, *, max_model_len: int,
-                     tasks: Collection[str], max_inputs: int = MAX_INPUTS) -> PoolingJob:
+                     tasks: Collection[str], max_inputs: int = MAX_INPUTS,
+                     request_id: str | None = None) -> PoolingJob:
     """A /rerank body (raw JSON, or already decoded) as the PoolingJob that answers it."""
     task = _task(tasks, model, RERANK_API)
     req: RerankRequest = parse(RerankRequest, _raw(body))
@@ -152,8 +156,8 @@ def translate_rerank(body: bytes | dict[str, Any], model: PoolingModel, *, max_m
     docs = _texts("documents", req.documents, max_inputs)
     names = ("query", "documents")
     inputs, scores = _pooling_inputs(task, model, req, keep, max_model_len, (names, [req.query], docs))
-    writer = RerankWriter(pooling_fields.response_id(req, PREFIX), model.name, scores, docs, req.top_n,
-                          req.return_documents is not False)
+    writer = RerankWriter(pooling_fields.response_id(req, PREFIX, request_id), model.name, scores, docs,
+                          req.top_n, req.return_documents is not False)
     return PoolingJob(task, inputs, writer, priority=req.priority)
 
 

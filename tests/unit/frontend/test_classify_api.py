@@ -80,6 +80,13 @@ def test_the_body_is_vllm_s_classification_response(model: PoolingModel) -> None
     assert body["usage"]["prompt_tokens"] == body["usage"]["total_tokens"] == 9
 
 
+def test_the_response_id_prefers_the_x_request_id_header_as_vllm(model: PoolingModel) -> None:
+    made = classify.translate({"input": "a", "request_id": "body"}, model, max_model_len=MAX_LEN, tasks=TASKS,
+                              request_id="header")
+    assert made.respond([[1.0, 0.0, 0.0]], 3)["id"] == "classify-header"
+    assert job(model, {"input": "a"}).respond([[1.0, 0.0, 0.0]], 3)["id"].startswith("classify-")
+
+
 def test_the_label_is_the_first_top_class_and_none_past_the_config_s_labels(model: PoolingModel) -> None:
     body = job(model, {"input": "x"}).respond([[0.4, 0.4, 0.2]], 3)
     assert body["data"][0]["label"] == "chat"  # numpy's argmax: the first of equal ones

@@ -256,6 +256,14 @@ def test_rerank_is_vllm_s_order_and_top_n(cross: PoolingModel, top_n: int) -> No
     assert [r["index"] for r in body["results"]][:3] == [1, 3, 0][:top_n or 3]  # ties keep the order sent
 
 
+def test_the_response_ids_prefer_the_x_request_id_header_as_vllm(cross: PoolingModel) -> None:
+    for translate in (scoring.translate_score, scoring.translate_rerank):
+        body = {"text_1": "q", "text_2": "a", "request_id": "body"} if translate is scoring.translate_score \
+            else {"query": "q", "documents": "a", "request_id": "body"}
+        made = translate(body, cross, max_model_len=MAX_LEN, tasks=CROSS_TASKS, request_id="header")
+        assert made.respond([[0.5]], 4)["id"] == "score-header"  # vLLM's prefix for both routes
+
+
 def test_return_documents_false_leaves_the_documents_out(cross: PoolingModel) -> None:
     body = rerank(cross, {"query": QUERY, "documents": DOCS, "return_documents": False}).respond([[0.1], [0.3],
                                                                                                 [0.2]], 9)
