@@ -188,6 +188,7 @@ def test_runner_and_tasks_from_the_flags_and_the_checkpoint(tmp_path: Path) -> N
 def test_the_sim_on_minilm_pools_with_its_hidden_size() -> None:
     sim, _ = build_backend(EngineConfig(model="minilm", backend="sim", sim_instant=True))
     assert (sim.info.runner, sim.info.tasks) == ("pooling", ALL_POOLING_TASKS)
+    assert sim.info.max_model_len == 256  # sentence_bert_config's max_seq_length, as vLLM reads it
     got, _ = run(sim, pool_req("m", [101, 7592, 102], "embed"), pool_req("c", [101, 7592, 102], "classify"))  # type: ignore[arg-type]
     assert got["m"][1] == [384] and got["c"][1] == [2]
 
