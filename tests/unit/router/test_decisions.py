@@ -14,7 +14,7 @@ from services.router.config import (
     parse_config,
 )
 from services.router.decision.decisions import Decision, decide, holds
-from services.router.decision.signals import SignalResult, evaluate
+from services.router.decision.signals import SignalResult, evaluate_rules, unknown
 
 RESULTS = {name: SignalResult("keyword", matched, "") for name, matched in
            (("yes", True), ("also", True), ("no", False), ("nor", False))}
@@ -66,7 +66,7 @@ def test_from_config_through_signals() -> None:
     entry = config.entries["auto"]
 
     def route(text: str) -> str:
-        return decide(entry, evaluate(entry, text)).name
+        return decide(entry, evaluate_rules(list(entry.signals), text)).name  # type: ignore[arg-type]
 
     assert route("urgent: fix this") == "quick"
     assert route("urgent ```x```") == "code"
