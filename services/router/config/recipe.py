@@ -108,12 +108,14 @@ def _domain(f: Fields, path: str, m: dict[str, Any], name: str | None, threshold
     optional, is an embed one): without either there is nothing to tell the domain by."""
     domains = f.strings(f"{path}.domains", m.get("domains", MISSING))
     examples: list[tuple[str, tuple[str, ...]]] = []
+    named: dict[str, Any] = {}
     if "examples" in m:
-        for label, texts in f.named(f"{path}.examples", m["examples"]).items():
+        named = f.named(f"{path}.examples", m["examples"])
+        for label, texts in named.items():
             parsed = f.strings(f"{path}.examples.{label}", texts)
             if parsed is not None:
                 examples.append((label, parsed))
-        labels = [label for label, _ in examples]
+        labels = list(named)
         for j, domain in enumerate(domains or ()):
             f.check(f"{path}.domains[{j}]", rules.unknown_name(domain, labels, "domain",
                                                                "labels of examples"))
@@ -122,7 +124,7 @@ def _domain(f: Fields, path: str, m: dict[str, Any], name: str | None, threshold
                                     "to tell the domain by similarity")
     if not (name and domains and threshold is not None) or ("deployment" in m and deployment is None):
         return None
-    if ("examples" in m and not examples) or (deployment is None and not examples):
+    if ("examples" in m and len(examples) < len(named)) or (deployment is None and not examples):
         return None
     return DomainSignal(name, domains, threshold, deployment, tuple(examples))
 
@@ -146,7 +148,8 @@ def check_deployments(f: Fields, raw_entries: Mapping[str, Any], tasks: Mapping[
             if wanted and not set(wanted) & set(tasks[name]):
                 served = ", ".join(tasks[name]) or "no task"
                 how = " (with examples)" if by_examples else ""
-                f.add(path, f"deployment {name!r} serves {served}; a {kind} signal{how} needs "
+                article = "an" if kind[:1] in "aeiou" else "a"
+                f.add(path, f"deployment {name!r} serves {served}; {article} {kind} signal{how} needs "
                             f"{' or '.join(wanted)}")
 
 
