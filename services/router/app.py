@@ -200,7 +200,7 @@ class RouterApp:
         call = Call(listener.config, codec, parsed.request, chat, choice, bulk=parsed.bulk)
         call.headers = [(b"x-router-entry", choice.entry.name.encode()),
                         (b"x-router-decision", choice.decision.name.encode())]
-        self.metrics.decisions.labels(choice.entry.name, choice.decision.name).inc()
+        self._count(choice)
         task = asyncio.current_task()
         assert task is not None  # a request is always handled in a task
         gone = asyncio.Event()
@@ -227,6 +227,15 @@ class RouterApp:
             watcher.cancel()
             self.metrics.requests.labels(listener.name, codec.name, str(call.status)).inc()
             send.counted = True
+
+    def _count(self, choice: Choice) -> None:
+        entry = choice.entry.name
+        self.metrics.decisions.labels(entry, choice.decision.name).inc()
+        for name, result in choice.signals.items():
+            outcome = "unknown" if result.unknown else "matched" if result.matched else "unmatched"
+            self.metrics.signal_results.labels(entry, name, outcome).inc()
+        if choice.models_s is not None:
+            self.metrics.signal_latency.labels(entry).observe(choice.models_s)
 
     async def _choose(self, listener: Listener, chat: dict[str, Any], text: str | None = None, *,
                       offload: bool = False) -> Choice:

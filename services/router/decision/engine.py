@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,7 @@ class Choice:
     plan: tuple[str, ...]  # pools in the order to try them, or the escalate stages
     projections: dict[str, ProjectionResult] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)  # signals not evaluated, and why
+    models_s: float | None = None  # how long the request waited for its model signals; None: it needed none
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -51,6 +53,7 @@ class Choice:
                         for name, r in self.signals.items()},
             "skipped": self.skipped,
             "signal_budget_s": self.entry.signal_budget_s,
+            "models_s": self.models_s,
             "projections": {name: {"sum": p.sum, "band": p.band, "terms": p.terms, "unknown": list(p.unknown)}
                             for name, p in self.projections.items()},
             "decision": self.decision.name,
@@ -106,15 +109,18 @@ class Router:
         else:
             results = evaluate_rules(rules, text, token_count=count)
         wanted, settled = models_needed(entry, results)
+        waited = None
         if wanted:
             signals = _model_signals(entry, frozenset(wanted))
+            start = time.perf_counter()
             results.update(await self.model_signals.evaluate(signals, text, entry.signal_budget_s))
+            waited = time.perf_counter() - start
         ordered = {s.name: results[s.name] for s in entry.signals if s.name in results}
         projections = project_all(entry.projections, ordered)
         decision = decide(entry, ordered, projections)
         skipped = {s.name: _why_skipped(entry, s.name, settled) for s in entry.signals if s.name not in results}
         plan = algorithms.plan(entry.algorithm, decision.pools, self._rng)
-        return Choice(entry, text, ordered, decision, plan, projections, skipped)
+        return Choice(entry, text, ordered, decision, plan, projections, skipped, waited)
 
 
 def _model_signals(entry: EntryConfig, names: frozenset[str]) -> list[ModelSignal]:

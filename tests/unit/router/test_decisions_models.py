@@ -99,7 +99,8 @@ def test_explain_and_dispatch_through_the_app() -> None:
     router = Router(config, models=models, rng=random.Random(1))
     pools = build_pools(config)
     upstream = FakeUpstream()
-    app = RouterApp(config, router, pools, upstream, RouterMetrics(pools))
+    metrics = RouterMetrics(pools)
+    app = RouterApp(config, router, pools, upstream, metrics)
     body = {"model": "auto", "messages": [{"role": "user", "content": "fix my code"}]}
     explained = asyncio.run(request(app, "POST", "/v1/decisions", body)).json()
     assert explained["decision"] == "safe-hard" and explained["pool"] == "big"
@@ -109,3 +110,7 @@ def test_explain_and_dispatch_through_the_app() -> None:
     upstream.answer("http://big", Reply(chunks=(completion("ok"),)))
     answered = asyncio.run(request(app, "POST", "/v1/chat/completions", body))
     assert answered.status == 200 and answered.headers["x-router-decision"] == "safe-hard"
+    count = metrics.registry.get_sample_value
+    assert count("router_signal_results_total", {"entry": "auto", "signal": "code", "result": "matched"}) == 1
+    assert count("router_signal_results_total", {"entry": "auto", "signal": "unsafe", "result": "unmatched"}) == 1
+    assert count("router_signal_seconds_count", {"entry": "auto"}) == 1  # the explain route counts nothing
