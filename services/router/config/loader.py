@@ -100,7 +100,8 @@ def parse_config(data: object, source: str = "<config>", *,
     # Signals that name a deployment: it must be declared, and serve the signal's task. (Until the model
     # runtime's reader of `deployments:` lands, its names and `tasks` are read here as they stand.)
     raw_deployments = top.get("deployments", {})
-    tasks = {name: tuple(t for t in d.get("tasks") or () if isinstance(t, str)) if isinstance(d, dict) else ()
+    tasks = {name: [t for t in d["tasks"] if isinstance(t, str)] if isinstance(d, dict)
+             and isinstance(d.get("tasks"), list) else None
              for name, d in (raw_deployments.items() if isinstance(raw_deployments, dict) else ())}
     recipe.check_deployments(f, raw_entries, tasks)
     if f.errors:

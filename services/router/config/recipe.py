@@ -129,11 +129,12 @@ def _domain(f: Fields, path: str, m: dict[str, Any], name: str | None, threshold
     return DomainSignal(name, domains, threshold, deployment, tuple(examples))
 
 
-def check_deployments(f: Fields, raw_entries: Mapping[str, Any], tasks: Mapping[str, Collection[str]]) -> None:
+def check_deployments(f: Fields, raw_entries: Mapping[str, Any],
+                      tasks: Mapping[str, Collection[str] | None]) -> None:
     """Every signal's `deployment` is declared under `deployments:` and serves what the signal asks.
 
     Read from the raw entries so that each error names the signal's own index; `tasks` is each
-    declared deployment's `tasks`."""
+    declared deployment's `tasks` (None: a deployment too broken to say, its own errors reported)."""
     for entry_name, entry in raw_entries.items():
         raw_signals = entry.get("signals") if isinstance(entry, dict) else None
         for i, raw in enumerate(raw_signals if isinstance(raw_signals, list) else ()):
@@ -142,15 +143,17 @@ def check_deployments(f: Fields, raw_entries: Mapping[str, Any], tasks: Mapping[
             path, name = f"entries.{entry_name}.signals[{i}].deployment", raw["deployment"]
             if not f.check(path, rules.unknown_name(name, tuple(tasks), "deployment")):
                 continue
+            served = tasks[name]
+            if served is None:
+                continue
             kind = str(raw.get("type"))
             by_examples = kind == "domain" and "examples" in raw
             wanted = ("embed",) if by_examples else ("classify",) if kind == "domain" else SIGNAL_TASKS.get(kind, ())
-            if wanted and not set(wanted) & set(tasks[name]):
-                served = ", ".join(tasks[name]) or "no task"
+            if wanted and not set(wanted) & set(served):
                 how = " (with examples)" if by_examples else ""
                 article = "an" if kind[:1] in "aeiou" else "a"
-                f.add(path, f"deployment {name!r} serves {served}; {article} {kind} signal{how} needs "
-                            f"{' or '.join(wanted)}")
+                f.add(path, f"deployment {name!r} serves {', '.join(served) or 'no task'}; {article} {kind} "
+                            f"signal{how} needs {' or '.join(wanted)}")
 
 
 def projections(f: Fields, path: str, raw: object, signals: Mapping[str, Signal | None]) -> tuple[Projection, ...]:
