@@ -18,6 +18,8 @@ from services.router.decision.decisions import Decision, decide, holds, models_n
 from services.router.decision.projections import ProjectionResult
 from services.router.decision.signals import SignalResult, evaluate_rules, unknown
 
+ATTACHED = {"urls": ["http://worker:8000"]}  # where a deployment's workers are (no worker is called)
+
 RESULTS = {name: SignalResult("keyword", matched, "") for name, matched in
            (("yes", True), ("also", True), ("no", False), ("nor", False))}
 YES, ALSO, NO, NOR = (SignalRef(n) for n in ("yes", "also", "no", "nor"))
@@ -121,7 +123,7 @@ def test_projection_reference() -> None:
 def _needs(decisions: list[dict[str, object]], text: str) -> tuple[list[str], str | None]:
     config = parse_config({
         "listeners": [{"port": 8080}], "pools": {"p": {"model": "m", "replicas": [{"url": "http://a"}]}},
-        "deployments": {"d": {"model": "m", "tasks": ["classify"]}},
+        "deployments": {"d": {"model": "m", "tasks": ["classify"], "attached": ATTACHED}},
         "entries": {"auto": {
             "signals": [{"name": "urgent", "type": "keyword", "keywords": ["urgent"]},
                         {"name": "a", "type": "classifier", "deployment": "d", "labels": ["x"]},

@@ -17,12 +17,14 @@ from tests.support.asgi_client import request
 from tests.support.fake_models import FakeModels, label, never
 from tests.support.fake_upstream import FakeUpstream, Reply, completion
 
+ATTACHED = {"urls": ["http://worker:8000"]}  # where a deployment's workers are (no worker is called)
+
 CONFIG: dict[str, Any] = {
     "listeners": [{"port": 8080}],
     "pools": {name: {"model": f"{name}-m", "replicas": [{"url": f"http://{name}"}]} for name in ("small", "big")},
-    "deployments": {"intent": {"model": "clf", "tasks": ["classify"]},
-                    "guard": {"model": "guard", "tasks": ["classify"]},
-                    "xenc": {"model": "xenc", "tasks": ["rerank"]}},
+    "deployments": {"intent": {"model": "clf", "tasks": ["classify"], "attached": ATTACHED},
+                    "guard": {"model": "guard", "tasks": ["classify"], "attached": ATTACHED},
+                    "xenc": {"model": "xenc", "tasks": ["rerank"], "attached": ATTACHED}},
     "entries": {"auto": {
         "signal_budget_s": 0.2,
         "signals": [{"name": "long", "type": "context_length", "min_tokens": 50},

@@ -10,6 +10,8 @@ from services.router.config import Band, ConfigError, Projection, ProjectionInpu
 from services.router.decision.projections import ProjectionResult, band_of, project, project_all
 from services.router.decision.signals import SignalResult, unknown
 
+ATTACHED = {"urls": ["http://worker:8000"]}  # where a deployment's workers are (no worker is called)
+
 BANDS = (Band("easy"), Band("medium", 0.3), Band("hard", 0.6))
 DIFFICULTY = Projection("difficulty", (ProjectionInput("long", 0.4), ProjectionInput("code", 0.5, "score"),
                                        ProjectionInput("simple", -0.3)), BANDS)
@@ -59,7 +61,7 @@ HARD = {"projection": "difficulty", "band": "hard"}
 
 def _config(projections: Any, when: Any = HARD) -> dict[str, Any]:
     return {"listeners": [{"port": 8080}], "pools": {"big": {"model": "m", "replicas": [{"url": "http://a"}]}},
-            "deployments": {"intent": {"model": "m", "tasks": ["classify"]}},
+            "deployments": {"intent": {"model": "m", "tasks": ["classify"], "attached": ATTACHED}},
             "entries": {"auto": {
                 "signals": [{"name": "long", "type": "context_length", "min_tokens": 100},
                             {"name": "code", "type": "classifier", "deployment": "intent", "labels": ["code"]},

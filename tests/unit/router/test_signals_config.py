@@ -15,9 +15,11 @@ from services.router.config import (
     parse_config,
 )
 
-DEPLOYMENTS = {"intent": {"model": "clf", "tasks": ["classify"]},
-               "minilm": {"model": "minilm", "tasks": ["embed"]},
-               "xenc": {"model": "xenc", "tasks": ["score"]}}
+ATTACHED = {"urls": ["http://worker:8000"]}  # where a deployment's workers are (no worker is called)
+
+DEPLOYMENTS = {"intent": {"model": "clf", "tasks": ["classify"], "attached": ATTACHED},
+               "minilm": {"model": "minilm", "tasks": ["embed"], "attached": ATTACHED},
+               "xenc": {"model": "xenc", "tasks": ["score"], "attached": ATTACHED}}
 
 
 def _config(*signals: dict[str, Any], **entry: Any) -> dict[str, Any]:
