@@ -56,6 +56,7 @@ from services.frontend.engine_client.kv_index import KVIndex
 log = logging.getLogger(__name__)
 
 HELLO_RETRY_S = 0.5
+POOLING_MINOR = 5  # protocol 1.5: pooling requests, pooled outputs, Ready.runner and Ready.tasks
 # The timers wake when something is due (a heartbeat to send, a deadline to judge, a handshake to
 # retry), at least this often, and at once when poked (a connection made): not on a fixed fast tick,
 # which would cost an idle frontend a wake-up every few tens of milliseconds.
@@ -129,6 +130,17 @@ class Engine:
         return f"{self.state}: {self.reason}"
 
     @property
+    def tasks(self) -> tuple[str, ...]:
+        """What its model serves, as vLLM names the tasks (Ready.tasks since protocol 1.5; an older engine
+        generates); none before its handshake."""
+        ready = self.ready
+        if ready is None:
+            return ()
+        if (ready.major, ready.minor) < (1, POOLING_MINOR):
+            return ("generate",)  # it would read a pooling request's fields as a generation's
+        return tuple(ready.tasks) or (("generate",) if ready.runner == "generate" else ())
+
+    @property
     def block_size(self) -> int:
         return self.ready.block_size if self.ready else 16
 
@@ -194,6 +206,14 @@ class EngineSet:
     def not_ready(self) -> dict[int, str]:
         """The ranks that take no new requests, and why (`slow: ...`, `dead: ...`, `connecting: ...`)."""
         return {e.rank: e.condition for e in self.engines if not e.accepting}
+
+    def tasks(self) -> list[str] | None:
+        """The tasks the handshaken ranks serve, in the order they name them; None while none has
+        handshaken (nothing is known yet)."""
+        ready = [e for e in self.engines if e.ready is not None]
+        if not ready:
+            return None
+        return list(dict.fromkeys(t for e in ready for t in e.tasks))
 
     def serving(self) -> list[int]:
         """The ranks that take new requests: the process can serve while there is one (/ready)."""

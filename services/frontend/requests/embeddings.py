@@ -1,0 +1,148 @@
+"""POST /v1/embeddings (OpenAI's, with vLLM's extra fields): the body checked and turned into a PoolingJob
+whose writer answers in vLLM's EmbeddingResponse shape, floats or base64 of float32. Runs in each API
+server process."""
+from __future__ import annotations
+
+import base64
+import os
+import sys
+import time
+from array import array
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from protocol import PoolingParams
+from services.frontend.engine_client.lora import no_such_model
+from services.frontend.errors import APIError
+from services.frontend.model import Model
+from services.frontend.requests.json_body import parse
+from services.frontend.requests.pooling_inputs import fitted, input_forms, token_ids
+from services.frontend.requests.pooling_job import Pooled, PoolingInput, PoolingJob
+
+ENCODINGS = ("float", "base64")
+ENDIANNESS = ("native", "little", "big")
+
+
+class EmbeddingRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """vLLM's EmbeddingCompletionRequest: OpenAI's fields, then vLLM's (its protocol.py's order)."""
+
+    input: str | list[Any]
+    model: str | None = None
+    encoding_format: str = "float"
+    dimensions: int | None = None
+    user: str | None = None
+    truncate_prompt_tokens: int | None = None
+    padding: str | None = None
+    truncation_side: str | None = None
+    request_id: str | None = None
+    priority: int = 0
+    mm_processor_kwargs: dict[str, Any] | None = None
+    cache_salt: str | None = None
+    add_special_tokens: bool = True
+    embed_dtype: str = "float32"
+    endianness: str = "native"
+    use_activation: bool | None = None
+    normalize: Any = msgspec.UNSET  # removed by vLLM: refused with its message
+    messages: Any = msgspec.UNSET  # vLLM's chat form: refused, not ignored
+
+
+def one_of(param: str, value: str | None, allowed: tuple[str, ...]) -> None:
+    if value is not None and value not in allowed:
+        raise APIError(400, f"{param}: {value!r} is not supported; allowed: {', '.join(allowed)}", param=param)
+
+
+def check_common(req: Any, model: Model) -> None:
+    """The fields every pooling body shares (vLLM's PoolingBasicRequestMixin), refused by name when they
+    cannot be honoured."""
+    if req.model is not None and req.model != model.name:
+        raise no_such_model(req.model)  # no LoRA adapters on pooling routes
+    if req.normalize is not msgspec.UNSET:
+        raise APIError(400, "Parameter `normalize` was removed; use `use_activation` instead.", param="normalize")
+    if req.messages is not msgspec.UNSET:
+        raise APIError(400, "messages: chat-form pooling input is not supported by this server; send `input` "
+                            "(a string, strings or token ids)", param="messages")
+    if req.mm_processor_kwargs is not None:
+        raise APIError(400, "mm_processor_kwargs: multimodal inputs are not supported by this server",
+                       param="mm_processor_kwargs")
+    one_of("padding", req.padding, ("do_not_pad",))  # max_length padding: not honoured, so refused
+    one_of("truncation_side", req.truncation_side, ("left", "right"))
+    if req.truncate_prompt_tokens is not None and req.truncate_prompt_tokens < -1:
+        raise APIError(400, f"truncate_prompt_tokens={req.truncate_prompt_tokens} is out of range: must be -1 "
+                            "(the whole context) or >= 1", param="truncate_prompt_tokens")
+    if req.cache_salt is not None and not 1 <= len(req.cache_salt) <= 1024:
+        raise APIError(400, "cache_salt: must be 1 to 1024 characters", param="cache_salt")
+    if not -(2**63) <= req.priority < 2**63:
+        raise APIError(400, f"priority={req.priority} is out of range: a signed 64-bit integer", param="priority")
+    one_of("embed_dtype", req.embed_dtype, ("float32",))
+    one_of("endianness", req.endianness, ENDIANNESS)
+
+
+def check_dimensions(dimensions: int | None, model: Model) -> None:
+    """A Matryoshka cut, refused as vLLM refuses it (its PoolingParams' messages) when the model cannot."""
+    if dimensions is None:
+        return
+    facts, name = model.embedding, model.name
+    if facts is None or not facts.matryoshka:
+        raise APIError(400, f"Model {name!r} does not support Matryoshka embeddings; dimensions must be unset "
+                            f"(received dimensions={dimensions}).", param="dimensions")
+    if facts.size is not None and not 1 <= dimensions <= facts.size:
+        raise APIError(400, f"Model {name!r} only supports dimensions in range [1, {facts.size}], got {dimensions}.",
+                       param="dimensions")
+    if facts.dimensions is not None and dimensions not in facts.dimensions:
+        raise APIError(400, f"Model {name!r} only supports Matryoshka dimensions {list(facts.dimensions)}, got "
+                            f"{dimensions}.", param="dimensions")
+
+
+def encoder(encoding_format: str, endianness: str) -> Callable[[Pooled], list[float] | list[list[float]] | str]:
+    """How one pooled output appears in the body: the floats, or base64 of its float32 bytes in the
+    asked byte order (native: this host's, as vLLM's), as OpenAI's client decodes it."""
+    if encoding_format == "float":
+        return lambda values: values
+    swap = endianness != "native" and endianness != sys.byteorder
+
+    def b64(values: Pooled) -> str:
+        packed = array("f")  # filled in C loops, no per-float Python work
+        for row in values if values and isinstance(values[0], list) else [values]:
+            packed.extend(row)  # type: ignore[arg-type]
+        if swap:
+            packed.byteswap()
+        return base64.b64encode(packed.tobytes()).decode("ascii")
+
+    return b64
+
+
+def usage(prompt_tokens: int) -> dict[str, Any]:
+    """vLLM's UsageInfo for a pooling response."""
+    return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens, "completion_tokens": 0,
+            "prompt_tokens_details": None}
+
+
+def response_id(prefix: str, request_id: str | None, header_id: bytes | None = None) -> str:
+    """vLLM's: `<prefix>-<X-Request-Id or the body's request_id or a random id>`."""
+    base = header_id.decode("latin-1") if header_id else request_id or os.urandom(16).hex()
+    return f"{prefix}-{base}"
+
+
+async def embeddings(model: Model, body: bytes, max_model_len: Callable[[], int],
+                     header_id: bytes | None = None) -> PoolingJob:
+    """A /v1/embeddings body as a PoolingJob; a 400 naming the field when it cannot be honoured."""
+    req: EmbeddingRequest = parse(EmbeddingRequest, body)
+    check_common(req, model)
+    one_of("encoding_format", req.encoding_format, ENCODINGS)
+    check_dimensions(req.dimensions, model)
+    forms = input_forms(req.input)
+    ids = await token_ids(model, forms, add_special_tokens=req.add_special_tokens)
+    ids = fitted(ids, max_model_len(), req.truncate_prompt_tokens, req.truncation_side)
+    params = PoolingParams("embed", dimensions=req.dimensions, use_activation=req.use_activation)
+    rid, created, name, encode = response_id("embd", req.request_id, header_id), int(time.time()), model.name, \
+        encoder(req.encoding_format, req.endianness)
+
+    def respond(outputs: list[Pooled], prompt_tokens: int) -> dict[str, Any]:
+        data = [{"index": i, "object": "embedding", "embedding": encode(out)} for i, out in enumerate(outputs)]
+        return {"id": rid, "object": "list", "created": created, "model": name, "data": data,
+                "usage": usage(prompt_tokens)}
+
+    return PoolingJob("embed", [PoolingInput(row, params) for row in ids], respond, priority=req.priority,
+                      extra={"request_id": rid, "cache_salt": req.cache_salt})
