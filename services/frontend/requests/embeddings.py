@@ -116,7 +116,7 @@ def encoder(encoding_format: str, endianness: str) -> Callable[[Pooled], list[fl
 def usage(prompt_tokens: int) -> dict[str, Any]:
     """vLLM's UsageInfo for a pooling response."""
     return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens, "completion_tokens": 0,
-            "prompt_tokens_details": None}
+            "prompt_tokens_details": None, "completion_tokens_details": None}
 
 
 def response_id(prefix: str, request_id: str | None, header_id: bytes | None = None) -> str:

