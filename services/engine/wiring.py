@@ -3,12 +3,15 @@ together): a pure factory; what is read from the checkpoint's files lives in pro
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prompting.model_files import eos_token_id, load_tokenizer, model_config
 from services.engine.backend import Backend
 from services.engine.config import EngineConfig
 from services.engine.kv_sizing import kv_bytes_per_block
+
+if TYPE_CHECKING:
+    from services.engine.backends.sim.pooler import SimPooler
 
 SIM_MAX_MODEL_LEN = 4096
 
@@ -39,6 +42,7 @@ def build_backend(config: EngineConfig) -> tuple[Backend, int]:
 
 def _build_sim(config: EngineConfig, path: Path, config_json: dict[str, Any]) -> Backend:
     from services.engine.backends.sim import SimBackend, SimConfig
+    from services.engine.backends.sim.runner import resolve
     from services.engine.backends.sim.script import Script, load_script
 
     max_len = config.max_model_len or min(
@@ -71,5 +75,24 @@ def _build_sim(config: EngineConfig, path: Path, config_json: dict[str, Any]) ->
         script = load_script(config.sim_script,
                              lambda text: tokenizer.encode(text, add_special_tokens=False).ids,
                              lambda ids: tokenizer.decode(ids, skip_special_tokens=False))
-    return SimBackend(sim, model=config.model, vocab_size=regular,
-                      eos_token_id=eos_token_id(path, tokenizer), script=script)
+    runner, tasks = resolve(config.runner, config.convert, path, config_json)
+    pooler = _sim_pooler(config, config_json) if runner == "pooling" else None
+    return SimBackend(sim, model=config.model, vocab_size=regular, eos_token_id=eos_token_id(path, tokenizer),
+                      script=script, pooler=pooler, tasks=tasks)
+
+
+def _sim_pooler(config: EngineConfig, config_json: dict[str, Any]) -> SimPooler:
+    """The sim's pooled outputs shaped as the checkpoint's model would shape them (sim/pooler.py)."""
+    from services.engine.backends.sim.pooler import DEFAULT_HIDDEN_SIZE, DEFAULT_NUM_LABELS, SimPooler
+    from services.engine.backends.sim.runner import num_labels
+
+    hidden = config_json.get("hidden_size")
+    return SimPooler(
+        model=config.model,
+        hidden_size=hidden if isinstance(hidden, int) and hidden >= 1 else DEFAULT_HIDDEN_SIZE,
+        num_labels=num_labels(config_json, DEFAULT_NUM_LABELS),
+        seed=config.seed,
+        # vLLM's ModelConfig.is_matryoshka and matryoshka_dimensions read these keys of the model config.
+        matryoshka=bool(config_json.get("is_matryoshka")),
+        matryoshka_dimensions=config_json.get("matryoshka_dimensions"),
+    )
