@@ -38,6 +38,13 @@ def call(app: Frontend, path: str, body: Any, **kw: Any) -> Any:
     return asyncio.run(request(app, "POST", path, body, **kw))
 
 
+def test_the_tokenizer_files_own_truncation_and_padding_are_off(minilm: Model) -> None:
+    """all-MiniLM-L6-v2's tokenizer.json pads and truncates to 128: transformers turns both off per call
+    unless asked, and so does the frontend (vLLM's prompt for "hello" is these three ids)."""
+    assert minilm.encode("hello", add_special_tokens=True) == [101, 7592, 102]
+    assert len(minilm.encode("word " * 600, add_special_tokens=True)) == 602
+
+
 def test_embeddings_come_back_in_input_order_with_usage(minilm: Model) -> None:
     app, bridge = fleet(minilm)
     texts = ["hello world", "a", "the quick brown fox"]
