@@ -68,9 +68,6 @@ def check_common(req: Any, model: Model) -> None:
                        param="mm_processor_kwargs")
     one_of("padding", req.padding, ("do_not_pad",))  # max_length padding: not honoured, so refused
     one_of("truncation_side", req.truncation_side, ("left", "right"))
-    if req.truncate_prompt_tokens is not None and req.truncate_prompt_tokens < -1:
-        raise APIError(400, f"truncate_prompt_tokens={req.truncate_prompt_tokens} is out of range: must be -1 "
-                            "(the whole context) or >= 1", param="truncate_prompt_tokens")
     if req.cache_salt is not None and not 1 <= len(req.cache_salt) <= 1024:
         raise APIError(400, "cache_salt: must be 1 to 1024 characters", param="cache_salt")
     if not -(2**63) <= req.priority < 2**63:
@@ -134,7 +131,8 @@ async def embeddings(model: Model, body: bytes, max_model_len: Callable[[], int]
     check_dimensions(req.dimensions, model)
     forms = input_forms(req.input)
     ids = await token_ids(model, forms, add_special_tokens=req.add_special_tokens)
-    ids = fitted(ids, max_model_len(), req.truncate_prompt_tokens, req.truncation_side)
+    ids = fitted(model, ids, forms if isinstance(forms[0], str) else None, max_model_len(),
+                 req.truncate_prompt_tokens, req.truncation_side, req.add_special_tokens)
     params = PoolingParams("embed", dimensions=req.dimensions, use_activation=req.use_activation)
     rid, created, name, encode = response_id("embd", req.request_id, header_id), int(time.time()), model.name, \
         encoder(req.encoding_format, req.endianness)

@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from prompting.errors import PromptError
-from prompting.truncation import truncated
 from services.frontend.errors import APIError
 from services.frontend.model import Model
 
@@ -75,22 +73,46 @@ async def token_ids(model: Model, inputs: list[str] | list[list[int]], *, add_sp
     return ids
 
 
-def fitted(ids: list[list[int]], max_model_len: int, truncate_prompt_tokens: int | None,
-           truncation_side: str | None) -> list[list[int]]:
-    """Each input truncated as vLLM does for pooling (truncate_prompt_tokens: -1 or N keeps that many, the
-    whole context for -1, since a pooling request generates nothing; the right side is cut unless
-    truncation_side says left), then checked against the context length with vLLM's message."""
-    if truncate_prompt_tokens == -1:
-        truncate_prompt_tokens = max_model_len  # as vLLM's max_truncation_tokens for max_output_tokens=0
-    side = truncation_side or "right"  # HF tokenizers' default, which vLLM uses for pooling models
-    try:
-        out = [truncated(row, truncate_prompt_tokens, side, max_model_len) for row in ids]
-    except PromptError as exc:
-        raise APIError(400, str(exc), param=exc.param) from None
-    for i, row in enumerate(out):
+def fitted(model: Model, ids: list[list[int]], texts: list[str] | None, max_model_len: int,
+           truncate_prompt_tokens: int | None, truncation_side: str | None,
+           add_special_tokens: bool) -> list[list[int]]:
+    """Each input truncated as vLLM's renderer truncates a pooling prompt, then checked against the context
+    length with vLLM's message. truncate_prompt_tokens -1 keeps the whole context (a pooling request
+    generates nothing). A text with truncate_prompt_tokens alone is cut by the tokenizer, which keeps its
+    special tokens ([CLS] ... [SEP]); with truncation_side too, and for token ids, the ids are sliced from
+    that side (default right, HF tokenizers' default)."""
+    keep = truncate_prompt_tokens
+    if keep is not None:
+        if keep < -1 or keep == 0:
+            raise APIError(400, f"truncate_prompt_tokens={keep} is out of range: must be -1 (the whole context) "
+                                "or >= 1", param="truncate_prompt_tokens")
+        if keep > max_model_len:  # vLLM's check and its words
+            raise APIError(400, f"truncate_prompt_tokens={keep} cannot be greater than max_model_len = "
+                                f"{max_model_len}. Please request a smaller truncation size.",
+                           param="truncate_prompt_tokens")
+        keep = max_model_len if keep == -1 else keep
+        out = []
+        for i, row in enumerate(ids):
+            if len(row) <= keep:
+                out.append(row)
+            elif texts is not None and truncation_side is None and add_special_tokens:
+                out.append(_cut_keeping_specials(model, texts[i], keep))
+            else:
+                out.append(row[len(row) - keep:] if truncation_side == "left" else row[:keep])
+        ids = out
+    for i, row in enumerate(ids):
         if len(row) > max_model_len:
             raise APIError(400, f"This model's maximum context length is {max_model_len} tokens. However, "
                                 f"input {i} contains {len(row)} input tokens, which exceeds this limit. Please "
                                 "reduce the length of the input, or set truncate_prompt_tokens.",
-                           param="input" if len(out) == 1 else f"input[{i}]")
-    return out
+                           param="input" if len(ids) == 1 else f"input[{i}]")
+    return ids
+
+
+def _cut_keeping_specials(model: Model, text: str, keep: int) -> list[int]:
+    """`keep` tokens of a text as transformers' truncation=True, max_length=keep gives them: the text's
+    own tokens cut from the right to leave room for the special tokens its post-processor adds."""
+    tokenizer = model.tokenizer
+    bare = tokenizer.encode(text, add_special_tokens=False)
+    bare.truncate(max(keep - tokenizer.num_special_tokens_to_add(False), 0), direction="right")
+    return tokenizer.post_process(bare, None, add_special_tokens=True).ids

@@ -72,7 +72,8 @@ async def pooling(model: Model, body: bytes, max_model_len: Callable[[], int], t
     forms = input_forms(req.input)
     task = chosen_task(req.task, tasks())
     ids = await token_ids(model, forms, add_special_tokens=req.add_special_tokens)
-    ids = fitted(ids, max_model_len(), req.truncate_prompt_tokens, req.truncation_side)
+    ids = fitted(model, ids, forms if isinstance(forms[0], str) else None, max_model_len(),
+                 req.truncate_prompt_tokens, req.truncation_side, req.add_special_tokens)
     params = PoolingParams(task, use_activation=req.use_activation)
     rid, created, name = response_id("pool", req.request_id, header_id), int(time.time()), model.name
     encode = encoder(req.encoding_format, req.endianness)

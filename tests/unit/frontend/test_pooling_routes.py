@@ -91,6 +91,18 @@ def test_token_id_inputs_and_truncation(minilm: Model) -> None:
     assert bridge.sent[-1][1].prompt_token_ids == long[-3:]
 
 
+def test_a_text_cut_by_truncate_prompt_tokens_keeps_its_special_tokens(minilm: Model) -> None:
+    """As vLLM's renderer: the tokenizer truncates ([CLS] ... [SEP] kept); with truncation_side the ids
+    are sliced from that side."""
+    app, bridge = fleet(minilm)
+    text = "one two three four five six seven"
+    whole = minilm.encode(text, add_special_tokens=True)
+    assert call(app, "/v1/embeddings", {"input": text, "truncate_prompt_tokens": 4}).status == 200
+    assert bridge.sent[-1][1].prompt_token_ids == [whole[0], whole[1], whole[2], whole[-1]]
+    call(app, "/v1/embeddings", {"input": text, "truncate_prompt_tokens": 4, "truncation_side": "right"})
+    assert bridge.sent[-1][1].prompt_token_ids == whole[:4]
+
+
 @pytest.mark.parametrize(("body", "param", "words"), [
     ({"input": []}, "input", "must not be empty"),
     ({"input": ["a"] * (MAX_INPUTS + 1)}, "input", f"at most {MAX_INPUTS}"),
