@@ -5,19 +5,23 @@ ranks; bad input is a 400 naming the field while other calls complete; the wrong
 from __future__ import annotations
 
 import concurrent.futures
+from array import array
 from collections.abc import Iterator
 
+import grpc
 import httpx
 import openai
 import pytest
 
 from protocol import PoolingParams
+from protocol.grpc import pb2, pb2_grpc
 from services.engine.backends.sim.pooler import SimPooler
 from services.frontend.model import Model
 from services.frontend.requests.pooling_inputs import MAX_INPUTS
-from tests.support.procs import EngineProc, FrontendProc, start_engine, start_frontend
+from tests.support.procs import EngineProc, FrontendProc, free_port_block, start_engine, start_frontend
 
 MODEL = "minilm"
+GRPC_PORT: dict[str, int] = {}  # the fleet's --grpc-port, chosen when it starts
 TEXTS = ["The cat sat on the mat.", "Routing with decision models", "一个中文句子", "x"]
 
 
@@ -29,7 +33,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EngineProc
     try:
         addresses = ",".join(engine.endpoint(i) for i in range(2))
         fe = start_frontend(tmp, "--model", MODEL, "--data-parallel-size", "2", "--data-parallel-size-local", "0",
-                            "--engine-addresses", addresses, "--engine-timeout", "1.0")
+                            "--engine-addresses", addresses, "--engine-timeout", "1.0",
+                            "--grpc-port", str(GRPC_PORT.setdefault("port", free_port_block(1, spread=0))))
         yield engine, fe
         assert fe.stop() == 0, fe.log()
     finally:
@@ -40,6 +45,12 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EngineProc
 def client(fleet: tuple[EngineProc, FrontendProc]) -> Iterator[openai.OpenAI]:
     with openai.OpenAI(base_url=fleet[1].url + "/v1", api_key="unused", max_retries=0, timeout=60) as c:
         yield c
+
+
+@pytest.fixture(scope="module")
+def inference(fleet: tuple[EngineProc, FrontendProc]) -> Iterator[pb2_grpc.InferenceStub]:
+    with grpc.insecure_channel(f"127.0.0.1:{GRPC_PORT['port']}") as channel:
+        yield pb2_grpc.InferenceStub(channel)
 
 
 @pytest.fixture(scope="module")
@@ -111,3 +122,31 @@ def test_bad_input_is_a_400_while_other_calls_complete(fleet: tuple[EngineProc, 
     # Truncation is honoured rather than refused when asked for.
     long = httpx.post(url, json={"input": ["word " * 600], "truncate_prompt_tokens": 16}, timeout=60)
     assert long.status_code == 200 and long.json()["usage"]["prompt_tokens"] == 16
+
+
+def test_grpc_embed_and_classify_give_the_engines_values_as_float32_bytes(inference: pb2_grpc.InferenceStub,
+                                                                          model: Model) -> None:
+    ids = [model.encode(t, add_special_tokens=True) for t in TEXTS]
+    inputs = [pb2.PoolInput(token_ids=row) for row in ids]
+    embedded = inference.Embed(pb2.PoolRequest(request_id="e1", inputs=inputs), timeout=60)
+    assert embedded.request_id == "e1" and embedded.usage.prompt_tokens == sum(map(len, ids))
+    for text, out in zip(TEXTS, embedded.outputs, strict=True):
+        assert list(out.shape) == [384] and close(list(array("f", out.values)), expected(model, text)), text
+    classified = inference.Classify(pb2.PoolRequest(inputs=inputs[:2]), timeout=60)
+    for text, out in zip(TEXTS, classified.outputs, strict=False):
+        assert list(out.shape) == [2] and close(list(array("f", out.values)), expected(model, text, "classify"))
+
+
+def test_grpc_refusals_name_the_field_and_generate_names_the_task(inference: pb2_grpc.InferenceStub) -> None:
+    for request, words in [(pb2.PoolRequest(), "inputs: must not be empty"),
+                           (pb2.PoolRequest(inputs=[pb2.PoolInput(token_ids=[101, 102])], dimensions=8),
+                            "does not support Matryoshka"),
+                           (pb2.PoolRequest(inputs=[pb2.PoolInput(token_ids=[101, 10**8])]), "out of range")]:
+        with pytest.raises(grpc.RpcError) as refused:
+            inference.Embed(request, timeout=60)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and words in refused.value.details()
+    with pytest.raises(grpc.RpcError) as refused:
+        inference.Generate(pb2.GenerateRequest(token_ids=[101, 102], sampling_params=pb2.SamplingParams(max_tokens=2)),
+                           timeout=60)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "The model does not support Generate API" in refused.value.details()

@@ -60,17 +60,22 @@ async def token_ids(model: Model, inputs: list[str] | list[list[int]], *, add_sp
         ids = [e.ids for e in encodings]
     else:
         ids = inputs  # type: ignore[assignment]
-        vocab = model.tokenizer.get_vocab_size(with_added_tokens=True)
-        for i, row in enumerate(ids):
-            if row and not (0 <= min(row) and max(row) < vocab):
-                bad = next(t for t in row if not 0 <= t < vocab)
-                name = f"{param}[{i}]" if len(ids) > 1 else param
-                raise APIError(400, f"{name}: token id {bad} is out of range [0, {vocab})", param=name)
+        in_vocabulary(model, ids, param)
     for i, row in enumerate(ids):
         if not row:
             name = f"{param}[{i}]" if len(ids) > 1 else param
             raise APIError(400, f"{name}: the input has no tokens: nothing to pool", param=name)
     return ids
+
+
+def in_vocabulary(model: Model, ids: list[list[int]], param: str = "input") -> None:
+    """A 400 naming the input that holds a token id outside the vocabulary."""
+    vocab = model.tokenizer.get_vocab_size(with_added_tokens=True)
+    for i, row in enumerate(ids):
+        if row and not (0 <= min(row) and max(row) < vocab):
+            bad = next(t for t in row if not 0 <= t < vocab)
+            name = f"{param}[{i}]" if len(ids) > 1 else param
+            raise APIError(400, f"{name}: token id {bad} is out of range [0, {vocab})", param=name)
 
 
 def fitted(model: Model, ids: list[list[int]], texts: list[str] | None, max_model_len: int,
