@@ -50,10 +50,6 @@ class Model:
         path = checkpoints.resolve(model)
         loaded = load_tokenizer(path)
         tokenizer = loaded.tokenizer
-        # As transformers does on each call unless asked: a tokenizer.json's own truncation and padding
-        # (sentence-transformers checkpoints set 128 of both) would cut or pad every prompt silently.
-        tokenizer.no_truncation()
-        tokenizer.no_padding()
         warm_up(tokenizer)  # build the detokenizer's byte table now, not on the first request
         config = model_config(path)
         return cls(name, path, tokenizer, _template(path), eos_token_id(path, tokenizer),

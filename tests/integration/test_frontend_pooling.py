@@ -150,3 +150,31 @@ def test_grpc_refusals_name_the_field_and_generate_names_the_task(inference: pb2
                            timeout=60)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "The model does not support Generate API" in refused.value.details()
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrontendProc]:
+    """A frontend on one sim rank of the tiny classifier (labels chat, code, math) with --convert classify."""
+    tmp = tmp_path_factory.mktemp("classifier-fleet")
+    engine = start_engine(tmp, "--model", "tiny-classifier", "--backend", "sim", "--runner", "pooling", "--convert",
+                          "classify", "--sim-instant")
+    try:
+        fe = start_frontend(tmp, "--model", "tiny-classifier", "--data-parallel-size-local", "0",
+                            "--engine-addresses", engine.endpoint())
+        yield fe
+        assert fe.stop() == 0, fe.log()
+    finally:
+        engine.stop()
+
+
+def test_classify_and_rerank_through_the_fleet(classifier: FrontendProc) -> None:
+    tiny = Model.load("tiny-classifier", "tiny-classifier")
+    texts = ["write a sort in rust", "what is 2 + 2"]
+    answer = httpx.post(classifier.url + "/classify", json={"input": texts}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    pooler = SimPooler(model="tiny-classifier", hidden_size=64, num_labels=3)
+    for text, item in zip(texts, answer.json()["data"], strict=True):
+        want, _ = pooler.pool(PoolingParams("classify"), tiny.encode(text, add_special_tokens=True))
+        assert close(item["probs"], want) and item["label"] in ("chat", "code", "math")
+    refused = httpx.post(classifier.url + "/v1/embeddings", json={"input": "x"}, timeout=60)
+    assert refused.status_code == 400 and "Embeddings API" in refused.json()["error"]["message"]

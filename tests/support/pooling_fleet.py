@@ -36,8 +36,18 @@ def vector(ids: list[int]) -> list[float]:
     return [float(len(ids)), float(ids[0]), float(ids[-1]), float(sum(ids) % 1024)]
 
 
+def scores(ids: list[int], labels: int) -> list[float]:
+    """The fake engine's class scores of a prompt (or a pair): exact in float32, summing to 1 (one label:
+    a probability of its own)."""
+    if labels == 1:
+        return [(sum(ids) % 8) / 8]
+    raw = [float((sum(ids) + k) % 4 + 1) for k in range(labels)]
+    return [v / sum(raw) for v in raw]
+
+
 class PoolingBridge:
-    """Answers each pooling request on the loop with vector(ids) (token_embed: one row per token), unless
+    """Answers each pooling request on the loop with vector(ids) (token_embed: one row per token; classify:
+    scores(ids, labels)), unless
     `fail` names an input index (its request fails as invalid) or `hold` is set (nothing is answered)."""
 
     def __init__(self, engines: EngineSet) -> None:
@@ -45,6 +55,7 @@ class PoolingBridge:
         self.sent: list[tuple[int, GenerateRequest]] = []
         self.aborted: list[str] = []
         self.fail: int | None = None
+        self.labels = 3  # classify: values per input (a cross-encoder has one)
         self.hold = False
 
     def send(self, index: int, frames: list[Any]) -> None:
@@ -66,6 +77,9 @@ class PoolingBridge:
         elif self.fail is not None and message.request_id.endswith(f"-{self.fail}"):
             out, raw = RequestOutput(message.request_id, [], "error", error="prompt is not allowed",
                                      error_kind=ERROR_INVALID), b""
+        elif message.pooling.task == "classify":
+            raw = pack(scores(ids, self.labels))
+            out = RequestOutput(message.request_id, [], "stop", pooled=PackedPooled(0, 0, [self.labels]))
         elif message.pooling.task == "token_embed":
             raw = pack([v for t in ids for v in vector([t])])
             out = RequestOutput(message.request_id, [], "stop", pooled=PackedPooled(0, 0, [len(ids), DIM]))

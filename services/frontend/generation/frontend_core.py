@@ -7,6 +7,7 @@ import contextlib
 from collections.abc import Iterator
 from importlib import metadata
 
+from prompting.model_files import model_config
 from services.frontend.config import FrontendConfig
 from services.frontend.engine_client.engines import EngineSet
 from services.frontend.engine_client.inflight import InFlight, Wakeup
@@ -22,6 +23,7 @@ from services.frontend.model import Model
 from services.frontend.parsers import OutputParser, TokenOutputParser, build_parser
 from services.frontend.parsers.forced import NamedToolParser, RequiredToolParser
 from services.frontend.requests.engine_request import EngineRequest, OutputOptions
+from services.frontend.requests.pooling_model import PoolingModel
 from services.frontend.requests.translator import PIN_HEADER, Translator
 
 
@@ -39,6 +41,8 @@ class FrontendCore:
         self.lora = Adapters(engines, model.name)
         self.shutdown = Shutdown()
         self.pooling = PoolingRunner(engines, self.placement, metrics, self.shutdown)
+        # What /classify, /score and /rerank read of the model beyond its engines (labels, token types).
+        self.pooling_model = PoolingModel.of(model.name, model.tokenizer, model_config(model.path))
         self.version = fleet_version()
         self.translator = Translator(model, self.max_model_len, long_prompt_chars=config.long_prompt_chars,
                                      max_concurrent_tokenizations=config.max_concurrent_tokenizations,

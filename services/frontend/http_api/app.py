@@ -9,6 +9,7 @@ generation routes are not served.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable, Callable
 
@@ -36,6 +37,7 @@ from services.frontend.http_api.asgi import (
     watch_disconnect,
 )
 from services.frontend.http_api.response_writer import send_completion, send_stream, send_tokens
+from services.frontend.requests import classify, scoring
 from services.frontend.requests.embeddings import embeddings
 from services.frontend.requests.engine_request import EngineRequest
 from services.frontend.requests.json_body import parse
@@ -45,11 +47,17 @@ from services.frontend.requests.translator import pinned_rank
 
 # The routes --api-key guards (vLLM's: everything under /v1, and the token-in, render and tokenize routes);
 # /health, /ready, /metrics, /version and /openapi.json stay open for probes and scrapers.
-_GUARDED = ("/v1/", "/inference/", "/tokenize", "/detokenize", "/pooling")
+_GUARDED = ("/v1/", "/v2/", "/inference/", "/tokenize", "/detokenize", "/pooling", "/classify", "/score", "/rerank")
 # Each lean route's API as vLLM names it in a refusal, and the tasks one of which the engines must serve.
+_SCORING = ("embed", "classify")
 _APIS = {"/v1/chat/completions": (("generate",), "Chat Completions"), "/v1/completions": (("generate",), "Completions"),
          "/inference/v1/generate": (("generate",), "generate tokens"), "/v1/embeddings": (("embed",), "Embeddings"),
-         "/pooling": (POOLING_TASKS, "Pooling")}
+         "/pooling": (POOLING_TASKS, "Pooling"), "/classify": (("classify",), "Classification"),
+         "/score": (_SCORING, "Score"), "/v1/score": (_SCORING, "Score"), "/rerank": (_SCORING, "Rerank (Score)"),
+         "/v1/rerank": (_SCORING, "Rerank (Score)"), "/v2/rerank": (_SCORING, "Rerank (Score)")}
+# A classify, score or rerank body past this many bytes is translated in a thread (its tokenizing lets go
+# of the GIL), as the embeddings route tokenizes a large batch.
+_THREADED_BODY = 16_384
 
 
 class Frontend:
@@ -73,7 +81,12 @@ class Frontend:
         # Pooling routes: a body (and the X-Request-Id header) becomes a PoolingJob.
         self._pooling: dict[str, Callable[[bytes, bytes | None], Awaitable[PoolingJob]]] = {
             "/v1/embeddings": lambda body, rid: embeddings(model, body, core.max_model_len, rid),
-            "/pooling": lambda body, rid: pooling(model, body, core.max_model_len, self._tasks, rid)}
+            "/pooling": lambda body, rid: pooling(model, body, core.max_model_len, self._tasks, rid),
+            "/classify": functools.partial(self._scoring, classify.translate)}
+        for path in ("/score", "/v1/score"):
+            self._pooling[path] = functools.partial(self._scoring, scoring.translate_score)
+        for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+            self._pooling[path] = functools.partial(self._scoring, scoring.translate_rerank)
         # JSON in, JSON out, no engine: served in render-only mode too.
         self._preprocess: dict[str, Callable[[bytes], Awaitable[bytes]]] = {
             "/tokenize": self._tokenize, "/detokenize": self.translator.detokenize,
@@ -277,6 +290,12 @@ class Frontend:
             finally:
                 watcher.cancel()
         await send_json(send, 200, _json.encode(job.respond(outputs, prompt_tokens)))
+
+    async def _scoring(self, translate: Callable[..., PoolingJob], body: bytes, rid: bytes | None) -> PoolingJob:
+        """A classify, score or rerank body through its translator (requests/classify.py, scoring.py)."""
+        call = functools.partial(translate, body, self.core.pooling_model, max_model_len=self.core.max_model_len(),
+                                 tasks=self._tasks(), request_id=rid.decode("latin-1") if rid else None)
+        return await asyncio.to_thread(call) if len(body) > _THREADED_BODY else call()
 
     def _tasks(self) -> list[str]:
         """The engines' tasks (503 while none has handshaken)."""

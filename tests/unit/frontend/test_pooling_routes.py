@@ -21,7 +21,7 @@ from services.frontend.http_api.app import Frontend
 from services.frontend.model import NO_CHAT_TEMPLATE, EmbeddingFacts, Model
 from services.frontend.requests.pooling_inputs import MAX_INPUTS
 from tests.support.asgi_client import request
-from tests.support.pooling_fleet import fleet, vector
+from tests.support.pooling_fleet import fleet, scores, vector
 
 
 @pytest.fixture(scope="module")
@@ -294,3 +294,34 @@ def test_pooling_requests_are_counted_like_vllms(minilm: Model) -> None:
     metrics = asyncio.run(request(app, "GET", "/metrics")).body.decode()
     assert 'vllm:prompt_tokens_total{model_name="minilm"} 5.0' in metrics
     assert 'vllm:request_success_total{finished_reason="stop",model_name="minilm"} 2.0' in metrics
+
+
+def test_classify_score_and_rerank_routes_run_their_translators_jobs() -> None:
+    classifier = Model.load("tiny-classifier", "clf")
+    app, bridge = fleet(classifier, [["classify"]])
+    answer = call(app, "/classify", {"input": ["a", "bb"]}, headers={"X-Request-Id": "r1"})
+    assert answer.status == 200, answer.body
+    body = answer.json()
+    assert body["id"] == "classify-r1" and [d["index"] for d in body["data"]] == [0, 1]
+    ids = [r.prompt_token_ids for _, r in bridge.sent]
+    assert [d["probs"] for d in body["data"]] == [pytest.approx(scores(i, 3)) for i in ids]
+    assert {d["label"] for d in body["data"]} <= {"chat", "code", "math"}
+    cross = Model.load("tiny-cross-encoder", "ce")
+    app, bridge = fleet(cross, [["classify"]])
+    bridge.labels = 1
+    for path in ("/score", "/v1/score"):
+        answer = call(app, path, {"queries": "q", "documents": ["d1", "d2"]})
+        assert answer.status == 200 and len(answer.json()["data"]) == 2, answer.body
+    for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+        answer = call(app, path, {"query": "q", "documents": ["d1", "d2", "d3"]})
+        assert answer.status == 200 and len(answer.json()["results"]) == 3, answer.body
+    assert all(r.pooling is not None and r.pooling.token_type_split for _, r in bridge.sent)
+
+
+def test_classify_and_rerank_on_an_embedding_only_model_are_400s_naming_the_api(minilm: Model) -> None:
+    app, _ = fleet(minilm, [["embed"]])
+    answer = call(app, "/classify", {"input": "a"})
+    assert answer.status == 400 and "does not support Classification API" in answer.json()["error"]["message"]
+    generating, _ = fleet(minilm, [["generate"]])
+    answer = call(generating, "/v2/rerank", {"query": "q", "documents": ["d"]})
+    assert answer.status == 400 and "does not support Rerank (Score) API" in answer.json()["error"]["message"]
