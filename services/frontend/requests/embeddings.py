@@ -4,9 +4,7 @@ server process."""
 from __future__ import annotations
 
 import base64
-import os
 import sys
-import time
 from array import array
 from collections.abc import Callable
 from typing import Any
@@ -17,34 +15,26 @@ from protocol import PoolingParams
 from services.frontend.engine_client.lora import no_such_model
 from services.frontend.errors import APIError
 from services.frontend.model import Model
+from services.frontend.requests import pooling_fields
 from services.frontend.requests.json_body import parse
-from services.frontend.requests.pooling_inputs import fitted, input_forms, token_ids
+from services.frontend.requests.pooling_fields import PoolingFields
+from services.frontend.requests.pooling_inputs import input_forms, token_ids
 from services.frontend.requests.pooling_job import Pooled, PoolingInput, PoolingJob
 
 ENCODINGS = ("float", "base64")
 ENDIANNESS = ("native", "little", "big")
 
 
-class EmbeddingRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """vLLM's EmbeddingCompletionRequest: OpenAI's fields, then vLLM's (its protocol.py's order)."""
+class EmbeddingRequest(PoolingFields, kw_only=True, forbid_unknown_fields=True):
+    """vLLM's EmbeddingCompletionRequest: the fields every pooling body shares (pooling_fields.py), OpenAI's
+    `input`, `encoding_format` and `dimensions`, and vLLM's own."""
 
     input: str | list[Any]
-    model: str | None = None
     encoding_format: str = "float"
     dimensions: int | None = None
-    user: str | None = None
-    truncate_prompt_tokens: int | None = None
-    padding: str | None = None
-    truncation_side: str | None = None
-    request_id: str | None = None
-    priority: int = 0
-    mm_processor_kwargs: dict[str, Any] | None = None
-    cache_salt: str | None = None
     add_special_tokens: bool = True
     embed_dtype: str = "float32"
     endianness: str = "native"
-    use_activation: bool | None = None
-    normalize: Any = msgspec.UNSET  # removed by vLLM: refused with its message
     messages: Any = msgspec.UNSET  # vLLM's chat form: refused, not ignored
 
 
@@ -53,27 +43,17 @@ def one_of(param: str, value: str | None, allowed: tuple[str, ...]) -> None:
         raise APIError(400, f"{param}: {value!r} is not supported; allowed: {', '.join(allowed)}", param=param)
 
 
-def check_common(req: Any, model: Model) -> None:
-    """The fields every pooling body shares (vLLM's PoolingBasicRequestMixin), refused by name when they
-    cannot be honoured."""
+def check_common(req: Any, model: Model, max_model_len: int) -> int | None:
+    """The fields every pooling body shares, refused by name when they cannot be honoured (pooling_fields.py
+    checks vLLM's common ones), and the `model`; returns how many tokens an input keeps (None: all)."""
     if req.model is not None and req.model != model.name:
         raise no_such_model(req.model)  # no LoRA adapters on pooling routes
-    if req.normalize is not msgspec.UNSET:
-        raise APIError(400, "Parameter `normalize` was removed; use `use_activation` instead.", param="normalize")
     if req.messages is not msgspec.UNSET:
         raise APIError(400, "messages: chat-form pooling input is not supported by this server; send `input` "
                             "(a string, strings or token ids)", param="messages")
-    if req.mm_processor_kwargs is not None:
-        raise APIError(400, "mm_processor_kwargs: multimodal inputs are not supported by this server",
-                       param="mm_processor_kwargs")
-    one_of("padding", req.padding, ("do_not_pad",))  # max_length padding: not honoured, so refused
-    one_of("truncation_side", req.truncation_side, ("left", "right"))
-    if req.cache_salt is not None and not 1 <= len(req.cache_salt) <= 1024:
-        raise APIError(400, "cache_salt: must be 1 to 1024 characters", param="cache_salt")
-    if not -(2**63) <= req.priority < 2**63:
-        raise APIError(400, f"priority={req.priority} is out of range: a signed 64-bit integer", param="priority")
     one_of("embed_dtype", req.embed_dtype, ("float32",))
     one_of("endianness", req.endianness, ENDIANNESS)
+    return pooling_fields.check(req, max_model_len)
 
 
 def check_dimensions(dimensions: int | None, model: Model) -> None:
@@ -110,37 +90,25 @@ def encoder(encoding_format: str, endianness: str) -> Callable[[Pooled], list[fl
     return b64
 
 
-def usage(prompt_tokens: int) -> dict[str, Any]:
-    """vLLM's UsageInfo for a pooling response."""
-    return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens, "completion_tokens": 0,
-            "prompt_tokens_details": None, "completion_tokens_details": None}
-
-
-def response_id(prefix: str, request_id: str | None, header_id: bytes | None = None) -> str:
-    """vLLM's: `<prefix>-<X-Request-Id or the body's request_id or a random id>`."""
-    base = header_id.decode("latin-1") if header_id else request_id or os.urandom(16).hex()
-    return f"{prefix}-{base}"
-
-
 async def embeddings(model: Model, body: bytes, max_model_len: Callable[[], int],
                      header_id: bytes | None = None) -> PoolingJob:
     """A /v1/embeddings body as a PoolingJob; a 400 naming the field when it cannot be honoured."""
     req: EmbeddingRequest = parse(EmbeddingRequest, body)
-    check_common(req, model)
+    context = max_model_len()
+    keep = check_common(req, model, context)
     one_of("encoding_format", req.encoding_format, ENCODINGS)
     check_dimensions(req.dimensions, model)
     forms = input_forms(req.input)
-    ids = await token_ids(model, forms, add_special_tokens=req.add_special_tokens)
-    ids = fitted(model, ids, forms if isinstance(forms[0], str) else None, max_model_len(),
-                 req.truncate_prompt_tokens, req.truncation_side, req.add_special_tokens)
+    ids = await token_ids(model, forms, add_special_tokens=req.add_special_tokens, keep=keep,
+                          side=req.truncation_side, max_model_len=context)
     params = PoolingParams("embed", dimensions=req.dimensions, use_activation=req.use_activation)
-    rid, created, name, encode = response_id("embd", req.request_id, header_id), int(time.time()), model.name, \
-        encoder(req.encoding_format, req.endianness)
+    rid = pooling_fields.response_id(req, "embd", header_id.decode("latin-1") if header_id else None)
+    created, name, encode = pooling_fields.created(), model.name, encoder(req.encoding_format, req.endianness)
 
     def respond(outputs: list[Pooled], prompt_tokens: int) -> dict[str, Any]:
         data = [{"index": i, "object": "embedding", "embedding": encode(out)} for i, out in enumerate(outputs)]
         return {"id": rid, "object": "list", "created": created, "model": name, "data": data,
-                "usage": usage(prompt_tokens)}
+                "usage": pooling_fields.usage(prompt_tokens)}
 
     return PoolingJob("embed", [PoolingInput(row, params) for row in ids], respond, priority=req.priority,
-                      extra={"request_id": rid, "cache_salt": req.cache_salt})
+                      extra={"request_id": rid})

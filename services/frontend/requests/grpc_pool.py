@@ -11,8 +11,10 @@ from protocol import PoolingParams
 from services.frontend.errors import APIError
 from services.frontend.model import Model
 from services.frontend.requests.embeddings import check_dimensions
-from services.frontend.requests.pooling_inputs import MAX_INPUTS, fitted, in_vocabulary
+from services.frontend.requests.pooling_fields import MAX_INPUTS, check_length
+from services.frontend.requests.pooling_inputs import in_vocabulary
 from services.frontend.requests.pooling_job import PoolingInput, PoolingJob
+from services.frontend.requests.prompt_encoding import sliced
 
 
 def pool_job(request: Any, task: str, model: Model, max_model_len: int) -> PoolingJob:
@@ -32,7 +34,14 @@ def pool_job(request: Any, task: str, model: Model, max_model_len: int) -> Pooli
         raise APIError(400, "dimensions: only Embed takes a Matryoshka cut", param="dimensions")
     check_dimensions(dimensions, model)
     keep = request.truncate_prompt_tokens if request.HasField("truncate_prompt_tokens") else None
-    ids = fitted(model, ids, None, max_model_len, keep, None, True)
+    if keep is not None:
+        if keep < -1 or keep == 0 or keep > max_model_len:
+            raise APIError(400, f"truncate_prompt_tokens={keep}: must be -1 (the whole context) or 1 to "
+                                f"max_model_len = {max_model_len}", param="truncate_prompt_tokens")
+        keep = max_model_len if keep == -1 else keep
+        ids = [sliced(row, keep, "right") if len(row) > keep else row for row in ids]
+    for i, row in enumerate(ids):
+        check_length(f"inputs[{i}].token_ids", len(row), max_model_len)
     use_activation = request.use_activation if request.HasField("use_activation") else None
     params = PoolingParams(task, dimensions=dimensions, use_activation=use_activation)
     request_id = request.request_id or f"{'embd' if task == 'embed' else 'classify'}-{os.urandom(16).hex()}"

@@ -3,18 +3,16 @@ values in vLLM's PoolingResponse shape (a vector, or one row per token for the t
 Runs in each API server process."""
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
-
-import msgspec
 
 from protocol import PoolingParams
 from services.frontend.errors import APIError
 from services.frontend.model import Model
-from services.frontend.requests.embeddings import ENCODINGS, check_common, encoder, one_of, response_id, usage
+from services.frontend.requests import pooling_fields
+from services.frontend.requests.embeddings import ENCODINGS, EmbeddingRequest, check_common, encoder, one_of
 from services.frontend.requests.json_body import parse
-from services.frontend.requests.pooling_inputs import fitted, input_forms, token_ids
+from services.frontend.requests.pooling_inputs import input_forms, token_ids
 from services.frontend.requests.pooling_job import Pooled, PoolingInput, PoolingJob
 
 POOLING_TASKS = ("embed", "classify", "token_embed", "token_classify")
@@ -24,26 +22,10 @@ _REMOVED = {"score": "`score` task was removed; use `classify` instead.",
             "encode": "`encode` task was removed; use `token_embed` or `token_classify` instead."}
 
 
-class PoolingRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    input: str | list[Any]
-    model: str | None = None
+class PoolingRequest(EmbeddingRequest, kw_only=True, forbid_unknown_fields=True):
+    """vLLM's PoolingCompletionRequest: the embeddings body's fields and the task."""
+
     task: str | None = None
-    encoding_format: str = "float"
-    dimensions: int | None = None
-    user: str | None = None
-    truncate_prompt_tokens: int | None = None
-    padding: str | None = None
-    truncation_side: str | None = None
-    request_id: str | None = None
-    priority: int = 0
-    mm_processor_kwargs: dict[str, Any] | None = None
-    cache_salt: str | None = None
-    add_special_tokens: bool = True
-    embed_dtype: str = "float32"
-    endianness: str = "native"
-    use_activation: bool | None = None
-    normalize: Any = msgspec.UNSET
-    messages: Any = msgspec.UNSET
 
 
 def default_task(tasks: Sequence[str]) -> str | None:
@@ -65,23 +47,23 @@ async def pooling(model: Model, body: bytes, max_model_len: Callable[[], int], t
                   header_id: bytes | None = None) -> PoolingJob:
     """A /pooling body as a PoolingJob; a 400 naming the field when it cannot be honoured."""
     req: PoolingRequest = parse(PoolingRequest, body)
-    check_common(req, model)
+    context = max_model_len()
+    keep = check_common(req, model, context)
     one_of("encoding_format", req.encoding_format, ENCODINGS)
     if req.dimensions is not None:  # vLLM's /pooling refuses it too
         raise APIError(400, "dimensions is currently not supported", param="dimensions")
     forms = input_forms(req.input)
     task = chosen_task(req.task, tasks())
-    ids = await token_ids(model, forms, add_special_tokens=req.add_special_tokens)
-    ids = fitted(model, ids, forms if isinstance(forms[0], str) else None, max_model_len(),
-                 req.truncate_prompt_tokens, req.truncation_side, req.add_special_tokens)
+    ids = await token_ids(model, forms, add_special_tokens=req.add_special_tokens, keep=keep,
+                          side=req.truncation_side, max_model_len=context)
     params = PoolingParams(task, use_activation=req.use_activation)
-    rid, created, name = response_id("pool", req.request_id, header_id), int(time.time()), model.name
-    encode = encoder(req.encoding_format, req.endianness)
+    rid = pooling_fields.response_id(req, "pool", header_id.decode("latin-1") if header_id else None)
+    created, name, encode = pooling_fields.created(), model.name, encoder(req.encoding_format, req.endianness)
 
     def respond(outputs: list[Pooled], prompt_tokens: int) -> dict[str, Any]:
         data = [{"index": i, "object": "pooling", "data": encode(out)} for i, out in enumerate(outputs)]
         return {"id": rid, "object": "list", "created": created, "model": name, "data": data,
-                "usage": usage(prompt_tokens)}
+                "usage": pooling_fields.usage(prompt_tokens)}
 
     return PoolingJob(task, [PoolingInput(row, params) for row in ids], respond, priority=req.priority,
-                      extra={"request_id": rid, "cache_salt": req.cache_salt})
+                      extra={"request_id": rid})
