@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -57,7 +58,9 @@ class PoolingRunner:
         if not candidates:
             raise APIError(503, f"no engine rank serving the task {job.task!r} is ready: "
                                 f"{self._engines.not_ready() or 'none serves it'}")
-        base = str(job.extra.get("request_id") or f"pool-{id(job):x}")
+        # Engine request ids must be unique among everything in flight at the engines, also when two clients
+        # send one X-Request-Id: the response id (for the logs) and a random part.
+        base = f"{job.extra.get('request_id') or 'pool'}-{os.urandom(6).hex()}"
         salt = job.extra.get("cache_salt")
         run = PoolingRun(job, [], [], Wakeup(), candidates)
         m = self._metrics

@@ -212,6 +212,15 @@ def test_a_client_that_leaves_aborts_every_input(minilm: Model) -> None:
     asyncio.run(main())
 
 
+def test_two_calls_with_one_request_id_get_distinct_engine_requests(minilm: Model) -> None:
+    app, bridge = fleet(minilm)
+    for _ in range(2):
+        answer = call(app, "/v1/embeddings", {"input": ["a", "b"]}, headers={"X-Request-Id": "same"})
+        assert answer.json()["id"] == "embd-same"
+    sent = [r.request_id for _, r in bridge.sent]
+    assert len(set(sent)) == 4 and all(rid.startswith("embd-same-") for rid in sent)
+
+
 def test_inputs_go_only_to_ranks_that_serve_the_task(minilm: Model) -> None:
     app, bridge = fleet(minilm, [["generate"], ["embed"], ["classify"]])
     assert call(app, "/v1/embeddings", {"input": ["a", "b", "c", "d"]}).status == 200
