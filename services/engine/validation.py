@@ -86,9 +86,11 @@ def _pooling_problem(p: PoolingParams, num_tokens: int) -> str | None:
         if p.dimensions < 1:
             return f"pooling.dimensions={p.dimensions}: must be >= 1"
     split = p.token_type_split
-    if split is not None and not 1 <= split < num_tokens:
-        return (f"pooling.token_type_split={split}: must be in [1, {num_tokens - 1}] (the index of the second "
-                f"text's first token among the prompt's {num_tokens})")
+    # vLLM's compressed_token_type_ids: the first token of type 1, the length when none is (a pair whose
+    # second text was cut away).
+    if split is not None and not 0 <= split <= num_tokens:
+        return (f"pooling.token_type_split={split}: must be in [0, {num_tokens}] (the index of the second "
+                f"text's first token among the prompt's {num_tokens}, {num_tokens} when it has none)")
     return None
 
 

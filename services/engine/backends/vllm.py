@@ -118,8 +118,9 @@ class VllmBackend:
             max_num_batched_tokens=config.max_num_batched_tokens,
             runner=config.runner,
             convert=config.convert,
-            # Generation always caches prefixes; a pooling model gets vLLM's default (off for encoder-only
-            # models such as BERT, whose attention is not causal, so no prefix of theirs can be reused).
+            # On for generation; otherwise vLLM's default: on for a generative model, off for an encoder-only
+            # one such as BERT (attention is not causal: no prefix of its can be reused; forced on, vLLM
+            # fails to build its KV manager, which has no cacheable group for it).
             enable_prefix_caching=True if config.runner == "generate" else None,
             enforce_eager=True,
             seed=config.seed,
@@ -289,9 +290,9 @@ class VllmBackend:
                         continue  # most outputs (a decode step's, nothing asked per token): their tokens alone
                 else:
                     record = drop(o.request_id, None)
-                    if o.pooling_output is not None:  # a pooling request ends with its one output
-                        _pack_pooled(o.pooling_output, out, result.pooled)
                 self._fill(o, out, record, made_at, segments)
+                if o.pooling_output is not None and o.finish_reason is not None:  # a pooling request's one output
+                    _pack_pooled(o.pooling_output, out, result.pooled)
                 if o.prefill_stats is not None:  # the request's first output (vLLM's iteration tokens)
                     num_tokens += o.prefill_stats.num_computed_tokens
         result.num_tokens = num_tokens

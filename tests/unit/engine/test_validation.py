@@ -105,6 +105,7 @@ def test_a_pooling_request_for_a_served_task_passes_and_may_fill_the_context() -
     assert _pooling() is None
     assert _pooling(prompt=list(range(32))) is None
     assert _pooling(task="token_embed", dimensions=4) is None
+    assert _pooling(token_type_split=3) is None  # no token of type 1 (the second text cut away): vLLM's length
 
 
 @pytest.mark.parametrize(
@@ -119,8 +120,8 @@ def test_a_pooling_request_for_a_served_task_passes_and_may_fill_the_context() -
         ({"dimensions": 0}, "pooling.dimensions=0: must be >= 1"),
         ({"task": "classify", "tasks": ("classify",), "dimensions": 8},
          "pooling.dimensions=8: task 'classify' does not take it (only embed and token_embed do)"),
-        ({"token_type_split": 3}, "pooling.token_type_split=3: must be in [1, 2]"),
-        ({"token_type_split": 0}, "pooling.token_type_split=0: must be in [1, 2]"),
+        ({"token_type_split": 4}, "pooling.token_type_split=4: must be in [0, 3]"),
+        ({"token_type_split": -1}, "pooling.token_type_split=-1: must be in [0, 3]"),
     ],
 )
 def test_each_pooling_problem_names_field_and_allowed_values(kwargs: dict, message: str) -> None:  # type: ignore[type-arg]

