@@ -38,6 +38,7 @@ from services.frontend.http_api.asgi import (
 )
 from services.frontend.http_api.response_writer import send_completion, send_stream, send_tokens
 from services.frontend.requests import classify, scoring
+from services.frontend.requests.cohere_embed import cohere_embed
 from services.frontend.requests.embeddings import embeddings
 from services.frontend.requests.engine_request import EngineRequest
 from services.frontend.requests.json_body import parse
@@ -52,6 +53,7 @@ _GUARDED = ("/v1/", "/v2/", "/inference/", "/tokenize", "/detokenize", "/pooling
 _SCORING = ("embed", "classify")
 _APIS = {"/v1/chat/completions": (("generate",), "Chat Completions"), "/v1/completions": (("generate",), "Completions"),
          "/inference/v1/generate": (("generate",), "generate tokens"), "/v1/embeddings": (("embed",), "Embeddings"),
+         "/v2/embed": (("embed",), "Embeddings"),
          "/pooling": (POOLING_TASKS, "Pooling"), "/classify": (("classify",), "Classification"),
          "/score": (_SCORING, "Score"), "/v1/score": (_SCORING, "Score"), "/rerank": (_SCORING, "Rerank (Score)"),
          "/v1/rerank": (_SCORING, "Rerank (Score)"), "/v2/rerank": (_SCORING, "Rerank (Score)")}
@@ -81,6 +83,7 @@ class Frontend:
         # Pooling routes: a body (and the X-Request-Id header) becomes a PoolingJob.
         self._pooling: dict[str, Callable[[bytes, bytes | None], Awaitable[PoolingJob]]] = {
             "/v1/embeddings": lambda body, rid: embeddings(model, body, core.max_model_len, rid),
+            "/v2/embed": lambda body, rid: cohere_embed(model, body, core.max_model_len, rid),
             "/pooling": lambda body, rid: pooling(model, body, core.max_model_len, self._tasks, rid),
             "/classify": functools.partial(self._scoring, classify.translate)}
         for path in ("/score", "/v1/score"):

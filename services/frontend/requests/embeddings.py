@@ -56,20 +56,20 @@ def check_common(req: Any, model: Model, max_model_len: int) -> int | None:
     return pooling_fields.check(req, max_model_len)
 
 
-def check_dimensions(dimensions: int | None, model: Model) -> None:
+def check_dimensions(dimensions: int | None, model: Model, param: str = "dimensions") -> None:
     """A Matryoshka cut, refused as vLLM refuses it (its PoolingParams' messages) when the model cannot."""
     if dimensions is None:
         return
     facts, name = model.embedding, model.name
     if facts is None or not facts.matryoshka:
         raise APIError(400, f"Model {name!r} does not support Matryoshka embeddings; dimensions must be unset "
-                            f"(received dimensions={dimensions}).", param="dimensions")
+                            f"(received dimensions={dimensions}).", param=param)
     if facts.size is not None and not 1 <= dimensions <= facts.size:
         raise APIError(400, f"Model {name!r} only supports dimensions in range [1, {facts.size}], got {dimensions}.",
-                       param="dimensions")
+                       param=param)
     if facts.dimensions is not None and dimensions not in facts.dimensions:
         raise APIError(400, f"Model {name!r} only supports Matryoshka dimensions {list(facts.dimensions)}, got "
-                            f"{dimensions}.", param="dimensions")
+                            f"{dimensions}.", param=param)
 
 
 def encoder(encoding_format: str, endianness: str) -> Callable[[Pooled], list[float] | list[list[float]] | str]:

@@ -335,3 +335,50 @@ def test_classify_and_rerank_on_an_embedding_only_model_are_400s_naming_the_api(
     generating, _ = fleet(minilm, [["generate"]])
     answer = call(generating, "/v2/rerank", {"query": "q", "documents": ["d"]})
     assert answer.status == 400 and "does not support Rerank (Score) API" in answer.json()["error"]["message"]
+
+
+def test_cohere_v2_embed_gives_each_asked_type(minilm: Model) -> None:
+    app, bridge = fleet(minilm)
+    texts = ["hello", "a longer text"]
+    answer = call(app, "/v2/embed", {"texts": texts, "embedding_types": ["float", "base64", "binary", "ubinary"]},
+                  headers={"X-Request-Id": "c1"})
+    assert answer.status == 200, answer.body
+    body = answer.json()
+    ids = [minilm.encode(t, add_special_tokens=True) for t in texts]
+    floats = [vector(i) for i in ids]
+    assert body["id"] == "embd-c1" and body["texts"] == texts and body["response_type"] == "embeddings_by_type"
+    assert body["embeddings"]["float"] == floats
+    assert [list(array("f", base64.b64decode(b))) for b in body["embeddings"]["base64"]] == floats
+    # vector() is all non-negative: four 1 bits then four of padding, MSB first.
+    assert body["embeddings"]["ubinary"] == [[0b11110000]] * 2
+    assert body["embeddings"]["binary"] == [[0b11110000 - 128]] * 2
+    assert body["meta"] == {"api_version": {"version": "2"},
+                            "billed_units": {"input_tokens": sum(map(len, ids)), "image_tokens": 0}}
+
+
+@pytest.mark.parametrize(("body", "param", "words"), [
+    ({"images": ["data:image/png;base64,AA=="]}, "images", "text only"),
+    ({"texts": []}, "texts", "Exactly one of texts, images, or inputs"),
+    ({"texts": ["a"], "input_type": "query"}, "input_type", "does not define any input_type"),
+    ({"texts": ["a"], "embedding_types": ["int8"]}, "embedding_types[0]", "allowed: float"),
+    ({"texts": ["a"], "output_dimension": 8}, "output_dimension", "does not support Matryoshka"),
+    ({"texts": ["one two three four"], "truncate": "NONE", "max_tokens": 3}, "texts[0]", "exceeds max_tokens=3"),
+    ({"texts": ["a"], "truncate": "MIDDLE"}, "truncate", "invalid enum value"),
+])
+def test_cohere_v2_embed_refusals(minilm: Model, body: dict[str, Any], param: str, words: str) -> None:
+    app, bridge = fleet(minilm)
+    answer = call(app, "/v2/embed", body)
+    assert answer.status == 400, answer.body
+    error = answer.json()["error"]
+    assert error["param"] == param and words.lower() in error["message"].lower(), error
+    assert not bridge.sent
+
+
+def test_cohere_v2_embed_truncates_as_vllm_maps_truncate(minilm: Model) -> None:
+    app, bridge = fleet(minilm)
+    text = "one two three four five six"
+    whole = minilm.encode(text, add_special_tokens=True)
+    call(app, "/v2/embed", {"texts": [text], "max_tokens": 4})  # END: the tokenizer cuts, specials kept
+    assert bridge.sent[-1][1].prompt_token_ids == [*whole[:3], whole[-1]]
+    call(app, "/v2/embed", {"texts": [text], "max_tokens": 4, "truncate": "START"})  # the ids from the left
+    assert bridge.sent[-1][1].prompt_token_ids == whole[-4:]

@@ -11,6 +11,7 @@ import pydantic
 import pytest
 
 from services.frontend.model import Model
+from services.frontend.requests.cohere_embed import CohereEmbedRequest
 from services.frontend.requests.embeddings import EmbeddingRequest
 from services.frontend.requests.pooling_request import PoolingRequest
 from tests.support.asgi_client import request
@@ -28,6 +29,7 @@ def minilm() -> Model:
 def test_every_field_of_vllms_requests_is_declared() -> None:
     assert set(embed_protocol.EmbeddingCompletionRequest.model_fields) <= set(EmbeddingRequest.__struct_fields__)
     assert set(pooling_protocol.PoolingCompletionRequest.model_fields) <= set(PoolingRequest.__struct_fields__)
+    assert set(embed_protocol.CohereEmbedRequest.model_fields) <= set(CohereEmbedRequest.__struct_fields__)
 
 
 @pytest.mark.parametrize("body", [
@@ -78,3 +80,13 @@ def test_pooling_answers_validate_as_vllms(minilm: Model, body: dict[str, Any]) 
     answer = asyncio.run(request(app, "POST", "/pooling", body))
     assert answer.status == 200, answer.body
     pooling_protocol.PoolingResponse.model_validate(answer.json())
+
+
+def test_cohere_embed_answers_validate_as_vllms(minilm: Model) -> None:
+    body = {"texts": ["hello", "world"], "embedding_types": ["float", "base64"], "truncate": "END"}
+    embed_protocol.CohereEmbedRequest.model_validate(body)
+    app, _ = fleet(minilm)
+    answer = asyncio.run(request(app, "POST", "/v2/embed", body))
+    assert answer.status == 200, answer.body
+    parsed = embed_protocol.CohereEmbedResponse.model_validate(answer.json())
+    assert parsed.model_dump(exclude_none=True) == answer.json()  # every key vLLM writes, no other
