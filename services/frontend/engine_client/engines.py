@@ -56,6 +56,7 @@ from services.frontend.engine_client.kv_index import KVIndex
 log = logging.getLogger(__name__)
 
 HELLO_RETRY_S = 0.5
+WAIT_READY_RECHECK_S = 1.0
 POOLING_MINOR = 5  # protocol 1.5: pooling requests, pooled outputs, Ready.runner and Ready.tasks
 # The timers wake when something is due (a heartbeat to send, a deadline to judge, a handshake to
 # retry), at least this often, and at once when poked (a connection made): not on a fixed fast tick,
@@ -227,7 +228,9 @@ class EngineSet:
                 raise TimeoutError(f"engines not ready after {timeout_s:.0f}s: {self.not_ready()}")
             self.changed.clear()
             try:
-                await asyncio.wait_for(self.changed.wait(), left)
+                # Other consumers clear `changed` too (the gRPC health task): a set() they clear before this
+                # wait first runs is lost to it, so the state is looked at again at least every second.
+                await asyncio.wait_for(self.changed.wait(), min(left, WAIT_READY_RECHECK_S))
             except TimeoutError:
                 pass
 
