@@ -181,15 +181,18 @@ def main() -> None:
             for n in levels:
                 for s in servers:  # interleaved: round k of vLLM, round k of the fleet, round k+1 ...
                     settle(servers)
-                    measure(s, n, args, idle[s.name], runs[(s.name, n)])
+                    measure(s, n, args, idle[s.name][0], runs[(s.name, n)])
+                    r = runs[(s.name, n)]
+                    print(f"[{s.name}] {n} clients: {r.per_s[-1]:.2f} requests/s", flush=True)
         report(servers, levels, runs, idle, args)
     finally:
         stop(servers)
         print(f"logs: {logs}")
 
 
-def find_processes_and_idle(servers: list[Server], idle_s: float) -> dict[str, float]:
-    """Each server's HTTP process (measured) and the others, then each HTTP process's idle CPU per second."""
+def find_processes_and_idle(servers: list[Server], idle_s: float) -> dict[str, tuple[float, float]]:
+    """Each server's HTTP process (measured) and the others, then the idle CPU per second of each
+    server's HTTP process and of its other processes together (the engine side)."""
     for s in servers:
         pids = tree(s.proc.pid)
         s.api_pid = listener(s.port, pids)
@@ -198,22 +201,29 @@ def find_processes_and_idle(servers: list[Server], idle_s: float) -> dict[str, f
         for pid in s.others:
             print(f"[{s.name}]   other process: {describe(pid)}", flush=True)
     settle(servers)
-    cpu0 = {s.name: cpu_s(s.api_pid) for s in servers}
+    cpu0 = {s.name: (cpu_s(s.api_pid), _cpu_of(s.others)) for s in servers}
     t0 = time.perf_counter()
     time.sleep(idle_s)
     span = time.perf_counter() - t0
-    return {s.name: (cpu_s(s.api_pid) - cpu0[s.name]) / span for s in servers}
+    idle = {}
+    for s in servers:
+        api0, others0 = cpu0[s.name]
+        others1 = _cpu_of(s.others)
+        others = sum(others1[pid] - others0[pid] for pid in others0.keys() & others1.keys())
+        idle[s.name] = ((cpu_s(s.api_pid) - api0) / span, others / span)
+    return idle
 
 
 def report(servers: list[Server], levels: list[int], runs: dict[tuple[str, int], Runs],
-           idle: dict[str, float], args: argparse.Namespace) -> None:
+           idle: dict[str, tuple[float, float]], args: argparse.Namespace) -> None:
     med = statistics.median
     print(f"\nPOST /v1/embeddings, {args.batch} inputs a request, {args.requests} requests a round; one vLLM engine "
           f"each (CPU, {MODEL}, max-model-len {args.max_model_len}, max-num-seqs {args.max_num_seqs}, KV "
           f"{args.kv_cache_bytes} bytes); medians of {args.repeat} interleaved rounds; {os.cpu_count()} cores")
     print("idle CPU of the HTTP server process ("
-          + ", ".join(f"{s.name} {idle[s.name] * 1e3:.1f} ms/s" for s in servers)
-          + ") x each round's wall time was subtracted; raw = not subtracted\n")
+          + ", ".join(f"{s.name} {idle[s.name][0] * 1e3:.1f} ms/s" for s in servers)
+          + ") x each round's wall time was subtracted; raw = not subtracted; the engine side is raw (its idle: "
+          + ", ".join(f"{s.name} {idle[s.name][1] * 1e3:.1f} ms/s" for s in servers) + ")\n")
     print("| clients | server | requests/s | HTTP server CPU ms/request | raw | engine side CPU ms/request |")
     print("|---|---|---|---|---|---|")
     for n in levels:
