@@ -33,6 +33,7 @@ async def run(config: RouterConfig, *, header_timeout_s: float = DEFAULT_HEADER_
     pools = build_pools(config)
     # Tokenizers, chat templates and the embedding model load before the first request, never during one.
     await asyncio.to_thread(router.load_models)
+    await router.warm()  # signals' examples embedded now rather than on a first request
     await asyncio.to_thread(load_models, config, pools)
     upstream = AiohttpUpstream()
     checker = HealthChecker(config, pools, upstream)
