@@ -44,6 +44,7 @@ bench: $(STAMP)
 	$(PY) bench/vllm_log_stats.py
 	$(PY) bench/vllm_outputs.py
 	$(PY) bench/vs_vllm.py
+	$(PY) bench/pooling.py
 	$(PY) bench/frontend_stream.py --top-logprobs 5
 	$(PY) bench/frontend_parsers.py
 	$(PY) bench/isolation.py
