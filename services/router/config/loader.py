@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import yaml
 
 from services.router.config import rules
+from services.router.config.deployments import read_deployments
 from services.router.config.fields import MISSING, Fields, defaults
 from services.router.config.types import (
     ALGORITHM_TYPES,
@@ -98,7 +99,8 @@ def parse_config(data: object, source: str = "<config>", *,
     `env` (default: os.environ) supplies the variables named by `api_keys_env` / `api_key_env`.
     """
     f = Fields(os.environ if env is None else env)
-    top = f.mapping("", data, ("listeners", "pools", "entries"), required=("listeners", "pools", "entries"))
+    top = f.mapping("", data, ("listeners", "pools", "entries", "deployments"),
+                    required=("listeners", "pools", "entries"))
     listeners = f.items("listeners", top.get("listeners", MISSING), _listener)
     _unique(f, "listeners", listeners, "port", "port")
     _unique(f, "listeners", listeners, "name", "listener name")
@@ -111,10 +113,13 @@ def parse_config(data: object, source: str = "<config>", *,
         for j, entry in enumerate(listener.entries if listener else ()):
             f.check(f"listeners[{i}].entries[{j}]", rules.unknown_name(entry, tuple(raw_entries), "entry",
                                                                         "entries"))
+    # ---- deployments: the model runtime's (config/deployments.py), with the pools' health and breaker ----
+    deployments = read_deployments(f, top.get("deployments", MISSING), health=_health, breaker=_breaker)
+    # ---- end of deployments ----
     if f.errors:
         raise ConfigError(source, f.errors)
     return RouterConfig(tuple(_built(x) for x in listeners), {k: _built(v) for k, v in pools.items()},
-                        {k: _built(v) for k, v in entries.items()}, source)
+                        {k: _built(v) for k, v in entries.items()}, source, deployments)
 
 
 def _listener(f: Fields, path: str, raw: object, i: int) -> ListenerConfig | None:
