@@ -30,7 +30,7 @@ Reader = Callable[[Fields, str, object], Any]
 def read_deployments(f: Fields, raw: object, *, health: Reader, breaker: Reader) -> dict[str, DeploymentConfig]:
     """`deployments:` (a mapping name -> deployment); problems go to `f` with their key paths. `health`
     and `breaker` are the pools' readers of those sections (the loader's), shared rather than copied."""
-    if raw is MISSING:
+    if raw is MISSING or raw == {}:  # none declared, or every one commented out
         return {}
     built = {}
     for name, item in f.named("deployments", raw).items():

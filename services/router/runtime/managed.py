@@ -84,7 +84,7 @@ class Supervised:
             if time.monotonic() - began >= STABLE_S:
                 backoff = BACKOFF_FIRST_S
             self.restarts += 1
-            log.warning("%s (pid %d) exited with %s; restart %d in %.0fs", self.label, self.proc.pid,
+            log.warning("%s (pid %d) exited with %s; restart %d in %gs", self.label, self.proc.pid,
                         _exit_reason(code), self.restarts, backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX_S)
