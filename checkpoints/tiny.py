@@ -8,9 +8,10 @@ import importlib.util
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from checkpoints import cache
 
 if TYPE_CHECKING:
     import torch
@@ -89,36 +90,9 @@ def tokenizer_source_dir() -> Path:
 
 def ensure(cache_dir: Path, *, weights: bool = False) -> Path:
     """Return the tiny checkpoint under ``cache_dir``, building what is missing."""
-    target = cache_dir / DIR_NAME
-    if not (target / "config.json").is_file():
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{DIR_NAME}.", suffix=".tmp", dir=cache_dir))
-        try:
-            # mkdtemp/mkstemp create private (0700/0600) entries; the cache
-            # may be shared, so give them ordinary permissions.
-            tmp.chmod(0o755)
-            write_metadata(tmp)
-            if weights:
-                write_weights(tmp / WEIGHTS_FILE)
-            os.rename(tmp, target)
-        except OSError:
-            # Lost the race to another builder: its directory is complete
-            # because it, too, appeared by rename.
-            if not (target / "config.json").is_file():
-                raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    if weights and not (target / WEIGHTS_FILE).is_file():
-        fd, name = tempfile.mkstemp(prefix=f".{WEIGHTS_FILE}.", suffix=".tmp", dir=target)
-        os.close(fd)
-        try:
-            write_weights(Path(name))
-            # Concurrent writers produce identical bytes, so last one wins.
-            os.replace(name, target / WEIGHTS_FILE)
-        finally:
-            if os.path.exists(name):
-                os.unlink(name)
-    return target
+    # write_metadata is looked up at call time so tests can stand in for it.
+    return cache.publish(cache_dir, DIR_NAME, write_metadata=write_metadata, write_weights=write_weights,
+                         weights_file=WEIGHTS_FILE, weights=weights)
 
 
 def write_metadata(dest: Path) -> None:
