@@ -13,10 +13,13 @@ def used_deployments(config: RouterConfig) -> dict[str, list[str]]:
     models that need a decision model are users too once they exist: they add their reasons here."""
     reasons: dict[str, list[str]] = {}
     for entry_name, entry in config.entries.items():
+        # A signal no decision (or projection) reads is never evaluated: it starts nothing. Entries
+        # that know which signals they need say so (`needed`); otherwise every signal counts.
+        needed = getattr(entry, "needed", None)
         for i, signal in enumerate(entry.signals):
             # Only the model-backed signal types have the key; rule signals never use a deployment.
             name = getattr(signal, "deployment", None)
-            if isinstance(name, str):
+            if isinstance(name, str) and (needed is None or signal.name in needed):
                 reasons.setdefault(name, []).append(
                     f"signal entries.{entry_name}.signals[{i}] ({signal.name}, {signal.type})")
     return {name: reasons[name] for name in config.deployments if name in reasons}

@@ -237,3 +237,11 @@ def test_a_deployment_is_scheduled_by_the_chat_pools_scheduler() -> None:
     pool, workers = _run(config, upstream, body)
     assert type(pool) is Pool and pool.kind == "deployment"
     assert workers == [A, B, A, B]
+
+
+def test_classify_names_the_probabilities_by_the_checkpoints_id2label() -> None:
+    upstream = FakeUpstream()
+    upstream.answer(A, _json({"data": [{"index": 0, "label": "math", "probs": [0.2, 0.3, 0.5], "num_classes": 3}]}))
+    config = _config({"cls": {**_attached(["classify"]), "model": "tiny-classifier"}}, ("cls",))
+    [label] = _run(config, upstream, lambda rt: rt.classify("cls", ["1 + 1"], timeout_s=5)).results
+    assert label.probs == {"chat": 0.2, "code": 0.3, "math": 0.5}  # checkpoints' tiny-classifier config.json
