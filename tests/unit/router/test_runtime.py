@@ -245,3 +245,33 @@ def test_classify_names_the_probabilities_by_the_checkpoints_id2label() -> None:
     config = _config({"cls": {**_attached(["classify"]), "model": "tiny-classifier"}}, ("cls",))
     [label] = _run(config, upstream, lambda rt: rt.classify("cls", ["1 + 1"], timeout_s=5)).results
     assert label.probs == {"chat": 0.2, "code": 0.3, "math": 0.5}  # checkpoints' tiny-classifier config.json
+
+
+def test_the_routers_ready_route_answers_503_until_the_deployments_are_ready() -> None:
+    from services.router.app import RouterApp
+    from services.router.backends.pool import build_pools
+    from services.router.decision.engine import Router
+    from services.router.metrics import RouterMetrics
+    from tests.support.asgi_client import request
+
+    config = _config({"emb": _attached(["embed"])}, ("emb",))
+    plain = dataclasses.replace(config, entries={"e": EntryConfig("e", ("p",))})  # the decision engine's view
+    pools = build_pools(config)
+
+    async def go() -> list[tuple[int, Any]]:
+        upstream = FakeUpstream()
+        runtime = Deployments(config, upstream)
+        app = RouterApp(config, Router(plain), pools, upstream, RouterMetrics(pools), runtime=runtime)
+        bare = RouterApp(config, Router(plain), pools, upstream, RouterMetrics(pools))
+        try:
+            await runtime.start()
+            answers = [await request(app, "GET", "/ready")]
+            await runtime.wait_ready()
+            answers += [await request(app, "GET", "/ready"), await request(bare, "GET", "/ready")]
+        finally:
+            await runtime.stop()
+            for a in (app, bare):
+                a.close()
+        return [(a.status, a.json()["status"]) for a in answers]
+
+    assert asyncio.run(go()) == [(503, "starting"), (200, "ready"), (200, "ready")]
