@@ -69,8 +69,8 @@ class Deployments:
                 continue
             deployment = await self._deployment(config, used[name])
             self.started[name] = deployment
-            if config.managed is not None:
-                await asyncio.gather(*(r.start() for r in deployment.managed))
+            for replica in deployment.managed:
+                replica.start()
             where = (f"{len(deployment.managed)} managed {config.managed.backend} worker(s)" if config.managed
                      else f"attached {', '.join(r.url for r in deployment.pool.replicas)}")
             log.info("deployment %s: started %s for %s%s (tasks %s): used by %s", name, where, config.model,

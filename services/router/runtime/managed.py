@@ -76,35 +76,40 @@ class Supervised:
             # Each in a session of its own: stopping it signals its whole group (anything it started),
             # and a Ctrl-C at the router's terminal reaches the router alone, which stops it in order.
             guarded = [sys.executable, "-m", "services.router.runtime.orphan_guard", str(os.getpid()), *self.cmd]
-            self.proc = await asyncio.create_subprocess_exec(*guarded, env=self.env, start_new_session=True)
-            self._started.set()
-            code = await self.proc.wait()
-            if self._stopping:
-                return
+            try:
+                self.proc = await asyncio.create_subprocess_exec(*guarded, env=self.env, start_new_session=True)
+            except OSError as exc:  # no process at all (out of memory, too many processes): try again later
+                why = f"could not start ({exc})"
+            else:
+                self._started.set()
+                code = await self.proc.wait()
+                if self._stopping:
+                    return
+                why = f"(pid {self.proc.pid}) exited with {_exit_reason(code)}"
             if time.monotonic() - began >= STABLE_S:
                 backoff = BACKOFF_FIRST_S
             self.restarts += 1
-            log.warning("%s (pid %d) exited with %s; restart %d in %gs", self.label, self.proc.pid,
-                        _exit_reason(code), self.restarts, backoff)
+            log.warning("%s %s; restart %d in %gs", self.label, why, self.restarts, backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX_S)
 
     async def stop(self) -> None:
         """SIGTERM to its process group, SIGKILL after STOP_TIMEOUT_S; no restart after this."""
         self._stopping = True
-        proc = self.proc
-        if proc is not None and proc.returncode is None:
-            _signal_group(proc.pid, signal.SIGTERM)
-            try:
-                await asyncio.wait_for(proc.wait(), STOP_TIMEOUT_S)
-            except TimeoutError:
-                log.warning("%s (pid %d) did not stop in %.0fs; killing it", self.label, proc.pid, STOP_TIMEOUT_S)
-                _signal_group(proc.pid, signal.SIGKILL)
-                await proc.wait()
-        if self._task is not None:
+        if self._task is not None:  # first, so that no new process starts while this one stops
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        proc = self.proc
+        if proc is None or proc.returncode is not None:
+            return
+        _signal_group(proc.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), STOP_TIMEOUT_S)
+        except TimeoutError:
+            log.warning("%s (pid %d) did not stop in %.0fs; killing it", self.label, proc.pid, STOP_TIMEOUT_S)
+            _signal_group(proc.pid, signal.SIGKILL)
+            await proc.wait()
 
 
 class ManagedReplica:
@@ -128,10 +133,10 @@ class ManagedReplica:
         self.frontend = Supervised(f"{label}: frontend {self.url}", frontend,
                                    {**base, TOKEN_ENV: keys.token, API_KEY_ENV: keys.api_key})
 
-    async def start(self) -> None:
+    def start(self) -> None:
+        """Both processes on their way; the runtime's health checks say when the worker is ready."""
         self.engine.start()
         self.frontend.start()
-        await asyncio.gather(self.engine.started(), self.frontend.started())
 
     async def stop(self) -> None:
         # The frontend first: it takes no more calls while its engine finishes what it has.
