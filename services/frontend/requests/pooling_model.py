@@ -1,0 +1,57 @@
+"""What the classify, score and rerank translators know of the served model beyond what its engines
+say (context length, tasks): its name, its tokenizer, and what its config.json declares, read as
+transformers and vLLM read it. Built once per API server process, at start."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tokenizers import Tokenizer
+
+# transformers' PretrainedConfig: a config without id2label has num_labels (default 2) labels LABEL_i.
+DEFAULT_NUM_LABELS = 2
+
+
+@dataclass(frozen=True, slots=True)
+class PoolingModel:
+    """`name`: the model name the responses carry. `id2label`: class names by index (`/classify`'s
+    labels; one label makes a cross-encoder, which `/score` and `/rerank` need). `token_types`: the
+    model reads token type ids (BERT's type_vocab_size 2), so a scored pair tells the engine where the
+    second text starts. `use_sep_token`: a pair is encoded with the tokenizer's separators (vLLM's
+    ModelConfig.use_sep_token; False for an LLM used as a reranker: the two texts are joined)."""
+
+    name: str
+    tokenizer: Tokenizer
+    id2label: Mapping[int, str]
+    token_types: bool = False
+    use_sep_token: bool = True
+
+    def __post_init__(self) -> None:
+        # A tokenizer.json may carry its training pipeline's truncation and padding (all-MiniLM-L6-v2's
+        # pads every text to 128 tokens). transformers turns both off on every call unless asked, so
+        # vLLM never applies them; the frontend must load the tokenizer with both off.
+        if self.tokenizer.truncation is not None or self.tokenizer.padding is not None:
+            raise ValueError("the tokenizer truncates or pads by its tokenizer.json settings, which vLLM never "
+                             "applies: load it with no_truncation() and no_padding()")
+
+    @classmethod
+    def of(cls, name: str, tokenizer: Tokenizer, config: Mapping[str, Any]) -> PoolingModel:
+        """The facts of a checkpoint whose config.json is `config`."""
+        type_vocab = config.get("type_vocab_size")
+        sep = config.get("use_sep_token", config.get("use_pad_token", True))  # vLLM's old name second
+        return cls(name, tokenizer, labels(config), isinstance(type_vocab, int) and type_vocab > 1, sep is not False)
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.id2label)
+
+
+def labels(config: Mapping[str, Any]) -> dict[int, str]:
+    """config.json's id2label as transformers reads it (keys made integers); without one, `num_labels`
+    labels named LABEL_0, LABEL_1, ..."""
+    given = config.get("id2label")
+    if isinstance(given, Mapping) and given:
+        return {int(key): str(value) for key, value in given.items()}
+    count = config.get("num_labels", DEFAULT_NUM_LABELS)
+    return {i: f"LABEL_{i}" for i in range(count if isinstance(count, int) else DEFAULT_NUM_LABELS)}

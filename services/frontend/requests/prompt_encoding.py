@@ -1,0 +1,122 @@
+"""Texts and text pairs tokenized as vLLM tokenizes a pooling prompt: with `truncate_prompt_tokens`
+alone the tokenizer itself truncates (special tokens kept, a pair cut longest first, as transformers'
+`truncation=True` does), with `truncation_side` too the whole prompt is sliced from that side (vLLM
+turns the tokenizer's truncation off then). Runs in each API server process, from the translators;
+`encode_batch` lets go of the GIL, so a route may call it from a thread for a large body."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tokenizers import Encoding, Tokenizer
+
+from services.frontend.errors import APIError
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """A prompt's token ids and, for a pair read with token types, the index of the first token of
+    type 1 (vLLM's compressed_token_type_ids: the length when there is none)."""
+
+    ids: list[int]
+    token_type_split: int | None = None
+
+
+def encode_texts(tokenizer: Tokenizer, texts: Sequence[str], *, add_special_tokens: bool, keep: int | None,
+                 side: str | None) -> list[Encoded]:
+    """Each text's token ids, cut to `keep` tokens when it has more."""
+    special = _special(tokenizer, pair=False) if add_special_tokens else 0
+    out = []
+    for text, whole in zip(texts, tokenizer.encode_batch(list(texts), add_special_tokens=add_special_tokens),
+                           strict=True):
+        if keep is None or len(whole.ids) <= keep:
+            out.append(Encoded(whole.ids))
+        elif side is not None or keep < special:
+            # Below the special tokens, transformers leaves the text whole (it logs an error) and vLLM's
+            # renderer then slices it from the right, special tokens and all.
+            out.append(Encoded(sliced(whole.ids, keep, side or "right")))
+        else:
+            bare = tokenizer.encode(text, add_special_tokens=False)
+            bare.truncate(keep - special, direction="right")
+            out.append(Encoded(tokenizer.post_process(bare, None, add_special_tokens=add_special_tokens).ids))
+    return out
+
+
+def encode_pairs(tokenizer: Tokenizer, pairs: Sequence[tuple[str, str]], *, keep: int | None, side: str | None,
+                 token_types: bool, use_sep_token: bool, only_second: bool = False) -> list[Encoded]:
+    """Each (query, document) pair as a cross-encoder reads it: the tokenizer's pair encoding
+    ([CLS] a [SEP] b [SEP] for BERT), or, without separators, the two texts joined as one.
+    `only_second`: the tokenizer cuts the document alone to fit `keep` (vLLM's way once a request sets
+    max_tokens_per_doc), not the longer text first."""
+    if not use_sep_token:
+        joined = encode_texts(tokenizer, [a + b for a, b in pairs], add_special_tokens=True, keep=keep, side=side)
+        return [Encoded(e.ids, len(e.ids) if token_types else None) for e in joined]
+    special = _special(tokenizer, pair=True)
+    out = []
+    for pair, whole in zip(pairs, tokenizer.encode_batch(list(pairs), add_special_tokens=True), strict=True):
+        ids, types = whole.ids, whole.type_ids
+        if keep is not None and len(ids) > keep:
+            if side is not None or keep < special:  # as for one text (encode_texts)
+                ids, types = sliced(ids, keep, side or "right"), sliced(types, keep, side or "right")
+            else:
+                enc = (_second_cut if only_second else _longest_first)(tokenizer, pair, keep)
+                ids, types = enc.ids, enc.type_ids
+        out.append(Encoded(ids, _first_one(types) if token_types else None))
+    return out
+
+
+def sliced(ids: list[int], keep: int, side: str) -> list[int]:
+    """The last `keep` ("left": the start is cut) or the first (`right`)."""
+    return ids[len(ids) - keep:] if side == "left" else ids[:keep]
+
+
+def _longest_first(tokenizer: Tokenizer, pair: tuple[str, str], keep: int) -> Encoding:
+    """The pair cut to `keep` tokens as the tokenizers library's LongestFirst strategy cuts it: the
+    longer text down towards the shorter one first, then both evenly (the longer keeps the odd token)."""
+    first, second = (tokenizer.encode(text, add_special_tokens=False) for text in pair)
+    room = keep - _special(tokenizer, pair=True)
+    short, long = sorted((len(first.ids), len(second.ids)))
+    long = short if short > room else max(short, room - short)
+    if short + long > room:
+        short, long = room // 2, room // 2 + room % 2
+    n1, n2 = (short, long) if len(first.ids) <= len(second.ids) else (long, short)
+    first.truncate(n1, direction="right")
+    second.truncate(n2, direction="right")
+    return tokenizer.post_process(first, second, add_special_tokens=True)
+
+
+def _second_cut(tokenizer: Tokenizer, pair: tuple[str, str], keep: int) -> Encoding:
+    """The pair cut to `keep` tokens by cutting the document only (tokenizers' OnlySecond)."""
+    first, second = (tokenizer.encode(text, add_special_tokens=False) for text in pair)
+    room = keep - _special(tokenizer, pair=True) - len(first.ids)
+    if room < 0:
+        raise APIError(400, f"truncate_prompt_tokens={keep}: the query alone is longer, and with "
+                       "max_tokens_per_doc only the document is cut", param="truncate_prompt_tokens")
+    second.truncate(room, direction="right")
+    return tokenizer.post_process(first, second, add_special_tokens=True)
+
+
+def cut_text(tokenizer: Tokenizer, text: str, max_tokens: int) -> str:
+    """The text cut at a token boundary so that it tokenizes (without special tokens) to at most
+    `max_tokens` tokens, as vLLM applies max_tokens_per_query and max_tokens_per_doc: cut where the
+    last kept token ends, and again while re-tokenizing the cut text still gives more."""
+    while text:
+        enc = tokenizer.encode(text, add_special_tokens=False)
+        if len(enc.ids) <= max_tokens:
+            break
+        end = min(enc.offsets[max_tokens - 1][1], enc.offsets[max_tokens][0]) if max_tokens > 0 else 0
+        text = text[:min(end, len(text) - 1)]
+    return text
+
+
+def _special(tokenizer: Tokenizer, *, pair: bool) -> int:
+    processor = tokenizer.post_processor
+    return processor.num_special_tokens_to_add(pair) if processor is not None else 0
+
+
+def _first_one(type_ids: list[int]) -> int:
+    """vLLM's compress_token_type_ids: where type 1 starts, the length when it never does."""
+    try:
+        return type_ids.index(1)
+    except ValueError:
+        return len(type_ids)
