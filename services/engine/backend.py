@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, Union
 
-from protocol import GenerateRequest, PackedLogprobs, RequestOutput
+from protocol import GenerateRequest, PackedLogprobs, PackedPooled, RequestOutput
 from protocol.logprobs import Buffer
 
 
@@ -38,6 +38,10 @@ class BackendInfo:
     num_kv_blocks: int
     vocab_size: int
     eos_token_id: int | None
+    # What the model does, as vLLM names it (Ready.runner, Ready.tasks): "generate" with ("generate",), or
+    # "pooling" with the pooling tasks it serves ("embed", "classify", "token_embed", "token_classify").
+    runner: str = "generate"
+    tasks: tuple[str, ...] = ("generate",)
 
 
 @dataclass(slots=True)
@@ -73,6 +77,9 @@ KVEvent = Union[Stored, Removed, Cleared]
 # A packed logprobs segment (protocol/logprobs.py): the ref set on its output, and the buffers that make
 # up its bytes (token ids, logprobs, ranks), which the core loop places in its peer's raw frame.
 Segment = tuple[PackedLogprobs, Sequence[Buffer]]
+# A pooled result (protocol/pooled.py): the ref set on its output (shape filled in, frame and offset the core
+# loop's to set), and its float32 little-endian bytes, which go in the same raw frame as the segments.
+Pooled = tuple[PackedPooled, Buffer]
 
 
 @dataclass(slots=True)
@@ -89,6 +96,8 @@ class StepResult:
     # The step's tokens as vLLM's vllm:iteration_tokens_total counts them: prompt tokens computed (not
     # cached), counted in the step of the request's first token, plus tokens generated.
     num_tokens: int = 0
+    # Pooled arrays of outputs that carry PackedPooled refs (pooling requests' finishes), by request id.
+    pooled: dict[str, Pooled] = field(default_factory=dict)
 
 
 class Backend(Protocol):

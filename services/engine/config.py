@@ -11,12 +11,21 @@ from typing import Literal
 from protocol.handshake import TOKEN_ENV, auth_token_from
 
 Backend = Literal["vllm", "sim"]
+# vLLM's --runner and --convert values (vllm/config/model.py: RunnerOption, ConvertOption).
+Runner = Literal["auto", "generate", "pooling"]
+Convert = Literal["auto", "none", "embed", "classify"]
+RUNNERS: tuple[Runner, ...] = ("auto", "generate", "pooling")
+CONVERTS: tuple[Convert, ...] = ("auto", "none", "embed", "classify")
 
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     model: str
     backend: Backend
+    # As vLLM's flags: the model runner (auto: from the checkpoint) and the adapter that turns a model into
+    # a pooling one (auto: from the architecture; embed/classify only with the pooling runner).
+    runner: Runner = "auto"
+    convert: Convert = "auto"
     host: str = "127.0.0.1"  # loopback: a deployment that needs more says so (compose, k8s: 0.0.0.0)
     port: int = 5555  # ROUTER port of the first local rank; rank i binds port + i
     # PUB port of the first local rank, rank i binds pub_port + i; default: one the OS picks for each rank,
@@ -58,6 +67,11 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         _require(self.backend in ("vllm", "sim"), "--backend", self.backend, "vllm or sim")
+        _require(self.runner in RUNNERS, "--runner", self.runner, ", ".join(RUNNERS))
+        _require(self.convert in CONVERTS, "--convert", self.convert, ", ".join(CONVERTS))
+        # vLLM has no converters for the generate runner (_RUNNER_CONVERTS["generate"] is empty).
+        _require(self.runner != "generate" or self.convert in ("auto", "none"), "--convert", self.convert,
+                 "auto or none with --runner generate (embed and classify adapt a model for --runner pooling)")
         _require(0 < self.port < 65536, "--port", self.port, "1..65535")
         _require(self.data_parallel_size_local >= 1, "--data-parallel-size-local",
                  self.data_parallel_size_local, ">= 1")
@@ -155,6 +169,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="'tiny' (built on first use) or a local checkpoint directory")
     p.add_argument("--backend", choices=("vllm", "sim"), default="vllm",
                    help="vllm: vLLM's EngineCore in-process; sim: the simulator (same protocol, a timing model)")
+    p.add_argument("--runner", choices=RUNNERS, default=d["runner"],
+                   help="the model runner, as vLLM's flag: generate (text generation) or pooling (embeddings, "
+                        "class scores: the pooling tasks); auto picks from the checkpoint's architecture")
+    p.add_argument("--convert", choices=CONVERTS, default=d["convert"],
+                   help="as vLLM's flag: adapt the model for --runner pooling: embed (tasks embed, token_embed) or "
+                        "classify (classify, token_classify); none keeps the model's own head; auto picks from the "
+                        "architecture (vllm), and serves all four pooling tasks (sim)")
     p.add_argument("--host", default=d["host"],
                    help="address the ROUTER and PUB sockets bind; beyond loopback the handshake token is required "
                         "(--auth-token-file or $" + TOKEN_ENV + ") unless --insecure-no-auth-token")

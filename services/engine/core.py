@@ -45,7 +45,17 @@ from protocol.handshake import version_reject
 from protocol.logprobs import Buffer, segment_size
 from protocol.version import MAJOR, MINOR
 from services.engine import utility, validation
-from services.engine.backend import Backend, Cleared, KVEvent, Load, Removed, RequestRejected, Segment, Stored
+from services.engine.backend import (
+    Backend,
+    Cleared,
+    KVEvent,
+    Load,
+    Pooled,
+    Removed,
+    RequestRejected,
+    Segment,
+    Stored,
+)
 from services.engine.bridge import Bridge
 from services.engine.config import EngineConfig
 from services.engine.peers import Peer, Peers
@@ -131,7 +141,7 @@ class CoreLoop:
                         self._take_input_until(t0 + result.duration_s)
                     if result.outputs:  # as vLLM: a step without outputs is not observed
                         self._iteration_tokens.observe(result.num_tokens)
-                    self._deliver(result.outputs, result.segments)
+                    self._deliver(result.outputs, result.segments, result.pooled)
                     if result.kv_events:
                         self._publish_kv(result.kv_events)
                 if self._pause_calls and self._drained():
@@ -292,7 +302,8 @@ class CoreLoop:
     def _ready(self) -> Ready:
         info = self.backend.info
         return Ready(self.rank, info.model, info.max_model_len, info.block_size, info.num_kv_blocks,
-                     info.name, info.version, self.epoch, self.bridge.pub_port, MAJOR, MINOR)
+                     info.name, info.version, self.epoch, self.bridge.pub_port, MAJOR, MINOR, info.runner,
+                     list(info.tasks))
 
     def _on_message(self, peer: Peer, msg: Message, frames: Sequence[Buffer] = ()) -> None:
         if isinstance(msg, GenerateRequest):
@@ -321,7 +332,7 @@ class CoreLoop:
         else:
             error = validation.problem(req, vocab_size=self._vocab_size,
                                        max_model_len=self.backend.info.max_model_len,
-                                       max_logprobs=self.config.max_logprobs)
+                                       max_logprobs=self.config.max_logprobs, tasks=self.backend.info.tasks)
         if error is None and self._pause_mode is not None:
             self._held[internal] = req
             self._peers.own(peer, internal, req.request_id)
@@ -498,9 +509,11 @@ class CoreLoop:
 
     # ---- output --------------------------------------------------------------------------------
 
-    def _deliver(self, outputs: list[RequestOutput], segments: dict[str, list[Segment]] | None = None) -> None:
+    def _deliver(self, outputs: list[RequestOutput], segments: dict[str, list[Segment]] | None = None,
+                 pooled: dict[str, Pooled] | None = None) -> None:
         """The one pass over a step's outputs: map ids back, release finished, group per peer. Packed
-        logprob segments go into one raw frame per peer (protocol/logprobs.py), their refs pointed at it."""
+        logprob segments and pooled arrays go into one raw frame per peer (protocol/logprobs.py,
+        protocol/pooled.py), their refs pointed at it; both are 4-byte values, so every offset stays aligned."""
         self._step += 1
         per_peer: dict[bytes, list[RequestOutput]] = {}
         raw: dict[bytes, list[Buffer]] = {}  # per peer: the buffers of its raw frame
@@ -525,6 +538,12 @@ class CoreLoop:
                     buffers.extend(parts)
                     size += segment_size(ref.positions, ref.k)
                 sizes[peer.identity] = size
+            if pooled and internal in pooled:
+                pooled_ref, data = pooled[internal]
+                size = sizes.get(peer.identity, 0)
+                pooled_ref.frame, pooled_ref.offset = 0, size
+                raw.setdefault(peer.identity, []).append(data)
+                sizes[peer.identity] = size + memoryview(data).nbytes
         if per_peer:
             now = time.time()
             self.bridge.send([

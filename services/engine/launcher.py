@@ -48,9 +48,10 @@ def run_rank(config: EngineConfig, on_ready: Callable[[], None] | None = None) -
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: core.request_drain())
         info = backend.info
-        log.info("rank %d ready in %.1fs: backend=%s model=%s max_model_len=%d kv_blocks=%d "
+        log.info("rank %d ready in %.1fs: backend=%s model=%s runner=%s tasks=%s max_model_len=%d kv_blocks=%d "
                  "router=tcp://%s:%d pub=tcp://%s:%d epoch=%s handshake token %s", config.rank,
-                 time.monotonic() - started, info.name, info.model, info.max_model_len, info.num_kv_blocks,
+                 time.monotonic() - started, info.name, info.model, info.runner, ",".join(info.tasks),
+                 info.max_model_len, info.num_kv_blocks,
                  config.host, config.port, config.host, bridge.pub_port, core.epoch,
                  "required" if config.auth_token else "not asked")
         if on_ready is not None:

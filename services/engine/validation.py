@@ -4,21 +4,36 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 
-from protocol import GenerateRequest, SamplingParams
+from protocol import GenerateRequest, PoolingParams, SamplingParams
+
+# The pooling tasks that take `dimensions` (vLLM's PoolingParams.valid_parameters).
+DIMENSIONS_TASKS = ("embed", "token_embed")
 
 
-def problem(req: GenerateRequest, *, vocab_size: int, max_model_len: int, max_logprobs: int = 20) -> str | None:
-    """A message naming the field and the allowed range, or None if the request is acceptable."""
+def problem(req: GenerateRequest, *, vocab_size: int, max_model_len: int, max_logprobs: int = 20,
+            tasks: Sequence[str] = ("generate",)) -> str | None:
+    """A message naming the field and the allowed range, or None if the request is acceptable.
+    `tasks`: what this engine's model serves (Ready.tasks): a request for another task is refused."""
     ids = req.prompt_token_ids
     if not ids:
         return "prompt_token_ids is empty: at least one token is required"
-    if len(ids) >= max_model_len:
+    wrong_task = task_problem(req.pooling, tasks)
+    if wrong_task is not None:
+        return wrong_task
+    if req.pooling is not None:  # nothing is generated: the prompt may fill the context (vLLM's check)
+        if len(ids) > max_model_len:
+            return (f"prompt_token_ids has {len(ids)} tokens; this engine's max_model_len is {max_model_len}, "
+                    f"so at most {max_model_len} fit")
+    elif len(ids) >= max_model_len:
         return (f"prompt_token_ids has {len(ids)} tokens; this engine's max_model_len is "
                 f"{max_model_len}, so at most {max_model_len - 1} fit with one generated token")
     if min(ids) < 0 or max(ids) >= vocab_size:
         bad = next(i for i in ids if i < 0 or i >= vocab_size)
         return f"prompt_token_ids contains {bad}: token ids must be in [0, {vocab_size})"
+    if req.pooling is not None:
+        return _pooling_problem(req.pooling, len(ids))  # sampling is ignored: not checked
     s = req.sampling
     floats = {"temperature": s.temperature, "top_p": s.top_p, "min_p": s.min_p,
               "presence_penalty": s.presence_penalty, "frequency_penalty": s.frequency_penalty,
@@ -48,6 +63,35 @@ def problem(req: GenerateRequest, *, vocab_size: int, max_model_len: int, max_lo
     if any(t < 0 or t >= vocab_size for t in s.stop_token_ids):
         return f"sampling.stop_token_ids: token ids must be in [0, {vocab_size})"
     return _constraint_problem(s) or _logits_problem(s, vocab_size)
+
+
+def task_problem(pooling: PoolingParams | None, tasks: Sequence[str]) -> str | None:
+    """A request for a task the model does not serve, as vLLM refuses one: naming the task and those served."""
+    if pooling is None:
+        if "generate" in tasks:
+            return None
+        return (f"task 'generate' is not served: this engine runs a pooling model (tasks {list(tasks)}); "
+                "send a pooling request (GenerateRequest.pooling) for one of them")
+    if pooling.task in tasks and pooling.task != "generate":
+        return None
+    return f"pooling.task={pooling.task!r} is not served by this engine's model: it serves {list(tasks)}"
+
+
+def _pooling_problem(p: PoolingParams, num_tokens: int) -> str | None:
+    """The shape of a pooling request's parameters; what the model supports (matryoshka sizes) is the backend's."""
+    if p.dimensions is not None:
+        if p.task not in DIMENSIONS_TASKS:
+            return (f"pooling.dimensions={p.dimensions}: task {p.task!r} does not take it (only "
+                    f"{' and '.join(DIMENSIONS_TASKS)} do)")
+        if p.dimensions < 1:
+            return f"pooling.dimensions={p.dimensions}: must be >= 1"
+    split = p.token_type_split
+    # vLLM's compressed_token_type_ids: the first token of type 1, the length when none is (a pair whose
+    # second text was cut away).
+    if split is not None and not 0 <= split <= num_tokens:
+        return (f"pooling.token_type_split={split}: must be in [0, {num_tokens}] (the index of the second "
+                f"text's first token among the prompt's {num_tokens}, {num_tokens} when it has none)")
+    return None
 
 
 def constraints(s: SamplingParams) -> list[str]:

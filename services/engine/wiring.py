@@ -3,12 +3,15 @@ together): a pure factory; what is read from the checkpoint's files lives in pro
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from prompting.model_files import eos_token_id, load_tokenizer, model_config
+from prompting.model_files import eos_token_id, load_tokenizer, model_config, read_json
 from services.engine.backend import Backend
 from services.engine.config import EngineConfig
 from services.engine.kv_sizing import kv_bytes_per_block
+
+if TYPE_CHECKING:
+    from services.engine.backends.sim.pooler import SimPooler
 
 SIM_MAX_MODEL_LEN = 4096
 
@@ -39,11 +42,11 @@ def build_backend(config: EngineConfig) -> tuple[Backend, int]:
 
 def _build_sim(config: EngineConfig, path: Path, config_json: dict[str, Any]) -> Backend:
     from services.engine.backends.sim import SimBackend, SimConfig
+    from services.engine.backends.sim.runner import resolve
     from services.engine.backends.sim.script import Script, load_script
 
-    max_len = config.max_model_len or min(
-        int(config_json.get("max_position_embeddings", SIM_MAX_MODEL_LEN)), SIM_MAX_MODEL_LEN
-    )
+    declared = _sentence_max_seq_length(path) or int(config_json.get("max_position_embeddings", SIM_MAX_MODEL_LEN))
+    max_len = config.max_model_len or min(declared, SIM_MAX_MODEL_LEN)
     num_blocks = config.sim_num_kv_blocks
     if config.kv_cache_bytes is not None:
         num_blocks = max(1, config.kv_cache_bytes // kv_bytes_per_block(config_json, config.block_size or 16))
@@ -71,5 +74,41 @@ def _build_sim(config: EngineConfig, path: Path, config_json: dict[str, Any]) ->
         script = load_script(config.sim_script,
                              lambda text: tokenizer.encode(text, add_special_tokens=False).ids,
                              lambda ids: tokenizer.decode(ids, skip_special_tokens=False))
-    return SimBackend(sim, model=config.model, vocab_size=regular,
-                      eos_token_id=eos_token_id(path, tokenizer), script=script)
+    runner, tasks = resolve(config.runner, config.convert, path, config_json)
+    pooler = _sim_pooler(config, config_json) if runner == "pooling" else None
+    return SimBackend(sim, model=config.model, vocab_size=regular, eos_token_id=eos_token_id(path, tokenizer),
+                      script=script, pooler=pooler, tasks=tasks)
+
+
+# The sentence-transformers files vLLM reads max_seq_length from (its get_sentence_transformer_tokenizer_config).
+_SENTENCE_CONFIGS = ("sentence_bert_config.json", "sentence_roberta_config.json", "sentence_distilbert_config.json",
+                     "sentence_camembert_config.json", "sentence_albert_config.json",
+                     "sentence_xlm-roberta_config.json", "sentence_xlnet_config.json")
+
+
+def _sentence_max_seq_length(path: Path) -> int | None:
+    """A sentence-transformers checkpoint's max_seq_length, which replaces the model config's context length
+    in vLLM (all-MiniLM-L6-v2: 256, not its 512 positions), so the sim serves what vLLM would."""
+    for name in _SENTENCE_CONFIGS:
+        data = read_json(path / name)
+        if data:
+            value = data.get("max_seq_length")
+            return value if isinstance(value, int) and value > 0 else None
+    return None
+
+
+def _sim_pooler(config: EngineConfig, config_json: dict[str, Any]) -> SimPooler:
+    """The sim's pooled outputs shaped as the checkpoint's model would shape them (sim/pooler.py)."""
+    from services.engine.backends.sim.pooler import DEFAULT_HIDDEN_SIZE, DEFAULT_NUM_LABELS, SimPooler
+    from services.engine.backends.sim.runner import num_labels
+
+    hidden = config_json.get("hidden_size")
+    return SimPooler(
+        model=config.model,
+        hidden_size=hidden if isinstance(hidden, int) and hidden >= 1 else DEFAULT_HIDDEN_SIZE,
+        num_labels=num_labels(config_json, DEFAULT_NUM_LABELS),
+        seed=config.seed,
+        # vLLM's ModelConfig.is_matryoshka and matryoshka_dimensions read these keys of the model config.
+        matryoshka=bool(config_json.get("is_matryoshka")),
+        matryoshka_dimensions=config_json.get("matryoshka_dimensions"),
+    )

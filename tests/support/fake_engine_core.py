@@ -57,6 +57,9 @@ class FakeEngineCore:
     def post_step(self, executed: bool) -> None:
         pass
 
+    def get_supported_tasks(self) -> tuple[str, ...]:
+        return ("generate",)
+
     def reset_prefix_cache(self) -> bool:
         return True
 

@@ -47,6 +47,7 @@ def test_two_ranks_start_from_one_command(engine: EngineProc) -> None:
             ready = c.handshake(timeout_s=60)
             assert isinstance(ready, Ready) and ready.rank == rank and ready.backend == "vllm"
             assert ready.max_model_len == 1024 and ready.num_kv_blocks > 0
+            assert (ready.runner, ready.tasks) == ("generate", ["generate"])  # protocol 1.5, from vLLM's core
             c.generate("hi", PROMPTS[1], max_tokens=4, temperature=0.0)
             assert c.collect(["hi"], 120)["hi"].finish_reason == "length"
         finally:

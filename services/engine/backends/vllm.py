@@ -15,7 +15,16 @@ from typing import Any
 import numpy as np
 
 from prompting.model_files import eos_token_id
-from protocol import ERROR_INVALID, GenerateRequest, PackedLogprobs, RequestOutput, RequestTimings
+from protocol import (
+    ERROR_ENGINE,
+    ERROR_INVALID,
+    GenerateRequest,
+    PackedLogprobs,
+    PackedPooled,
+    RequestOutput,
+    RequestTimings,
+)
+from protocol import PoolingParams as WirePooling
 from protocol import SamplingParams as WireSampling
 from protocol.block_hash import chain, root
 from protocol.logprobs import Buffer
@@ -24,6 +33,7 @@ from services.engine.backend import (
     Cleared,
     KVEvent,
     Load,
+    Pooled,
     Removed,
     RequestRejected,
     Segment,
@@ -44,6 +54,7 @@ from vllm.config import KVEventsConfig, StructuredOutputsConfig
 from vllm.distributed import kv_events as vllm_kv
 from vllm.engine.arg_utils import EngineArgs
 from vllm.lora.request import LoRARequest
+from vllm.pooling_params import PoolingParams
 from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 from vllm.v1.engine import EngineCoreEventType, EngineCoreRequest
 from vllm.v1.engine.core import EngineCore
@@ -105,7 +116,12 @@ class VllmBackend:
             kv_cache_memory_bytes=config.kv_cache_bytes or _default_kv_bytes(),
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
-            enable_prefix_caching=True,
+            runner=config.runner,
+            convert=config.convert,
+            # On for generation; otherwise vLLM's default: on for a generative model, off for an encoder-only
+            # one such as BERT (attention is not causal: no prefix of its can be reused; forced on, vLLM
+            # fails to build its KV manager, which has no cacheable group for it).
+            enable_prefix_caching=True if config.runner == "generate" else None,
             enforce_eager=True,
             seed=config.seed,
             max_logprobs=config.max_logprobs,
@@ -128,6 +144,8 @@ class VllmBackend:
         # As vLLM's own input processor does: the tokenizer's EOS, plus generation_config's extra ones.
         self._eos = eos_token_id(checkpoint)
         cache = vllm_config.cache_config
+        # What the model serves, as vLLM's own server reports it (its /v1/models and task checks).
+        tasks = tuple(str(t) for t in self._core.get_supported_tasks())
         self.info = BackendInfo(
             name="vllm",
             version=vllm.__version__,
@@ -137,6 +155,8 @@ class VllmBackend:
             num_kv_blocks=int(cache.num_gpu_blocks or 0),
             vocab_size=model_config.get_vocab_size(),
             eos_token_id=self._eos,
+            runner=str(model_config.runner_type),
+            tasks=tasks,
         )
         self._block_size = cache.block_size
         self._ours: dict[Any, int] = {}  # vLLM's block hash -> protocol.block_hash value
@@ -153,15 +173,11 @@ class VllmBackend:
     # ---- requests ----
 
     def add(self, request_id: str, request: GenerateRequest) -> None:
+        lora_request = self._lora_request(request)
+        if request.pooling is not None:
+            self._add_pooling(request_id, request, request.pooling, lora_request)
+            return
         s = request.sampling
-        lora_request = None
-        if request.lora is not None:
-            if not self._lora_enabled:
-                raise RequestRejected(f"lora={request.lora!r}: LoRA adapters are not enabled on this engine "
-                                      "(start it with --enable-lora)")
-            lora_request = self._loras.get(request.lora)
-            if lora_request is None:
-                raise RequestRejected(f"lora {request.lora!r} is not loaded; loaded: {sorted(self._loras)}")
         config = self._vllm_config
         tokenizer = self._core.structured_output_manager.tokenizer
         try:
@@ -208,6 +224,41 @@ class VllmBackend:
         self._in_flight[request_id] = _InFlight(len(request.prompt_token_ids), asked,
                                                 kind[0] if kind is not None else None)
 
+    def _lora_request(self, request: GenerateRequest) -> LoRARequest | None:
+        if request.lora is None:
+            return None
+        if not self._lora_enabled:
+            raise RequestRejected(f"lora={request.lora!r}: LoRA adapters are not enabled on this engine "
+                                  "(start it with --enable-lora)")
+        lora_request = self._loras.get(request.lora)
+        if lora_request is None:
+            raise RequestRejected(f"lora {request.lora!r} is not loaded; loaded: {sorted(self._loras)}")
+        return lora_request
+
+    def _add_pooling(self, request_id: str, request: GenerateRequest, wire: WirePooling,
+                     lora_request: LoRARequest | None) -> None:
+        """A pooling request as vLLM's own server makes one: its PoolingParams verified against the model
+        (matryoshka dimensions, the pooler's defaults), a pair's token types as vLLM's cross-encoder
+        scoring passes them (extra_kwargs compressed_token_type_ids)."""
+        params = _pooling_params(wire)
+        try:
+            params.verify(self._vllm_config.model_config)
+        except Exception as exc:  # vLLM's VLLMValidationError is not a ValueError
+            where = ".dimensions" if wire.dimensions is not None else _field(exc)
+            raise RequestRejected(f"pooling{where}: {_reason(exc)}") from None
+        core_request = EngineCoreRequest(
+            request_id=request_id, prompt_token_ids=list(request.prompt_token_ids),
+            mm_features=None, sampling_params=None, pooling_params=params,
+            arrival_time=request.arrival_time, lora_request=lora_request, cache_salt=request.cache_salt,
+            data_parallel_rank=None, priority=request.priority,
+        )
+        req, wave = self._core.preprocess_add_request(core_request)
+        try:
+            self._core.add_request(req, wave)  # refuses a task the model does not serve (validation did too)
+        except ValueError as exc:
+            raise RequestRejected(f"pooling.task: {exc}") from None
+        self._in_flight[request_id] = _InFlight(len(request.prompt_token_ids))
+
     def abort(self, request_ids: list[str]) -> None:
         self._core.abort_requests(request_ids)
         in_flight = self._in_flight
@@ -240,6 +291,8 @@ class VllmBackend:
                 else:
                     record = drop(o.request_id, None)
                 self._fill(o, out, record, made_at, segments)
+                if o.pooling_output is not None and o.finish_reason is not None:  # a pooling request's one output
+                    _pack_pooled(o.pooling_output, out, result.pooled)
                 if o.prefill_stats is not None:  # the request's first output (vLLM's iteration tokens)
                     num_tokens += o.prefill_stats.num_computed_tokens
         result.num_tokens = num_tokens
@@ -402,16 +455,22 @@ class VllmBackend:
         self._core.shutdown()
 
     def _warm_up(self) -> None:
-        """Run one tiny request with logprobs so the first user request does not pay for the first
-        sampler/logprobs compilation."""
+        """Run one tiny request (with logprobs; a pooling model: of its first task) so the first user
+        request does not pay for the first sampler/logprobs or pooler compilation."""
         started = time.monotonic()
-        params = SamplingParams(max_tokens=2, temperature=1.0, logprobs=1, prompt_logprobs=1,
-                                output_kind=RequestOutputKind.DELTA, detokenize=False)
-        params.update_from_generation_config(self._generation_config, self._eos)
+        sampling: SamplingParams | None = None
+        pooling: PoolingParams | None = None
+        if self.info.runner == "pooling":
+            pooling = _pooling_params(WirePooling(_warm_up_task(self.info.tasks)))
+            pooling.verify(self._vllm_config.model_config)
+        else:
+            sampling = SamplingParams(max_tokens=2, temperature=1.0, logprobs=1, prompt_logprobs=1,
+                                      output_kind=RequestOutputKind.DELTA, detokenize=False)
+            sampling.update_from_generation_config(self._generation_config, self._eos)
         rid = "__warmup__"
         req, wave = self._core.preprocess_add_request(EngineCoreRequest(
-            request_id=rid, prompt_token_ids=[0] * 8, mm_features=None, sampling_params=params,
-            pooling_params=None, arrival_time=time.time(), lora_request=None, cache_salt=None,
+            request_id=rid, prompt_token_ids=[0] * 8, mm_features=None, sampling_params=sampling,
+            pooling_params=pooling, arrival_time=time.time(), lora_request=None, cache_salt=None,
             data_parallel_rank=None))
         self._core.add_request(req, wave)
         while self._core.scheduler.has_requests():
@@ -449,6 +508,37 @@ def _load_weights(worker: Any, tensors: list[tuple[str, torch.Tensor]]) -> None:
 
     with set_current_vllm_config(worker.vllm_config):
         worker.get_model().load_weights(iter(tensors))
+
+
+def _pooling_params(wire: WirePooling) -> PoolingParams:
+    """vLLM's PoolingParams of a wire request (not verified yet)."""
+    extra = None
+    if wire.token_type_split is not None:
+        # As vLLM's scoring io_processor: the index of the first token of type 1 (the second text).
+        extra = {"compressed_token_type_ids": wire.token_type_split}
+    return PoolingParams(task=wire.task, dimensions=wire.dimensions,
+                         use_activation=wire.use_activation, extra_kwargs=extra)
+
+
+def _warm_up_task(tasks: Sequence[str]) -> str:
+    for task in ("embed", "classify", "token_embed", "token_classify"):
+        if task in tasks:
+            return task
+    raise ValueError(f"this pooling model serves none of the pooling tasks this engine speaks: {list(tasks)}")
+
+
+def _pack_pooled(tensor: torch.Tensor, out: RequestOutput, into: dict[str, Pooled]) -> None:
+    """A pooled tensor as float32 little-endian bytes (protocol/pooled.py): a sequence's vector, or one
+    row per token; copied only where vLLM's is of another type or on another device."""
+    array = tensor.detach().to(device="cpu", dtype=torch.float32).contiguous().numpy()
+    if array.ndim == 0:
+        array = array.reshape(1)
+    if array.ndim > 2:
+        out.finish_reason, out.error_kind = "error", ERROR_ENGINE
+        out.error = f"the model pooled an array of shape {list(array.shape)}; this engine sends 1 or 2 dimensions"
+        return
+    ref = out.pooled = PackedPooled(0, 0, [int(d) for d in array.shape])
+    into[out.request_id] = (ref, np.ascontiguousarray(array, dtype="<f4").data)
 
 
 def _segment(ids: np.ndarray, lps: np.ndarray, ranks: np.ndarray, k: int, into: list[Segment]) -> PackedLogprobs:

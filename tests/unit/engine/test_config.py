@@ -133,3 +133,33 @@ def test_the_token_comes_from_a_file_or_the_environment(tmp_path: Any, monkeypat
     with pytest.raises(SystemExit):
         parse_args(["--model", "tiny", "--host", "0.0.0.0", "--auth-token-file", str(token)])
     assert "the auth token (--auth-token-file, --auth-token or $ENGINE_AUTH_TOKEN) is empty" in capsys.readouterr().err
+
+
+def test_runner_and_convert_are_vllms_flags_with_its_defaults() -> None:
+    c = parse_args(["--model", "tiny"])
+    assert (c.runner, c.convert) == ("auto", "auto")
+    c = parse_args(["--model", "tiny", "--runner", "pooling", "--convert", "classify"])
+    assert (c.runner, c.convert) == ("pooling", "classify")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--runner", "draft"],
+         "argument --runner: invalid choice: 'draft' (choose from 'auto', 'generate', 'pooling')"),
+        (["--convert", "reward"],
+         "argument --convert: invalid choice: 'reward' (choose from 'auto', 'none', 'embed', 'classify')"),
+        (["--runner", "generate", "--convert", "embed"],
+         "--convert='embed' is invalid: allowed auto or none with --runner generate"),
+    ],
+)
+def test_bad_runner_or_convert_names_the_flag_and_the_allowed_values(argv: list[str], message: str,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--model", "tiny", *argv])
+    assert message in capsys.readouterr().err
+
+
+def test_runner_checked_in_the_config_too() -> None:
+    with pytest.raises(ValueError, match=r"--runner='pool' is invalid: allowed auto, generate, pooling"):
+        EngineConfig(model="tiny", backend="sim", runner="pool")  # type: ignore[arg-type]

@@ -289,6 +289,33 @@ def test_packed_logprobs_of_each_peer_travel_in_one_raw_frame_with_their_offsets
                 assert (list(p.token_ids), list(p.logprobs), list(p.ranks)) == ([1, 2], [-3.0, -4.0], [10, 20])
 
 
+def test_pooled_arrays_share_the_peer_raw_frame_with_logprob_segments(parts) -> None:  # type: ignore[no-untyped-def]
+    from protocol import PackedLogprobs, PackedPooled
+    from protocol import pooled as pooled_codec
+    from protocol.logprobs import pack, unpack
+
+    bridge, _, core = parts
+    bridge.push(b"a", make_hello("a"))
+    core._take_input(0.0)
+    for rid in ("x", "v", "m"):
+        core._peers.own(core._peers.get(b"a"), f"1:{rid}", rid)
+    gen = RequestOutput("1:x", [5], packed_logprobs=PackedLogprobs(9, 9, 1, 1))
+    vec = RequestOutput("1:v", [], "stop", pooled=PackedPooled(9, 9, [3]))
+    rows = RequestOutput("1:m", [], "stop", pooled=PackedPooled(9, 9, [2, 2]))
+    segments = {"1:x": [(gen.packed_logprobs, [pack([5, 6], [-0.5, -0.25], [2])])]}
+    pooled = {"1:v": (vec.pooled, pooled_codec.pack([0.5, -1.0, 2.0])),
+              "1:m": (rows.pooled, memoryview(pooled_codec.pack([1.0, 2.0, 3.0, 4.0])))}
+    core._deliver([gen, vec, rows], segments, pooled)
+    (msg, raw), = [(m, r) for (i, m), (j, r) in zip(bridge.sent, bridge.raw, strict=True)
+                   if isinstance(m, Outputs) and m.outputs]
+    assert len(raw) == 1
+    got = {o.request_id: o for o in msg.outputs}
+    assert list(unpack(raw, got["x"].packed_logprobs).token_ids) == [5, 6]
+    assert pooled_codec.to_list(raw, got["v"].pooled) == [0.5, -1.0, 2.0]
+    assert pooled_codec.to_list(raw, got["m"].pooled) == [[1.0, 2.0], [3.0, 4.0]]
+    assert got["v"].pooled.offset > 0 and got["m"].pooled.offset % 4 == 0  # after the segment, aligned
+
+
 def test_stats_carry_the_preemptions_and_the_steps_by_their_tokens(parts) -> None:  # type: ignore[no-untyped-def]
     bridge, backend, core = parts
     backend.preemptions = 7

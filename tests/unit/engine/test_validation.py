@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from protocol import GenerateRequest, SamplingParams
+from protocol import GenerateRequest, PoolingParams, SamplingParams
 from services.engine.validation import problem
 
 
@@ -92,3 +92,44 @@ def test_structured_output_and_logits_controls_problems_name_the_field(kwargs: d
 
 def test_logits_controls_in_range_pass() -> None:
     assert _check(logit_bias={0: -100.0, 99: 100.0}, allowed_token_ids=[0, 99], bad_words=["x", " y"]) is None
+
+
+def _pooling(task: str = "embed", prompt: list[int] | None = None, tasks: tuple[str, ...] = ("embed", "token_embed"),
+             **params: object) -> str | None:
+    req = GenerateRequest("r", [1, 2, 3] if prompt is None else prompt, SamplingParams(max_tokens=1), 0.0,
+                          pooling=PoolingParams(task, **params))  # type: ignore[arg-type]
+    return problem(req, vocab_size=100, max_model_len=32, tasks=tasks)
+
+
+def test_a_pooling_request_for_a_served_task_passes_and_may_fill_the_context() -> None:
+    assert _pooling() is None
+    assert _pooling(prompt=list(range(32))) is None
+    assert _pooling(task="token_embed", dimensions=4) is None
+    assert _pooling(token_type_split=3) is None  # no token of type 1 (the second text cut away): vLLM's length
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"task": "classify"}, "pooling.task='classify' is not served by this engine's model: it serves "
+                               "['embed', 'token_embed']"),
+        ({"task": "generate", "tasks": ("generate",)}, "pooling.task='generate' is not served"),
+        ({"tasks": ("generate",)}, "pooling.task='embed' is not served by this engine's model: it serves ['generate']"),
+        ({"prompt": list(range(33))}, "33 tokens; this engine's max_model_len is 32, so at most 32 fit"),
+        ({"prompt": [1, 100]}, "contains 100: token ids must be in [0, 100)"),
+        ({"dimensions": 0}, "pooling.dimensions=0: must be >= 1"),
+        ({"task": "classify", "tasks": ("classify",), "dimensions": 8},
+         "pooling.dimensions=8: task 'classify' does not take it (only embed and token_embed do)"),
+        ({"token_type_split": 4}, "pooling.token_type_split=4: must be in [0, 3]"),
+        ({"token_type_split": -1}, "pooling.token_type_split=-1: must be in [0, 3]"),
+    ],
+)
+def test_each_pooling_problem_names_field_and_allowed_values(kwargs: dict, message: str) -> None:  # type: ignore[type-arg]
+    got = _pooling(**kwargs)
+    assert got is not None and message in got
+
+
+def test_generation_on_a_pooling_engine_names_the_task_and_the_tasks_served() -> None:
+    req = GenerateRequest("r", [1, 2, 3], SamplingParams(max_tokens=8), 0.0)
+    got = problem(req, vocab_size=100, max_model_len=32, tasks=("embed", "token_embed"))
+    assert got is not None and "task 'generate' is not served" in got and "['embed', 'token_embed']" in got

@@ -11,13 +11,15 @@ from collections.abc import Callable, Sequence
 from hashlib import blake2b
 from typing import Any
 
-from protocol import GenerateRequest, RequestOutput, RequestTimings, SamplingParams
+from protocol import GenerateRequest, PackedPooled, RequestOutput, RequestTimings, SamplingParams
 from protocol.block_hash import block_hashes, root
 from protocol.logprobs import Buffer
+from protocol.pooled import pack
 from services.engine.backend import (
     BackendInfo,
     KVEvent,
     Load,
+    Pooled,
     RequestRejected,
     Segment,
     StepResult,
@@ -27,6 +29,7 @@ from services.engine.backend import (
 from services.engine.backends.sim.block_pool import BlockPool
 from services.engine.backends.sim.config import SimConfig
 from services.engine.backends.sim.fake_logprobs import FakeLogprobs
+from services.engine.backends.sim.pooler import SimPooler
 from services.engine.backends.sim.scheduler import Scheduler, SimRequest
 from services.engine.backends.sim.script import Script
 from services.engine.weights import WeightSession, views
@@ -48,7 +51,11 @@ class SimBackend:
         version: str = SIM_VERSION,
         script: Script | None = None,
         clock: Callable[[], float] = time.monotonic,
+        pooler: SimPooler | None = None,
+        tasks: tuple[str, ...] = ("generate",),
     ) -> None:
+        """`pooler` and `tasks`: a pooling engine (runner "pooling") computes the pooled outputs of `tasks`
+        with it; without a pooler the engine generates."""
         if not isinstance(vocab_size, int) or vocab_size < 1:
             raise ValueError(f"vocab_size must be an int >= 1, got {vocab_size!r}")
         if eos_token_id is not None and not 0 <= eos_token_id < MAX_TOKEN_ID:
@@ -63,7 +70,11 @@ class SimBackend:
             num_kv_blocks=config.num_kv_blocks,
             vocab_size=vocab_size,
             eos_token_id=eos_token_id,
+            runner="pooling" if pooler is not None else "generate",
+            tasks=tasks if pooler is not None else ("generate",),
         )
+        self._pooler = pooler
+        self._pooled: dict[str, Pooled] = {}  # this step's pooled arrays, by request id
         self._vocab = vocab_size
         self._eos = eos_token_id
         self._eos_rate = config.eos_rate if eos_token_id is not None else 0.0
@@ -84,6 +95,9 @@ class SimBackend:
 
     def add(self, request_id: str, request: GenerateRequest) -> None:
         self._validate(request_id, request)
+        if request.pooling is not None:
+            self._add_pooling(request_id, request)
+            return
         prompt = list(request.prompt_token_ids)
         params = request.sampling
         req = SimRequest(
@@ -110,6 +124,22 @@ class SimBackend:
         )
         self._scheduler.add(req)
 
+    def _add_pooling(self, request_id: str, request: GenerateRequest) -> None:
+        """A pooling request runs its prompt once, as a prefill; its output is pooled at the end of it."""
+        pooling = request.pooling
+        assert pooling is not None and self._pooler is not None  # _validate refused it otherwise
+        self._pooler.check(pooling)
+        prompt = list(request.prompt_token_ids)
+        self._scheduler.add(SimRequest(
+            request_id=request_id, token_ids=prompt, num_prompt=len(prompt),
+            hashes=block_hashes(prompt, self.config.block_size, salt=request.cache_salt, lora=request.lora),
+            root=root(request.cache_salt, request.lora), lora=request.lora, priority=request.priority,
+            arrival=request.arrival_time, rand=_no_sampling, max_len=len(prompt) + 1, min_len=0, stop_ids=None,
+            eos_rate=0.0, queued_at=self._clock(), pooling=pooling,
+            # As vLLM: per-token outputs need every position computed, so they never read the prefix cache.
+            read_cache=not pooling.task.startswith("token_"),
+        ))
+
     def abort(self, request_ids: list[str]) -> None:
         self._scheduler.abort(request_ids)
 
@@ -129,9 +159,11 @@ class SimBackend:
                 per_seq = self.config.decode_ms_per_seq * work.num_scheduled
                 duration += (self.config.decode_ms + per_seq) / 1000.0
         # The step's tokens exist when its (simulated) time is up: the core loop delivers them then.
-        num_tokens = len(work.outputs) + self._stamp(work.timed, start + duration)
+        generated = sum(len(o.new_token_ids) for o in work.outputs) if self._pooled else len(work.outputs)
+        num_tokens = generated + self._stamp(work.timed, start + duration)
         segments, self._segments = self._segments, {}
-        return StepResult(work.outputs, self._drain_events(), duration, segments, num_tokens)
+        pooled, self._pooled = self._pooled, {}
+        return StepResult(work.outputs, self._drain_events(), duration, segments, num_tokens, pooled)
 
     @staticmethod
     def _stamp(timed: list[tuple[SimRequest, RequestOutput]], end: float) -> int:
@@ -224,7 +256,18 @@ class SimBackend:
         prompt = request.prompt_token_ids
         if not prompt:
             raise RequestRejected("prompt_token_ids must not be empty")
-        if len(prompt) >= self._max_model_len:
+        if (request.pooling is None) != (self._pooler is None):
+            served = list(self.info.tasks)
+            task = "generate" if request.pooling is None else request.pooling.task
+            raise RequestRejected(f"task {task!r} is not served by this engine's model: it serves {served}")
+        if request.pooling is not None:
+            if request.pooling.task not in self.info.tasks:
+                raise RequestRejected(f"pooling.task={request.pooling.task!r} is not served by this engine's "
+                                      f"model: it serves {list(self.info.tasks)}")
+            if len(prompt) > self._max_model_len:
+                raise RequestRejected(f"prompt_token_ids has {len(prompt)} tokens; must be <= max_model_len "
+                                      f"({self._max_model_len})")
+        elif len(prompt) >= self._max_model_len:
             raise RequestRejected(
                 f"prompt_token_ids has {len(prompt)} tokens; must be < max_model_len "
                 f"({self._max_model_len}) to leave room for one generated token"
@@ -233,15 +276,17 @@ class SimBackend:
         if low < 0 or high >= MAX_TOKEN_ID:
             bad = low if low < 0 else high
             raise RequestRejected(f"prompt_token_ids must be in [0, 2**31), got token id {bad}")
+        if request.lora is not None and request.lora not in self._loras:
+            raise RequestRejected(
+                f"lora {request.lora!r} is not loaded; loaded: {sorted(self._loras)}"
+            )
+        if request.pooling is not None:
+            return  # its sampling is ignored
         unhonoured = _unhonoured(request.sampling)
         if unhonoured is not None:
             # Refused, never ignored: a client relying on a schema or a bias must not get free text.
             raise RequestRejected(f"sampling.{unhonoured}: the sim backend cannot honour it (its tokens "
                                   "ignore structured-output constraints and logits controls)")
-        if request.lora is not None and request.lora not in self._loras:
-            raise RequestRejected(
-                f"lora {request.lora!r} is not loaded; loaded: {sorted(self._loras)}"
-            )
         params = request.sampling
         if params.max_tokens < 1:
             raise RequestRejected(f"sampling.max_tokens must be >= 1, got {params.max_tokens}")
@@ -264,7 +309,10 @@ class SimBackend:
         return int.from_bytes(h.digest(), "little")
 
     def _sample(self, req: SimRequest) -> RequestOutput:
-        """The next token of a request whose tokens are all computed, and vLLM's stop checks."""
+        """The next token of a request whose tokens are all computed, and vLLM's stop checks; a pooling
+        request's pooled output instead (no token: it finishes with "stop")."""
+        if req.pooling is not None:
+            return self._pooled_output(req)
         if req.reply is not None:
             return self._scripted(req, req.reply)
         tokens = req.token_ids
@@ -294,6 +342,13 @@ class SimBackend:
             finish = "length"
         return self._with_logprobs(req, RequestOutput(req.request_id, [token], finish, stop_reason,
                                                       req.num_cached_tokens))
+
+    def _pooled_output(self, req: SimRequest) -> RequestOutput:
+        assert req.pooling is not None and self._pooler is not None
+        values, shape = self._pooler.pool(req.pooling, req.token_ids)
+        ref = PackedPooled(0, 0, shape)
+        self._pooled[req.request_id] = (ref, pack(values))
+        return RequestOutput(req.request_id, [], "stop", None, req.num_cached_tokens, pooled=ref)
 
     def _scripted(self, req: SimRequest, reply: tuple[int, ...]) -> RequestOutput:
         """The reply's next token; after the last one EOS, as if sampled ("stop", stop_reason None).
@@ -349,6 +404,10 @@ class SimBackend:
             return []
         self._pool.events = []
         return events
+
+
+def _no_sampling() -> float:
+    raise AssertionError("a pooling request samples nothing")
 
 
 def _unhonoured(s: SamplingParams) -> str | None:

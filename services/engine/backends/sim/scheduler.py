@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from heapq import heapify, heappop, heappush
 
-from protocol import RequestOutput
+from protocol import PoolingParams, RequestOutput
 from protocol.block_hash import chain
 from services.engine.backends.sim.block_pool import BlockPool
 from services.engine.backends.sim.config import SimConfig
@@ -35,6 +35,8 @@ class SimRequest:
     reply: tuple[int, ...] | None = None  # a scripted reply (--sim-script) replaces sampling
     logprobs: int | None = None  # alternatives per generated token's logprobs (sampling.logprobs)
     prompt_logprobs: int | None = None  # the same for the prompt, sent with the first token
+    pooling: PoolingParams | None = None  # a pooling request: pooled once its prompt is computed, no tokens
+    read_cache: bool = True  # whether its admission looks up the prefix cache (not for per-token pooling)
     # Scheduling state.
     seq: int = 0  # tie-break after (priority, arrival); unique per add
     state: int = WAITING
@@ -200,7 +202,7 @@ class Scheduler:
         bs, pool = self.block_size, self.pool
         num_tokens = len(req.token_ids)
         # Keep at least the last token to compute: its logits give the next token (vLLM).
-        hit = pool.lookup(req.hashes, (num_tokens - 1) // bs)
+        hit = pool.lookup(req.hashes, (num_tokens - 1) // bs) if req.read_cache else []
         cached = len(hit) * bs
         n = min(num_tokens - cached, budget)
         end = cached + n
