@@ -47,8 +47,8 @@ log = logging.getLogger("router")
 POST_APIS = {**{codec.path: name for name, codec in CODECS.items()}, "/v1/decisions": "decisions"}
 _json = msgspec.json.Encoder()
 _decode = msgspec.json.Decoder()
-# Bodies larger than this are decoded and translated in a body worker process, and routed (signals
-# evaluated) in a thread: the event loop keeps serving every other stream meanwhile.
+# Bodies larger than this are decoded and translated in a body worker process, and their rule signals
+# evaluated in a thread: the event loop keeps serving every other stream meanwhile.
 OFF_LOOP_BYTES = 256 << 10
 
 
@@ -63,6 +63,8 @@ class RouterApp:
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s  # --header-timeout: a body's longest gap (edge.connection_limits)
         self.runtime = runtime  # the decision models' deployments: /ready waits for them
+        # Cleared by the server until the signals' examples are embedded through the ready deployments.
+        self.warm = True
         dispatcher = Dispatcher(config, pools, upstream, metrics)
         self.relay = Relay(dispatcher, metrics)
         self.escalator = Escalator(dispatcher, self.relay, metrics)
@@ -164,6 +166,7 @@ class RouterApp:
         if self.runtime is None:
             return True, {"status": "ready", "deployments": {}}
         ready, deployments = self.runtime.readiness()
+        ready = ready and self.warm
         return ready, {"status": "ready" if ready else "starting", "deployments": deployments}
 
     def _models(self, listener: Listener) -> dict[str, Any]:
@@ -179,10 +182,7 @@ class RouterApp:
 
     async def _decisions(self, listener: Listener, parsed: Parsed, size: int) -> dict[str, Any]:
         chat = parsed.chat
-        if size > OFF_LOOP_BYTES:
-            choice = await asyncio.to_thread(self._choose, listener, chat, parsed.text)
-        else:
-            choice = self._choose(listener, chat, parsed.text)
+        choice = await self._choose(listener, chat, parsed.text, offload=size > OFF_LOOP_BYTES)
         out = choice.describe()
         for name in choice.plan:
             pool = self.pools[name]
@@ -210,17 +210,15 @@ class RouterApp:
         raw = await read_body(scope, receive, self.max_body_bytes, self.body_timeout_s)
         parsed = await self._parse(codec.name, raw)
         chat = parsed.chat
-        if len(raw) > OFF_LOOP_BYTES:  # counting tokens or embedding a long text would stall every stream
-            choice = await asyncio.to_thread(self._choose, listener, chat, parsed.text)
-        else:
-            choice = self._choose(listener, chat, parsed.text)
+        # Counting the tokens of a long text would stall every stream: that goes to a thread.
+        choice = await self._choose(listener, chat, parsed.text, offload=len(raw) > OFF_LOOP_BYTES)
         if not codec.judged:
             # No answer to judge or to learn from (a token count): the cache-aware policy is not told the text.
             choice = replace(choice, text="")
         call = Call(listener.config, codec, parsed.request, chat, choice, bulk=parsed.bulk)
         call.headers = [(b"x-router-entry", choice.entry.name.encode()),
                         (b"x-router-decision", choice.decision.name.encode())]
-        self.metrics.decisions.labels(choice.entry.name, choice.decision.name).inc()
+        self._count(choice)
         task = asyncio.current_task()
         assert task is not None  # a request is always handled in a task
         gone = asyncio.Event()
@@ -248,14 +246,24 @@ class RouterApp:
             self.metrics.requests.labels(listener.name, codec.name, str(call.status)).inc()
             send.counted = True
 
-    def _choose(self, listener: Listener, chat: dict[str, Any], text: str | None = None) -> Choice:
+    def _count(self, choice: Choice) -> None:
+        entry = choice.entry.name
+        self.metrics.decisions.labels(entry, choice.decision.name).inc()
+        for name, result in choice.signals.items():
+            outcome = "unknown" if result.unknown else "matched" if result.matched else "unmatched"
+            self.metrics.signal_results.labels(entry, name, outcome).inc()
+        if choice.models_s is not None:
+            self.metrics.signal_latency.labels(entry).observe(choice.models_s)
+
+    async def _choose(self, listener: Listener, chat: dict[str, Any], text: str | None = None, *,
+                      offload: bool = False) -> Choice:
         served = listener.entries
         model = chat.get("model")
         if model not in served:
             raise HTTPError(404, f"The model `{model}` does not exist; available: {', '.join(served)}",
                             param="model")
         try:
-            return self.router.choose(chat, text)
+            return await self.router.choose(chat, text, offload=offload)
         except UnknownModel as exc:
             raise HTTPError(404, str(exc), param="model") from None
 

@@ -38,6 +38,12 @@ class RouterMetrics:
         self.upstream_latency = Histogram("router_upstream_latency_seconds", "Time from sending a request "
                                           "upstream to its response head.", ["pool"], buckets=_LATENCY,
                                           registry=r)
+        self.signal_results = Counter("router_signal_results", "Signals evaluated, by entry, signal and "
+                                      "result (matched, unmatched, unknown).", ["entry", "signal", "result"],
+                                      registry=r)
+        self.signal_latency = Histogram("router_signal_seconds", "Time a request waited for its model "
+                                        "signals (only requests that needed one).", ["entry"],
+                                        buckets=_LATENCY, registry=r)
         r.register(_ReplicaCollector(pools))
 
     def render(self) -> bytes:

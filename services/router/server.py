@@ -31,15 +31,15 @@ log = logging.getLogger("router")
 
 async def run(config: RouterConfig, *, header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
               max_connections: int = DEFAULT_MAX_CONNECTIONS) -> int:
-    router = Router(config)
+    upstream = AiohttpUpstream()
+    runtime = Deployments(config, upstream)  # the decision models: workers of the deployments signals use
+    router = Router(config, models=runtime)
     pools = build_pools(config)
     # Tokenizers, chat templates and the embedding model load before the first request, never during one.
     await asyncio.to_thread(router.load_models)
     await asyncio.to_thread(load_models, config, pools)
-    upstream = AiohttpUpstream()
     checker = HealthChecker(pool_checks(config, pools), upstream)
     await checker.resolve_all()
-    runtime = Deployments(config, upstream)  # the decision models: workers of the deployments signals use
     app = RouterApp(config, router, pools, upstream, RouterMetrics(pools), body_timeout_s=header_timeout_s,
                     runtime=runtime)
     await app.bodies.warm()
@@ -56,8 +56,20 @@ async def run(config: RouterConfig, *, header_timeout_s: float = DEFAULT_HEADER_
         await upstream.close()
         app.close()
         return 2
-    # Served meanwhile: /health answers at once, /ready once every used deployment has a ready worker.
-    runtime_ready = loop.create_task(runtime.wait_ready())
+    # Served meanwhile: /health answers at once, /ready once every used deployment has a ready worker
+    # and the signals' examples are embedded (through those workers) rather than on a first request.
+    app.warm = False
+
+    async def prepare() -> None:
+        await runtime.wait_ready()
+        await router.warm()
+        app.warm = True
+
+    runtime_ready: asyncio.Task[None] | None = None
+    if runtime.started:
+        runtime_ready = loop.create_task(prepare())
+    else:  # nothing to wait for: warm before serving, as a router without deployments always has
+        await prepare()
     http = uvicorn_protocol(header_timeout_s, max_connections)  # httptools, with both bounds (listeners/connections.py)
     servers = [uvicorn.Server(uvicorn.Config(app, host=listener.host, port=listener.port, http=http,
                                              loop="none", lifespan="off", access_log=False, log_config=None,
@@ -86,7 +98,8 @@ async def run(config: RouterConfig, *, header_timeout_s: float = DEFAULT_HEADER_
         await asyncio.gather(*(server.serve() for server in servers))
     finally:
         stop_task.cancel()
-        runtime_ready.cancel()
+        if runtime_ready is not None:
+            runtime_ready.cancel()
         await runtime.stop()  # its managed workers, before the router exits: none is left behind
         await checker.stop()
         await feeds.stop()

@@ -1,25 +1,24 @@
 """The router's model runtime with real workers: managed deployments (our engine `--backend sim --runner
 pooling` and a frontend per replica, started by the runtime as processes on loopback ports) and an
 attached one (a frontend the test starts), answering embed and classify over real HTTP; a killed worker
-is started again; the router process is ready only once its workers are, and takes them with it when
-it stops."""
+is started again; the router process is ready only once its workers are, routes with a classifier
+signal they answer, and takes them with it when it stops."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import math
 import os
 import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import httpx
 import pytest
 
 from services.router.backends.aiohttp_upstream import AiohttpUpstream
-from services.router.config import SIGNAL_TYPES, EntryConfig, RouterConfig, parse_config
+from services.router.config import RouterConfig, parse_config
 from services.router.runtime.deployments import Deployments
 from tests.support.procs import (
     FrontendProc,
@@ -31,23 +30,17 @@ from tests.support.procs import (
 )
 
 SIM_POOLING = ("--backend", "sim", "--runner", "pooling")
-SIGNALS_NAME_DEPLOYMENTS = "classifier" in SIGNAL_TYPES  # the router's model-backed signals (issue 22 part 3)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Uses:
-    """A signal that names a deployment, for the in-process runtime (the router's own signal types are
-    exercised through the router process below)."""
-    type: ClassVar[str] = "classifier"
-    name: str
-    deployment: str
+_SIGNALS = {"embed": {"type": "embedding", "examples": ["x"]}, "classify": {"type": "classifier", "labels": ["code"]}}
 
 
 def _runtime_config(deployments: dict[str, Any]) -> RouterConfig:
-    config = parse_config({"listeners": [{"port": 8080}], "pools": {"p": {"model": "m", "replicas": [
-        {"url": "http://127.0.0.1:9"}]}}, "entries": {"e": {"default": ["p"]}}, "deployments": deployments})
-    uses = tuple(_Uses(f"s-{name}", name) for name in deployments)
-    return dataclasses.replace(config, entries={"e": EntryConfig("e", ("p",), signals=uses)})  # type: ignore[arg-type]
+    """`deployments`, each named by a signal a decision reads: each is used."""
+    signals = [{"name": f"s-{name}", "deployment": name, **_SIGNALS[d["tasks"][0]]} for name, d in deployments.items()]
+    return parse_config({"listeners": [{"port": 8080}], "pools": {"p": {"model": "m", "replicas": [
+        {"url": "http://127.0.0.1:9"}]}}, "entries": {"e": {"default": ["p"], "signals": signals, "decisions": [
+            {"when": {"any": [s["name"] for s in signals]}, "pools": ["p"]}]}}, "deployments": deployments})
 
 
 async def _until(condition: Any, timeout_s: float, what: str) -> None:
@@ -174,7 +167,6 @@ deployments:
 """
 
 
-@pytest.mark.skipif(not SIGNALS_NAME_DEPLOYMENTS, reason="needs the classifier signal (issue 22 part 3)")
 def test_the_router_is_ready_after_its_workers_and_takes_them_with_it_on_sigterm(tmp_path: Path) -> None:
     router: HttpProc = start_router(tmp_path, ROUTER.format(attached="http://127.0.0.1:9"))
     try:

@@ -2,9 +2,11 @@
 `python -m tests.support.openai_backend --port P --name a`.
 
 Chat and completions, streamed or not, answer `reply` (default "<name>:<model>") with no delay unless
-told; its behaviour changes at run time through POST /admin/config (status, delay_s, chunk_delay_s,
-chunks, reply, finish_reason, healthy, newline, raw_body), POST /admin/reset restores the defaults
-and zeroes the stats, and it reports what it saw at GET /admin/stats.
+told; `POST /classify` answers in vLLM's pooling shape with the same `probs` for every input (a stand-in
+for a classifier worker, its top class named by `labels`); its behaviour changes at run time through
+POST /admin/config (status, delay_s, chunk_delay_s, chunks, reply, finish_reason, healthy, newline,
+raw_body, probs, labels), POST /admin/reset restores the defaults and zeroes the stats, and it reports
+what it saw at GET /admin/stats.
 """
 from __future__ import annotations
 
@@ -27,7 +29,9 @@ class Backend:
                                          "reply": None, "finish_reason": "stop", "healthy": True,
                                          # Misbehaviours: SSE line ending, and a body to send instead of
                                          # the completion (as is, or as one event's data when streaming).
-                                         "newline": "\n", "raw_body": None}
+                                         "newline": "\n", "raw_body": None,
+                                         # /classify: every input's probabilities, and the class names.
+                                         "probs": [0.1, 0.8, 0.1], "labels": ["chat", "code", "math"]}
         self.stats: dict[str, Any] = {}
         self.reset()
 
@@ -61,6 +65,8 @@ class Backend:
             await _send(send, 200, {"object": "list", "data": [{"id": self.name, "object": "model"}]})
         elif path in ("/v1/chat/completions", "/v1/completions"):
             await self._generate(path == "/v1/chat/completions", await _body(receive), receive, send)
+        elif path == "/classify":
+            await self._classify(await _body(receive), send)
         else:
             await _send(send, 404, {"error": {"message": f"no route {path}", "type": "not_found_error"}})
 
@@ -89,6 +95,22 @@ class Backend:
             stats["completed"] += 1
         finally:
             stats["inflight"] -= 1
+
+    async def _classify(self, raw: bytes, send: Any) -> None:
+        s, body = self.settings, _decode.decode(raw)
+        self.stats["requests"] += 1
+        self.stats["last_body"] = body
+        if s["delay_s"]:
+            await asyncio.sleep(s["delay_s"])
+        if s["status"] != 200:
+            await _send(send, s["status"], {"error": {"message": f"{self.name} is told to fail", "code": s["status"]}})
+            return
+        texts = body["input"] if isinstance(body.get("input"), list) else [body.get("input")]
+        probs = s["probs"]
+        top = max(range(len(probs)), key=probs.__getitem__)
+        await _send(send, 200, {"object": "list", "model": body.get("model"), "data": [
+            {"index": i, "label": s["labels"][top], "probs": probs, "num_classes": len(probs)}
+            for i in range(len(texts))]})
 
     async def _raw(self, stream: bool, raw: bytes, newline: bytes, send: Any) -> None:
         kind = b"text/event-stream" if stream else b"application/json"

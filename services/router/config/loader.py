@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from services.router.config import rules
+from services.router.config import recipe, rules
 from services.router.config.deployments import read_deployments
 from services.router.config.fields import MISSING, Fields, defaults
 from services.router.config.types import (
@@ -19,33 +19,22 @@ from services.router.config.types import (
     APIS,
     FINISH_REASONS,
     POLICIES,
-    REGEX_FLAGS,
-    SIGNAL_TYPES,
     AcceptConfig,
     Algorithm,
-    AllOf,
-    AnyOf,
     BreakerConfig,
     CacheAwareConfig,
     ConfigError,
-    ContextLengthSignal,
     DecisionRule,
     DnsConfig,
-    EmbeddingSignal,
     EntryConfig,
     EscalateAlgorithm,
-    Expr,
     HealthConfig,
-    KeywordSignal,
     ListenerConfig,
-    Not,
     PoolConfig,
     PrecisePrefixConfig,
-    RegexSignal,
     ReplicaConfig,
     RouterConfig,
     Signal,
-    SignalRef,
     StaticAlgorithm,
     WeightedAlgorithm,
 )
@@ -55,13 +44,9 @@ T = TypeVar("T")
 LISTENER_KEYS = ("name", "host", "port", "api_keys", "api_keys_env", "apis", "entries")
 POOL_KEYS = ("model", "replicas", "dns", "max_inflight", "policy", "cache_aware", "precise_prefix", "health",
              "breaker", "tokenizer", "api_key", "api_key_env", "timeout_s")
-SIGNAL_KEYS = {"keyword": ("name", "type", "keywords", "mode", "case_sensitive"),
-               "regex": ("name", "type", "pattern", "flags"),
-               "context_length": ("name", "type", "min_tokens", "max_tokens"),
-               "embedding": ("name", "type", "examples", "threshold")}
+ENTRY_KEYS = ("signals", "projections", "decisions", "default", "algorithm", "signal_budget_s")
 ALGORITHM_KEYS = {"static": ("type",), "weighted": ("type", "weights"),
                   "escalate": ("type", "stages", "accept", "deadline_s", "max_calls")}
-OPERATORS = ("any", "all", "not")
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -116,6 +101,13 @@ def parse_config(data: object, source: str = "<config>", *,
     # ---- deployments: the model runtime's (config/deployments.py), with the pools' health and breaker ----
     deployments = read_deployments(f, top.get("deployments", MISSING), health=_health, breaker=_breaker)
     # ---- end of deployments ----
+    # Signals that name a deployment: it must be declared, and serve the signal's task. Its names and
+    # `tasks` are read as they stand, so a deployment broken elsewhere still answers for its signals.
+    raw_deployments = top.get("deployments", {})
+    tasks = {name: [t for t in d["tasks"] if isinstance(t, str)] if isinstance(d, dict)
+             and isinstance(d.get("tasks"), list) else None
+             for name, d in (raw_deployments.items() if isinstance(raw_deployments, dict) else ())}
+    recipe.check_deployments(f, raw_entries, tasks)
     if f.errors:
         raise ConfigError(source, f.errors)
     return RouterConfig(tuple(_built(x) for x in listeners), {k: _built(v) for k, v in pools.items()},
@@ -276,23 +268,32 @@ def _breaker(f: Fields, path: str, raw: object) -> BreakerConfig:
 
 
 def _entry(f: Fields, path: str, name: str, raw: object, pools: tuple[str, ...]) -> EntryConfig | None:
-    m = f.mapping(path, raw, ("signals", "decisions", "default", "algorithm"), required=("default",))
+    m = f.mapping(path, raw, ENTRY_KEYS, required=("default",))
     d = defaults(EntryConfig)
-    signals = f.items(f"{path}.signals", m.get("signals", list(d["signals"])), _signal, allow_empty=True)
+    signals = f.items(f"{path}.signals", m.get("signals", list(d["signals"])), recipe.signal, allow_empty=True)
     names = [s.name if s else None for s in signals]
     for i in rules.duplicates(names):
         if names[i] is not None:
             f.add(f"{path}.signals[{i}].name", f"duplicate signal {names[i]!r}")
-    known = tuple(n for n in dict.fromkeys(names) if n is not None)
+    by_name: dict[str, Signal | None] = {n: s for n, s in zip(names, signals, strict=True) if n is not None}
     raw_signals = m.get("signals")
     if isinstance(raw_signals, list):  # a broken signal still defines its name for references
-        known += tuple(s["name"] for s in raw_signals
-                       if isinstance(s, dict) and isinstance(s.get("name"), str) and s["name"] not in known)
+        by_name.update({s["name"]: None for s in raw_signals
+                        if isinstance(s, dict) and isinstance(s.get("name"), str) and s["name"] not in by_name})
+    known = tuple(by_name)
+    projections = recipe.projections(f, f"{path}.projections", m.get("projections", MISSING), by_name)
+    projected = {p.name: tuple(b.name for b in p.bands) for p in projections}
+    raw_projections = m.get("projections")
+    if isinstance(raw_projections, list):  # as with signals: a broken projection's name still resolves
+        projected.update({p["name"]: tuple(b["name"] for b in p.get("bands") or () if isinstance(b, dict)
+                                           and isinstance(b.get("name"), str))
+                          for p in raw_projections if isinstance(p, dict) and isinstance(p.get("name"), str)
+                          and p["name"] not in projected})
 
     def decision(f: Fields, p: str, raw: object, i: int) -> DecisionRule | None:
         r = f.mapping(p, raw, ("name", "when", "pools"), required=("when", "pools"))
         rule_name = f.string(f"{p}.name", r.get("name", f"decision-{i}"))
-        when = _expr(f, f"{p}.when", r["when"], known) if "when" in r else None
+        when = recipe.expr(f, f"{p}.when", r["when"], known, projected) if "when" in r else None
         targets = _pool_list(f, f"{p}.pools", r.get("pools", MISSING), pools)
         return DecisionRule(rule_name, when, targets) if rule_name and when and targets else None
 
@@ -303,69 +304,12 @@ def _entry(f: Fields, path: str, name: str, raw: object, pools: tuple[str, ...])
             f.add(f"{path}.decisions[{i}].name", f"duplicate decision {rule_names[i]!r}")
     default = _pool_list(f, f"{path}.default", m.get("default", MISSING), pools)
     algorithm = _algorithm(f, f"{path}.algorithm", m.get("algorithm", {"type": d["algorithm"].type}), pools)
-    if not m or default is None or algorithm is None:
+    budget = f.number(f"{path}.signal_budget_s", m.get("signal_budget_s", d["signal_budget_s"]), 0, 60,
+                      open_low=True)
+    if not m or default is None or algorithm is None or budget is None:
         return None
     return EntryConfig(name, default, tuple(s for s in signals if s), tuple(r for r in decisions if r),
-                       algorithm)
-
-
-def _signal(f: Fields, path: str, raw: object, i: int) -> Signal | None:
-    if not isinstance(raw, dict):
-        f.mapping(path, raw, ())
-        return None
-    kind = f.choice(f"{path}.type", raw.get("type"), tuple(SIGNAL_TYPES), "signal type")
-    if kind is None:
-        return None
-    m = f.mapping(path, raw, SIGNAL_KEYS[kind], required=("name",) + {
-        "keyword": ("keywords",), "regex": ("pattern",), "embedding": ("examples",)}.get(kind, ()))
-    name = f.string(f"{path}.name", m.get("name", MISSING))
-    d = defaults(SIGNAL_TYPES[kind])
-    if kind == "keyword":
-        words = f.strings(f"{path}.keywords", m.get("keywords", MISSING))
-        mode = f.choice(f"{path}.mode", m.get("mode", d["mode"]), ("any", "all"), "mode")
-        case = f.boolean(f"{path}.case_sensitive", m.get("case_sensitive", d["case_sensitive"]))
-        return KeywordSignal(name, words, mode, case) if name and words and mode and case is not None else None
-    if kind == "regex":
-        flags = f.strings(f"{path}.flags", m.get("flags", list(d["flags"])), allow_empty=True)
-        for j, flag in enumerate(flags or ()):
-            f.check(f"{path}.flags[{j}]", rules.unknown_name(flag, tuple(REGEX_FLAGS), "flag"))
-        pattern = f.string(f"{path}.pattern", m.get("pattern", MISSING))
-        if pattern is not None and "pattern" in m:
-            f.check(f"{path}.pattern", rules.regex_problem(pattern, flags or ()))
-        if (name and pattern and flags is not None and not rules.regex_problem(pattern, flags)
-                and all(flag in REGEX_FLAGS for flag in flags)):
-            return RegexSignal(name, pattern, flags)
-        return None
-    if kind == "context_length":
-        low = f.integer(f"{path}.min_tokens", m.get("min_tokens", d["min_tokens"]), 0)
-        high = f.optional(f"{path}.max_tokens", m.get("max_tokens", d["max_tokens"]), lambda p, v: f.integer(p, v, 1))
-        if low is not None and high is not None and high <= low:
-            f.add(f"{path}.max_tokens", f"expected more than min_tokens ({low}), got {high}")
-        return ContextLengthSignal(name, low, high) if name and low is not None else None
-    examples = f.strings(f"{path}.examples", m.get("examples", MISSING))
-    threshold = f.number(f"{path}.threshold", m.get("threshold", d["threshold"]), 0, 1)
-    return EmbeddingSignal(name, examples, threshold) if name and examples and threshold is not None else None
-
-
-def _expr(f: Fields, path: str, raw: object, signals: tuple[str, ...]) -> Expr | None:
-    if isinstance(raw, str):
-        return SignalRef(raw) if f.check(path, rules.unknown_name(raw, signals, "signal")) else None
-    if not isinstance(raw, dict) or len(raw) != 1:
-        shape = f"keys {', '.join(map(str, raw))}" if isinstance(raw, dict) else repr(raw)
-        f.add(path, f"expected a signal name or a mapping with one of any, all, not; got {shape}")
-        return None
-    op, arg = next(iter(raw.items()))
-    if op not in OPERATORS:
-        f.add(f"{path}.{op}", rules.unknown_key(op, OPERATORS))
-        return None
-    if op == "not":
-        item = _expr(f, f"{path}.not", arg, signals)
-        return Not(item) if item else None
-    parts = f.items(f"{path}.{op}", arg, lambda f, p, r, i: _expr(f, p, r, signals))
-    items = tuple(part for part in parts if part is not None)
-    if not parts or len(items) < len(parts):
-        return None
-    return AnyOf(items) if op == "any" else AllOf(items)
+                       algorithm, projections, budget)
 
 
 def _pool_list(f: Fields, path: str, raw: object, pools: tuple[str, ...]) -> tuple[str, ...] | None:

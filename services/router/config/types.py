@@ -140,11 +140,95 @@ class EmbeddingSignal:
     name: str
     examples: tuple[str, ...]
     threshold: float = 0.6  # cosine similarity to the closest example
+    deployment: str | None = None  # an embed deployment; none: the router's in-process all-MiniLM-L6-v2
+
+    @property
+    def task(self) -> str:
+        return "embed"
 
 
-Signal: TypeAlias = KeywordSignal | RegexSignal | ContextLengthSignal | EmbeddingSignal
+@dataclass(frozen=True, slots=True)
+class ClassifierSignal:
+    type: ClassVar[str] = "classifier"
+    name: str
+    deployment: str  # a classify deployment
+    labels: tuple[str, ...]  # matched when the top label is one of these ...
+    threshold: float = 0.5  # ... with at least this probability
+
+    @property
+    def task(self) -> str:
+        return "classify"
+
+
+@dataclass(frozen=True, slots=True)
+class DomainSignal:
+    """The request's domain: the top label of a classifier, or, with `examples`, the label whose
+    examples are closest to the text (by an embed deployment, or the in-process model without one)."""
+
+    type: ClassVar[str] = "domain"
+    name: str
+    domains: tuple[str, ...]  # matched when the domain is one of these ...
+    threshold: float = 0.5  # ... with a probability (or similarity) of at least this
+    deployment: str | None = None  # a classify deployment; with examples an embed deployment
+    examples: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (label, its example texts), in file order
+
+    @property
+    def task(self) -> str:
+        return "embed" if self.examples else "classify"
+
+
+@dataclass(frozen=True, slots=True)
+class RerankSignal:
+    type: ClassVar[str] = "rerank"
+    name: str
+    deployment: str  # a rerank deployment (a cross-encoder)
+    examples: tuple[str, ...]  # the documents the request text is scored against
+    threshold: float = 0.5  # the best relevance score must reach this
+
+    @property
+    def task(self) -> str:
+        return "rerank"
+
+
+Signal: TypeAlias = (KeywordSignal | RegexSignal | ContextLengthSignal | EmbeddingSignal | ClassifierSignal
+                     | DomainSignal | RerankSignal)
+ModelSignal: TypeAlias = EmbeddingSignal | ClassifierSignal | DomainSignal | RerankSignal
 SIGNAL_TYPES: dict[str, type] = {s.type: s for s in (KeywordSignal, RegexSignal, ContextLengthSignal,
-                                                      EmbeddingSignal)}
+                                                      EmbeddingSignal, ClassifierSignal, DomainSignal,
+                                                      RerankSignal)}
+# Signals answered by a model: each has a score, and `task`, what it asks of its deployment (if it names one).
+MODEL_SIGNAL_TYPES = (EmbeddingSignal, ClassifierSignal, DomainSignal, RerankSignal)
+
+
+def uses_local_embedder(signal: Signal) -> bool:
+    """Whether the signal embeds with the router's in-process model (an embedding signal, or a domain
+    signal by examples, that names no deployment)."""
+    if isinstance(signal, EmbeddingSignal):
+        return signal.deployment is None
+    return isinstance(signal, DomainSignal) and bool(signal.examples) and signal.deployment is None
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectionInput:
+    signal: str
+    weight: float
+    value: str = "matched"  # matched: 1 when the signal matched, else 0; score: the signal's score
+    unknown: float = 0.0  # what an unknown signal (its model did not answer) counts as
+
+
+@dataclass(frozen=True, slots=True)
+class Band:
+    name: str
+    min: float | None = None  # the band holds sums >= min, up to the next band's min; none: the first band
+
+
+@dataclass(frozen=True, slots=True)
+class Projection:
+    """A number derived from signals: the weighted sum of its inputs, and the band it falls in."""
+
+    name: str
+    inputs: tuple[ProjectionInput, ...]
+    bands: tuple[Band, ...]  # ascending by min
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +251,22 @@ class Not:
     item: Expr
 
 
-Expr: TypeAlias = SignalRef | AnyOf | AllOf | Not
+@dataclass(frozen=True, slots=True)
+class ProjectionRef:
+    projection: str
+    bands: tuple[str, ...]  # true when the projection's sum falls in one of these bands
+
+
+Expr: TypeAlias = SignalRef | ProjectionRef | AnyOf | AllOf | Not
+
+
+def references(expr: Expr) -> list[SignalRef | ProjectionRef]:
+    """The signal and projection references in an expression, in order."""
+    if isinstance(expr, (SignalRef, ProjectionRef)):
+        return [expr]
+    if isinstance(expr, Not):
+        return references(expr.item)
+    return [ref for item in expr.items for ref in references(item)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,10 +319,35 @@ class EntryConfig:
     signals: tuple[Signal, ...] = ()
     decisions: tuple[DecisionRule, ...] = ()  # ordered; the first match wins
     algorithm: Algorithm = StaticAlgorithm()
+    projections: tuple[Projection, ...] = ()
+    signal_budget_s: float = 0.5  # the most a request waits for its model-backed signals
+    # Signals some decision uses, directly or through a projection: the others are never evaluated.
+    needed: frozenset[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        projections = {p.name: p for p in self.projections}
+        needed: set[str] = set()
+        for rule in self.decisions:
+            for ref in references(rule.when):
+                if isinstance(ref, SignalRef):
+                    needed.add(ref.name)
+                elif ref.projection in projections:
+                    needed.update(i.signal for i in projections[ref.projection].inputs)
+        object.__setattr__(self, "needed", frozenset(needed))
 
     @property
-    def uses_embedding(self) -> bool:
-        return any(s.type == "embedding" for s in self.signals)
+    def uses_local_embedder(self) -> bool:
+        """Whether a needed signal embeds in-process (the router then loads all-MiniLM-L6-v2 at start)."""
+        return any(uses_local_embedder(s) for s in self.signals if s.name in self.needed)
+
+    def deployments_used(self) -> dict[str, tuple[str, ...]]:
+        """Deployment -> the names of the needed signals that call it (what makes the runtime start it)."""
+        used: dict[str, tuple[str, ...]] = {}
+        for s in self.signals:
+            deployment = getattr(s, "deployment", None)
+            if deployment is not None and s.name in self.needed:
+                used[deployment] = used.get(deployment, ()) + (s.name,)
+        return used
 
 
 # ---- decision-model deployments (the model runtime's; read by config/deployments.py) ----

@@ -1,22 +1,30 @@
-"""The decision engine (router process): for one request, the entry by public model name, its signals,
-the first matching decision (or the default), and the plan of pools its algorithm will call. No I/O."""
+"""The decision engine (router process, on its event loop): for one request, the entry by public model
+name, the signals its decisions need (rule signals inline, model signals concurrently within the
+entry's budget), its projections, the first matching decision (or the default), and the plan of pools
+its algorithm will call."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from services.router.config import EntryConfig, RouterConfig
+from services.router.config import MODEL_SIGNAL_TYPES, EntryConfig, ModelSignal, RouterConfig
 from services.router.decision import algorithms
-from services.router.decision.decisions import Decision, decide
+from services.router.decision.decisions import Decision, decide, models_needed
+from services.router.decision.model_signals import ModelSignals
+from services.router.decision.projections import ProjectionResult, project_all
 from services.router.decision.signals import (
+    RuleSignal,
     SignalResult,
-    evaluate,
+    evaluate_rules,
     request_text,
     tokenizer_counter,
 )
+from services.router.runtime.models import DecisionModels
 
 log = logging.getLogger(__name__)
 
@@ -29,17 +37,28 @@ class UnknownModel(LookupError):
 class Choice:
     entry: EntryConfig
     text: str
-    signals: dict[str, SignalResult]
+    signals: dict[str, SignalResult]  # the signals evaluated, in config order
     decision: Decision
     plan: tuple[str, ...]  # pools in the order to try them, or the escalate stages
+    projections: dict[str, ProjectionResult] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)  # signals not evaluated, and why
+    models_s: float | None = None  # how long the request waited for its model signals; None: it needed none
 
     def describe(self) -> dict[str, Any]:
         return {
             "entry": self.entry.name,
-            "signals": {name: {"type": r.type, "matched": r.matched, "detail": r.detail, "score": r.score}
+            "signals": {name: {"type": r.type, "matched": r.matched, "unknown": r.unknown, "score": r.score,
+                               "detail": r.detail, "reason": r.reason, "label": r.label, "worker": r.worker,
+                               "latency_s": r.latency_s}
                         for name, r in self.signals.items()},
+            "skipped": self.skipped,
+            "signal_budget_s": self.entry.signal_budget_s,
+            "models_s": self.models_s,
+            "projections": {name: {"sum": p.sum, "band": p.band, "terms": p.terms, "unknown": list(p.unknown)}
+                            for name, p in self.projections.items()},
             "decision": self.decision.name,
             "matched_default": self.decision.matched_default,
+            "passed_over": list(self.decision.unknown),  # rules whose condition was unknown
             "candidates": list(self.decision.pools),
             "algorithm": type(self.entry.algorithm).type,
             "plan": list(self.plan),
@@ -47,31 +66,70 @@ class Choice:
 
 
 class Router:
-    def __init__(self, config: RouterConfig, *, rng: random.Random | None = None) -> None:
+    def __init__(self, config: RouterConfig, *, models: DecisionModels | None = None,
+                 rng: random.Random | None = None) -> None:
+        """`models`: the model runtime's deployments; without it, signals that name one are unknown."""
         self.config = config
         self._rng = rng or random.Random()
         self._counters: dict[str, Callable[[str], int]] = {}
-        self.embedder: Any = None
+        self.model_signals = ModelSignals(models)
 
     def load_models(self) -> None:
         """Once, before the first request: the tokenizers named by pools (context_length signals count
-        with them), and the embedding model only if some signal uses it (a config without embedding
-        signals never imports it). The pools' own models load in backends/pool.py's `load_models`."""
+        with them), and the in-process embedding model only if a needed signal uses it (a config without
+        one never imports it). The pools' own models load in backends/pool.py's `load_models`."""
         for name, pool in self.config.pools.items():
             if pool.tokenizer:
                 self._counters[name] = tokenizer_counter(pool.tokenizer)
-        if any(entry.uses_embedding for entry in self.config.entries.values()):
+        if any(entry.uses_local_embedder for entry in self.config.entries.values()):
             from services.router.decision.embedding import Embedder
 
-            self.embedder = Embedder.load()
+            self.model_signals.embedder = Embedder.load()
 
-    def choose(self, body: dict[str, Any], text: str | None = None) -> Choice:
-        """`text`: the body's request_text, when the caller has it already."""
+    async def warm(self) -> None:
+        """Once the model runtime is ready, before the first request: every needed signal's examples
+        embedded (a failure is logged, and those examples are embedded on first use instead)."""
+        signals = [s for entry in self.config.entries.values() for s in _model_signals(entry, entry.needed)]
+        for problem in await self.model_signals.warm(signals):
+            log.warning("signal examples not embedded ahead of requests: %s", problem)
+
+    async def choose(self, body: dict[str, Any], text: str | None = None, *, offload: bool = False) -> Choice:
+        """`text`: the body's request_text, when the caller has it already. `offload`: count tokens in a
+        thread (a long text), so that the event loop serves other requests meanwhile."""
         model = body.get("model")
         entry = self.config.entries.get(model) if isinstance(model, str) else None
         if entry is None:
             raise UnknownModel(f"The model `{model}` does not exist; available: {', '.join(self.config.entries)}")
         text = request_text(body) if text is None else text
-        results = evaluate(entry, text, token_count=self._counters.get(entry.default[0]), embedder=self.embedder)
-        decision = decide(entry, results)
-        return Choice(entry, text, results, decision, algorithms.plan(entry.algorithm, decision.pools, self._rng))
+        rules: list[RuleSignal] = [s for s in entry.signals if s.name in entry.needed
+                                   and not isinstance(s, MODEL_SIGNAL_TYPES)]
+        count = self._counters.get(entry.default[0])
+        if offload:
+            results = await asyncio.to_thread(evaluate_rules, rules, text, token_count=count)
+        else:
+            results = evaluate_rules(rules, text, token_count=count)
+        wanted, settled = models_needed(entry, results)
+        waited = None
+        if wanted:
+            signals = _model_signals(entry, frozenset(wanted))
+            start = time.perf_counter()
+            results.update(await self.model_signals.evaluate(signals, text, entry.signal_budget_s))
+            waited = time.perf_counter() - start
+        ordered = {s.name: results[s.name] for s in entry.signals if s.name in results}
+        projections = project_all(entry.projections, ordered)
+        decision = decide(entry, ordered, projections)
+        skipped = {s.name: _why_skipped(entry, s.name, settled) for s in entry.signals if s.name not in results}
+        plan = algorithms.plan(entry.algorithm, decision.pools, self._rng)
+        return Choice(entry, text, ordered, decision, plan, projections, skipped, waited)
+
+
+def _model_signals(entry: EntryConfig, names: frozenset[str]) -> list[ModelSignal]:
+    return [s for s in entry.signals if s.name in names and isinstance(s, MODEL_SIGNAL_TYPES)]
+
+
+def _why_skipped(entry: EntryConfig, name: str, settled: str | None) -> str:
+    if name not in entry.needed:
+        return "no decision uses it"
+    if settled is not None:
+        return f"not needed: decision {settled!r} held on rule signals"
+    return "not needed: the decisions that use it were settled by rule signals"

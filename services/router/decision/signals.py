@@ -1,42 +1,45 @@
-"""Evaluate an entry's signals (keyword, regex, context_length, embedding) on a request's text.
-
-Runs in the router process, once per request. Pure, no I/O: the token counter and the embedder are
-loaded once at start (`tokenizer_counter`, `Embedder.load`) and passed in.
-"""
+"""Signal results, the text signals look at, and the rule signals (keyword, regex, context_length)
+evaluated on it. Runs in the router process, once per request. Pure, no I/O: the token counter is
+loaded once at start (`tokenizer_counter`) and passed in. Signals answered by a model are
+model_signals.py's."""
 from __future__ import annotations
 
 import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import checkpoints
 from prompting.model_files import load_tokenizer
 from services.router.config import (
     ContextLengthSignal,
-    EmbeddingSignal,
-    EntryConfig,
     KeywordSignal,
     RegexSignal,
-    Signal,
 )
+
+RuleSignal = KeywordSignal | RegexSignal | ContextLengthSignal
 
 
 @dataclass(slots=True, frozen=True)
 class SignalResult:
     type: str
-    matched: bool
+    matched: bool  # False when unknown: decisions treat an unknown signal as neither true nor false
     detail: str  # one short line for humans, e.g. "matched 'urgent'"
-    score: float | None = None  # embedding similarity; None for the other kinds
+    score: float | None = None  # a model signal's similarity, probability or relevance; None for rule signals
+    worker: str | None = None  # the model signal's worker that answered ("in-process" for the local embedder)
+    latency_s: float | None = None  # that call, as the router saw it
+    reason: str | None = None  # set only when unknown: why the signal has no value (failed, timed out)
+    label: str | None = None  # classifier and domain: the top label (the domain)
+
+    @property
+    def unknown(self) -> bool:
+        return self.reason is not None
 
 
-class Embeddings(Protocol):
-    """What evaluate needs from services.router.decision.embedding.Embedder (not imported: it pulls in numpy)."""
-
-    def embed(self, texts: list[str]) -> list[list[float]]: ...
-
-    def best_match(self, vector: list[float], phrases: tuple[str, ...]) -> tuple[float, int]: ...
+def unknown(signal_type: str, reason: str) -> SignalResult:
+    """The result of a signal whose model did not answer in time, or could not."""
+    return SignalResult(signal_type, False, f"unknown: {reason}", reason=reason)
 
 
 def request_text(body: dict[str, Any]) -> str:
@@ -88,58 +91,38 @@ def approx_tokens(text: str) -> int:
     return -(-len(text.encode("utf-8")) // 4)
 
 
-def evaluate(entry: EntryConfig, text: str, *, token_count: Callable[[str], int] | None = None,
-             embedder: Embeddings | None = None) -> dict[str, SignalResult]:
-    """Every signal of `entry` on `text`, by name, in signal order.
-
-    `token_count` defaults to `approx_tokens`; `embedder` is required when the entry has an
-    embedding signal, and the text is embedded once for all of them.
-    """
-    vector: list[float] | None = None
-    if entry.uses_embedding:
-        if embedder is None:
-            raise RuntimeError("embedding model not loaded")
-        vector = embedder.embed([text])[0]
-    results: dict[str, SignalResult] = {}
-    for signal in entry.signals:
-        results[signal.name] = _evaluate(signal, text, token_count, embedder, vector)
-    return results
+def evaluate_rules(signals: list[RuleSignal], text: str, *,
+                   token_count: Callable[[str], int] | None = None) -> dict[str, SignalResult]:
+    """Each rule signal on `text`, by name, in the order given. `token_count` defaults to `approx_tokens`."""
+    return {signal.name: evaluate_rule(signal, text, token_count) for signal in signals}
 
 
-def _evaluate(signal: Signal, text: str, token_count: Callable[[str], int] | None,
-              embedder: Embeddings | None, vector: list[float] | None) -> SignalResult:
+def evaluate_rule(signal: RuleSignal, text: str, token_count: Callable[[str], int] | None = None) -> SignalResult:
     if isinstance(signal, KeywordSignal):
         return _keyword(signal, text)
     if isinstance(signal, RegexSignal):
         found = signal.compiled.search(text)
         if found:
-            return SignalResult(signal.type, True, f"matched {_short(found.group(0))}")
+            return SignalResult(signal.type, True, f"matched {short(found.group(0))}")
         return SignalResult(signal.type, False, f"no match for /{signal.pattern}/")
-    if isinstance(signal, ContextLengthSignal):
-        tokens = token_count(text) if token_count else approx_tokens(text)
-        how = "tokenizer" if token_count else "approx. bytes/4"
-        high = float("inf") if signal.max_tokens is None else signal.max_tokens
-        matched = signal.min_tokens <= tokens < high
-        span = f"[{signal.min_tokens}, {'inf' if signal.max_tokens is None else signal.max_tokens})"
-        verdict = "in" if matched else "not in"
-        return SignalResult(signal.type, matched, f"{tokens} tokens ({how}) {verdict} {span}")
-    assert isinstance(signal, EmbeddingSignal) and embedder is not None and vector is not None
-    score, best = embedder.best_match(vector, signal.examples)
-    matched = score >= signal.threshold
-    detail = (f"similarity {score:.2f} to {_short(signal.examples[best])} "
-              f"{'>=' if matched else '<'} {signal.threshold:.2f}")
-    return SignalResult(signal.type, matched, detail, score)
+    tokens = token_count(text) if token_count else approx_tokens(text)
+    how = "tokenizer" if token_count else "approx. bytes/4"
+    high = float("inf") if signal.max_tokens is None else signal.max_tokens
+    matched = signal.min_tokens <= tokens < high
+    span = f"[{signal.min_tokens}, {'inf' if signal.max_tokens is None else signal.max_tokens})"
+    verdict = "in" if matched else "not in"
+    return SignalResult(signal.type, matched, f"{tokens} tokens ({how}) {verdict} {span}")
 
 
 def _keyword(signal: KeywordSignal, text: str) -> SignalResult:
     hits = [kw for kw, pattern in zip(signal.keywords, _keyword_patterns(signal), strict=True) if pattern.search(text)]
     if signal.mode == "any":
         if hits:
-            return SignalResult(signal.type, True, f"matched {_short(hits[0])}")
+            return SignalResult(signal.type, True, f"matched {short(hits[0])}")
         return SignalResult(signal.type, False, "no keyword matched")
     missing = [kw for kw in signal.keywords if kw not in hits]
     if missing:
-        return SignalResult(signal.type, False, f"missing {', '.join(map(_short, missing))}")
+        return SignalResult(signal.type, False, f"missing {', '.join(map(short, missing))}")
     return SignalResult(signal.type, True, f"matched all {len(hits)} keywords")
 
 
@@ -160,5 +143,5 @@ def _keyword_patterns(signal: KeywordSignal) -> tuple[re.Pattern[str], ...]:
     return tuple(patterns)
 
 
-def _short(text: str, limit: int = 40) -> str:
+def short(text: str, limit: int = 40) -> str:
     return repr(text if len(text) <= limit else text[:limit - 3] + "...")

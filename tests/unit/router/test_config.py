@@ -124,13 +124,13 @@ def test_full_config_builds_every_object() -> None:
                    DecisionRule("creative", AnyOf((SignalRef("poem"), SignalRef("code"))), ("big", "small")),
                    DecisionRule("decision-2", SignalRef("urgent"), ("small",))),
         algorithm=WeightedAlgorithm({"big": 3.0}))
-    assert auto.uses_embedding
+    assert auto.uses_local_embedder
     assert auto.signals[1].compiled.search("x = 1\ndef f(): pass")  # type: ignore[union-attr]
     escalate = config.entries["cheap-first"].algorithm
     assert escalate == EscalateAlgorithm(("small", "big"), AcceptConfig(("stop", "length"), 10, r"\S"), 5.0, 3)
     assert escalate.accept.compiled.pattern == r"\S"  # type: ignore[union-attr]
     assert config.entries["fixed"] == EntryConfig("fixed", ("big",), algorithm=StaticAlgorithm())
-    assert not config.entries["fixed"].uses_embedding
+    assert not config.entries["fixed"].uses_local_embedder
 
 
 def test_secrets_stay_out_of_repr() -> None:
@@ -246,8 +246,8 @@ INVALID = {
         "entries.auto.decisions[0].when.anyy: unknown key; allowed: any, all, not (did you mean 'any'?)"),
     "two operators in when": (
         lambda d: _entry(d).update(decisions=[{"when": {"any": ["s"], "all": ["s"]}, "pools": ["chat"]}]),
-        "entries.auto.decisions[0].when: expected a signal name or a mapping with one of any, all, not; "
-        "got keys any, all"),
+        "entries.auto.decisions[0].when: expected a signal name, {projection: name, band: name}, or a mapping "
+        "with one of any, all, not; got keys any, all"),
     "duplicate decision names": (
         lambda d: _entry(d).update(decisions=[{"name": "a", "when": "s", "pools": ["chat"]}] * 2),
         "entries.auto.decisions[1].name: duplicate decision 'a'"),
@@ -257,7 +257,7 @@ INVALID = {
     "unknown signal type": (
         lambda d: _entry(d)["signals"].append({"name": "t", "type": "semantic"}),
         "entries.auto.signals[1].type: unknown signal type 'semantic' "
-        "(signal types: keyword, regex, context_length, embedding)"),
+        "(signal types: keyword, regex, context_length, embedding, classifier, domain, rerank)"),
     "key of another signal type": (
         lambda d: _entry(d)["signals"][0].update(threshold=0.5),
         "entries.auto.signals[0].threshold: unknown key; allowed: name, type, keywords, mode, case_sensitive"),

@@ -1,12 +1,13 @@
 from __future__ import annotations
 
+import asyncio
 import random
 from collections import Counter
 
 import pytest
 
 from services.router.config import parse_config
-from services.router.decision.engine import Router, UnknownModel
+from services.router.decision.engine import Choice, Router, UnknownModel
 
 CONFIG = {
     "listeners": [{"port": 8080}],
@@ -25,8 +26,15 @@ CONFIG = {
 }
 
 
-def _router() -> Router:
-    return Router(parse_config(CONFIG), rng=random.Random(7))
+class SyncRouter(Router):
+    """The router with `choose` run to completion (these tests need no event loop of their own)."""
+
+    def choose_now(self, body: dict) -> Choice:  # type: ignore[type-arg]
+        return asyncio.run(self.choose(body))
+
+
+def _router() -> SyncRouter:
+    return SyncRouter(parse_config(CONFIG), rng=random.Random(7))
 
 
 def _body(model: str, text: str = "hello") -> dict:  # type: ignore[type-arg]
@@ -35,15 +43,15 @@ def _body(model: str, text: str = "hello") -> dict:  # type: ignore[type-arg]
 
 def test_static_plan_is_the_candidates_in_order() -> None:
     router = _router()
-    assert router.choose(_body("static")).plan == ("small", "other")
-    code = router.choose(_body("static", "def f(): pass"))
+    assert router.choose_now(_body("static")).plan == ("small", "other")
+    code = router.choose_now(_body("static", "def f(): pass"))
     assert code.decision.name == "code" and code.plan == ("big", "small")
     assert code.describe()["signals"]["code"]["matched"] is True
 
 
 def test_weighted_draws_the_first_pool_by_weight_then_the_rest_in_order() -> None:
     router = _router()
-    plans = [router.choose(_body("weighted")).plan for _ in range(5000)]
+    plans = [router.choose_now(_body("weighted")).plan for _ in range(5000)]
     firsts = Counter(p[0] for p in plans)
     # small 3, big 1, other unlisted = 1: shares 0.6, 0.2, 0.2.
     assert abs(firsts["small"] / 5000 - 0.6) < 0.03 and abs(firsts["big"] / 5000 - 0.2) < 0.03
@@ -52,9 +60,9 @@ def test_weighted_draws_the_first_pool_by_weight_then_the_rest_in_order() -> Non
 
 
 def test_escalate_plan_is_its_stages() -> None:
-    assert _router().choose(_body("escalate")).plan == ("small", "big")
+    assert _router().choose_now(_body("escalate")).plan == ("small", "big")
 
 
 def test_unknown_model() -> None:
     with pytest.raises(UnknownModel, match="available: static, weighted, escalate"):
-        _router().choose(_body("nope"))
+        _router().choose_now(_body("nope"))

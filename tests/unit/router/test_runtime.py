@@ -7,7 +7,7 @@ import asyncio
 import dataclasses
 import json
 from collections.abc import Awaitable, Callable
-from typing import Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -21,18 +21,18 @@ A, B = "http://a:8000", "http://b:8000"
 T = TypeVar("T")
 
 
-@dataclasses.dataclass(frozen=True)
-class _ModelSignal:
-    type: ClassVar[str] = "classifier"
-    name: str
-    deployment: str
+# A signal of the kind each task serves, naming the deployment; a decision reads it, so it is needed.
+_SIGNALS = {"embed": {"type": "embedding", "examples": ["x"]}, "classify": {"type": "classifier", "labels": ["x"]},
+            "score": {"type": "rerank", "examples": ["x"]}, "rerank": {"type": "rerank", "examples": ["x"]}}
 
 
 def _config(deployments: dict[str, Any], used: tuple[str, ...]) -> RouterConfig:
-    config = parse_config({"listeners": [{"port": 8080}], "pools": {"p": {"model": "m", "replicas": [{"url": A}]}},
-                           "entries": {"e": {"default": ["p"]}}, "deployments": deployments}, env={})
-    signals = tuple(_ModelSignal(f"s{i}", name) for i, name in enumerate(used))
-    return dataclasses.replace(config, entries={"e": EntryConfig("e", ("p",), signals=signals)})  # type: ignore[arg-type]
+    signals = [{"name": f"s{i}", "deployment": name, **_SIGNALS[deployments[name]["tasks"][0]]}
+               for i, name in enumerate(used)]
+    decisions = [{"name": "d", "when": {"any": [s["name"] for s in signals]}, "pools": ["p"]}] if signals else []
+    return parse_config({"listeners": [{"port": 8080}], "pools": {"p": {"model": "m", "replicas": [{"url": A}]}},
+                         "entries": {"e": {"default": ["p"], "signals": signals, "decisions": decisions}},
+                         "deployments": deployments}, env={})
 
 
 def _attached(tasks: list[str], urls: tuple[str, ...] = (A,), **extra: Any) -> dict[str, Any]:
@@ -134,7 +134,7 @@ def test_the_router_is_ready_once_each_used_deployment_has_a_ready_worker() -> N
     config = _config({"emb": _attached(["embed"]), "idle": _attached(["embed"], (B,))}, ("emb",))
     ready, states = _run(config, FakeUpstream(), lambda rt: asyncio.sleep(0, rt.readiness()))
     assert ready and list(states) == ["emb"]  # "idle" is used by nothing: not started, not waited for
-    assert states["emb"]["used_by"] == ["signal entries.e.signals[0] (s0, classifier)"]
+    assert states["emb"]["used_by"] == ["signal entries.e.signals[0] (s0, embedding)"]
     assert [w["url"] for w in states["emb"]["workers"]] == [A] and states["emb"]["workers"][0]["ready"]
 
 
@@ -255,7 +255,7 @@ def test_the_routers_ready_route_answers_503_until_the_deployments_are_ready() -
     from tests.support.asgi_client import request
 
     config = _config({"emb": _attached(["embed"])}, ("emb",))
-    plain = dataclasses.replace(config, entries={"e": EntryConfig("e", ("p",))})  # the decision engine's view
+    plain = dataclasses.replace(config, entries={"e": EntryConfig("e", ("p",))})  # no signal to warm here
     pools = build_pools(config)
 
     async def go() -> list[tuple[int, Any]]:

