@@ -18,7 +18,7 @@ from typing import Any
 
 import minijinja
 
-__all__ = ["ChatTemplate", "TemplateError"]
+__all__ = ["ChatTemplate", "MissingTemplate", "TemplateError"]
 
 # transformers passes every special token the tokenizer has set (its special_tokens_map).
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
@@ -38,6 +38,11 @@ class TemplateError(ValueError):
     def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+
+
+class MissingTemplate(TemplateError):
+    """A checkpoint that has no chat template at all (most embedding and classifier checkpoints): a
+    server may still serve its other routes."""
 
 
 class _Float:
@@ -264,7 +269,7 @@ class ChatTemplate:
             raise TemplateError(f"{config_file}: not valid JSON ({exc})") from None
         templates = _file_templates(path) or _config_templates(config.get("chat_template"))
         if not templates:
-            raise TemplateError(f"{path}: no chat template in tokenizer_config.json or chat_template.jinja")
+            raise MissingTemplate(f"{path}: no chat template in tokenizer_config.json or chat_template.jinja")
         tokens = {name: _token(config.get(name), name) for name in SPECIAL_TOKENS}
         return cls(templates, special_tokens={name: tok for name, tok in tokens.items() if tok is not None})
 

@@ -56,6 +56,8 @@ from services.frontend.engine_client.kv_index import KVIndex
 log = logging.getLogger(__name__)
 
 HELLO_RETRY_S = 0.5
+WAIT_READY_RECHECK_S = 1.0
+POOLING_MINOR = 5  # protocol 1.5: pooling requests, pooled outputs, Ready.runner and Ready.tasks
 # The timers wake when something is due (a heartbeat to send, a deadline to judge, a handshake to
 # retry), at least this often, and at once when poked (a connection made): not on a fixed fast tick,
 # which would cost an idle frontend a wake-up every few tens of milliseconds.
@@ -129,6 +131,17 @@ class Engine:
         return f"{self.state}: {self.reason}"
 
     @property
+    def tasks(self) -> tuple[str, ...]:
+        """What its model serves, as vLLM names the tasks (Ready.tasks since protocol 1.5; an older engine
+        generates); none before its handshake."""
+        ready = self.ready
+        if ready is None:
+            return ()
+        if (ready.major, ready.minor) < (1, POOLING_MINOR):
+            return ("generate",)  # it would read a pooling request's fields as a generation's
+        return tuple(ready.tasks) or (("generate",) if ready.runner == "generate" else ())
+
+    @property
     def block_size(self) -> int:
         return self.ready.block_size if self.ready else 16
 
@@ -195,6 +208,14 @@ class EngineSet:
         """The ranks that take no new requests, and why (`slow: ...`, `dead: ...`, `connecting: ...`)."""
         return {e.rank: e.condition for e in self.engines if not e.accepting}
 
+    def tasks(self) -> list[str] | None:
+        """The tasks the handshaken ranks serve, in the order they name them; None while none has
+        handshaken (nothing is known yet)."""
+        ready = [e for e in self.engines if e.ready is not None]
+        if not ready:
+            return None
+        return list(dict.fromkeys(t for e in ready for t in e.tasks))
+
     def serving(self) -> list[int]:
         """The ranks that take new requests: the process can serve while there is one (/ready)."""
         return [e.rank for e in self.engines if e.accepting]
@@ -207,7 +228,9 @@ class EngineSet:
                 raise TimeoutError(f"engines not ready after {timeout_s:.0f}s: {self.not_ready()}")
             self.changed.clear()
             try:
-                await asyncio.wait_for(self.changed.wait(), left)
+                # Other consumers clear `changed` too (the gRPC health task): a set() they clear before this
+                # wait first runs is lost to it, so the state is looked at again at least every second.
+                await asyncio.wait_for(self.changed.wait(), min(left, WAIT_READY_RECHECK_S))
             except TimeoutError:
                 pass
 

@@ -7,6 +7,7 @@ import contextlib
 from collections.abc import Iterator
 from importlib import metadata
 
+from prompting.model_files import model_config
 from services.frontend.config import FrontendConfig
 from services.frontend.engine_client.engines import EngineSet
 from services.frontend.engine_client.inflight import InFlight, Wakeup
@@ -15,12 +16,14 @@ from services.frontend.engine_client.placement import NoEngine, Placement
 from services.frontend.errors import APIError
 from services.frontend.generation.metrics import Metrics
 from services.frontend.generation.output import OutputProcessor
+from services.frontend.generation.pooling import PoolingRunner
 from services.frontend.generation.shutdown import Shutdown
 from services.frontend.generation.submitter import Submitter
 from services.frontend.model import Model
 from services.frontend.parsers import OutputParser, TokenOutputParser, build_parser
 from services.frontend.parsers.forced import NamedToolParser, RequiredToolParser
 from services.frontend.requests.engine_request import EngineRequest, OutputOptions
+from services.frontend.requests.pooling_model import PoolingModel
 from services.frontend.requests.translator import PIN_HEADER, Translator
 
 
@@ -37,6 +40,9 @@ class FrontendCore:
         self.submitter = Submitter(engines, self.placement)
         self.lora = Adapters(engines, model.name)
         self.shutdown = Shutdown()
+        self.pooling = PoolingRunner(engines, self.placement, metrics, self.shutdown)
+        # What /classify, /score and /rerank read of the model beyond its engines (labels, token types).
+        self.pooling_model = PoolingModel.of(model.name, model.tokenizer, model_config(model.path))
         self.version = fleet_version()
         self.translator = Translator(model, self.max_model_len, long_prompt_chars=config.long_prompt_chars,
                                      max_concurrent_tokenizations=config.max_concurrent_tokenizations,
@@ -63,6 +69,7 @@ class FrontendCore:
         as it schedules them, as vLLM's does). Raises APIError when no engine can take them."""
         if self.shutdown.cut is not None:  # its body or tokens arrived after the shutdown deadline
             raise APIError(503, self.shutdown.cut)
+        self.refuse_task(("generate",), "Generate")  # gRPC's way in; HTTP routes refuse before translation
         try:
             engines = [self.submitter.choose(request) for request in requests]
         except NoEngine as exc:
@@ -94,6 +101,17 @@ class FrontendCore:
             for stream in streams:
                 self.submitter.abort(stream)  # a no-op unless it is still running at its engine
                 self.metrics.running.dec()
+
+    def refuse_task(self, tasks: tuple[str, ...], api: str) -> None:
+        """A 400 when the handshaken engines serve none of `tasks` (a generation route on a pooling model, a
+        pooling route on a generating one): vLLM's words for the API, with the task and what is served.
+        Nothing is known before a handshake: the route's placement answers 503 then."""
+        served = self.engines.tasks()
+        if served is None or any(t in served for t in tasks):
+            return
+        wanted = tasks[0] if len(tasks) == 1 else list(tasks)
+        raise APIError(400, f"The model does not support {api} API: it serves the tasks {served}, not "
+                            f"{wanted!r}")
 
     def engine_problem(self, minor: int, *, backend: str | None = "vllm") -> str | None:
         """Why some ready engine is older than protocol 1.<minor> (it would drop the fields unread) or,

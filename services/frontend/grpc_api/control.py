@@ -45,7 +45,8 @@ class Control(pb2_grpc.ControlServicer):
                 max_model_len=min(r.max_model_len for r in ready),
                 vocab_size=model.tokenizer.get_vocab_size(with_added_tokens=True), block_size=ready[0].block_size,
                 eos_token_ids=[] if model.eos_token_id is None else [model.eos_token_id],
-                tokenizer_sha256=model.tokenizer_sha256, chat_template_sha256=model.template.sha256,
+                tokenizer_sha256=model.tokenizer_sha256,
+                chat_template_sha256=model.template.sha256 if model.template else "",
                 backend=ready[0].backend)
         return await guard(context, info())
 

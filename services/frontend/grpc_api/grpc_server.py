@@ -50,11 +50,17 @@ class GrpcServer:
         self.inference = Inference(core)
         # Inference's requests reach the handlers serialized: translation parses them where it would parse
         # an HTTP body (in a worker process when long), not the event loop.
+        # Embed's and Classify's are parsed on the loop: token ids only, bounded by the same message limit.
         out = pb2.GenerateResponse.SerializeToString
+        pool_in, pool_out = pb2.PoolRequest.FromString, pb2.PoolResponse.SerializeToString
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("fleet.v1.Inference", {
             "Generate": grpc.unary_unary_rpc_method_handler(self.inference.Generate, response_serializer=out),
             "GenerateStream": grpc.unary_stream_rpc_method_handler(self.inference.GenerateStream,
-                                                                    response_serializer=out)}),))
+                                                                    response_serializer=out),
+            "Embed": grpc.unary_unary_rpc_method_handler(self.inference.Embed, request_deserializer=pool_in,
+                                                         response_serializer=pool_out),
+            "Classify": grpc.unary_unary_rpc_method_handler(self.inference.Classify, request_deserializer=pool_in,
+                                                            response_serializer=pool_out)}),))
         control = Control(core, self.inference, time.time(), others_in_flight)
         pb2_grpc.add_ControlServicer_to_server(control, self.server)
         pb2_grpc.add_RlControlServicer_to_server(RlControl(core), self.server)

@@ -17,6 +17,7 @@ from services.frontend.engine_client.inflight import EngineFailure, InFlight
 from services.frontend.errors import APIError
 from services.frontend.generation.frontend_core import FrontendCore
 from services.frontend.generation.output import OutputProcessor
+from services.frontend.grpc_api.pool_call import pool
 from services.frontend.grpc_api.rpc import Failed, failed, guard, status_of
 
 ABORTED = "aborted by Control.Abort"
@@ -79,6 +80,12 @@ class Inference(pb2_grpc.InferenceServicer):
 
     async def Generate(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await guard(context, self._generate(request))
+
+    async def Embed(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await guard(context, pool(self._core, request, "embed", "Embed"))
+
+    async def Classify(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await guard(context, pool(self._core, request, "classify", "Classify"))
 
     async def GenerateStream(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         try:

@@ -1,6 +1,7 @@
 """The frontend's ASGI app, one per API server process. The generation routes (chat, completions, and
 token-in /inference/v1/generate) are served by a lean ASGI handler (no middleware send wrappers, one
-body send per batch of queued events, disconnects watched directly) that runs the stages in turn; the
+body send per batch of queued events, disconnects watched directly) that runs the stages in turn, and
+so are the pooling routes (/v1/embeddings, /pooling: one JSON answer per request); the
 preprocessing routes (render, tokenize, detokenize: JSON in, JSON out, no engine) by a plain one;
 starlette routes everything else. In render-only mode (--render-only) there are no engines and the
 generation routes are not served.
@@ -8,6 +9,7 @@ generation routes are not served.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable, Callable
 
@@ -20,6 +22,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from edge.api_keys import HOW_TO_SEND, ApiKeys, KeyCheck
+from services.frontend.engine_client.inflight import CLIENT_GONE, EngineFailure
 from services.frontend.engine_client.lora import LoadLoraBody, UnloadLoraBody
 from services.frontend.errors import APIError, error_body
 from services.frontend.generation.frontend_core import FrontendCore
@@ -34,12 +37,29 @@ from services.frontend.http_api.asgi import (
     watch_disconnect,
 )
 from services.frontend.http_api.response_writer import send_completion, send_stream, send_tokens
+from services.frontend.requests import classify, scoring
+from services.frontend.requests.cohere_embed import cohere_embed
+from services.frontend.requests.embeddings import embeddings
 from services.frontend.requests.engine_request import EngineRequest
 from services.frontend.requests.json_body import parse
+from services.frontend.requests.pooling_job import PoolingJob
+from services.frontend.requests.pooling_request import POOLING_TASKS, pooling
+from services.frontend.requests.translator import pinned_rank
 
 # The routes --api-key guards (vLLM's: everything under /v1, and the token-in, render and tokenize routes);
 # /health, /ready, /metrics, /version and /openapi.json stay open for probes and scrapers.
-_GUARDED = ("/v1/", "/inference/", "/tokenize", "/detokenize")
+_GUARDED = ("/v1/", "/v2/", "/inference/", "/tokenize", "/detokenize", "/pooling", "/classify", "/score", "/rerank")
+# Each lean route's API as vLLM names it in a refusal, and the tasks one of which the engines must serve.
+_SCORING = ("embed", "classify")
+_APIS = {"/v1/chat/completions": (("generate",), "Chat Completions"), "/v1/completions": (("generate",), "Completions"),
+         "/inference/v1/generate": (("generate",), "generate tokens"), "/v1/embeddings": (("embed",), "Embeddings"),
+         "/v2/embed": (("embed",), "Embeddings"),
+         "/pooling": (POOLING_TASKS, "Pooling"), "/classify": (("classify",), "Classification"),
+         "/score": (_SCORING, "Score"), "/v1/score": (_SCORING, "Score"), "/rerank": (_SCORING, "Rerank (Score)"),
+         "/v1/rerank": (_SCORING, "Rerank (Score)"), "/v2/rerank": (_SCORING, "Rerank (Score)")}
+# A classify, score or rerank body past this many bytes is translated in a thread (its tokenizing lets go
+# of the GIL), as the embeddings route tokenizes a large batch.
+_THREADED_BODY = 16_384
 
 
 class Frontend:
@@ -60,6 +80,16 @@ class Frontend:
         self._lean: dict[str, Callable[[bytes, bytes | None], Awaitable[EngineRequest | list[EngineRequest]]]] = {
             "/v1/chat/completions": self.translator.chat, "/v1/completions": self.translator.completion,
             "/inference/v1/generate": self.translator.generate}
+        # Pooling routes: a body (and the X-Request-Id header) becomes a PoolingJob.
+        self._pooling: dict[str, Callable[[bytes, bytes | None], Awaitable[PoolingJob]]] = {
+            "/v1/embeddings": lambda body, rid: embeddings(model, body, core.max_model_len, rid),
+            "/v2/embed": lambda body, rid: cohere_embed(model, body, core.max_model_len, rid),
+            "/pooling": lambda body, rid: pooling(model, body, core.max_model_len, self._tasks, rid),
+            "/classify": functools.partial(self._scoring, classify.translate)}
+        for path in ("/score", "/v1/score"):
+            self._pooling[path] = functools.partial(self._scoring, scoring.translate_score)
+        for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+            self._pooling[path] = functools.partial(self._scoring, scoring.translate_rerank)
         # JSON in, JSON out, no engine: served in render-only mode too.
         self._preprocess: dict[str, Callable[[bytes], Awaitable[bytes]]] = {
             "/tokenize": self._tokenize, "/detokenize": self.translator.detokenize,
@@ -81,6 +111,9 @@ class Frontend:
             return
         translate = self._lean.get(path) if path is not None else None
         preprocess = self._preprocess.get(path) if path is not None else None
+        pool = self._pooling.get(path) if path is not None else None
+        if pool is not None:
+            translate = pool  # type: ignore[assignment]  # served as the generation routes are, up to the writer
         if translate is None and preprocess is None:
             await self.starlette(scope, receive, send)
             return
@@ -105,7 +138,13 @@ class Frontend:
                 if preprocess is not None:
                     await send_json(send, 200, await preprocess(body))
                     return
-                assert translate is not None
+                assert translate is not None and path is not None
+                tasks, api = _APIS[path]
+                self.core.refuse_task(tasks, api)
+                if pool is not None:
+                    await self._pool(await pool(body, header(scope, b"x-request-id")),
+                                     header(scope, b"x-data-parallel-rank"), receive, send)
+                    return
                 requests = await translate(body, header(scope, b"x-data-parallel-rank"))
                 await self._generate(requests if isinstance(requests, list) else [requests], receive, send)
             except APIError as exc:
@@ -136,7 +175,8 @@ class Frontend:
         model, `root` the path this process loaded it from, else its name)."""
         adapters = await self.lora.refresh(max_age_s=1.0) if not self.config.render_only else set()
         return Response(openai_bodies.models(self.model.name, self.core.max_model_len(or_zero=True), self._created,
-                                         {name: self.lora.paths.get(name, name) for name in sorted(adapters)}),
+                                         {name: self.lora.paths.get(name, name) for name in sorted(adapters)},
+                                         self.engines.tasks()),
                         media_type="application/json")
 
     async def _load_lora(self, request: Request) -> Response:
@@ -233,6 +273,42 @@ class Frontend:
                     await send_completion(send, prompts, name)
             finally:
                 watcher.cancel()
+
+
+    async def _pool(self, job: PoolingJob, pin: bytes | None, receive: Receive, send: Send) -> None:
+        """A pooling job's inputs placed together, gathered in order, answered in one JSON body."""
+        with self.core.pooling.launch(job, pinned_rank(pin)) as run:
+
+            def fail(message: str) -> None:
+                for stream in run.streams:
+                    stream.fail(message)
+
+            watcher = asyncio.get_running_loop().create_task(watch_disconnect(receive, fail))
+            try:
+                outputs, prompt_tokens = await self.core.pooling.gather(run)
+            except EngineFailure as exc:
+                if any(stream.gone == CLIENT_GONE for stream in run.streams):
+                    raise ClientGone from None  # nobody to answer
+                raise APIError(exc.status, str(exc), param=exc.param) from None
+            finally:
+                watcher.cancel()
+        await send_json(send, 200, _json.encode(job.respond(outputs, prompt_tokens)))
+
+    async def _scoring(self, translate: Callable[..., PoolingJob], body: bytes, rid: bytes | None) -> PoolingJob:
+        """A classify, score or rerank body through its translator (requests/classify.py, scoring.py)."""
+        call = functools.partial(translate, body, self.core.pooling_model, max_model_len=self.core.max_model_len(),
+                                 tasks=self._tasks(), request_id=rid.decode("latin-1") if rid else None)
+        return await asyncio.to_thread(call) if len(body) > _THREADED_BODY else call()
+
+    def _tasks(self) -> list[str]:
+        """The engines' tasks (503 while none has handshaken)."""
+        tasks = self.engines.tasks()
+        if tasks is None:
+            raise APIError(503, "no engine has handshaken yet: " + str(self.engines.not_ready()))
+        return tasks
+
+
+_json = msgspec.json.Encoder()
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:

@@ -182,12 +182,17 @@ def text_completion(request_id: str, model: str, text: str, finish: str, stop_re
     return completion_body(request_id, model, [choice], use, chat=False)
 
 
-def models(name: str, max_model_len: int, created: int, adapters: dict[str, str] | None = None) -> bytes:
-    """/v1/models: the base model, then each LoRA adapter (name: root) on it, as vLLM lists them."""
+def models(name: str, max_model_len: int, created: int, adapters: dict[str, str] | None = None,
+           tasks: list[str] | None = None) -> bytes:
+    """/v1/models: the base model, then each LoRA adapter (name: root) on it, as vLLM lists them, each with
+    this server's extra key `tasks`: what the engines serve, as vLLM names the tasks ("generate", "embed",
+    "classify", ...; [] before any engine has handshaken). Clients that do not know the key ignore it."""
+    served = tasks or []
     data = [{"id": name, "object": "model", "created": created, "owned_by": "fleet", "root": name,
-             "parent": None, "max_model_len": max_model_len}]
+             "parent": None, "max_model_len": max_model_len, "tasks": served}]
     data += [{"id": lora, "object": "model", "created": created, "owned_by": "fleet", "root": root,
-              "parent": name, "max_model_len": max_model_len} for lora, root in (adapters or {}).items()]
+              "parent": name, "max_model_len": max_model_len, "tasks": served}
+             for lora, root in (adapters or {}).items()]
     return _json.encode({"object": "list", "data": data})
 
 

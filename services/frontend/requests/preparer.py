@@ -13,7 +13,7 @@ import msgspec
 from prompting.chat_messages import template_kwargs
 from prompting.chat_template import TemplateError
 from services.frontend.errors import APIError
-from services.frontend.model import Model
+from services.frontend.model import NO_CHAT_TEMPLATE, Model
 from services.frontend.requests import refusals, token_in, tokenization
 from services.frontend.requests.chat_messages import template_messages
 from services.frontend.requests.json_body import parse
@@ -187,8 +187,11 @@ class Preparer:
     def render(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None, add_generation_prompt: bool,
                continue_final_message: bool, chat_template_kwargs: dict[str, Any] | None) -> str:
         """The prompt text of a conversation (the chat route's and /tokenize's), errors naming the field."""
+        template = self._model.template
+        if template is None:
+            raise APIError(400, NO_CHAT_TEMPLATE, param="messages")
         try:
-            return self._model.template.render(
+            return template.render(
                 template_messages(messages), tools=tools, add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message, chat_template_kwargs=chat_template_kwargs)
         except TemplateError as exc:

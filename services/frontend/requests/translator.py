@@ -197,7 +197,7 @@ class Translator:
                                       prompt_logprobs=sp.prompt_logprobs)
         vocab = self._model.tokenizer.get_vocab_size(with_added_tokens=True)
         sampling = token_in.engine_sampling(sp, max_tokens, vocab)
-        rank = prepared.pin if prepared.pin is not None else _pinned_rank(pin)
+        rank = prepared.pin if prepared.pin is not None else pinned_rank(pin)
         request = GenerateRequest(request_id, prepared.ids.tolist(), sampling, time.time(), req.priority, prepared.lora,
                                   req.cache_salt, rank)
         return EngineRequest(request, max_tokens, output)
@@ -265,7 +265,7 @@ class Translator:
             sampling = msgspec.structs.replace(sampling, **{constraint.kind: constraint.value})
         if logprobs is not None or prompt_logprobs is not None:
             sampling = msgspec.structs.replace(sampling, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
-        pinned = _pinned_rank(pin)
+        pinned = pinned_rank(pin)
         # The caller's request_id names the response as vLLM names it; the engine's id stays ours and unique.
         # Several choices are engine requests of their own (`<id>-<j>`): the response keeps `<id>`.
         response_id = request_id if req.n > 1 else ""
@@ -334,7 +334,8 @@ def _logprobs(req: ChatCompletionRequest | CompletionRequest, echo: str | None) 
     return logprobs, prompt_logprobs
 
 
-def _pinned_rank(value: bytes | None) -> int | None:
+def pinned_rank(value: bytes | None) -> int | None:
+    """The X-Data-Parallel-Rank header's rank, if sent."""
     if value is None:
         return None
     try:
