@@ -72,7 +72,8 @@ def test_managed_workers_answer_are_started_again_when_killed_and_stop_with_the_
             assert ready, states
             async with httpx.AsyncClient() as http:  # ready workers are ready as their frontends say
                 ready_urls = [w["url"] for w in states["emb"]["workers"] if w["ready"]]
-                assert ready_urls and all((await http.get(u + "/ready")).status_code == 200 for u in ready_urls)
+                assert ready_urls and [(await http.get(u + "/ready")).status_code for u in ready_urls] == \
+                    [200] * len(ready_urls)
 
             out = await runtime.embed("emb", ["hello", "world", "hello"], timeout_s=30)
             assert out.worker in urls and len(out.vectors) == 3 and all(map(_unit, out.vectors))
@@ -187,6 +188,11 @@ def test_the_router_is_ready_after_its_workers_and_takes_them_with_it_on_sigterm
         assert "deployment cls: started 1 managed sim worker(s) for tiny-classifier (tasks classify): used by " \
                "signal entries.auto.signals[0] (topic, classifier)" in log
         assert "deployment idle: not started: no signal uses it" in log
+        # The signal is answered by the managed worker (the sim's classifier: any label, but named).
+        decided = httpx.post(router.url + "/v1/decisions", timeout=30, json={
+            "model": "auto", "messages": [{"role": "user", "content": "fix my python code"}]}).json()
+        topic = decided["signals"]["topic"]
+        assert topic["worker"] == worker["url"] and not topic["unknown"] and topic["label"] in ("chat", "code", "math")
         frontend = pid_listening_on(int(worker["url"].rsplit(":", 1)[1]))
         engine = pid_listening_on(int(worker["engine"].rsplit(":", 1)[1]))
     finally:
