@@ -40,6 +40,7 @@ from services.router.listeners.json_body import BodyError
 from services.router.listeners.listener import Listener, listeners_by_port
 from services.router.listeners.relay import Relay
 from services.router.metrics import RouterMetrics
+from services.router.runtime.deployments import Deployments
 
 log = logging.getLogger("router")
 
@@ -54,13 +55,16 @@ OFF_LOOP_BYTES = 256 << 10
 class RouterApp:
     def __init__(self, config: RouterConfig, router: Router, pools: dict[str, Pool], upstream: Upstream,
                  metrics: RouterMetrics, *, max_body_bytes: int = 32 << 20, body_workers: int = 2,
-                 body_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S) -> None:
+                 body_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S, runtime: Deployments | None = None) -> None:
         self.config = config
         self.router = router
         self.pools = pools
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s  # --header-timeout: a body's longest gap (edge.connection_limits)
+        self.runtime = runtime  # the decision models' deployments: /ready waits for them
+        # Cleared by the server until the signals' examples are embedded through the ready deployments.
+        self.warm = True
         dispatcher = Dispatcher(config, pools, upstream, metrics)
         self.relay = Relay(dispatcher, metrics)
         self.escalator = Escalator(dispatcher, self.relay, metrics)
@@ -114,6 +118,11 @@ class RouterApp:
             _only_get(path, method)
             await send_json(send, 200, _json.encode(self._health()))
             return
+        if path == "/ready":  # open like /health: probes carry no key
+            _only_get(path, method)
+            ready, body = self._ready()
+            await send_json(send, 200 if ready else 503, _json.encode(body))
+            return
         authorize(listener.keys, scope["headers"])
         if path == "/metrics":
             _only_get(path, method)
@@ -150,6 +159,15 @@ class RouterApp:
         return {"status": "ok", "pools": {name: {"ready": sum(1 for r in pool.snapshot() if r["ready"]),
                                                  "replicas": len(pool.replicas)}
                                           for name, pool in self.pools.items()}}
+
+    def _ready(self) -> tuple[bool, dict[str, Any]]:
+        """Ready once every deployment the config uses has a ready worker (none used: at once), so no
+        first request waits on a model load; the body gives each deployment's workers."""
+        if self.runtime is None:
+            return True, {"status": "ready", "deployments": {}}
+        ready, deployments = self.runtime.readiness()
+        ready = ready and self.warm
+        return ready, {"status": "ready" if ready else "starting", "deployments": deployments}
 
     def _models(self, listener: Listener) -> dict[str, Any]:
         return {"object": "list", "data": [{"id": name, "object": "model", "created": self._created,

@@ -1,5 +1,5 @@
-"""Runs the router process: config, models for signals, health and DNS loops, an HTTP server on every
-listener's port.
+"""Runs the router process: config, models for signals (in-process, and the model runtime's workers),
+health and DNS loops, an HTTP server on every listener's port.
 
 The server is uvicorn with the httptools parser, not hypercorn as in the frontend: the router's work
 per request is small, so the server's own cost decides its added latency, and hypercorn + h11 cost
@@ -13,38 +13,63 @@ from typing import Any
 
 import uvicorn
 
+from checkpoints import CheckpointError
 from edge.connection_limits import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS
 from services.router.app import RouterApp
 from services.router.backends.aiohttp_upstream import AiohttpUpstream
-from services.router.backends.health import HealthChecker
+from services.router.backends.health import HealthChecker, pool_checks
 from services.router.backends.kv_events import KvFeeds
 from services.router.backends.pool import build_pools, load_models
 from services.router.config import RouterConfig
 from services.router.decision.engine import Router
 from services.router.listeners.connections import uvicorn_protocol
 from services.router.metrics import RouterMetrics
+from services.router.runtime.deployments import Deployments
 
 log = logging.getLogger("router")
 
 
 async def run(config: RouterConfig, *, header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
               max_connections: int = DEFAULT_MAX_CONNECTIONS) -> int:
-    router = Router(config)
+    upstream = AiohttpUpstream()
+    runtime = Deployments(config, upstream)  # the decision models: workers of the deployments signals use
+    router = Router(config, models=runtime)
     pools = build_pools(config)
     # Tokenizers, chat templates and the embedding model load before the first request, never during one.
     await asyncio.to_thread(router.load_models)
-    await router.warm()  # signals' examples embedded now rather than on a first request
     await asyncio.to_thread(load_models, config, pools)
-    upstream = AiohttpUpstream()
-    checker = HealthChecker(config, pools, upstream)
+    checker = HealthChecker(pool_checks(config, pools), upstream)
     await checker.resolve_all()
-    app = RouterApp(config, router, pools, upstream, RouterMetrics(pools), body_timeout_s=header_timeout_s)
+    app = RouterApp(config, router, pools, upstream, RouterMetrics(pools), body_timeout_s=header_timeout_s,
+                    runtime=runtime)
     await app.bodies.warm()
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    try:
+        await runtime.start()
+    except CheckpointError as exc:
+        log.error("cannot start the model runtime: %s", exc)
+        await runtime.stop()
+        await upstream.close()
+        app.close()
+        return 2
+    # Served meanwhile: /health answers at once, /ready once every used deployment has a ready worker
+    # and the signals' examples are embedded (through those workers) rather than on a first request.
+    app.warm = False
+
+    async def prepare() -> None:
+        await runtime.wait_ready()
+        await router.warm()
+        app.warm = True
+
+    runtime_ready: asyncio.Task[None] | None = None
+    if runtime.started:
+        runtime_ready = loop.create_task(prepare())
+    else:  # nothing to wait for: warm before serving, as a router without deployments always has
+        await prepare()
     http = uvicorn_protocol(header_timeout_s, max_connections)  # httptools, with both bounds (listeners/connections.py)
     servers = [uvicorn.Server(uvicorn.Config(app, host=listener.host, port=listener.port, http=http,
                                              loop="none", lifespan="off", access_log=False, log_config=None,
@@ -73,6 +98,9 @@ async def run(config: RouterConfig, *, header_timeout_s: float = DEFAULT_HEADER_
         await asyncio.gather(*(server.serve() for server in servers))
     finally:
         stop_task.cancel()
+        if runtime_ready is not None:
+            runtime_ready.cancel()
+        await runtime.stop()  # its managed workers, before the router exits: none is left behind
         await checker.stop()
         await feeds.stop()
         await upstream.close()

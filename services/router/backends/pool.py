@@ -1,6 +1,7 @@
 """Pools of replicas in the router process: readiness (health checks and a circuit breaker per replica),
 the in-flight cap, and leases; and the pools a config describes, built with their policies. No I/O:
-dispatch and the health checker call in.
+dispatch and the health checker call in. The one replica scheduler of the router: chat pools and the
+model runtime's deployments (runtime/deployments.py) are both Pools.
 """
 from __future__ import annotations
 
@@ -75,14 +76,15 @@ class Pool:
     def __init__(self, name: str, urls: Iterable[str], *, policy: Policy | None = None,
                  max_inflight: int = 32, failures: int = 3, cooldown_s: float = 30.0,
                  unhealthy_after: int = 1, retry_after_s: int = 1,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, kind: str = "pool") -> None:
         for key, value, low in (("max_inflight", max_inflight, 1), ("failures", failures, 1),
                                 ("unhealthy_after", unhealthy_after, 1), ("retry_after_s", retry_after_s, 0)):
             if not isinstance(value, int) or value < low:
-                raise ValueError(f"pool {name!r}: {key} must be an integer >= {low}, got {value!r}")
+                raise ValueError(f"{kind} {name!r}: {key} must be an integer >= {low}, got {value!r}")
         if not cooldown_s >= 0:
-            raise ValueError(f"pool {name!r}: cooldown_s must be >= 0, got {cooldown_s!r}")
+            raise ValueError(f"{kind} {name!r}: cooldown_s must be >= 0, got {cooldown_s!r}")
         self.name = name
+        self.kind = kind  # what the messages call it: "pool", or "deployment" for a decision model's workers
         self.policy: Policy = policy if policy is not None else LeastOutstanding()
         self.max_inflight = max_inflight
         self.failures = failures
@@ -136,11 +138,11 @@ class Pool:
         if candidates:
             return self.policy.choose(candidates, request_bytes, text, prepared)
         if ready:
-            return Overloaded(self.retry_after_s, f"pool {self.name!r}: all {ready} ready replicas are "
+            return Overloaded(self.retry_after_s, f"{self.kind} {self.name!r}: all {ready} ready replicas are "
                               f"at {self.max_inflight} in-flight requests or probing")
         if not self.replicas:
-            return NoReplica(f"pool {self.name!r} has no replicas")
-        return NoReplica(f"pool {self.name!r}: no ready replica: " + "; ".join(
+            return NoReplica(f"{self.kind} {self.name!r} has no replicas")
+        return NoReplica(f"{self.kind} {self.name!r}: no ready replica: " + "; ".join(
             f"{r.url}: {self._describe(r, now, exclude)}" for r in self.replicas))
 
     # ---- health and breaker ----

@@ -7,15 +7,18 @@ from services.router.config.loader import load_config, parse_config, read_yaml
 from services.router.config.types import (
     ALGORITHM_TYPES,
     APIS,
+    BACKENDS,
     FINISH_REASONS,
     MODEL_SIGNAL_TYPES,
     POLICIES,
     REGEX_FLAGS,
     SIGNAL_TYPES,
+    TASKS,
     AcceptConfig,
     Algorithm,
     AllOf,
     AnyOf,
+    AttachedConfig,
     Band,
     BreakerConfig,
     CacheAwareConfig,
@@ -23,6 +26,7 @@ from services.router.config.types import (
     ConfigError,
     ContextLengthSignal,
     DecisionRule,
+    DeploymentConfig,
     DnsConfig,
     DomainSignal,
     EmbeddingSignal,
@@ -32,6 +36,7 @@ from services.router.config.types import (
     HealthConfig,
     KeywordSignal,
     ListenerConfig,
+    ManagedConfig,
     ModelSignal,
     Not,
     PoolConfig,
@@ -52,6 +57,7 @@ from services.router.config.types import (
 )
 
 __all__ = [
+    "BACKENDS", "TASKS", "AttachedConfig", "DeploymentConfig", "ManagedConfig",
     "ALGORITHM_TYPES", "APIS", "FINISH_REASONS", "MODEL_SIGNAL_TYPES", "POLICIES", "REGEX_FLAGS",
     "SIGNAL_TYPES", "AcceptConfig", "Algorithm", "AllOf", "AnyOf", "Band", "BreakerConfig",
     "CacheAwareConfig", "ClassifierSignal", "ConfigError", "ContextLengthSignal", "DecisionRule", "DnsConfig",

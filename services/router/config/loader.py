@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import yaml
 
 from services.router.config import recipe, rules
+from services.router.config.deployments import read_deployments
 from services.router.config.fields import MISSING, Fields, defaults
 from services.router.config.types import (
     ALGORITHM_TYPES,
@@ -97,8 +98,11 @@ def parse_config(data: object, source: str = "<config>", *,
         for j, entry in enumerate(listener.entries if listener else ()):
             f.check(f"listeners[{i}].entries[{j}]", rules.unknown_name(entry, tuple(raw_entries), "entry",
                                                                         "entries"))
-    # Signals that name a deployment: it must be declared, and serve the signal's task. (Until the model
-    # runtime's reader of `deployments:` lands, its names and `tasks` are read here as they stand.)
+    # ---- deployments: the model runtime's (config/deployments.py), with the pools' health and breaker ----
+    deployments = read_deployments(f, top.get("deployments", MISSING), health=_health, breaker=_breaker)
+    # ---- end of deployments ----
+    # Signals that name a deployment: it must be declared, and serve the signal's task. Its names and
+    # `tasks` are read as they stand, so a deployment broken elsewhere still answers for its signals.
     raw_deployments = top.get("deployments", {})
     tasks = {name: [t for t in d["tasks"] if isinstance(t, str)] if isinstance(d, dict)
              and isinstance(d.get("tasks"), list) else None
@@ -107,7 +111,7 @@ def parse_config(data: object, source: str = "<config>", *,
     if f.errors:
         raise ConfigError(source, f.errors)
     return RouterConfig(tuple(_built(x) for x in listeners), {k: _built(v) for k, v in pools.items()},
-                        {k: _built(v) for k, v in entries.items()}, source)
+                        {k: _built(v) for k, v in entries.items()}, source, deployments)
 
 
 def _listener(f: Fields, path: str, raw: object, i: int) -> ListenerConfig | None:

@@ -350,10 +350,51 @@ class EntryConfig:
         return used
 
 
+# ---- decision-model deployments (the model runtime's; read by config/deployments.py) ----
+
+# What a signal may ask a deployment (the DecisionModels call that serves it): embed -> embed,
+# classify -> classify, score and rerank -> rerank (a cross-encoder scores query-document pairs).
+TASKS = ("embed", "classify", "score", "rerank")
+BACKENDS = ("vllm", "sim")
+
+
+@dataclass(frozen=True, slots=True)
+class ManagedConfig:
+    replicas: int = 1  # engine + frontend process pairs, each one worker
+    backend: str = "vllm"  # the engine's --backend
+    engine_args: tuple[str, ...] = ()  # extra engine flags (e.g. --convert classify, --max-model-len 512)
+    frontend_args: tuple[str, ...] = ()  # extra frontend flags
+
+
+@dataclass(frozen=True, slots=True)
+class AttachedConfig:
+    urls: tuple[str, ...]  # scheme://host[:port][/prefix], no trailing slash
+    api_key: str | None = field(default=None, repr=False)  # bearer key sent to them
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentConfig:
+    name: str
+    model: str  # identity: a --model value (managed: resolved by checkpoints.resolve); the served name
+    tasks: tuple[str, ...]  # of TASKS
+    revision: str | None = None  # recorded and shown, never interpreted
+    managed: ManagedConfig | None = None  # exactly one of managed / attached is set
+    attached: AttachedConfig | None = None
+    max_inflight: int = 32  # per worker
+    timeout_s: float = 10.0  # the longest one call may take, whatever deadline the caller gives
+    start_timeout_s: float = 600.0  # managed: the longest a worker may take to become ready at start
+    health: HealthConfig = HealthConfig()
+    breaker: BreakerConfig = BreakerConfig()
+    labels: tuple[str, ...] = ()  # classify: class names by index, when the checkpoint cannot be read here
+
+# ---- end of deployments ----
+
+
 @dataclass(frozen=True, slots=True)
 class RouterConfig:
     listeners: tuple[ListenerConfig, ...]
     pools: Mapping[str, PoolConfig]  # in file order
     entries: Mapping[str, EntryConfig]  # in file order
     source: str = "<config>"
+    deployments: Mapping[str, DeploymentConfig] = field(default_factory=dict)  # in file order
 

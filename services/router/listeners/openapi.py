@@ -292,6 +292,7 @@ def document(listener: ListenerConfig, models: tuple[str, ...]) -> dict[str, Any
     if "models" in listener.apis:
         paths["/v1/models"] = {"get": _get("The public model names served on this listener")}
     paths["/health"] = {"get": _get("Liveness, and the ready replicas of each pool")}
+    paths["/ready"] = {"get": _get("Readiness: 503 until every deployment in use has a ready worker")}
     paths["/metrics"] = {"get": {"summary": "Prometheus metrics",
                                  "responses": {"200": {"description": "metrics", "content": {"text/plain": {}}}}}}
     paths["/openapi.json"] = {"get": _get("This document")}

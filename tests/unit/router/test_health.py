@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from services.router.backends.health import HealthChecker
+from services.router.backends.health import HealthChecker, pool_checks
 from services.router.backends.pool import build_pools
 from services.router.config import parse_config
 from tests.support.fake_upstream import FakeUpstream
@@ -34,7 +34,7 @@ def test_a_replica_going_out_and_back_is_logged_once_each_way_back_at_info(caplo
                            "entries": {"fleet": {"default": ["p"]}}})
     pools = build_pools(config)
     upstream = _Checked()
-    checker = HealthChecker(config, pools, upstream)
+    checker = HealthChecker(pool_checks(config, pools), upstream)
     pool = pools["p"]
 
     def rounds(n: int) -> None:

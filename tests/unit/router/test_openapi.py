@@ -105,11 +105,11 @@ def test_each_listener_serves_its_own_document_which_loads_in_schemathesis() -> 
     public = asyncio.run(request(app, "GET", "/openapi.json")).json()
     assert set(public["paths"]) == {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
                                     "/v1/messages/count_tokens", "/v1/decisions", "/v1/models", "/health",
-                                    "/metrics", "/openapi.json"}
+                                    "/ready", "/metrics", "/openapi.json"}
     assert public["components"]["schemas"]["ResponsesRequest"]["properties"]["model"]["enum"] == ["a", "b"]
     assert asyncio.run(request(app, "GET", "/openapi.json", port=8081)).status == 401  # behind the API key
     claude = asyncio.run(request(app, "GET", "/openapi.json", port=8081, headers={"x-api-key": "k"})).json()
-    assert set(claude["paths"]) == {"/v1/messages", "/v1/messages/count_tokens", "/health", "/metrics",
+    assert set(claude["paths"]) == {"/v1/messages", "/v1/messages/count_tokens", "/health", "/ready", "/metrics",
                                     "/openapi.json"}
     assert claude["components"]["schemas"]["MessagesRequest"]["properties"]["model"]["enum"] == ["b"]
     assert claude["security"] and "bearer" in claude["components"]["securitySchemes"]

@@ -1,0 +1,241 @@
+"""The model runtime (router process): the deployments the config uses, each a Pool of workers
+(managed: started and supervised here; attached: URLs), health-checked like the chat pools, and the
+`DecisionModels` calls answered by one worker each, chosen by the pools' scheduler.
+
+Start: workers of every used deployment are started (unused ones start nothing, and say so), then
+`wait_ready` returns once each has a ready worker; the router's /ready says ready only after that.
+A call never waits past its deadline: no worker, every worker full, a failure or a timeout is a
+ModelUnavailable saying which and why."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import msgspec
+
+import checkpoints
+from services.router.backends.health import Checked, HealthChecker
+from services.router.backends.pool import Lease, NoReplica, Overloaded, Pool
+from services.router.backends.upstream import READ_ERRORS, Upstream, UpstreamError
+from services.router.config import DeploymentConfig, RouterConfig
+from services.router.runtime import pooling_api
+from services.router.runtime.demand import used_deployments
+from services.router.runtime.labels import class_names
+from services.router.runtime.managed import ManagedReplica, Secrets
+from services.router.runtime.models import Classified, Embedded, ModelUnavailable, Reranked
+
+log = logging.getLogger("router.runtime")
+T = TypeVar("T")
+
+_json = msgspec.json.Encoder()
+_decode = msgspec.json.Decoder()
+READY_POLL_S = 0.2  # at start, how often a starting worker is checked (then: its health interval)
+CALLS = {"embed": ("embed",), "classify": ("classify",), "rerank": ("score", "rerank")}  # call -> tasks
+
+
+@dataclass(slots=True)
+class Deployment:
+    config: DeploymentConfig
+    pool: Pool
+    reasons: list[str]  # why it is started: the signals that use it
+    api_key: str | None = None
+    managed: list[ManagedReplica] = field(default_factory=list)
+    labels: list[str] | None = None  # classify: class names by index
+    ready: bool = False  # had a ready worker once: the start is over
+
+
+class Deployments:
+    """The `DecisionModels` port's implementation; `start`, `wait_ready` and `stop` are the server's."""
+
+    def __init__(self, config: RouterConfig, upstream: Upstream) -> None:
+        self.config = config
+        self.upstream = upstream
+        self.started: dict[str, Deployment] = {}
+        self.checker = HealthChecker({}, upstream)
+
+    # ---- start and stop ----
+
+    async def start(self) -> None:
+        """Workers for every deployment the config uses; a managed model that does not resolve to a
+        checkpoint raises checkpoints.CheckpointError (the router cannot start)."""
+        used = used_deployments(self.config)
+        for name, config in self.config.deployments.items():
+            if name not in used:
+                log.info("deployment %s: not started: no signal uses it", name)
+                continue
+            deployment = await self._deployment(config, used[name])
+            self.started[name] = deployment
+            for replica in deployment.managed:
+                replica.start()
+            where = (f"{len(deployment.managed)} managed {config.managed.backend} worker(s)" if config.managed
+                     else f"attached {', '.join(r.url for r in deployment.pool.replicas)}")
+            log.info("deployment %s: started %s for %s%s (tasks %s): used by %s", name, where, config.model,
+                     f" revision {config.revision}" if config.revision else "", ", ".join(config.tasks),
+                     "; ".join(used[name]))
+        self.checker = HealthChecker({name: Checked(d.pool, d.config.health, d.api_key)
+                                      for name, d in self.started.items()}, self.upstream)
+
+    async def _deployment(self, config: DeploymentConfig, reasons: list[str]) -> Deployment:
+        managed: list[ManagedReplica] = []
+        api_key: str | None
+        if config.managed is not None:
+            await asyncio.to_thread(checkpoints.resolve, config.model)  # a bad --model fails the start here
+            keys = Secrets.fresh()
+            managed = [ManagedReplica(config, i, keys) for i in range(config.managed.replicas)]
+            urls, api_key = [r.url for r in managed], keys.api_key
+        else:
+            assert config.attached is not None  # the loader sets exactly one
+            urls, api_key = list(config.attached.urls), config.attached.api_key
+        pool = Pool(config.name, urls, max_inflight=config.max_inflight, failures=config.breaker.failures,
+                    cooldown_s=config.breaker.cooldown_s, unhealthy_after=config.health.failures, kind="deployment")
+        for replica in pool.replicas:  # no call goes to a worker before a check passed
+            replica.healthy, replica.health_detail = False, "starting: not checked yet"
+        deployment = Deployment(config, pool, reasons, api_key, managed)
+        if "classify" in config.tasks:
+            deployment.labels, source = await asyncio.to_thread(class_names, config)
+            log.info("deployment %s: class names from %s", config.name, source)
+        return deployment
+
+    async def wait_ready(self) -> None:
+        """Until every started deployment has a ready worker (checked every READY_POLL_S), then the
+        health checks run at each deployment's interval. A deployment still not ready after its
+        start_timeout_s is logged as an error; the router stays not ready, and the wait goes on."""
+        await asyncio.gather(*(self._until_ready(name, d) for name, d in self.started.items()))
+        self.checker.start()
+
+    async def _until_ready(self, name: str, deployment: Deployment) -> None:
+        began = time.monotonic()
+        warned = False
+        while True:
+            await self.checker.check_once(name)
+            ready = [r.url for r in deployment.pool.replicas if deployment.pool.is_ready(r)]
+            if ready:
+                deployment.ready = True
+                log.info("deployment %s: ready in %.1fs (%s)", name, time.monotonic() - began, ", ".join(ready))
+                return
+            if not warned and time.monotonic() - began > deployment.config.start_timeout_s:
+                warned = True
+                log.error("deployment %s: no worker ready after %.0fs (start_timeout_s): %s", name,
+                          deployment.config.start_timeout_s, _states(deployment.pool))
+            await asyncio.sleep(READY_POLL_S)
+
+    async def stop(self) -> None:
+        await self.checker.stop()
+        await asyncio.gather(*(r.stop() for d in self.started.values() for r in d.managed))
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """Whether every started deployment is ready, and each one's state (the router's /ready)."""
+        states: dict[str, Any] = {}
+        for name, d in self.started.items():
+            workers = d.pool.snapshot()
+            for worker, replica in zip(workers, d.managed, strict=False):
+                worker.update(replica.describe())
+            states[name] = {"model": d.config.model, "revision": d.config.revision, "tasks": list(d.config.tasks),
+                            "ready": d.ready, "used_by": d.reasons, "workers": workers}
+        return all(d.ready for d in self.started.values()), states
+
+    # ---- the DecisionModels calls ----
+
+    async def embed(self, deployment: str, texts: list[str], *, timeout_s: float) -> Embedded:
+        d = self._callable(deployment, "embed")
+        call = pooling_api.embed_call(d.config.model, texts)
+        vectors, worker, latency = await self._call(
+            d, call, timeout_s, lambda answer: pooling_api.embeddings(answer, call.expected))
+        return Embedded(worker, latency, vectors)
+
+    async def classify(self, deployment: str, texts: list[str], *, timeout_s: float) -> Classified:
+        d = self._callable(deployment, "classify")
+        call = pooling_api.classify_call(d.config.model, texts)
+        results, worker, latency = await self._call(
+            d, call, timeout_s, lambda answer: pooling_api.labels(answer, call.expected, d.labels))
+        return Classified(worker, latency, results)
+
+    async def rerank(self, deployment: str, query: str, documents: list[str], *, timeout_s: float) -> Reranked:
+        d = self._callable(deployment, "rerank")
+        call = pooling_api.rerank_call(d.config.model, query, documents)
+        scores, worker, latency = await self._call(
+            d, call, timeout_s, lambda answer: pooling_api.relevance(answer, call.expected))
+        return Reranked(worker, latency, scores)
+
+    def _callable(self, name: str, call: str) -> Deployment:
+        config = self.config.deployments[name]  # KeyError: not declared (the loader refuses such a signal)
+        if not set(CALLS[call]) & set(config.tasks):
+            raise ModelUnavailable(f"deployment {name!r} does not serve {call} (tasks: {', '.join(config.tasks)})")
+        deployment = self.started.get(name)
+        if deployment is None:
+            raise ModelUnavailable(f"deployment {name!r} has no workers: nothing in the config uses it")
+        return deployment
+
+    async def _call(self, d: Deployment, call: pooling_api.Call, timeout_s: float,
+                    read: Callable[[dict[str, Any]], T]) -> tuple[T, str, float]:
+        """The first answer a worker gives, `read` into results, and that worker and the call's latency,
+        within min(timeout_s, the deployment's timeout_s). A pooling call changes nothing on a worker,
+        so one that failed is tried on another."""
+        deadline = min(timeout_s, d.config.timeout_s)
+        payload = _json.encode(call.body)
+        tried: list[str] = []
+        errors: list[str] = []
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(deadline):
+                while True:
+                    lease = d.pool.acquire(len(payload), exclude=frozenset(tried))
+                    if isinstance(lease, Overloaded):
+                        raise ModelUnavailable(_failed(errors, f"every worker full: {lease.reason}"))
+                    if isinstance(lease, NoReplica):
+                        raise ModelUnavailable(_failed(errors, lease.reason))
+                    tried.append(lease.replica.url)
+                    answered = await self._attempt(d, lease, call.path, payload, deadline, read, errors)
+                    if answered is not None:
+                        return answered[0], lease.replica.url, time.perf_counter() - started
+        except TimeoutError:
+            where = f" (tried {', '.join(tried)})" if tried else ""
+            raise ModelUnavailable(_failed(errors, f"deployment {d.config.name!r}: no answer within "
+                                                   f"{deadline:g}s{where}")) from None
+
+    async def _attempt(self, d: Deployment, lease: Lease, path: str, payload: bytes, deadline: float,
+                       read: Callable[[dict[str, Any]], T], errors: list[str]) -> tuple[T] | None:
+        """One worker's answer read, or None with the reason added to `errors` (the worker failed: try
+        another). A refusal of the call itself (4xx) is no worker's fault and fails the call."""
+        url, ok, unreachable = lease.replica.url, None, False
+        try:
+            response = await self.upstream.open(url, path, payload, api_key=d.api_key, timeout_s=deadline)
+            try:
+                body = await response.read()
+            finally:
+                response.close()
+            if response.status != 200:  # the worker answered; its breaker stays as it is (ok None)
+                raise ModelUnavailable(_failed(errors, f"{url} refused {path}: HTTP {response.status}: "
+                                                       f"{body[:300].decode(errors='replace')}"))
+            value = _decode.decode(body)
+            if not isinstance(value, dict):
+                raise pooling_api.BadAnswer(f"JSON that is not an object: {body[:80]!r}")
+            result = read(value)
+            ok = True
+            return (result,)
+        except UpstreamError as exc:
+            ok, unreachable = False, exc.unreachable
+            errors.append(str(exc))
+        except READ_ERRORS as exc:
+            ok = False
+            errors.append(f"{url}: the answer broke off: {type(exc).__name__}")
+        except (msgspec.DecodeError, pooling_api.BadAnswer) as exc:
+            ok = False
+            errors.append(f"{url}: answered {path} with a body that is not the pooling API's: {exc}")
+        finally:
+            lease.release(ok, unreachable=unreachable)  # None when cancelled: a deadline blames no worker
+        return None
+
+
+def _failed(errors: list[str], reason: str) -> str:
+    return reason + (f"; failed before: {'; '.join(errors)}" if errors else "")
+
+
+def _states(pool: Pool) -> str:
+    """Each worker's state, as a call finding none ready would say it."""
+    picked = pool.preview(0)
+    return picked.reason if isinstance(picked, NoReplica) else "a worker is ready"

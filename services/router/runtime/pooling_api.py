@@ -1,0 +1,100 @@
+"""vLLM's pooling API as the model runtime speaks it (router process): the request body of each call
+and the reading of each answer, checked, into the runtime's results. No I/O.
+
+Shapes are vLLM's (vllm/entrypoints/pooling/): POST /v1/embeddings answers OpenAI's
+`{data: [{index, embedding}]}`, POST /classify `{data: [{index, label, probs, num_classes}]}`,
+POST /rerank `{results: [{index, document, relevance_score}]}` sorted by score, not by document.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from services.router.runtime.models import Label
+
+EMBED_PATH, CLASSIFY_PATH, RERANK_PATH = "/v1/embeddings", "/classify", "/rerank"
+
+
+class BadAnswer(ValueError):
+    """A worker's answer that is not what the pooling API promises: the worker's fault."""
+
+
+@dataclass(slots=True, frozen=True)
+class Call:
+    path: str
+    body: dict[str, Any]
+    expected: int  # results the answer must hold
+
+
+def embed_call(model: str, texts: list[str]) -> Call:
+    # float: any server of the API has it (base64 is vLLM's and OpenAI's too, but not every server's).
+    return Call(EMBED_PATH, {"model": model, "input": texts, "encoding_format": "float"}, len(texts))
+
+
+def classify_call(model: str, texts: list[str]) -> Call:
+    return Call(CLASSIFY_PATH, {"model": model, "input": texts}, len(texts))
+
+
+def rerank_call(model: str, query: str, documents: list[str]) -> Call:
+    # top_n 0 is vLLM's "all of them"; the router wants a score per document, in document order.
+    return Call(RERANK_PATH, {"model": model, "query": query, "documents": documents, "top_n": 0},
+                len(documents))
+
+
+def embeddings(answer: dict[str, Any], expected: int) -> list[list[float]]:
+    rows = _by_index(answer, "data", expected)
+    return [_floats(row.get("embedding"), f"data[{i}].embedding") for i, row in enumerate(rows)]
+
+
+def labels(answer: dict[str, Any], expected: int, names: Sequence[str] | None) -> list[Label]:
+    """Each text's classes; `names`: the class names by index (the checkpoint's id2label), None when
+    unknown here: then each probability is named LABEL_i as transformers names an unnamed class."""
+    results = []
+    for i, row in enumerate(_by_index(answer, "data", expected)):
+        probs = _floats(row.get("probs"), f"data[{i}].probs")
+        if not probs:
+            raise BadAnswer(f"data[{i}].probs is empty")
+        top = max(range(len(probs)), key=probs.__getitem__)
+        keys = names if names is not None and len(names) == len(probs) else [f"LABEL_{j}" for j in range(len(probs))]
+        label = row.get("label")
+        results.append(Label(label if isinstance(label, str) and label else keys[top], probs[top],
+                             dict(zip(keys, probs, strict=True))))
+    return results
+
+
+def relevance(answer: dict[str, Any], expected: int) -> list[float]:
+    rows = _by_index(answer, "results", expected)
+    scores = []
+    for i, row in enumerate(rows):
+        score = row.get("relevance_score")
+        if not isinstance(score, (int, float)) or not _finite(score):
+            raise BadAnswer(f"results[{i}].relevance_score: expected a finite number, got {score!r}")
+        scores.append(float(score))
+    return scores
+
+
+def _by_index(answer: dict[str, Any], key: str, expected: int) -> list[dict[str, Any]]:
+    """The answer's rows put in input order by their `index`: one per input, each index once."""
+    rows = answer.get(key)
+    if not isinstance(rows, list) or len(rows) != expected:
+        got = f"{len(rows)} rows" if isinstance(rows, list) else repr(rows)[:80]
+        raise BadAnswer(f"{key}: expected {expected} rows, got {got}")
+    ordered: list[dict[str, Any] | None] = [None] * expected
+    for row in rows:
+        index = row.get("index") if isinstance(row, dict) else None
+        if not isinstance(index, int) or not 0 <= index < expected or ordered[index] is not None:
+            raise BadAnswer(f"{key}: a row's index is missing, repeated or out of range: {repr(row)[:80]}")
+        ordered[index] = row
+    return [row for row in ordered if row is not None]
+
+
+def _floats(value: object, where: str) -> list[float]:
+    if not isinstance(value, list) or not all(_finite(x) for x in value):
+        raise BadAnswer(f"{where}: expected a list of finite numbers")
+    return [float(x) for x in value]
+
+
+def _finite(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
