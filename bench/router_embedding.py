@@ -70,7 +70,8 @@ async def _round(client: httpx.AsyncClient, url: str, name: str, n: int, concurr
             started = time.perf_counter()
             r = await client.post(url + "/v1/chat/completions", json=body)
             took.append(time.perf_counter() - started)
-            assert r.status_code == 200 and r.headers.get("x-router-decision") == "coding", (r.status_code, r.text[:300])
+            decision = r.headers.get("x-router-decision")
+            assert r.status_code == 200 and decision == "coding", (r.status_code, r.text[:300])
 
     await asyncio.gather(*(one_client(n // concurrency) for _ in range(concurrency)))
     return took
@@ -110,7 +111,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--backend", choices=("vllm", "sim"), default="vllm", help="the embedding worker's engine")
     args = p.parse_args()
-    engine_args = ", engine_args: [--max-model-len, '256', --kv-cache-bytes, '16777216']" if args.backend == "vllm" else ""
+    vllm_limits = ", engine_args: [--max-model-len, '256', --kv-cache-bytes, '16777216']"
+    engine_args = vllm_limits if args.backend == "vllm" else ""
     with tempfile.TemporaryDirectory() as tmp:
         chat = start_backend(Path(tmp), "chat")
         head = HEAD.format(chat=chat.url)
