@@ -2,7 +2,10 @@
 read from the environment, so set them before any test imports vllm.
 
 Starting a vLLM engine costs tens of seconds here, so modules that need the same engine share one:
-`shared` starts each distinct command line once per session (per xdist worker) and stops it at the end."""
+`shared` starts each distinct command line once per session (per xdist worker) and stops it at the end.
+The same goes for vLLM's offline LLM (the reference the engine is compared with): one per checkpoint per
+session, `llm` for the tiny model and `minilm_llm`, `classifier_llm`, `cross_encoder_llm` for the pooling
+checkpoints, which all live in this process together (each with a 4 MiB KV budget)."""
 
 from __future__ import annotations
 
@@ -28,6 +31,10 @@ KV_CACHE_BYTES = 4 * 2**20
 # serves the frontend of test_frontend_vllm and test_preprocess_vllm.
 ENGINE_ARGS = ("--model", "tiny", "--backend", "vllm", "--max-model-len", "1024", "--kv-cache-bytes", str(16 * 2**20))
 ENGINE_RANKS = 2
+
+# The pooling checkpoints' limits, for both the engines (`pooling_engine`) and the offline references.
+# MiniLM's sentence-transformers max_seq_length: vLLM refuses a longer --max-model-len for it.
+POOLING_MAX_MODEL_LEN = {"minilm": 256, "tiny-classifier": 512, "tiny-cross-encoder": 512}
 
 
 class SharedProcs:
@@ -97,3 +104,52 @@ def llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
                       enforce_eager=True, dtype="bfloat16", seed=0)
     yield engine
     del engine
+
+
+def pooling_engine(shared: SharedProcs, name: str) -> EngineProc:
+    """The one engine per session serving `name` with the pooling runner: the same command line for every
+    module, so test_engine_pooling_vllm, test_engine_classify_vllm, test_frontend_pooling_vllm and
+    test_pooling_vllm talk to one process per checkpoint (each client or frontend its own peer)."""
+    pytest.importorskip("vllm")
+    return shared.engine("--model", name, "--backend", "vllm", "--runner", "pooling",
+                         "--max-model-len", str(POOLING_MAX_MODEL_LEN[name]), "--kv-cache-bytes", str(KV_CACHE_BYTES))
+
+
+@pytest.fixture(scope="session")
+def minilm_engine(shared: SharedProcs) -> EngineProc:
+    return pooling_engine(shared, "minilm")
+
+
+@pytest.fixture(scope="session")
+def classifier_engine(shared: SharedProcs) -> EngineProc:
+    return pooling_engine(shared, "tiny-classifier")
+
+
+@pytest.fixture(scope="session")
+def cross_encoder_engine(shared: SharedProcs) -> EngineProc:
+    return pooling_engine(shared, "tiny-cross-encoder")
+
+
+def _offline_pooling(name: str) -> Iterator[Any]:
+    vllm = pytest.importorskip("vllm")
+    path = checkpoints.resolve(name, weights=True)
+    engine = vllm.LLM(model=str(path), runner="pooling", max_model_len=POOLING_MAX_MODEL_LEN[name],
+                      kv_cache_memory_bytes=KV_CACHE_BYTES, enforce_eager=True, seed=0)
+    yield engine
+    del engine
+
+
+@pytest.fixture(scope="session")
+def minilm_llm() -> Iterator[Any]:
+    """vLLM's offline pooling engine on `minilm`, with the limits of `minilm_engine`."""
+    yield from _offline_pooling("minilm")
+
+
+@pytest.fixture(scope="session")
+def classifier_llm() -> Iterator[Any]:
+    yield from _offline_pooling("tiny-classifier")
+
+
+@pytest.fixture(scope="session")
+def cross_encoder_llm() -> Iterator[Any]:
+    yield from _offline_pooling("tiny-cross-encoder")

@@ -1,11 +1,11 @@
 """Our engine with the real vLLM backend on the `tiny-cross-encoder` checkpoint (random-weight BERT, one
 label, the MiniLM tokenizer): a (query, document) pair sent as token ids with its token-type split scores as
-vLLM's offline LLM.score scores the same texts, and a single text classifies as LLM.classify does. Two
-vLLM starts: our engine and the reference."""
+vLLM's offline LLM.score scores the same texts, and a single text classifies as LLM.classify does. The
+engine and the reference are tests/vllm/conftest.py's `cross_encoder_engine` and `cross_encoder_llm`,
+shared for the session with test_pooling_vllm (whose frontend is another peer of the same engine)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +15,10 @@ import checkpoints
 from protocol import GenerateRequest, Outputs, PoolingParams, Ready, SamplingParams
 from protocol.pooled import to_list
 from tests.support.engine_client import EngineClient
-from tests.support.procs import EngineProc, start_engine
+from tests.support.procs import EngineProc
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
-MAX_MODEL_LEN = 128
-KV_CACHE_BYTES = 4 * 2**20
 PAIRS = [("what is a cat", "a cat is a small animal"), ("capital of france", "paris is the capital of france"),
          ("how to bake bread", "the stock market fell today")]
 
@@ -32,22 +30,13 @@ def cross_encoder() -> Path:
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory, cross_encoder: Path) -> Iterator[EngineProc]:
-    proc = start_engine(tmp_path_factory.mktemp("vllm-classify"), "--model", "tiny-cross-encoder", "--backend",
-                        "vllm", "--runner", "pooling", "--max-model-len", str(MAX_MODEL_LEN),
-                        "--kv-cache-bytes", str(KV_CACHE_BYTES))
-    yield proc
-    assert proc.stop() == 0, proc.log()
+def engine(cross_encoder_engine: EngineProc) -> EngineProc:
+    return cross_encoder_engine
 
 
 @pytest.fixture(scope="module")
-def reference(cross_encoder: Path) -> Iterator[Any]:
-    import vllm
-
-    llm = vllm.LLM(model=str(cross_encoder), runner="pooling", max_model_len=MAX_MODEL_LEN,
-                   kv_cache_memory_bytes=KV_CACHE_BYTES, enforce_eager=True, seed=0)
-    yield llm
-    del llm
+def reference(cross_encoder_llm: Any) -> Any:
+    return cross_encoder_llm
 
 
 def encode_pair(path: Path, query: str, doc: str | None = None) -> tuple[list[int], int | None]:

@@ -1,7 +1,9 @@
 """Our engine with the real vLLM backend and `--runner pooling` on `minilm` (all-MiniLM-L6-v2, real weights), over tcp
 loopback: the handshake says what vLLM serves, embeddings equal vLLM's offline LLM.embed for the same token
 ids (and the sentence-transformers recipe, mean pooling then L2 normalization, run by transformers), and
-what the model cannot serve is refused with vLLM's reasons. Two vLLM starts: our engine and the reference."""
+what the model cannot serve is refused with vLLM's reasons. The engine and the reference are
+tests/vllm/conftest.py's `minilm_engine` and `minilm_llm`, shared for the session with the other pooling
+modules (this module's client is one more peer of the engine test_pooling_vllm's frontend uses)."""
 from __future__ import annotations
 
 import math
@@ -16,12 +18,11 @@ import checkpoints
 from protocol import ERROR_INVALID, GenerateRequest, Outputs, PoolingParams, Ready, RequestOutput, SamplingParams
 from protocol.pooled import to_list
 from tests.support.engine_client import EngineClient
-from tests.support.procs import EngineProc, start_engine
+from tests.support.procs import EngineProc
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
-MAX_MODEL_LEN = 256
-KV_CACHE_BYTES = 4 * 2**20
+MAX_MODEL_LEN = 256  # conftest.POOLING_MAX_MODEL_LEN["minilm"], which test_ready_says_what_vllm_serves checks
 # [CLS] ... [SEP] ids of the MiniLM (BERT uncased) vocabulary: "hello world", "a cat sat on the mat", ...
 PROMPTS = [
     [101, 7592, 2088, 102],
@@ -36,23 +37,14 @@ def minilm() -> Path:
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProc]:
-    pytest.importorskip("vllm")
-    proc = start_engine(tmp_path_factory.mktemp("vllm-pooling"), "--model", "minilm", "--backend", "vllm",
-                        "--runner", "pooling", "--max-model-len", str(MAX_MODEL_LEN),
-                        "--kv-cache-bytes", str(KV_CACHE_BYTES), ranks=1)
-    yield proc
-    assert proc.stop() == 0, proc.log()
+def engine(minilm_engine: EngineProc) -> EngineProc:
+    return minilm_engine
 
 
 @pytest.fixture(scope="module")
-def reference() -> Iterator[Any]:
+def reference(minilm_llm: Any) -> Any:
     """vLLM's own offline pooling engine on the same checkpoint and limits."""
-    vllm = pytest.importorskip("vllm")
-    llm = vllm.LLM(model=str(minilm()), runner="pooling", max_model_len=MAX_MODEL_LEN,
-                   kv_cache_memory_bytes=KV_CACHE_BYTES, enforce_eager=True, seed=0)
-    yield llm
-    del llm
+    return minilm_llm
 
 
 @pytest.fixture

@@ -1,22 +1,21 @@
 """The fleet's /v1/embeddings on the real vLLM backend (all-MiniLM-L6-v2, real weights, `--runner pooling`):
 texts tokenized by the frontend and embedded by our engine equal vLLM's own offline LLM.embed of the same
 texts, which vLLM tokenizes itself (so the frontend's tokens are vLLM's: special tokens, no padding, the
-same truncation), through the official openai SDK. Two vLLM starts: our engine and the reference."""
+same truncation), through the official openai SDK. The frontend here is its own (a checkpoint path as --model
+and a --served-model-name), on tests/vllm/conftest.py's `minilm_engine`; the reference is its `minilm_llm`:
+both shared for the session with the other pooling modules."""
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
-from tests.support.procs import EngineProc, FrontendProc, start_engine, start_frontend
+from tests.support.procs import EngineProc, FrontendProc
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
-MAX_MODEL_LEN = 256
-KV_CACHE_BYTES = 4 * 2**20
 TEXTS = ["hello world", "A cat sat on the mat.", "How do I bake a loaf of bread again?", "ünïcödé and 中文 too",
          "word " * 100]
 
@@ -28,28 +27,15 @@ def minilm() -> Path:
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrontendProc]:
-    pytest.importorskip("vllm")
-    tmp = tmp_path_factory.mktemp("vllm-frontend-pooling")
-    engine: EngineProc = start_engine(tmp, "--model", str(minilm()), "--backend", "vllm", "--runner", "pooling",
-                                      "--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-bytes", str(KV_CACHE_BYTES))
-    try:
-        fe = start_frontend(tmp, "--model", str(minilm()), "--served-model-name", "minilm",
-                            "--data-parallel-size-local", "0", "--engine-addresses", engine.endpoint(),
-                            "--handshake-timeout", "300")
-        yield fe
-        assert fe.stop() == 0, fe.log()
-    finally:
-        engine.stop()
+def fleet(shared: Any, minilm_engine: EngineProc) -> FrontendProc:
+    return shared.frontend("--model", str(minilm()), "--served-model-name", "minilm",
+                           "--data-parallel-size-local", "0", "--engine-addresses", minilm_engine.endpoint(),
+                           "--handshake-timeout", "300")
 
 
 @pytest.fixture(scope="module")
-def reference() -> Iterator[Any]:
-    vllm = pytest.importorskip("vllm")
-    llm = vllm.LLM(model=str(minilm()), runner="pooling", max_model_len=MAX_MODEL_LEN,
-                   kv_cache_memory_bytes=KV_CACHE_BYTES, enforce_eager=True, seed=0)
-    yield llm
-    del llm
+def reference(minilm_llm: Any) -> Any:
+    return minilm_llm
 
 
 def test_embeddings_of_texts_equal_vllms_offline_embed(fleet: FrontendProc, reference: Any) -> None:

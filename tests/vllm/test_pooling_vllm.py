@@ -13,15 +13,14 @@ import numpy as np
 import pytest
 
 import checkpoints
-from tests.support.procs import FrontendProc
+from tests.support.procs import EngineProc, FrontendProc
 
 # vllm's import trips torch's `reduce_op` FutureWarning (see test_tiny_model.py).
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
-# MiniLM's sentence-transformers max_seq_length: vLLM refuses a longer --max-model-len for it.
-MAX_MODEL_LEN = {"minilm": 256, "tiny-classifier": 512, "tiny-cross-encoder": 512}
-# BERT is encoder-only: vLLM keeps no KV cache for it, but the CPU backend wants a budget.
-KV_CACHE_BYTES = 4 * 2**20
+# The engines and offline LLMs (minilm_engine, minilm_llm, ...) are tests/vllm/conftest.py's, one of each
+# per checkpoint per session. MiniLM's sentence-transformers max_seq_length (and the engines' max_model_len).
+MINILM_MAX_SEQ_LEN = 256
 # The fleet runs the same vLLM kernels on the same checkpoint as the offline LLM: equal up to float
 # rounding of a different batch (measured: 0 for MiniLM, 1.2e-7 for the classifier, single vs batched).
 TIGHT = 1e-5
@@ -46,50 +45,25 @@ DOCUMENTS = [
 ]
 
 
-def _offline(name: str) -> Any:
-    vllm = pytest.importorskip("vllm")
-    path = checkpoints.resolve(name, weights=True)
-    return vllm.LLM(model=str(path), runner="pooling", max_model_len=MAX_MODEL_LEN[name],
-                    kv_cache_memory_bytes=KV_CACHE_BYTES, enforce_eager=True, seed=0)
-
-
-@pytest.fixture(scope="module")
-def minilm_llm() -> Any:
-    return _offline("minilm")
-
-
-@pytest.fixture(scope="module")
-def classifier_llm() -> Any:
-    return _offline("tiny-classifier")
-
-
-@pytest.fixture(scope="module")
-def cross_encoder_llm() -> Any:
-    return _offline("tiny-cross-encoder")
-
-
-def _fleet(shared: Any, name: str) -> FrontendProc:
-    """An engine serving `name` with the pooling runner and a frontend on it, shared by command line."""
-    pytest.importorskip("vllm")
-    engine = shared.engine("--model", name, "--backend", "vllm", "--runner", "pooling",
-                           "--max-model-len", str(MAX_MODEL_LEN[name]), "--kv-cache-bytes", str(KV_CACHE_BYTES))
+def _fleet(shared: Any, engine: EngineProc, name: str) -> FrontendProc:
+    """A frontend on the session's pooling engine for `name` (tests/vllm/conftest.py), shared by command line."""
     return shared.frontend("--model", name, "--data-parallel-size", "1", "--data-parallel-size-local", "0",
                            "--engine-addresses", engine.endpoint(0))
 
 
 @pytest.fixture(scope="module")
-def minilm_fleet(shared: Any) -> FrontendProc:
-    return _fleet(shared, "minilm")
+def minilm_fleet(shared: Any, minilm_engine: EngineProc) -> FrontendProc:
+    return _fleet(shared, minilm_engine, "minilm")
 
 
 @pytest.fixture(scope="module")
-def classifier_fleet(shared: Any) -> FrontendProc:
-    return _fleet(shared, "tiny-classifier")
+def classifier_fleet(shared: Any, classifier_engine: EngineProc) -> FrontendProc:
+    return _fleet(shared, classifier_engine, "tiny-classifier")
 
 
 @pytest.fixture(scope="module")
-def cross_encoder_fleet(shared: Any) -> FrontendProc:
-    return _fleet(shared, "tiny-cross-encoder")
+def cross_encoder_fleet(shared: Any, cross_encoder_engine: EngineProc) -> FrontendProc:
+    return _fleet(shared, cross_encoder_engine, "tiny-cross-encoder")
 
 
 def _post(fleet: FrontendProc, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -116,7 +90,7 @@ def _sentence_transformers_reference(texts: list[str]) -> np.ndarray:
     path = str(checkpoints.resolve("minilm"))
     tok = transformers.AutoTokenizer.from_pretrained(path)
     model = transformers.AutoModel.from_pretrained(path, dtype=torch.float32).eval()
-    enc = tok(texts, padding=True, truncation=True, max_length=MAX_MODEL_LEN["minilm"], return_tensors="pt")
+    enc = tok(texts, padding=True, truncation=True, max_length=MINILM_MAX_SEQ_LEN, return_tensors="pt")
     with torch.no_grad():
         tokens = model(**enc).last_hidden_state
     mask = enc["attention_mask"].unsqueeze(-1).to(tokens.dtype)
