@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from protocol import ITERATION_TOKENS_BUCKETS, Ready, Stats
+from protocol import ITERATION_TOKENS_BUCKETS, MINOR, Ready, Stats
 from tests.support.engine_client import EngineClient
 from tests.support.procs import EngineProc, start_engine
 
@@ -44,7 +44,7 @@ def test_timings_preemptions_and_iteration_tokens_from_vllm(engine: EngineProc) 
     client = EngineClient(engine.endpoint())
     try:
         ready = client.handshake(timeout_s=60)
-        assert isinstance(ready, Ready) and (ready.backend, ready.minor) == ("vllm", 4)
+        assert isinstance(ready, Ready) and (ready.backend, ready.minor) == ("vllm", MINOR)
         ids = [f"r{i}" for i in range(REQUESTS)]
         for i, rid in enumerate(ids):  # distinct prompts: no prefix-cache hits
             client.generate(rid, [1000 + 400 * i + j for j in range(PROMPT)], max_tokens=GENERATED,

@@ -56,7 +56,7 @@ def _backend(outputs: list[SimpleNamespace]) -> object:
 
 def _output(rid: str, tokens: list[int], finish: int | None) -> SimpleNamespace:
     return SimpleNamespace(request_id=rid, new_token_ids=tokens, finish_reason=finish, stop_reason=None,
-                           prefill_stats=None, new_logprobs=None, events=None)
+                           prefill_stats=None, new_logprobs=None, events=None, pooling_output=None)
 
 
 def test_a_constrained_request_ended_by_an_error_before_its_first_token_is_invalid() -> None:
