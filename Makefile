@@ -45,6 +45,8 @@ bench: $(STAMP)
 	$(PY) bench/vllm_outputs.py
 	$(PY) bench/vs_vllm.py
 	$(PY) bench/pooling.py
+	$(PY) bench/router_classifier.py --backend vllm
+	$(PY) bench/router_embedding.py
 	$(PY) bench/frontend_stream.py --top-logprobs 5
 	$(PY) bench/frontend_parsers.py
 	$(PY) bench/isolation.py
