@@ -106,7 +106,8 @@ def parse_config(data: object, source: str = "<config>", *,
     raw_deployments = top.get("deployments", {})
     tasks = {name: [t for t in d["tasks"] if isinstance(t, str)] if isinstance(d, dict)
              and isinstance(d.get("tasks"), list) else None
-             for name, d in (raw_deployments.items() if isinstance(raw_deployments, dict) else ())}
+             for name, d in (raw_deployments.items() if isinstance(raw_deployments, dict) else ())
+             if isinstance(name, str)}  # other names are reported by read_deployments
     recipe.check_deployments(f, raw_entries, tasks)
     if f.errors:
         raise ConfigError(source, f.errors)
@@ -267,6 +268,13 @@ def _breaker(f: Fields, path: str, raw: object) -> BreakerConfig:
                        d["cooldown_s"]))
 
 
+def _band_names(raw: object) -> tuple[str, ...]:
+    """The names in a broken projection's `bands`, as far as they can be read (its errors are reported
+    where it is read: here it only answers for the decisions that name it)."""
+    bands = raw if isinstance(raw, list) else ()
+    return tuple(b["name"] for b in bands if isinstance(b, dict) and isinstance(b.get("name"), str))
+
+
 def _entry(f: Fields, path: str, name: str, raw: object, pools: tuple[str, ...]) -> EntryConfig | None:
     m = f.mapping(path, raw, ENTRY_KEYS, required=("default",))
     d = defaults(EntryConfig)
@@ -285,10 +293,8 @@ def _entry(f: Fields, path: str, name: str, raw: object, pools: tuple[str, ...])
     projected = {p.name: tuple(b.name for b in p.bands) for p in projections}
     raw_projections = m.get("projections")
     if isinstance(raw_projections, list):  # as with signals: a broken projection's name still resolves
-        projected.update({p["name"]: tuple(b["name"] for b in p.get("bands") or () if isinstance(b, dict)
-                                           and isinstance(b.get("name"), str))
-                          for p in raw_projections if isinstance(p, dict) and isinstance(p.get("name"), str)
-                          and p["name"] not in projected})
+        projected.update({p["name"]: _band_names(p.get("bands")) for p in raw_projections
+                          if isinstance(p, dict) and isinstance(p.get("name"), str) and p["name"] not in projected})
 
     def decision(f: Fields, p: str, raw: object, i: int) -> DecisionRule | None:
         r = f.mapping(p, raw, ("name", "when", "pools"), required=("when", "pools"))

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -33,6 +35,9 @@ LOCAL = "in-process"  # the worker named for the router's own embedder
 EXAMPLES_TIMEOUT_S = 30.0
 CallKey = tuple[str, str]  # (task, deployment)
 LOCAL_KEY: CallKey = ("local", "")  # the in-process embedder's
+# In-process embeddings running at once, late ones included: a thread past the budget is abandoned, not
+# stopped, so the cap is what keeps abandoned threads from piling up on the router's CPU under load.
+LOCAL_THREADS = 2
 
 
 class LocalEmbedder(Protocol):
@@ -46,9 +51,15 @@ class LocalEmbedder(Protocol):
 
 
 class ModelSignals:
-    def __init__(self, models: DecisionModels | None, embedder: LocalEmbedder | None = None) -> None:
+    def __init__(self, models: DecisionModels | None, embedder: LocalEmbedder | None = None,
+                 local_threads: int = LOCAL_THREADS) -> None:
         self.models = models  # None: no model runtime, every deployment-backed signal is unknown
         self.embedder = embedder
+        # Its own threads, so a late embedding neither queues behind nor delays other work in the loop's
+        # default executor (which asyncio.run also waits for at exit); the semaphore keeps it from queuing.
+        self._local_threads = local_threads
+        self._local_slots = threading.BoundedSemaphore(local_threads)
+        self._local_pool = ThreadPoolExecutor(local_threads, thread_name_prefix="router-embed")
         self._examples: dict[tuple[str, tuple[str, ...]], np.ndarray] = {}  # unit rows, by deployment and texts
         self._embedding: dict[tuple[str, tuple[str, ...]], asyncio.Task[np.ndarray]] = {}
 
@@ -56,17 +67,14 @@ class ModelSignals:
         """Each signal's result, by name; those not answered within `budget_s` are unknown."""
         calls = self._start(signals, text, budget_s)
         examples = {key: self._example_vectors(*key) for key in _example_sets(signals)} if self.models else {}
-        remote = [task for key, task in calls.items() if key != LOCAL_KEY]
-        waiting = remote + [t for t in examples.values() if isinstance(t, asyncio.Task)]
+        waiting = list(calls.values()) + [t for t in examples.values() if isinstance(t, asyncio.Task)]
         try:
             if waiting:
                 await asyncio.wait(waiting, timeout=budget_s)
-            if LOCAL_KEY in calls:
-                # The router's own embedder is waited for whatever it takes: it is this process's CPU,
-                # which abandoning its thread would not give back (the budget bounds waits on workers).
-                await asyncio.wait([calls[LOCAL_KEY]])
         finally:
-            for task in calls.values():  # past the budget, or the request is gone: the calls are not wanted
+            # Past the budget, or the request is gone: the calls are not wanted. A local embedding already
+            # running finishes in its thread unawaited, holding its slot until then.
+            for task in calls.values():
                 task.cancel()
         return {s.name: self._result(s, calls, examples, budget_s) for s in signals}
 
@@ -89,7 +97,7 @@ class ModelSignals:
         calls: dict[CallKey, asyncio.Task[Any]] = {}
         local = [s for s in signals if uses_local_embedder(s)]
         if local and self.embedder is not None:
-            calls[LOCAL_KEY] = loop.create_task(asyncio.to_thread(_local, self.embedder, local, text))
+            calls[LOCAL_KEY] = loop.create_task(self._in_process(local, text))
         models = self.models
         if models is None:
             return calls
@@ -109,6 +117,22 @@ class ModelSignals:
                 call = _scored(list(dict.fromkeys(documents[deployment])), models, deployment, text, budget_s)
             calls[key] = loop.create_task(_guarded(call, deployment))
         return calls
+
+    async def _in_process(self, signals: list[ModelSignal], text: str) -> dict[str, SignalResult]:
+        """The local signals' results from a thread of the embedder's own, or ModelUnavailable at once when
+        every thread is taken (busy means late: waiting for a slot would spend the budget queuing)."""
+        assert self.embedder is not None
+        if not self._local_slots.acquire(blocking=False):
+            raise ModelUnavailable(f"in-process embedder busy: {self._local_threads} embeddings running")
+        try:
+            future: Future[dict[str, SignalResult]] = self._local_pool.submit(_local, self.embedder, signals, text)
+        except BaseException:
+            self._local_slots.release()
+            raise
+        # Released when the thread ends (or the call is cancelled before it started), not when the request
+        # stops waiting for it.
+        future.add_done_callback(lambda _: self._local_slots.release())
+        return await asyncio.wrap_future(future)
 
     def _example_vectors(self, deployment: str, texts: tuple[str, ...]) -> np.ndarray | asyncio.Task[np.ndarray]:
         """The examples' unit vectors, or the shared call that is embedding them."""

@@ -126,3 +126,11 @@ def test_projection_errors_name_the_key(edit: Any, error: str) -> None:
 ], ids=["unknown projection", "unknown band", "unknown band in a list", "no band", "extra key"])
 def test_projection_reference_errors(when: Any, error: str) -> None:
     assert _errors(GOOD, when) == ("entries.auto.decisions[0]." + error,)
+
+
+def test_bands_not_a_list_is_an_error_not_a_crash() -> None:
+    """A decision names the broken projection's band: its bands are read as far as they go."""
+    broken = [{**GOOD[0], "bands": 5}]
+    assert _errors(broken) == (f"{P}.bands: expected a non-empty list, got 5",
+                               "entries.auto.decisions[0].when.band: unknown band 'hard' "
+                               "(bands of difficulty: none defined)")

@@ -4,6 +4,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -208,6 +209,39 @@ def test_embedding_without_a_model_is_unknown() -> None:
     assert result.reason == "the in-process embedding model is not loaded"
 
 
+class BlockedEmbedder(FakeEmbedder):
+    """Embeds nothing until `release` is set, as a slow or overloaded in-process model would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = threading.Semaphore(0)  # one release per embedding begun
+        self.release = threading.Event()
+
+    def embed(self, texts: list[str]) -> list[list[float]]:
+        self.started.release()
+        self.release.wait()
+        return super().embed(texts)
+
+
+def test_a_late_in_process_embedding_is_unknown_within_the_budget() -> None:
+    embedder = BlockedEmbedder()
+    signals = ModelSignals(None, embedder, local_threads=1)
+    try:
+        result = asyncio.run(signals.evaluate([EmbeddingSignal("poem", ("poem",))], "poem", 0.05))["poem"]
+        assert result.unknown and not result.matched
+        assert result.reason == "no answer within the signal budget (0.05 s)"
+        # its thread still holds the one slot: the next request is unknown at once, not queued
+        assert embedder.started.acquire(timeout=10)
+        busy = asyncio.run(signals.evaluate([EmbeddingSignal("poem", ("poem",))], "poem", 60.0))["poem"]
+        assert busy.unknown and busy.reason == "in-process embedder busy: 1 embeddings running"
+    finally:
+        embedder.release.set()
+    assert signals._local_slots.acquire(timeout=10)  # the abandoned thread ends and gives its slot back
+    signals._local_slots.release()
+    after = asyncio.run(signals.evaluate([EmbeddingSignal("poem", ("poem",))], "poem", 60.0))["poem"]
+    assert after.matched and not after.unknown
+
+
 @pytest.fixture(scope="module")
 def embedder() -> Any:
     from services.router.decision.embedding import Embedder
@@ -252,7 +286,8 @@ def test_embedding_model_is_imported_only_when_used(signal: dict[str, Any], deci
                                                     imported: list[str]) -> None:
     config = {"listeners": [{"port": 8080}],
               "pools": {"chat": {"model": "m", "replicas": [{"url": "http://a:8000"}]}},
-              "entries": {"auto": {"signals": [signal], "default": ["chat"],
+              # a budget for a cold model on a busy machine: the test is about imports, not speed
+              "entries": {"auto": {"signals": [signal], "default": ["chat"], "signal_budget_s": 60,
                                    "decisions": [{"name": "poetry", "when": "s", "pools": ["chat"]}]}}}
     proc = subprocess.run([sys.executable, "-c", LOAD, json.dumps(config)], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=120)

@@ -106,3 +106,13 @@ def test_signal_errors_name_the_key(signal: dict[str, Any], error: str) -> None:
 def test_signal_budget_range() -> None:
     signal = {"name": "k", "type": "keyword", "keywords": ["x"]}
     assert _errors(signal, signal_budget_s=0) == ("entries.auto.signal_budget_s: expected number in 0..60, got 0",)
+
+
+def test_a_deployment_named_by_a_number_is_an_error_not_a_crash() -> None:
+    """YAML reads `deployments: {1: ...}` with an int key; a signal naming a deployment still checks."""
+    config = _config({"name": "poem", "type": "embedding", "examples": ["x"], "deployment": "minilm"})
+    config["deployments"] = {1: {"model": "m", "tasks": ["embed"], "attached": ATTACHED}}
+    with pytest.raises(ConfigError) as info:
+        parse_config(config)
+    assert info.value.errors == ("deployments: expected names to be non-empty strings, got 1",
+                                 f"{S}.deployment: unknown deployment 'minilm' (deployments: none defined)")
