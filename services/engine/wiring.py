@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from prompting.model_files import eos_token_id, load_tokenizer, model_config, read_json
 from services.engine.backend import Backend
-from services.engine.config import EngineConfig
+from services.engine.config import GENERATE_BATCHED_TOKENS, EngineConfig
 from services.engine.kv_sizing import kv_bytes_per_block
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ def _build_sim(config: EngineConfig, path: Path, config_json: dict[str, Any]) ->
         block_size=config.block_size or 16,
         num_kv_blocks=num_blocks,
         max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_batched_tokens=config.step_token_budget or GENERATE_BATCHED_TOKENS,
         max_model_len=max_len,
         prefill_tps=config.sim_prefill_tps,
         decode_ms=config.sim_decode_ms,

@@ -115,7 +115,7 @@ class VllmBackend:
             block_size=config.block_size,
             kv_cache_memory_bytes=config.kv_cache_bytes or _default_kv_bytes(),
             max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_batched_tokens=config.step_token_budget,
             runner=config.runner,
             convert=config.convert,
             # On for generation; otherwise vLLM's default: on for a generative model, off for an encoder-only

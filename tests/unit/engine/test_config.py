@@ -163,3 +163,14 @@ def test_bad_runner_or_convert_names_the_flag_and_the_allowed_values(argv: list[
 def test_runner_checked_in_the_config_too() -> None:
     with pytest.raises(ValueError, match=r"--runner='pool' is invalid: allowed auto, generate, pooling"):
         EngineConfig(model="tiny", backend="sim", runner="pool")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("argv, budget", [
+    ([], 8192),  # generation, either backend
+    (["--backend", "sim", "--runner", "pooling"], 8192),  # the sim's timing model needs a number
+    (["--backend", "vllm", "--runner", "pooling"], None),  # vLLM's own: its CPU step cost grows with it
+    (["--backend", "vllm", "--convert", "classify"], None),
+    (["--backend", "vllm", "--runner", "pooling", "--max-num-batched-tokens", "4096"], 4096),  # asked: kept
+])
+def test_the_step_token_budget_is_vllms_own_for_a_pooling_model(argv: list[str], budget: int | None) -> None:
+    assert parse_args(["--model", "tiny", *argv]).step_token_budget == budget
