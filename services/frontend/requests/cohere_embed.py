@@ -19,6 +19,7 @@ from services.frontend.errors import APIError
 from services.frontend.model import Model
 from services.frontend.requests.embeddings import check_dimensions
 from services.frontend.requests.json_body import parse
+from services.frontend.requests.pooling_fields import check_priority
 from services.frontend.requests.pooling_inputs import input_forms, token_ids
 from services.frontend.requests.pooling_job import Pooled, PoolingInput, PoolingJob
 
@@ -122,6 +123,7 @@ async def cohere_embed(model: Model, body: bytes, max_model_len: Callable[[], in
     req: CohereEmbedRequest = parse(CohereEmbedRequest, body)
     if req.model is not None and req.model != model.name:
         raise no_such_model(req.model)
+    check_priority(req.priority)
     types = req.embedding_types or ["float"]
     for i, kind in enumerate(types):
         if kind not in EMBEDDING_TYPES:

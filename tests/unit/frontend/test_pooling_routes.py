@@ -123,6 +123,11 @@ def test_a_text_cut_by_truncate_prompt_tokens_keeps_its_special_tokens(minilm: M
     ({"input": "a", "normalize": True}, "normalize", "use_activation"),
     ({"input": "a", "messages": [{"role": "user", "content": "hi"}]}, "messages", "not supported"),
     ({"input": "a", "inptu": 1}, "inptu", "unknown field"),
+    ({"input": "a", "priority": 2**70}, "priority", "out of range"),
+    ({"input": "a", "priority": -(2**31) - 1}, "priority", "out of range"),
+    ({"input": [101.5, 102]}, "input", "integers only"),
+    ({"input": "a " * 100_000}, "input", "characters"),
+    ({"input": ["a", "a " * 100_000]}, "input[1]", "characters"),
     ({"inputs": "a"}, "inputs", "unknown field"),
 ])
 def test_bad_input_is_a_400_naming_the_field(minilm: Model, body: dict[str, Any], param: str, words: str) -> None:
@@ -132,6 +137,27 @@ def test_bad_input_is_a_400_naming_the_field(minilm: Model, body: dict[str, Any]
     error = answer.json()["error"]
     assert error["param"] == param and words in error["message"], error
     assert not bridge.sent
+
+
+def test_priority_is_range_checked_on_v2_embed(minilm: Model) -> None:
+    app, bridge = fleet(minilm, max_model_len=512)
+    answer = call(app, "/v2/embed", {"texts": ["a"], "priority": 2**70})
+    assert answer.status == 400 and answer.json()["error"]["param"] == "priority", answer.body
+    assert not bridge.sent
+
+
+def test_whole_number_float_token_ids_are_read_as_vllm_reads_them(minilm: Model) -> None:
+    app, bridge = fleet(minilm, max_model_len=512)
+    for body in ({"input": [101.0, 7592, 102.0]}, {"input": [[101.0, 7592, 102], [101, 102.0]]}):
+        assert call(app, "/v1/embeddings", body).status == 200
+    assert [sent[1].prompt_token_ids for sent in bridge.sent] == [[101, 7592, 102], [101, 7592, 102], [101, 102]]
+
+
+def test_a_text_past_the_character_bound_is_cut_before_tokenizing_when_truncation_is_asked(minilm: Model) -> None:
+    app, bridge = fleet(minilm, max_model_len=512)
+    body = {"input": "word " * 200_000, "truncate_prompt_tokens": 8, "truncation_side": "left"}
+    assert call(app, "/v1/embeddings", body).status == 200
+    assert len(bridge.sent[-1][1].prompt_token_ids) == 8
 
 
 def test_non_finite_numbers_are_refused_naming_the_field(minilm: Model) -> None:
