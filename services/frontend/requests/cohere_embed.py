@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from array import array
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -14,6 +13,7 @@ from typing import Any, Literal
 import msgspec
 
 from protocol import PoolingParams
+from protocol.pooled import pack
 from services.frontend.engine_client.lora import no_such_model
 from services.frontend.errors import APIError
 from services.frontend.model import Model
@@ -113,7 +113,7 @@ def _typed(outputs: list[Pooled], types: list[str]) -> dict[str, Any]:
         elif kind in ("binary", "ubinary"):
             typed[kind] = [_packed_bits(v, kind == "binary") for v in vectors]
         else:  # base64: little-endian float32, as vLLM's
-            typed["base64"] = [base64.b64encode(array("f", v).tobytes()).decode("ascii") for v in vectors]
+            typed["base64"] = [base64.b64encode(pack(v)).decode("ascii") for v in vectors]
     return typed
 
 
