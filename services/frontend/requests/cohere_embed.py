@@ -155,4 +155,5 @@ async def cohere_embed(model: Model, body: bytes, max_model_len: Callable[[], in
                 "response_type": "embeddings_by_type"}
 
     return PoolingJob("embed", [PoolingInput(row, params) for row in ids], respond, priority=req.priority,
-                      extra={"request_id": rid})
+                      extra={"request_id": rid}, input_names=[f"texts[{i}]" for i in range(len(ids))],
+                      field_names={"dimensions": "output_dimension"})

@@ -42,4 +42,5 @@ def pool_job(request: Any, task: str, model: Model, max_model_len: int) -> Pooli
     params = PoolingParams(task, dimensions=dimensions, use_activation=use_activation)
     request_id = request.request_id or f"{'embd' if task == 'embed' else 'classify'}-{os.urandom(16).hex()}"
     return PoolingJob(task, [PoolingInput(row, params) for row in ids], lambda outputs, tokens: {},
-                      priority=request.priority, extra={"request_id": request_id})
+                      priority=request.priority, extra={"request_id": request_id},
+                      input_names=[f"inputs[{i}].token_ids" for i in range(len(ids))])

@@ -134,10 +134,10 @@ def translate_score(body: bytes | dict[str, Any], model: PoolingModel, *, max_mo
         raise APIError(400, f"{names[0]}, {names[1]}: Input lengths must be either 1:1, 1:N or N:N (got "
                        f"{len(firsts)}:{len(seconds)})", param=names[1])
     _check_requests(task, names, len(firsts), len(seconds), max_inputs)
-    inputs, scores = _pooling_inputs(task, model, req, keep, max_model_len, (names, firsts, seconds))
+    inputs, scores, params = _pooling_inputs(task, model, req, keep, max_model_len, (names, firsts, seconds))
     writer = ScoreWriter(pooling_fields.response_id(req, PREFIX, request_id), pooling_fields.created(), model.name,
                          scores)
-    return PoolingJob(task, inputs, writer, priority=req.priority)
+    return PoolingJob(task, inputs, writer, priority=req.priority, input_names=params)
 
 
 def translate_rerank(body: bytes | dict[str, Any], model: PoolingModel, *, max_model_len: int,
@@ -157,10 +157,10 @@ def translate_rerank(body: bytes | dict[str, Any], model: PoolingModel, *, max_m
     docs = _texts("documents", req.documents, max_inputs)
     names = ("query", "documents")
     _check_requests(task, names, 1, len(docs), max_inputs)
-    inputs, scores = _pooling_inputs(task, model, req, keep, max_model_len, (names, [req.query], docs))
+    inputs, scores, params = _pooling_inputs(task, model, req, keep, max_model_len, (names, [req.query], docs))
     writer = RerankWriter(pooling_fields.response_id(req, PREFIX, request_id), model.name, scores, docs,
                           req.top_n, req.return_documents is not False)
-    return PoolingJob(task, inputs, writer, priority=req.priority)
+    return PoolingJob(task, inputs, writer, priority=req.priority, input_names=params)
 
 
 def _raw(body: bytes | dict[str, Any]) -> bytes:
@@ -238,9 +238,11 @@ def _check_requests(task: str, names: tuple[str, str], n_firsts: int, n_seconds:
 
 
 def _pooling_inputs(task: str, model: PoolingModel, req: _Scoring, keep: int | None, max_model_len: int,
-                    sides: tuple[tuple[str, str], list[str], list[str]]) -> tuple[list[PoolingInput], PairScores]:
-    """The engine requests and how their outputs become scores: each pair encoded together
-    (cross-encoder), or each text once (bi-encoder: the first side's texts, then the second's)."""
+                    sides: tuple[tuple[str, str], list[str], list[str]]
+                    ) -> tuple[list[PoolingInput], PairScores, list[str]]:
+    """The engine requests, how their outputs become scores and the field each request comes from:
+    each pair encoded together (cross-encoder: named by its document), or each text once (bi-encoder:
+    the first side's texts, then the second's)."""
     (first, second), firsts, seconds = sides
     # vLLM's character bound on each text before any tokenizing (prompt_encoding.bounded).
     firsts = bounded(model.tokenizer, firsts, [_name(first, i, len(firsts)) for i in range(len(firsts))],
@@ -264,7 +266,8 @@ def _pooling_inputs(task: str, model: PoolingModel, req: _Scoring, keep: int | N
         params = [_name(first, i, len(firsts)) for i in range(len(firsts))]
         params += [_name(second, i, len(seconds)) for i in range(len(seconds))]
         scores = PairScores(len(firsts))
-    return [_input(task, req, enc, param, max_model_len) for enc, param in zip(encoded, params, strict=True)], scores
+    inputs = [_input(task, req, enc, param, max_model_len) for enc, param in zip(encoded, params, strict=True)]
+    return inputs, scores, params
 
 
 def _name(side: str, index: int, count: int) -> str:

@@ -185,10 +185,31 @@ def test_one_failed_input_fails_the_request_and_aborts_the_others(minilm: Model)
     bridge.fail = 1
     bridge.hold = False
     answer = call(app, "/v1/embeddings", {"input": ["a", "b", "c"]})
-    assert answer.status == 400 and answer.json()["error"]["message"] == "input 1: prompt is not allowed"
+    assert answer.status == 400 and answer.json()["error"]["message"] == "input[1]: prompt is not allowed"
+    assert answer.json()["error"]["param"] == "input[1]"
     # Inputs 0 and 2 had finished (the fake answers at once): nothing of them is left running.
     engine = app.engines.engines[0]
     assert not engine.inflight
+
+
+@pytest.mark.parametrize(("path", "body", "message", "param"), [
+    ("/v2/embed", {"texts": ["a", "b"]}, "prompt is not allowed", "texts[1]"),
+    ("/v2/embed", {"texts": ["a", "b"], "output_dimension": 64}, "pooling.dimensions=64: not here", "output_dimension"),
+    ("/v1/embeddings", {"input": ["a", "b"], "dimensions": 64}, "pooling.dimensions=64: not here", "dimensions"),
+    ("/v1/embeddings", {"input": "a"}, "pooling.use_activation=True: no", "use_activation"),
+    ("/score", {"queries": "q", "documents": ["d0", "d1"]}, "prompt is not allowed", "documents[0]"),
+    ("/rerank", {"query": "q", "documents": ["d0", "d1", "d2"]}, "prompt is not allowed", "documents[0]"),
+])
+def test_an_engine_refusal_names_the_body_field(minilm: Model, path: str, body: dict[str, Any], message: str,
+                                                param: str) -> None:
+    """The engine's refusal of one engine request, named by the field the request came from (a bi-encoder's
+    engine request 0 is the query, 1 the first document) or the pooling field its message names."""
+    matryoshka = dataclasses.replace(minilm, embedding=EmbeddingFacts(384, True, (64, 128, 384)))
+    app, bridge = fleet(matryoshka, [["embed"]])
+    bridge.fail, bridge.fail_with = (0 if message.startswith("pooling.") else 1), message
+    answer = call(app, path, body)
+    assert answer.status == 400 and answer.json()["error"]["param"] == param, answer.body
+    assert answer.json()["error"]["message"] == f"{param}: {message}"
 
 
 def test_a_failed_input_aborts_the_inputs_still_running(minilm: Model) -> None:
