@@ -105,14 +105,14 @@ def encode_pairs(tokenizer: Tokenizer, firsts: Sequence[str], seconds: Sequence[
     if len(firsts) == 1:
         query_encs = query_encs * len(seconds)
     out = []
-    for pair, q, d in zip(zip(queries, seconds, strict=True), query_encs, doc_encs, strict=True):
+    for q, d in zip(query_encs, doc_encs, strict=True):
         whole = tokenizer.post_process(q, d, add_special_tokens=True)
         ids, types = whole.ids, whole.type_ids
         if keep is not None and len(ids) > keep:
             if side is not None or keep < special:  # as for one text (encode_texts)
                 ids, types = sliced(ids, keep, side or "right"), sliced(types, keep, side or "right")
             else:
-                enc = (_second_cut if only_second else _longest_first)(tokenizer, pair, keep)
+                enc = (_second_cut if only_second else _longest_first)(tokenizer, _copy(q), _copy(d), keep)
                 ids, types = enc.ids, enc.type_ids
         out.append(Encoded(ids, _first_one(types) if token_types else None))
     return out
@@ -123,10 +123,15 @@ def sliced(ids: list[int], keep: int, side: str) -> list[int]:
     return ids[len(ids) - keep:] if side == "left" else ids[:keep]
 
 
-def _longest_first(tokenizer: Tokenizer, pair: tuple[str, str], keep: int) -> Encoding:
+def _copy(enc: Encoding) -> Encoding:
+    """A copy to truncate (truncating works in place; one query's encoding serves every pair)."""
+    return Encoding.merge([enc], growing_offsets=False)
+
+
+def _longest_first(tokenizer: Tokenizer, first: Encoding, second: Encoding, keep: int) -> Encoding:
     """The pair cut to `keep` tokens as the tokenizers library's LongestFirst strategy cuts it: the
-    longer text down towards the shorter one first, then both evenly (the longer keeps the odd token)."""
-    first, second = (tokenizer.encode(text, add_special_tokens=False) for text in pair)
+    longer text down towards the shorter one first, then both evenly (the longer keeps the odd token).
+    `first` and `second`: the texts' encodings without special tokens, cut here in place."""
     room = keep - _special(tokenizer, pair=True)
     short, long = sorted((len(first.ids), len(second.ids)))
     long = short if short > room else max(short, room - short)
@@ -138,9 +143,8 @@ def _longest_first(tokenizer: Tokenizer, pair: tuple[str, str], keep: int) -> En
     return tokenizer.post_process(first, second, add_special_tokens=True)
 
 
-def _second_cut(tokenizer: Tokenizer, pair: tuple[str, str], keep: int) -> Encoding:
+def _second_cut(tokenizer: Tokenizer, first: Encoding, second: Encoding, keep: int) -> Encoding:
     """The pair cut to `keep` tokens by cutting the document only (tokenizers' OnlySecond)."""
-    first, second = (tokenizer.encode(text, add_special_tokens=False) for text in pair)
     room = keep - _special(tokenizer, pair=True) - len(first.ids)
     if room < 0:
         raise APIError(400, f"truncate_prompt_tokens={keep}: the query alone is longer, and with "
