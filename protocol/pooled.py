@@ -23,8 +23,9 @@ assert array("f").itemsize == 4, "float32 must be C float here"
 MAX_DIMS = 2  # a sequence's vector, or one row per token
 
 
-def pack(values: Sequence[float] | Buffer) -> bytes:
-    """float32 little-endian bytes of flat `values` (a sequence of floats, or float32 bytes as they are)."""
+def pack(values: Sequence[float] | Sequence[Sequence[float]] | Buffer) -> bytes:
+    """float32 little-endian bytes of `values`: a sequence of floats, rows of them (row-major, as a
+    frontend writes a per-token output), or float32 bytes as they are."""
     if isinstance(values, (bytes, bytearray, memoryview)):
         data = bytes(values)
         if len(data) % 4:
@@ -34,7 +35,12 @@ def pack(values: Sequence[float] | Buffer) -> bytes:
             swapped.byteswap()
             return swapped.tobytes()
         return data
-    out = array("f", values)
+    out = array("f")
+    if values and isinstance(values[0], Sequence):
+        for row in values:
+            out.extend(row)  # type: ignore[arg-type]
+    else:
+        out.extend(values)  # type: ignore[arg-type]
     if not _LITTLE:
         out.byteswap()
     return out.tobytes()

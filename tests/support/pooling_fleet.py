@@ -48,13 +48,15 @@ def scores(ids: list[int], labels: int) -> list[float]:
 class PoolingBridge:
     """Answers each pooling request on the loop with vector(ids) (token_embed: one row per token; classify:
     scores(ids, labels)), unless
-    `fail` names an input index (its request fails as invalid) or `hold` is set (nothing is answered)."""
+    `fail` names an input index (its request fails as invalid, with the message `fail_with`) or `hold` is
+    set (nothing is answered)."""
 
     def __init__(self, engines: EngineSet) -> None:
         self.engines = engines
         self.sent: list[tuple[int, GenerateRequest]] = []
         self.aborted: list[str] = []
         self.fail: int | None = None
+        self.fail_with = "prompt is not allowed"
         self.labels = 3  # classify: values per input (a cross-encoder has one)
         self.hold = False
 
@@ -75,7 +77,7 @@ class PoolingBridge:
         if message.pooling is None:
             out, raw = RequestOutput(message.request_id, [9707], "length"), b""
         elif self.fail is not None and message.request_id.endswith(f"-{self.fail}"):
-            out, raw = RequestOutput(message.request_id, [], "error", error="prompt is not allowed",
+            out, raw = RequestOutput(message.request_id, [], "error", error=self.fail_with,
                                      error_kind=ERROR_INVALID), b""
         elif message.pooling.task == "classify":
             raw = pack(scores(ids, self.labels))

@@ -137,7 +137,8 @@ class PoolingRunner:
             if out.finish_reason in ("error", "abort"):
                 status = 400 if out.error_kind == ERROR_INVALID else 503
                 why = out.error or f"the engine ended the request ({out.finish_reason})"
-                raise EngineFailure(f"input {i}: {why}", status, "input" if status == 400 else None)
+                param = run.job.param_of(i, why)
+                raise EngineFailure(f"{param}: {why}", status, param if status == 400 else None)
             if out.finish_reason is None:
                 continue
             if out.pooled is None:

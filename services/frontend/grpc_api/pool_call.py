@@ -4,13 +4,12 @@ float32 values as bytes. A cancelled call (the client left, a deadline) aborts e
 Runs on API server 0's event loop."""
 from __future__ import annotations
 
-import sys
-from array import array
 from typing import Any
 
 import grpc
 
 from protocol.grpc import pb2
+from protocol.pooled import pack
 from services.frontend.engine_client.inflight import EngineFailure
 from services.frontend.errors import APIError
 from services.frontend.generation.frontend_core import FrontendCore
@@ -40,14 +39,5 @@ async def pool(core: FrontendCore, request: Any, task: str, api: str) -> Any:
 
 def values(pooled: Pooled) -> Any:
     """One input's values as little-endian float32 bytes and their shape (a vector, or rows per token)."""
-    packed = array("f")
-    if pooled and isinstance(pooled[0], list):
-        for row in pooled:
-            packed.extend(row)
-        shape = [len(pooled), len(pooled[0])]
-    else:
-        packed.extend(pooled)  # type: ignore[arg-type]
-        shape = [len(pooled)]
-    if sys.byteorder != "little":
-        packed.byteswap()
-    return pb2.PooledValues(values=packed.tobytes(), shape=shape)
+    shape = [len(pooled), len(pooled[0])] if pooled and isinstance(pooled[0], list) else [len(pooled)]
+    return pb2.PooledValues(values=pack(pooled), shape=shape)

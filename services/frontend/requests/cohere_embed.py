@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from array import array
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -14,11 +13,13 @@ from typing import Any, Literal
 import msgspec
 
 from protocol import PoolingParams
+from protocol.pooled import pack
 from services.frontend.engine_client.lora import no_such_model
 from services.frontend.errors import APIError
 from services.frontend.model import Model
 from services.frontend.requests.embeddings import check_dimensions
 from services.frontend.requests.json_body import parse
+from services.frontend.requests.pooling_fields import check_priority
 from services.frontend.requests.pooling_inputs import input_forms, token_ids
 from services.frontend.requests.pooling_job import Pooled, PoolingInput, PoolingJob
 
@@ -112,7 +113,7 @@ def _typed(outputs: list[Pooled], types: list[str]) -> dict[str, Any]:
         elif kind in ("binary", "ubinary"):
             typed[kind] = [_packed_bits(v, kind == "binary") for v in vectors]
         else:  # base64: little-endian float32, as vLLM's
-            typed["base64"] = [base64.b64encode(array("f", v).tobytes()).decode("ascii") for v in vectors]
+            typed["base64"] = [base64.b64encode(pack(v)).decode("ascii") for v in vectors]
     return typed
 
 
@@ -122,6 +123,7 @@ async def cohere_embed(model: Model, body: bytes, max_model_len: Callable[[], in
     req: CohereEmbedRequest = parse(CohereEmbedRequest, body)
     if req.model is not None and req.model != model.name:
         raise no_such_model(req.model)
+    check_priority(req.priority)
     types = req.embedding_types or ["float"]
     for i, kind in enumerate(types):
         if kind not in EMBEDDING_TYPES:
@@ -153,4 +155,5 @@ async def cohere_embed(model: Model, body: bytes, max_model_len: Callable[[], in
                 "response_type": "embeddings_by_type"}
 
     return PoolingJob("embed", [PoolingInput(row, params) for row in ids], respond, priority=req.priority,
-                      extra={"request_id": rid})
+                      extra={"request_id": rid}, input_names=[f"texts[{i}]" for i in range(len(ids))],
+                      field_names={"dimensions": "output_dimension"})

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from protocol import PoolingParams
+from protocol.pooled import pack
 from services.frontend.engine_client.lora import no_such_model
 from services.frontend.errors import APIError
 from services.frontend.model import Model
@@ -77,15 +78,15 @@ def encoder(encoding_format: str, endianness: str) -> Callable[[Pooled], list[fl
     asked byte order (native: this host's, as vLLM's), as OpenAI's client decodes it."""
     if encoding_format == "float":
         return lambda values: values
-    swap = endianness != "native" and endianness != sys.byteorder
+    big = endianness == "big" or endianness == "native" and sys.byteorder == "big"
 
     def b64(values: Pooled) -> str:
-        packed = array("f")  # filled in C loops, no per-float Python work
-        for row in values if values and isinstance(values[0], list) else [values]:
-            packed.extend(row)  # type: ignore[arg-type]
-        if swap:
-            packed.byteswap()
-        return base64.b64encode(packed.tobytes()).decode("ascii")
+        data = pack(values)  # little-endian float32, rows flattened, in C loops (protocol/pooled.py)
+        if big:
+            swapped = array("f", data)
+            swapped.byteswap()
+            data = swapped.tobytes()
+        return base64.b64encode(data).decode("ascii")
 
     return b64
 

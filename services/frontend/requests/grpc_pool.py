@@ -11,7 +11,7 @@ from protocol import PoolingParams
 from services.frontend.errors import APIError
 from services.frontend.model import Model
 from services.frontend.requests.embeddings import check_dimensions
-from services.frontend.requests.pooling_fields import MAX_INPUTS, check_length
+from services.frontend.requests.pooling_fields import MAX_INPUTS, check_count, check_length, keep_tokens
 from services.frontend.requests.pooling_inputs import in_vocabulary
 from services.frontend.requests.pooling_job import PoolingInput, PoolingJob
 from services.frontend.requests.prompt_encoding import sliced
@@ -23,22 +23,18 @@ def pool_job(request: Any, task: str, model: Model, max_model_len: int) -> Pooli
     ids = [list(item.token_ids) for item in request.inputs]
     if not ids:
         raise APIError(400, "inputs: must not be empty", param="inputs")
-    if len(ids) > MAX_INPUTS:
-        raise APIError(400, f"inputs: {len(ids)} inputs in one call; at most {MAX_INPUTS} are allowed", param="inputs")
+    check_count("inputs", len(ids), MAX_INPUTS)
     for i, row in enumerate(ids):
         if not row:
             raise APIError(400, f"inputs[{i}].token_ids: must not be empty", param=f"inputs[{i}].token_ids")
-    in_vocabulary(model, ids, "inputs")
+    in_vocabulary(model.tokenizer, ids, "inputs")
     dimensions = request.dimensions if request.HasField("dimensions") else None
     if dimensions is not None and task != "embed":
         raise APIError(400, "dimensions: only Embed takes a Matryoshka cut", param="dimensions")
     check_dimensions(dimensions, model)
     keep = request.truncate_prompt_tokens if request.HasField("truncate_prompt_tokens") else None
+    keep = keep_tokens(keep, max_model_len)
     if keep is not None:
-        if keep < -1 or keep == 0 or keep > max_model_len:
-            raise APIError(400, f"truncate_prompt_tokens={keep}: must be -1 (the whole context) or 1 to "
-                                f"max_model_len = {max_model_len}", param="truncate_prompt_tokens")
-        keep = max_model_len if keep == -1 else keep
         ids = [sliced(row, keep, "right") if len(row) > keep else row for row in ids]
     for i, row in enumerate(ids):
         check_length(f"inputs[{i}].token_ids", len(row), max_model_len)
@@ -46,4 +42,5 @@ def pool_job(request: Any, task: str, model: Model, max_model_len: int) -> Pooli
     params = PoolingParams(task, dimensions=dimensions, use_activation=use_activation)
     request_id = request.request_id or f"{'embd' if task == 'embed' else 'classify'}-{os.urandom(16).hex()}"
     return PoolingJob(task, [PoolingInput(row, params) for row in ids], lambda outputs, tokens: {},
-                      priority=request.priority, extra={"request_id": request_id})
+                      priority=request.priority, extra={"request_id": request_id},
+                      input_names=[f"inputs[{i}].token_ids" for i in range(len(ids))])

@@ -50,7 +50,13 @@ def check(req: PoolingFields, max_model_len: int) -> int | None:
         raise APIError(400, "mm_processor_kwargs: this server serves text only", param="mm_processor_kwargs")
     if req.cache_salt is not None:
         raise APIError(400, "cache_salt: not carried by this server's pooling requests yet", param="cache_salt")
-    keep = req.truncate_prompt_tokens
+    check_priority(req.priority)
+    return keep_tokens(req.truncate_prompt_tokens, max_model_len)
+
+
+def keep_tokens(keep: int | None, max_model_len: int) -> int | None:
+    """truncate_prompt_tokens checked as vLLM checks it: how many tokens a prompt keeps (-1 made the whole
+    context: a pooling request generates nothing), None for all."""
     if keep is None:
         return None
     if keep < -1 or keep == 0:
@@ -60,6 +66,13 @@ def check(req: PoolingFields, max_model_len: int) -> int | None:
         raise APIError(400, f"truncate_prompt_tokens={keep} cannot be greater than max_model_len = "
                        f"{max_model_len}. Please request a smaller truncation size.", param="truncate_prompt_tokens")
     return max_model_len if keep == -1 else keep
+
+
+def check_priority(priority: int) -> None:
+    """The generation routes' bound on `priority` (openai_schema.py): past it the engine's scheduler
+    cannot hold the value, and the request would fail there as a 500."""
+    if not -(2**31) <= priority < 2**31:
+        raise APIError(400, f"priority={priority!r} is out of range: must be in [-2**31, 2**31)", param="priority")
 
 
 def check_count(param: str, count: int, max_inputs: int) -> None:

@@ -35,3 +35,21 @@ class PoolingJob:
     lora: str | None = None
     priority: int = 0
     extra: dict[str, Any] = field(default_factory=dict)  # route-specific facts for logs
+    # Where an engine's refusal points in the body: each engine request's field ("input[3]", "texts[0]",
+    # "documents[2]"; none: "input" or "input[i]"), and the body's name for an engine pooling field
+    # the body sets ("dimensions" -> "output_dimension" on /v2/embed).
+    input_names: list[str] = field(default_factory=list)
+    field_names: dict[str, str] = field(default_factory=dict)
+
+    def param_of(self, index: int, message: str) -> str:
+        """The body field an engine refusal of request `index` names: the pooling field its message
+        starts with ("pooling.dimensions=8: ..."), else the input's field. token_type_split is the
+        frontend's own, set from the input, so it names the input."""
+        head = message.split("=", 1)[0].split(":", 1)[0]
+        if head.startswith("pooling.") and head != "pooling.token_type_split":
+            name = head.removeprefix("pooling.")
+            return self.field_names.get(name, name)
+        if index < len(self.input_names):
+            return self.input_names[index]
+        return f"input[{index}]" if len(self.inputs) > 1 else "input"
+

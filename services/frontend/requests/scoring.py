@@ -31,7 +31,7 @@ from services.frontend.requests.json_body import parse
 from services.frontend.requests.pooling_fields import MAX_INPUTS, PoolingFields
 from services.frontend.requests.pooling_job import Pooled, PoolingInput, PoolingJob
 from services.frontend.requests.pooling_model import PoolingModel
-from services.frontend.requests.prompt_encoding import Encoded, cut_text, encode_pairs, encode_texts
+from services.frontend.requests.prompt_encoding import Encoded, bounded, cut_text, encode_pairs, encode_texts
 
 PREFIX = "score"  # vLLM's response id prefix, for rerank too (one serving class answers both)
 SCORE_API, RERANK_API = "Score API", "Rerank (Score) API"
@@ -133,10 +133,11 @@ def translate_score(body: bytes | dict[str, Any], model: PoolingModel, *, max_mo
     if len(firsts) > 1 and len(firsts) != len(seconds):
         raise APIError(400, f"{names[0]}, {names[1]}: Input lengths must be either 1:1, 1:N or N:N (got "
                        f"{len(firsts)}:{len(seconds)})", param=names[1])
-    inputs, scores = _pooling_inputs(task, model, req, keep, max_model_len, (names, firsts, seconds))
+    _check_requests(task, names, len(firsts), len(seconds), max_inputs)
+    inputs, scores, params = _pooling_inputs(task, model, req, keep, max_model_len, (names, firsts, seconds))
     writer = ScoreWriter(pooling_fields.response_id(req, PREFIX, request_id), pooling_fields.created(), model.name,
                          scores)
-    return PoolingJob(task, inputs, writer, priority=req.priority)
+    return PoolingJob(task, inputs, writer, priority=req.priority, input_names=params)
 
 
 def translate_rerank(body: bytes | dict[str, Any], model: PoolingModel, *, max_model_len: int,
@@ -155,10 +156,11 @@ def translate_rerank(body: bytes | dict[str, Any], model: PoolingModel, *, max_m
         raise APIError(400, f"top_n={req.top_n}: must be >= 0 (0 returns every document)", param="top_n")
     docs = _texts("documents", req.documents, max_inputs)
     names = ("query", "documents")
-    inputs, scores = _pooling_inputs(task, model, req, keep, max_model_len, (names, [req.query], docs))
+    _check_requests(task, names, 1, len(docs), max_inputs)
+    inputs, scores, params = _pooling_inputs(task, model, req, keep, max_model_len, (names, [req.query], docs))
     writer = RerankWriter(pooling_fields.response_id(req, PREFIX, request_id), model.name, scores, docs,
                           req.top_n, req.return_documents is not False)
-    return PoolingJob(task, inputs, writer, priority=req.priority)
+    return PoolingJob(task, inputs, writer, priority=req.priority, input_names=params)
 
 
 def _raw(body: bytes | dict[str, Any]) -> bytes:
@@ -225,21 +227,38 @@ def _texts(name: str, value: Any, max_inputs: int) -> list[str]:
     return value
 
 
+def _check_requests(task: str, names: tuple[str, str], n_firsts: int, n_seconds: int, max_inputs: int) -> None:
+    """The bound on inputs a call (pooling_fields.MAX_INPUTS) counted in the engine requests the call
+    makes, not per side: a pair each (cross-encoder), a text each (bi-encoder: both sides)."""
+    count = n_seconds if task == "classify" else n_firsts + n_seconds
+    if count > max_inputs:
+        raise APIError(400, f"{names[0]}, {names[1]}: this call needs {count} engine requests ({n_firsts} and "
+                       f"{n_seconds} texts, {'a pair' if task == 'classify' else 'a text'} each); at most "
+                       f"{max_inputs} are allowed (split the batch into several calls)", param=names[1])
+
+
 def _pooling_inputs(task: str, model: PoolingModel, req: _Scoring, keep: int | None, max_model_len: int,
-                    sides: tuple[tuple[str, str], list[str], list[str]]) -> tuple[list[PoolingInput], PairScores]:
-    """The engine requests and how their outputs become scores: each pair encoded together
-    (cross-encoder), or each text once (bi-encoder: the first side's texts, then the second's)."""
+                    sides: tuple[tuple[str, str], list[str], list[str]]
+                    ) -> tuple[list[PoolingInput], PairScores, list[str]]:
+    """The engine requests, how their outputs become scores and the field each request comes from:
+    each pair encoded together (cross-encoder: named by its document), or each text once (bi-encoder:
+    the first side's texts, then the second's)."""
     (first, second), firsts, seconds = sides
+    # vLLM's character bound on each text before any tokenizing (prompt_encoding.bounded).
+    firsts = bounded(model.tokenizer, firsts, [_name(first, i, len(firsts)) for i in range(len(firsts))],
+                     max_model_len=max_model_len, keep=keep, side=req.truncation_side)
+    seconds = bounded(model.tokenizer, seconds, [_name(second, i, len(seconds)) for i in range(len(seconds))],
+                      max_model_len=max_model_len, keep=keep, side=req.truncation_side)
     if req.max_tokens_per_query:
         firsts = [cut_text(model.tokenizer, text, req.max_tokens_per_query) for text in firsts]
     if req.max_tokens_per_doc:
         seconds = [cut_text(model.tokenizer, text, req.max_tokens_per_doc) for text in seconds]
     if task == "classify":
-        pairs = list(zip(firsts * len(seconds) if len(firsts) == 1 else firsts, seconds, strict=True))
-        encoded = encode_pairs(model.tokenizer, pairs, keep=keep, side=req.truncation_side,
+        encoded = encode_pairs(model.tokenizer, firsts, seconds, keep=keep, side=req.truncation_side,
                                token_types=model.token_types, use_sep_token=model.use_sep_token,
-                               only_second=req.max_tokens_per_doc > 0)
-        params = [f"{second}[{i}]" if len(seconds) > 1 else second for i in range(len(pairs))]
+                               only_second=req.max_tokens_per_doc > 0, max_model_len=max_model_len,
+                               first_name=first)
+        params = [f"{second}[{i}]" if len(seconds) > 1 else second for i in range(len(encoded))]
         scores = PairScores(None)
     else:
         encoded = encode_texts(model.tokenizer, firsts + seconds, add_special_tokens=True, keep=keep,
@@ -247,7 +266,8 @@ def _pooling_inputs(task: str, model: PoolingModel, req: _Scoring, keep: int | N
         params = [_name(first, i, len(firsts)) for i in range(len(firsts))]
         params += [_name(second, i, len(seconds)) for i in range(len(seconds))]
         scores = PairScores(len(firsts))
-    return [_input(task, req, enc, param, max_model_len) for enc, param in zip(encoded, params, strict=True)], scores
+    inputs = [_input(task, req, enc, param, max_model_len) for enc, param in zip(encoded, params, strict=True)]
+    return inputs, scores, params
 
 
 def _name(side: str, index: int, count: int) -> str:

@@ -195,6 +195,8 @@ def test_bodies_vllm_accepts_are_accepted(model: PoolingModel) -> None:
     ({"messages": [{"role": "user", "content": "hi"}]}, "messages", "send `input`"),
     ({"input": "a", "dimensions": 3}, "dimensions", "unknown field"),
     ({"input": ["a"] * 2049}, "input", "at most 2048"),
+    ({"input": ["a", "a " * 20_000]}, "input[1]", "characters"),
+    ({"input": "a", "priority": 2**31}, "priority", "out of range"),
 ])
 def test_bad_input_is_a_400_naming_the_field(model: PoolingModel, body: dict[str, Any], param: str,
                                              words: str) -> None:

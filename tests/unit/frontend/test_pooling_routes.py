@@ -9,6 +9,7 @@ import asyncio
 import base64
 import dataclasses
 import json
+import struct
 import time
 from array import array
 from typing import Any
@@ -123,6 +124,11 @@ def test_a_text_cut_by_truncate_prompt_tokens_keeps_its_special_tokens(minilm: M
     ({"input": "a", "normalize": True}, "normalize", "use_activation"),
     ({"input": "a", "messages": [{"role": "user", "content": "hi"}]}, "messages", "not supported"),
     ({"input": "a", "inptu": 1}, "inptu", "unknown field"),
+    ({"input": "a", "priority": 2**70}, "priority", "out of range"),
+    ({"input": "a", "priority": -(2**31) - 1}, "priority", "out of range"),
+    ({"input": [101.5, 102]}, "input", "integers only"),
+    ({"input": "a " * 100_000}, "input", "characters"),
+    ({"input": ["a", "a " * 100_000]}, "input[1]", "characters"),
     ({"inputs": "a"}, "inputs", "unknown field"),
 ])
 def test_bad_input_is_a_400_naming_the_field(minilm: Model, body: dict[str, Any], param: str, words: str) -> None:
@@ -132,6 +138,27 @@ def test_bad_input_is_a_400_naming_the_field(minilm: Model, body: dict[str, Any]
     error = answer.json()["error"]
     assert error["param"] == param and words in error["message"], error
     assert not bridge.sent
+
+
+def test_priority_is_range_checked_on_v2_embed(minilm: Model) -> None:
+    app, bridge = fleet(minilm, max_model_len=512)
+    answer = call(app, "/v2/embed", {"texts": ["a"], "priority": 2**70})
+    assert answer.status == 400 and answer.json()["error"]["param"] == "priority", answer.body
+    assert not bridge.sent
+
+
+def test_whole_number_float_token_ids_are_read_as_vllm_reads_them(minilm: Model) -> None:
+    app, bridge = fleet(minilm, max_model_len=512)
+    for body in ({"input": [101.0, 7592, 102.0]}, {"input": [[101.0, 7592, 102], [101, 102.0]]}):
+        assert call(app, "/v1/embeddings", body).status == 200
+    assert [sent[1].prompt_token_ids for sent in bridge.sent] == [[101, 7592, 102], [101, 7592, 102], [101, 102]]
+
+
+def test_a_text_past_the_character_bound_is_cut_before_tokenizing_when_truncation_is_asked(minilm: Model) -> None:
+    app, bridge = fleet(minilm, max_model_len=512)
+    body = {"input": "word " * 200_000, "truncate_prompt_tokens": 8, "truncation_side": "left"}
+    assert call(app, "/v1/embeddings", body).status == 200
+    assert len(bridge.sent[-1][1].prompt_token_ids) == 8
 
 
 def test_non_finite_numbers_are_refused_naming_the_field(minilm: Model) -> None:
@@ -158,10 +185,31 @@ def test_one_failed_input_fails_the_request_and_aborts_the_others(minilm: Model)
     bridge.fail = 1
     bridge.hold = False
     answer = call(app, "/v1/embeddings", {"input": ["a", "b", "c"]})
-    assert answer.status == 400 and answer.json()["error"]["message"] == "input 1: prompt is not allowed"
+    assert answer.status == 400 and answer.json()["error"]["message"] == "input[1]: prompt is not allowed"
+    assert answer.json()["error"]["param"] == "input[1]"
     # Inputs 0 and 2 had finished (the fake answers at once): nothing of them is left running.
     engine = app.engines.engines[0]
     assert not engine.inflight
+
+
+@pytest.mark.parametrize(("path", "body", "message", "param"), [
+    ("/v2/embed", {"texts": ["a", "b"]}, "prompt is not allowed", "texts[1]"),
+    ("/v2/embed", {"texts": ["a", "b"], "output_dimension": 64}, "pooling.dimensions=64: not here", "output_dimension"),
+    ("/v1/embeddings", {"input": ["a", "b"], "dimensions": 64}, "pooling.dimensions=64: not here", "dimensions"),
+    ("/v1/embeddings", {"input": "a"}, "pooling.use_activation=True: no", "use_activation"),
+    ("/score", {"queries": "q", "documents": ["d0", "d1"]}, "prompt is not allowed", "documents[0]"),
+    ("/rerank", {"query": "q", "documents": ["d0", "d1", "d2"]}, "prompt is not allowed", "documents[0]"),
+])
+def test_an_engine_refusal_names_the_body_field(minilm: Model, path: str, body: dict[str, Any], message: str,
+                                                param: str) -> None:
+    """The engine's refusal of one engine request, named by the field the request came from (a bi-encoder's
+    engine request 0 is the query, 1 the first document) or the pooling field its message names."""
+    matryoshka = dataclasses.replace(minilm, embedding=EmbeddingFacts(384, True, (64, 128, 384)))
+    app, bridge = fleet(matryoshka, [["embed"]])
+    bridge.fail, bridge.fail_with = (0 if message.startswith("pooling.") else 1), message
+    answer = call(app, path, body)
+    assert answer.status == 400 and answer.json()["error"]["param"] == param, answer.body
+    assert answer.json()["error"]["message"] == f"{param}: {message}"
 
 
 def test_a_failed_input_aborts_the_inputs_still_running(minilm: Model) -> None:
@@ -348,7 +396,8 @@ def test_cohere_v2_embed_gives_each_asked_type(minilm: Model) -> None:
     floats = [vector(i) for i in ids]
     assert body["id"] == "embd-c1" and body["texts"] == texts and body["response_type"] == "embeddings_by_type"
     assert body["embeddings"]["float"] == floats
-    assert [list(array("f", base64.b64decode(b))) for b in body["embeddings"]["base64"]] == floats
+    raw = [base64.b64decode(b) for b in body["embeddings"]["base64"]]
+    assert [list(struct.unpack(f"<{len(b) // 4}f", b)) for b in raw] == floats  # little-endian, as vLLM's
     # vector() is all non-negative: four 1 bits then four of padding, MSB first.
     assert body["embeddings"]["ubinary"] == [[0b11110000]] * 2
     assert body["embeddings"]["binary"] == [[0b11110000 - 128]] * 2

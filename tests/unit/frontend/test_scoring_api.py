@@ -336,3 +336,68 @@ def test_a_model_that_cannot_score_is_refused_in_vllm_s_words(cross: PoolingMode
     assert "does not support Rerank (Score) API" in message and "generate" in message
     assert "late interaction" in refused(score, cross, {"text_1": "a", "text_2": "b"}, "model",
                                          tasks=("token_embed",))
+
+
+# ---- bounds on the work one call makes ----
+
+class CountingTokenizer:
+    """The tokenizer, counting the characters it is given to tokenize."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer, self.chars = tokenizer, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.tokenizer, name)
+
+    def encode(self, text: Any, *args: Any, **kw: Any) -> Any:
+        self.chars += len(text) if isinstance(text, str) else sum(map(len, text))
+        return self.tokenizer.encode(text, *args, **kw)
+
+    def encode_batch(self, texts: list[Any], *args: Any, **kw: Any) -> Any:
+        self.chars += sum(len(t) if isinstance(t, str) else sum(map(len, t)) for t in texts)
+        return self.tokenizer.encode_batch(texts, *args, **kw)
+
+
+def test_a_cross_encoder_tokenizes_the_query_once_and_each_document_once(hf: Any) -> None:
+    counting = CountingTokenizer(bare_tokenizer())
+    model = PoolingModel("tiny-cross-encoder", counting, {0: "score"}, token_types=True)  # type: ignore[arg-type]
+    docs = [*DOCS, "Ünïcödé, emoji 🙂 and more words"]
+    made = score(model, {"queries": QUERY, "documents": docs})
+    assert counting.chars == len(QUERY) + sum(map(len, docs))
+    for doc, sent in zip(docs, made.inputs, strict=True):  # the same ids and type split as the pair encoding
+        whole = bare_tokenizer().encode(QUERY, doc)
+        assert (sent.token_ids, sent.params.token_type_split) == (whole.ids, whole.type_ids.index(1))
+
+
+def test_a_query_past_the_context_is_refused_before_any_document_is_tokenized(cross: PoolingModel) -> None:
+    counting = CountingTokenizer(bare_tokenizer())
+    model = PoolingModel("tiny-cross-encoder", counting, {0: "score"}, token_types=True)  # type: ignore[arg-type]
+    long = " ".join([QUERY] * 10)
+    message = refused(rerank, model, {"query": long, "documents": ["short doc"] * 50}, "query")
+    assert "query alone" in message and counting.chars == len(long)
+
+
+def test_a_text_past_the_character_bound_is_refused_untokenized_or_precut(cross: PoolingModel) -> None:
+    from services.frontend.requests.prompt_encoding import max_chars_per_token
+
+    counting = CountingTokenizer(bare_tokenizer())
+    model = PoolingModel("tiny-cross-encoder", counting, {0: "score"}, token_types=True)  # type: ignore[arg-type]
+    limit = MAX_LEN * max_chars_per_token(bare_tokenizer())
+    huge = "a " * limit
+    message = refused(score, model, {"queries": QUERY, "documents": ["b", huge]}, "documents[1]")
+    assert f"more than {limit} characters" in message and counting.chars == 0
+    made = score(model, {"queries": QUERY, "documents": huge, "truncate_prompt_tokens": -1})
+    assert len(made.inputs[0].token_ids) == MAX_LEN and counting.chars <= 2 * (len(QUERY) + limit)
+
+
+@pytest.mark.parametrize(("tasks", "sides", "ok"), [
+    (EMBED_TASKS, (1, 2047), True), (EMBED_TASKS, (1, 2048), False), (EMBED_TASKS, (2048, 2048), False),
+    (CROSS_TASKS, (1, 2048), True), (CROSS_TASKS, (2048, 2048), True), (CROSS_TASKS, (1, 2049), False),
+])
+def test_the_input_bound_counts_engine_requests_not_texts_a_side(cross: PoolingModel, tasks: tuple[str, ...],
+                                                                 sides: tuple[int, int], ok: bool) -> None:
+    body = {"queries": ["q"] * sides[0], "documents": ["d"] * sides[1]}
+    if ok:
+        assert len(score(cross, body, tasks).inputs) == sides[1] + (sides[0] if tasks == EMBED_TASKS else 0)
+    else:
+        assert "at most 2048" in refused(score, cross, body, "documents", tasks)

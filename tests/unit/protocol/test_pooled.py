@@ -1,6 +1,8 @@
 """protocol/pooled.py: pooled outputs as float32 arrays in raw frames, read back exactly or refused."""
 from __future__ import annotations
 
+import struct
+
 import pytest
 
 from protocol import PackedPooled, ProtocolError, decode, encode
@@ -12,6 +14,13 @@ def test_a_vector_and_rows_round_trip_through_a_frame() -> None:
     frame = pack([1.0, -2.5, 0.125]) + pack([0.5, 0.25, 4.0, 8.0])
     assert to_list([frame], PackedPooled(0, 0, [3])) == [1.0, -2.5, 0.125]
     assert to_list([frame], PackedPooled(0, size([3]), [2, 2])) == [[0.5, 0.25], [4.0, 8.0]]
+
+
+def test_rows_pack_row_major_little_endian() -> None:
+    """The one packer every writer of float32 bytes uses (gRPC's PooledValues, base64 on /v1/embeddings
+    and /v2/embed): a per-token output's rows flattened, always little-endian."""
+    assert pack([[1.0, -2.0], [0.5, 4.0]]) == struct.pack("<4f", 1.0, -2.0, 0.5, 4.0)
+    assert pack([1.0, -2.0]) == struct.pack("<2f", 1.0, -2.0) and pack([]) == b""
 
 
 def test_float32_bytes_pass_through_as_they_are() -> None:
