@@ -55,7 +55,8 @@ class PoolingBridge:
         self.sent: list[tuple[int, GenerateRequest]] = []
         self.aborted: list[str] = []
         self.fail: int | None = None
-        self.labels = 3  # classify: values per input (a cross-encoder has one)
+        self.labels = 3  # classify: values per input, the model's labels (a cross-encoder has one)
+        self.shape: list[int] | None = None  # set: every pooled output claims this shape (a faulty engine)
         self.hold = False
 
     def send(self, index: int, frames: list[Any]) -> None:
@@ -86,6 +87,8 @@ class PoolingBridge:
         else:
             raw = pack(vector(ids))
             out = RequestOutput(message.request_id, [], "stop", pooled=PackedPooled(0, 0, [DIM]))
+        if self.shape is not None and out.pooled is not None:
+            out.pooled = PackedPooled(0, 0, self.shape)
         outputs = Outputs(engine.rank, len(self.sent), [out], time.time())
         asyncio.get_running_loop().call_soon(self.engines._on_outputs, engine, outputs, [raw] if raw else [])
 
@@ -105,4 +108,6 @@ def fleet(model: Model, tasks: list[list[str]] | None = None, *, max_model_len: 
         engines._on_ready(e, ready, time.monotonic())
     config = FrontendConfig(model=model.name, data_parallel_size=len(tasks), data_parallel_size_local=0,
                             engine_addresses=tuple(addresses))
-    return Frontend(FrontendCore(config, model, engines, Metrics(model.name))), bridge
+    core = FrontendCore(config, model, engines, Metrics(model.name))
+    bridge.labels = core.pooling_model.num_labels
+    return Frontend(core), bridge

@@ -382,3 +382,26 @@ def test_cohere_v2_embed_truncates_as_vllm_maps_truncate(minilm: Model) -> None:
     assert bridge.sent[-1][1].prompt_token_ids == [*whole[:3], whole[-1]]
     call(app, "/v2/embed", {"texts": [text], "max_tokens": 4, "truncate": "START"})  # the ids from the left
     assert bridge.sent[-1][1].prompt_token_ids == whole[-4:]
+
+
+@pytest.mark.parametrize("path, body, shape, words", [
+    ("/v1/embeddings", {"input": "hello"}, [2, 2], "embed gives one vector"),
+    ("/pooling", {"input": "hello", "task": "token_embed"}, [4], "one row per prompt token"),
+    ("/pooling", {"input": "hello", "task": "token_embed"}, [1, 4], "one row per prompt token"),
+    ("/v1/embeddings", {"input": "hello"}, [0], "bad shape"),
+    ("/v1/embeddings", {"input": "hello"}, [3_000_000, 0], "bad shape"),  # once: 3M empty rows built
+])
+def test_a_pooled_output_of_the_wrong_shape_fails_the_request(minilm: Model, path: str, body: dict[str, Any],
+                                                               shape: list[int], words: str) -> None:
+    app, bridge = fleet(minilm)
+    bridge.shape = shape
+    answer = call(app, path, body)
+    assert answer.status == 503 and words in answer.json()["error"]["message"], answer.body
+
+
+def test_a_cross_encoder_output_with_more_than_one_value_is_an_engine_failure_not_a_500() -> None:
+    app, bridge = fleet(Model.load("tiny-cross-encoder", "ce"), [["classify"]])
+    bridge.labels = 3  # the engine's width, not the model's one label
+    for path, body in (("/score", {"queries": "q", "documents": ["d1"]}), ("/classify", {"input": "a"})):
+        answer = call(app, path, body)
+        assert answer.status == 503 and "one value per label (1)" in answer.json()["error"]["message"], answer.body
