@@ -56,7 +56,8 @@ class PoolingRunner:
         at its engine is aborted. Raises APIError when no engine serving the task can take them."""
         if self._shutdown.cut is not None:
             raise APIError(503, self._shutdown.cut)
-        candidates = [e for e in self._engines.engines if job.task in e.tasks]
+        candidates = ([self._pinned(job.task, pinned)] if pinned is not None else
+                      [e for e in self._engines.engines if job.task in e.tasks])
         if not candidates:
             raise APIError(503, f"no engine rank serving the task {job.task!r} is ready: "
                                 f"{self._engines.not_ready() or 'none serves it'}")
@@ -85,6 +86,18 @@ class PoolingRunner:
             for stream in run.streams:
                 self._engines.abort(stream)  # a no-op unless it is still running at its engine
                 m.running.dec()
+
+    def _pinned(self, task: str, rank: int) -> Engine:
+        """The rank X-Data-Parallel-Rank names, looked up among all (placement says why it cannot take the
+        inputs: not connected, draining); 400 when there is no such rank or it serves other tasks."""
+        engine = next((e for e in self._engines.engines if e.rank == rank), None)
+        if engine is None:
+            raise APIError(400, f"{PIN_HEADER} {rank} is not a rank of this deployment "
+                                f"(ranks: {sorted(e.rank for e in self._engines.engines)})", param=PIN_HEADER)
+        if engine.ready is not None and task not in engine.tasks:
+            raise APIError(400, f"engine rank {rank} (pinned by {PIN_HEADER}) does not serve the task {task!r} "
+                                f"(it serves {list(engine.tasks)})", param=PIN_HEADER)
+        return engine
 
     def _choose(self, engines: list[Engine], request: GenerateRequest, exclude: Collection[int] = ()) -> Engine:
         ids, salt = request.prompt_token_ids, request.cache_salt

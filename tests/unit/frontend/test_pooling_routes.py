@@ -227,6 +227,17 @@ def test_inputs_go_only_to_ranks_that_serve_the_task(minilm: Model) -> None:
     assert {index for index, _ in bridge.sent} == {1}
 
 
+def test_a_pinned_rank_must_serve_the_task(minilm: Model) -> None:
+    app, bridge = fleet(minilm, [["generate"], ["embed"]])
+    answer = call(app, "/v1/embeddings", {"input": "a"}, headers={"X-Data-Parallel-Rank": "0"})
+    assert answer.status == 400 and answer.json()["error"]["param"] == "X-Data-Parallel-Rank", answer.body
+    assert "engine rank 0 (pinned by X-Data-Parallel-Rank) does not serve the task 'embed'" in answer.body.decode()
+    answer = call(app, "/v1/embeddings", {"input": "a"}, headers={"X-Data-Parallel-Rank": "7"})
+    assert answer.status == 400 and "7 is not a rank of this deployment (ranks: [0, 1])" in answer.body.decode()
+    assert call(app, "/v1/embeddings", {"input": "a"}, headers={"X-Data-Parallel-Rank": "1"}).status == 200
+    assert [index for index, _ in bridge.sent] == [1]
+
+
 def test_an_old_engine_only_generates(tiny: Model) -> None:
     app, _ = fleet(tiny, [["embed"]], minor=4)  # protocol 1.4: it sends no tasks, whatever its Ready holds
     assert app.engines.tasks() == ["generate"]
