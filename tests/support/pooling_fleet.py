@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from protocol import (
+    ERROR_DRAINING,
     ERROR_INVALID,
     MAJOR,
     Abort,
@@ -48,7 +49,8 @@ def scores(ids: list[int], labels: int) -> list[float]:
 class PoolingBridge:
     """Answers each pooling request on the loop with vector(ids) (token_embed: one row per token; classify:
     scores(ids, labels)), unless
-    `fail` names an input index (its request fails as invalid) or `hold` is set (nothing is answered)."""
+    `fail` names an input index (its request fails as invalid), the rank is in `draining` (refused as draining)
+or `hold` is set or the rank `silent` (nothing is answered)."""
 
     def __init__(self, engines: EngineSet) -> None:
         self.engines = engines
@@ -56,6 +58,8 @@ class PoolingBridge:
         self.aborted: list[str] = []
         self.fail: int | None = None
         self.labels = 3  # classify: values per input, the model's labels (a cross-encoder has one)
+        self.draining: set[int] = set()  # engine indices that refuse every request as draining
+        self.silent: set[int] = set()  # engine indices that answer nothing (as `hold`, for one rank)
         self.shape: list[int] | None = None  # set: every pooled output claims this shape (a faulty engine)
         self.hold = False
 
@@ -69,12 +73,15 @@ class PoolingBridge:
         if not isinstance(message, GenerateRequest):
             return
         self.sent.append((index, message))
-        if self.hold:
+        if self.hold or index in self.silent:
             return
         engine = self.engines.engines[index]
         ids = message.prompt_token_ids
         if message.pooling is None:
             out, raw = RequestOutput(message.request_id, [9707], "length"), b""
+        elif index in self.draining:
+            out, raw = RequestOutput(message.request_id, [], "error", error="engine is draining",
+                                     error_kind=ERROR_DRAINING), b""
         elif self.fail is not None and message.request_id.endswith(f"-{self.fail}"):
             out, raw = RequestOutput(message.request_id, [], "error", error="prompt is not allowed",
                                      error_kind=ERROR_INVALID), b""

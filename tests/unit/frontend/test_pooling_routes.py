@@ -416,3 +416,49 @@ def test_a_cross_encoder_output_with_more_than_one_value_is_an_engine_failure_no
     for path, body in (("/score", {"queries": "q", "documents": ["d1"]}), ("/classify", {"input": "a"})):
         answer = call(app, path, body)
         assert answer.status == 503 and "one value per label (1)" in answer.json()["error"]["message"], answer.body
+
+
+async def _until(condition: Any) -> None:
+    async with asyncio.timeout(10):
+        while not condition():
+            await asyncio.sleep(0.001)
+
+
+def test_inputs_of_a_rank_that_dies_or_drains_move_to_another(minilm: Model) -> None:
+    async def main() -> None:
+        app, bridge = fleet(minilm, [["embed"], ["embed"]])
+        bridge.silent = {0}
+        served = asyncio.get_running_loop().create_task(
+            request(app, "POST", "/v1/embeddings", {"input": ["a", "b", "c", "d"]}))
+        await _until(lambda: len(bridge.sent) == 4)
+        on_rank_0 = {r.request_id for index, r in bridge.sent if index == 0}
+        assert on_rank_0 and not served.done()  # placed over both ranks; rank 0 answers nothing
+        app.engines._mark_dead(app.engines.engines[0], "killed")
+        answer = await asyncio.wait_for(served, 10)
+        assert answer.status == 200 and len(answer.json()["data"]) == 4, answer.body
+        assert {r.request_id for index, r in bridge.sent[4:]} == on_rank_0
+        assert {index for index, _ in bridge.sent[4:]} == {1}
+
+        app.engines.engines[0].state = "ready"  # as after a new handshake: back in placement, but draining
+        bridge.silent, bridge.draining, bridge.sent = set(), {0}, []
+        answer = await request(app, "POST", "/v1/embeddings", {"input": ["a", "b", "c", "d"]})
+        assert answer.status == 200 and len(answer.json()["data"]) == 4, answer.body
+        refused = [r.request_id for index, r in bridge.sent if index == 0]
+        assert refused and {r.request_id for index, r in bridge.sent if index == 1} >= set(refused)
+
+    asyncio.run(main())
+
+
+def test_a_rank_lost_with_no_other_to_take_its_inputs_fails_the_request_at_once(minilm: Model) -> None:
+    async def main() -> None:
+        app, bridge = fleet(minilm)
+        bridge.hold = True
+        served = asyncio.get_running_loop().create_task(
+            request(app, "POST", "/v1/embeddings", {"input": ["a", "b"]}))
+        await _until(lambda: len(bridge.sent) == 2)
+        app.engines._mark_dead(app.engines.engines[0], "killed")
+        answer = await asyncio.wait_for(served, 10)  # not the engine timeout (60 s here)
+        assert answer.status == 503 and "engine rank 0 failed: killed" in answer.json()["error"]["message"]
+        assert len(bridge.sent) == 2  # nowhere else to send them
+
+    asyncio.run(main())
