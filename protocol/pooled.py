@@ -53,9 +53,10 @@ def size(shape: Sequence[int]) -> int:
 
 def unpack(raw_frames: Sequence[Buffer], ref: PackedPooled) -> memoryview[float] | array[float]:
     """The flat float32 values `ref` names: a view of the frame (a copy on a big-endian host).
-    Raises ProtocolError when the reference is malformed or the frame too short, never IndexError."""
+    Raises ProtocolError when the reference is malformed (a zero dimension too: no task pools nothing, and
+    a reader that builds rows would loop over shape[0] empty ones) or the frame too short, never IndexError."""
     shape = ref.shape
-    if not 1 <= len(shape) <= MAX_DIMS or any(d < 0 for d in shape) or ref.offset < 0 or ref.offset % 4:
+    if not 1 <= len(shape) <= MAX_DIMS or any(d < 1 for d in shape) or ref.offset < 0 or ref.offset % 4:
         raise ProtocolError(f"PackedPooled{(ref.frame, ref.offset, list(shape))}: bad shape or unaligned offset")
     if not 0 <= ref.frame < len(raw_frames):
         raise ProtocolError(f"PackedPooled names raw frame {ref.frame}, the message has {len(raw_frames)}")

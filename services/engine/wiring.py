@@ -75,7 +75,7 @@ def _build_sim(config: EngineConfig, path: Path, config_json: dict[str, Any]) ->
                              lambda text: tokenizer.encode(text, add_special_tokens=False).ids,
                              lambda ids: tokenizer.decode(ids, skip_special_tokens=False))
     runner, tasks = resolve(config.runner, config.convert, path, config_json)
-    pooler = _sim_pooler(config, config_json) if runner == "pooling" else None
+    pooler = _sim_pooler(config, path, config_json) if runner == "pooling" else None
     return SimBackend(sim, model=config.model, vocab_size=regular, eos_token_id=eos_token_id(path, tokenizer),
                       script=script, pooler=pooler, tasks=tasks)
 
@@ -97,18 +97,13 @@ def _sentence_max_seq_length(path: Path) -> int | None:
     return None
 
 
-def _sim_pooler(config: EngineConfig, config_json: dict[str, Any]) -> SimPooler:
-    """The sim's pooled outputs shaped as the checkpoint's model would shape them (sim/pooler.py)."""
-    from services.engine.backends.sim.pooler import DEFAULT_HIDDEN_SIZE, DEFAULT_NUM_LABELS, SimPooler
-    from services.engine.backends.sim.runner import num_labels
+def _sim_pooler(config: EngineConfig, path: Path, config_json: dict[str, Any]) -> SimPooler:
+    """The sim's pooled outputs shaped as the checkpoint's model would shape them (sim/pooler.py): its
+    labels and embedding size read by the reader the frontend uses (prompting/pooling_config.py)."""
+    from prompting.pooling_config import EmbeddingFacts, labels
+    from services.engine.backends.sim.pooler import DEFAULT_HIDDEN_SIZE, SimPooler
 
-    hidden = config_json.get("hidden_size")
-    return SimPooler(
-        model=config.model,
-        hidden_size=hidden if isinstance(hidden, int) and hidden >= 1 else DEFAULT_HIDDEN_SIZE,
-        num_labels=num_labels(config_json, DEFAULT_NUM_LABELS),
-        seed=config.seed,
-        # vLLM's ModelConfig.is_matryoshka and matryoshka_dimensions read these keys of the model config.
-        matryoshka=bool(config_json.get("is_matryoshka")),
-        matryoshka_dimensions=config_json.get("matryoshka_dimensions"),
-    )
+    embedding = EmbeddingFacts.of(path, config_json)
+    return SimPooler(model=config.model, hidden_size=embedding.size or DEFAULT_HIDDEN_SIZE,
+                     num_labels=len(labels(config_json)), seed=config.seed, matryoshka=embedding.matryoshka,
+                     matryoshka_dimensions=embedding.dimensions)

@@ -5,31 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from tokenizers import Tokenizer
 
 import checkpoints
 from prompting.chat_template import ChatTemplate, MissingTemplate
 from prompting.model_files import config_max_model_len, eos_token_id, load_tokenizer, model_config, special_tokens
+from prompting.pooling_config import EmbeddingFacts
 from services.frontend.text.detokenizer import warm_up
-
-
-@dataclass(slots=True, frozen=True)
-class EmbeddingFacts:
-    """The embedding size and Matryoshka support a model's config.json declares, read as vLLM reads them
-    (its ModelConfig.is_matryoshka, matryoshka_dimensions, embedding_size)."""
-
-    size: int | None
-    matryoshka: bool
-    dimensions: tuple[int, ...] | None  # the only sizes it may be cut to, when the config lists them
-
-    @classmethod
-    def of(cls, config: dict[str, Any]) -> EmbeddingFacts:
-        listed = config.get("matryoshka_dimensions")
-        dims = tuple(d for d in listed if isinstance(d, int)) if isinstance(listed, list) and listed else None
-        size = config.get("embedding_size", config.get("hidden_size"))
-        return cls(size if isinstance(size, int) else None, bool(dims) or config.get("is_matryoshka") is True, dims)
 
 
 @dataclass(slots=True)
@@ -54,7 +37,7 @@ class Model:
         config = model_config(path)
         return cls(name, path, tokenizer, _template(path), eos_token_id(path, tokenizer),
                    special_tokens(tokenizer), config_max_model_len(config), loaded.sha256,
-                   EmbeddingFacts.of(config))
+                   EmbeddingFacts.of(path, config))
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids

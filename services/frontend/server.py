@@ -175,13 +175,13 @@ async def run(config: FrontendConfig, server_index: int = 0, board: InFlightBoar
         """The gRPC health service follows /ready: SERVING while some rank takes new requests."""
         serving = None
         while not quit_.is_set():
+            change = engines.changed.wait()  # bound before the look: a change during set_serving wakes it
             ready = bool(engines.serving())
             if ready != serving:
                 serving = ready
                 await server.set_serving(ready)
-            engines.changed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(engines.changed.wait(), 5.0)
+                await asyncio.wait_for(change, 5.0)
 
     async def drain_then_stop() -> None:
         await quit_.wait()

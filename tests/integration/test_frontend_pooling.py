@@ -13,11 +13,14 @@ import httpx
 import openai
 import pytest
 
+from prompting.model_files import model_config
 from protocol import PoolingParams
 from protocol.grpc import pb2, pb2_grpc
 from services.engine.backends.sim.pooler import SimPooler
 from services.frontend.model import Model
 from services.frontend.requests.pooling_inputs import MAX_INPUTS
+from services.frontend.requests.pooling_model import PoolingModel
+from services.frontend.requests.prompt_encoding import encode_pairs
 from tests.support.procs import EngineProc, FrontendProc, free_port_block, start_engine, start_frontend
 
 MODEL = "minilm"
@@ -178,3 +181,40 @@ def test_classify_and_rerank_through_the_fleet(classifier: FrontendProc) -> None
         assert close(item["probs"], want) and item["label"] in ("chat", "code", "math")
     refused = httpx.post(classifier.url + "/v1/embeddings", json={"input": "x"}, timeout=60)
     assert refused.status_code == 400 and "Embeddings API" in refused.json()["error"]["message"]
+
+
+@pytest.fixture(scope="module")
+def cross_encoder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrontendProc]:
+    """A frontend on one sim rank of the tiny cross-encoder (one label). --convert classify: the sim's
+    --convert auto serves every task, and /score would then take the embedding path (docs/engine.md)."""
+    tmp = tmp_path_factory.mktemp("cross-encoder-fleet")
+    engine = start_engine(tmp, "--model", "tiny-cross-encoder", "--backend", "sim", "--runner", "pooling",
+                          "--convert", "classify", "--sim-instant")
+    try:
+        fe = start_frontend(tmp, "--model", "tiny-cross-encoder", "--data-parallel-size-local", "0",
+                            "--engine-addresses", engine.endpoint())
+        yield fe
+        assert fe.stop() == 0, fe.log()
+    finally:
+        engine.stop()
+
+
+def test_score_and_rerank_through_the_fleet_are_the_cross_encoders_pair_scores(cross_encoder: FrontendProc) -> None:
+    tiny = Model.load("tiny-cross-encoder", "tiny-cross-encoder")
+    facts = PoolingModel.of("ce", tiny.tokenizer, model_config(tiny.path))
+    query, docs = "what is a cat", ["a cat is an animal", "rust is a language", "cats purr"]
+    pooler = SimPooler(model="tiny-cross-encoder", hidden_size=64, num_labels=1)
+    want = []
+    for enc in encode_pairs(tiny.tokenizer, [(query, d) for d in docs], keep=None, side=None,
+                            token_types=facts.token_types, use_sep_token=facts.use_sep_token):
+        assert enc.token_type_split is not None  # BERT reads token types: the engine is told where doc starts
+        value, _ = pooler.pool(PoolingParams("classify", token_type_split=enc.token_type_split), enc.ids)
+        want.append(value[0])
+    answer = httpx.post(cross_encoder.url + "/score", json={"queries": query, "documents": docs}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    assert close([d["score"] for d in answer.json()["data"]], want)
+    answer = httpx.post(cross_encoder.url + "/rerank", json={"query": query, "documents": docs}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    results = answer.json()["results"]
+    assert [r["index"] for r in results] == sorted(range(3), key=lambda i: -want[i])
+    assert close([r["relevance_score"] for r in results], sorted(want, reverse=True))

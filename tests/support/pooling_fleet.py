@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from protocol import (
+    ERROR_DRAINING,
     ERROR_INVALID,
     MAJOR,
     Abort,
@@ -48,8 +49,8 @@ def scores(ids: list[int], labels: int) -> list[float]:
 class PoolingBridge:
     """Answers each pooling request on the loop with vector(ids) (token_embed: one row per token; classify:
     scores(ids, labels)), unless
-    `fail` names an input index (its request fails as invalid, with the message `fail_with`) or `hold` is
-    set (nothing is answered)."""
+    `fail` names an input index (its request fails as invalid, with the message `fail_with`), the rank is
+    in `draining` (refused as draining) or `hold` is set or the rank `silent` (nothing is answered)."""
 
     def __init__(self, engines: EngineSet) -> None:
         self.engines = engines
@@ -57,7 +58,10 @@ class PoolingBridge:
         self.aborted: list[str] = []
         self.fail: int | None = None
         self.fail_with = "prompt is not allowed"
-        self.labels = 3  # classify: values per input (a cross-encoder has one)
+        self.labels = 3  # classify: values per input, the model's labels (a cross-encoder has one)
+        self.draining: set[int] = set()  # engine indices that refuse every request as draining
+        self.silent: set[int] = set()  # engine indices that answer nothing (as `hold`, for one rank)
+        self.shape: list[int] | None = None  # set: every pooled output claims this shape (a faulty engine)
         self.hold = False
 
     def send(self, index: int, frames: list[Any]) -> None:
@@ -70,12 +74,15 @@ class PoolingBridge:
         if not isinstance(message, GenerateRequest):
             return
         self.sent.append((index, message))
-        if self.hold:
+        if self.hold or index in self.silent:
             return
         engine = self.engines.engines[index]
         ids = message.prompt_token_ids
         if message.pooling is None:
             out, raw = RequestOutput(message.request_id, [9707], "length"), b""
+        elif index in self.draining:
+            out, raw = RequestOutput(message.request_id, [], "error", error="engine is draining",
+                                     error_kind=ERROR_DRAINING), b""
         elif self.fail is not None and message.request_id.endswith(f"-{self.fail}"):
             out, raw = RequestOutput(message.request_id, [], "error", error=self.fail_with,
                                      error_kind=ERROR_INVALID), b""
@@ -88,6 +95,8 @@ class PoolingBridge:
         else:
             raw = pack(vector(ids))
             out = RequestOutput(message.request_id, [], "stop", pooled=PackedPooled(0, 0, [DIM]))
+        if self.shape is not None and out.pooled is not None:
+            out.pooled = PackedPooled(0, 0, self.shape)
         outputs = Outputs(engine.rank, len(self.sent), [out], time.time())
         asyncio.get_running_loop().call_soon(self.engines._on_outputs, engine, outputs, [raw] if raw else [])
 
@@ -107,4 +116,6 @@ def fleet(model: Model, tasks: list[list[str]] | None = None, *, max_model_len: 
         engines._on_ready(e, ready, time.monotonic())
     config = FrontendConfig(model=model.name, data_parallel_size=len(tasks), data_parallel_size_local=0,
                             engine_addresses=tuple(addresses))
-    return Frontend(FrontendCore(config, model, engines, Metrics(model.name))), bridge
+    core = FrontendCore(config, model, engines, Metrics(model.name))
+    bridge.labels = core.pooling_model.num_labels
+    return Frontend(core), bridge

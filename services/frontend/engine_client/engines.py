@@ -15,7 +15,7 @@ import logging
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -56,7 +56,6 @@ from services.frontend.engine_client.kv_index import KVIndex
 log = logging.getLogger(__name__)
 
 HELLO_RETRY_S = 0.5
-WAIT_READY_RECHECK_S = 1.0
 POOLING_MINOR = 5  # protocol 1.5: pooling requests, pooled outputs, Ready.runner and Ready.tasks
 # The timers wake when something is due (a heartbeat to send, a deadline to judge, a handshake to
 # retry), at least this often, and at once when poked (a connection made): not on a fixed fast tick,
@@ -69,6 +68,22 @@ STALL_S = 0.25
 # A Stats snapshot may not yet count requests sent this recently before it arrived (they can still be in
 # flight to the engine, or arrive after the snapshot was taken): they stay counted on top of it.
 STATS_LAG_S = 0.02
+
+
+class Changes:
+    """A wake-up for every consumer of the engines' state (wait_ready, the gRPC health task): `wait()`
+    returns an awaitable bound, when called, to the next `set()`. Nobody clears it, so no consumer can
+    clear away a wake another has not yet seen, as two consumers clearing one shared asyncio.Event could."""
+
+    def __init__(self) -> None:
+        self._next = asyncio.Event()
+
+    def set(self) -> None:
+        self._next.set()
+        self._next = asyncio.Event()
+
+    def wait(self) -> Coroutine[Any, Any, bool]:
+        return self._next.wait()
 
 
 class KvEventSink(Protocol):
@@ -169,7 +184,7 @@ class EngineSet:
         self._ticker: asyncio.Task[None] | None = None
         self._calls: dict[int, asyncio.Future[UtilityResult]] = {}
         self._next_call = 0
-        self.changed = asyncio.Event()  # set whenever an engine's state changes
+        self.changed = Changes()  # set whenever an engine's state changes
         self._poke = asyncio.Event()  # the timers look again now
         self.broken: str | None = None  # why the socket thread stopped: the process cannot serve
         self.relay: KvEventSink | None = None  # KV events relayed on (the gRPC KvEvents service's)
@@ -226,13 +241,8 @@ class EngineSet:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"engines not ready after {timeout_s:.0f}s: {self.not_ready()}")
-            self.changed.clear()
-            try:
-                # Other consumers clear `changed` too (the gRPC health task): a set() they clear before this
-                # wait first runs is lost to it, so the state is looked at again at least every second.
-                await asyncio.wait_for(self.changed.wait(), min(left, WAIT_READY_RECHECK_S))
-            except TimeoutError:
-                pass
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), left)
 
     # ---- requests ----
 

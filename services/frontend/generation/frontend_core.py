@@ -40,9 +40,9 @@ class FrontendCore:
         self.submitter = Submitter(engines, self.placement)
         self.lora = Adapters(engines, model.name)
         self.shutdown = Shutdown()
-        self.pooling = PoolingRunner(engines, self.placement, metrics, self.shutdown)
         # What /classify, /score and /rerank read of the model beyond its engines (labels, token types).
         self.pooling_model = PoolingModel.of(model.name, model.tokenizer, model_config(model.path))
+        self.pooling = PoolingRunner(engines, self.placement, metrics, self.shutdown, self.pooling_model.num_labels)
         self.version = fleet_version()
         self.translator = Translator(model, self.max_model_len, long_prompt_chars=config.long_prompt_chars,
                                      max_concurrent_tokenizations=config.max_concurrent_tokenizations,

@@ -45,8 +45,10 @@ class PoolingRun:
 class PoolingRunner:
     """One per API server process, beside the generation core's launch (frontend_core.py)."""
 
-    def __init__(self, engines: EngineSet, placement: Placement, metrics: Metrics, shutdown: Shutdown) -> None:
+    def __init__(self, engines: EngineSet, placement: Placement, metrics: Metrics, shutdown: Shutdown,
+                 num_labels: int) -> None:
         self._engines, self._placement, self._metrics, self._shutdown = engines, placement, metrics, shutdown
+        self._num_labels = num_labels  # the width of a classify output (config.json's labels)
 
     @contextlib.contextmanager
     def launch(self, job: PoolingJob, pinned: int | None = None) -> Iterator[PoolingRun]:
@@ -54,7 +56,8 @@ class PoolingRunner:
         at its engine is aborted. Raises APIError when no engine serving the task can take them."""
         if self._shutdown.cut is not None:
             raise APIError(503, self._shutdown.cut)
-        candidates = [e for e in self._engines.engines if job.task in e.tasks]
+        candidates = ([self._pinned(job.task, pinned)] if pinned is not None else
+                      [e for e in self._engines.engines if job.task in e.tasks])
         if not candidates:
             raise APIError(503, f"no engine rank serving the task {job.task!r} is ready: "
                                 f"{self._engines.not_ready() or 'none serves it'}")
@@ -83,6 +86,18 @@ class PoolingRunner:
             for stream in run.streams:
                 self._engines.abort(stream)  # a no-op unless it is still running at its engine
                 m.running.dec()
+
+    def _pinned(self, task: str, rank: int) -> Engine:
+        """The rank X-Data-Parallel-Rank names, looked up among all (placement says why it cannot take the
+        inputs: not connected, draining); 400 when there is no such rank or it serves other tasks."""
+        engine = next((e for e in self._engines.engines if e.rank == rank), None)
+        if engine is None:
+            raise APIError(400, f"{PIN_HEADER} {rank} is not a rank of this deployment "
+                                f"(ranks: {sorted(e.rank for e in self._engines.engines)})", param=PIN_HEADER)
+        if engine.ready is not None and task not in engine.tasks:
+            raise APIError(400, f"engine rank {rank} (pinned by {PIN_HEADER}) does not serve the task {task!r} "
+                                f"(it serves {list(engine.tasks)})", param=PIN_HEADER)
+        return engine
 
     def _choose(self, engines: list[Engine], request: GenerateRequest, exclude: Collection[int] = ()) -> Engine:
         ids, salt = request.prompt_token_ids, request.cache_salt
@@ -147,6 +162,10 @@ class PoolingRunner:
                 flat = unpack(raw, out.pooled)
             except ProtocolError as exc:
                 raise EngineFailure(f"engine rank {stream.rank} sent unreadable pooled values: {exc}") from None
+            wrong = shape_error(run.job.task, list(out.pooled.shape), stream.prompt_len, self._num_labels)
+            if wrong:
+                raise EngineFailure(f"engine rank {stream.rank} sent pooled values for input {i} of shape "
+                                    f"{list(out.pooled.shape)}: {wrong}")
             values: list[float] = flat.tolist()  # type: ignore[assignment]  # float32: floats; one C loop from the frame's float32 to Python floats
             if not math.isfinite(sum(values)):
                 raise EngineFailure(f"engine rank {stream.rank} produced non-finite values for input {i}", 500)
@@ -176,3 +195,16 @@ class PoolingRunner:
             m.request_done(stream.prompt_len, 0, 1)
             m.e2e.observe(took)
             m.finished("stop")
+
+
+def shape_error(task: str, shape: list[int], prompt_len: int, num_labels: int) -> str | None:
+    """Why a pooled output of `shape` cannot be `task`'s for a prompt of `prompt_len` tokens, or None.
+    Checked before the response writers read the values, which trust the shape (as vLLM's own outputs)."""
+    if task.startswith("token_"):
+        if len(shape) != 2 or shape[0] != prompt_len:
+            return f"{task} gives one row per prompt token ({prompt_len})"
+    elif len(shape) != 1:
+        return f"{task} gives one vector"
+    if task.endswith("classify") and shape[-1] != num_labels:
+        return f"{task} gives one value per label ({num_labels})"
+    return None

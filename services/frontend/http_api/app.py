@@ -286,13 +286,18 @@ class Frontend:
             watcher = asyncio.get_running_loop().create_task(watch_disconnect(receive, fail))
             try:
                 outputs, prompt_tokens = await self.core.pooling.gather(run)
+                # The writers trust the shapes gather checked; one that still cannot read the values
+                # answers as an engine failure, not a bare 500.
+                body = job.respond(outputs, prompt_tokens)
             except EngineFailure as exc:
                 if any(stream.gone == CLIENT_GONE for stream in run.streams):
                     raise ClientGone from None  # nobody to answer
                 raise APIError(exc.status, str(exc), param=exc.param) from None
+            except ValueError as exc:
+                raise APIError(503, f"the engines' pooled outputs cannot be read: {exc}") from None
             finally:
                 watcher.cancel()
-        await send_json(send, 200, _json.encode(job.respond(outputs, prompt_tokens)))
+        await send_json(send, 200, _json.encode(body))
 
     async def _scoring(self, translate: Callable[..., PoolingJob], body: bytes, rid: bytes | None) -> PoolingJob:
         """A classify, score or rerank body through its translator (requests/classify.py, scoring.py)."""

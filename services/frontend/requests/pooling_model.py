@@ -1,6 +1,7 @@
 """What the classify, score and rerank translators know of the served model beyond what its engines
 say (context length, tasks): its name, its tokenizer, and what its config.json declares, read as
-transformers and vLLM read it. Built once per API server process, at start."""
+transformers and vLLM read it (labels: prompting/pooling_config.py, which the sim engine reads too).
+Built once per API server process, at start."""
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -9,8 +10,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-# transformers' PretrainedConfig: a config without id2label has num_labels (default 2) labels LABEL_i.
-DEFAULT_NUM_LABELS = 2
+from prompting.pooling_config import labels
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,12 +46,3 @@ class PoolingModel:
     def num_labels(self) -> int:
         return len(self.id2label)
 
-
-def labels(config: Mapping[str, Any]) -> dict[int, str]:
-    """config.json's id2label as transformers reads it (keys made integers); without one, `num_labels`
-    labels named LABEL_0, LABEL_1, ..."""
-    given = config.get("id2label")
-    if isinstance(given, Mapping) and given:
-        return {int(key): str(value) for key, value in given.items()}
-    count = config.get("num_labels", DEFAULT_NUM_LABELS)
-    return {i: f"LABEL_{i}" for i in range(count if isinstance(count, int) else DEFAULT_NUM_LABELS)}

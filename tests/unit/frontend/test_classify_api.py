@@ -12,10 +12,11 @@ from tokenizers import Tokenizer
 
 import checkpoints
 from prompting.model_files import model_config
+from prompting.pooling_config import labels
 from services.frontend.errors import APIError
 from services.frontend.requests import classify
 from services.frontend.requests.pooling_job import PoolingJob
-from services.frontend.requests.pooling_model import PoolingModel, labels
+from services.frontend.requests.pooling_model import PoolingModel
 
 CHECKPOINT = checkpoints.resolve("tiny-classifier")  # random BERT weights, MiniLM's tokenizer
 MAX_LEN = 64

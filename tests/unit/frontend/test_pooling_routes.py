@@ -275,6 +275,17 @@ def test_inputs_go_only_to_ranks_that_serve_the_task(minilm: Model) -> None:
     assert {index for index, _ in bridge.sent} == {1}
 
 
+def test_a_pinned_rank_must_serve_the_task(minilm: Model) -> None:
+    app, bridge = fleet(minilm, [["generate"], ["embed"]])
+    answer = call(app, "/v1/embeddings", {"input": "a"}, headers={"X-Data-Parallel-Rank": "0"})
+    assert answer.status == 400 and answer.json()["error"]["param"] == "X-Data-Parallel-Rank", answer.body
+    assert "engine rank 0 (pinned by X-Data-Parallel-Rank) does not serve the task 'embed'" in answer.body.decode()
+    answer = call(app, "/v1/embeddings", {"input": "a"}, headers={"X-Data-Parallel-Rank": "7"})
+    assert answer.status == 400 and "7 is not a rank of this deployment (ranks: [0, 1])" in answer.body.decode()
+    assert call(app, "/v1/embeddings", {"input": "a"}, headers={"X-Data-Parallel-Rank": "1"}).status == 200
+    assert [index for index, _ in bridge.sent] == [1]
+
+
 def test_an_old_engine_only_generates(tiny: Model) -> None:
     app, _ = fleet(tiny, [["embed"]], minor=4)  # protocol 1.4: it sends no tasks, whatever its Ready holds
     assert app.engines.tasks() == ["generate"]
@@ -431,3 +442,72 @@ def test_cohere_v2_embed_truncates_as_vllm_maps_truncate(minilm: Model) -> None:
     assert bridge.sent[-1][1].prompt_token_ids == [*whole[:3], whole[-1]]
     call(app, "/v2/embed", {"texts": [text], "max_tokens": 4, "truncate": "START"})  # the ids from the left
     assert bridge.sent[-1][1].prompt_token_ids == whole[-4:]
+
+
+@pytest.mark.parametrize("path, body, shape, words", [
+    ("/v1/embeddings", {"input": "hello"}, [2, 2], "embed gives one vector"),
+    ("/pooling", {"input": "hello", "task": "token_embed"}, [4], "one row per prompt token"),
+    ("/pooling", {"input": "hello", "task": "token_embed"}, [1, 4], "one row per prompt token"),
+    ("/v1/embeddings", {"input": "hello"}, [0], "bad shape"),
+    ("/v1/embeddings", {"input": "hello"}, [3_000_000, 0], "bad shape"),  # once: 3M empty rows built
+])
+def test_a_pooled_output_of_the_wrong_shape_fails_the_request(minilm: Model, path: str, body: dict[str, Any],
+                                                               shape: list[int], words: str) -> None:
+    app, bridge = fleet(minilm)
+    bridge.shape = shape
+    answer = call(app, path, body)
+    assert answer.status == 503 and words in answer.json()["error"]["message"], answer.body
+
+
+def test_a_cross_encoder_output_with_more_than_one_value_is_an_engine_failure_not_a_500() -> None:
+    app, bridge = fleet(Model.load("tiny-cross-encoder", "ce"), [["classify"]])
+    bridge.labels = 3  # the engine's width, not the model's one label
+    for path, body in (("/score", {"queries": "q", "documents": ["d1"]}), ("/classify", {"input": "a"})):
+        answer = call(app, path, body)
+        assert answer.status == 503 and "one value per label (1)" in answer.json()["error"]["message"], answer.body
+
+
+async def _until(condition: Any) -> None:
+    async with asyncio.timeout(10):
+        while not condition():
+            await asyncio.sleep(0.001)
+
+
+def test_inputs_of_a_rank_that_dies_or_drains_move_to_another(minilm: Model) -> None:
+    async def main() -> None:
+        app, bridge = fleet(minilm, [["embed"], ["embed"]])
+        bridge.silent = {0}
+        served = asyncio.get_running_loop().create_task(
+            request(app, "POST", "/v1/embeddings", {"input": ["a", "b", "c", "d"]}))
+        await _until(lambda: len(bridge.sent) == 4)
+        on_rank_0 = {r.request_id for index, r in bridge.sent if index == 0}
+        assert on_rank_0 and not served.done()  # placed over both ranks; rank 0 answers nothing
+        app.engines._mark_dead(app.engines.engines[0], "killed")
+        answer = await asyncio.wait_for(served, 10)
+        assert answer.status == 200 and len(answer.json()["data"]) == 4, answer.body
+        assert {r.request_id for index, r in bridge.sent[4:]} == on_rank_0
+        assert {index for index, _ in bridge.sent[4:]} == {1}
+
+        app.engines.engines[0].state = "ready"  # as after a new handshake: back in placement, but draining
+        bridge.silent, bridge.draining, bridge.sent = set(), {0}, []
+        answer = await request(app, "POST", "/v1/embeddings", {"input": ["a", "b", "c", "d"]})
+        assert answer.status == 200 and len(answer.json()["data"]) == 4, answer.body
+        refused = [r.request_id for index, r in bridge.sent if index == 0]
+        assert refused and {r.request_id for index, r in bridge.sent if index == 1} >= set(refused)
+
+    asyncio.run(main())
+
+
+def test_a_rank_lost_with_no_other_to_take_its_inputs_fails_the_request_at_once(minilm: Model) -> None:
+    async def main() -> None:
+        app, bridge = fleet(minilm)
+        bridge.hold = True
+        served = asyncio.get_running_loop().create_task(
+            request(app, "POST", "/v1/embeddings", {"input": ["a", "b"]}))
+        await _until(lambda: len(bridge.sent) == 2)
+        app.engines._mark_dead(app.engines.engines[0], "killed")
+        answer = await asyncio.wait_for(served, 10)  # not the engine timeout (60 s here)
+        assert answer.status == 503 and "engine rank 0 failed: killed" in answer.json()["error"]["message"]
+        assert len(bridge.sent) == 2  # nowhere else to send them
+
+    asyncio.run(main())

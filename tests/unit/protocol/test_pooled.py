@@ -45,6 +45,8 @@ def test_the_golden_outputs_carry_req_5s_embedding() -> None:
     (PackedPooled(0, 0, []), "bad shape"),
     (PackedPooled(0, 0, [1, 1, 1]), "bad shape"),
     (PackedPooled(0, 0, [-1]), "bad shape"),
+    (PackedPooled(0, 0, [0]), "bad shape"),
+    (PackedPooled(0, 0, [3_000_000, 0]), "bad shape"),  # zero bytes, yet three million rows to build
     (PackedPooled(-1, 0, [1]), "raw frame -1"),
 ])
 def test_a_bad_reference_is_a_protocol_error(ref: PackedPooled, message: str) -> None:

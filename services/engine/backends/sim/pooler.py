@@ -13,7 +13,6 @@ from protocol import PoolingParams
 from services.engine.backend import RequestRejected
 
 DEFAULT_HIDDEN_SIZE = 384  # all-MiniLM-L6-v2's, for a checkpoint whose config does not say
-DEFAULT_NUM_LABELS = 2  # transformers' default for a sequence classifier
 LOGIT_SCALE = 4.0  # raw class logits lie in [-4, 4): softmax over them is neither flat nor one-hot
 _U32 = 2.0**32
 

@@ -50,11 +50,3 @@ def _is_pooling(checkpoint: Path, config_json: dict[str, Any]) -> bool:
             return True
     return False
 
-
-def num_labels(config_json: dict[str, Any], default: int) -> int:
-    """The classifier's labels: id2label's size, else num_labels, else `default`."""
-    id2label = config_json.get("id2label")
-    if isinstance(id2label, dict) and id2label:
-        return len(id2label)
-    given = config_json.get("num_labels")
-    return int(given) if isinstance(given, int) and given >= 1 else default
