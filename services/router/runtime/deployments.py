@@ -26,7 +26,7 @@ from services.router.runtime import pooling_api
 from services.router.runtime.demand import used_deployments
 from services.router.runtime.labels import class_names
 from services.router.runtime.managed import ManagedReplica, Secrets
-from services.router.runtime.models import Classified, Embedded, ModelUnavailable, Reranked
+from services.router.runtime.models import Classified, Embedded, Label, ModelUnavailable, Reranked
 
 log = logging.getLogger("router.runtime")
 T = TypeVar("T")
@@ -45,6 +45,8 @@ class Deployment:
     api_key: str | None = None
     managed: list[ManagedReplica] = field(default_factory=list)
     labels: list[str] | None = None  # classify: class names by index
+    labels_source: str = ""  # where they came from (a wrong count names it)
+    labels_logged: bool = False  # a wrong count is logged once, not per call
     ready: bool = False  # had a ready worker once: the start is over
 
 
@@ -97,6 +99,7 @@ class Deployments:
         deployment = Deployment(config, pool, reasons, api_key, managed)
         if "classify" in config.tasks:
             deployment.labels, source = await asyncio.to_thread(class_names, config)
+            deployment.labels_source = source
             log.info("deployment %s: class names from %s", config.name, source)
         return deployment
 
@@ -141,7 +144,17 @@ class Deployments:
     # ---- the DecisionModels calls ----
 
     async def embed(self, deployment: str, texts: list[str], *, timeout_s: float) -> Embedded:
+        """Texts past pooling_api.MAX_INPUTS (a signal's many examples) go as several calls at once, each
+        answered by one worker; the answer names the workers of all of them."""
         d = self._callable(deployment, "embed")
+        if len(texts) <= pooling_api.MAX_INPUTS:
+            return await self._embed(d, texts, timeout_s)
+        chunks = [texts[i:i + pooling_api.MAX_INPUTS] for i in range(0, len(texts), pooling_api.MAX_INPUTS)]
+        answers = await asyncio.gather(*(self._embed(d, chunk, timeout_s) for chunk in chunks))
+        workers = ", ".join(dict.fromkeys(a.worker for a in answers))
+        return Embedded(workers, max(a.latency_s for a in answers), [v for a in answers for v in a.vectors])
+
+    async def _embed(self, d: Deployment, texts: list[str], timeout_s: float) -> Embedded:
         call = pooling_api.embed_call(d.config.model, texts)
         vectors, worker, latency = await self._call(
             d, call, timeout_s, lambda answer: pooling_api.embeddings(answer, call.expected))
@@ -150,8 +163,8 @@ class Deployments:
     async def classify(self, deployment: str, texts: list[str], *, timeout_s: float) -> Classified:
         d = self._callable(deployment, "classify")
         call = pooling_api.classify_call(d.config.model, texts)
-        results, worker, latency = await self._call(
-            d, call, timeout_s, lambda answer: pooling_api.labels(answer, call.expected, d.labels))
+        results, worker, latency = await self._call(d, call, timeout_s,
+                                                    lambda answer: _labels(d, answer, call.expected))
         return Classified(worker, latency, results)
 
     async def rerank(self, deployment: str, query: str, documents: list[str], *, timeout_s: float) -> Reranked:
@@ -229,6 +242,20 @@ class Deployments:
         finally:
             lease.release(ok, unreachable=unreachable)  # None when cancelled: a deadline blames no worker
         return None
+
+
+def _labels(d: Deployment, answer: dict[str, Any], expected: int) -> list[Label]:
+    """The answer's classes named; names that do not fit are the config's fault (or the checkpoint's):
+    the call fails naming where they came from, no worker is blamed, and the log says it once."""
+    try:
+        return pooling_api.labels(answer, expected, d.labels)
+    except pooling_api.WrongNames as exc:
+        where = f"deployments.{d.config.name}.labels" if d.config.labels else d.labels_source
+        reason = f"deployment {d.config.name!r}: {exc}: fix {where}"
+        if not d.labels_logged:
+            d.labels_logged = True
+            log.error("%s", reason)
+        raise ModelUnavailable(reason) from None
 
 
 def _failed(errors: list[str], reason: str) -> str:

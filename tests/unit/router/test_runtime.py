@@ -71,18 +71,55 @@ def test_embed_posts_vllms_embeddings_request_and_reads_the_rows_in_input_order(
     assert out.vectors == [[1.0, 0.0], [0.0, 1.0]] and out.worker == A and out.latency_s >= 0
     [sent] = upstream.sent
     assert (sent.path, sent.body, sent.api_key) == \
-        ("/v1/embeddings", {"model": "m", "input": ["x", "y"], "encoding_format": "float"}, "k")
+        ("/v1/embeddings", {"model": "m", "input": ["x", "y"], "encoding_format": "float",
+                            "truncate_prompt_tokens": -1, "truncation_side": "left"}, "k")
 
 
-def test_classify_names_every_probability_and_takes_the_top_label_from_the_worker() -> None:
+def test_a_long_prompt_is_cut_to_the_context_keeping_its_end_not_refused() -> None:
+    # Without truncation the frontend refuses a prompt past the context (400): every long request's
+    # model signals would be unknown. -1: as much as the context holds; left: the latest turn kept.
     upstream = FakeUpstream()
-    upstream.answer(A, _json({"data": [{"index": 0, "label": "code", "probs": [0.1, 0.7, 0.2], "num_classes": 3}]}))
+    upstream.answer(A, _json({"data": [{"index": 0, "label": "b", "probs": [0.4, 0.6], "num_classes": 2}]}))
+    config = _config({"cls": _attached(["classify"], labels=["a", "b"])}, ("cls",))
+    _run(config, upstream, lambda rt: rt.classify("cls", ["x"], timeout_s=5))
+    keep_end = {"truncate_prompt_tokens": -1, "truncation_side": "left"}
+    assert upstream.sent[0].body == {"model": "m", "input": ["x"], **keep_end}
+
+
+def test_more_texts_than_one_call_may_carry_go_as_several_calls_joined_in_order() -> None:
+    upstream = FakeUpstream()  # the frontend refuses more than 2048 inputs in one call
+    upstream.answer(A, _embedding(*[[float(i)] for i in range(2048)]), _embedding([2048.0], [2049.0]))
+    config = _config({"emb": _attached(["embed"])}, ("emb",))
+    out = _run(config, upstream, lambda rt: rt.embed("emb", [str(i) for i in range(2050)], timeout_s=5))
+    assert [len(s.body["input"]) for s in upstream.sent] == [2048, 2]
+    assert out.vectors == [[float(i)] for i in range(2050)] and out.worker == A
+
+
+def test_classify_names_every_probability_and_the_top_label_by_the_known_names() -> None:
+    upstream = FakeUpstream()
+    # The worker's own label is its checkpoint's (LABEL_1 when it has no id2label): the names given win.
+    upstream.answer(A, _json({"data": [{"index": 0, "label": "LABEL_1", "probs": [0.1, 0.7, 0.2], "num_classes": 3}]}))
     config = _config({"cls": _attached(["classify"], labels=["chat", "code", "math"])}, ("cls",))
     out = _run(config, upstream, lambda rt: rt.classify("cls", ["def f(): pass"], timeout_s=5))
     [label] = out.results
     assert (label.label, label.probability) == ("code", 0.7)
     assert label.probs == {"chat": 0.1, "code": 0.7, "math": 0.2}
-    assert upstream.sent[0].path == "/classify" and upstream.sent[0].body == {"model": "m", "input": ["def f(): pass"]}
+    assert upstream.sent[0].path == "/classify" and upstream.sent[0].body["input"] == ["def f(): pass"]
+
+
+def test_class_names_that_do_not_fit_the_classes_fail_naming_the_field_and_blame_no_worker() -> None:
+    upstream = FakeUpstream()
+    upstream.answer(A, _json({"data": [{"index": 0, "label": "LABEL_1", "probs": [0.4, 0.6], "num_classes": 2}]}))
+    config = _config({"cls": _attached(["classify"], labels=["a", "b", "c"])}, ("cls",))
+
+    async def body(rt: Deployments) -> tuple[str, int]:
+        with pytest.raises(ModelUnavailable) as info:
+            await rt.classify("cls", ["x"], timeout_s=5)
+        return str(info.value), rt.started["cls"].pool.replicas[0].request_failures
+
+    reason, failures = _run(config, upstream, body)
+    assert reason == "deployment 'cls': 3 class names for the worker's 2 classes: fix deployments.cls.labels"
+    assert failures == 0
 
 
 def test_classify_without_known_class_names_names_them_as_transformers_does() -> None:
@@ -102,7 +139,8 @@ def test_rerank_gives_scores_in_document_order_though_vllm_sorts_them_by_relevan
     out = _run(config, upstream, lambda rt: rt.rerank("ce", "q", ["a", "b"], timeout_s=5))
     assert out.scores == [0.2, 0.9]
     assert upstream.sent[0].path == "/rerank"
-    assert upstream.sent[0].body == {"model": "m", "query": "q", "documents": ["a", "b"], "top_n": 0}
+    assert upstream.sent[0].body == {"model": "m", "query": "q", "documents": ["a", "b"], "top_n": 0,
+                                     "truncate_prompt_tokens": -1}
 
 
 def _unavailable(config: RouterConfig, upstream: FakeUpstream,
