@@ -3,7 +3,8 @@
 `DecisionModels` calls answered by one worker each, chosen by the pools' scheduler.
 
 Start: workers of every used deployment are started (unused ones start nothing, and say so), then
-`wait_ready` returns once each has a ready worker; the router's /ready says ready only after that.
+`wait_ready` returns once each has a ready worker (each one's health checks start as it becomes
+ready); the router's /ready says ready only after that.
 A call never waits past its deadline: no worker, every worker full, a failure or a timeout is a
 ModelUnavailable saying which and why."""
 from __future__ import annotations
@@ -104,20 +105,24 @@ class Deployments:
         return deployment
 
     async def wait_ready(self) -> None:
-        """Until every started deployment has a ready worker (checked every READY_POLL_S), then the
-        health checks run at each deployment's interval. A deployment still not ready after its
-        start_timeout_s is logged as an error; the router stays not ready, and the wait goes on."""
+        """Until every started deployment has a ready worker (checked every READY_POLL_S); each one's
+        health checks run at its own interval from the moment it is ready, whatever the others do. A
+        deployment still not ready after its start_timeout_s is logged as an error; the router stays
+        not ready, and the wait goes on."""
         await asyncio.gather(*(self._until_ready(name, d) for name, d in self.started.items()))
-        self.checker.start()
 
     async def _until_ready(self, name: str, deployment: Deployment) -> None:
         began = time.monotonic()
         warned = False
         while True:
-            await self.checker.check_once(name)
+            try:
+                await self.checker.check_once(name)
+            except Exception:  # as the checker's own loop: a bug in one round must not end the wait
+                log.exception("deployment %s: health check round failed", name)
             ready = [r.url for r in deployment.pool.replicas if deployment.pool.is_ready(r)]
             if ready:
                 deployment.ready = True
+                self.checker.start([name])
                 log.info("deployment %s: ready in %.1fs (%s)", name, time.monotonic() - began, ", ".join(ready))
                 return
             if not warned and time.monotonic() - began > deployment.config.start_timeout_s:

@@ -15,6 +15,7 @@ from services.router.backends.pool import Pool
 from services.router.config import EntryConfig, RouterConfig, parse_config
 from services.router.runtime.deployments import Deployments
 from services.router.runtime.models import ModelUnavailable
+from services.router.server import log_start_failure
 from tests.support.fake_upstream import FakeUpstream, Reply
 
 A, B = "http://a:8000", "http://b:8000"
@@ -313,3 +314,76 @@ def test_the_routers_ready_route_answers_503_until_the_deployments_are_ready() -
         return [(a.status, a.json()["status"]) for a in answers]
 
     assert asyncio.run(go()) == [(503, "starting"), (200, "ready"), (200, "ready")]
+
+
+class _Health(FakeUpstream):
+    """Health answers per worker URL; `checked` is set at each check of `watch`."""
+
+    def __init__(self, down: set[str], watch: str) -> None:
+        super().__init__()
+        self.down, self.watch, self.checked = down, watch, asyncio.Event()
+
+    async def get_ok(self, url: str, timeout_s: float, *, api_key: str | None = None) -> tuple[bool, str]:
+        if url.startswith(self.watch):
+            self.checked.set()
+        return (False, "HTTP 503") if any(url.startswith(u) for u in self.down) else (True, "HTTP 200")
+
+
+def test_a_deployment_never_ready_does_not_stop_the_health_checks_of_the_others() -> None:
+    upstream = _Health(down={B}, watch=A)  # B never becomes ready
+    config = _config({"emb": _attached(["embed"], health={"interval_s": 0.01, "failures": 1}),
+                      "stuck": _attached(["embed"], (B,))}, ("emb", "stuck"))
+
+    async def go() -> bool:
+        runtime = Deployments(config, upstream)
+        await runtime.start()
+        waiting = asyncio.create_task(runtime.wait_ready())
+        try:
+            async with asyncio.timeout(5):
+                while not runtime.started["emb"].ready:
+                    await upstream.checked.wait()
+                    upstream.checked.clear()
+                upstream.down.add(A)  # emb's worker dies while stuck is still starting
+                pool = runtime.started["emb"].pool
+                while pool.is_ready(pool.replicas[0]):
+                    await upstream.checked.wait()
+                    upstream.checked.clear()
+            return waiting.done()
+        finally:
+            waiting.cancel()
+            await runtime.stop()
+
+    assert asyncio.run(go()) is False  # emb's worker is seen down though the start never ended
+
+
+class _FlakyHealth(FakeUpstream):
+    """A health check that raises once (a bug, not a failed check), then answers."""
+
+    raised = False
+
+    async def get_ok(self, url: str, timeout_s: float, *, api_key: str | None = None) -> tuple[bool, str]:
+        if not self.raised:
+            self.raised = True
+            raise RuntimeError("a bug in a check")
+        return True, "HTTP 200"
+
+
+def test_a_check_round_that_raises_at_start_does_not_end_the_wait_for_ready() -> None:
+    config = _config({"emb": _attached(["embed"])}, ("emb",))
+    ready, _ = _run(config, _FlakyHealth(), lambda rt: asyncio.sleep(0, rt.readiness()))
+    assert ready
+
+
+def test_a_failed_start_task_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    async def go() -> None:
+        task = asyncio.get_running_loop().create_task(asyncio.sleep(0, None))
+        failing = asyncio.get_running_loop().create_task(_raise())
+        await asyncio.gather(task, failing, return_exceptions=True)
+        log_start_failure(failing)
+
+    asyncio.run(go())
+    assert "the model runtime's start failed" in caplog.text and "boom" in caplog.text
+
+
+async def _raise() -> None:
+    raise RuntimeError("boom")
