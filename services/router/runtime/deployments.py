@@ -135,16 +135,21 @@ class Deployments:
         await self.checker.stop()
         await asyncio.gather(*(r.stop() for d in self.started.values() for r in d.managed))
 
-    def readiness(self) -> tuple[bool, dict[str, Any]]:
-        """Whether every started deployment is ready, and each one's state (the router's /ready)."""
+    def readiness(self) -> tuple[bool, list[str], dict[str, Any]]:
+        """Whether every started deployment had a ready worker once (the start is over), the ones with
+        none ready now (degraded: their signals are unknown), and each one's state (the router's /ready)."""
         states: dict[str, Any] = {}
+        down: list[str] = []
         for name, d in self.started.items():
             workers = d.pool.snapshot()
             for worker, replica in zip(workers, d.managed, strict=False):
                 worker.update(replica.describe())
+            ready_now = any(w["ready"] for w in workers)
+            if d.ready and not ready_now:
+                down.append(name)
             states[name] = {"model": d.config.model, "revision": d.config.revision, "tasks": list(d.config.tasks),
-                            "ready": d.ready, "used_by": d.reasons, "workers": workers}
-        return all(d.ready for d in self.started.values()), states
+                            "started": d.ready, "ready": ready_now, "used_by": d.reasons, "workers": workers}
+        return all(d.ready for d in self.started.values()), down, states
 
     # ---- the DecisionModels calls ----
 

@@ -161,7 +161,7 @@ def test_no_call_goes_to_a_worker_before_its_first_check_passed() -> None:
     async def body(rt: Deployments) -> tuple[bool, str]:
         with pytest.raises(ModelUnavailable) as info:
             await rt.embed("emb", ["x"], timeout_s=5)
-        ready, _ = rt.readiness()
+        ready, _, _ = rt.readiness()
         return ready, str(info.value)
 
     ready, reason = _run(config, upstream, body, ready=False)
@@ -171,7 +171,7 @@ def test_no_call_goes_to_a_worker_before_its_first_check_passed() -> None:
 
 def test_the_router_is_ready_once_each_used_deployment_has_a_ready_worker() -> None:
     config = _config({"emb": _attached(["embed"]), "idle": _attached(["embed"], (B,))}, ("emb",))
-    ready, states = _run(config, FakeUpstream(), lambda rt: asyncio.sleep(0, rt.readiness()))
+    ready, _, states = _run(config, FakeUpstream(), lambda rt: asyncio.sleep(0, rt.readiness()))
     assert ready and list(states) == ["emb"]  # "idle" is used by nothing: not started, not waited for
     assert states["emb"]["used_by"] == ["signal entries.e.signals[0] (s0, embedding)"]
     assert [w["url"] for w in states["emb"]["workers"]] == [A] and states["emb"]["workers"][0]["ready"]
@@ -370,7 +370,7 @@ class _FlakyHealth(FakeUpstream):
 
 def test_a_check_round_that_raises_at_start_does_not_end_the_wait_for_ready() -> None:
     config = _config({"emb": _attached(["embed"])}, ("emb",))
-    ready, _ = _run(config, _FlakyHealth(), lambda rt: asyncio.sleep(0, rt.readiness()))
+    ready, _, _ = _run(config, _FlakyHealth(), lambda rt: asyncio.sleep(0, rt.readiness()))
     assert ready
 
 
@@ -387,3 +387,39 @@ def test_a_failed_start_task_is_logged(caplog: pytest.LogCaptureFixture) -> None
 
 async def _raise() -> None:
     raise RuntimeError("boom")
+
+
+def test_ready_reports_degraded_when_a_deployment_lost_every_worker_and_shows_detail_only_with_a_key() -> None:
+    from services.router.app import RouterApp
+    from services.router.backends.pool import build_pools
+    from services.router.decision.engine import Router
+    from services.router.metrics import RouterMetrics
+    from tests.support.asgi_client import request
+
+    config = _config({"emb": _attached(["embed"], health={"failures": 1})}, ("emb",))
+    config = dataclasses.replace(config, listeners=(dataclasses.replace(config.listeners[0], api_keys=("k",)),))
+    plain = dataclasses.replace(config, entries={"e": EntryConfig("e", ("p",))})
+    pools = build_pools(config)
+
+    async def go() -> list[tuple[int, Any]]:
+        upstream = _Health(down=set(), watch=A)
+        runtime = Deployments(config, upstream)
+        app = RouterApp(config, Router(plain), pools, upstream, RouterMetrics(pools), runtime=runtime)
+        key = {"authorization": "Bearer k"}
+        try:
+            await runtime.start()
+            await runtime.wait_ready()
+            answers = [await request(app, "GET", "/ready"), await request(app, "GET", "/ready", headers=key)]
+            upstream.down.add(A)  # the only worker dies
+            await runtime.checker.check_once("emb")
+            answers += [await request(app, "GET", "/ready"), await request(app, "GET", "/ready", headers=key)]
+        finally:
+            await runtime.stop()
+            app.close()
+        return [(a.status, a.json()) for a in answers]
+
+    (s1, open1), (s2, keyed1), (s3, open2), (s4, keyed2) = asyncio.run(go())
+    assert (s1, open1) == (200, {"status": "ready"})  # no key: no worker addresses
+    assert s2 == 200 and keyed1["status"] == "ready" and keyed1["deployments"]["emb"]["workers"][0]["url"] == A
+    assert (s3, open2) == (200, {"status": "degraded"})  # still routing: its signals are unknown
+    assert s4 == 200 and keyed2["degraded"] == ["emb"] and keyed2["deployments"]["emb"]["ready"] is False
