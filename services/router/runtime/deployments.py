@@ -197,40 +197,56 @@ class Deployments:
                     read: Callable[[dict[str, Any]], T]) -> tuple[T, str, float]:
         """The first answer a worker gives, `read` into results, and that worker and the call's latency,
         within min(timeout_s, the deployment's timeout_s). A pooling call changes nothing on a worker,
-        so one that failed is tried on another."""
+        so one that failed is tried on another; each attempt gets its share of the time left (split
+        among the workers not tried yet), so a hung worker leaves time to try another."""
         deadline = min(timeout_s, d.config.timeout_s)
+        # Past its share of the deployment's own bound a worker is at fault (its breaker counts it); a
+        # caller's shorter budget says nothing about the worker.
+        blame = d.config.timeout_s <= timeout_s
         payload = _json.encode(call.body)
         tried: list[str] = []
         errors: list[str] = []
         started = time.perf_counter()
+        # No timeout around the loop: every wait is an attempt's, within its share, and the shares of
+        # the time left add up to the deadline (the last attempt has all of it), so a hung worker is
+        # always ended by its own timeout and counted.
         try:
-            async with asyncio.timeout(deadline):
-                while True:
-                    lease = d.pool.acquire(len(payload), exclude=frozenset(tried))
-                    if isinstance(lease, Overloaded):
-                        raise ModelUnavailable(_failed(errors, f"every worker full: {lease.reason}"))
-                    if isinstance(lease, NoReplica):
-                        raise ModelUnavailable(_failed(errors, lease.reason))
-                    tried.append(lease.replica.url)
-                    answered = await self._attempt(d, lease, call.path, payload, deadline, read, errors)
-                    if answered is not None:
-                        return answered[0], lease.replica.url, time.perf_counter() - started
+            while True:
+                lease = d.pool.acquire(len(payload), exclude=frozenset(tried))
+                if isinstance(lease, Overloaded):
+                    raise ModelUnavailable(_failed(errors, f"every worker full: {lease.reason}"))
+                if isinstance(lease, NoReplica):
+                    raise ModelUnavailable(_failed(errors, lease.reason))
+                tried.append(lease.replica.url)
+                left = deadline - (time.perf_counter() - started)
+                share = left / max(1, len(d.pool.replicas) - len(tried) + 1)
+                try:
+                    answered = await self._attempt(d, lease, call.path, payload, share, blame, read, errors)
+                except _PastShare:
+                    if share >= left or len(tried) >= len(d.pool.replicas):
+                        raise TimeoutError from None  # the whole deadline is spent: said below
+                    errors.append(f"{lease.replica.url}: no answer within its share, {share:.3g}s")
+                    continue
+                if answered is not None:
+                    return answered[0], lease.replica.url, time.perf_counter() - started
         except TimeoutError:
             where = f" (tried {', '.join(tried)})" if tried else ""
             raise ModelUnavailable(_failed(errors, f"deployment {d.config.name!r}: no answer within "
                                                    f"{deadline:g}s{where}")) from None
 
-    async def _attempt(self, d: Deployment, lease: Lease, path: str, payload: bytes, deadline: float,
+    async def _attempt(self, d: Deployment, lease: Lease, path: str, payload: bytes, share: float, blame: bool,
                        read: Callable[[dict[str, Any]], T], errors: list[str]) -> tuple[T] | None:
         """One worker's answer read, or None with the reason added to `errors` (the worker failed: try
-        another). A refusal of the call itself (4xx) is no worker's fault and fails the call."""
+        another); _PastShare when it did not answer within `share` (a failure when `blame`). A refusal
+        of the call itself (4xx) is no worker's fault and fails the call."""
         url, ok, unreachable = lease.replica.url, None, False
         try:
-            response = await self.upstream.open(url, path, payload, api_key=d.api_key, timeout_s=deadline)
-            try:
-                body = await response.read()
-            finally:
-                response.close()
+            async with asyncio.timeout(share):
+                response = await self.upstream.open(url, path, payload, api_key=d.api_key, timeout_s=share)
+                try:
+                    body = await response.read()
+                finally:
+                    response.close()
             if response.status != 200:  # the worker answered; its breaker stays as it is (ok None)
                 raise ModelUnavailable(_failed(errors, f"{url} refused {path}: HTTP {response.status}: "
                                                        f"{body[:300].decode(errors='replace')}"))
@@ -240,6 +256,9 @@ class Deployments:
             result = read(value)
             ok = True
             return (result,)
+        except TimeoutError:  # its share spent (asyncio's or the client's own read timeout)
+            ok = False if blame else None
+            raise _PastShare from None
         except UpstreamError as exc:
             ok, unreachable = False, exc.unreachable
             errors.append(str(exc))
@@ -252,6 +271,10 @@ class Deployments:
         finally:
             lease.release(ok, unreachable=unreachable)  # None when cancelled: a deadline blames no worker
         return None
+
+
+class _PastShare(Exception):
+    """An attempt that got no answer within its share of the call's deadline."""
 
 
 def _labels(d: Deployment, answer: dict[str, Any], expected: int) -> list[Label]:

@@ -423,3 +423,33 @@ def test_ready_reports_degraded_when_a_deployment_lost_every_worker_and_shows_de
     assert s2 == 200 and keyed1["status"] == "ready" and keyed1["deployments"]["emb"]["workers"][0]["url"] == A
     assert (s3, open2) == (200, {"status": "degraded"})  # still routing: its signals are unknown
     assert s4 == 200 and keyed2["degraded"] == ["emb"] and keyed2["deployments"]["emb"]["ready"] is False
+
+
+def test_a_hung_worker_gets_a_share_of_the_deadline_so_another_answers_and_it_is_counted_failed() -> None:
+    upstream = FakeUpstream()
+    upstream.answer(A, Reply(hang=True))
+    upstream.answer(B, _embedding([1.0]))
+    config = _config({"emb": _attached(["embed"], (A, B), timeout_s=0.2)}, ("emb",))
+
+    async def body(rt: Deployments) -> tuple[str, list[int]]:
+        rt.started["emb"].pool.replicas.sort(key=lambda r: r.url != A)  # A first: the scheduler's tie
+        picked = rt.started["emb"].pool
+        out = await rt.embed("emb", ["x"], timeout_s=5)
+        return out.worker, [r.request_failures for r in picked.replicas]
+
+    worker, failures = _run(config, upstream, body)
+    assert upstream.urls() == [A, B] and worker == B  # A had half the deadline, B the rest
+    assert failures == [1, 0]  # past its share of the deployment's timeout_s: A's fault
+
+
+def test_a_worker_past_only_the_callers_shorter_budget_is_not_blamed() -> None:
+    upstream = FakeUpstream()
+    upstream.answer(A, Reply(hang=True))
+    config = _config({"emb": _attached(["embed"])}, ("emb",))  # timeout_s: the default, far longer
+
+    async def body(rt: Deployments) -> int:
+        with pytest.raises(ModelUnavailable):
+            await rt.embed("emb", ["x"], timeout_s=0.05)
+        return rt.started["emb"].pool.replicas[0].request_failures
+
+    assert _run(config, upstream, body) == 0
