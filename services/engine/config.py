@@ -182,7 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     """`engine --help`: defaults are EngineConfig's, written once there."""
     d = {f.name: f.default for f in fields(EngineConfig)}
     p = argparse.ArgumentParser(prog="engine", formatter_class=_HelpFormatter, description="Headless engine: a "
-                                "model behind the engine protocol (ZMQ ROUTER per rank + PUB for KV events and load).")
+                                "model behind the engine protocol (ZMQ ROUTER per rank + PUB for KV events and load).",
+                                allow_abbrev=False)  # a prefix (--mod) must not pass for a flag
     p.add_argument("--headless", action="store_true", help="accepted for vLLM parity; the engine is always headless")
     p.add_argument("--model", required=True, help="'tiny' (built on first use) or a local checkpoint directory")
     p.add_argument("--backend", choices=("vllm", "sim"), default="vllm",

@@ -153,7 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     """`frontend --help`: defaults are FrontendConfig's, written once there."""
     d = {f.name: f.default for f in fields(FrontendConfig)}
     p = argparse.ArgumentParser(prog="frontend", formatter_class=_HelpFormatter, description="OpenAI-compatible "
-                                "HTTP server over headless engines (engine protocol over ZMQ).")
+                                "HTTP server over headless engines (engine protocol over ZMQ).",
+                                allow_abbrev=False)  # a prefix (--mod) must not pass for a flag
     p.add_argument("--model", required=True, help="'tiny' (built on first use) or a local checkpoint directory")
     p.add_argument("--host", default=d["host"], help="address the HTTP server binds")
     p.add_argument("--port", type=int, default=d["port"], help="port the HTTP server listens on")

@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 from starlette.types import Receive, Scope, Send
 
+from edge.api_keys import KeyCheck
 from edge.connection_limits import DEFAULT_HEADER_TIMEOUT_S
 from services.router.backends.dispatch import Dispatcher
 from services.router.backends.pool import NoReplica, Overloaded, Pool
@@ -118,9 +119,9 @@ class RouterApp:
             _only_get(path, method)
             await send_json(send, 200, _json.encode(self._health()))
             return
-        if path == "/ready":  # open like /health: probes carry no key
+        if path == "/ready":  # open like /health: probes carry no key (the detail needs one, below)
             _only_get(path, method)
-            ready, body = self._ready()
+            ready, body = self._ready(listener.keys.check(scope["headers"]) is KeyCheck.ACCEPTED)
             await send_json(send, 200 if ready else 503, _json.encode(body))
             return
         authorize(listener.keys, scope["headers"])
@@ -160,14 +161,21 @@ class RouterApp:
                                                  "replicas": len(pool.replicas)}
                                           for name, pool in self.pools.items()}}
 
-    def _ready(self) -> tuple[bool, dict[str, Any]]:
-        """Ready once every deployment the config uses has a ready worker (none used: at once), so no
-        first request waits on a model load; the body gives each deployment's workers."""
+    def _ready(self, detail: bool) -> tuple[bool, dict[str, Any]]:
+        """Ready once every deployment the config uses has had a ready worker (none used: at once), so
+        no first request waits on a model load. Ready stays ready after: a deployment with no worker
+        ready now makes its signals unknown, not the router unable to route, so it is `degraded`, still
+        200 (a 503 would take the router out of its Service). `detail` (the listener's key, like
+        /metrics): each deployment's workers, whose addresses an open probe must not see."""
         if self.runtime is None:
-            return True, {"status": "ready", "deployments": {}}
-        ready, deployments = self.runtime.readiness()
-        ready = ready and self.warm
-        return ready, {"status": "ready" if ready else "starting", "deployments": deployments}
+            return True, {"status": "ready", **({"deployments": {}} if detail else {})}
+        started, down, deployments = self.runtime.readiness()
+        ready = started and self.warm
+        status = "starting" if not ready else "degraded" if down else "ready"
+        body: dict[str, Any] = {"status": status}
+        if detail:
+            body.update(deployments=deployments, **({"degraded": down} if down else {}))
+        return ready, body
 
     def _models(self, listener: Listener) -> dict[str, Any]:
         return {"object": "list", "data": [{"id": name, "object": "model", "created": self._created,

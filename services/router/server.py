@@ -62,12 +62,16 @@ async def run(config: RouterConfig, *, header_timeout_s: float = DEFAULT_HEADER_
 
     async def prepare() -> None:
         await runtime.wait_ready()
-        await router.warm()
+        try:
+            await router.warm()
+        except Exception:  # warming is ahead-of-time work only: the examples are embedded on first use
+            log.exception("signal examples not embedded ahead of requests")
         app.warm = True
 
     runtime_ready: asyncio.Task[None] | None = None
     if runtime.started:
         runtime_ready = loop.create_task(prepare())
+        runtime_ready.add_done_callback(log_start_failure)
     else:  # nothing to wait for: warm before serving, as a router without deployments always has
         await prepare()
     http = uvicorn_protocol(header_timeout_s, max_connections)  # httptools, with both bounds (listeners/connections.py)
@@ -106,6 +110,12 @@ async def run(config: RouterConfig, *, header_timeout_s: float = DEFAULT_HEADER_
         await upstream.close()
         app.close()
     return 0
+
+
+def log_start_failure(task: asyncio.Task[None]) -> None:
+    """A background start task that failed says so (else /ready stays 503 with nothing in the log)."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("the model runtime's start failed: the router stays not ready", exc_info=exc)
 
 
 def run_loop(coro: Any) -> int:

@@ -68,7 +68,7 @@ def test_managed_workers_answer_are_started_again_when_killed_and_stop_with_the_
             emb = runtime.started["emb"]
             urls = [r.url for r in emb.managed]
             await asyncio.wait_for(runtime.wait_ready(), 240)
-            ready, states = runtime.readiness()
+            ready, _, states = runtime.readiness()
             assert ready, states
             async with httpx.AsyncClient() as http:  # ready workers are ready as their frontends say
                 ready_urls = [w["url"] for w in states["emb"]["workers"] if w["ready"]]

@@ -153,7 +153,7 @@ LAYERS = {
         ("launcher",), ("__main__",),
     ],
     "services.router": [
-        ("config", "errors", "metrics"),
+        ("config", "errors", "metrics", "parent_death"),
         ("backends",),  # chat pools and the replica scheduling the model runtime shares
         ("runtime",),  # decision-model deployments, on the backends' scheduling
         ("decision",),  # signals ask the runtime's port
@@ -190,8 +190,9 @@ def test_each_service_imports_down_its_layers(service: str) -> None:
 
 def test_the_layer_check_finds_an_upward_import() -> None:
     # The router's listeners import its backends (a lower layer): with the two swapped, that is upward.
-    assert _layer_violations("services.router", [("config", "errors", "metrics"), ("listeners", "decision"),
-                                                 ("backends", "runtime"), ("app",), ("server",), ("__main__",)])
+    assert _layer_violations("services.router", [("config", "errors", "metrics", "parent_death"),
+                                                 ("listeners", "decision"), ("backends", "runtime"), ("app",),
+                                                 ("server",), ("__main__",)])
 
 
 def test_protocol_is_pure() -> None:

@@ -7,7 +7,7 @@ import asyncio
 import ipaddress
 import logging
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from services.router.backends.pool import Pool
@@ -42,9 +42,11 @@ class HealthChecker:
         """Every DNS-discovered pool resolved once, before the router takes requests."""
         await asyncio.gather(*(self._resolve(name, c.dns) for name, c in self.checks.items() if c.dns))
 
-    def start(self) -> None:
+    def start(self, names: Iterable[str] | None = None) -> None:
+        """The checks of `names` (default: every pool) at their interval, until `stop`."""
         loop = asyncio.get_running_loop()
-        for name, checked in self.checks.items():
+        for name in self.checks if names is None else names:
+            checked = self.checks[name]
             self._tasks.append(loop.create_task(self._check_loop(name, checked.health)))
             if checked.dns is not None:
                 self._tasks.append(loop.create_task(self._dns_loop(name, checked.dns)))

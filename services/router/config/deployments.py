@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from services.router.config import rules
 from services.router.config.fields import MISSING, Fields, defaults
@@ -88,7 +89,9 @@ def _managed(f: Fields, path: str, raw: object) -> ManagedConfig | None:
                                                                            _FRONTEND_OWNED)):
         for i, arg in enumerate(args or ()):
             flag = arg.split("=", 1)[0]
-            if flag in owned:
+            # argparse would read a prefix (--mod) as the flag it abbreviates: refused the same (the
+            # workers' parsers refuse abbreviations too, allow_abbrev=False).
+            if flag in owned or (flag.startswith("--") and len(flag) > 2 and any(o.startswith(flag) for o in owned)):
                 f.add(f"{path}.{key}[{i}]", f"{flag} is set by the router for its managed workers "
                                             f"(it sets {', '.join(owned)})")
     if not isinstance(raw, dict) or None in (replicas, backend, engine_args, frontend_args):
@@ -110,6 +113,9 @@ def _attached(f: Fields, path: str, raw: object) -> AttachedConfig | None:
     ok = urls is not None
     for i, url in enumerate(urls or ()):
         ok = f.check(f"{path}.urls[{i}]", rules.url_problem(url)) and ok
+        if ok and urlsplit(url).username is not None:  # it would be logged and shown by /ready
+            ok = f.check(f"{path}.urls[{i}]", "credentials in a URL are not allowed (the URL is logged and "
+                         "shown); set api_key or api_key_env") and ok
     cleaned = [u.rstrip("/") for u in urls or ()]
     for i in rules.duplicates(cleaned):
         f.add(f"{path}.urls[{i}]", f"duplicate url {cleaned[i]!r}")

@@ -11,11 +11,9 @@ sends back the body without its bulk, the bulk as JSON bytes, and the text: a co
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
 import multiprocessing
 import signal
-import sys
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -28,11 +26,11 @@ from services.router.errors import HTTPError
 from services.router.listeners.codecs.codec import CodecError
 from services.router.listeners.codecs.registry import CODECS
 from services.router.listeners.json_body import BodyError, decode_object
+from services.router.parent_death import die_with_parent
 
 log = logging.getLogger("router")
 _json = msgspec.json.Encoder()
 UPSTREAM_BULK = ("messages", "prompt")  # the fields of an upstream chat or completions body the router never reads
-_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(slots=True)
@@ -108,5 +106,4 @@ def _parse_split(api: str, raw: bytes) -> Parsed:
 def _start() -> None:
     """In each worker: Ctrl-C is the router's to handle, and the worker ends when the router does."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if sys.platform == "linux":
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    die_with_parent()

@@ -3,7 +3,8 @@
 `DecisionModels` calls answered by one worker each, chosen by the pools' scheduler.
 
 Start: workers of every used deployment are started (unused ones start nothing, and say so), then
-`wait_ready` returns once each has a ready worker; the router's /ready says ready only after that.
+`wait_ready` returns once each has a ready worker (each one's health checks start as it becomes
+ready); the router's /ready says ready only after that.
 A call never waits past its deadline: no worker, every worker full, a failure or a timeout is a
 ModelUnavailable saying which and why."""
 from __future__ import annotations
@@ -26,7 +27,7 @@ from services.router.runtime import pooling_api
 from services.router.runtime.demand import used_deployments
 from services.router.runtime.labels import class_names
 from services.router.runtime.managed import ManagedReplica, Secrets
-from services.router.runtime.models import Classified, Embedded, ModelUnavailable, Reranked
+from services.router.runtime.models import Classified, Embedded, Label, ModelUnavailable, Reranked
 
 log = logging.getLogger("router.runtime")
 T = TypeVar("T")
@@ -45,6 +46,8 @@ class Deployment:
     api_key: str | None = None
     managed: list[ManagedReplica] = field(default_factory=list)
     labels: list[str] | None = None  # classify: class names by index
+    labels_source: str = ""  # where they came from (a wrong count names it)
+    labels_logged: bool = False  # a wrong count is logged once, not per call
     ready: bool = False  # had a ready worker once: the start is over
 
 
@@ -97,24 +100,29 @@ class Deployments:
         deployment = Deployment(config, pool, reasons, api_key, managed)
         if "classify" in config.tasks:
             deployment.labels, source = await asyncio.to_thread(class_names, config)
+            deployment.labels_source = source
             log.info("deployment %s: class names from %s", config.name, source)
         return deployment
 
     async def wait_ready(self) -> None:
-        """Until every started deployment has a ready worker (checked every READY_POLL_S), then the
-        health checks run at each deployment's interval. A deployment still not ready after its
-        start_timeout_s is logged as an error; the router stays not ready, and the wait goes on."""
+        """Until every started deployment has a ready worker (checked every READY_POLL_S); each one's
+        health checks run at its own interval from the moment it is ready, whatever the others do. A
+        deployment still not ready after its start_timeout_s is logged as an error; the router stays
+        not ready, and the wait goes on."""
         await asyncio.gather(*(self._until_ready(name, d) for name, d in self.started.items()))
-        self.checker.start()
 
     async def _until_ready(self, name: str, deployment: Deployment) -> None:
         began = time.monotonic()
         warned = False
         while True:
-            await self.checker.check_once(name)
+            try:
+                await self.checker.check_once(name)
+            except Exception:  # as the checker's own loop: a bug in one round must not end the wait
+                log.exception("deployment %s: health check round failed", name)
             ready = [r.url for r in deployment.pool.replicas if deployment.pool.is_ready(r)]
             if ready:
                 deployment.ready = True
+                self.checker.start([name])
                 log.info("deployment %s: ready in %.1fs (%s)", name, time.monotonic() - began, ", ".join(ready))
                 return
             if not warned and time.monotonic() - began > deployment.config.start_timeout_s:
@@ -127,21 +135,36 @@ class Deployments:
         await self.checker.stop()
         await asyncio.gather(*(r.stop() for d in self.started.values() for r in d.managed))
 
-    def readiness(self) -> tuple[bool, dict[str, Any]]:
-        """Whether every started deployment is ready, and each one's state (the router's /ready)."""
+    def readiness(self) -> tuple[bool, list[str], dict[str, Any]]:
+        """Whether every started deployment had a ready worker once (the start is over), the ones with
+        none ready now (degraded: their signals are unknown), and each one's state (the router's /ready)."""
         states: dict[str, Any] = {}
+        down: list[str] = []
         for name, d in self.started.items():
             workers = d.pool.snapshot()
             for worker, replica in zip(workers, d.managed, strict=False):
                 worker.update(replica.describe())
+            ready_now = any(w["ready"] for w in workers)
+            if d.ready and not ready_now:
+                down.append(name)
             states[name] = {"model": d.config.model, "revision": d.config.revision, "tasks": list(d.config.tasks),
-                            "ready": d.ready, "used_by": d.reasons, "workers": workers}
-        return all(d.ready for d in self.started.values()), states
+                            "started": d.ready, "ready": ready_now, "used_by": d.reasons, "workers": workers}
+        return all(d.ready for d in self.started.values()), down, states
 
     # ---- the DecisionModels calls ----
 
     async def embed(self, deployment: str, texts: list[str], *, timeout_s: float) -> Embedded:
+        """Texts past pooling_api.MAX_INPUTS (a signal's many examples) go as several calls at once, each
+        answered by one worker; the answer names the workers of all of them."""
         d = self._callable(deployment, "embed")
+        if len(texts) <= pooling_api.MAX_INPUTS:
+            return await self._embed(d, texts, timeout_s)
+        chunks = [texts[i:i + pooling_api.MAX_INPUTS] for i in range(0, len(texts), pooling_api.MAX_INPUTS)]
+        answers = await asyncio.gather(*(self._embed(d, chunk, timeout_s) for chunk in chunks))
+        workers = ", ".join(dict.fromkeys(a.worker for a in answers))
+        return Embedded(workers, max(a.latency_s for a in answers), [v for a in answers for v in a.vectors])
+
+    async def _embed(self, d: Deployment, texts: list[str], timeout_s: float) -> Embedded:
         call = pooling_api.embed_call(d.config.model, texts)
         vectors, worker, latency = await self._call(
             d, call, timeout_s, lambda answer: pooling_api.embeddings(answer, call.expected))
@@ -150,8 +173,8 @@ class Deployments:
     async def classify(self, deployment: str, texts: list[str], *, timeout_s: float) -> Classified:
         d = self._callable(deployment, "classify")
         call = pooling_api.classify_call(d.config.model, texts)
-        results, worker, latency = await self._call(
-            d, call, timeout_s, lambda answer: pooling_api.labels(answer, call.expected, d.labels))
+        results, worker, latency = await self._call(d, call, timeout_s,
+                                                    lambda answer: _labels(d, answer, call.expected))
         return Classified(worker, latency, results)
 
     async def rerank(self, deployment: str, query: str, documents: list[str], *, timeout_s: float) -> Reranked:
@@ -174,40 +197,56 @@ class Deployments:
                     read: Callable[[dict[str, Any]], T]) -> tuple[T, str, float]:
         """The first answer a worker gives, `read` into results, and that worker and the call's latency,
         within min(timeout_s, the deployment's timeout_s). A pooling call changes nothing on a worker,
-        so one that failed is tried on another."""
+        so one that failed is tried on another; each attempt gets its share of the time left (split
+        among the workers not tried yet), so a hung worker leaves time to try another."""
         deadline = min(timeout_s, d.config.timeout_s)
+        # Past its share of the deployment's own bound a worker is at fault (its breaker counts it); a
+        # caller's shorter budget says nothing about the worker.
+        blame = d.config.timeout_s <= timeout_s
         payload = _json.encode(call.body)
         tried: list[str] = []
         errors: list[str] = []
         started = time.perf_counter()
+        # No timeout around the loop: every wait is an attempt's, within its share, and the shares of
+        # the time left add up to the deadline (the last attempt has all of it), so a hung worker is
+        # always ended by its own timeout and counted.
         try:
-            async with asyncio.timeout(deadline):
-                while True:
-                    lease = d.pool.acquire(len(payload), exclude=frozenset(tried))
-                    if isinstance(lease, Overloaded):
-                        raise ModelUnavailable(_failed(errors, f"every worker full: {lease.reason}"))
-                    if isinstance(lease, NoReplica):
-                        raise ModelUnavailable(_failed(errors, lease.reason))
-                    tried.append(lease.replica.url)
-                    answered = await self._attempt(d, lease, call.path, payload, deadline, read, errors)
-                    if answered is not None:
-                        return answered[0], lease.replica.url, time.perf_counter() - started
+            while True:
+                lease = d.pool.acquire(len(payload), exclude=frozenset(tried))
+                if isinstance(lease, Overloaded):
+                    raise ModelUnavailable(_failed(errors, f"every worker full: {lease.reason}"))
+                if isinstance(lease, NoReplica):
+                    raise ModelUnavailable(_failed(errors, lease.reason))
+                tried.append(lease.replica.url)
+                left = deadline - (time.perf_counter() - started)
+                share = left / max(1, len(d.pool.replicas) - len(tried) + 1)
+                try:
+                    answered = await self._attempt(d, lease, call.path, payload, share, blame, read, errors)
+                except _PastShare:
+                    if share >= left or len(tried) >= len(d.pool.replicas):
+                        raise TimeoutError from None  # the whole deadline is spent: said below
+                    errors.append(f"{lease.replica.url}: no answer within its share, {share:.3g}s")
+                    continue
+                if answered is not None:
+                    return answered[0], lease.replica.url, time.perf_counter() - started
         except TimeoutError:
             where = f" (tried {', '.join(tried)})" if tried else ""
             raise ModelUnavailable(_failed(errors, f"deployment {d.config.name!r}: no answer within "
                                                    f"{deadline:g}s{where}")) from None
 
-    async def _attempt(self, d: Deployment, lease: Lease, path: str, payload: bytes, deadline: float,
+    async def _attempt(self, d: Deployment, lease: Lease, path: str, payload: bytes, share: float, blame: bool,
                        read: Callable[[dict[str, Any]], T], errors: list[str]) -> tuple[T] | None:
         """One worker's answer read, or None with the reason added to `errors` (the worker failed: try
-        another). A refusal of the call itself (4xx) is no worker's fault and fails the call."""
+        another); _PastShare when it did not answer within `share` (a failure when `blame`). A refusal
+        of the call itself (4xx) is no worker's fault and fails the call."""
         url, ok, unreachable = lease.replica.url, None, False
         try:
-            response = await self.upstream.open(url, path, payload, api_key=d.api_key, timeout_s=deadline)
-            try:
-                body = await response.read()
-            finally:
-                response.close()
+            async with asyncio.timeout(share):
+                response = await self.upstream.open(url, path, payload, api_key=d.api_key, timeout_s=share)
+                try:
+                    body = await response.read()
+                finally:
+                    response.close()
             if response.status != 200:  # the worker answered; its breaker stays as it is (ok None)
                 raise ModelUnavailable(_failed(errors, f"{url} refused {path}: HTTP {response.status}: "
                                                        f"{body[:300].decode(errors='replace')}"))
@@ -217,6 +256,9 @@ class Deployments:
             result = read(value)
             ok = True
             return (result,)
+        except TimeoutError:  # its share spent (asyncio's or the client's own read timeout)
+            ok = False if blame else None
+            raise _PastShare from None
         except UpstreamError as exc:
             ok, unreachable = False, exc.unreachable
             errors.append(str(exc))
@@ -229,6 +271,24 @@ class Deployments:
         finally:
             lease.release(ok, unreachable=unreachable)  # None when cancelled: a deadline blames no worker
         return None
+
+
+class _PastShare(Exception):
+    """An attempt that got no answer within its share of the call's deadline."""
+
+
+def _labels(d: Deployment, answer: dict[str, Any], expected: int) -> list[Label]:
+    """The answer's classes named; names that do not fit are the config's fault (or the checkpoint's):
+    the call fails naming where they came from, no worker is blamed, and the log says it once."""
+    try:
+        return pooling_api.labels(answer, expected, d.labels)
+    except pooling_api.WrongNames as exc:
+        where = f"deployments.{d.config.name}.labels" if d.config.labels else d.labels_source
+        reason = f"deployment {d.config.name!r}: {exc}: fix {where}"
+        if not d.labels_logged:
+            d.labels_logged = True
+            log.error("%s", reason)
+        raise ModelUnavailable(reason) from None
 
 
 def _failed(errors: list[str], reason: str) -> str:

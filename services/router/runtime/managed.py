@@ -32,11 +32,21 @@ STABLE_S = 60.0  # a process that ran this long before it died starts its back-o
 STOP_TIMEOUT_S = 15.0
 
 
+_handed_out: set[int] = set()  # every port this router gave a worker: its workers hold them
+
+
 def free_port() -> int:
-    """A loopback port free now (the OS's pick); a worker that loses a race for it dies and is restarted."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port free now (the OS's pick), never one handed out before: the probe socket closes
+    before the worker binds, so the OS may pick the same port again for the next call. A worker that
+    loses the port to another program dies and is restarted on the same port (its URL is its pool's
+    replica, fixed at start); the back-off and the log say so."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 @dataclass(slots=True)

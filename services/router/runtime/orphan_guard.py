@@ -6,19 +6,15 @@ job (managed.py), this covers the exit that runs no code. Set here, after the fo
 `preexec_fn`, which is unsafe in a process with threads (the router has some)."""
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import sys
 
-PR_SET_PDEATHSIG = 1
+from services.router.parent_death import die_with_parent
 
 
 def main(argv: list[str]) -> None:
     parent, cmd = int(argv[0]), argv[1:]
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    die_with_parent()
     # The router may have died before the line above: then nobody would ever stop this process.
     if os.getppid() != parent:
         sys.exit(f"orphan_guard: the router (pid {parent}) is gone; not starting {cmd[0]}")

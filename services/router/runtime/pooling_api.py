@@ -15,10 +15,24 @@ from typing import Any
 from services.router.runtime.models import Label
 
 EMBED_PATH, CLASSIFY_PATH, RERANK_PATH = "/v1/embeddings", "/classify", "/rerank"
+# The most inputs one call carries: the frontend refuses more (its MAX_INPUTS, OpenAI's bound on an
+# embeddings call); a longer list is sent as several calls.
+MAX_INPUTS = 2048
+# A text past the model's context is cut, not refused (a refusal would make the signal unknown for
+# every long prompt): -1 is "as many tokens as the context holds". Embed and classify keep the END of
+# the text, as the in-process embedder does: the latest turn matters most. A rerank pair is cut by the
+# tokenizer, longest side first from its end (a side given would slice the whole pair from the left,
+# the query's special tokens first).
+_KEEP_END = {"truncate_prompt_tokens": -1, "truncation_side": "left"}
+_FIT = {"truncate_prompt_tokens": -1}
 
 
 class BadAnswer(ValueError):
     """A worker's answer that is not what the pooling API promises: the worker's fault."""
+
+
+class WrongNames(ValueError):
+    """The class names known here do not fit the worker's classes: the config's fault, not the worker's."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -30,16 +44,16 @@ class Call:
 
 def embed_call(model: str, texts: list[str]) -> Call:
     # float: any server of the API has it (base64 is vLLM's and OpenAI's too, but not every server's).
-    return Call(EMBED_PATH, {"model": model, "input": texts, "encoding_format": "float"}, len(texts))
+    return Call(EMBED_PATH, {"model": model, "input": texts, "encoding_format": "float", **_KEEP_END}, len(texts))
 
 
 def classify_call(model: str, texts: list[str]) -> Call:
-    return Call(CLASSIFY_PATH, {"model": model, "input": texts}, len(texts))
+    return Call(CLASSIFY_PATH, {"model": model, "input": texts, **_KEEP_END}, len(texts))
 
 
 def rerank_call(model: str, query: str, documents: list[str]) -> Call:
     # top_n 0 is vLLM's "all of them"; the router wants a score per document, in document order.
-    return Call(RERANK_PATH, {"model": model, "query": query, "documents": documents, "top_n": 0},
+    return Call(RERANK_PATH, {"model": model, "query": query, "documents": documents, "top_n": 0, **_FIT},
                 len(documents))
 
 
@@ -50,17 +64,23 @@ def embeddings(answer: dict[str, Any], expected: int) -> list[list[float]]:
 
 def labels(answer: dict[str, Any], expected: int, names: Sequence[str] | None) -> list[Label]:
     """Each text's classes; `names`: the class names by index (the checkpoint's id2label), None when
-    unknown here: then each probability is named LABEL_i as transformers names an unnamed class."""
+    unknown here: then each probability is named LABEL_i as transformers names an unnamed class, and the
+    top class takes the worker's `label`. Known names name the top class too (the worker's own label
+    may be its checkpoint's LABEL_i); names that do not fit the classes raise WrongNames."""
     results = []
     for i, row in enumerate(_by_index(answer, "data", expected)):
         probs = _floats(row.get("probs"), f"data[{i}].probs")
         if not probs:
             raise BadAnswer(f"data[{i}].probs is empty")
         top = max(range(len(probs)), key=probs.__getitem__)
-        keys = names if names is not None and len(names) == len(probs) else [f"LABEL_{j}" for j in range(len(probs))]
-        label = row.get("label")
-        results.append(Label(label if isinstance(label, str) and label else keys[top], probs[top],
-                             dict(zip(keys, probs, strict=True))))
+        if names is not None:
+            if len(names) != len(probs):
+                raise WrongNames(f"{len(names)} class names for the worker's {len(probs)} classes")
+            keys, label = list(names), names[top]
+        else:
+            keys, worker_label = [f"LABEL_{j}" for j in range(len(probs))], row.get("label")
+            label = worker_label if isinstance(worker_label, str) and worker_label else keys[top]
+        results.append(Label(label, probs[top], dict(zip(keys, probs, strict=True))))
     return results
 
 

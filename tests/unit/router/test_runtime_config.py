@@ -6,6 +6,8 @@ from typing import Any
 
 import pytest
 
+from services.engine import config as engine_config
+from services.frontend import config as frontend_config
 from services.router.config import ConfigError, parse_config
 from services.router.runtime.demand import used_deployments
 
@@ -117,3 +119,23 @@ def test_pure_rule_routing_uses_no_deployment() -> None:
                                {"name": "s", "type": "embedding", "examples": ["hello"]}],
                                "decisions": [{"when": {"any": ["k", "s"]}, "pools": ["p"]}]}}})
     assert used_deployments(config) == {}
+
+
+def test_a_prefix_of_a_flag_the_router_sets_is_refused_as_the_flag() -> None:
+    # argparse would have read --mod as --model (the workers' parsers now refuse abbreviations too).
+    assert _errors({"d": {"model": "m", "tasks": ["embed"], "managed": {"frontend_args": ["--mod", "x"]}}}) == (
+        "deployments.d.managed.frontend_args[0]: --mod is set by the router for its managed workers (it sets "
+        "--model, --host, --port, --served-model-name, --data-parallel-size, --data-parallel-size-local, "
+        "--engine-addresses, --api-key, --auth-token, --auth-token-file)",)
+
+
+def test_the_workers_parsers_refuse_abbreviated_flags() -> None:
+    for build in (engine_config.build_parser, frontend_config.build_parser):
+        _, unknown = build().parse_known_args(["--model", "m", "--mod", "x"])
+        assert unknown == ["--mod", "x"]  # not read as --model
+
+
+def test_credentials_in_an_attached_url_are_refused_pointing_to_the_key_fields() -> None:
+    assert _errors({"d": {"model": "m", "tasks": ["embed"], "attached": {"urls": ["http://u:p@a:1"]}}}) == (
+        "deployments.d.attached.urls[0]: credentials in a URL are not allowed (the URL is logged and shown); "
+        "set api_key or api_key_env",)

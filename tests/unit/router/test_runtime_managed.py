@@ -108,3 +108,27 @@ def test_a_router_killed_outright_takes_its_workers_with_it(tmp_path: Path) -> N
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     assert group_gone(worker), "the worker outlived the router that was killed"
+
+
+class _SamePort:
+    """A socket whose OS pick is scripted: the OS may hand the port a closed probe held to the next call."""
+
+    picks = [5000, 5000, 5001]
+
+    def __enter__(self) -> _SamePort:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def bind(self, address: tuple[str, int]) -> None:
+        pass
+
+    def getsockname(self) -> tuple[str, int]:
+        return "127.0.0.1", self.picks.pop(0)
+
+
+def test_two_workers_never_get_the_same_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(managed.socket, "socket", _SamePort)
+    monkeypatch.setattr(managed, "_handed_out", set(), raising=False)
+    assert [managed.free_port(), managed.free_port()] == [5000, 5001]
