@@ -205,7 +205,7 @@ def test_score_and_rerank_through_the_fleet_are_the_cross_encoders_pair_scores(c
     query, docs = "what is a cat", ["a cat is an animal", "rust is a language", "cats purr"]
     pooler = SimPooler(model="tiny-cross-encoder", hidden_size=64, num_labels=1)
     want = []
-    for enc in encode_pairs(tiny.tokenizer, [(query, d) for d in docs], keep=None, side=None,
+    for enc in encode_pairs(tiny.tokenizer, [query], docs, keep=None, side=None,
                             token_types=facts.token_types, use_sep_token=facts.use_sep_token):
         assert enc.token_type_split is not None  # BERT reads token types: the engine is told where doc starts
         value, _ = pooler.pool(PoolingParams("classify", token_type_split=enc.token_type_split), enc.ids)
