@@ -85,9 +85,17 @@ class WeightSession:
         self.bytes += nbytes
         return {"tensors": len(tensors), "bytes": nbytes}
 
-    def finish(self, version: str) -> dict[str, str]:
+    def check_finish(self, version: str) -> None:
+        """What finish refuses, checked before a backend finishes its model's side of the update."""
         self.require_open("finish_weight_update")
         if not version:
             raise WeightUpdateError("finish_weight_update: version must not be empty")
+
+    def finish(self, version: str) -> dict[str, str]:
+        self.check_finish(version)
         self.open, self.version = False, version
         return {"version": version}
+
+    def abandon(self) -> None:
+        """Closes the open update without a new version (its start failed halfway)."""
+        self.open = False

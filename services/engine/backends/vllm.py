@@ -7,6 +7,7 @@ import logging
 import os
 import time
 import warnings
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -402,6 +403,12 @@ class VllmBackend:
             return False
         if name == "start_weight_update":
             self._weights.start()
+            try:
+                self._core.collective_rpc(_start_reload)
+            except BaseException:  # layers put on meta so far get their weights back; no update is open
+                self._core.collective_rpc(_finish_reload)
+                self._weights.abandon()
+                raise
             return True
         if name == "update_weights":
             self._weights.require_open(name)
@@ -409,6 +416,8 @@ class VllmBackend:
             self._core.collective_rpc(_load_weights, args=([_as_torch(t) for t in tensors],))
             return self._weights.received(tensors)
         if name == "finish_weight_update":
+            self._weights.check_finish(args["version"])
+            self._core.collective_rpc(_finish_reload)
             result = self._weights.finish(args["version"])
             # The KV of cached prefixes was computed by the old weights; running requests keep theirs.
             if not self._core.reset_prefix_cache():
@@ -493,7 +502,8 @@ _TORCH_DTYPES = {name: getattr(torch, name) for name in ITEMSIZE}  # our fixed t
 
 
 def _as_torch(t: TensorView) -> tuple[str, torch.Tensor]:
-    """A tensor over the frame's bytes, no copy (read only by load_weights, which copies into the model)."""
+    """A tensor over the frame's bytes, no copy: only read, by the layer's loader once all of the layer's
+    tensors came (the layerwise reload keeps it until then; it holds the frame alive)."""
     dtype = _TORCH_DTYPES[t.dtype]
     if len(t.data) == 0:
         return t.name, torch.empty(t.shape, dtype=dtype)
@@ -502,12 +512,60 @@ def _as_torch(t: TensorView) -> tuple[str, torch.Tensor]:
         return t.name, torch.frombuffer(t.data, dtype=dtype).view(t.shape)
 
 
+# A weight update is vLLM's layerwise reload, as its checkpoint-format weight transfer engines do it
+# (vllm/distributed/weight_transfer/ipc_engine.py): start puts every layer's parameters on the meta device
+# and wraps their loaders; each update_weights call goes through the model's load_weights, and a layer
+# whose tensors have all come is materialized, loaded and processed at once (repacked for the CPU GEMM,
+# quantized); finish processes what is left, puts the old weights back on a layer that got none, and
+# copies each into the tensors the model ran on. A plain load_weights cannot do that: once processed, a
+# layer's weight may no longer have the checkpoint's shape (vLLM's CPU linear layers with AVX512-BF16
+# replace it by an empty tensor, quantized layers change it). Each runs in the (in-process) worker
+# through collective_rpc.
+
+
+def _start_reload(worker: Any) -> None:
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+    with set_current_vllm_config(worker.vllm_config):
+        initialize_layerwise_reload(worker.get_model())
+
+
 def _load_weights(worker: Any, tensors: list[tuple[str, torch.Tensor]]) -> None:
-    """Runs in the (in-process) worker through collective_rpc: vLLM's own loader for the model."""
     from vllm.config import set_current_vllm_config
 
     with set_current_vllm_config(worker.vllm_config):
         worker.get_model().load_weights(iter(tensors))
+
+
+def _finish_reload(worker: Any) -> None:
+    """Also drops the LoRA adapters the worker holds, as vLLM's worker does after an update (LoRA layers
+    keep state derived from the base weights); a request naming one of ours loads it again from its path."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+    model = worker.get_model()
+    with set_current_vllm_config(worker.vllm_config):
+        finalize_layerwise_reload(model, worker.vllm_config.model_config)
+        _reprocess_tied_embeddings(model)
+    worker.model_runner.reset_lora_state()
+
+
+def _reprocess_tied_embeddings(model: torch.nn.Module) -> None:
+    """The layerwise reload processes a tied parameter only for the layer that loads it (a limitation its
+    package docstring states): an lm_head tied to the embedding gets its new values but not its
+    processing. On CPU that processing is the GEMM repack, a copy the lm_head's matmul reads, so the
+    logits would come from the old embedding. Redone here for such a layer; for an unquantized
+    embedding it only repacks the kept weight again (on GPU it does nothing)."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    embeddings = [m for m in model.modules()
+                  if isinstance(getattr(m, "quant_method", None), UnquantizedEmbeddingMethod)
+                  and m._parameters.get("weight") is not None]
+    shared = Counter(id(m._parameters["weight"]) for m in embeddings)
+    for module in embeddings:
+        if shared[id(module._parameters["weight"])] > 1:
+            module.quant_method.process_weights_after_loading(module)
 
 
 def _pooling_params(wire: WirePooling) -> PoolingParams:

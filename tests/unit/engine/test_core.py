@@ -30,6 +30,7 @@ from protocol.logprobs import Buffer
 from services.engine.backend import BackendInfo, Load, StepResult
 from services.engine.config import EngineConfig
 from services.engine.core import CoreLoop
+from services.engine.weights import WeightSession
 
 
 class FakeBridge:
@@ -356,6 +357,65 @@ def test_a_utility_call_gets_its_raw_frames_and_its_defaults() -> None:
     assert [r.result for r in bridge.to(b"a", UtilityResult)] == [2, {"paused": True, "mode": "keep", "aborted": 0}]
     core.request_drain()
     thread.join(5)
+
+
+class UpdatingBackend(EchoBackend):
+    """A model that cannot run while a weight update is open (vllm's layers are on the meta device then)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weights = WeightSession()
+        self.steps = 0
+
+    def step(self) -> StepResult:
+        assert not self.weights.open, "stepped with a weight update open"
+        self.steps += 1
+        return super().step()
+
+    def utility(self, name: str, args: dict[str, Any], frames: Sequence[Buffer] = ()) -> Any:
+        if name == "start_weight_update":
+            self.weights.start()
+            return True
+        assert name == "finish_weight_update", name
+        return self.weights.finish(args["version"])
+
+
+def test_a_weight_update_starts_only_paused_and_nothing_steps_until_it_finishes() -> None:
+    bridge, backend = FakeBridge(), UpdatingBackend()
+    core = CoreLoop(EngineConfig(model="m", backend="sim", heartbeat_interval_s=0.01), backend, bridge,  # type: ignore[arg-type]
+                    vocab_size=100)
+    bridge.push(b"a", make_hello("fe-a"))
+    bridge.push(b"a", _req("kept", 10**9))
+    thread, code = _run(core)
+    _wait(lambda: len(bridge.to(b"a", Outputs)) > 0)
+    calls = [UtilityCall(1, "start_weight_update", {}), UtilityCall(2, "pause", {"mode": "keep"}),
+             UtilityCall(3, "start_weight_update", {}),
+             UtilityCall(4, "pause", {"mode": "wait"}),  # a "wait" steps what runs: not while updating
+             UtilityCall(5, "resume", {}), _req("held", 2)]
+    for msg in calls:
+        bridge.push(b"a", msg)
+    _wait(lambda: len(bridge.to(b"a", UtilityResult)) == 4)
+    refused, paused, started, resume = bridge.to(b"a", UtilityResult)
+    assert not refused.ok and refused.error == (
+        "WeightUpdateError: start_weight_update: generation is not paused on engine rank 0; pause it first "
+        "(any mode), then start the update, and resume after finish_weight_update")
+    assert paused.ok and started.ok and backend.weights.open
+    assert not resume.ok and "resume: a weight update is open on engine rank 0" in (resume.error or "")
+    steps, beats = backend.steps, len(bridge.to(b"a", Stats))
+    _wait(lambda: len(bridge.to(b"a", Stats)) >= beats + 3)  # loop turns, each may have stepped
+    assert backend.steps == steps and thread.is_alive() and not bridge.to(b"a", EngineDead)
+    bridge.push(b"a", UtilityCall(6, "finish_weight_update", {"version": "v1"}))
+    _wait(lambda: len(bridge.to(b"a", UtilityResult)) == 5)
+    _wait(lambda: backend.steps > steps)  # finished: the "wait" pause steps the kept request again
+    bridge.push(b"a", Abort(["kept"]))  # its end: the "wait" pause is answered
+    _wait(lambda: len(bridge.to(b"a", UtilityResult)) == 6)
+    assert [r.call_id for r in bridge.to(b"a", UtilityResult)[4:]] == [6, 4]
+    bridge.push(b"a", UtilityCall(7, "resume", {}))  # adds the held request, which runs to its end
+    _wait(lambda: any(o.request_id == "held" and o.finish_reason == "length"
+                      for m in bridge.to(b"a", Outputs) for o in m.outputs))
+    core.request_drain()
+    thread.join(5)
+    assert code == [0]
 
 
 def test_a_request_held_by_a_pause_is_refused_as_draining_when_the_rank_drains(parts) -> None:  # type: ignore[no-untyped-def]
