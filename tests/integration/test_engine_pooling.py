@@ -16,7 +16,7 @@ from tests.integration.conftest import SIM
 from tests.support.engine_client import EngineClient
 from tests.support.procs import EngineProc, start_engine
 
-TASKS = ["embed", "classify", "token_embed", "token_classify"]
+TASKS = ["embed", "token_embed"]  # a causal model on a pooling runner: vLLM's --convert auto gives it an embedding head
 TINY_HIDDEN = 128  # the tiny checkpoint's hidden_size
 
 
@@ -34,13 +34,29 @@ def pooling_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineP
     engine.stop()
 
 
-@pytest.fixture
-def client(pooling_engine: EngineProc) -> Iterator[EngineClient]:
-    c = EngineClient(pooling_engine.endpoint())
+@pytest.fixture(scope="module")
+def classify_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProc]:
+    engine = start_engine(tmp_path_factory.mktemp("sim-classify"), *SIM, "--convert", "classify", "--sim-instant")
+    yield engine
+    engine.stop()
+
+
+def _client(engine: EngineProc) -> Iterator[EngineClient]:
+    c = EngineClient(engine.endpoint())
     ready = c.handshake(timeout_s=60)
     assert isinstance(ready, Ready), ready
     yield c
     c.close()
+
+
+@pytest.fixture
+def client(pooling_engine: EngineProc) -> Iterator[EngineClient]:
+    yield from _client(pooling_engine)
+
+
+@pytest.fixture
+def classifier(classify_engine: EngineProc) -> Iterator[EngineClient]:
+    yield from _client(classify_engine)
 
 
 def send(c: EngineClient, rid: str, ids: list[int], task: str, **params: Any) -> None:
@@ -69,7 +85,7 @@ def test_ready_says_runner_pooling_and_the_tasks(pooling_engine: EngineProc) -> 
         assert (ready.runner, ready.tasks) == ("pooling", TASKS)
     finally:
         c.close()
-    pooling_engine.wait_log("runner=pooling tasks=embed,classify,token_embed,token_classify")
+    pooling_engine.wait_log("runner=pooling tasks=embed,token_embed")
 
 
 def test_embeddings_of_a_batch_arrive_in_raw_frames_and_repeat_for_the_same_ids(client: EngineClient) -> None:
@@ -92,30 +108,43 @@ def test_embeddings_of_a_batch_arrive_in_raw_frames_and_repeat_for_the_same_ids(
     assert sorted(p.output.pooled.offset for p in got.values()) == [i * 4 * TINY_HIDDEN for i in range(7)]
 
 
-def test_classify_a_pair_and_token_rows(client: EngineClient) -> None:
+def test_token_rows(client: EngineClient) -> None:
     ids = [11, 12, 13, 14, 15]
-    send(client, "single", ids, "classify")
-    send(client, "pair", ids, "classify", token_type_split=3)
-    send(client, "raw", ids, "classify", token_type_split=3, use_activation=False)
     send(client, "rows", ids, "token_embed")
-    got = collect(client, ["single", "pair", "raw", "rows"])
+    assert [len(row) for row in collect(client, ["rows"])["rows"].values] == [TINY_HIDDEN] * len(ids)
+
+
+def test_classify_a_pair_and_token_labels(classify_engine: EngineProc, classifier: EngineClient) -> None:
+    """--convert classify gives the causal model a classifier's head, and its tasks."""
+    classify_engine.wait_log("runner=pooling tasks=classify,token_classify")
+    ids = [11, 12, 13, 14, 15]
+    send(classifier, "single", ids, "classify")
+    send(classifier, "pair", ids, "classify", token_type_split=3)
+    send(classifier, "raw", ids, "classify", token_type_split=3, use_activation=False)
+    send(classifier, "rows", ids, "token_classify")
+    send(classifier, "embed", ids, "embed")
+    got = collect(classifier, ["single", "pair", "raw", "rows", "embed"])
     pair = got["pair"].values
     assert len(pair) == 2 and math.isclose(sum(pair), 1.0, rel_tol=1e-5)  # tiny has no labels: two, softmax
     assert pair != got["single"].values
     exps = [math.exp(v) for v in got["raw"].values]
     assert pair == pytest.approx([e / sum(exps) for e in exps], rel=1e-5)
-    assert [len(row) for row in got["rows"].values] == [TINY_HIDDEN] * len(ids)
+    assert [len(row) for row in got["rows"].values] == [2] * len(ids)
+    refused = got["embed"].output
+    assert refused.error_kind == ERROR_INVALID and refused.error is not None
+    assert "pooling.task='embed' is not served by this engine's model: it serves ['classify', 'token_classify']" in (
+        refused.error)
 
 
 @pytest.mark.parametrize(
     ("request_", "message"),
     [
         (GenerateRequest("gen", [1, 2, 3], SamplingParams(max_tokens=4), 0.0),
-         "task 'generate' is not served: this engine runs a pooling model (tasks ['embed', 'classify', "
-         "'token_embed', 'token_classify'])"),
+         "task 'generate' is not served: this engine runs a pooling model (tasks ['embed', 'token_embed'])"),
         (GenerateRequest("score", [1, 2], SamplingParams(max_tokens=1), 0.0, pooling=PoolingParams("score")),
-         "pooling.task='score' is not served by this engine's model: it serves ['embed', 'classify', "
-         "'token_embed', 'token_classify']"),
+         "pooling.task='score' is not served by this engine's model: it serves ['embed', 'token_embed']"),
+        (GenerateRequest("cls", [1, 2], SamplingParams(max_tokens=1), 0.0, pooling=PoolingParams("classify")),
+         "pooling.task='classify' is not served by this engine's model: it serves ['embed', 'token_embed']"),
         (GenerateRequest("dims", [1, 2], SamplingParams(max_tokens=1), 0.0, pooling=PoolingParams("embed", 8)),
          "Model 'tiny' does not support Matryoshka embeddings; dimensions must be unset (received dimensions=8)."),
         (GenerateRequest("long", list(range(1, 4098)), SamplingParams(max_tokens=1), 0.0,

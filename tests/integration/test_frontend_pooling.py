@@ -87,20 +87,23 @@ def test_sdk_embeddings_base64_and_float_are_the_engines_vectors_in_order(client
 
 def test_models_list_the_tasks_and_chat_is_a_400_naming_the_task(client: openai.OpenAI) -> None:
     listed = client.models.list().data[0]
-    assert listed.id == MODEL and set(listed.model_extra["tasks"]) >= {"embed", "classify"}  # type: ignore[index]
+    assert listed.id == MODEL and listed.model_extra["tasks"] == ["embed", "token_embed"]  # type: ignore[index]
     with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
     message = refused.value.body["message"]  # type: ignore[index]
     assert message.startswith("The model does not support Chat Completions API") and "'generate'" in message
 
 
-def test_pooling_route_gives_token_rows(fleet: tuple[EngineProc, FrontendProc], model: Model) -> None:
-    answer = httpx.post(fleet[1].url + "/pooling", json={"input": "two words", "task": "token_embed"}, timeout=60)
+def test_pooling_route_runs_the_models_own_task_only(fleet: tuple[EngineProc, FrontendProc], model: Model) -> None:
+    """As vLLM: /pooling pools with the model's own task (embed for MiniLM); the engines' other task,
+    token_embed, is refused, and so is /classify."""
+    answer = httpx.post(fleet[1].url + "/pooling", json={"input": "two words"}, timeout=60)
     assert answer.status_code == 200, answer.text
-    rows = answer.json()["data"][0]["data"]
-    ids = model.encode("two words", add_special_tokens=True)
-    assert len(rows) == len(ids) and all(len(r) == 384 for r in rows)
-    assert close([v for r in rows for v in r], expected(model, "two words", "token_embed"))
+    assert close(answer.json()["data"][0]["data"], expected(model, "two words"))
+    refused = httpx.post(fleet[1].url + "/pooling", json={"input": "two words", "task": "token_embed"}, timeout=60)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "task", refused.text
+    refused = httpx.post(fleet[1].url + "/classify", json={"input": "two words"}, timeout=60)
+    assert refused.status_code == 400 and "Classification API" in refused.json()["error"]["message"], refused.text
 
 
 def test_bad_input_is_a_400_while_other_calls_complete(fleet: tuple[EngineProc, FrontendProc],
@@ -127,17 +130,18 @@ def test_bad_input_is_a_400_while_other_calls_complete(fleet: tuple[EngineProc, 
     assert long.status_code == 200 and long.json()["usage"]["prompt_tokens"] == 16
 
 
-def test_grpc_embed_and_classify_give_the_engines_values_as_float32_bytes(inference: pb2_grpc.InferenceStub,
-                                                                          model: Model) -> None:
+def test_grpc_embed_gives_the_engines_values_as_float32_bytes(inference: pb2_grpc.InferenceStub,
+                                                             model: Model) -> None:
     ids = [model.encode(t, add_special_tokens=True) for t in TEXTS]
     inputs = [pb2.PoolInput(token_ids=row) for row in ids]
     embedded = inference.Embed(pb2.PoolRequest(request_id="e1", inputs=inputs), timeout=60)
     assert embedded.request_id == "e1" and embedded.usage.prompt_tokens == sum(map(len, ids))
     for text, out in zip(TEXTS, embedded.outputs, strict=True):
         assert list(out.shape) == [384] and close(list(array("f", out.values)), expected(model, text)), text
-    classified = inference.Classify(pb2.PoolRequest(inputs=inputs[:2]), timeout=60)
-    for text, out in zip(TEXTS, classified.outputs, strict=False):
-        assert list(out.shape) == [2] and close(list(array("f", out.values)), expected(model, text, "classify"))
+    with pytest.raises(grpc.RpcError) as refused:  # an embedding model does not classify
+        inference.Classify(pb2.PoolRequest(inputs=inputs[:2]), timeout=60)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "does not support Classify API: its pooling task is 'embed'" in refused.value.details()
 
 
 def test_grpc_refusals_name_the_field_and_generate_names_the_task(inference: pb2_grpc.InferenceStub) -> None:
@@ -157,13 +161,14 @@ def test_grpc_refusals_name_the_field_and_generate_names_the_task(inference: pb2
 
 @pytest.fixture(scope="module")
 def classifier(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrontendProc]:
-    """A frontend on one sim rank of the tiny classifier (labels chat, code, math) with --convert classify."""
+    """A frontend on one sim rank of the tiny classifier (labels chat, code, math): the engine's flags are
+    the defaults, so it classifies because its architecture is a classifier's, as in vLLM."""
     tmp = tmp_path_factory.mktemp("classifier-fleet")
-    engine = start_engine(tmp, "--model", "tiny-classifier", "--backend", "sim", "--runner", "pooling", "--convert",
-                          "classify", "--sim-instant")
+    engine = start_engine(tmp, "--model", "tiny-classifier", "--backend", "sim", "--sim-instant")
     try:
         fe = start_frontend(tmp, "--model", "tiny-classifier", "--data-parallel-size-local", "0",
-                            "--engine-addresses", engine.endpoint())
+                            "--engine-addresses", engine.endpoint(),
+                            "--grpc-port", str(GRPC_PORT.setdefault("classifier", free_port_block(1, spread=0))))
         yield fe
         assert fe.stop() == 0, fe.log()
     finally:
@@ -181,15 +186,19 @@ def test_classify_and_rerank_through_the_fleet(classifier: FrontendProc) -> None
         assert close(item["probs"], want) and item["label"] in ("chat", "code", "math")
     refused = httpx.post(classifier.url + "/v1/embeddings", json={"input": "x"}, timeout=60)
     assert refused.status_code == 400 and "Embeddings API" in refused.json()["error"]["message"]
+    with grpc.insecure_channel(f"127.0.0.1:{GRPC_PORT['classifier']}") as channel:
+        inputs = [pb2.PoolInput(token_ids=tiny.encode(text, add_special_tokens=True)) for text in texts]
+        classified = pb2_grpc.InferenceStub(channel).Classify(pb2.PoolRequest(inputs=inputs), timeout=60)
+    for item, out in zip(answer.json()["data"], classified.outputs, strict=True):
+        assert list(out.shape) == [3] and close(list(array("f", out.values)), item["probs"])
 
 
 @pytest.fixture(scope="module")
 def cross_encoder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrontendProc]:
-    """A frontend on one sim rank of the tiny cross-encoder (one label). --convert classify: the sim's
-    --convert auto serves every task, and /score would then take the embedding path (docs/engine.md)."""
+    """A frontend on one sim rank of the tiny cross-encoder (one label): a classifier by its architecture, so
+    /score takes the cross-encoder's path, as in vLLM."""
     tmp = tmp_path_factory.mktemp("cross-encoder-fleet")
-    engine = start_engine(tmp, "--model", "tiny-cross-encoder", "--backend", "sim", "--runner", "pooling",
-                          "--convert", "classify", "--sim-instant")
+    engine = start_engine(tmp, "--model", "tiny-cross-encoder", "--backend", "sim", "--sim-instant")
     try:
         fe = start_frontend(tmp, "--model", "tiny-cross-encoder", "--data-parallel-size-local", "0",
                             "--engine-addresses", engine.endpoint())

@@ -156,6 +156,7 @@ pools:
   chat: {{model: tiny, replicas: [{{url: "http://127.0.0.1:9"}}]}}
 entries:
   auto:
+    signal_budget_s: 10  # a cold worker on a loaded test host can take more than the default 0.5 s
     signals:
       - {{name: topic, type: classifier, deployment: cls, labels: [code], threshold: 0.1}}
     decisions:

@@ -213,14 +213,7 @@ class VllmBackend:
                 backend = config.structured_outputs_config.backend
                 raise RequestRejected(f"sampling.{name}: vLLM's structured output ({backend}) cannot use it: "
                                       f"{_reason(exc)}") from None
-        core_request = EngineCoreRequest(
-            request_id=request_id, prompt_token_ids=list(request.prompt_token_ids),
-            mm_features=None, sampling_params=params, pooling_params=None,
-            arrival_time=request.arrival_time, lora_request=lora_request, cache_salt=request.cache_salt,
-            data_parallel_rank=None, priority=request.priority,
-        )
-        req, wave = self._core.preprocess_add_request(core_request)
-        self._core.add_request(req, wave)
+        self._submit(request_id, request, lora_request, sampling=params)
         asked = (s.logprobs, s.prompt_logprobs) if s.logprobs is not None or s.prompt_logprobs is not None else None
         self._in_flight[request_id] = _InFlight(len(request.prompt_token_ids), asked,
                                                 kind[0] if kind is not None else None)
@@ -247,18 +240,23 @@ class VllmBackend:
         except Exception as exc:  # vLLM's VLLMValidationError is not a ValueError
             where = ".dimensions" if wire.dimensions is not None else _field(exc)
             raise RequestRejected(f"pooling{where}: {_reason(exc)}") from None
+        try:
+            self._submit(request_id, request, lora_request, pooling=params)
+        except ValueError as exc:  # vLLM refuses a task the model does not serve (validation did too)
+            raise RequestRejected(f"pooling.task: {exc}") from None
+        self._in_flight[request_id] = _InFlight(len(request.prompt_token_ids))
+
+    def _submit(self, request_id: str, request: GenerateRequest, lora_request: LoRARequest | None, *,
+                sampling: SamplingParams | None = None, pooling: PoolingParams | None = None) -> None:
+        """The EngineCoreRequest vLLM's server makes, with sampling or pooling params, into the core."""
         core_request = EngineCoreRequest(
             request_id=request_id, prompt_token_ids=list(request.prompt_token_ids),
-            mm_features=None, sampling_params=None, pooling_params=params,
+            mm_features=None, sampling_params=sampling, pooling_params=pooling,
             arrival_time=request.arrival_time, lora_request=lora_request, cache_salt=request.cache_salt,
             data_parallel_rank=None, priority=request.priority,
         )
         req, wave = self._core.preprocess_add_request(core_request)
-        try:
-            self._core.add_request(req, wave)  # refuses a task the model does not serve (validation did too)
-        except ValueError as exc:
-            raise RequestRejected(f"pooling.task: {exc}") from None
-        self._in_flight[request_id] = _InFlight(len(request.prompt_token_ids))
+        self._core.add_request(req, wave)
 
     def abort(self, request_ids: list[str]) -> None:
         self._core.abort_requests(request_ids)

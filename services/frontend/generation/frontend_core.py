@@ -103,15 +103,25 @@ class FrontendCore:
                 self.metrics.running.dec()
 
     def refuse_task(self, tasks: tuple[str, ...], api: str) -> None:
-        """A 400 when the handshaken engines serve none of `tasks` (a generation route on a pooling model, a
-        pooling route on a generating one): vLLM's words for the API, with the task and what is served.
-        Nothing is known before a handshake: the route's placement answers 503 then."""
+        """A 400 when the route's `tasks` do not fit the model: a generation route on a pooling model, or a
+        pooling route whose task is not the model's own pooling task (vLLM serves /v1/embeddings only for
+        an embedding model, /classify only for a classifier: pooling_model.PoolingModel.pooling_task),
+        in vLLM's words for the API, with what the model does. Nothing is known before a handshake: the
+        route's placement answers 503 then."""
         served = self.engines.tasks()
-        if served is None or any(t in served for t in tasks):
+        if served is None:
             return
+        if tasks == ("generate",):
+            if "generate" in served:
+                return
+            raise APIError(400, f"The model does not support {api} API: it serves the tasks {served}, not "
+                                "'generate'")
+        own = self.pooling_model.pooling_task(served)
+        if own in tasks:
+            return
+        does = f"its pooling task is {own!r}" if own is not None else f"it serves the tasks {served}"
         wanted = tasks[0] if len(tasks) == 1 else list(tasks)
-        raise APIError(400, f"The model does not support {api} API: it serves the tasks {served}, not "
-                            f"{wanted!r}")
+        raise APIError(400, f"The model does not support {api} API: {does}, not {wanted!r}")
 
     def engine_problem(self, minor: int, *, backend: str | None = "vllm") -> str | None:
         """Why some ready engine is older than protocol 1.<minor> (it would drop the fields unread) or,

@@ -43,14 +43,15 @@ from services.frontend.requests.embeddings import embeddings
 from services.frontend.requests.engine_request import EngineRequest
 from services.frontend.requests.json_body import parse
 from services.frontend.requests.pooling_job import PoolingJob
-from services.frontend.requests.pooling_request import POOLING_TASKS, pooling
+from services.frontend.requests.pooling_model import POOLING_TASKS
+from services.frontend.requests.pooling_request import pooling
 from services.frontend.requests.translator import pinned_rank
 
 # The routes --api-key guards (vLLM's: everything under /v1, and the token-in, render and tokenize routes);
 # /health, /ready, /metrics, /version and /openapi.json stay open for probes and scrapers.
 _GUARDED = ("/v1/", "/v2/", "/inference/", "/tokenize", "/detokenize", "/pooling", "/classify", "/score", "/rerank")
 # Each lean route's API as vLLM names it in a refusal, and the tasks one of which the engines must serve.
-_SCORING = ("embed", "classify")
+_SCORING = ("embed", "classify", "token_embed")  # token_embed: late interaction, refused by its translator
 _APIS = {"/v1/chat/completions": (("generate",), "Chat Completions"), "/v1/completions": (("generate",), "Completions"),
          "/inference/v1/generate": (("generate",), "generate tokens"), "/v1/embeddings": (("embed",), "Embeddings"),
          "/v2/embed": (("embed",), "Embeddings"),
@@ -84,7 +85,8 @@ class Frontend:
         self._pooling: dict[str, Callable[[bytes, bytes | None], Awaitable[PoolingJob]]] = {
             "/v1/embeddings": lambda body, rid: embeddings(model, body, core.max_model_len, rid),
             "/v2/embed": lambda body, rid: cohere_embed(model, body, core.max_model_len, rid),
-            "/pooling": lambda body, rid: pooling(model, body, core.max_model_len, self._tasks, rid),
+            "/pooling": lambda body, rid: pooling(model, body, core.max_model_len, self._tasks,
+                                                  core.pooling_model.pooling_task, rid),
             "/classify": functools.partial(self._scoring, classify.translate)}
         for path in ("/score", "/v1/score"):
             self._pooling[path] = functools.partial(self._scoring, scoring.translate_score)

@@ -4,13 +4,16 @@ transformers and vLLM read it (labels: prompting/pooling_config.py, which the si
 Built once per API server process, at start."""
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from tokenizers import Tokenizer
 
 from prompting.pooling_config import labels
+
+# vLLM's pooling tasks, in the order it prefers them as a model's own (ModelConfig.get_pooling_task).
+POOLING_TASKS = ("embed", "classify", "token_embed", "token_classify")
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,13 +22,15 @@ class PoolingModel:
     labels; one label makes a cross-encoder, which `/score` and `/rerank` need). `token_types`: the
     model reads token type ids (BERT's type_vocab_size 2), so a scored pair tells the engine where the
     second text starts. `use_sep_token`: a pair is encoded with the tokenizer's separators (vLLM's
-    ModelConfig.use_sep_token; False for an LLM used as a reranker: the two texts are joined)."""
+    ModelConfig.use_sep_token; False for an LLM used as a reranker: the two texts are joined).
+    `architectures`: config.json's, which the model's own pooling task depends on."""
 
     name: str
     tokenizer: Tokenizer
     id2label: Mapping[int, str]
     token_types: bool = False
     use_sep_token: bool = True
+    architectures: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # A tokenizer.json may carry its training pipeline's truncation and padding (all-MiniLM-L6-v2's
@@ -40,7 +45,19 @@ class PoolingModel:
         """The facts of a checkpoint whose config.json is `config`."""
         type_vocab = config.get("type_vocab_size")
         sep = config.get("use_sep_token", config.get("use_pad_token", True))  # vLLM's old name second
-        return cls(name, tokenizer, labels(config), isinstance(type_vocab, int) and type_vocab > 1, sep is not False)
+        archs = config.get("architectures")
+        return cls(name, tokenizer, labels(config), isinstance(type_vocab, int) and type_vocab > 1, sep is not False,
+                   tuple(str(a) for a in archs) if isinstance(archs, list) else ())
+
+    def pooling_task(self, served: Collection[str]) -> str | None:
+        """The model's own pooling task among the tasks its engines serve, chosen as vLLM 0.32 chooses it
+        (ModelConfig.get_pooling_task; this server has no --pooler-config to name one): a token
+        classifier's per-token labels, else the first served of embed, classify, token_embed and
+        token_classify. vLLM serves /pooling only for this task, /v1/embeddings only when it is embed and
+        /classify only when it is classify. None for a generating model."""
+        if "token_classify" in served and any("ForTokenClassification" in a for a in self.architectures):
+            return "token_classify"
+        return next((t for t in POOLING_TASKS if t in served), None)
 
     @property
     def num_labels(self) -> int:

@@ -1,5 +1,5 @@
-"""POST /pooling (vLLM's PoolingCompletionRequest): any pooling task the engines serve, the raw pooled
-values in vLLM's PoolingResponse shape (a vector, or one row per token for the token-level tasks).
+"""POST /pooling (vLLM's PoolingCompletionRequest): the model's own pooling task (pooling_model.py), the raw
+pooled values in vLLM's PoolingResponse shape (a vector, or one row per token for the token-level tasks).
 Runs in each API server process."""
 from __future__ import annotations
 
@@ -14,10 +14,8 @@ from services.frontend.requests.embeddings import ENCODINGS, EmbeddingRequest, c
 from services.frontend.requests.json_body import parse
 from services.frontend.requests.pooling_inputs import input_forms, token_ids
 from services.frontend.requests.pooling_job import Pooled, PoolingInput, PoolingJob
+from services.frontend.requests.pooling_model import POOLING_TASKS
 
-POOLING_TASKS = ("embed", "classify", "token_embed", "token_classify")
-# vLLM's choice of a model's task when a /pooling body names none (its ModelConfig.get_pooling_task).
-_DEFAULT_ORDER = ("embed", "classify", "token_embed", "token_classify")
 _REMOVED = {"score": "`score` task was removed; use `classify` instead.",
             "encode": "`encode` task was removed; use `token_embed` or `token_classify` instead."}
 
@@ -28,23 +26,24 @@ class PoolingRequest(EmbeddingRequest, kw_only=True, forbid_unknown_fields=True)
     task: str | None = None
 
 
-def default_task(tasks: Sequence[str]) -> str | None:
-    return next((t for t in _DEFAULT_ORDER if t in tasks), None)
-
-
-def chosen_task(task: str | None, tasks: Sequence[str]) -> str:
-    """The body's task (or the model's default), refused with vLLM's message when the engines serve it not."""
+def chosen_task(task: str | None, tasks: Sequence[str], own: str | None) -> str:
+    """The body's task, or the model's own (`own`, of the served `tasks`) when it names none. vLLM runs
+    /pooling for the model's own task only: another task is refused with vLLM's message, which says
+    whether the engines serve it at all."""
     if task in _REMOVED:
         raise APIError(400, _REMOVED[task], param="task")
-    served = [t for t in tasks if t in POOLING_TASKS]
-    chosen = task if task is not None else default_task(served)
-    if chosen is None or chosen not in served:
+    chosen = task if task is not None else own
+    if chosen is None or chosen not in tasks or chosen not in POOLING_TASKS:
         raise APIError(400, f"Unsupported task: {chosen!r} Supported tasks: {tuple(tasks)}", param="task")
+    if chosen != own:  # vLLM points to its --pooler-config.task, which this server does not have
+        raise APIError(400, f"Unsupported task: {chosen!r}: /pooling runs only the model's own pooling_task, "
+                            f"{own!r} (vLLM switches it with --pooler-config.task, which this server does not "
+                            "have)", param="task")
     return chosen
 
 
 async def pooling(model: Model, body: bytes, max_model_len: Callable[[], int], tasks: Callable[[], list[str]],
-                  header_id: bytes | None = None) -> PoolingJob:
+                  own_task: Callable[[Sequence[str]], str | None], header_id: bytes | None = None) -> PoolingJob:
     """A /pooling body as a PoolingJob; a 400 naming the field when it cannot be honoured."""
     req: PoolingRequest = parse(PoolingRequest, body)
     context = max_model_len()
@@ -53,7 +52,8 @@ async def pooling(model: Model, body: bytes, max_model_len: Callable[[], int], t
     if req.dimensions is not None:  # vLLM's /pooling refuses it too
         raise APIError(400, "dimensions is currently not supported", param="dimensions")
     forms = input_forms(req.input)
-    task = chosen_task(req.task, tasks())
+    served = tasks()
+    task = chosen_task(req.task, served, own_task(served))
     ids = await token_ids(model, forms, add_special_tokens=req.add_special_tokens, keep=keep,
                           side=req.truncation_side, max_model_len=context)
     params = PoolingParams(task, use_activation=req.use_activation)

@@ -168,18 +168,20 @@ def _raw(body: bytes | dict[str, Any]) -> bytes:
 
 
 def _task(tasks: Collection[str], model: PoolingModel, api: str) -> str:
-    """The task vLLM scores with on this model: the first it serves of embed (bi-encoder) and classify
-    (a cross-encoder: one label only); a 400 with vLLM's words otherwise (a 501 there)."""
-    if "embed" in tasks:
+    """The task vLLM scores with on this model, by its own pooling task: embed (a bi-encoder: the cosine of
+    two embeddings) or classify (a cross-encoder: one label only); a 400 with vLLM's words otherwise (a 501
+    or a 404 there)."""
+    own = model.pooling_task(tasks)
+    if own == "embed":
         return "embed"
-    if "classify" in tasks:
+    if own == "classify":
         if model.num_labels != 1:
             raise APIError(400, f"The model does not support {api}: scoring needs a cross-encoder (one label); "
                            f"this classifier has {model.num_labels} (use /classify)", param="model")
         return "classify"
-    served = ", ".join(sorted(tasks)) or "no pooling task"
-    raise APIError(400, f"The model does not support {api}: scoring needs the embed or classify task (late "
-                   f"interaction is not supported by this server); its engines serve {served}", param="model")
+    does = f"its pooling task is {own!r}" if own else f"its engines serve {', '.join(sorted(tasks)) or 'no task'}"
+    raise APIError(400, f"The model does not support {api}: scoring needs an embedding model or a cross-encoder "
+                   f"(late interaction is not supported by this server); {does}", param="model")
 
 
 def _check(req: _Scoring, max_model_len: int) -> int | None:

@@ -54,6 +54,9 @@ def _deployment(f: Fields, path: str, name: str, raw: object, health: Reader,
     tasks = f.strings(f"{path}.tasks", m.get("tasks", MISSING))
     for i, task in enumerate(tasks or ()):
         f.check(f"{path}.tasks[{i}]", rules.unknown_name(task, TASKS, "task"))
+    if tasks is not None and {"embed", "classify"} <= set(tasks):
+        f.add(f"{path}.tasks", "embed and classify need two deployments: a model has one pooling task, an "
+                               "embedding model's or a classifier's (score and rerank go with either)")
     managed = _managed(f, f"{path}.managed", m["managed"]) if "managed" in m else None
     attached = _attached(f, f"{path}.attached", m["attached"]) if "attached" in m else None
     inflight = f.integer(f"{path}.max_inflight", m.get("max_inflight", d["max_inflight"]), 1)

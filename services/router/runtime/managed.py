@@ -132,7 +132,10 @@ class ManagedReplica:
         self.url = f"http://127.0.0.1:{self.port}"
         label = f"deployment {config.name} replica {index}"
         base = {k: v for k, v in os.environ.items() if k not in (TOKEN_ENV, API_KEY_ENV)}
-        engine = [sys.executable, "-m", "services.engine", "--headless", "--runner", "pooling",
+        # The pooling head the tasks need (a causal model can serve either); score and rerank alone take
+        # the model's own. The deployment's engine_args come last, so they can still name another.
+        convert = "classify" if "classify" in config.tasks else "embed" if "embed" in config.tasks else "auto"
+        engine = [sys.executable, "-m", "services.engine", "--headless", "--runner", "pooling", "--convert", convert,
                   "--model", config.model, "--backend", managed.backend, "--host", "127.0.0.1",
                   "--port", str(self.engine_port), "--data-parallel-size-local", "1", *managed.engine_args]
         frontend = [sys.executable, "-m", "services.frontend", "--model", config.model,

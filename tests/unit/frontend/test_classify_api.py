@@ -206,7 +206,11 @@ def test_bad_input_is_a_400_naming_the_field(model: PoolingModel, body: dict[str
 
 def test_a_model_that_does_not_classify_is_refused_naming_what_it_serves(model: PoolingModel) -> None:
     message = refused(model, {"input": "a"}, "model", tasks=("embed", "token_embed"))
-    assert "does not support Classification API" in message and "embed, token_embed" in message
+    assert "does not support Classification API" in message and "pooling task is 'embed'" in message
+    # vLLM classifies only when classify is the model's own task, not whenever an engine lists it.
+    message = refused(model, {"input": "a"}, "model", tasks=("embed", "classify"))
+    assert "pooling task is 'embed'" in message
+    assert "engines serve generate" in refused(model, {"input": "a"}, "model", tasks=("generate",))
 
 
 def test_a_raw_body_is_read_as_every_route_reads_one(model: PoolingModel) -> None:

@@ -345,11 +345,17 @@ def test_pooling_route_default_task_token_rows_and_unsupported_task(minilm: Mode
     ids = minilm.encode("hello", add_special_tokens=True)
     assert answer.status == 200 and answer.json()["data"][0]["data"] == vector(ids)
     assert answer.json()["data"][0]["object"] == "pooling" and answer.json()["id"].startswith("pool-")
-    rows = call(app, "/pooling", {"input": "hello", "task": "token_embed"}).json()["data"][0]["data"]
-    assert rows == [vector([t]) for t in ids]
+    # vLLM's /pooling runs the model's own pooling task only: a served token task is refused too.
+    other = call(app, "/pooling", {"input": "hello", "task": "token_embed"})
+    assert other.status == 400 and other.json()["error"]["param"] == "task"
+    assert "own pooling_task, 'embed'" in other.json()["error"]["message"]
     refused = call(app, "/pooling", {"input": "hello", "task": "classify"}).json()["error"]
     assert refused["param"] == "task" and refused["message"] == (
         "Unsupported task: 'classify' Supported tasks: ('embed', 'token_embed')")
+    app, bridge = fleet(minilm, [["token_embed"]])  # a model whose own task is per-token
+    for body in ({"input": "hello"}, {"input": "hello", "task": "token_embed"}):
+        rows = call(app, "/pooling", body).json()["data"][0]["data"]
+        assert rows == [vector([t]) for t in ids]
     removed = call(app, "/pooling", {"input": "hello", "task": "score"}).json()["error"]
     assert removed["message"] == "`score` task was removed; use `classify` instead."
     dims = call(app, "/pooling", {"input": "hello", "dimensions": 2}).json()["error"]
@@ -446,14 +452,14 @@ def test_cohere_v2_embed_truncates_as_vllm_maps_truncate(minilm: Model) -> None:
 
 @pytest.mark.parametrize("path, body, shape, words", [
     ("/v1/embeddings", {"input": "hello"}, [2, 2], "embed gives one vector"),
-    ("/pooling", {"input": "hello", "task": "token_embed"}, [4], "one row per prompt token"),
-    ("/pooling", {"input": "hello", "task": "token_embed"}, [1, 4], "one row per prompt token"),
+    ("/pooling", {"input": "hello"}, [4], "one row per prompt token"),
+    ("/pooling", {"input": "hello"}, [1, 4], "one row per prompt token"),
     ("/v1/embeddings", {"input": "hello"}, [0], "bad shape"),
     ("/v1/embeddings", {"input": "hello"}, [3_000_000, 0], "bad shape"),  # once: 3M empty rows built
 ])
 def test_a_pooled_output_of_the_wrong_shape_fails_the_request(minilm: Model, path: str, body: dict[str, Any],
                                                                shape: list[int], words: str) -> None:
-    app, bridge = fleet(minilm)
+    app, bridge = fleet(minilm, [["token_embed"]] if path == "/pooling" else None)
     bridge.shape = shape
     answer = call(app, path, body)
     assert answer.status == 503 and words in answer.json()["error"]["message"], answer.body

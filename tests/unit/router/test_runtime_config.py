@@ -77,6 +77,10 @@ INVALID: dict[str, tuple[object, tuple[str, ...]]] = {
     "labels without classify": ({"d": {"model": "m", "tasks": ["embed"], "managed": {}, "labels": ["a"]}},
                                 ("deployments.d.labels: only for a deployment with task classify "
                                  "(the names of its classes)",)),
+    "embed and classify on one model": ({"d": {"model": "m", "tasks": ["embed", "classify"], "managed": {}}},
+                                        ("deployments.d.tasks: embed and classify need two deployments: a model "
+                                         "has one pooling task, an embedding model's or a classifier's (score "
+                                         "and rerank go with either)",)),
     "a zero timeout": ({"d": {"model": "m", "tasks": ["embed"], "managed": {}, "timeout_s": 0}},
                        ("deployments.d.timeout_s: expected number > 0, got 0",)),
     "an unset key variable": ({"d": {"model": "m", "tasks": ["embed"],
@@ -139,3 +143,18 @@ def test_credentials_in_an_attached_url_are_refused_pointing_to_the_key_fields()
     assert _errors({"d": {"model": "m", "tasks": ["embed"], "attached": {"urls": ["http://u:p@a:1"]}}}) == (
         "deployments.d.attached.urls[0]: credentials in a URL are not allowed (the URL is logged and shown); "
         "set api_key or api_key_env",)
+
+
+@pytest.mark.parametrize(("tasks", "convert"), [(["classify"], "classify"), (["embed", "score"], "embed"),
+                                                (["rerank"], "auto"), (["score", "classify"], "classify")])
+def test_a_managed_worker_gets_the_head_its_tasks_need(tasks: list[str], convert: str) -> None:
+    """A causal model can serve either head, so the engine is told which; a cross-encoder that only scores
+    keeps its own. The deployment's engine_args come after, so a --convert there wins."""
+    from services.router.runtime.managed import ManagedReplica, Secrets
+
+    config = parse_config(_config({"d": {"model": "m", "tasks": tasks,
+                                         "managed": {"engine_args": ["--convert", "none"]}}}), env={})
+    cmd = ManagedReplica(config.deployments["d"], 0, Secrets("t", "k")).engine.cmd
+    at = cmd.index("--convert")
+    assert cmd[at + 1] == convert and cmd[-2:] == ["--convert", "none"]
+    assert engine_config.parse_args(cmd[3:]).convert == "none"  # argparse: the last one given

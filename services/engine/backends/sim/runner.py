@@ -1,6 +1,7 @@
-"""Which runner the sim engine plays and which tasks it serves, from --runner, --convert and the checkpoint
-(vLLM decides this from its model registry; the sim has none, so it reads the architecture's name and the
-sentence-transformers files as vLLM's fallbacks do). Runs in the engine process, at start.
+"""Which runner the sim engine plays and which tasks it serves, from --runner, --convert and the checkpoint,
+decided as vLLM 0.32 decides them (its ModelConfig's runner and convert types). vLLM asks its model registry
+first; the sim has none, so it uses what vLLM falls back to: the sentence-transformers files, then the
+architecture name's ending. Runs in the engine process, at start.
 """
 from __future__ import annotations
 
@@ -10,43 +11,70 @@ from typing import Any
 
 EMBED_TASKS = ("embed", "token_embed")
 CLASSIFY_TASKS = ("classify", "token_classify")
-# With --convert auto the sim serves every pooling task it can compute, whatever the architecture: it has
-# no head to adapt, and routing tests need one engine for embeddings and class scores.
-ALL_POOLING_TASKS = ("embed", "classify", "token_embed", "token_classify")
-# Architecture name endings of generative models (vLLM's architecture defaults); other known
-# architectures (…Model, …ForSequenceClassification, …) are pooling ones.
-_GENERATIVE = ("ForCausalLM", "ForConditionalGeneration", "ChatModel", "LMHeadModel")
-_POOLING = ("Model", "ForSequenceClassification", "ForTokenClassification", "ForTextEncoding")
+# vLLM's defaults by the ending of an architecture's name: (ending, runner, convert), the first match wins
+# (so "…ForSequenceClassification" is a classifier before "…Model" makes an embedding model).
+_SUFFIX_DEFAULTS = (
+    ("ForCausalLM", "generate", "none"),
+    ("ForConditionalGeneration", "generate", "none"),
+    ("ChatModel", "generate", "none"),
+    ("LMHeadModel", "generate", "none"),
+    ("ForTextEncoding", "pooling", "embed"),
+    ("EmbeddingModel", "pooling", "embed"),
+    ("ForSequenceClassification", "pooling", "classify"),
+    ("ForTokenClassification", "pooling", "classify"),
+    ("ForAudioClassification", "pooling", "classify"),
+    ("ForImageClassification", "pooling", "classify"),
+    ("ForVideoClassification", "pooling", "classify"),
+    ("ClassificationModel", "pooling", "classify"),
+    ("ForRewardModeling", "pooling", "embed"),
+    ("RewardModel", "pooling", "embed"),
+    ("Model", "pooling", "embed"),
+)
 
 
 def resolve(runner: str, convert: str, checkpoint: Path, config_json: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
-    """(runner, tasks): ("generate", ("generate",)) or ("pooling", its pooling tasks)."""
+    """(runner, tasks): ("generate", ("generate",)) or ("pooling", the tasks of its embedding or classifying
+    head). --convert none on a pooling runner keeps the model's own head, which for the sim is the one its
+    architecture's name implies."""
+    architectures = [str(a) for a in config_json.get("architectures") or ()]
     if runner == "auto":
-        runner = "pooling" if convert in ("embed", "classify") or _is_pooling(checkpoint, config_json) else "generate"
+        if convert in ("auto", "none"):
+            runner = "pooling" if _sentence_transformers(checkpoint) else _default_runner(architectures)
+        else:
+            runner = "pooling"
     if runner == "generate":
         return "generate", ("generate",)
-    if convert == "embed":
-        return "pooling", EMBED_TASKS
-    if convert == "classify":
-        return "pooling", CLASSIFY_TASKS
-    return "pooling", ALL_POOLING_TASKS
+    if convert in ("auto", "none"):
+        convert = _default_convert(architectures)
+    return "pooling", CLASSIFY_TASKS if convert == "classify" else EMBED_TASKS
 
 
-def _is_pooling(checkpoint: Path, config_json: dict[str, Any]) -> bool:
-    """A sentence-transformers checkpoint (a Pooling module in modules.json) pools whatever its
-    architecture; otherwise the first architecture's name decides (generative when unknown, as vLLM)."""
+def _default_runner(architectures: list[str]) -> str:
+    for arch in architectures:
+        for ending, runner, _ in _SUFFIX_DEFAULTS:
+            if arch.endswith(ending):
+                return runner
+    return "generate"
+
+
+def _default_convert(architectures: list[str]) -> str:
+    """The pooling head of the first architecture whose ending has pooling defaults; an embedding head when
+    none has (vLLM's rule for sentence-transformers checkpoints of causal models)."""
+    for arch in architectures:
+        for ending, runner, convert in _SUFFIX_DEFAULTS:
+            if runner == "pooling" and arch.endswith(ending):
+                return convert
+    return "embed"
+
+
+def _sentence_transformers(checkpoint: Path) -> bool:
+    """A sentence-transformers checkpoint (a Pooling module in modules.json) pools whatever its architecture."""
     modules = checkpoint / "modules.json"
-    if modules.is_file():
-        try:
-            listed = json.loads(modules.read_text())
-        except ValueError:
-            listed = []
-        if any(isinstance(m, dict) and str(m.get("type", "")).endswith(".Pooling") for m in listed):
-            return True
-    for arch in config_json.get("architectures") or ():
-        if str(arch).endswith(_GENERATIVE):
-            return False
-        if str(arch).endswith(_POOLING):
-            return True
-    return False
-
+    if not modules.is_file():
+        return False
+    try:
+        listed = json.loads(modules.read_text())
+    except ValueError:
+        return False
+    return isinstance(listed, list) and any(
+        isinstance(m, dict) and str(m.get("type", "")).endswith(".Pooling") for m in listed)

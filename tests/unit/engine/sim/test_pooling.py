@@ -17,7 +17,7 @@ from protocol.pooled import unpack
 from services.engine.backend import RequestRejected, StepResult
 from services.engine.backends.sim import SimBackend, SimConfig
 from services.engine.backends.sim.pooler import SimPooler
-from services.engine.backends.sim.runner import ALL_POOLING_TASKS, resolve
+from services.engine.backends.sim.runner import CLASSIFY_TASKS, EMBED_TASKS, resolve
 from services.engine.config import EngineConfig
 from services.engine.wiring import build_backend
 
@@ -25,6 +25,8 @@ VOCAB = 1000
 HIDDEN = 48
 LABELS = 3
 REPO = Path(__file__).resolve().parents[4]
+# A backend built here directly serves every task, so one backend covers the pooler's outputs.
+ALL_POOLING_TASKS = EMBED_TASKS + CLASSIFY_TASKS
 
 
 def pooling_backend(*, labels: int = LABELS, matryoshka: bool = False, **overrides: Any) -> SimBackend:
@@ -174,29 +176,42 @@ def test_embed_reads_the_prefix_cache_and_per_token_tasks_do_not() -> None:
 def test_runner_and_tasks_from_the_flags_and_the_checkpoint(tmp_path: Path) -> None:
     causal = {"architectures": ["Qwen3ForCausalLM"]}
     assert resolve("auto", "auto", tmp_path, causal) == ("generate", ("generate",))
-    assert resolve("pooling", "auto", tmp_path, causal) == ("pooling", ALL_POOLING_TASKS)
-    assert resolve("auto", "embed", tmp_path, causal) == ("pooling", ("embed", "token_embed"))
-    assert resolve("pooling", "classify", tmp_path, causal) == ("pooling", ("classify", "token_classify"))
-    assert resolve("auto", "auto", tmp_path, {"architectures": ["BertForSequenceClassification"]})[0] == "pooling"
-    assert resolve("auto", "auto", tmp_path, {"architectures": ["BertModel"]})[0] == "pooling"
-    # A sentence-transformers checkpoint pools whatever its architecture says.
+    # vLLM's --convert auto on a pooling runner: an embedding head when the name gives no pooling default.
+    assert resolve("pooling", "auto", tmp_path, causal) == ("pooling", EMBED_TASKS)
+    assert resolve("pooling", "none", tmp_path, causal) == ("pooling", EMBED_TASKS)
+    assert resolve("auto", "embed", tmp_path, causal) == ("pooling", EMBED_TASKS)
+    assert resolve("pooling", "classify", tmp_path, causal) == ("pooling", CLASSIFY_TASKS)
+    assert resolve("auto", "classify", tmp_path, causal) == ("pooling", CLASSIFY_TASKS)
+    # By the architecture's ending, the first match winning: a classifier before a plain *Model.
+    for arch, tasks in [("BertForSequenceClassification", CLASSIFY_TASKS), ("BertModel", EMBED_TASKS),
+                        ("RobertaForTokenClassification", CLASSIFY_TASKS), ("Qwen3ClassificationModel", CLASSIFY_TASKS),
+                        ("Qwen2RewardModel", EMBED_TASKS), ("XLMRobertaEmbeddingModel", EMBED_TASKS),
+                        ("T5EncoderForTextEncoding", EMBED_TASKS)]:
+        assert resolve("auto", "auto", tmp_path, {"architectures": [arch]}) == ("pooling", tasks), arch
+    assert resolve("auto", "embed", tmp_path, {"architectures": ["BertForSequenceClassification"]}) == (
+        "pooling", EMBED_TASKS)
+    assert resolve("auto", "auto", tmp_path, {"architectures": ["Mystery"]}) == ("generate", ("generate",))
+    assert resolve("auto", "auto", tmp_path, {}) == ("generate", ("generate",))
+    # A sentence-transformers checkpoint pools whatever its architecture says, with an embedding head.
     (tmp_path / "modules.json").write_text(json.dumps([{"type": "sentence_transformers.models.Pooling"}]))
-    assert resolve("auto", "auto", tmp_path, causal)[0] == "pooling"
+    assert resolve("auto", "auto", tmp_path, causal) == ("pooling", EMBED_TASKS)
     assert resolve("generate", "auto", tmp_path, causal) == ("generate", ("generate",))
+    (tmp_path / "modules.json").write_text("[not json")
+    assert resolve("auto", "auto", tmp_path, causal) == ("generate", ("generate",))
 
 
 def test_the_sim_on_minilm_pools_with_its_hidden_size() -> None:
     sim, _ = build_backend(EngineConfig(model="minilm", backend="sim", sim_instant=True))
-    assert (sim.info.runner, sim.info.tasks) == ("pooling", ALL_POOLING_TASKS)
+    assert (sim.info.runner, sim.info.tasks) == ("pooling", EMBED_TASKS)
     assert sim.info.max_model_len == 256  # sentence_bert_config's max_seq_length, as vLLM reads it
-    got, _ = run(sim, pool_req("m", [101, 7592, 102], "embed"), pool_req("c", [101, 7592, 102], "classify"))  # type: ignore[arg-type]
-    assert got["m"][1] == [384] and got["c"][1] == [2]
+    got, _ = run(sim, pool_req("m", [101, 7592, 102], "embed"))  # type: ignore[arg-type]
+    assert got["m"][1] == [384]
 
 
 @pytest.mark.parametrize(("model", "labels"), [("tiny-classifier", 3), ("tiny-cross-encoder", 1)])
 def test_the_sim_on_a_classifier_scores_its_labels(model: str, labels: int) -> None:
     sim, _ = build_backend(EngineConfig(model=model, backend="sim", sim_instant=True))
-    assert sim.info.runner == "pooling"
+    assert (sim.info.runner, sim.info.tasks) == ("pooling", CLASSIFY_TASKS)
     got, _ = run(sim, pool_req("c", [101, 7592, 102, 2088, 102], "classify", token_type_split=3))  # type: ignore[arg-type]
     values, shape = got["c"]
     assert shape == [labels] and (math.isclose(sum(values), 1.0, rel_tol=1e-5) if labels > 1 else 0 < values[0] < 1)
