@@ -54,7 +54,6 @@ def main() -> None:
             messages = [m for args, frames in calls for t, frame in zip(args["tensors"], frames, strict=True)
                         for m in tensor_messages(t["name"], t["dtype"], t["shape"], frame, limit.max_message_bytes)]
             assert isinstance(client.handshake(timeout_s=60), Ready)
-            assert client.utility("pause").ok  # an update is refused while generation runs
             for run in range(a.runs):
                 for way in rates:
                     t0 = time.perf_counter()

@@ -42,6 +42,9 @@ class BackendInfo:
     # "pooling" with the pooling tasks it serves ("embed", "classify", "token_embed", "token_classify").
     runner: str = "generate"
     tasks: tuple[str, ...] = ("generate",)
+    # False where the model cannot run between start_weight_update and finish_weight_update (vLLM's
+    # layerwise reload puts its layers on the meta device): the core loop runs no step meanwhile.
+    runs_during_weight_update: bool = True
 
 
 @dataclass(slots=True)

@@ -60,7 +60,6 @@ from services.engine.bridge import Bridge
 from services.engine.config import EngineConfig
 from services.engine.peers import Peer, Peers
 from services.engine.token_histogram import TokenHistogram
-from services.engine.weights import WeightUpdateError
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +95,8 @@ class CoreLoop:
         self._pause_mode: str | None = None
         self._pause_calls: list[tuple[bytes, int]] = []  # pending "wait" pauses: identity, call_id
         self._held: dict[str, GenerateRequest] = {}
-        # A weight update is open (started, not finished): the model must not run (_weight_update_gate).
+        # A weight update is open (started, not finished); on a backend whose model cannot run meanwhile
+        # no step runs (_busy).
         self._updating = False
         self._drain_requested = False  # set from the signal handler; read by the loop
         self._drain_deadline: float | None = None
@@ -157,8 +157,17 @@ class CoreLoop:
             self.backend.shutdown()
 
     def _busy(self) -> bool:
-        # Not while updating: a pause's mode may change to "wait" meanwhile, and kept requests must not step.
-        return self._pause_mode in (None, "wait") and not self._updating and self.backend.has_work()
+        return self._pause_mode in (None, "wait") and not self._holding_for_weights() and self.backend.has_work()
+
+    def _holding_for_weights(self) -> bool:
+        """No step while a weight update is open on a backend whose model cannot run then (the vllm
+        backend: its layers are on the meta device from start to finish). vLLM's contract is pause,
+        update, resume, and it leaves the order to its caller: a step in between would crash the rank or
+        sample from half-loaded weights. Here such a step waits instead, whatever the pause says: running
+        requests and new ones stay queued, their streams quiet, until finish_weight_update (from any
+        peer: an update whose client left is ended by the next one's finish). Nothing is refused, so a
+        client written for vLLM or for the sim, paused or not, works unchanged."""
+        return self._updating and not self.backend.info.runs_during_weight_update
 
     def _start_drain(self, now: float) -> None:
         self._drain_deadline = now + self.config.drain_timeout_s
@@ -387,7 +396,6 @@ class CoreLoop:
             if call.name == "pause":
                 return self._pause(peer, call.call_id, args["mode"])
             if call.name == "resume":
-                self._weight_update_gate(call.name)
                 self._resume()
                 return UtilityResult(call.call_id, True, True)
             if call.name == "is_paused":
@@ -395,7 +403,6 @@ class CoreLoop:
                                                           "held": len(self._held)})
             if call.name == "stats":
                 return UtilityResult(call.call_id, True, self._stats_dict())
-            self._weight_update_gate(call.name)
             result = self.backend.utility(call.name, args, frames)
             if call.name in ("start_weight_update", "finish_weight_update"):
                 self._updating = call.name == "start_weight_update"
@@ -456,36 +463,6 @@ class CoreLoop:
                 assert entry is not None  # a held request is owned until it is added or aborted
                 self._send_outputs(entry[0], [RequestOutput(req.request_id, [], "error", error=error,
                                                             error_kind=kind)])
-
-    # ---- weight updates ------------------------------------------------------------------------
-
-    def _weight_update_gate(self, name: str) -> None:
-        """Refuses a start_weight_update unless generation is paused, and a resume while an update is open.
-
-        vLLM's contract is pause, update, resume: its pause_generation is there "to allow model weight
-        updates", and its checkpoint-format weight transfer engines (which the vllm backend follows) put
-        every layer on the meta device from start_weight_update until finish_weight_update, so a step in
-        between would crash the rank or sample from half-loaded weights. vLLM leaves the order to its
-        caller; here it is checked, and a refusal names the missing step. Refusing, rather than quietly
-        not stepping while an update is open, keeps one way to stop generation (pause, whose held requests,
-        modes and is_paused clients already know) and tells a client that forgot it at once, instead of
-        freezing its streams with no word. The sim backend has no model to break but gets the same rule
-        here, so a client tested against it works against vllm.
-
-        An update its client abandons (start, then gone) stays open, and the rank stays paused: a second
-        start is refused "already open" and resume is refused, each naming finish_weight_update. That
-        finish, from any peer, ends it; on vllm it leaves a working model (vLLM's finalize puts back the
-        old weights of every layer that received no tensor). Resume then serves again."""
-        if name == "start_weight_update" and not self._is_paused():
-            pausing = "" if self._pause_mode is None else f" (pause mode {self._pause_mode!r} has not taken effect yet)"
-            raise WeightUpdateError(
-                f"start_weight_update: generation is not paused on engine rank {self.rank}{pausing}; pause it "
-                "first (any mode), then start the update, and resume after finish_weight_update")
-        if name == "resume" and self._updating:
-            raise WeightUpdateError(
-                f"resume: a weight update is open on engine rank {self.rank} and the model cannot run until "
-                "it finishes; call finish_weight_update first (an abandoned update too: it restores a working "
-                "model), then resume")
 
     def _release(self, internal: str) -> str:
         """Forget an owned request; its client's request id."""

@@ -385,10 +385,6 @@ def test_weight_update_session_on_sim(fleet: Fleet) -> None:
     with pytest.raises(grpc.RpcError) as err:  # no session started
         fleet.rl.UpdateWeights(iter([pb2.Tensor(name="w", dtype="float32", shape=[2], data=bytes(8))]), metadata=AUTH)
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    with pytest.raises(grpc.RpcError) as err:  # generation not paused
-        fleet.rl.StartWeightUpdate(pb2.StartWeightUpdateRequest(), metadata=AUTH)
-    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "pause it first" in err.value.details()
-    fleet.rl.PauseGeneration(pb2.PauseGenerationRequest(mode=pb2.PAUSE_MODE_WAIT), metadata=AUTH, timeout=30)
     fleet.rl.StartWeightUpdate(pb2.StartWeightUpdateRequest(), metadata=AUTH)
     tensors = [pb2.Tensor(name=f"layer.{i}.weight", dtype="float32", shape=[4, 8], data=bytes(128)) for i in range(5)]
     resp = fleet.rl.UpdateWeights(iter(tensors), metadata=AUTH)
@@ -396,13 +392,9 @@ def test_weight_update_session_on_sim(fleet: Fleet) -> None:
     with pytest.raises(grpc.RpcError) as err:  # a shape that does not fit its bytes
         fleet.rl.UpdateWeights(iter([pb2.Tensor(name="w", dtype="float32", shape=[3], data=bytes(8))]), metadata=AUTH)
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "w" in err.value.details()
-    with pytest.raises(grpc.RpcError) as err:  # the update is open
-        fleet.rl.ResumeGeneration(pb2.ResumeGenerationRequest(), metadata=AUTH)
-    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "finish_weight_update" in err.value.details()
     done = fleet.rl.FinishWeightUpdate(pb2.FinishWeightUpdateRequest(version="step-1"), metadata=AUTH)
     assert done.version == "step-1" != before
     assert fleet.rl.GetWeightVersion(pb2.GetWeightVersionRequest(), metadata=AUTH).version == "step-1"
-    fleet.rl.ResumeGeneration(pb2.ResumeGenerationRequest(), metadata=AUTH)
 
 
 def test_a_tensor_larger_than_a_message_comes_in_pieces(fleet: Fleet) -> None:
@@ -411,7 +403,6 @@ def test_a_tensor_larger_than_a_message_comes_in_pieces(fleet: Fleet) -> None:
     pieces = tensor_messages("embed.weight", "float32", [len(data) // 4], data, limit)
     assert len(pieces) == 3 and [p.more for p in pieces] == [True, True, False] and not pieces[1].name
     small = tensor_messages("norm.weight", "float32", [4], bytes(16), limit)
-    fleet.rl.PauseGeneration(pb2.PauseGenerationRequest(), metadata=AUTH)
     fleet.rl.StartWeightUpdate(pb2.StartWeightUpdateRequest(), metadata=AUTH)
     try:
         resp = fleet.rl.UpdateWeights(iter([*small, *pieces, *small]), metadata=AUTH, timeout=60)
@@ -427,7 +418,6 @@ def test_a_tensor_larger_than_a_message_comes_in_pieces(fleet: Fleet) -> None:
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and says in err.value.details()
     finally:
         fleet.rl.FinishWeightUpdate(pb2.FinishWeightUpdateRequest(version="pieces"), metadata=AUTH)
-        fleet.rl.ResumeGeneration(pb2.ResumeGenerationRequest(), metadata=AUTH)
 
 
 # ---- KvEvents ----------------------------------------------------------------------------------------

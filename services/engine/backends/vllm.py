@@ -158,6 +158,7 @@ class VllmBackend:
             eos_token_id=self._eos,
             runner=str(model_config.runner_type),
             tasks=tasks,
+            runs_during_weight_update=False,  # the layerwise reload's meta layers (_start_reload)
         )
         self._block_size = cache.block_size
         self._ours: dict[Any, int] = {}  # vLLM's block hash -> protocol.block_hash value

@@ -2,6 +2,7 @@
 request-id isolation between peers, drain. Real sockets are covered by tests/integration."""
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 import time
@@ -360,16 +361,19 @@ def test_a_utility_call_gets_its_raw_frames_and_its_defaults() -> None:
 
 
 class UpdatingBackend(EchoBackend):
-    """A model that cannot run while a weight update is open (vllm's layers are on the meta device then)."""
+    """A model that cannot run while a weight update is open (vllm's layers are on the meta device then),
+    or, with `runs=True`, one that can (the sim)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, runs: bool = False) -> None:
         super().__init__()
+        self.info = dataclasses.replace(EchoBackend.info, runs_during_weight_update=runs)
         self.weights = WeightSession()
         self.steps = 0
+        self.steps_while_open = 0
 
     def step(self) -> StepResult:
-        assert not self.weights.open, "stepped with a weight update open"
         self.steps += 1
+        self.steps_while_open += self.weights.open
         return super().step()
 
     def utility(self, name: str, args: dict[str, Any], frames: Sequence[Buffer] = ()) -> Any:
@@ -380,7 +384,7 @@ class UpdatingBackend(EchoBackend):
         return self.weights.finish(args["version"])
 
 
-def test_a_weight_update_starts_only_paused_and_nothing_steps_until_it_finishes() -> None:
+def test_nothing_steps_while_a_weight_update_is_open_on_a_model_that_cannot_run_paused_or_not() -> None:
     bridge, backend = FakeBridge(), UpdatingBackend()
     core = CoreLoop(EngineConfig(model="m", backend="sim", heartbeat_interval_s=0.01), backend, bridge,  # type: ignore[arg-type]
                     vocab_size=100)
@@ -388,34 +392,46 @@ def test_a_weight_update_starts_only_paused_and_nothing_steps_until_it_finishes(
     bridge.push(b"a", _req("kept", 10**9))
     thread, code = _run(core)
     _wait(lambda: len(bridge.to(b"a", Outputs)) > 0)
-    calls = [UtilityCall(1, "start_weight_update", {}), UtilityCall(2, "pause", {"mode": "keep"}),
-             UtilityCall(3, "start_weight_update", {}),
-             UtilityCall(4, "pause", {"mode": "wait"}),  # a "wait" steps what runs: not while updating
-             UtilityCall(5, "resume", {}), _req("held", 2)]
-    for msg in calls:
-        bridge.push(b"a", msg)
-    _wait(lambda: len(bridge.to(b"a", UtilityResult)) == 4)
-    refused, paused, started, resume = bridge.to(b"a", UtilityResult)
-    assert not refused.ok and refused.error == (
-        "WeightUpdateError: start_weight_update: generation is not paused on engine rank 0; pause it first "
-        "(any mode), then start the update, and resume after finish_weight_update")
-    assert paused.ok and started.ok and backend.weights.open
-    assert not resume.ok and "resume: a weight update is open on engine rank 0" in (resume.error or "")
+    # Not paused (vLLM leaves the pause to its caller): nothing is refused, and nothing steps.
+    bridge.push(b"a", UtilityCall(1, "start_weight_update", {}))
+    bridge.push(b"a", _req("new", 2))
+    _wait(lambda: len(bridge.to(b"a", UtilityResult)) == 1)
+    assert bridge.to(b"a", UtilityResult)[0].ok and backend.weights.open
     steps, beats = backend.steps, len(bridge.to(b"a", Stats))
     _wait(lambda: len(bridge.to(b"a", Stats)) >= beats + 3)  # loop turns, each may have stepped
     assert backend.steps == steps and thread.is_alive() and not bridge.to(b"a", EngineDead)
-    bridge.push(b"a", UtilityCall(6, "finish_weight_update", {"version": "v1"}))
-    _wait(lambda: len(bridge.to(b"a", UtilityResult)) == 5)
-    _wait(lambda: backend.steps > steps)  # finished: the "wait" pause steps the kept request again
-    bridge.push(b"a", Abort(["kept"]))  # its end: the "wait" pause is answered
-    _wait(lambda: len(bridge.to(b"a", UtilityResult)) == 6)
-    assert [r.call_id for r in bridge.to(b"a", UtilityResult)[4:]] == [6, 4]
-    bridge.push(b"a", UtilityCall(7, "resume", {}))  # adds the held request, which runs to its end
-    _wait(lambda: any(o.request_id == "held" and o.finish_reason == "length"
+    # A pause and a resume in between change nothing for the model either.
+    for msg in (UtilityCall(2, "pause", {"mode": "keep"}), UtilityCall(3, "resume", {})):
+        bridge.push(b"a", msg)
+    _wait(lambda: len(bridge.to(b"a", UtilityResult)) == 3)
+    beats = len(bridge.to(b"a", Stats))
+    _wait(lambda: len(bridge.to(b"a", Stats)) >= beats + 3)
+    assert backend.steps == steps
+    bridge.push(b"a", UtilityCall(4, "finish_weight_update", {"version": "v1"}))
+    _wait(lambda: any(o.request_id == "new" and o.finish_reason == "length"
                       for m in bridge.to(b"a", Outputs) for o in m.outputs))
+    assert backend.steps > steps and backend.steps_while_open == 0
+    bridge.push(b"a", Abort(["kept"]))
     core.request_drain()
     thread.join(5)
     assert code == [0]
+
+
+def test_a_model_that_runs_during_an_update_keeps_stepping() -> None:
+    bridge, backend = FakeBridge(), UpdatingBackend(runs=True)
+    core = CoreLoop(EngineConfig(model="m", backend="sim", heartbeat_interval_s=0.01), backend, bridge,  # type: ignore[arg-type]
+                    vocab_size=100)
+    bridge.push(b"a", make_hello("fe-a"))
+    bridge.push(b"a", UtilityCall(1, "start_weight_update", {}))
+    bridge.push(b"a", _req("during", 3))
+    thread, code = _run(core)
+    _wait(lambda: any(o.request_id == "during" and o.finish_reason == "length"
+                      for m in bridge.to(b"a", Outputs) for o in m.outputs))
+    assert backend.weights.open and backend.steps_while_open > 0
+    core.request_drain()
+    thread.join(5)
+    assert code == [0]
+
 
 
 def test_a_request_held_by_a_pause_is_refused_as_draining_when_the_rank_drains(parts) -> None:  # type: ignore[no-untyped-def]
