@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
 import time
 from pathlib import Path
 
+import pytest
 import zmq
 
 from protocol import Ready, Stats, decode
@@ -95,7 +97,11 @@ def test_a_supervised_unit_whose_rank_is_killed_exits_128_plus_the_signal(tmp_pa
         pids = _rank_pids(engine.proc.pid, 2)
         assert len(pids) == 2
         os.kill(pids[1], signal.SIGKILL)
-        assert engine.proc.wait(60) == 128 + signal.SIGKILL  # it was 247: -9 passed to sys.exit
+        try:
+            code = engine.proc.wait(60)
+        except subprocess.TimeoutExpired:  # seen once in a loaded full run: keep what the unit said
+            pytest.fail(f"the unit did not exit within 60 s of its rank's death:\n{engine.log()[-4000:]}")
+        assert code == 128 + signal.SIGKILL  # it was 247: -9 passed to sys.exit
         assert "was killed by SIGKILL; stopping the other ranks (exit code 137)" in engine.log()
         _no_traceback(engine)
     finally:

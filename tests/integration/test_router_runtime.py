@@ -82,8 +82,10 @@ def test_managed_workers_answer_are_started_again_when_killed_and_stop_with_the_
             assert set(label.probs) == {"chat", "code", "math"} and label.label in label.probs
             assert math.isclose(sum(label.probs.values()), 1.0, rel_tol=1e-4)
 
-            # A killed frontend is started again (the same port), and its worker comes back.
+            # A killed frontend is started again (the same port), and its worker comes back. The
+            # deployment is ready with one ready worker: wait for this one too (a loaded host is slow).
             replica = emb.managed[0]
+            await _until(lambda: emb.pool.is_ready(emb.pool.replicas[0]), 120, "replica 0 ready")
             os.kill(pid_listening_on(replica.port), signal.SIGKILL)
             await _until(lambda: replica.frontend.restarts == 1, 30, "restart")
             await _until(lambda: emb.pool.is_ready(emb.pool.replicas[0]) and
