@@ -21,6 +21,13 @@ class UtilityUnsupported(RuntimeError):
     """This backend does not implement that (allowlisted) utility."""
 
 
+class ModelBroken(RuntimeError):
+    """The model can no longer be trusted (a weight update failed inside the model's loader, or its
+    client left it half-loaded): the rank fails (EngineDead to every peer, exit code 1), so its
+    supervisor starts it again from the checkpoint, rather than serve from half-loaded weights or
+    hold its requests forever."""
+
+
 def check_adapter_dir(path: str) -> None:
     """What every backend's add_lora accepts as a path: a local PEFT adapter directory (its
     adapter_config.json there). A file, a URL or a hub id is refused, naming the argument."""

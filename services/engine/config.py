@@ -50,6 +50,9 @@ class EngineConfig:
     client_timeout_s: float = 5.0  # a frontend silent this long is gone: its requests are aborted
     drain_timeout_s: float = 30.0  # on SIGTERM, how long in-flight requests may still run
     stall_timeout_s: float = 60.0  # liveness beats stop if one engine step runs longer than this
+    # An open weight update with no start or update_weights call for this long is abandoned (its client
+    # is gone); where the model cannot run meanwhile, the rank fails rather than hold its requests.
+    weight_update_timeout_s: float = 600.0
     max_rank_restarts: int = 5  # supervised unit: restarts of one rank within 10 minutes before the unit stops
     seed: int = 0
     max_logprobs: int = 20  # most logprobs / prompt_logprobs alternatives a request may ask for (vLLM's)
@@ -115,6 +118,7 @@ class EngineConfig:
         _require(self.drain_timeout_s >= 0, "--drain-timeout", self.drain_timeout_s, ">= 0")
         _require(self.stall_timeout_s > self.heartbeat_interval_s, "--stall-timeout", self.stall_timeout_s,
                  "> --heartbeat-interval")
+        _require(self.weight_update_timeout_s > 0, "--weight-update-timeout", self.weight_update_timeout_s, "> 0")
         _require(self.max_rank_restarts >= 0, "--max-rank-restarts", self.max_rank_restarts, ">= 0")
         _require(0 <= self.max_logprobs <= 1024, "--max-logprobs", self.max_logprobs, "0..1024")
         _require(self.max_loras >= 1, "--max-loras", self.max_loras, ">= 1")
@@ -237,6 +241,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on SIGTERM, seconds in-flight requests may still run before they are aborted")
     p.add_argument("--stall-timeout", type=float, default=d["stall_timeout_s"], dest="stall_timeout_s",
                    help="heartbeats stop (peers declare this rank dead) if one step runs longer than this")
+    p.add_argument("--weight-update-timeout", type=float, default=d["weight_update_timeout_s"],
+                   dest="weight_update_timeout_s",
+                   help="seconds an open weight update may go without a start or update_weights call before it "
+                        "counts as abandoned; on the vllm backend, whose model cannot run during an update, the "
+                        "rank then fails and its supervisor starts it again from the checkpoint")
     p.add_argument("--max-rank-restarts", type=int, default=d["max_rank_restarts"],
                    help="with --data-parallel-size-local > 1: a rank that dies is started again while the others "
                         "serve, up to this many times within 10 minutes; past that (or 0) the unit stops")

@@ -50,6 +50,7 @@ from services.engine.backend import (
     Cleared,
     KVEvent,
     Load,
+    ModelBroken,
     Pooled,
     Removed,
     RequestRejected,
@@ -96,8 +97,10 @@ class CoreLoop:
         self._pause_calls: list[tuple[bytes, int]] = []  # pending "wait" pauses: identity, call_id
         self._held: dict[str, GenerateRequest] = {}
         # A weight update is open (started, not finished); on a backend whose model cannot run meanwhile
-        # no step runs (_busy).
+        # no step runs (_busy). `_updater`: the peer that started it.
         self._updating = False
+        self._updater: bytes | None = None
+        self._update_seen = 0.0  # the open update's last start or update_weights call (the loop's clock)
         self._drain_requested = False  # set from the signal handler; read by the loop
         self._drain_deadline: float | None = None
         self._step = 0
@@ -131,6 +134,7 @@ class CoreLoop:
                         self._peers.excuse(now - next_beat, now)
                     self._heartbeat(now)
                     self._reap_silent(now)
+                    self._expire_update(now)
                     next_beat = now + interval
                 if self._drain_requested and self._drain_deadline is None:
                     self._start_drain(now)
@@ -164,10 +168,27 @@ class CoreLoop:
         backend: its layers are on the meta device from start to finish). vLLM's contract is pause,
         update, resume, and it leaves the order to its caller: a step in between would crash the rank or
         sample from half-loaded weights. Here such a step waits instead, whatever the pause says: running
-        requests and new ones stay queued, their streams quiet, until finish_weight_update (from any
-        peer: an update whose client left is ended by the next one's finish). Nothing is refused, so a
-        client written for vLLM or for the sim, paused or not, works unchanged."""
+        requests and new ones stay queued, their streams quiet, until finish_weight_update. Nothing is
+        refused but what could never finish: a pause(mode='wait') meanwhile. An update whose client leaves
+        (its connection closes, or it falls silent) fails the rank (_abandoned_update), and a drain ends
+        the held requests at once."""
         return self._updating and not self.backend.info.runs_during_weight_update
+
+    def _expire_update(self, now: float) -> None:
+        """An open update that no call has touched for --weight-update-timeout is abandoned (its client went
+        away between calls, as a trainer that crashed between UpdateWeights and FinishWeightUpdate)."""
+        if self._holding_for_weights() and now - self._update_seen > self.config.weight_update_timeout_s:
+            raise ModelBroken(f"the weight update had no call for {now - self._update_seen:.0f}s "
+                              f"(--weight-update-timeout {self.config.weight_update_timeout_s:g}s); the model is "
+                              "half-loaded")
+
+    def _abandoned_update(self, peer: Peer) -> None:
+        """The peer that started an open update left. Where the model cannot run until it finishes, its
+        weights are half-loaded and nobody will finish them: the rank fails, so its supervisor starts it
+        again from the checkpoint (the sim keeps serving; another peer may finish its update)."""
+        if self._updating and self._updater == peer.identity and self._holding_for_weights():
+            raise ModelBroken(f"the weight update's client (frontend {peer.frontend_id}) left before "
+                              "finish_weight_update; the model is half-loaded")
 
     def _start_drain(self, now: float) -> None:
         self._drain_deadline = now + self.config.drain_timeout_s
@@ -180,8 +201,8 @@ class CoreLoop:
         self._heartbeat(now)  # tell peers at once (Stats.draining) rather than at the next beat
 
     def _drain_finished(self, now: float, deadline: float) -> bool:
-        if self._peers.in_flight() and now < deadline:
-            return False
+        if self._peers.in_flight() and now < deadline and not self._holding_for_weights():
+            return False  # (held for weights, nothing can finish: they end now)
         left = self._peers.all_requests()
         if left:
             log.warning("rank %d drain deadline passed; failing %d request(s)", self.rank, len(left))
@@ -263,6 +284,7 @@ class CoreLoop:
         peer = self._peers.get(identity)
         if peer is None:
             return
+        self._abandoned_update(peer)
         orphans = self._peers.leave(peer)
         self.bridge.peers = tuple(p.identity for p in self._peers)
         log.log(logging.WARNING if orphans else logging.INFO, "rank %d: frontend %s closed its connection; "
@@ -394,6 +416,11 @@ class CoreLoop:
         try:
             args = utility.check(call.name, call.args)
             if call.name == "pause":
+                if args["mode"] == "wait" and self._holding_for_weights():
+                    raise utility.UtilityError(
+                        "pause(mode='wait') cannot finish while a weight update is open on this backend: no step "
+                        "runs until finish_weight_update, so the running requests cannot end; pause with mode "
+                        "'keep' or 'abort', or pause before start_weight_update")
                 return self._pause(peer, call.call_id, args["mode"])
             if call.name == "resume":
                 self._resume()
@@ -406,7 +433,12 @@ class CoreLoop:
             result = self.backend.utility(call.name, args, frames)
             if call.name in ("start_weight_update", "finish_weight_update"):
                 self._updating = call.name == "start_weight_update"
+                self._updater = peer.identity if self._updating else None
+            if call.name in ("start_weight_update", "update_weights"):
+                self._update_seen = self._clock()
             return UtilityResult(call.call_id, True, result)
+        except ModelBroken:
+            raise  # the rank fails (run's handler): its model cannot serve
         except Exception as exc:  # an error result, never a crash of the engine
             log.warning("rank %d utility %s failed: %s", self.rank, call.name, exc)
             return UtilityResult(call.call_id, False, None, f"{type(exc).__name__}: {exc}")
@@ -494,6 +526,7 @@ class CoreLoop:
 
     def _reap_silent(self, now: float) -> None:
         for peer in self._peers.silent_since(now - self.config.client_timeout_s):
+            self._abandoned_update(peer)
             orphans = self._peers.leave(peer)
             self.bridge.peers = tuple(p.identity for p in self._peers)
             # A peer that went away with nothing in flight (a readiness probe's session, say) is routine.

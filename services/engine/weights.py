@@ -3,6 +3,7 @@ from its raw frames without a copy. Runs in the engine process; backends use it,
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from math import prod
@@ -62,24 +63,36 @@ def views(tensors: list[dict[str, Any]], frames: Sequence[Buffer]) -> list[Tenso
 class WeightSession:
     """At most one update open at a time; the version moves only when one finishes."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, once_each: bool = False) -> None:
+        """`once_each`: refuse a tensor sent twice in one update (the vllm backend's layerwise reload)."""
+        self.once_each = once_each
         self.version = INITIAL_VERSION
         self.open = False
         self.tensors = 0  # received in the open update
         self.bytes = 0
+        self.names: set[str] = set()  # of the tensors received in the open update
 
     def start(self) -> None:
         if self.open:
             raise WeightUpdateError(f"a weight update is already open ({self.tensors} tensor(s), {self.bytes} "
                                     "bytes received); finish it before starting another")
-        self.open, self.tensors, self.bytes = True, 0, 0
+        self.open, self.tensors, self.bytes, self.names = True, 0, 0, set()
 
     def require_open(self, utility: str) -> None:
         if not self.open:
             raise WeightUpdateError(f"{utility}: no weight update is open; call start_weight_update first")
 
     def received(self, tensors: list[TensorView]) -> dict[str, int]:
-        """Counts one update_weights call's tensors; its result."""
+        """Counts one update_weights call's tensors; its result. With `once_each`, a tensor sent twice in
+        one update is refused before any is counted: vLLM's layerwise reload counts a layer's tensors to
+        know when it is complete, so a repeat would complete a layer before its last tensor came."""
+        if self.once_each:
+            names = Counter(t.name for t in tensors)
+            again = sorted(n for n, k in names.items() if k > 1 or n in self.names)
+            if again:
+                raise WeightUpdateError(f"update_weights: tensor(s) {again[:5]} already sent in this update; this "
+                                        "engine loads each tensor once per update")
+            self.names.update(names)
         nbytes = sum(len(t.data) for t in tensors)
         self.tensors += len(tensors)
         self.bytes += nbytes

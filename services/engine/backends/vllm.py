@@ -34,6 +34,7 @@ from services.engine.backend import (
     Cleared,
     KVEvent,
     Load,
+    ModelBroken,
     Pooled,
     Removed,
     RequestRejected,
@@ -169,7 +170,7 @@ class VllmBackend:
         self._lora_enabled = config.enable_lora
         self._loras: dict[str, LoRARequest] = {}  # by name; int ids are ours, never reused
         self._next_lora_id = 1
-        self._weights = WeightSession()
+        self._weights = WeightSession(once_each=True)  # the layerwise reload counts tensors
         self._warm_up()
 
     # ---- requests ----
@@ -241,10 +242,7 @@ class VllmBackend:
         except Exception as exc:  # vLLM's VLLMValidationError is not a ValueError
             where = ".dimensions" if wire.dimensions is not None else _field(exc)
             raise RequestRejected(f"pooling{where}: {_reason(exc)}") from None
-        try:
-            self._submit(request_id, request, lora_request, pooling=params)
-        except ValueError as exc:  # vLLM refuses a task the model does not serve (validation did too)
-            raise RequestRejected(f"pooling.task: {exc}") from None
+        self._submit(request_id, request, lora_request, pooling=params)
         self._in_flight[request_id] = _InFlight(len(request.prompt_token_ids))
 
     def _submit(self, request_id: str, request: GenerateRequest, lora_request: LoRARequest | None, *,
@@ -257,7 +255,13 @@ class VllmBackend:
             data_parallel_rank=None, priority=request.priority,
         )
         req, wave = self._core.preprocess_add_request(core_request)
-        self._core.add_request(req, wave)
+        try:
+            self._core.add_request(req, wave)
+        except ValueError as exc:
+            if pooling is None:
+                raise
+            # vLLM refuses a task the model does not serve (the validation above did too)
+            raise RequestRejected(f"pooling.task: {exc}") from None
 
     def abort(self, request_ids: list[str]) -> None:
         self._core.abort_requests(request_ids)
@@ -404,24 +408,38 @@ class VllmBackend:
             self._weights.start()
             try:
                 self._core.collective_rpc(_start_reload)
-            except BaseException:  # layers put on meta so far get their weights back; no update is open
-                self._core.collective_rpc(_finish_reload)
-                self._weights.abandon()
+            except Exception as exc:  # layers put on meta so far get their weights back; no update is open
+                try:
+                    self._core.collective_rpc(_finish_reload)
+                except Exception as again:
+                    raise ModelBroken(f"start_weight_update failed ({exc}) and so did putting the weights "
+                                      f"back ({again})") from again
+                finally:
+                    self._weights.abandon()
                 raise
             return True
         if name == "update_weights":
             self._weights.require_open(name)
             tensors = views(args["tensors"], frames)
-            self._core.collective_rpc(_load_weights, args=([_as_torch(t) for t in tensors],))
-            return self._weights.received(tensors)
+            counted = self._weights.received(tensors)  # refuses a tensor sent twice, before any loads
+            try:
+                self._core.collective_rpc(_load_weights, args=([_as_torch(t) for t in tensors],))
+            except Exception as exc:  # part of a layer may be in: nothing can finish or undo it
+                raise ModelBroken(f"update_weights: vLLM's loader failed ({type(exc).__name__}: {exc}); the "
+                                  "model is half-loaded") from exc
+            return counted
         if name == "finish_weight_update":
             self._weights.check_finish(args["version"])
-            self._core.collective_rpc(_finish_reload)
+            try:
+                self._core.collective_rpc(_finish_reload)
+            except Exception as exc:
+                raise ModelBroken(f"finish_weight_update: vLLM's reload could not finish ({type(exc).__name__}: "
+                                  f"{exc}); the model is half-loaded") from exc
             result = self._weights.finish(args["version"])
-            # The KV of cached prefixes was computed by the old weights; running requests keep theirs.
-            if not self._core.reset_prefix_cache():
-                log.warning("weight version %s: the prefix cache was not reset (requests are running)",
-                            args["version"])
+            # The KV of cached prefixes was computed by the old weights: dropped, and running requests
+            # computed again from their tokens, as vLLM's pause with clear_cache does.
+            if not self._core.reset_prefix_cache(reset_running_requests=True):
+                log.warning("weight version %s: the prefix cache was not reset", args["version"])
             self._core.set_weight_version(args["version"])
             log.info("weight version %s in effect (%d tensor(s), %d bytes)", args["version"],
                      self._weights.tensors, self._weights.bytes)

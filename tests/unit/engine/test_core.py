@@ -28,7 +28,7 @@ from protocol import (
     make_hello,
 )
 from protocol.logprobs import Buffer
-from services.engine.backend import BackendInfo, Load, StepResult
+from services.engine.backend import BackendInfo, Load, ModelBroken, StepResult
 from services.engine.config import EngineConfig
 from services.engine.core import CoreLoop
 from services.engine.weights import WeightSession
@@ -376,11 +376,15 @@ class UpdatingBackend(EchoBackend):
         self.steps_while_open += self.weights.open
         return super().step()
 
+    broken = False  # finish finds the model half-loaded
+
     def utility(self, name: str, args: dict[str, Any], frames: Sequence[Buffer] = ()) -> Any:
         if name == "start_weight_update":
             self.weights.start()
             return True
         assert name == "finish_weight_update", name
+        if self.broken:
+            raise ModelBroken("finish_weight_update: the model is half-loaded")
         return self.weights.finish(args["version"])
 
 
@@ -417,6 +421,66 @@ def test_nothing_steps_while_a_weight_update_is_open_on_a_model_that_cannot_run_
     assert code == [0]
 
 
+def _updating_core(**config: Any) -> tuple[FakeBridge, UpdatingBackend, CoreLoop, threading.Thread, list[int]]:
+    """A core over a model that cannot run during an update, with a peer `a` whose request `kept` runs
+    and a weight update started by peer `b`."""
+    bridge, backend = FakeBridge(), UpdatingBackend()
+    core = CoreLoop(EngineConfig(model="m", backend="sim", heartbeat_interval_s=0.01, **config), backend,  # type: ignore[arg-type]
+                    bridge, vocab_size=100)
+    bridge.push(b"a", make_hello("fe-a"))
+    bridge.push(b"b", make_hello("fe-b"))
+    bridge.push(b"a", _req("kept", 10**9))
+    thread, code = _run(core)
+    _wait(lambda: len(bridge.to(b"a", Outputs)) > 0)
+    bridge.push(b"b", UtilityCall(1, "start_weight_update", {}))
+    _wait(lambda: len(bridge.to(b"b", UtilityResult)) == 1 and backend.weights.open)
+    return bridge, backend, core, thread, code
+
+
+def test_a_wait_pause_that_could_never_finish_is_refused_during_an_update() -> None:
+    bridge, backend, core, thread, code = _updating_core()
+    bridge.push(b"b", UtilityCall(2, "pause", {"mode": "wait"}))
+    _wait(lambda: len(bridge.to(b"b", UtilityResult)) == 2)
+    refused = bridge.to(b"b", UtilityResult)[1]
+    assert not refused.ok and "pause(mode='wait') cannot finish while a weight update is open" in (refused.error or "")
+    bridge.push(b"b", UtilityCall(3, "pause", {"mode": "keep"}))  # keep and abort still work
+    _wait(lambda: len(bridge.to(b"b", UtilityResult)) == 3 and bridge.to(b"b", UtilityResult)[2].ok)
+    bridge.push(b"b", UtilityCall(4, "finish_weight_update", {"version": "v1"}))
+    bridge.push(b"b", UtilityCall(5, "pause", {"mode": "wait"}))  # finished: a wait pause can end again
+    bridge.push(b"a", Abort(["kept"]))
+    _wait(lambda: len(bridge.to(b"b", UtilityResult)) == 5 and all(r.ok for r in bridge.to(b"b", UtilityResult)[3:]))
+    core.request_drain()
+    thread.join(5)
+    assert code == [0]
+
+
+def test_a_drain_during_an_update_ends_the_held_requests_at_once() -> None:
+    bridge, backend, core, thread, code = _updating_core(drain_timeout_s=600.0)
+    core.request_drain()
+    thread.join(5)  # not the 600 s drain deadline: nothing could finish
+    assert code == [0] and backend.steps_while_open == 0
+    [out] = [o for m in bridge.to(b"a", Outputs) for o in m.outputs if o.request_id == "kept" and o.finish_reason]
+    assert out.finish_reason == "error" and "drain deadline" in (out.error or "")
+
+
+@pytest.mark.parametrize(("how", "says"), [("closed", "left before finish_weight_update"),
+                                           ("quiet", "had no call for"), ("broken", "half-loaded")])
+def test_an_update_left_half_loaded_fails_the_rank(how: str, says: str) -> None:
+    """The update's client leaves before finish (its connection closes), no call comes for
+    --weight-update-timeout, or the backend says the model cannot be trusted: the rank fails, as on a
+    backend failure, instead of holding its requests forever."""
+    bridge, backend, core, thread, code = _updating_core(weight_update_timeout_s=0.3 if how == "quiet" else 600.0)
+    if how == "closed":
+        bridge.inbox.put((b"b", []))  # the bridge: a send to it found no connection
+    elif how == "broken":
+        backend.broken = True
+        bridge.push(b"b", UtilityCall(2, "finish_weight_update", {"version": "v1"}))
+    thread.join(5)
+    assert code == [1] and backend.steps_while_open == 0
+    [dead] = bridge.to(b"a", EngineDead)
+    assert says in dead.reason
+
+
 def test_a_model_that_runs_during_an_update_keeps_stepping() -> None:
     bridge, backend = FakeBridge(), UpdatingBackend(runs=True)
     core = CoreLoop(EngineConfig(model="m", backend="sim", heartbeat_interval_s=0.01), backend, bridge,  # type: ignore[arg-type]
@@ -431,7 +495,6 @@ def test_a_model_that_runs_during_an_update_keeps_stepping() -> None:
     core.request_drain()
     thread.join(5)
     assert code == [0]
-
 
 
 def test_a_request_held_by_a_pause_is_refused_as_draining_when_the_rank_drains(parts) -> None:  # type: ignore[no-untyped-def]

@@ -63,3 +63,21 @@ def test_session_order_and_counts() -> None:
     assert (s.version, s.open, s.tensors, s.bytes) == ("v1", False, 2, 32)
     s.start()  # a new session after a finish
     assert s.tensors == 0
+
+
+def test_a_tensor_sent_twice_in_one_update_is_refused_before_any_is_counted() -> None:
+    """vLLM's layerwise reload counts a layer's tensors to know it is complete: a repeat would complete it
+    before its last tensor came (the vllm backend's session). The sim's counts them."""
+    loose = WeightSession()
+    loose.start()
+    assert loose.received(views([spec("a"), spec("a")], [bytes(16)]))["tensors"] == 2
+    s = WeightSession(once_each=True)
+    s.start()
+    s.received(views([spec("a")], [bytes(16)]))
+    for names in (["b", "a"], ["c", "c"]):
+        with pytest.raises(WeightUpdateError, match=r"already sent in this update"):
+            s.received(views([spec(n) for n in names], [bytes(16)]))
+    assert (s.tensors, s.names) == (1, {"a"})
+    s.finish("v1")
+    s.start()  # a new update may send it again
+    assert s.received(views([spec("a")], [bytes(16)])) == {"tensors": 1, "bytes": 16}

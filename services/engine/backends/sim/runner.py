@@ -34,8 +34,7 @@ _SUFFIX_DEFAULTS = (
 
 def resolve(runner: str, convert: str, checkpoint: Path, config_json: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
     """(runner, tasks): ("generate", ("generate",)) or ("pooling", the tasks of its embedding or classifying
-    head). --convert none on a pooling runner keeps the model's own head, which for the sim is the one its
-    architecture's name implies."""
+    head)."""
     architectures = [str(a) for a in config_json.get("architectures") or ()]
     if runner == "auto":
         if convert in ("auto", "none"):
@@ -44,9 +43,11 @@ def resolve(runner: str, convert: str, checkpoint: Path, config_json: dict[str, 
             runner = "pooling"
     if runner == "generate":
         return "generate", ("generate",)
-    if convert in ("auto", "none"):
-        convert = _default_convert(architectures)
-    return "pooling", CLASSIFY_TASKS if convert == "classify" else EMBED_TASKS
+    # A model that pools by itself keeps its own head: vLLM's --convert adapters leave a pooling model's
+    # class as it is (as_embedding_model, as_seq_cls_model). Another gets the head --convert names, an
+    # embedding one by default (vLLM's rule for sentence-transformers checkpoints of causal models).
+    head = _own_head(architectures) or (convert if convert in ("embed", "classify") else "embed")
+    return "pooling", CLASSIFY_TASKS if head == "classify" else EMBED_TASKS
 
 
 def _default_runner(architectures: list[str]) -> str:
@@ -57,14 +58,14 @@ def _default_runner(architectures: list[str]) -> str:
     return "generate"
 
 
-def _default_convert(architectures: list[str]) -> str:
-    """The pooling head of the first architecture whose ending has pooling defaults; an embedding head when
-    none has (vLLM's rule for sentence-transformers checkpoints of causal models)."""
+def _own_head(architectures: list[str]) -> str | None:
+    """The pooling head of a model that pools by itself: the first architecture whose name's ending is in
+    vLLM's table, when that ending's defaults are a pooling runner's; None for a generative one."""
     for arch in architectures:
         for ending, runner, convert in _SUFFIX_DEFAULTS:
-            if runner == "pooling" and arch.endswith(ending):
-                return convert
-    return "embed"
+            if arch.endswith(ending):
+                return convert if runner == "pooling" else None
+    return None
 
 
 def _sentence_transformers(checkpoint: Path) -> bool:

@@ -188,8 +188,12 @@ def test_runner_and_tasks_from_the_flags_and_the_checkpoint(tmp_path: Path) -> N
                         ("Qwen2RewardModel", EMBED_TASKS), ("XLMRobertaEmbeddingModel", EMBED_TASKS),
                         ("T5EncoderForTextEncoding", EMBED_TASKS)]:
         assert resolve("auto", "auto", tmp_path, {"architectures": [arch]}) == ("pooling", tasks), arch
+    # A model that pools by itself keeps its head whatever --convert says (vLLM's adapters leave it as is).
     assert resolve("auto", "embed", tmp_path, {"architectures": ["BertForSequenceClassification"]}) == (
-        "pooling", EMBED_TASKS)
+        "pooling", CLASSIFY_TASKS)
+    assert resolve("pooling", "classify", tmp_path, {"architectures": ["BertModel"]}) == ("pooling", EMBED_TASKS)
+    assert resolve("pooling", "classify", tmp_path, {"architectures": ["InternLM2ChatModel"]}) == (
+        "pooling", CLASSIFY_TASKS)  # generative by its ending: the adapter applies
     assert resolve("auto", "auto", tmp_path, {"architectures": ["Mystery"]}) == ("generate", ("generate",))
     assert resolve("auto", "auto", tmp_path, {}) == ("generate", ("generate",))
     # A sentence-transformers checkpoint pools whatever its architecture says, with an embedding head.
