@@ -96,9 +96,8 @@ class CoreLoop:
         self._pause_mode: str | None = None
         self._pause_calls: list[tuple[bytes, int]] = []  # pending "wait" pauses: identity, call_id
         self._held: dict[str, GenerateRequest] = {}
-        # A weight update is open (started, not finished); on a backend whose model cannot run meanwhile
-        # no step runs (_busy). `_updater`: the peer that started it.
-        self._updating = False
+        # The peer that started the open weight update (None: none is open); on a backend whose model
+        # cannot run meanwhile no step runs (_busy).
         self._updater: bytes | None = None
         self._update_seen = 0.0  # the open update's last start or update_weights call (the loop's clock)
         self._drain_requested = False  # set from the signal handler; read by the loop
@@ -172,7 +171,7 @@ class CoreLoop:
         refused but what could never finish: a pause(mode='wait') meanwhile. An update whose client leaves
         (its connection closes, or it falls silent) fails the rank (_abandoned_update), and a drain ends
         the held requests at once."""
-        return self._updating and not self.backend.info.runs_during_weight_update
+        return self._updater is not None and not self.backend.info.runs_during_weight_update
 
     def _expire_update(self, now: float) -> None:
         """An open update that no call has touched for --weight-update-timeout is abandoned (its client went
@@ -186,7 +185,7 @@ class CoreLoop:
         """The peer that started an open update left. Where the model cannot run until it finishes, its
         weights are half-loaded and nobody will finish them: the rank fails, so its supervisor starts it
         again from the checkpoint (the sim keeps serving; another peer may finish its update)."""
-        if self._updating and self._updater == peer.identity and self._holding_for_weights():
+        if self._updater == peer.identity and self._holding_for_weights():
             raise ModelBroken(f"the weight update's client (frontend {peer.frontend_id}) left before "
                               "finish_weight_update; the model is half-loaded")
 
@@ -432,8 +431,7 @@ class CoreLoop:
                 return UtilityResult(call.call_id, True, self._stats_dict())
             result = self.backend.utility(call.name, args, frames)
             if call.name in ("start_weight_update", "finish_weight_update"):
-                self._updating = call.name == "start_weight_update"
-                self._updater = peer.identity if self._updating else None
+                self._updater = peer.identity if call.name == "start_weight_update" else None
             if call.name in ("start_weight_update", "update_weights"):
                 self._update_seen = self._clock()
             return UtilityResult(call.call_id, True, result)
@@ -554,7 +552,7 @@ class CoreLoop:
             "prefix_cache_hits": load.prefix_cache_hits, "num_preemptions": load.num_preemptions,
             "peers": len(self._peers),
             "in_flight": self._peers.in_flight(), "paused": self._is_paused(), "steps": self._step,
-            "weight_update_open": self._updating,
+            "weight_update_open": self._updater is not None,
         }
 
     # ---- output --------------------------------------------------------------------------------

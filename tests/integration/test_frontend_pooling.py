@@ -7,6 +7,7 @@ from __future__ import annotations
 import concurrent.futures
 from array import array
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import httpx
@@ -159,20 +160,25 @@ def test_grpc_refusals_name_the_field_and_generate_names_the_task(inference: pb2
     assert "The model does not support Generate API" in refused.value.details()
 
 
-@pytest.fixture(scope="module")
-def classifier(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrontendProc]:
-    """A frontend on one sim rank of the tiny classifier (labels chat, code, math): the engine's flags are
-    the defaults, so it classifies because its architecture is a classifier's, as in vLLM."""
-    tmp = tmp_path_factory.mktemp("classifier-fleet")
-    engine = start_engine(tmp, "--model", "tiny-classifier", "--backend", "sim", "--sim-instant")
+def _one_rank(tmp: Path, model: str, *frontend_args: str) -> Iterator[FrontendProc]:
+    """A frontend on one sim rank of `model`, the engine's flags the defaults (its runner and head come
+    from the checkpoint's architecture, as in vLLM)."""
+    engine = start_engine(tmp, "--model", model, "--backend", "sim", "--sim-instant")
     try:
-        fe = start_frontend(tmp, "--model", "tiny-classifier", "--data-parallel-size-local", "0",
-                            "--engine-addresses", engine.endpoint(),
-                            "--grpc-port", str(GRPC_PORT.setdefault("classifier", free_port_block(1, spread=0))))
+        fe = start_frontend(tmp, "--model", model, "--data-parallel-size-local", "0",
+                            "--engine-addresses", engine.endpoint(), *frontend_args)
         yield fe
         assert fe.stop() == 0, fe.log()
     finally:
         engine.stop()
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrontendProc]:
+    """The tiny classifier (labels chat, code, math), with gRPC: it classifies because its architecture
+    is a classifier's."""
+    yield from _one_rank(tmp_path_factory.mktemp("classifier-fleet"), "tiny-classifier",
+                         "--grpc-port", str(GRPC_PORT.setdefault("classifier", free_port_block(1, spread=0))))
 
 
 def test_classify_and_rerank_through_the_fleet(classifier: FrontendProc) -> None:
@@ -195,17 +201,9 @@ def test_classify_and_rerank_through_the_fleet(classifier: FrontendProc) -> None
 
 @pytest.fixture(scope="module")
 def cross_encoder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrontendProc]:
-    """A frontend on one sim rank of the tiny cross-encoder (one label): a classifier by its architecture, so
-    /score takes the cross-encoder's path, as in vLLM."""
-    tmp = tmp_path_factory.mktemp("cross-encoder-fleet")
-    engine = start_engine(tmp, "--model", "tiny-cross-encoder", "--backend", "sim", "--sim-instant")
-    try:
-        fe = start_frontend(tmp, "--model", "tiny-cross-encoder", "--data-parallel-size-local", "0",
-                            "--engine-addresses", engine.endpoint())
-        yield fe
-        assert fe.stop() == 0, fe.log()
-    finally:
-        engine.stop()
+    """The tiny cross-encoder (one label): a classifier by its architecture, so /score takes the
+    cross-encoder's path, as in vLLM."""
+    yield from _one_rank(tmp_path_factory.mktemp("cross-encoder-fleet"), "tiny-cross-encoder")
 
 
 def test_score_and_rerank_through_the_fleet_are_the_cross_encoders_pair_scores(cross_encoder: FrontendProc) -> None:

@@ -71,13 +71,21 @@ class Proc:
 
     def stop(self, timeout_s: float = 30.0) -> int:
         """SIGTERM, then SIGKILL after `timeout_s`; the exit code."""
+        self.terminate()
+        return self.wait_stopped(timeout_s)
+
+    def terminate(self) -> None:
+        """SIGTERM, if it still runs (to stop several at once, then wait_stopped on each)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+
+    def wait_stopped(self, timeout_s: float = 30.0) -> int:
+        """Its exit code, SIGKILLed after `timeout_s`."""
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
         return self.proc.returncode
 
 

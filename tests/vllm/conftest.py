@@ -10,8 +10,6 @@ checkpoints, which all live in this process together (each with a 4 MiB KV budge
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -71,16 +69,8 @@ class SharedProcs:
         for kind in (FrontendProc, EngineProc):
             group = [p for p in procs if isinstance(p, kind)]
             for proc in group:
-                if proc.proc.poll() is None:
-                    proc.proc.send_signal(signal.SIGTERM)
-            for proc in group:
-                try:
-                    proc.proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.proc.kill()
-                    proc.proc.wait()
-                if proc.proc.returncode != 0:
-                    failed.append(proc.log())
+                proc.terminate()
+            failed += [proc.log() for proc in group if proc.wait_stopped() != 0]
         self._procs.clear()
         return failed
 

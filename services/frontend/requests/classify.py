@@ -58,10 +58,9 @@ def translate(body: bytes | dict[str, Any], model: PoolingModel, *, max_model_le
               max_inputs: int = MAX_INPUTS, request_id: str | None = None) -> PoolingJob:
     """A /classify body (raw JSON, or already decoded) as the PoolingJob that answers it. `request_id`:
     the X-Request-Id header, which vLLM's response id prefers to the body's."""
-    own = model.pooling_task(tasks)
-    if own != TASK:  # vLLM's words (a 501 there); a 400 here, naming what the model does
-        does = f"its pooling task is {own!r}" if own else f"its engines serve {', '.join(sorted(tasks)) or 'no task'}"
-        raise APIError(400, f"The model does not support Classification API: {does}", param="model")
+    if model.pooling_task(tasks) != TASK:  # vLLM's words (a 501 there); a 400 here, naming what the model does
+        raise APIError(400, f"The model does not support Classification API: {model.task_words(tasks)}",
+                       param="model")
     req: ClassifyRequest = parse(ClassifyRequest, body if isinstance(body, bytes) else msgspec.json.encode(body))
     keep = pooling_fields.check(req, max_model_len)
     if req.messages is not None:

@@ -59,6 +59,11 @@ class PoolingModel:
             return "token_classify"
         return next((t for t in POOLING_TASKS if t in served), None)
 
+    def task_words(self, served: Collection[str]) -> str:
+        """What the model does, for a refusal: its own pooling task, else what its engines serve."""
+        own = self.pooling_task(served)
+        return f"its pooling task is {own!r}" if own else f"its engines serve {', '.join(sorted(served)) or 'no task'}"
+
     @property
     def num_labels(self) -> int:
         return len(self.id2label)

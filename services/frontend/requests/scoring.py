@@ -179,9 +179,8 @@ def _task(tasks: Collection[str], model: PoolingModel, api: str) -> str:
             raise APIError(400, f"The model does not support {api}: scoring needs a cross-encoder (one label); "
                            f"this classifier has {model.num_labels} (use /classify)", param="model")
         return "classify"
-    does = f"its pooling task is {own!r}" if own else f"its engines serve {', '.join(sorted(tasks)) or 'no task'}"
     raise APIError(400, f"The model does not support {api}: scoring needs an embedding model or a cross-encoder "
-                   f"(late interaction is not supported by this server); {does}", param="model")
+                   f"(late interaction is not supported by this server); {model.task_words(tasks)}", param="model")
 
 
 def _check(req: _Scoring, max_model_len: int) -> int | None:

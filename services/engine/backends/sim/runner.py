@@ -38,7 +38,7 @@ def resolve(runner: str, convert: str, checkpoint: Path, config_json: dict[str, 
     architectures = [str(a) for a in config_json.get("architectures") or ()]
     if runner == "auto":
         if convert in ("auto", "none"):
-            runner = "pooling" if _sentence_transformers(checkpoint) else _default_runner(architectures)
+            runner = "pooling" if _sentence_transformers(checkpoint) else (_defaults(architectures) or ("generate",))[0]
         else:
             runner = "pooling"
     if runner == "generate":
@@ -50,22 +50,20 @@ def resolve(runner: str, convert: str, checkpoint: Path, config_json: dict[str, 
     return "pooling", CLASSIFY_TASKS if head == "classify" else EMBED_TASKS
 
 
-def _default_runner(architectures: list[str]) -> str:
-    for arch in architectures:
-        for ending, runner, _ in _SUFFIX_DEFAULTS:
-            if arch.endswith(ending):
-                return runner
-    return "generate"
-
-
-def _own_head(architectures: list[str]) -> str | None:
-    """The pooling head of a model that pools by itself: the first architecture whose name's ending is in
-    vLLM's table, when that ending's defaults are a pooling runner's; None for a generative one."""
+def _defaults(architectures: list[str]) -> tuple[str, str] | None:
+    """(runner, convert) of the first architecture whose name's ending is in vLLM's table, or None."""
     for arch in architectures:
         for ending, runner, convert in _SUFFIX_DEFAULTS:
             if arch.endswith(ending):
-                return convert if runner == "pooling" else None
+                return runner, convert
     return None
+
+
+def _own_head(architectures: list[str]) -> str | None:
+    """The pooling head of a model that pools by itself (its ending's defaults are a pooling runner's);
+    None for a generative or unknown one."""
+    found = _defaults(architectures)
+    return found[1] if found is not None and found[0] == "pooling" else None
 
 
 def _sentence_transformers(checkpoint: Path) -> bool:
