@@ -226,7 +226,7 @@ entries:
                                 r.headers.get("x-router-attempts", "")))
 
     def breaker_open() -> bool:
-        state = httpx.post(router.url + "/v1/decisions", timeout=10, json={
+        state = httpx.post(router.url + "/v1/router/explain", timeout=10, json={
             "model": "assistant", "messages": [{"role": "user", "content": "hi"}]}).json()["replicas"]
         return next(r["breaker"] for r in state if r["url"] == victim.url) == "open"
 

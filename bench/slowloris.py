@@ -108,7 +108,7 @@ def main() -> int:
                     else start_frontend(Path(tmp), "--render-only", "--http-server", name.split()[1]))
             try:
                 print(f"{name}: {attack(proc, args.connections, args.wait)}", flush=True)
-                head = post_head("/v1/decisions" if name == "router" else "/v1/chat/completions/render")
+                head = post_head("/v1/router/explain" if name == "router" else "/v1/chat/completions/render")
                 kinds = ("trickling a body", "body stalled")
                 print(f"{name}: {attack(proc, args.connections, args.wait, head, head, kinds)}", flush=True)
             finally:

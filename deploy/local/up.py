@@ -56,7 +56,7 @@ def main() -> int:
             announced = True
             print(f"\nfleet ready: {url} (the router: entries tiny, auto, careful; see deploy/router.yaml)\n"
                   f"  behind it: frontend {frontend_url}, {args.ranks} {args.backend} engine ranks, model "
-                  f"{args.model}\n  routing decisions: POST /v1/decisions on the ops listener\n"
+                  f"{args.model}\n  routing decisions: POST /v1/router/explain on the ops listener\n"
                   f"try:\n  curl {url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
                   f"    -d '{{\"model\": \"auto\", \"messages\": [{{\"role\": \"user\", \"content\": "
                   f"\"Hello!\"}}], \"max_tokens\": 32}}'\nCtrl-C stops it.\n", flush=True)

@@ -45,7 +45,7 @@ from services.router.runtime.deployments import Deployments
 
 log = logging.getLogger("router")
 
-POST_APIS = {**{codec.path: name for name, codec in CODECS.items()}, "/v1/decisions": "decisions"}
+POST_APIS = {**{codec.path: name for name, codec in CODECS.items()}, "/v1/router/explain": "explain"}
 _json = msgspec.json.Encoder()
 _decode = msgspec.json.Decoder()
 # Bodies larger than this are decoded and translated in a body worker process, and their rule signals
@@ -146,9 +146,9 @@ class RouterApp:
             raise HTTPError(405, f"{path} accepts POST only", headers=[(b"allow", b"POST")])
         if api == "models":
             await send_json(send, 200, _json.encode(self._models(listener)))
-        elif api == "decisions":
+        elif api == "explain":
             raw = await read_body(scope, receive, self.max_body_bytes, self.body_timeout_s)
-            await send_json(send, 200, _json.encode(await self._decisions(listener, await self._parse(api, raw),
+            await send_json(send, 200, _json.encode(await self._explain(listener, await self._parse(api, raw),
                                                                           len(raw))))
         else:
             assert codec is not None  # every other POST route is a codec's
@@ -188,7 +188,7 @@ class RouterApp:
         except BodyError as exc:
             raise HTTPError(400, exc.message, param=exc.param or None) from None
 
-    async def _decisions(self, listener: Listener, parsed: Parsed, size: int) -> dict[str, Any]:
+    async def _explain(self, listener: Listener, parsed: Parsed, size: int) -> dict[str, Any]:
         chat = parsed.chat
         choice = await self._choose(listener, chat, parsed.text, offload=size > OFF_LOOP_BYTES)
         out = choice.describe()

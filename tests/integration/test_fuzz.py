@@ -47,5 +47,5 @@ def test_the_router_answers_every_generated_request_without_a_5xx(fleet: tuple[F
     _check(report, router.log() + frontend.log())
     assert {op for op, _ in report.counts} >= {f"POST /v1/{api}" for api in
                                                ("chat/completions", "completions", "responses", "messages",
-                                                "messages/count_tokens", "decisions")}
+                                                "messages/count_tokens", "router/explain")}
     assert report.by_status()["200"] > 0 and report.by_status()["400"] > 0

@@ -63,7 +63,7 @@ def _chat(router: HttpProc, content: str = "hello", *, model: str = "fleet", key
 
 
 def _decide(router: HttpProc, content: str, model: str = "fleet") -> dict:  # type: ignore[type-arg]
-    r = httpx.post(router.url + "/v1/decisions", timeout=30,
+    r = httpx.post(router.url + "/v1/router/explain", timeout=30,
                    json={"model": model, "messages": [{"role": "user", "content": content}]})
     assert r.status_code == 200, r.text
     return r.json()

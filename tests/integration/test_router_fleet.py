@@ -214,7 +214,7 @@ entries:
                     failed[sent] = r.text
 
     def breaker() -> str:
-        state = httpx.post(router.url + "/v1/decisions", headers={"authorization": f"Bearer {KEY}"}, timeout=10,
+        state = httpx.post(router.url + "/v1/router/explain", headers={"authorization": f"Bearer {KEY}"}, timeout=10,
                            json={"model": "assistant", "messages": CHAT}).json()["replicas"]
         return next(r["breaker"] for r in state if r["url"] == victim.url)
 

@@ -96,7 +96,7 @@ def _body(question: str, prefix: str = PREFIX, model: str = "assistant") -> dict
 
 
 def _decision(fleet: Fleet, body: dict[str, Any]) -> dict[str, Any]:
-    r = httpx.post(fleet.router.url + "/v1/decisions", json=body, timeout=10)
+    r = httpx.post(fleet.router.url + "/v1/router/explain", json=body, timeout=10)
     assert r.status_code == 200, r.text
     return r.json()  # type: ignore[no-any-return]
 

@@ -192,7 +192,7 @@ def test_the_router_is_ready_after_its_workers_and_takes_them_with_it_on_sigterm
                "signal entries.auto.signals[0] (topic, classifier)" in log
         assert "deployment idle: not started: no signal uses it" in log
         # The signal is answered by the managed worker (the sim's classifier: any label, but named).
-        decided = httpx.post(router.url + "/v1/decisions", timeout=30, json={
+        decided = httpx.post(router.url + "/v1/router/explain", timeout=30, json={
             "model": "auto", "messages": [{"role": "user", "content": "fix my python code"}]}).json()
         topic = decided["signals"]["topic"]
         assert topic["worker"] == worker["url"] and not topic["unknown"] and topic["label"] in ("chat", "code", "math")

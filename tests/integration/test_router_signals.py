@@ -66,7 +66,7 @@ def _until_ready(router: HttpProc) -> None:
 
 
 def _decide(router: HttpProc, text: str) -> dict[str, Any]:
-    r = httpx.post(router.url + "/v1/decisions", timeout=30,
+    r = httpx.post(router.url + "/v1/router/explain", timeout=30,
                    json={"model": "auto", "messages": [{"role": "user", "content": text}]})
     assert r.status_code == 200, r.text
     return r.json()  # type: ignore[no-any-return]

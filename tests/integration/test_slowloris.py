@@ -210,7 +210,7 @@ def _post(request: pytest.FixtureRequest) -> tuple[bytes, bytes]:
     """A POST's complete head and the body it announces, which the route reads whole and answers 200 to:
     the frontend renders it (render-only), the router explains where it would go (no replica is called)."""
     router = request.node.callspec.params["server"] == "router"
-    path = "/v1/decisions" if router else "/v1/chat/completions/render"
+    path = "/v1/router/explain" if router else "/v1/chat/completions/render"
     body = json.dumps({"model": "fleet" if router else "tiny",
                        "messages": [{"role": "user", "content": "slow " * 600}]}).encode()
     return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"

@@ -121,7 +121,7 @@ class Pool:
 
     def preview(self, request_bytes: int, *, text: str | None = None, exclude: frozenset[str] = frozenset(),
                 prepared: object = None) -> Replica | Overloaded | NoReplica:
-        """The choice `acquire` would make, without counting it (for /v1/decisions); the policy's
+        """The choice `acquire` would make, without counting it (for /v1/router/explain); the policy's
         `last_reason` explains it."""
         if request_bytes < 0:
             raise ValueError(f"request_bytes must be >= 0, got {request_bytes}")

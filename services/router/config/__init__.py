@@ -3,11 +3,22 @@ from YAML and checked by the loader (loader.py) with its field readers (fields.p
 (rules.py). Everything callers import is re-exported here."""
 from __future__ import annotations
 
+from services.router.config.budget import (
+    ATTACHED_APIS,
+    FAMILIES,
+    OUTPUTS,
+    Budget,
+    ConfidenceAccept,
+    JudgeConfig,
+    NativeEscalateAlgorithm,
+)
 from services.router.config.loader import load_config, parse_config, read_yaml
 from services.router.config.types import (
     ALGORITHM_TYPES,
     APIS,
     BACKENDS,
+    DEFAULT_APIS,
+    ENTRY_APIS,
     FINISH_REASONS,
     MODEL_SIGNAL_TYPES,
     POLICIES,
@@ -57,6 +68,8 @@ from services.router.config.types import (
 )
 
 __all__ = [
+    "ATTACHED_APIS", "DEFAULT_APIS", "ENTRY_APIS", "FAMILIES", "OUTPUTS", "Budget", "ConfidenceAccept",
+    "JudgeConfig", "NativeEscalateAlgorithm",
     "BACKENDS", "TASKS", "AttachedConfig", "DeploymentConfig", "ManagedConfig",
     "ALGORITHM_TYPES", "APIS", "FINISH_REASONS", "MODEL_SIGNAL_TYPES", "POLICIES", "REGEX_FLAGS",
     "SIGNAL_TYPES", "AcceptConfig", "Algorithm", "AllOf", "AnyOf", "Band", "BreakerConfig",

@@ -124,6 +124,8 @@ def _listener(f: Fields, path: str, raw: object, i: int) -> ListenerConfig | Non
     keys = (f.strings(f"{path}.api_keys", m["api_keys"], allow_empty=True) or ()) if "api_keys" in m else ()
     env_keys = f.env_list(f"{path}.api_keys_env", m["api_keys_env"]) if "api_keys_env" in m else ()
     apis = f.strings(f"{path}.apis", m["apis"]) if "apis" in m else d["apis"]
+    # `decisions` named the explain route before /v1/decisions became the System One API's alias.
+    apis = tuple("explain" if api == "decisions" else api for api in apis) if apis is not None else None
     for j, api in enumerate(apis or ()):
         f.check(f"{path}.apis[{j}]", rules.unknown_name(api, APIS, "api"))
     entries = f.strings(f"{path}.entries", m["entries"]) if "entries" in m else d["entries"]

@@ -10,7 +10,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar, TypeAlias
 
-APIS = ("chat", "completions", "responses", "messages", "models", "decisions")
+from services.router.config.budget import (
+    Budget,
+    JudgeConfig,
+    NativeEscalateAlgorithm,
+)
+
+# A listener's public APIs. explain: where a request would be routed, not sent (POST /v1/router/explain;
+# `decisions` in a list of apis is read as explain, its name before /v1/router/explain became System One's).
+# systemone is published only with its models named (listeners[].apis.systemone.models).
+APIS = ("chat", "completions", "responses", "messages", "models", "explain", "images", "systemone")
+DEFAULT_APIS = tuple(api for api in APIS if api != "systemone")
+ENTRY_APIS = ("chat", "systemone")  # an entry's kind: a chat recipe, or a native System One recipe
 POLICIES = ("least_outstanding", "cache_aware", "round_robin", "precise_prefix")
 FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter")
 REGEX_FLAGS = {"ignorecase": re.IGNORECASE, "multiline": re.MULTILINE, "dotall": re.DOTALL,
@@ -32,8 +43,10 @@ class ListenerConfig:
     port: int
     host: str = "0.0.0.0"
     api_keys: tuple[str, ...] = field(default=(), repr=False)  # empty: no authentication
-    apis: tuple[str, ...] = APIS
-    entries: tuple[str, ...] = ()  # the public model names served here; empty: all
+    apis: tuple[str, ...] = DEFAULT_APIS
+    entries: tuple[str, ...] = ()  # the chat entries (public model names) served here; empty: every chat entry
+    systemone: tuple[str, ...] = ()  # System One models published here: deployments and native entries
+    pools: tuple[str, ...] = ()  # chat pools published by name: a request naming one goes straight to it
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +112,7 @@ class PoolConfig:
     tokenizer: str | None = None  # a --model value (checkpoints.resolve): token counts, precise_prefix
     api_key: str | None = field(default=None, repr=False)  # bearer key sent upstream
     timeout_s: float = 600.0
+    outputs: tuple[str, ...] = ("text",)  # of OUTPUTS: image pools serve /v1/images/generations
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,7 +287,8 @@ def references(expr: Expr) -> list[SignalRef | ProjectionRef]:
 class DecisionRule:
     name: str
     when: Expr
-    pools: tuple[str, ...]  # candidate pools, in order
+    pools: tuple[str, ...]  # candidate pools, in order; a native entry's: deployments, its escalate stages
+    budget: Budget | None = None  # a native entry's decision: tightens the entry's (never loosens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,6 +320,7 @@ class EscalateAlgorithm:
     accept: AcceptConfig = AcceptConfig()
     deadline_s: float = 30.0  # for all stages together
     max_calls: int = 2
+    judge: JudgeConfig | None = None  # when no stage is accepted: may pick one of the complete answers
 
 
 Algorithm: TypeAlias = StaticAlgorithm | WeightedAlgorithm | EscalateAlgorithm
@@ -314,13 +330,19 @@ ALGORITHM_TYPES: dict[str, type] = {a.type: a for a in (StaticAlgorithm, Weighte
 
 @dataclass(frozen=True, slots=True)
 class EntryConfig:
+    """A public model name and its recipe. `api: chat` (the default) routes chat among pools; `api:
+    systemone` is a native System One recipe: its candidates are deployments, its algorithm a
+    NativeEscalateAlgorithm, and `budget` bounds its signals and stages together."""
+
     name: str  # the public model name clients ask for
-    default: tuple[str, ...]  # candidate pools when no decision matches
+    default: tuple[str, ...]  # candidate pools when no decision matches (native: deployments, the stages)
     signals: tuple[Signal, ...] = ()
     decisions: tuple[DecisionRule, ...] = ()  # ordered; the first match wins
-    algorithm: Algorithm = StaticAlgorithm()
+    algorithm: Algorithm | NativeEscalateAlgorithm = StaticAlgorithm()
     projections: tuple[Projection, ...] = ()
     signal_budget_s: float = 0.5  # the most a request waits for its model-backed signals
+    api: str = "chat"  # of ENTRY_APIS
+    budget: Budget | None = None  # native only: the request's deadline and call cap (signals and stages)
     # Signals some decision uses, directly or through a projection: the others are never evaluated.
     needed: frozenset[str] = field(init=False, repr=False, compare=False)
 
@@ -334,6 +356,11 @@ class EntryConfig:
                 elif ref.projection in projections:
                     needed.update(i.signal for i in projections[ref.projection].inputs)
         object.__setattr__(self, "needed", frozenset(needed))
+
+    @property
+    def native(self) -> bool:
+        """A System One recipe (api: systemone), not a chat one."""
+        return self.api == "systemone"
 
     @property
     def uses_local_embedder(self) -> bool:
@@ -370,6 +397,7 @@ class ManagedConfig:
 class AttachedConfig:
     urls: tuple[str, ...]  # scheme://host[:port][/prefix], no trailing slash
     api_key: str | None = field(default=None, repr=False)  # bearer key sent to them
+    api: str = "pooling"  # of ATTACHED_APIS: vLLM's pooling API, or a System One API (model: its name there)
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,6 +415,14 @@ class DeploymentConfig:
     breaker: BreakerConfig = BreakerConfig()
     labels: tuple[str, ...] = ()  # classify: class names by index, when the checkpoint cannot be read here
 
+    @property
+    def family(self) -> str:
+        """What it answers as a System One model (of FAMILIES): embed -> embedding, classify ->
+        classifier, score or rerank alone -> cross_encoder (the loader refuses embed with classify)."""
+        if "embed" in self.tasks:
+            return "embedding"
+        return "classifier" if "classify" in self.tasks else "cross_encoder"
+
 # ---- end of deployments ----
 
 
@@ -397,4 +433,14 @@ class RouterConfig:
     entries: Mapping[str, EntryConfig]  # in file order
     source: str = "<config>"
     deployments: Mapping[str, DeploymentConfig] = field(default_factory=dict)  # in file order
+    mode: str = "router"  # router: --config routes chat and serves System One; engine: -e, System One only
+
+    @property
+    def chat_entries(self) -> tuple[str, ...]:
+        """The chat recipes' names (a native System One recipe is never a chat model)."""
+        return tuple(name for name, entry in self.entries.items() if not entry.native)
+
+    @property
+    def native_entries(self) -> tuple[str, ...]:
+        return tuple(name for name, entry in self.entries.items() if entry.native)
 

@@ -43,11 +43,11 @@ class Parsed:
 
 
 def parse(api: str, raw: bytes, *, split: bool = False) -> Parsed:
-    """`raw` as a request of the API `api` ("decisions": of the API its shape says); BodyError (a 400)
+    """`raw` as a request of the API `api` ("explain": of the API its shape says); BodyError (a 400)
     names what is wrong. `split`: leave the bulk out of the dicts (for a worker, whose answer is copied
     back to the router)."""
     request = decode_object(raw)
-    if api == "decisions":  # a Responses body is routed as what it would send; the others as they are
+    if api == "explain":  # a Responses body is routed as what it would send; the others as they are
         api = "chat" if "messages" in request else "completions" if "prompt" in request else "responses"
     codec = CODECS[api]
     try:

@@ -265,7 +265,7 @@ _APIS: dict[str, tuple[str, type[_Shape] | None, str]] = {
     "messages": ("/v1/messages", MessagesRequest, "Anthropic Messages API, translated to chat upstream"),
     "count_tokens": ("/v1/messages/count_tokens", CountTokensRequest,
                      "Anthropic's token count of a Messages request, by a replica's POST /tokenize"),
-    "decisions": ("/v1/decisions", None, "Where a chat, completions or Responses body would be routed, not sent"),
+    "explain": ("/v1/router/explain", None, "Where a chat, completions or Responses body would be routed, not sent"),
 }
 _PART_OF = {"count_tokens": "messages"}  # served where that API is (codecs: Codec.part_of)
 ERROR_SCHEMA: dict[str, Any] = {"type": "object", "required": ["error"], "properties": {"error": {"type": "object"}}}

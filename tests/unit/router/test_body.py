@@ -102,7 +102,7 @@ def test_a_long_body_read_in_a_worker_goes_upstream_and_is_routed_as_a_short_one
                 assert answer.json()["metadata"] == {"k": "v"} and answer.json()["max_output_tokens"] == 7
         for path in ("/v1/chat/completions", "/v1/responses"):  # the explain route reads them as they go
             raw = json.dumps(_long_bodies()[path]).encode()
-            explained = asyncio.run(request(app, "POST", "/v1/decisions", raw)).json()
+            explained = asyncio.run(request(app, "POST", "/v1/router/explain", raw)).json()
             assert explained["decision"] == "found" and explained["replica"] == "http://a:8000", explained
     finally:
         app.close()

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from services.router.config import (
-    APIS,
+    DEFAULT_APIS,
     AcceptConfig,
     AllOf,
     AnyOf,
@@ -101,7 +101,7 @@ def test_full_config_builds_every_object() -> None:
     assert config.source == "router.yaml"
     assert config.listeners == (
         ListenerConfig("public", 8080, "0.0.0.0", ("k1", "k2", "k3"), ("chat", "completions", "models")),
-        ListenerConfig("internal", 8081, "127.0.0.1", (), APIS))
+        ListenerConfig("internal", 8081, "127.0.0.1", (), DEFAULT_APIS))
     assert list(config.pools) == ["small", "big"]
     assert config.pools["small"] == PoolConfig(
         name="small", model="qwen-small",
@@ -227,7 +227,7 @@ INVALID = {
     "unknown api": (
         lambda d: d["listeners"][0].update(apis=["chats"]),
         "listeners[0].apis[0]: unknown api 'chats' "
-        "(apis: chat, completions, responses, messages, models, decisions)"),
+        "(apis: chat, completions, responses, messages, models, explain, images, systemone)"),
     "api_keys_env unset": (
         lambda d: d["listeners"][0].update(api_keys_env="ROUTER_KEYS"),
         "listeners[0].api_keys_env: environment variable ROUTER_KEYS is not set "

@@ -1,6 +1,6 @@
 """The decision engine with model-backed signals (decision/engine.py), the model runtime replaced by a fake
 of its port: only the signals a request's decisions need are evaluated, an unknown signal never fails
-the request, and the explain route (/v1/decisions) shows each signal's score, worker, latency, and why
+the request, and the explain route (/v1/router/explain) shows each signal's score, worker, latency, and why
 a signal is unknown or was not evaluated. Through the router's ASGI app, as a client sees it."""
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def test_explain_and_dispatch_through_the_app() -> None:
     metrics = RouterMetrics(pools)
     app = RouterApp(config, router, pools, upstream, metrics)
     body = {"model": "auto", "messages": [{"role": "user", "content": "fix my code"}]}
-    explained = asyncio.run(request(app, "POST", "/v1/decisions", body)).json()
+    explained = asyncio.run(request(app, "POST", "/v1/router/explain", body)).json()
     assert explained["decision"] == "safe-hard" and explained["pool"] == "big"
     assert explained["signals"]["unsafe"]["worker"] == "http://guard"
     assert explained["signals"]["unsafe"]["score"] == 0.05 and not explained["signals"]["unsafe"]["matched"]

@@ -26,7 +26,7 @@ BASES: dict[str, dict[str, Any]] = {
     "/v1/chat/completions": {"model": "fleet", "messages": HI},
     "/v1/completions": {"model": "fleet", "prompt": "hi"},
     "/v1/responses": {"model": "fleet", "input": "hi"},
-    "/v1/decisions": {"model": "fleet", "input": "hi"},
+    "/v1/router/explain": {"model": "fleet", "input": "hi"},
     "/v1/messages": {"model": "fleet", "max_tokens": 8, "messages": HI},
 }
 
@@ -65,15 +65,15 @@ WRONG_TYPES: list[tuple[str, dict[str, Any], str]] = [
     ("/v1/chat/completions", {"stream": "yes"}, "stream"),
     ("/v1/chat/completions", {"stream_options": 5}, "stream_options"),
     ("/v1/completions", {"model": ["fleet"]}, "model"),
-    ("/v1/decisions", {"model": {"a": 1}, "messages": HI, "input": None}, "model"),
-    ("/v1/decisions", {"prompt": 5, "input": None}, "prompt"),
-    ("/v1/decisions", {"messages": [5], "input": None}, "messages[0]"),
+    ("/v1/router/explain", {"model": {"a": 1}, "messages": HI, "input": None}, "model"),
+    ("/v1/router/explain", {"prompt": 5, "input": None}, "prompt"),
+    ("/v1/router/explain", {"messages": [5], "input": None}, "messages[0]"),
     # Responses
     ("/v1/responses", {"model": 5}, "model"),
     ("/v1/responses", {"input": 5}, "input"),
     ("/v1/responses", {"input": [5]}, "input[0]"),
     ("/v1/responses", {"input": item(role=["user"], content="hi")}, "input[0].role"),
-    ("/v1/decisions", {"input": item(role=["user"], content="hi")}, "input[0].role"),
+    ("/v1/router/explain", {"input": item(role=["user"], content="hi")}, "input[0].role"),
     ("/v1/responses", {"input": item(type=["message"], role="user", content="hi")}, "input[0].type"),
     ("/v1/responses", {"input": item(role="user", content=5)}, "input[0].content"),
     ("/v1/responses", {"input": item(role="user", content=[5])}, "input[0].content[0]"),
@@ -187,7 +187,7 @@ def test_json_nested_too_deeply_is_a_400_in_the_apis_shape(path: str) -> None:
 
 def test_decisions_takes_each_apis_body() -> None:
     for body in ({"model": "fleet", "prompt": "hi"}, {"model": "fleet", "messages": HI}, BASES["/v1/responses"]):
-        answer = post("/v1/decisions", body)
+        answer = post("/v1/router/explain", body)
         assert answer.status == 200 and answer.json()["entry"] == "fleet", answer.body
 
 

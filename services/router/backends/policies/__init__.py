@@ -17,7 +17,7 @@ from services.router.config import PoolConfig
 
 
 class Policy(Protocol):
-    """`choose` may be called without the request being sent (a /v1/decisions preview), so it must
+    """`choose` may be called without the request being sent (a /v1/router/explain preview), so it must
     not remember the request; the Pool calls `on_assigned` only when it hands out a lease."""
 
     last_reason: str
