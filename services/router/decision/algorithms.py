@@ -6,12 +6,20 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from services.router.config import AcceptConfig, Algorithm, EscalateAlgorithm, WeightedAlgorithm
+from services.router.config import (
+    AcceptConfig,
+    Algorithm,
+    EscalateAlgorithm,
+    NativeEscalateAlgorithm,
+    WeightedAlgorithm,
+)
 
 
-def plan(algorithm: Algorithm, candidates: tuple[str, ...], rng: random.Random) -> tuple[str, ...]:
-    """Escalate: its stages. Otherwise the candidates in the order to try them: a pool with no free
-    replica passes the request to the next candidate. Weighted draws the first by weight."""
+def plan(algorithm: Algorithm | NativeEscalateAlgorithm, candidates: tuple[str, ...],
+         rng: random.Random) -> tuple[str, ...]:
+    """Escalate: its stages (a native recipe's: the decision's candidates, its stages). Otherwise the
+    candidates in the order to try them: a pool with no free replica passes the request to the next
+    candidate. Weighted draws the first by weight."""
     if isinstance(algorithm, EscalateAlgorithm):
         return tuple(algorithm.stages)
     if isinstance(algorithm, WeightedAlgorithm) and len(candidates) > 1:
