@@ -3,7 +3,7 @@ worker of a deployment. Runs on the router's event loop. The runtime (deployment
 signals see only this port, so unit tests give them a fake."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 
@@ -16,6 +16,7 @@ class ModelUnavailable(RuntimeError):
 class Answer:
     worker: str  # the replica that answered (its URL)
     latency_s: float  # the call as the router saw it
+    prompt_tokens: int = field(default=0, kw_only=True)  # the worker's usage (0 when it gave none)
 
 
 @dataclass(slots=True, frozen=True)
