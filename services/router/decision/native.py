@@ -6,8 +6,14 @@ always some stage's own output."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from services.router.runtime.models import Label
+from services.router.config import EntryConfig
+from services.router.runtime.models import DecisionModels, Label
+
+if TYPE_CHECKING:
+    from services.router.decision.engine import Router
+    from services.router.decision.judge import JudgeCaller
 
 
 @dataclass(slots=True, frozen=True)
@@ -47,3 +53,10 @@ class RecipeResult:
     prompt_tokens: int  # summed over the stage calls' usage
     deadline_s: float  # the budget that applied (the entry's, tightened by the decision's)
     max_calls: int
+
+
+async def run(entry: EntryConfig, inp: NativeInput, *, router: Router, models: DecisionModels,
+              judge: JudgeCaller | None) -> RecipeResult:
+    """The recipe `entry` (api: systemone) run for one request; ModelUnavailable (with its status) when
+    no stage answered within the budget."""
+    raise NotImplementedError("native recipes are being built")

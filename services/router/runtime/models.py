@@ -9,7 +9,13 @@ from typing import Protocol
 
 class ModelUnavailable(RuntimeError):
     """A deployment could not answer in time: no ready worker, every worker full, the worker failed or
-    timed out. The message says which and why; the signal becomes unknown, the request goes on."""
+    timed out. The message says which and why; the signal becomes unknown, the request goes on. A
+    System One call answers with `status`: 429 every worker full, 503 none ready, 504 no answer in time,
+    502 a worker failed or answered wrongly, 400 the worker refused the input."""
+
+    def __init__(self, message: str, status: int = 503) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(slots=True, frozen=True)
