@@ -2,7 +2,8 @@
 
 Run once by the router process at start, from the loader; each deployment is one model served by
 managed workers (the router starts our engine + frontend per replica) or attached ones (URLs of any
-server speaking vLLM's pooling API). Every field is documented in docs/router-config.md.
+server speaking vLLM's pooling API, or the System One API). Every field is documented in
+docs/router-config.md.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from services.router.config import rules
+from services.router.config.budget import ATTACHED_APIS
 from services.router.config.fields import MISSING, Fields, defaults
 from services.router.config.types import (
     BACKENDS,
@@ -111,7 +113,8 @@ _FRONTEND_OWNED = ("--model", "--host", "--port", "--served-model-name", "--data
 
 
 def _attached(f: Fields, path: str, raw: object) -> AttachedConfig | None:
-    m = f.mapping(path, raw, ("urls", "api_key", "api_key_env"), required=("urls",))
+    m = f.mapping(path, raw, ("urls", "api_key", "api_key_env", "api"), required=("urls",))
+    api = f.choice(f"{path}.api", m.get("api", defaults(AttachedConfig)["api"]), ATTACHED_APIS, "api")
     urls = f.strings(f"{path}.urls", m.get("urls", MISSING))
     ok = urls is not None
     for i, url in enumerate(urls or ()):
@@ -128,4 +131,4 @@ def _attached(f: Fields, path: str, raw: object) -> AttachedConfig | None:
     api_key = f.optional(f"{path}.api_key", m.get("api_key"), f.string)
     if "api_key_env" in m:
         api_key = f.env_value(f"{path}.api_key_env", m["api_key_env"])
-    return AttachedConfig(tuple(cleaned), api_key) if ok and m else None
+    return AttachedConfig(tuple(cleaned), api_key, api) if ok and m and api else None

@@ -11,12 +11,12 @@ from typing import Any, TypeVar
 
 import yaml
 
-from services.router.config import recipe, rules
+from services.router.config import recipe, rules, systemone
+from services.router.config.budget import NativeEscalateAlgorithm
 from services.router.config.deployments import read_deployments
 from services.router.config.fields import MISSING, Fields, defaults
 from services.router.config.types import (
     ALGORITHM_TYPES,
-    APIS,
     FINISH_REASONS,
     POLICIES,
     AcceptConfig,
@@ -41,12 +41,12 @@ from services.router.config.types import (
 
 T = TypeVar("T")
 
-LISTENER_KEYS = ("name", "host", "port", "api_keys", "api_keys_env", "apis", "entries")
+LISTENER_KEYS = ("name", "host", "port", "api_keys", "api_keys_env", "apis", "entries", "pools")
 POOL_KEYS = ("model", "replicas", "dns", "max_inflight", "policy", "cache_aware", "precise_prefix", "health",
-             "breaker", "tokenizer", "api_key", "api_key_env", "timeout_s")
-ENTRY_KEYS = ("signals", "projections", "decisions", "default", "algorithm", "signal_budget_s")
+             "breaker", "tokenizer", "api_key", "api_key_env", "timeout_s", "outputs")
+ENTRY_KEYS = ("api", "signals", "projections", "decisions", "default", "algorithm", "signal_budget_s")
 ALGORITHM_KEYS = {"static": ("type",), "weighted": ("type", "weights"),
-                  "escalate": ("type", "stages", "accept", "deadline_s", "max_calls")}
+                  "escalate": ("type", "stages", "accept", "deadline_s", "max_calls", "judge")}
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -90,24 +90,22 @@ def parse_config(data: object, source: str = "<config>", *,
     _unique(f, "listeners", listeners, "port", "port")
     _unique(f, "listeners", listeners, "name", "listener name")
     raw_pools = f.named("pools", top.get("pools", MISSING))
-    pool_names = tuple(raw_pools)
     pools = {name: _pool(f, f"pools.{name}", name, raw) for name, raw in raw_pools.items()}
-    raw_entries = f.named("entries", top.get("entries", MISSING))
-    entries = {name: _entry(f, f"entries.{name}", name, raw, pool_names) for name, raw in raw_entries.items()}
-    for i, listener in enumerate(listeners):
-        for j, entry in enumerate(listener.entries if listener else ()):
-            f.check(f"listeners[{i}].entries[{j}]", rules.unknown_name(entry, tuple(raw_entries), "entry",
-                                                                        "entries"))
     # ---- deployments: the model runtime's (config/deployments.py), with the pools' health and breaker ----
     deployments = read_deployments(f, top.get("deployments", MISSING), health=_health, breaker=_breaker)
     # ---- end of deployments ----
-    # Signals that name a deployment: it must be declared, and serve the signal's task. Its names and
-    # `tasks` are read as they stand, so a deployment broken elsewhere still answers for its signals.
+    # Deployments' names and `tasks` are read as they stand, so that a deployment broken elsewhere
+    # still answers for the signals and stages that name it.
     raw_deployments = top.get("deployments", {})
     tasks = {name: [t for t in d["tasks"] if isinstance(t, str)] if isinstance(d, dict)
              and isinstance(d.get("tasks"), list) else None
              for name, d in (raw_deployments.items() if isinstance(raw_deployments, dict) else ())
              if isinstance(name, str)}  # other names are reported by read_deployments
+    scope = systemone.Scope(pools, deployments, tuple(tasks))
+    raw_entries = f.named("entries", top.get("entries", MISSING))
+    entries = {name: _entry(f, f"entries.{name}", name, raw, scope) for name, raw in raw_entries.items()}
+    systemone.check_listeners(f, listeners, scope, {k: str(systemone.entry_api(v)) for k, v in raw_entries.items()})
+    # Signals that name a deployment: it must be declared, and serve the signal's task.
     recipe.check_deployments(f, raw_entries, tasks)
     if f.errors:
         raise ConfigError(source, f.errors)
@@ -123,15 +121,12 @@ def _listener(f: Fields, path: str, raw: object, i: int) -> ListenerConfig | Non
     port = f.integer(f"{path}.port", m.get("port"), 1, 65535)
     keys = (f.strings(f"{path}.api_keys", m["api_keys"], allow_empty=True) or ()) if "api_keys" in m else ()
     env_keys = f.env_list(f"{path}.api_keys_env", m["api_keys_env"]) if "api_keys_env" in m else ()
-    apis = f.strings(f"{path}.apis", m["apis"]) if "apis" in m else d["apis"]
-    # `decisions` named the explain route before /v1/decisions became the System One API's alias.
-    apis = tuple("explain" if api == "decisions" else api for api in apis) if apis is not None else None
-    for j, api in enumerate(apis or ()):
-        f.check(f"{path}.apis[{j}]", rules.unknown_name(api, APIS, "api"))
+    apis = systemone.listener_apis(f, f"{path}.apis", m["apis"]) if "apis" in m else (d["apis"], d["systemone"])
     entries = f.strings(f"{path}.entries", m["entries"]) if "entries" in m else d["entries"]
-    if name is None or host is None or port is None or apis is None or entries is None or not m:
+    pools = f.strings(f"{path}.pools", m["pools"], allow_empty=True) if "pools" in m else d["pools"]
+    if name is None or host is None or port is None or apis is None or entries is None or pools is None or not m:
         return None
-    return ListenerConfig(name, port, host, tuple(dict.fromkeys(keys + env_keys)), apis, entries)
+    return ListenerConfig(name, port, host, tuple(dict.fromkeys(keys + env_keys)), apis[0], entries, apis[1], pools)
 
 
 def _pool(f: Fields, path: str, name: str, raw: object) -> PoolConfig | None:
@@ -170,6 +165,8 @@ def _pool(f: Fields, path: str, name: str, raw: object) -> PoolConfig | None:
         api_key=api_key,
         timeout_s=_or(f.number(f"{path}.timeout_s", m.get("timeout_s", d["timeout_s"]), 0, open_low=True),
                       d["timeout_s"]),
+        outputs=_or(systemone.pool_outputs(f, f"{path}.outputs", m["outputs"]) if "outputs" in m else None,
+                    d["outputs"]),
     )
 
 
@@ -277,8 +274,13 @@ def _band_names(raw: object) -> tuple[str, ...]:
     return tuple(b["name"] for b in bands if isinstance(b, dict) and isinstance(b.get("name"), str))
 
 
-def _entry(f: Fields, path: str, name: str, raw: object, pools: tuple[str, ...]) -> EntryConfig | None:
-    m = f.mapping(path, raw, ENTRY_KEYS, required=("default",))
+def _entry(f: Fields, path: str, name: str, raw: object, scope: systemone.Scope) -> EntryConfig | None:
+    api = systemone.read_entry_api(f, path, raw)
+    if api is None:
+        return None
+    native = api == "systemone"  # a System One recipe: its candidates are deployments (config/systemone.py)
+    keys = systemone.NATIVE_ENTRY_KEYS if native else ENTRY_KEYS
+    m = f.mapping(path, raw if native else systemone.refuse_budget(f, path, raw), keys, required=("default",))
     d = defaults(EntryConfig)
     signals = f.items(f"{path}.signals", m.get("signals", list(d["signals"])), recipe.signal, allow_empty=True)
     names = [s.name if s else None for s in signals]
@@ -298,26 +300,36 @@ def _entry(f: Fields, path: str, name: str, raw: object, pools: tuple[str, ...])
         projected.update({p["name"]: _band_names(p.get("bands")) for p in raw_projections
                           if isinstance(p, dict) and isinstance(p.get("name"), str) and p["name"] not in projected})
 
+    pools = tuple(scope.pools)
+
     def decision(f: Fields, p: str, raw: object, i: int) -> DecisionRule | None:
-        r = f.mapping(p, raw, ("name", "when", "pools"), required=("when", "pools"))
+        r = f.mapping(p, systemone.refuse_budget(f, p, raw), ("name", "when", "pools"), required=("when", "pools"))
         rule_name = f.string(f"{p}.name", r.get("name", f"decision-{i}"))
         when = recipe.expr(f, f"{p}.when", r["when"], known, projected) if "when" in r else None
         targets = _pool_list(f, f"{p}.pools", r.get("pools", MISSING), pools)
         return DecisionRule(rule_name, when, targets) if rule_name and when and targets else None
 
-    decisions = f.items(f"{path}.decisions", m.get("decisions", list(d["decisions"])), decision, allow_empty=True)
+    budget = systemone.budget(f, f"{path}.budget", m.get("budget", MISSING)) if native else None
+    read = systemone.decision_reader(scope, known, projected, budget) if native else decision
+    decisions = f.items(f"{path}.decisions", m.get("decisions", list(d["decisions"])), read, allow_empty=True)
     rule_names = [r.name if r else None for r in decisions]
     for i in rules.duplicates(rule_names):
         if rule_names[i] is not None:
             f.add(f"{path}.decisions[{i}].name", f"duplicate decision {rule_names[i]!r}")
-    default = _pool_list(f, f"{path}.default", m.get("default", MISSING), pools)
-    algorithm = _algorithm(f, f"{path}.algorithm", m.get("algorithm", {"type": d["algorithm"].type}), pools)
-    budget = f.number(f"{path}.signal_budget_s", m.get("signal_budget_s", d["signal_budget_s"]), 0, 60,
-                      open_low=True)
-    if not m or default is None or algorithm is None or budget is None:
+    algorithm: Algorithm | NativeEscalateAlgorithm | None
+    if native:
+        default = systemone.stages(f, f"{path}.default", m.get("default", MISSING), scope)
+        systemone.check_family(f, path, default, decisions, scope)
+        algorithm = systemone.native_algorithm(f, f"{path}.algorithm", m.get("algorithm", {}), scope)
+    else:
+        default = _pool_list(f, f"{path}.default", m.get("default", MISSING), pools)
+        algorithm = _algorithm(f, f"{path}.algorithm", m.get("algorithm", {"type": d["algorithm"].type}), scope)
+    signal_budget = f.number(f"{path}.signal_budget_s", m.get("signal_budget_s", d["signal_budget_s"]), 0, 60,
+                             open_low=True)
+    if not m or default is None or algorithm is None or signal_budget is None or (native and budget is None):
         return None
     return EntryConfig(name, default, tuple(s for s in signals if s), tuple(r for r in decisions if r),
-                       algorithm, projections, budget)
+                       algorithm, projections, signal_budget, api, budget)
 
 
 def _pool_list(f: Fields, path: str, raw: object, pools: tuple[str, ...]) -> tuple[str, ...] | None:
@@ -328,7 +340,8 @@ def _pool_list(f: Fields, path: str, raw: object, pools: tuple[str, ...]) -> tup
     return names if ok else None
 
 
-def _algorithm(f: Fields, path: str, raw: object, pools: tuple[str, ...]) -> Algorithm | None:
+def _algorithm(f: Fields, path: str, raw: object, scope: systemone.Scope) -> Algorithm | None:
+    pools = tuple(scope.pools)
     if not isinstance(raw, dict):
         f.mapping(path, raw, ())
         return None
@@ -357,8 +370,9 @@ def _algorithm(f: Fields, path: str, raw: object, pools: tuple[str, ...]) -> Alg
     accept = _accept(f, f"{path}.accept", m.get("accept", {}))
     deadline = f.number(f"{path}.deadline_s", m.get("deadline_s", d["deadline_s"]), 0, open_low=True)
     calls = f.integer(f"{path}.max_calls", m.get("max_calls", d["max_calls"]), 1)
-    if stages and len(stages) >= 2 and accept and deadline and calls:
-        return EscalateAlgorithm(stages, accept, deadline, calls)
+    judge = systemone.judge(f, f"{path}.judge", m["judge"], scope) if "judge" in m else None
+    if stages and len(stages) >= 2 and accept and deadline and calls and (judge or "judge" not in m):
+        return EscalateAlgorithm(stages, accept, deadline, calls, judge)
     return None
 
 

@@ -163,7 +163,7 @@ def _entry(data: dict[str, Any]) -> dict[str, Any]:
 
 
 POOL_KEYS = ("model, replicas, dns, max_inflight, policy, cache_aware, precise_prefix, health, breaker, tokenizer, "
-             "api_key, api_key_env, timeout_s")
+             "api_key, api_key_env, timeout_s, outputs")
 INVALID = {
     "cache_aware asked of an entry": (
         lambda d: _entry(d).update(algorithm={"type": "cache_aware"}),
