@@ -29,7 +29,8 @@ def listeners_by_port(config: RouterConfig) -> dict[int, Listener]:
     """Every listener of the config, by the port it serves."""
     by_port = {}
     for listener in config.listeners:
-        entries = listener.entries or tuple(config.entries)
+        # A native System One recipe is never a chat model: an empty allowlist means every chat entry.
+        entries = listener.entries or config.chat_entries
         by_port[listener.port] = Listener(listener, ApiKeys(listener.api_keys), entries,
                                           _json.encode(openapi.document(listener, entries)))
     return by_port

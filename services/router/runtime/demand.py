@@ -6,11 +6,11 @@ from services.router.config import RouterConfig
 
 
 def used_deployments(config: RouterConfig) -> dict[str, list[str]]:
-    """Deployment name -> the reasons it is used ("signal entries.auto.signals[1] (topic)"), in the
-    config's deployment order; a deployment nothing uses is absent.
-
-    Users are the signals that name a deployment (their `deployment` key). Plugins and published
-    models that need a decision model are users too once they exist: they add their reasons here."""
+    """Deployment name -> the reasons it is used, in the config's deployment order; a deployment
+    nothing uses is absent. Users are: the signals that name a deployment (their `deployment` key:
+    "signal entries.auto.signals[1] (topic, classifier)"), the stages of native System One recipes
+    ("stage of entries.triage"), and the listeners that publish it as a System One model ("published
+    as a System One model on listener public")."""
     reasons: dict[str, list[str]] = {}
     for entry_name, entry in config.entries.items():
         # A signal no decision (or projection) reads is never evaluated: it starts nothing. Entries
@@ -22,4 +22,12 @@ def used_deployments(config: RouterConfig) -> dict[str, list[str]]:
             if isinstance(name, str) and (needed is None or signal.name in needed):
                 reasons.setdefault(name, []).append(
                     f"signal entries.{entry_name}.signals[{i}] ({signal.name}, {signal.type})")
+        if entry.native:  # its candidates are deployments: every decision's stages, and the default's
+            stages = entry.default + tuple(stage for rule in entry.decisions for stage in rule.pools)
+            for stage in dict.fromkeys(stages):
+                reasons.setdefault(stage, []).append(f"stage of entries.{entry_name}")
+    for listener in config.listeners:
+        for model in listener.systemone:
+            if model in config.deployments:  # else a native entry: its stages are counted above
+                reasons.setdefault(model, []).append(f"published as a System One model on listener {listener.name}")
     return {name: reasons[name] for name in config.deployments if name in reasons}
