@@ -84,12 +84,12 @@ def parse_config(data: object, source: str = "<config>", *,
     `env` (default: os.environ) supplies the variables named by `api_keys_env` / `api_key_env`.
     """
     f = Fields(os.environ if env is None else env)
-    top = f.mapping("", data, ("listeners", "pools", "entries", "deployments"),
-                    required=("listeners", "pools", "entries"))
+    # pools and entries may be absent or empty: a router may serve System One alone.
+    top = f.mapping("", data, ("listeners", "pools", "entries", "deployments"), required=("listeners",))
     listeners = f.items("listeners", top.get("listeners", MISSING), _listener)
     _unique(f, "listeners", listeners, "port", "port")
     _unique(f, "listeners", listeners, "name", "listener name")
-    raw_pools = f.named("pools", top.get("pools", MISSING))
+    raw_pools = f.named("pools", top.get("pools") or MISSING)
     pools = {name: _pool(f, f"pools.{name}", name, raw) for name, raw in raw_pools.items()}
     # ---- deployments: the model runtime's (config/deployments.py), with the pools' health and breaker ----
     deployments = read_deployments(f, top.get("deployments", MISSING), health=_health, breaker=_breaker)
@@ -102,7 +102,7 @@ def parse_config(data: object, source: str = "<config>", *,
              for name, d in (raw_deployments.items() if isinstance(raw_deployments, dict) else ())
              if isinstance(name, str)}  # other names are reported by read_deployments
     scope = systemone.Scope(pools, deployments, tuple(tasks))
-    raw_entries = f.named("entries", top.get("entries", MISSING))
+    raw_entries = f.named("entries", top.get("entries") or MISSING)
     entries = {name: _entry(f, f"entries.{name}", name, raw, scope) for name, raw in raw_entries.items()}
     systemone.check_listeners(f, listeners, scope, {k: str(systemone.entry_api(v)) for k, v in raw_entries.items()})
     # Signals that name a deployment: it must be declared, and serve the signal's task.
