@@ -1,7 +1,8 @@
 """The router's app (one ASGI app for every listener, told apart by the port a request came in on), run
 in the router process: the components assembled, routes and error framing; a generation request is
 checked (listeners/access.py), parsed, translated by its API's codec (listeners/codecs/), routed by
-the decision engine (decision/engine.py), and relayed to a pool (listeners/relay.py) or escalated
+the decision engine (decision/engine.py) or sent straight to a pool the listener publishes
+(listeners/direct.py), and relayed to a pool (listeners/relay.py) or escalated
 (listeners/escalate.py)."""
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ from services.router.backends.dispatch import Dispatcher
 from services.router.backends.pool import NoReplica, Overloaded, Pool
 from services.router.backends.upstream import Upstream
 from services.router.config import EscalateAlgorithm, RouterConfig
+from services.router.decision.decisions import NoEligibleDecision
 from services.router.decision.engine import Choice, Router, UnknownModel
+from services.router.decision.signals import request_text
 from services.router.errors import HTTPError
 from services.router.listeners.access import authorize
 from services.router.listeners.asgi import (
@@ -35,7 +38,8 @@ from services.router.listeners.asgi import (
 from services.router.listeners.body_workers import BodyWorkers, Parsed, parse
 from services.router.listeners.call import Call
 from services.router.listeners.codecs.codec import Codec
-from services.router.listeners.codecs.registry import CODECS, error_shape
+from services.router.listeners.codecs.registry import CODECS, error_shape, output_of
+from services.router.listeners.direct import DirectPools
 from services.router.listeners.escalate import Escalator
 from services.router.listeners.json_body import BodyError
 from services.router.listeners.listener import Listener, listeners_by_port
@@ -70,6 +74,7 @@ class RouterApp:
         self.relay = Relay(dispatcher, metrics)
         self.escalator = Escalator(dispatcher, self.relay, metrics)
         self.bodies = BodyWorkers(body_workers)
+        self.direct = DirectPools(config)  # the pools listeners publish by name: called with no routing
         self._by_port = listeners_by_port(config)
         self._first = self._by_port[config.listeners[0].port]
         self._created = int(time.time())
@@ -179,7 +184,7 @@ class RouterApp:
 
     def _models(self, listener: Listener) -> dict[str, Any]:
         return {"object": "list", "data": [{"id": name, "object": "model", "created": self._created,
-                                            "owned_by": "router"} for name in listener.entries]}
+                                            "owned_by": "router"} for name in _public_names(listener)]}
 
     async def _parse(self, api: str, raw: bytes) -> Parsed:
         """The body read for routing: a long one in a body worker, off the event loop; 400 naming the field."""
@@ -219,7 +224,8 @@ class RouterApp:
         parsed = await self._parse(codec.name, raw)
         chat = parsed.chat
         # Counting the tokens of a long text would stall every stream: that goes to a thread.
-        choice = await self._choose(listener, chat, parsed.text, offload=len(raw) > OFF_LOOP_BYTES)
+        choice = await self._choose(listener, chat, parsed.text, offload=len(raw) > OFF_LOOP_BYTES,
+                                    output=output_of(codec.name))
         if not codec.judged:
             # No answer to judge or to learn from (a token count): the cache-aware policy is not told the text.
             choice = replace(choice, text="")
@@ -264,16 +270,32 @@ class RouterApp:
             self.metrics.signal_latency.labels(entry).observe(choice.models_s)
 
     async def _choose(self, listener: Listener, chat: dict[str, Any], text: str | None = None, *,
-                      offload: bool = False) -> Choice:
-        served = listener.entries
+                      offload: bool = False, output: str = "text") -> Choice:
+        """The served entry's routing, or a published pool's direct Choice (an entry of the same name
+        comes first: publishing a pool never bypasses a recipe). `output`: what the request needs
+        produced (text; image for the Images API): 400 when the model leads to no pool that declares it."""
         model = chat.get("model")
-        if model not in served:
-            raise HTTPError(404, f"The model `{model}` does not exist; available: {', '.join(served)}",
-                            param="model")
         try:
-            return await self.router.choose(chat, text, offload=offload)
+            if model not in listener.entries:
+                direct = self.direct.choose(listener.config, model, request_text(chat) if text is None else text,
+                                            output)
+                if direct is None:
+                    raise HTTPError(404, f"The model `{model}` does not exist; available: "
+                                    f"{', '.join(_public_names(listener))}", param="model")
+                return direct
+            return await self.router.choose(chat, text, offload=offload, outputs=output)
         except UnknownModel as exc:
             raise HTTPError(404, str(exc), param="model") from None
+        except NoEligibleDecision:
+            why = (f"the pool's `outputs` lack {output!r}" if model not in listener.entries else
+                   f"no decision (nor the default) has candidate pools that all declare {output!r} in their `outputs`")
+            raise HTTPError(400, f"The model `{model}` routes to no {output}-output pool: {why}",
+                            param="model") from None
+
+
+def _public_names(listener: Listener) -> tuple[str, ...]:
+    """What a listener serves by name: its entries, then the pools it publishes (/v1/models' order)."""
+    return listener.entries + tuple(name for name in listener.config.pools if name not in listener.entries)
 
 
 def _only_get(path: str, method: str) -> None:

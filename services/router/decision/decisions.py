@@ -5,15 +5,26 @@ Expressions are three-valued: a signal that is unknown (its model failed or ran 
 not evaluated yet, is neither true nor false. `not` of unknown is unknown; `any` is true when one
 item is true, `all` false when one item is false, and unknown otherwise when an item is unknown. A rule
 whose `when` is unknown does not hold: the next rule is tried, as when it is false.
+
+A request may also need an output that only some pools produce (an image, or text): the rules whose
+candidates do not all produce it are passed over whatever their `when`, and so is the default.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from services.router.config import AllOf, AnyOf, EntryConfig, Expr, Not, ProjectionRef, SignalRef, references
 from services.router.decision.projections import ProjectionResult, project_all
 from services.router.decision.signals import SignalResult
+
+
+class NoEligibleDecision(LookupError):
+    """Neither a rule nor the default of the entry has candidates that all produce what the request needs."""
+
+
+def _every(pools: tuple[str, ...]) -> bool:
+    return True
 
 
 @dataclass(slots=True, frozen=True)
@@ -25,15 +36,21 @@ class Decision:
 
 
 def decide(entry: EntryConfig, results: Mapping[str, SignalResult],
-           projections: Mapping[str, ProjectionResult] | None = None) -> Decision:
-    """The first of `entry.decisions` (in config order) whose condition is true; else the default pools."""
+           projections: Mapping[str, ProjectionResult] | None = None, *,
+           eligible: Callable[[tuple[str, ...]], bool] = _every) -> Decision:
+    """The first of `entry.decisions` (in config order) whose candidates are `eligible` and whose
+    condition is true; else the default pools, if eligible; else NoEligibleDecision."""
     passed: list[str] = []
     for rule in entry.decisions:
+        if not eligible(rule.pools):
+            continue
         value = holds(rule.when, results, projections)
         if value:
             return Decision(rule.name, rule.pools, False, tuple(passed))
         if value is None:
             passed.append(rule.name)
+    if not eligible(entry.default):
+        raise NoEligibleDecision(entry.name)
     return Decision("default", entry.default, True, tuple(passed))
 
 
@@ -60,14 +77,18 @@ def holds(expr: Expr, results: Mapping[str, SignalResult],
     raise TypeError(f"not a decision expression: {expr!r}")
 
 
-def models_needed(entry: EntryConfig, results: Mapping[str, SignalResult]) -> tuple[list[str], str | None]:
-    """Which model signals the request needs, given its rule signal `results`: those of the rules, in
-    order, whose `when` the rule signals leave unknown, up to the first rule they make true (whose name
-    is returned too: the later rules can no longer be chosen). A rule they make false needs nothing."""
+def models_needed(entry: EntryConfig, results: Mapping[str, SignalResult], *,
+                  eligible: Callable[[tuple[str, ...]], bool] = _every) -> tuple[list[str], str | None]:
+    """Which model signals the request needs, given its rule signal `results`: those of the `eligible`
+    rules, in order, whose `when` the rule signals leave unknown, up to the first rule they make true
+    (whose name is returned too: the later rules can no longer be chosen). A rule they make false, or
+    one passed over as not eligible, needs nothing."""
     projections = {p.name: p for p in entry.projections}
     partial = project_all(entry.projections, results)
     wanted: set[str] = set()
     for rule in entry.decisions:
+        if not eligible(rule.pools):
+            continue
         value = holds(rule.when, results, partial)
         if value:
             return [s.name for s in entry.signals if s.name in wanted], rule.name

@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.router.config import MODEL_SIGNAL_TYPES, EntryConfig, ModelSignal, RouterConfig
+from services.router.config import MODEL_SIGNAL_TYPES, EntryConfig, EscalateAlgorithm, ModelSignal, RouterConfig
 from services.router.decision import algorithms
-from services.router.decision.decisions import Decision, decide, models_needed
+from services.router.decision.decisions import Decision, NoEligibleDecision, decide, models_needed
 from services.router.decision.model_signals import ModelSignals
 from services.router.decision.projections import ProjectionResult, project_all
 from services.router.decision.signals import (
@@ -93,13 +93,20 @@ class Router:
         for problem in await self.model_signals.warm(signals):
             log.warning("signal examples not embedded ahead of requests: %s", problem)
 
-    async def choose(self, body: dict[str, Any], text: str | None = None, *, offload: bool = False) -> Choice:
+    async def choose(self, body: dict[str, Any], text: str | None = None, *, offload: bool = False,
+                     outputs: str = "text") -> Choice:
         """`text`: the body's request_text, when the caller has it already. `offload`: count tokens in a
-        thread (a long text), so that the event loop serves other requests meanwhile."""
+        thread (a long text), so that the event loop serves other requests meanwhile. `outputs`: what the
+        request needs produced (of OUTPUTS): a chat entry's decisions whose candidate pools do not all
+        declare it are passed over, and NoEligibleDecision raised when none is left (a native recipe's
+        candidates are deployments, which produce no chat output: it is not filtered)."""
         model = body.get("model")
         entry = self.config.entries.get(model) if isinstance(model, str) else None
         if entry is None:
             raise UnknownModel(f"The model `{model}` does not exist; available: {', '.join(self.config.entries)}")
+        eligible = _every if entry.native else self._producing(outputs)
+        if isinstance(entry.algorithm, EscalateAlgorithm) and not eligible(entry.algorithm.stages):
+            raise NoEligibleDecision(entry.name)  # escalate calls its stages whatever the decision
         text = request_text(body) if text is None else text
         rules: list[RuleSignal] = [s for s in entry.signals if s.name in entry.needed
                                    and not isinstance(s, MODEL_SIGNAL_TYPES)]
@@ -108,7 +115,7 @@ class Router:
             results = await asyncio.to_thread(evaluate_rules, rules, text, token_count=count)
         else:
             results = evaluate_rules(rules, text, token_count=count)
-        wanted, settled = models_needed(entry, results)
+        wanted, settled = models_needed(entry, results, eligible=eligible)
         waited = None
         if wanted:
             signals = _model_signals(entry, frozenset(wanted))
@@ -117,10 +124,19 @@ class Router:
             waited = time.perf_counter() - start
         ordered = {s.name: results[s.name] for s in entry.signals if s.name in results}
         projections = project_all(entry.projections, ordered)
-        decision = decide(entry, ordered, projections)
+        decision = decide(entry, ordered, projections, eligible=eligible)
         skipped = {s.name: _why_skipped(entry, s.name, settled) for s in entry.signals if s.name not in results}
         plan = algorithms.plan(entry.algorithm, decision.pools, self._rng)
         return Choice(entry, text, ordered, decision, plan, projections, skipped, waited)
+
+    def _producing(self, output: str) -> Callable[[tuple[str, ...]], bool]:
+        """Whether every pool of a candidate list declares `output` in its PoolConfig.outputs."""
+        pools = self.config.pools
+        return lambda names: all(name in pools and output in pools[name].outputs for name in names)
+
+
+def _every(names: tuple[str, ...]) -> bool:
+    return True
 
 
 def _model_signals(entry: EntryConfig, names: frozenset[str]) -> list[ModelSignal]:

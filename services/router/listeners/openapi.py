@@ -255,6 +255,26 @@ class CountTokensRequest(_Shape):
     thinking: Union[ThinkingEnabled, ThinkingDisabled, None] = None
 
 
+# ---- the Images API (codecs/images.py; relayed as it came to an image pool) ----
+
+class ImagesRequest(_Strict):
+    """OpenAI's image generation request. `stream` may only be false: the router relays one JSON answer."""
+    model: str
+    prompt: NonEmpty
+    n: Annotated[int, msgspec.Meta(ge=1, le=10)] | None = None
+    size: Literal["auto", "256x256", "512x512", "1024x1024", "1536x1024", "1024x1536", "1792x1024",
+                  "1024x1792"] | None = None
+    response_format: Literal["url", "b64_json"] | None = None
+    output_format: Literal["png", "jpeg", "webp"] | None = None
+    quality: Literal["auto", "standard", "hd", "low", "medium", "high"] | None = None
+    style: Literal["vivid", "natural"] | None = None
+    background: Literal["transparent", "opaque", "auto"] | None = None
+    moderation: Literal["low", "auto"] | None = None
+    output_compression: Annotated[int, msgspec.Meta(ge=0, le=100)] | None = None
+    user: str | None = None
+    stream: bool | None = None
+
+
 # ---- the document ----
 
 # The API each listener `apis` name serves: path, request shape, what it does.
@@ -266,6 +286,7 @@ _APIS: dict[str, tuple[str, type[_Shape] | None, str]] = {
     "count_tokens": ("/v1/messages/count_tokens", CountTokensRequest,
                      "Anthropic's token count of a Messages request, by a replica's POST /tokenize"),
     "explain": ("/v1/router/explain", None, "Where a chat, completions or Responses body would be routed, not sent"),
+    "images": ("/v1/images/generations", ImagesRequest, "OpenAI image generation, routed to an image pool"),
 }
 _PART_OF = {"count_tokens": "messages"}  # served where that API is (codecs: Codec.part_of)
 ERROR_SCHEMA: dict[str, Any] = {"type": "object", "required": ["error"], "properties": {"error": {"type": "object"}}}
@@ -273,9 +294,10 @@ ERROR_SCHEMA: dict[str, Any] = {"type": "object", "required": ["error"], "proper
 
 def document(listener: ListenerConfig, models: tuple[str, ...]) -> dict[str, Any]:
     """The OpenAPI 3.1 document of one listener: its APIs, with `models` (its public names) as `model`."""
-    shapes = (ChatRequest, CompletionsRequest, ResponsesRequest, MessagesRequest, CountTokensRequest)
+    shapes = (ChatRequest, CompletionsRequest, ResponsesRequest, MessagesRequest, CountTokensRequest, ImagesRequest)
     refs, schemas = msgspec.json.schema_components(shapes, ref_template=_REF)
     by_shape = dict(zip(shapes, refs, strict=True))
+    models = _with_pools(models, listener)
     for request in shapes:
         schemas[request.__name__]["properties"]["model"]["enum"] = list(models)
     # msgspec requires a tagged struct's tag; the codec takes a message item without one.
@@ -304,6 +326,11 @@ def document(listener: ListenerConfig, models: tuple[str, ...]) -> dict[str, Any
                                                 "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}}
         doc["security"] = [{"bearer": []}, {"apiKey": []}]
     return doc
+
+
+def _with_pools(models: tuple[str, ...], listener: ListenerConfig) -> tuple[str, ...]:
+    """The public names: the entries, then the chat pools the listener publishes by name (called directly)."""
+    return models + tuple(name for name in listener.pools if name not in models)
 
 
 def _untag(schema: dict[str, Any]) -> None:

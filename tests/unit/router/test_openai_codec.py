@@ -37,7 +37,7 @@ def test_the_openai_error_shape() -> None:
 
 
 def test_the_registry_names_every_adapted_api_once() -> None:
-    assert list(CODECS) == ["chat", "completions", "responses", "messages", "count_tokens"]
+    assert list(CODECS) == ["chat", "completions", "responses", "messages", "count_tokens", "images"]
     # Each is a listener API of its own, or another's route (count_tokens is served where messages is).
     assert all((adapter.part_of or name) in APIS and adapter.name == name for name, adapter in CODECS.items())
     assert len({adapter.path for adapter in CODECS.values()}) == len(CODECS)

@@ -34,6 +34,7 @@ BODIES: dict[str, tuple[str, dict[str, Any]]] = {
                                      "tools": [{"name": "f", "input_schema": {}}]}),
     "count_tokens": ("CountTokensRequest", {"model": "fleet", "messages": [HI],
                                             "tools": [{"name": "f", "input_schema": {}}]}),
+    "images": ("ImagesRequest", {"model": "fleet", "prompt": "a red square"}),
 }
 # A valid value of the components inside them, for probing their fields (in a user message, for Messages).
 NESTED: dict[str, dict[str, Any]] = {
@@ -104,8 +105,8 @@ def test_each_listener_serves_its_own_document_which_loads_in_schemathesis() -> 
     app = RouterApp(config, router, pools, FakeUpstream(), RouterMetrics(pools))
     public = asyncio.run(request(app, "GET", "/openapi.json")).json()
     assert set(public["paths"]) == {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
-                                    "/v1/messages/count_tokens", "/v1/router/explain", "/v1/models", "/health",
-                                    "/ready", "/metrics", "/openapi.json"}
+                                    "/v1/messages/count_tokens", "/v1/router/explain", "/v1/images/generations",
+                                    "/v1/models", "/health", "/ready", "/metrics", "/openapi.json"}
     assert public["components"]["schemas"]["ResponsesRequest"]["properties"]["model"]["enum"] == ["a", "b"]
     assert asyncio.run(request(app, "GET", "/openapi.json", port=8081)).status == 401  # behind the API key
     claude = asyncio.run(request(app, "GET", "/openapi.json", port=8081, headers={"x-api-key": "k"})).json()
@@ -134,6 +135,7 @@ STRICT: list[tuple[str, str, dict[str, Any], str]] = [
     ("messages", "ToolChoice", {**BODIES["messages"][1], "tool_choice": {"type": "auto", "zz": 1}}, "tool_choice.zz"),
     ("messages", "ThinkingDisabled", {**BODIES["messages"][1], "thinking": {"type": "disabled", "zz": 1}},
      "thinking.zz"),
+    ("images", "ImagesRequest", {**BODIES["images"][1], "zz": 1}, "zz"),
 ]
 
 
