@@ -13,7 +13,6 @@ import httpx
 import openai
 import pytest
 
-from tests.support import published_router
 from tests.support.procs import (
     EngineProc,
     FrontendProc,
@@ -22,6 +21,7 @@ from tests.support.procs import (
     start_backend,
     start_engine,
     start_frontend,
+    start_router,
 )
 
 KEY = "sk-direct"
@@ -55,7 +55,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[HttpProc, 
         backend = start_backend(tmp, "backend")
         procs.append(backend)
         other = free_port_block(1, spread=0)
-        router = published_router.start(tmp, CONFIG.format(key=KEY, other=other, frontend=frontend.url,
+        router = start_router(tmp, CONFIG.format(key=KEY, other=other, frontend=frontend.url,
                                                            backend=backend.url))
         procs.append(router)
         yield router, backend, other

@@ -15,8 +15,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support import published_router
-from tests.support.procs import HttpProc, free_port_block, start_backend
+from tests.support.procs import HttpProc, free_port_block, start_backend, start_router
 
 CONFIG = """
 listeners: [{{port: {{port}}, host: 127.0.0.1}}]
@@ -57,7 +56,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[HttpProc, 
     tmp_path = tmp_path_factory.mktemp("images")
     chat, images = start_backend(tmp_path, "chat"), start_images(tmp_path)
     try:
-        router = published_router.start(tmp_path, CONFIG.format(chat=chat.url, images=images.url))
+        router = start_router(tmp_path, CONFIG.format(chat=chat.url, images=images.url))
         try:
             yield router, images, chat
         finally:
