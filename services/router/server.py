@@ -1,5 +1,5 @@
-"""Runs the router process: config, models for signals (in-process, and the model runtime's workers),
-health and DNS loops, an HTTP server on every listener's port.
+"""Runs the router process, in either mode (modes.py): config, models for signals (in-process, and the model
+runtime's workers), health and DNS loops, an HTTP server on every listener's port.
 
 The server is uvicorn with the httptools parser, not hypercorn as in the frontend: the router's work
 per request is small, so the server's own cost decides its added latency, and hypercorn + h11 cost
@@ -24,13 +24,17 @@ from services.router.config import RouterConfig
 from services.router.decision.engine import Router
 from services.router.listeners.connections import uvicorn_protocol
 from services.router.metrics import RouterMetrics
+from services.router.modes import inactive_line, startup_line
 from services.router.runtime.deployments import Deployments
 
 log = logging.getLogger("router")
 
 
 async def run(config: RouterConfig, *, header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
-              max_connections: int = DEFAULT_MAX_CONNECTIONS) -> int:
+              max_connections: int = DEFAULT_MAX_CONNECTIONS, inactive: RouterConfig | None = None) -> int:
+    """Serve `config` until SIGTERM or SIGINT; `inactive`: engine mode's routing file, loaded and not served."""
+    if inactive is not None:
+        log.info("%s", inactive_line(inactive))
     upstream = AiohttpUpstream()
     runtime = Deployments(config, upstream)  # the decision models: workers of the deployments signals use
     router = Router(config, models=runtime)
@@ -87,8 +91,7 @@ async def run(config: RouterConfig, *, header_timeout_s: float = DEFAULT_HEADER_
         log.info("listener %s: http://%s:%d (%s; %s)", listener.name, listener.host, listener.port,
                  ", ".join(listener.apis), f"{len(listener.api_keys)} API key(s)" if listener.api_keys
                  else "no API keys: open")
-    log.info("entries: %s; pools: %s", ", ".join(config.entries), ", ".join(
-        f"{name} ({len(pool.replicas)} replicas)" for name, pool in pools.items()))
+    log.info("%s", startup_line(config, {name: len(pool.replicas) for name, pool in pools.items()}))
 
     async def stopper() -> None:
         # uvicorn catches SIGTERM/SIGINT itself while it serves and passes them on when it returns;

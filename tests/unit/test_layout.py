@@ -158,7 +158,8 @@ LAYERS = {
         ("runtime",),  # decision-model deployments, on the backends' scheduling
         ("decision",),  # signals ask the runtime's port
         ("listeners",),
-        ("app",), ("server",), ("__main__",),
+        ("app", "modes"),  # modes: the command line's configs (engine mode, the default decision model)
+        ("server",), ("__main__",),
     ],
 }
 
@@ -191,8 +192,8 @@ def test_each_service_imports_down_its_layers(service: str) -> None:
 def test_the_layer_check_finds_an_upward_import() -> None:
     # The router's listeners import its backends (a lower layer): with the two swapped, that is upward.
     assert _layer_violations("services.router", [("config", "errors", "metrics", "parent_death"),
-                                                 ("listeners", "decision"), ("backends", "runtime"), ("app",),
-                                                 ("server",), ("__main__",)])
+                                                 ("listeners", "decision"), ("backends", "runtime"),
+                                                 ("app", "modes"), ("server",), ("__main__",)])
 
 
 def test_protocol_is_pure() -> None:

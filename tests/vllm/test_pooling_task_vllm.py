@@ -1,5 +1,6 @@
 """Which pooling tasks a model serves, and which one is its own, decided as vLLM 0.32 decides them: the
-sim's runner and tasks by architecture (services/engine/backends/sim/runner.py) against vLLM's table and
+sim's runner and tasks by architecture (services/engine/backends/sim/runner.py, on the table the router shares:
+checkpoints/architectures.py) against vLLM's table and
 its offline LLMs, and the frontend's own-task choice (PoolingModel.pooling_task) against vLLM's
 ModelConfig.get_pooling_task."""
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer, models
 
+from checkpoints.architectures import SUFFIX_DEFAULTS
 from services.engine.backends.sim import runner
 from services.engine.config import EngineConfig
 from services.engine.wiring import build_backend
@@ -26,10 +28,10 @@ ARCHITECTURES = ["Qwen3ForCausalLM", "BertModel", "BertForSequenceClassification
                  "ModernBertForAudioClassification", "Mystery"]
 
 
-def test_the_sims_architecture_table_is_vllms() -> None:
+def test_the_shared_architecture_table_is_vllms() -> None:
     from vllm.config.model import iter_architecture_defaults
 
-    assert [(s, r, c) for s, (r, c) in iter_architecture_defaults()] == list(runner._SUFFIX_DEFAULTS)
+    assert [(s, r, c) for s, (r, c) in iter_architecture_defaults()] == list(SUFFIX_DEFAULTS)
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
