@@ -30,7 +30,8 @@ def test_a_cross_encoders_confidence_is_its_best_score_and_the_margin_to_the_sec
 def test_the_verdict_says_which_condition_failed_and_by_how_much() -> None:
     accept = ConfidenceAccept(min_probability=0.8, min_margin=0.3)
     assert verdict(accept, _label("a", {"a": 0.85, "b": 0.15})) is None
-    assert verdict(accept, _label("a", {"a": 0.41, "b": 0.3, "c": 0.29})) == "top probability 0.41 < min_probability 0.8"
+    assert verdict(accept, _label("a", {"a": 0.41, "b": 0.3, "c": 0.29})) == \
+        "top probability 0.41 < min_probability 0.8"
     assert verdict(accept, _label("a", {"a": 0.81, "b": 0.6})) == \
         "margin 0.21 to the runner-up < min_margin 0.3"
     assert verdict(accept, (0.5, 0.2)) == "best score 0.5 < min_probability 0.8"
