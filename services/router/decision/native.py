@@ -65,7 +65,7 @@ class ItemResult:
 
     chosen: StageOutput
     answers: tuple[StageOutput, ...]
-    judge: str | None  # None: not asked; "chose" (it picked `chosen`) or "abstained" (or it failed: why)
+    judge: str | None  # None: not asked; "chose" (it picked `chosen`) or "abstained" (abstained, failed, garbled)
     judge_detail: str | None = None  # why the judge abstained: its garbled reply, or its failure
 
 
@@ -109,7 +109,7 @@ async def run(entry: EntryConfig, inp: NativeInput, *, router: Router, models: D
     left = budget.deadline_s - (loop.time() - start)
     choice = await router.choose({"model": entry.name}, text, signal_budget_s=max(0.0, left))
     calls = signal_calls(entry, choice.signals)
-    budget = tightened(budget, entry, choice.decision.name)
+    budget = tightened(budget, entry, None if choice.decision.matched_default else choice.decision.name)
     deadline = start + budget.deadline_s
     # 2. The stages, each on the inputs still unaccepted.
     answers: list[list[StageOutput]] = [[] for _ in range(n)]
@@ -179,10 +179,10 @@ def signal_calls(entry: EntryConfig, evaluated: Iterable[str]) -> int:
                 and not uses_local_embedder(s) and s.deployment is not None})
 
 
-def tightened(budget: Budget, entry: EntryConfig, decision: str) -> Budget:
+def tightened(budget: Budget, entry: EntryConfig, decision: str | None) -> Budget:
     """The entry's budget tightened by the chosen decision's own (each value the smaller): a decision
-    may only tighten, never loosen."""
-    own = next((rule.budget for rule in entry.decisions if rule.name == decision), None)
+    may only tighten, never loosen. `decision`: the rule's name; None: the default, which has no budget."""
+    own = next((rule.budget for rule in entry.decisions if rule.name == decision), None) if decision else None
     if own is None:
         return budget
     return Budget(min(budget.deadline_s, own.deadline_s), min(budget.max_calls, own.max_calls))
