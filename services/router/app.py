@@ -73,6 +73,7 @@ class RouterApp:
         dispatcher = Dispatcher(config, pools, upstream, metrics)
         self.relay = Relay(dispatcher, metrics)
         self.escalator = Escalator(dispatcher, self.relay, metrics)
+        self.judge = self.escalator.judge  # the LLM judge over the chat pools: both escalates ask it
         self.bodies = BodyWorkers(body_workers)
         self.direct = DirectPools(config)  # the pools listeners publish by name: called with no routing
         self._by_port = listeners_by_port(config)

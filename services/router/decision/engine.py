@@ -94,12 +94,15 @@ class Router:
             log.warning("signal examples not embedded ahead of requests: %s", problem)
 
     async def choose(self, body: dict[str, Any], text: str | None = None, *, offload: bool = False,
-                     outputs: str = "text") -> Choice:
-        """`text`: the body's request_text, when the caller has it already. `offload`: count tokens in a
-        thread (a long text), so that the event loop serves other requests meanwhile. `outputs`: what the
-        request needs produced (of OUTPUTS): a chat entry's decisions whose candidate pools do not all
-        declare it are passed over, and NoEligibleDecision raised when none is left (a native recipe's
-        candidates are deployments, which produce no chat output: it is not filtered)."""
+                     outputs: str = "text", signal_budget_s: float | None = None) -> Choice:
+        """`text`: the body's request_text, when the caller has it already (a System One request's body
+        is no chat body: its caller gives the text and a body of the model alone). `offload`: count
+        tokens in a thread (a long text), so that the event loop serves other requests meanwhile.
+        `outputs`: what the request needs produced (of OUTPUTS): a chat entry's decisions whose candidate
+        pools do not all declare it are passed over, and NoEligibleDecision raised when none is left (a
+        native recipe's candidates are deployments, which produce no chat output: it is not filtered).
+        `signal_budget_s`: at most this long for the model signals (a native recipe's deadline left),
+        and never more than the entry's signal_budget_s."""
         model = body.get("model")
         entry = self.config.entries.get(model) if isinstance(model, str) else None
         if entry is None:
@@ -120,7 +123,9 @@ class Router:
         if wanted:
             signals = _model_signals(entry, frozenset(wanted))
             start = time.perf_counter()
-            results.update(await self.model_signals.evaluate(signals, text, entry.signal_budget_s))
+            budget_s = entry.signal_budget_s if signal_budget_s is None else min(entry.signal_budget_s,
+                                                                                 signal_budget_s)
+            results.update(await self.model_signals.evaluate(signals, text, budget_s))
             waited = time.perf_counter() - start
         ordered = {s.name: results[s.name] for s in entry.signals if s.name in results}
         projections = project_all(entry.projections, ordered)
