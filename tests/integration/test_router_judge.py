@@ -6,15 +6,13 @@ answer) or, for a question marked so, "maybe" (garbled: it abstains). Clients us
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import openai
 import pytest
 
-from tests.support.procs import EngineProc, FrontendProc, HttpProc, free_port_block, start_engine, start_frontend
+from tests.support.procs import EngineProc, FrontendProc, HttpProc, start_engine, start_frontend, start_router
 
 FAST, STRONG = "The fast stage says 4.", "The strong stage says 5."
 MAYBE = "(ask the judge for a maybe)"
@@ -35,19 +33,7 @@ entries:
       stages: [fast, strong]
       accept: {{regex: "no stage ever writes this"}}
       deadline_s: 60
-"""
-# The config reader does not read `algorithm.judge` yet (another part of this issue): the router is
-# started from the YAML above with the judge put on its entry in code, then served as `router` serves.
-LAUNCHER = """
-import logging, sys
-from dataclasses import replace
-from services.router.config import JudgeConfig, load_config
-from services.router.server import run, run_loop
-logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-config = load_config(sys.argv[1])
-entry = config.entries["auto"]
-judged = replace(entry, algorithm=replace(entry.algorithm, judge=JudgeConfig("judge", timeout_s=30.0)))
-sys.exit(run_loop(run(replace(config, entries={**config.entries, "auto": judged}))))
+      judge: {{pool: judge, timeout_s: 30}}
 """
 
 
@@ -62,22 +48,6 @@ def _pool(tmp: Path, name: str, script: list[dict[str, str]]) -> tuple[EnginePro
         raise
 
 
-def _start_router(tmp: Path, config: str) -> HttpProc:
-    port = free_port_block(1, spread=0)
-    path = tmp / f"router-{port}.yaml"
-    path.write_text(config.replace("{port}", str(port)))
-    log_path = tmp / f"router-{port}.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(path)], stdout=log, stderr=subprocess.STDOUT)
-    router = HttpProc(proc, port, log_path)
-    try:
-        router.wait_http()
-    except BaseException:
-        router.stop()
-        raise
-    return router
-
-
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
     tmp = tmp_path_factory.mktemp("judge")
@@ -89,7 +59,7 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
             engine, frontend = _pool(tmp, name, script)
             procs += [engine, frontend]
             urls[name] = frontend.url
-        router = _start_router(tmp, CONFIG.format(port="{port}", **urls))
+        router = start_router(tmp, CONFIG.format(port="{port}", **urls))
         procs.append(router)
         with openai.OpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=0, timeout=60) as c:
             yield c
