@@ -9,6 +9,7 @@ import msgspec
 from edge.api_keys import ApiKeys
 from services.router.config import ListenerConfig, RouterConfig
 from services.router.listeners import openapi
+from services.router.listeners.systemone import published_family
 
 _json = msgspec.json.Encoder()
 
@@ -30,6 +31,7 @@ def listeners_by_port(config: RouterConfig) -> dict[int, Listener]:
     by_port = {}
     for listener in config.listeners:
         entries = listener.entries or tuple(config.entries)
+        families = {name: family for name in listener.systemone if (family := published_family(config, name))}
         by_port[listener.port] = Listener(listener, ApiKeys(listener.api_keys), entries,
-                                          _json.encode(openapi.document(listener, entries)))
+                                          _json.encode(openapi.document(listener, entries, families)))
     return by_port
