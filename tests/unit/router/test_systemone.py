@@ -305,7 +305,7 @@ def test_no_answer_within_the_deployments_timeout_is_a_504() -> None:
     assert answer.status == 504 and "no answer within 0.05s" in answer.json()["error"]["message"]
 
 
-def test_a_failed_worker_is_a_502_and_a_worker_never_ready_a_503() -> None:
+def test_a_failed_worker_and_an_answer_of_another_shape_are_502s() -> None:
     upstream = FakeUpstream()
     upstream.answer(CLS, Reply(refuse="HTTP 500: boom", retryable=False))
     upstream.answer(EMB, _json({"data": []}))
@@ -313,9 +313,6 @@ def test_a_failed_worker_is_a_502_and_a_worker_never_ready_a_503() -> None:
     assert failed.status == 502 and "HTTP 500: boom" in failed.json()["error"]["message"]
     wrong = _post({"model": "emb", "input": "x"}, upstream=upstream)
     assert wrong.status == 502 and "not the pooling API's" in wrong.json()["error"]["message"]
-    # idle: no signal uses it, so (until the config reader starts published models) it has no workers.
-    unused = _post({"model": "idle", "input": "x"}, upstream=upstream)
-    assert unused.status == 503 and "has no workers" in unused.json()["error"]["message"]
 
 
 def test_a_worker_not_ready_is_a_503() -> None:
