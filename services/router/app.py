@@ -3,7 +3,7 @@ in the router process: the components assembled, routes and error framing; a gen
 checked (listeners/access.py), parsed, translated by its API's codec (listeners/codecs/), routed by
 the decision engine (decision/engine.py) or sent straight to a pool the listener publishes
 (listeners/direct.py), and relayed to a pool (listeners/relay.py) or escalated
-(listeners/escalate.py)."""
+(listeners/escalate.py). The System One API answers from the decision models (listeners/systemone.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -44,12 +44,15 @@ from services.router.listeners.escalate import Escalator
 from services.router.listeners.json_body import BodyError
 from services.router.listeners.listener import Listener, listeners_by_port
 from services.router.listeners.relay import Relay
+from services.router.listeners.systemone import MODELS_PATH, POST_PATHS, SystemOne
 from services.router.metrics import RouterMetrics
 from services.router.runtime.deployments import Deployments
 
 log = logging.getLogger("router")
 
-POST_APIS = {**{codec.path: name for name, codec in CODECS.items()}, "/v1/router/explain": "explain"}
+POST_APIS = {**{codec.path: name for name, codec in CODECS.items()}, "/v1/router/explain": "explain",
+             **dict.fromkeys(POST_PATHS, "systemone")}
+GET_APIS = {"/v1/models": "models", MODELS_PATH: "systemone"}
 _json = msgspec.json.Encoder()
 _decode = msgspec.json.Decoder()
 # Bodies larger than this are decoded and translated in a body worker process, and their rule signals
@@ -79,6 +82,7 @@ class RouterApp:
         self._by_port = listeners_by_port(config)
         self._first = self._by_port[config.listeners[0].port]
         self._created = int(time.time())
+        self.systemone = SystemOne(config, self._created)
 
     def close(self) -> None:
         """The body workers stopped (at shutdown)."""
@@ -93,7 +97,7 @@ class RouterApp:
         server = scope.get("server")
         listener = self._by_port.get(server[1] if server else -1, self._first)
         path, method = scope["path"], scope["method"]
-        api = POST_APIS.get(path) or ("models" if path == "/v1/models" else None)
+        api = POST_APIS.get(path) or GET_APIS.get(path)
         tracked = TrackedSend(send)
         try:
             await self._route(listener, api, scope, receive, tracked)
@@ -146,12 +150,14 @@ class RouterApp:
         served = codec.part_of or api if codec is not None else api
         if api is None or served not in listener.config.apis:
             raise HTTPError(404, f"no route for {method} {path} on listener {listener.name!r}")
-        if api == "models":
+        if path in GET_APIS:
             _only_get(path, method)
         elif method != "POST":
             raise HTTPError(405, f"{path} accepts POST only", headers=[(b"allow", b"POST")])
         if api == "models":
             await send_json(send, 200, _json.encode(self._models(listener)))
+        elif api == "systemone":
+            await self._systemone(listener, path, scope, receive, send)
         elif api == "explain":
             raw = await read_body(scope, receive, self.max_body_bytes, self.body_timeout_s)
             await send_json(send, 200, _json.encode(await self._explain(listener, await self._parse(api, raw),
@@ -186,6 +192,18 @@ class RouterApp:
     def _models(self, listener: Listener) -> dict[str, Any]:
         return {"object": "list", "data": [{"id": name, "object": "model", "created": self._created,
                                             "owned_by": "router"} for name in _public_names(listener)]}
+
+    async def _systemone(self, listener: Listener, path: str, scope: Scope, receive: Receive,
+                         send: TrackedSend) -> None:
+        if path == MODELS_PATH:
+            body = self.systemone.models(listener)
+        else:
+            request = self.systemone.resolve(listener, await read_body(scope, receive, self.max_body_bytes,
+                                                                       self.body_timeout_s))
+            body = await self.systemone.answer(request, runtime=self.runtime, router=self.router, judge=self.judge)
+        self.metrics.requests.labels(listener.name, "systemone", "200").inc()
+        send.counted = True
+        await send_json(send, 200, body)
 
     async def _parse(self, api: str, raw: bytes) -> Parsed:
         """The body read for routing: a long one in a body worker, off the event loop; 400 naming the field."""

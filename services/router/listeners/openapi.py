@@ -8,11 +8,13 @@ they came: only what the router reads of them is described.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
-from services.router.config import ListenerConfig
+from services.router.config import FAMILIES, ListenerConfig
+from services.router.listeners import systemone_schema
 
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
 _REF = "#/components/schemas/{name}"
@@ -292,8 +294,10 @@ _PART_OF = {"count_tokens": "messages"}  # served where that API is (codecs: Cod
 ERROR_SCHEMA: dict[str, Any] = {"type": "object", "required": ["error"], "properties": {"error": {"type": "object"}}}
 
 
-def document(listener: ListenerConfig, models: tuple[str, ...]) -> dict[str, Any]:
-    """The OpenAPI 3.1 document of one listener: its APIs, with `models` (its public names) as `model`."""
+def document(listener: ListenerConfig, models: tuple[str, ...],
+             systemone: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of one listener: its APIs, with `models` (its public names) as `model`;
+    `systemone`: its published System One models' families by name (served when its apis have systemone)."""
     shapes = (ChatRequest, CompletionsRequest, ResponsesRequest, MessagesRequest, CountTokensRequest, ImagesRequest)
     refs, schemas = msgspec.json.schema_components(shapes, ref_template=_REF)
     by_shape = dict(zip(shapes, refs, strict=True))
@@ -313,6 +317,8 @@ def document(listener: ListenerConfig, models: tuple[str, ...]) -> dict[str, Any
             paths[path] = {"post": _post(summary, body)}
     if "models" in listener.apis:
         paths["/v1/models"] = {"get": _get("The public model names served on this listener")}
+    if "systemone" in listener.apis:
+        _systemone(paths, schemas, systemone or {})
     paths["/health"] = {"get": _get("Liveness, and the ready replicas of each pool")}
     paths["/ready"] = {"get": _get("Readiness: 503 until every deployment in use has a ready worker")}
     paths["/metrics"] = {"get": {"summary": "Prometheus metrics",
@@ -331,6 +337,45 @@ def document(listener: ListenerConfig, models: tuple[str, ...]) -> dict[str, Any
 def _with_pools(models: tuple[str, ...], listener: ListenerConfig) -> tuple[str, ...]:
     """The public names: the entries, then the chat pools the listener publishes by name (called directly)."""
     return models + tuple(name for name in listener.pools if name not in models)
+
+
+def _systemone(paths: dict[str, Any], schemas: dict[str, Any], families: Mapping[str, str]) -> None:
+    """The System One API's paths and schemas: per family of the published models, a request whose
+    `model` is one of that family's names and the answer it gets (so `oneOf` picks one by the model)."""
+    used = [f for f in FAMILIES if f in families.values()] or list(FAMILIES)
+    shapes = [*(systemone_schema.REQUESTS[f] for f in used), *(systemone_schema.ANSWERS[f] for f in used),
+              systemone_schema.SystemOneModelList]
+    refs, components = msgspec.json.schema_components(shapes, ref_template=_REF)
+    by_shape = dict(zip(shapes, refs, strict=True))
+    for family in used:
+        names = [name for name, f in families.items() if f == family]
+        if names:
+            components[systemone_schema.REQUESTS[family].__name__]["properties"]["model"]["enum"] = names
+    schemas.update(components)
+    body = {"oneOf": [by_shape[systemone_schema.REQUESTS[f]] for f in used]}
+    answer = {"oneOf": [by_shape[systemone_schema.ANSWERS[f]] for f in used]}
+    error = {"content": {"application/json": {"schema": {"$ref": _REF.format(name="Error")}}}}
+    responses = {
+        "200": {"description": "The model's output, one row per input (a cross-encoder: per document), in order",
+                "content": {"application/json": {"schema": answer}}},
+        "400": {"description": "A field is invalid, or the model refused the input (too long); the message "
+                               "names it", **error},
+        "401": {"description": "Missing or wrong API key", **error},
+        "404": {"description": "No such model published on this listener", **error},
+        "429": {"description": "Every worker of the model is at its in-flight cap: retry after Retry-After", **error},
+        "502": {"description": "The model's workers failed or answered wrongly", **error},
+        "503": {"description": "The model has no ready worker", **error},
+        "504": {"description": "No answer within the model's timeout (a recipe: its deadline)", **error}}
+    summary = ("A published decision model's output: a classifier's classes, an embedding model's vectors, or a "
+               "cross-encoder's scores; a native recipe escalates over its stages")
+    for path, said in (("/v1/systemone", summary), ("/v1/decisions", "Alias of POST /v1/systemone")):
+        paths[path] = {"post": {"summary": said, "responses": responses,
+                                "requestBody": {"required": True, "content": {"application/json": {"schema": body}}}}}
+    paths["/v1/systemone/models"] = {"get": {
+        "summary": "The System One models published on this listener: concrete models (routing false) and native "
+                   "recipes (routing true)",
+        "responses": {"200": {"description": "The list", "content": {"application/json": {
+            "schema": by_shape[systemone_schema.SystemOneModelList]}}}}}}
 
 
 def _untag(schema: dict[str, Any]) -> None:

@@ -6,7 +6,9 @@ Start: workers of every used deployment are started (unused ones start nothing, 
 `wait_ready` returns once each has a ready worker (each one's health checks start as it becomes
 ready); the router's /ready says ready only after that.
 A call never waits past its deadline: no worker, every worker full, a failure or a timeout is a
-ModelUnavailable saying which and why."""
+ModelUnavailable saying which and why, with the status the System One API answers (models.py).
+An attached deployment with `api: systemone` is spoken to by that API (systemone_api.py), every other
+one by vLLM's pooling API (pooling_api.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -14,6 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
 import msgspec
@@ -23,7 +26,7 @@ from services.router.backends.health import Checked, HealthChecker
 from services.router.backends.pool import Lease, NoReplica, Overloaded, Pool
 from services.router.backends.upstream import READ_ERRORS, Upstream, UpstreamError
 from services.router.config import DeploymentConfig, RouterConfig
-from services.router.runtime import pooling_api
+from services.router.runtime import pooling_api, systemone_api
 from services.router.runtime.demand import used_deployments
 from services.router.runtime.labels import class_names
 from services.router.runtime.managed import ManagedReplica, Secrets
@@ -36,6 +39,10 @@ _json = msgspec.json.Encoder()
 _decode = msgspec.json.Decoder()
 READY_POLL_S = 0.2  # at start, how often a starting worker is checked (then: its health interval)
 CALLS = {"embed": ("embed",), "classify": ("classify",), "rerank": ("score", "rerank")}  # call -> tasks
+# A worker's refusal of the call that is about the input (too long, no tokens): the client's to fix, a
+# 400 passed on. Any other refusal (401, 404: the router's key or model name) is the config's: a 502.
+INPUT_REFUSALS = (400, 413, 422)
+INPUT_FIELDS = ("input", "query", "documents")  # what a refusal's `param` may name: the client sent them
 
 
 @dataclass(slots=True)
@@ -49,6 +56,11 @@ class Deployment:
     labels_source: str = ""  # where they came from (a wrong count names it)
     labels_logged: bool = False  # a wrong count is logged once, not per call
     ready: bool = False  # had a ready worker once: the start is over
+
+    @property
+    def systemone(self) -> bool:
+        """Spoken to by the System One API (an attached engine-mode router or the like), not vLLM's pooling API."""
+        return self.config.attached is not None and self.config.attached.api == "systemone"
 
 
 class Deployments:
@@ -98,7 +110,7 @@ class Deployments:
         for replica in pool.replicas:  # no call goes to a worker before a check passed
             replica.healthy, replica.health_detail = False, "starting: not checked yet"
         deployment = Deployment(config, pool, reasons, api_key, managed)
-        if "classify" in config.tasks:
+        if "classify" in config.tasks and not deployment.systemone:  # a System One server names its classes
             deployment.labels, source = await asyncio.to_thread(class_names, config)
             deployment.labels_source = source
             log.info("deployment %s: class names from %s", config.name, source)
@@ -152,37 +164,53 @@ class Deployments:
         return all(d.ready for d in self.started.values()), down, states
 
     # ---- the DecisionModels calls ----
+    # `truncate`: a text past the model's context is cut (signals: a long prompt must not make them
+    # unknown); False, the System One API's calls: the worker refuses it, a 400 the client gets.
 
-    async def embed(self, deployment: str, texts: list[str], *, timeout_s: float) -> Embedded:
+    async def embed(self, deployment: str, texts: list[str], *, timeout_s: float, truncate: bool = True) -> Embedded:
         """Texts past pooling_api.MAX_INPUTS (a signal's many examples) go as several calls at once, each
         answered by one worker; the answer names the workers of all of them."""
         d = self._callable(deployment, "embed")
         if len(texts) <= pooling_api.MAX_INPUTS:
-            return await self._embed(d, texts, timeout_s)
+            return await self._embed(d, texts, timeout_s, truncate)
         chunks = [texts[i:i + pooling_api.MAX_INPUTS] for i in range(0, len(texts), pooling_api.MAX_INPUTS)]
-        answers = await asyncio.gather(*(self._embed(d, chunk, timeout_s) for chunk in chunks))
+        answers = await asyncio.gather(*(self._embed(d, chunk, timeout_s, truncate) for chunk in chunks))
         workers = ", ".join(dict.fromkeys(a.worker for a in answers))
-        return Embedded(workers, max(a.latency_s for a in answers), [v for a in answers for v in a.vectors])
+        return Embedded(workers, max(a.latency_s for a in answers), [v for a in answers for v in a.vectors],
+                        prompt_tokens=sum(a.prompt_tokens for a in answers))
 
-    async def _embed(self, d: Deployment, texts: list[str], timeout_s: float) -> Embedded:
-        call = pooling_api.embed_call(d.config.model, texts)
-        vectors, worker, latency = await self._call(
-            d, call, timeout_s, lambda answer: pooling_api.embeddings(answer, call.expected))
-        return Embedded(worker, latency, vectors)
+    async def _embed(self, d: Deployment, texts: list[str], timeout_s: float, truncate: bool) -> Embedded:
+        if d.systemone:
+            call, reader = systemone_api.embed_call(d.config.model, texts), systemone_api.embeddings
+        else:
+            call, reader = pooling_api.embed_call(d.config.model, texts, truncate=truncate), pooling_api.embeddings
+        vectors, worker, latency, tokens = await self._call(d, call, timeout_s,
+                                                            lambda answer: reader(answer, call.expected))
+        return Embedded(worker, latency, vectors, prompt_tokens=tokens)
 
-    async def classify(self, deployment: str, texts: list[str], *, timeout_s: float) -> Classified:
+    async def classify(self, deployment: str, texts: list[str], *, timeout_s: float,
+                       truncate: bool = True) -> Classified:
         d = self._callable(deployment, "classify")
-        call = pooling_api.classify_call(d.config.model, texts)
-        results, worker, latency = await self._call(d, call, timeout_s,
-                                                    lambda answer: _labels(d, answer, call.expected))
-        return Classified(worker, latency, results)
+        reader: Callable[[dict[str, Any], int], list[Label]]
+        if d.systemone:
+            call, reader = systemone_api.classify_call(d.config.model, texts), systemone_api.labels
+        else:
+            call, reader = pooling_api.classify_call(d.config.model, texts, truncate=truncate), partial(_labels, d)
+        results, worker, latency, tokens = await self._call(d, call, timeout_s,
+                                                            lambda answer: reader(answer, call.expected))
+        return Classified(worker, latency, results, prompt_tokens=tokens)
 
-    async def rerank(self, deployment: str, query: str, documents: list[str], *, timeout_s: float) -> Reranked:
+    async def rerank(self, deployment: str, query: str, documents: list[str], *, timeout_s: float,
+                     truncate: bool = True) -> Reranked:
         d = self._callable(deployment, "rerank")
-        call = pooling_api.rerank_call(d.config.model, query, documents)
-        scores, worker, latency = await self._call(
-            d, call, timeout_s, lambda answer: pooling_api.relevance(answer, call.expected))
-        return Reranked(worker, latency, scores)
+        if d.systemone:
+            call, reader = systemone_api.rerank_call(d.config.model, query, documents), systemone_api.relevance
+        else:
+            call = pooling_api.rerank_call(d.config.model, query, documents, truncate=truncate)
+            reader = pooling_api.relevance
+        scores, worker, latency, tokens = await self._call(d, call, timeout_s,
+                                                           lambda answer: reader(answer, call.expected))
+        return Reranked(worker, latency, scores, prompt_tokens=tokens)
 
     def _callable(self, name: str, call: str) -> Deployment:
         config = self.config.deployments[name]  # KeyError: not declared (the loader refuses such a signal)
@@ -194,11 +222,13 @@ class Deployments:
         return deployment
 
     async def _call(self, d: Deployment, call: pooling_api.Call, timeout_s: float,
-                    read: Callable[[dict[str, Any]], T]) -> tuple[T, str, float]:
-        """The first answer a worker gives, `read` into results, and that worker and the call's latency,
-        within min(timeout_s, the deployment's timeout_s). A pooling call changes nothing on a worker,
-        so one that failed is tried on another; each attempt gets its share of the time left (split
-        among the workers not tried yet), so a hung worker leaves time to try another."""
+                    read: Callable[[dict[str, Any]], T]) -> tuple[T, str, float, int]:
+        """The first answer a worker gives, `read` into results, and that worker, the call's latency and
+        the answer's token count, within min(timeout_s, the deployment's timeout_s). A pooling call
+        changes nothing on a worker, so one that failed is tried on another; each attempt gets its share
+        of the time left (split among the workers not tried yet), so a hung worker leaves time to try
+        another. Statuses: every worker full 429, none ready 503 (502 once one failed), no answer in
+        time 504, the input refused 400."""
         deadline = min(timeout_s, d.config.timeout_s)
         # Past its share of the deployment's own bound a worker is at fault (its breaker counts it); a
         # caller's shorter budget says nothing about the worker.
@@ -214,32 +244,35 @@ class Deployments:
             while True:
                 lease = d.pool.acquire(len(payload), exclude=frozenset(tried))
                 if isinstance(lease, Overloaded):
-                    raise ModelUnavailable(_failed(errors, f"every worker full: {lease.reason}"))
+                    raise ModelUnavailable(_failed(errors, f"every worker full: {lease.reason}"), 429,
+                                           retry_after_s=lease.retry_after_s)
                 if isinstance(lease, NoReplica):
-                    raise ModelUnavailable(_failed(errors, lease.reason))
+                    # After a failure the workers left are the ones tried: the failures are the reason.
+                    raise ModelUnavailable(_failed(errors, lease.reason), 502 if errors else 503)
                 tried.append(lease.replica.url)
                 left = deadline - (time.perf_counter() - started)
                 share = left / max(1, len(d.pool.replicas) - len(tried) + 1)
                 try:
-                    answered = await self._attempt(d, lease, call.path, payload, share, blame, read, errors)
+                    answered = await self._attempt(d, lease, call, payload, share, blame, read, errors)
                 except _PastShare:
                     if share >= left or len(tried) >= len(d.pool.replicas):
                         raise TimeoutError from None  # the whole deadline is spent: said below
                     errors.append(f"{lease.replica.url}: no answer within its share, {share:.3g}s")
                     continue
                 if answered is not None:
-                    return answered[0], lease.replica.url, time.perf_counter() - started
+                    result, tokens = answered
+                    return result, lease.replica.url, time.perf_counter() - started, tokens
         except TimeoutError:
             where = f" (tried {', '.join(tried)})" if tried else ""
             raise ModelUnavailable(_failed(errors, f"deployment {d.config.name!r}: no answer within "
-                                                   f"{deadline:g}s{where}")) from None
+                                                   f"{deadline:g}s{where}"), 504) from None
 
-    async def _attempt(self, d: Deployment, lease: Lease, path: str, payload: bytes, share: float, blame: bool,
-                       read: Callable[[dict[str, Any]], T], errors: list[str]) -> tuple[T] | None:
-        """One worker's answer read, or None with the reason added to `errors` (the worker failed: try
-        another); _PastShare when it did not answer within `share` (a failure when `blame`). A refusal
-        of the call itself (4xx) is no worker's fault and fails the call."""
-        url, ok, unreachable = lease.replica.url, None, False
+    async def _attempt(self, d: Deployment, lease: Lease, call: pooling_api.Call, payload: bytes, share: float,
+                       blame: bool, read: Callable[[dict[str, Any]], T], errors: list[str]) -> tuple[T, int] | None:
+        """One worker's answer read, with its token count, or None with the reason added to `errors` (the
+        worker failed: try another); _PastShare when it did not answer within `share` (a failure when
+        `blame`). A refusal of the call itself (4xx) is no worker's fault and fails the call."""
+        url, path, ok, unreachable = lease.replica.url, call.path, None, False
         try:
             async with asyncio.timeout(share):
                 response = await self.upstream.open(url, path, payload, api_key=d.api_key, timeout_s=share)
@@ -248,14 +281,13 @@ class Deployments:
                 finally:
                     response.close()
             if response.status != 200:  # the worker answered; its breaker stays as it is (ok None)
-                raise ModelUnavailable(_failed(errors, f"{url} refused {path}: HTTP {response.status}: "
-                                                       f"{body[:300].decode(errors='replace')}"))
+                raise _refused(errors, url, path, response.status, body)
             value = _decode.decode(body)
             if not isinstance(value, dict):
                 raise pooling_api.BadAnswer(f"JSON that is not an object: {body[:80]!r}")
             result = read(value)
             ok = True
-            return (result,)
+            return result, pooling_api.tokens(value, call.usage)
         except TimeoutError:  # its share spent (asyncio's or the client's own read timeout)
             ok = False if blame else None
             raise _PastShare from None
@@ -267,7 +299,8 @@ class Deployments:
             errors.append(f"{url}: the answer broke off: {type(exc).__name__}")
         except (msgspec.DecodeError, pooling_api.BadAnswer) as exc:
             ok = False
-            errors.append(f"{url}: answered {path} with a body that is not the pooling API's: {exc}")
+            api = "System One" if d.systemone else "pooling"
+            errors.append(f"{url}: answered {path} with a body that is not the {api} API's: {exc}")
         finally:
             lease.release(ok, unreachable=unreachable)  # None when cancelled: a deadline blames no worker
         return None
@@ -288,7 +321,28 @@ def _labels(d: Deployment, answer: dict[str, Any], expected: int) -> list[Label]
         if not d.labels_logged:
             d.labels_logged = True
             log.error("%s", reason)
-        raise ModelUnavailable(reason) from None
+        raise ModelUnavailable(reason, 502) from None
+
+
+def _refused(errors: list[str], url: str, path: str, status: int, body: bytes) -> ModelUnavailable:
+    """A worker's refusal of the call: of the input (INPUT_REFUSALS) a 400 whose client message is the
+    worker's own (no worker address in it), naming the field when the worker named one the client sent."""
+    reason = _failed(errors, f"{url} refused {path}: HTTP {status}: {body[:300].decode(errors='replace')}")
+    if status not in INPUT_REFUSALS:
+        return ModelUnavailable(reason, 502)
+    message, param = f"the model refused the input (HTTP {status})", None
+    try:
+        error = _decode.decode(body)
+    except msgspec.DecodeError:
+        error = None
+    error = error.get("error", error) if isinstance(error, dict) else None  # OpenAI's shape, or a bare one
+    if isinstance(error, dict):
+        if isinstance(error.get("message"), str) and error["message"]:
+            message = error["message"]
+        named = error.get("param")
+        if isinstance(named, str) and named.split("[", 1)[0].split(".", 1)[0] in INPUT_FIELDS:
+            param = named
+    return ModelUnavailable(reason, 400, refusal=message, param=param)
 
 
 def _failed(errors: list[str], reason: str) -> str:

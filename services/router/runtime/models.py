@@ -13,9 +13,19 @@ class ModelUnavailable(RuntimeError):
     System One call answers with `status`: 429 every worker full, 503 none ready, 504 no answer in time,
     502 a worker failed or answered wrongly, 400 the worker refused the input."""
 
-    def __init__(self, message: str, status: int = 503) -> None:
+    def __init__(self, message: str, status: int = 503, *, retry_after_s: int | None = None,
+                 refusal: str | None = None, param: str | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.retry_after_s = retry_after_s  # 429: when to try again (the Retry-After header)
+        # 400: what the worker said of the input, without its address: the client's message. `param`: its field.
+        self.refusal = refusal
+        self.param = param
+
+    @property
+    def public_message(self) -> str:
+        """What the API answers: the worker's own words for a refused input, else the whole reason."""
+        return self.refusal if self.refusal is not None else str(self)
 
 
 @dataclass(slots=True, frozen=True)

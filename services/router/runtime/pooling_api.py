@@ -4,13 +4,15 @@ and the reading of each answer, checked, into the runtime's results. No I/O.
 Shapes are vLLM's (vllm/entrypoints/pooling/): POST /v1/embeddings answers OpenAI's
 `{data: [{index, embedding}]}`, POST /classify `{data: [{index, label, probs, num_classes}]}`,
 POST /rerank `{results: [{index, document, relevance_score}]}` sorted by score, not by document.
+Usage: /v1/embeddings and /classify give `usage.prompt_tokens`, /rerank `usage.total_tokens` (the
+same count: a pooling call generates nothing).
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from services.router.runtime.models import Label
 
@@ -40,26 +42,37 @@ class Call:
     path: str
     body: dict[str, Any]
     expected: int  # results the answer must hold
+    usage: str = "prompt_tokens"  # the answer's `usage` key that counts its tokens
 
 
-def embed_call(model: str, texts: list[str]) -> Call:
+# `truncate`: False for a System One call, whose client asked for this text's answer: a text past the
+# context is the worker's 400 (passed on to the client), never an answer about part of it.
+def embed_call(model: str, texts: list[str], *, truncate: bool = True) -> Call:
     # float: any server of the API has it (base64 is vLLM's and OpenAI's too, but not every server's).
-    return Call(EMBED_PATH, {"model": model, "input": texts, "encoding_format": "float", **_KEEP_END}, len(texts))
+    return Call(EMBED_PATH, {"model": model, "input": texts, "encoding_format": "float",
+                             **(_KEEP_END if truncate else {})}, len(texts))
 
 
-def classify_call(model: str, texts: list[str]) -> Call:
-    return Call(CLASSIFY_PATH, {"model": model, "input": texts, **_KEEP_END}, len(texts))
+def classify_call(model: str, texts: list[str], *, truncate: bool = True) -> Call:
+    return Call(CLASSIFY_PATH, {"model": model, "input": texts, **(_KEEP_END if truncate else {})}, len(texts))
 
 
-def rerank_call(model: str, query: str, documents: list[str]) -> Call:
+def rerank_call(model: str, query: str, documents: list[str], *, truncate: bool = True) -> Call:
     # top_n 0 is vLLM's "all of them"; the router wants a score per document, in document order.
-    return Call(RERANK_PATH, {"model": model, "query": query, "documents": documents, "top_n": 0, **_FIT},
-                len(documents))
+    return Call(RERANK_PATH, {"model": model, "query": query, "documents": documents, "top_n": 0,
+                              **(_FIT if truncate else {})}, len(documents), usage="total_tokens")
+
+
+def tokens(answer: dict[str, Any], key: str) -> int:
+    """The answer's `usage[key]`, 0 when it gives none: usage is reported, never a reason to fail a call."""
+    usage = answer.get("usage")
+    count = usage.get(key) if isinstance(usage, dict) else None
+    return count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else 0
 
 
 def embeddings(answer: dict[str, Any], expected: int) -> list[list[float]]:
-    rows = _by_index(answer, "data", expected)
-    return [_floats(row.get("embedding"), f"data[{i}].embedding") for i, row in enumerate(rows)]
+    rows = rows_by_index(answer, "data", expected)
+    return [floats(row.get("embedding"), f"data[{i}].embedding") for i, row in enumerate(rows)]
 
 
 def labels(answer: dict[str, Any], expected: int, names: Sequence[str] | None) -> list[Label]:
@@ -68,8 +81,8 @@ def labels(answer: dict[str, Any], expected: int, names: Sequence[str] | None) -
     top class takes the worker's `label`. Known names name the top class too (the worker's own label
     may be its checkpoint's LABEL_i); names that do not fit the classes raise WrongNames."""
     results = []
-    for i, row in enumerate(_by_index(answer, "data", expected)):
-        probs = _floats(row.get("probs"), f"data[{i}].probs")
+    for i, row in enumerate(rows_by_index(answer, "data", expected)):
+        probs = floats(row.get("probs"), f"data[{i}].probs")
         if not probs:
             raise BadAnswer(f"data[{i}].probs is empty")
         top = max(range(len(probs)), key=probs.__getitem__)
@@ -85,17 +98,17 @@ def labels(answer: dict[str, Any], expected: int, names: Sequence[str] | None) -
 
 
 def relevance(answer: dict[str, Any], expected: int) -> list[float]:
-    rows = _by_index(answer, "results", expected)
+    rows = rows_by_index(answer, "results", expected)
     scores = []
     for i, row in enumerate(rows):
         score = row.get("relevance_score")
-        if not isinstance(score, (int, float)) or not _finite(score):
+        if not isinstance(score, (int, float)) or not finite(score):
             raise BadAnswer(f"results[{i}].relevance_score: expected a finite number, got {score!r}")
         scores.append(float(score))
     return scores
 
 
-def _by_index(answer: dict[str, Any], key: str, expected: int) -> list[dict[str, Any]]:
+def rows_by_index(answer: dict[str, Any], key: str, expected: int) -> list[dict[str, Any]]:
     """The answer's rows put in input order by their `index`: one per input, each index once."""
     rows = answer.get(key)
     if not isinstance(rows, list) or len(rows) != expected:
@@ -110,11 +123,11 @@ def _by_index(answer: dict[str, Any], key: str, expected: int) -> list[dict[str,
     return [row for row in ordered if row is not None]
 
 
-def _floats(value: object, where: str) -> list[float]:
-    if not isinstance(value, list) or not all(_finite(x) for x in value):
+def floats(value: object, where: str) -> list[float]:
+    if not isinstance(value, list) or not all(finite(x) for x in value):
         raise BadAnswer(f"{where}: expected a list of finite numbers")
     return [float(x) for x in value]
 
 
-def _finite(x: object) -> bool:
+def finite(x: object) -> TypeGuard[float]:  # an int passes too (a float to the type checker)
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
