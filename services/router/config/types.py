@@ -444,3 +444,11 @@ class RouterConfig:
     def native_entries(self) -> tuple[str, ...]:
         return tuple(name for name, entry in self.entries.items() if entry.native)
 
+    def family_of(self, name: str) -> str | None:
+        """A System One name's family: a deployment's own, a native recipe's its first stage's (the
+        loader holds every stage of a recipe to one family); None: neither."""
+        entry = self.entries.get(name)
+        stage = entry.default[0] if entry is not None and entry.native and entry.default else name
+        deployment = self.deployments.get(stage)
+        return deployment.family if deployment is not None else None
+

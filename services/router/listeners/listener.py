@@ -9,7 +9,6 @@ import msgspec
 from edge.api_keys import ApiKeys
 from services.router.config import ListenerConfig, RouterConfig
 from services.router.listeners import openapi
-from services.router.listeners.systemone import published_family
 
 _json = msgspec.json.Encoder()
 
@@ -32,7 +31,7 @@ def listeners_by_port(config: RouterConfig) -> dict[int, Listener]:
     for listener in config.listeners:
         # A native System One recipe is never a chat model: an empty allowlist means every chat entry.
         entries = listener.entries or config.chat_entries
-        families = {name: family for name in listener.systemone if (family := published_family(config, name))}
+        families = {name: family for name in listener.systemone if (family := config.family_of(name))}
         by_port[listener.port] = Listener(listener, ApiKeys(listener.api_keys), entries,
                                           _json.encode(openapi.document(listener, entries, families)))
     return by_port

@@ -38,7 +38,7 @@ class SystemOne:
         self.created = created  # every card's `created`: when this router started, as /v1/models says
 
     def family(self, name: str) -> str | None:
-        return published_family(self.config, name)
+        return self.config.family_of(name)
 
     def _native(self, name: str) -> bool:
         entry = self.config.entries.get(name)
@@ -73,7 +73,7 @@ class SystemOne:
         """The answer's body; HTTPError with the status of a call that could not be answered."""
         try:
             entry = self.config.entries.get(request.model)
-            if entry is not None and entry.native:  # as published_family reads a name: a recipe first
+            if entry is not None and entry.native:  # as RouterConfig.family_of reads a name: a recipe first
                 return await self._recipe(entry, request, runtime, router, judge)
             if runtime is None:
                 raise ModelUnavailable(f"deployment {request.model!r}: this router runs no model runtime")
@@ -89,15 +89,6 @@ class SystemOne:
         inp = NativeInput(request.family, texts=request.texts, query=request.query, documents=request.documents)
         result = await native.run(entry, inp, router=router, models=runtime, judge=judge)
         return _json.encode(recipe_answer(entry.name, request.family, result))
-
-
-def published_family(config: RouterConfig, name: str) -> str | None:
-    """A published name's family: a deployment's own, a native recipe's its first stage's (the config
-    reader holds every stage of a recipe to one family); None: neither."""
-    entry = config.entries.get(name)
-    stage = entry.default[0] if entry is not None and entry.native and entry.default else name
-    deployment = config.deployments.get(stage)
-    return deployment.family if deployment is not None else None
 
 
 async def concrete(runtime: Deployments, request: schema.SystemOneRequest) -> bytes:
