@@ -82,8 +82,8 @@ def added_latency(router: str, worker: str, n: int, rounds: int) -> None:
     print("1. latency the router adds to a concrete classifier call (one text per request)")
     print(f"   {'clients':>7} {'worker p50':>11} {'router p50':>11} {'added p50':>10} {'worker p99':>11} "
           f"{'router p99':>11} {'added p99':>10}")
-    corpus = texts(n)
     for clients in (1, 64):
+        corpus = texts(n if clients == 1 else 4 * n)  # 64 clients: enough requests per client for a p99
         ours: list[float] = []
         theirs: list[float] = []
         for _ in range(rounds):
