@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from starlette.types import Receive, Scope, Send
@@ -49,6 +50,7 @@ from services.router.metrics import RouterMetrics
 from services.router.runtime.deployments import Deployments
 
 log = logging.getLogger("router")
+T = TypeVar("T")
 
 POST_APIS = {**{codec.path: name for name, codec in CODECS.items()}, "/v1/router/explain": "explain",
              **dict.fromkeys(POST_PATHS, "systemone")}
@@ -196,14 +198,17 @@ class RouterApp:
     async def _systemone(self, listener: Listener, path: str, scope: Scope, receive: Receive,
                          send: TrackedSend) -> None:
         if path == MODELS_PATH:
-            body = self.systemone.models(listener)
+            body: bytes | None = self.systemone.models(listener)
         else:
-            request = self.systemone.resolve(listener, await read_body(scope, receive, self.max_body_bytes,
-                                                                       self.body_timeout_s))
-            body = await self.systemone.answer(request, runtime=self.runtime, router=self.router, judge=self.judge)
-        self.metrics.requests.labels(listener.name, "systemone", "200").inc()
+            raw = await read_body(scope, receive, self.max_body_bytes, self.body_timeout_s)
+            request = self.systemone.resolve(listener, raw)
+            body = await _unless_gone(receive, send, self.systemone.answer(
+                request, runtime=self.runtime, router=self.router, judge=self.judge,
+                offload=len(raw) > OFF_LOOP_BYTES))
+        self.metrics.requests.labels(listener.name, "systemone", "200" if body is not None else "499").inc()
         send.counted = True
-        await send_json(send, 200, body)
+        if body is not None:
+            await send_json(send, 200, body)
 
     async def _parse(self, api: str, raw: bytes) -> Parsed:
         """The body read for routing: a long one in a body worker, off the event loop; 400 naming the field."""
@@ -315,6 +320,24 @@ class RouterApp:
 def _public_names(listener: Listener) -> tuple[str, ...]:
     """What a listener serves by name: its entries, then the pools it publishes (/v1/models' order)."""
     return listener.entries + tuple(name for name in listener.config.pools if name not in listener.entries)
+
+
+async def _unless_gone(receive: Receive, send: TrackedSend, work: Awaitable[T]) -> T | None:
+    """`work`'s result, or None when the client left first: its calls (a recipe's stages, its judge) are
+    cancelled then rather than run to their deadline for nobody."""
+    task = asyncio.current_task()
+    assert task is not None  # a request is always handled in a task
+    gone = asyncio.Event()
+    watcher = asyncio.get_running_loop().create_task(watch_disconnect(receive, task, gone, send))
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if not gone.is_set():
+            raise
+        task.uncancel()
+        return None
+    finally:
+        watcher.cancel()
 
 
 def _only_get(path: str, method: str) -> None:

@@ -29,15 +29,17 @@ class FakeModels:
     calls: list[tuple[str, str, Any]] = field(default_factory=list)  # (kind, deployment, texts or documents)
     cancelled: list[str] = field(default_factory=list)  # deployments whose call was cancelled
 
-    async def embed(self, deployment: str, texts: list[str], *, timeout_s: float) -> Embedded:
+    async def embed(self, deployment: str, texts: list[str], *, timeout_s: float, truncate: bool = True) -> Embedded:
         await self._enter("embed", deployment, texts)
         return Embedded(f"http://{deployment}", 0.01, [self.vectors[t] for t in texts])
 
-    async def classify(self, deployment: str, texts: list[str], *, timeout_s: float) -> Classified:
+    async def classify(self, deployment: str, texts: list[str], *, timeout_s: float,
+                       truncate: bool = True) -> Classified:
         await self._enter("classify", deployment, texts)
         return Classified(f"http://{deployment}", 0.02, [self.labels[deployment] for _ in texts])
 
-    async def rerank(self, deployment: str, query: str, documents: list[str], *, timeout_s: float) -> Reranked:
+    async def rerank(self, deployment: str, query: str, documents: list[str], *, timeout_s: float,
+                     truncate: bool = True) -> Reranked:
         await self._enter("rerank", deployment, documents)
         return Reranked(f"http://{deployment}", 0.03, [self.relevance[d] for d in documents])
 

@@ -30,6 +30,9 @@ class JudgeConfig:
 
     pool: str
     timeout_s: float = 10.0  # within the request's deadline: whichever ends first
+    # The most judge calls one request makes: a native recipe asks once per input no stage was
+    # confident on (the others keep their last stage's answer); a chat escalate asks at most once.
+    max_calls: int = 4
 
 
 @dataclass(frozen=True, slots=True)

@@ -328,8 +328,11 @@ def _entry(f: Fields, path: str, name: str, raw: object, scope: systemone.Scope)
                              open_low=True)
     if not m or default is None or algorithm is None or signal_budget is None or (native and budget is None):
         return None
-    return EntryConfig(name, default, tuple(s for s in signals if s), tuple(r for r in decisions if r),
-                       algorithm, projections, signal_budget, api, budget)
+    entry = EntryConfig(name, default, tuple(s for s in signals if s), tuple(r for r in decisions if r),
+                        algorithm, projections, signal_budget, api, budget)
+    if native:
+        systemone.check_calls(f, path, entry)
+    return entry
 
 
 def _pool_list(f: Fields, path: str, raw: object, pools: tuple[str, ...]) -> tuple[str, ...] | None:

@@ -15,6 +15,7 @@ from services.router.config.types import (
     ENTRY_APIS,
     DecisionRule,
     DeploymentConfig,
+    EntryConfig,
     ListenerConfig,
     PoolConfig,
 )
@@ -236,7 +237,25 @@ def stages(f: Fields, path: str, raw: object, scope: Scope) -> tuple[str, ...] |
     ok = found is not None
     for j, name in enumerate(found or ()):
         ok = f.check(f"{path}[{j}]", rules.unknown_name(name, scope.declared, "deployment")) and ok
+    named = list(found or ())
+    for j in rules.duplicates(named):
+        ok = f.check(f"{path}[{j}]", f"duplicate stage {named[j]!r}: a stage is asked once "
+                                     "(a model answers the same input the same way)") and ok
     return found if ok else None
+
+
+def check_calls(f: Fields, path: str, entry: EntryConfig) -> None:
+    """Every call cap of a native recipe leaves room for a stage call after its signals: those are
+    evaluated first, one call per deployment they ask, and count against the same cap."""
+    by_name = {s.name: s for s in entry.signals}
+    asked = {d for name in entry.needed if (d := getattr(by_name.get(name), "deployment", None)) is not None}
+    caps = [(f"{path}.budget.max_calls", entry.budget.max_calls if entry.budget else None)]
+    caps += [(f"{path}.decisions[{i}].budget.max_calls", rule.budget.max_calls if rule.budget else None)
+             for i, rule in enumerate(entry.decisions)]
+    for at, cap in caps:
+        if cap is not None and cap <= len(asked):
+            f.add(at, f"{cap} leaves no stage call: the signals ask {len(asked)} deployment(s) "
+                      f"({', '.join(sorted(asked))}) first, and each call counts against it")
 
 
 def check_family(f: Fields, path: str, default: tuple[str, ...] | None,
@@ -296,8 +315,8 @@ def confidence_accept(f: Fields, path: str, raw: object) -> ConfidenceAccept | N
 
 
 def judge(f: Fields, path: str, raw: object, scope: Scope) -> JudgeConfig | None:
-    """Either escalate's `judge: {pool, timeout_s}`: a chat pool with text output."""
-    m = f.mapping(path, raw, ("pool", "timeout_s"), required=("pool",))
+    """Either escalate's `judge: {pool, timeout_s, max_calls}`: a chat pool with text output."""
+    m = f.mapping(path, raw, ("pool", "timeout_s", "max_calls"), required=("pool",))
     pool = f.string(f"{path}.pool", m.get("pool", MISSING))
     ok = pool is not None and f.check(f"{path}.pool", rules.unknown_name(pool, tuple(scope.pools), "pool"))
     found = scope.pools.get(pool) if ok and pool is not None else None
@@ -308,4 +327,7 @@ def judge(f: Fields, path: str, raw: object, scope: Scope) -> JudgeConfig | None
         ok = False
     timeout = f.number(f"{path}.timeout_s", m.get("timeout_s", defaults(JudgeConfig)["timeout_s"]), 0,
                        open_low=True)
-    return JudgeConfig(pool, timeout) if ok and pool is not None and timeout is not None else None
+    calls = f.integer(f"{path}.max_calls", m.get("max_calls", defaults(JudgeConfig)["max_calls"]), 1)
+    if not ok or pool is None or timeout is None or calls is None:
+        return None
+    return JudgeConfig(pool, timeout, calls)

@@ -82,7 +82,7 @@ class RecipeResult:
 
 
 async def run(entry: EntryConfig, inp: NativeInput, *, router: Router, models: DecisionModels,
-              judge: JudgeCaller | None) -> RecipeResult:
+              judge: JudgeCaller | None, offload: bool = False) -> RecipeResult:
     """The recipe `entry` (api: systemone) run for one request; ModelUnavailable (with its status) when
     no stage answered within the budget.
 
@@ -90,9 +90,11 @@ async def run(entry: EntryConfig, inp: NativeInput, *, router: Router, models: D
     inputs no stage has accepted yet. The stages stop when every input is accepted, they run out, the
     call cap is reached or the deadline passes (a call still running then is cancelled). A stage that
     fails is skipped: the next one gets its inputs. An input no answer was accepted for goes to the
-    judge, if the recipe has one and time is left (one call per such input, all at once, each within
-    the judge's timeout and the deadline left); it gets the answer the judge chose, or the last stage's
-    answer when the judge abstained, failed or replied anything but an option."""
+    judge, if the recipe has one and time is left (one call per such input, for the first
+    judge.max_calls of them, all at once, each within the judge's timeout and the deadline left); it
+    gets the answer the judge chose, or the last stage's answer when the judge abstained, failed,
+    replied anything but an option or was not asked. A stage's refusal of the input (400) ends the
+    escalation: no later stage is asked what the client must change."""
     algorithm = entry.algorithm
     if not isinstance(algorithm, NativeEscalateAlgorithm):
         raise TypeError(f"entries.{entry.name}: not a native recipe (api: systemone); algorithm {algorithm!r}")
@@ -107,7 +109,7 @@ async def run(entry: EntryConfig, inp: NativeInput, *, router: Router, models: D
     # 1. Signals and the decision: the signal budget ends with the request's deadline at the latest.
     text = "\n".join(inp.texts) if inp.family == "classifier" else inp.query
     left = budget.deadline_s - (loop.time() - start)
-    choice = await router.choose({"model": entry.name}, text, signal_budget_s=max(0.0, left))
+    choice = await router.choose({"model": entry.name}, text, offload=offload, signal_budget_s=max(0.0, left))
     calls = signal_calls(entry, choice.signals)
     budget = tightened(budget, entry, None if choice.decision.matched_default else choice.decision.name)
     deadline = start + budget.deadline_s
@@ -116,7 +118,7 @@ async def run(entry: EntryConfig, inp: NativeInput, *, router: Router, models: D
     pending = list(range(n))
     called: list[str] = []
     failures: list[str] = []
-    last_status: int | None = None
+    last: ModelUnavailable | None = None  # the last stage failure: its status, and a refusal's words
     tokens = 0
     for stage in choice.plan:
         if not pending:
@@ -134,13 +136,15 @@ async def run(entry: EntryConfig, inp: NativeInput, *, router: Router, models: D
             async with asyncio.timeout_at(deadline):
                 outputs, used = await _stage_call(models, stage, inp, pending, left)
         except TimeoutError:
-            last_status = 504
             failures.append(f"stage {stage!r}: no answer within the deadline ({budget.deadline_s:g} s)")
+            last = ModelUnavailable(failures[-1], 504)
             continue
         except ModelUnavailable as exc:
-            last_status = exc.status
+            last = exc
             failures.append(f"stage {stage!r}: {exc}")
             log.info("recipe %s: stage %s failed: %s", entry.name, stage, exc)
+            if exc.status == 400:  # the input itself was refused (too long for that model): no later
+                break  # stage is asked to answer what the client must change
             continue
         tokens += used
         still = []
@@ -154,15 +158,21 @@ async def run(entry: EntryConfig, inp: NativeInput, *, router: Router, models: D
                      len(pending))
         pending = still
     if not any(answers):
-        status = last_status if last_status is not None else 504 if loop.time() >= deadline else 503
+        status = last.status if last is not None else 504 if loop.time() >= deadline else 503
+        # The last failure's own status, Retry-After and, for a refused input, the worker's words and field.
         raise ModelUnavailable(f"recipe {entry.name!r}, decision {choice.decision.name!r}: no stage answered: "
-                               + "; ".join(failures or ["no stage to call"]), status)
+                               + "; ".join(failures or ["no stage to call"]), status,
+                               retry_after_s=last.retry_after_s if last else None,
+                               refusal=last.refusal if last else None, param=last.param if last else None)
     # 3. The judge, for the inputs no stage was confident on.
     verdicts: dict[int, tuple[int | None, str | None]] = {}
     unsure = [i for i in range(n) if not answers[i][-1].accepted]
     left = deadline - loop.time()
     if unsure and algorithm.judge is not None and judge is not None and left > 0:
         timeout_s = min(algorithm.judge.timeout_s, left)
+        # At most the judge's max_calls per request, for the first inputs in order: a batch of unsure
+        # inputs must not become as many LLM calls; the rest keep their last stage's answer.
+        unsure = unsure[:algorithm.judge.max_calls]
         asked = [_ask(judge, algorithm.judge, _messages(inp, i, answers[i]), len(answers[i]), timeout_s)
                  for i in unsure]
         verdicts = dict(zip(unsure, await asyncio.gather(*asked), strict=True))
@@ -191,15 +201,17 @@ def tightened(budget: Budget, entry: EntryConfig, decision: str | None) -> Budge
 async def _stage_call(models: DecisionModels, stage: str, inp: NativeInput, pending: list[int],
                       timeout_s: float) -> tuple[list[Label | tuple[float, ...]], int]:
     """One stage's outputs for the `pending` inputs, in their order, and its prompt tokens; every
-    failure a ModelUnavailable that says why (an answer of the wrong shape: 502)."""
+    failure a ModelUnavailable that says why (an answer of the wrong shape: 502). An input is never
+    cut: a text past a stage's context is that worker's refusal (400), as for the model called alone."""
     try:
         if inp.family == "classifier":
-            classified = await models.classify(stage, [inp.texts[i] for i in pending], timeout_s=timeout_s)
+            classified = await models.classify(stage, [inp.texts[i] for i in pending], timeout_s=timeout_s,
+                                               truncate=False)
             if len(classified.results) != len(pending):
                 raise ModelUnavailable(f"{classified.worker} answered {len(classified.results)} results for "
                                        f"{len(pending)} texts", 502)
             return list(classified.results), classified.prompt_tokens
-        reranked = await models.rerank(stage, inp.query, list(inp.documents), timeout_s=timeout_s)
+        reranked = await models.rerank(stage, inp.query, list(inp.documents), timeout_s=timeout_s, truncate=False)
     except KeyError:
         raise ModelUnavailable(f"deployment {stage!r} is not in the model runtime", 503) from None
     scores = tuple(float(s) for s in reranked.scores)

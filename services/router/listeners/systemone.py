@@ -69,12 +69,13 @@ class SystemOne:
             raise HTTPError(400, exc.message, param=exc.param or None) from None
 
     async def answer(self, request: schema.SystemOneRequest, *, runtime: Deployments | None, router: Router,
-                     judge: JudgeCaller | None) -> bytes:
-        """The answer's body; HTTPError with the status of a call that could not be answered."""
+                     judge: JudgeCaller | None, offload: bool = False) -> bytes:
+        """The answer's body; HTTPError with the status of a call that could not be answered. `offload`:
+        a long request, whose recipe counts tokens in a thread (as a long chat request's)."""
         try:
             entry = self.config.entries.get(request.model)
             if entry is not None and entry.native:  # as RouterConfig.family_of reads a name: a recipe first
-                return await self._recipe(entry, request, runtime, router, judge)
+                return await self._recipe(entry, request, runtime, router, judge, offload)
             if runtime is None:
                 raise ModelUnavailable(f"deployment {request.model!r}: this router runs no model runtime")
             return await concrete(runtime, request)
@@ -83,11 +84,11 @@ class SystemOne:
             raise HTTPError(exc.status, exc.public_message, param=exc.param, headers=retry) from None
 
     async def _recipe(self, entry: EntryConfig, request: schema.SystemOneRequest, runtime: Deployments | None,
-                      router: Router, judge: JudgeCaller | None) -> bytes:
+                      router: Router, judge: JudgeCaller | None, offload: bool) -> bytes:
         if runtime is None:
             raise ModelUnavailable(f"recipe {entry.name!r}: this router runs no model runtime")
         inp = NativeInput(request.family, texts=request.texts, query=request.query, documents=request.documents)
-        result = await native.run(entry, inp, router=router, models=runtime, judge=judge)
+        result = await native.run(entry, inp, router=router, models=runtime, judge=judge, offload=offload)
         return _json.encode(recipe_answer(entry.name, request.family, result))
 
 

@@ -59,10 +59,15 @@ class Reranked(Answer):
 
 class DecisionModels(Protocol):
     """Deployments by name. Every call raises ModelUnavailable (never hangs past `timeout_s`) and
-    KeyError for a deployment the config does not declare (a config error caught at load)."""
+    KeyError for a deployment the config does not declare (a config error caught at load).
+    `truncate`: a text past the model's context is cut, keeping its end (signals: a long prompt must
+    not make them unknown); False: it is the worker's refusal, a 400 (System One answers as asked)."""
 
-    async def embed(self, deployment: str, texts: list[str], *, timeout_s: float) -> Embedded: ...
+    async def embed(self, deployment: str, texts: list[str], *, timeout_s: float,
+                    truncate: bool = True) -> Embedded: ...
 
-    async def classify(self, deployment: str, texts: list[str], *, timeout_s: float) -> Classified: ...
+    async def classify(self, deployment: str, texts: list[str], *, timeout_s: float,
+                       truncate: bool = True) -> Classified: ...
 
-    async def rerank(self, deployment: str, query: str, documents: list[str], *, timeout_s: float) -> Reranked: ...
+    async def rerank(self, deployment: str, query: str, documents: list[str], *, timeout_s: float,
+                     truncate: bool = True) -> Reranked: ...

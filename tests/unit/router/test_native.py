@@ -45,16 +45,21 @@ class Models:
     hooks: dict[str, Hook] = field(default_factory=dict)
     calls: list[tuple[str, list[str]]] = field(default_factory=list)  # (deployment, texts or documents)
     cancelled: list[str] = field(default_factory=list)
+    truncated: list[bool] = field(default_factory=list)  # each classify or rerank call's `truncate`
 
-    async def embed(self, deployment: str, texts: list[str], *, timeout_s: float) -> Embedded:
+    async def embed(self, deployment: str, texts: list[str], *, timeout_s: float, truncate: bool = True) -> Embedded:
         raise AssertionError("a recipe embeds nothing")
 
-    async def classify(self, deployment: str, texts: list[str], *, timeout_s: float) -> Classified:
+    async def classify(self, deployment: str, texts: list[str], *, timeout_s: float,
+                       truncate: bool = True) -> Classified:
+        self.truncated.append(truncate)
         await self._enter(deployment, texts)
         return Classified(f"http://{deployment}", 0.01, [self.labels[deployment][t] for t in texts],
                           prompt_tokens=10 * len(texts))
 
-    async def rerank(self, deployment: str, query: str, documents: list[str], *, timeout_s: float) -> Reranked:
+    async def rerank(self, deployment: str, query: str, documents: list[str], *, timeout_s: float,
+                     truncate: bool = True) -> Reranked:
+        self.truncated.append(truncate)
         await self._enter(deployment, documents)
         return Reranked(f"http://{deployment}", 0.01, list(self.scores[deployment]), prompt_tokens=7)
 
@@ -287,7 +292,8 @@ def test_when_no_stage_answers_the_error_names_each_and_has_the_last_status() ->
 
 def test_an_answer_of_the_wrong_shape_is_that_stages_failure() -> None:
     class Short(Models):
-        async def classify(self, deployment: str, texts: list[str], *, timeout_s: float) -> Classified:
+        async def classify(self, deployment: str, texts: list[str], *, timeout_s: float,
+                           truncate: bool = True) -> Classified:
             answer = await super().classify(deployment, texts, timeout_s=timeout_s)
             return replace(answer, results=answer.results[:1]) if deployment == "fast" else answer
 
@@ -355,3 +361,53 @@ def test_choose_caps_the_model_signals_wait_at_the_budget_it_is_given() -> None:
     choice = asyncio.run(asyncio.wait_for(router.choose({"model": "spam"}, "a", signal_budget_s=0.05), 10))
     assert choice.signals["topic"].reason == "no answer within the signal budget (0.05 s)"
     assert choice.plan == STAGES and choice.decision.name == "default"
+
+
+def test_the_judge_is_asked_for_at_most_its_max_calls_inputs_per_request() -> None:
+    texts = [f"t{i}" for i in range(6)]
+    entry = _entry(algorithm=NativeEscalateAlgorithm(ACCEPT, JudgeConfig("judge", 5.0, max_calls=2)))
+    models = Models(labels={**_guard(), **{s: {t: UNSURE for t in texts} for s in STAGES}})
+    judge = Judge(reply="1")
+    result = _classify(entry, models, texts, judge)
+    assert result.judge_calls == 2 and len(judge.asked) == 2  # not six LLM calls for one request
+    assert [i.judge for i in result.items] == ["chose", "chose", None, None, None, None]
+    assert [i.chosen.stage for i in result.items] == ["fast", "fast", "mid", "mid", "mid", "mid"]
+    _every_chosen_is_a_stage_answer(result)
+
+
+def test_a_stage_is_never_asked_to_cut_the_input() -> None:
+    models = Models(labels={**_guard(), **{s: {"a": UNSURE} for s in STAGES}})
+    _classify(_entry(judge=False), models, ["a"])
+    assert models.truncated == [True, False, False]  # the guard signal cuts a long prompt; fast and mid never
+
+
+def _refusing(deployment: str) -> Hook:
+    async def refuse(called: str) -> None:
+        raise ModelUnavailable(f"http://{called}:1 refused /classify: HTTP 400: too long", 400,
+                               refusal="This model's maximum context length is 512 tokens", param="input")
+    return refuse
+
+
+def test_a_refused_input_is_the_clients_400_with_the_workers_words_and_no_later_stage() -> None:
+    models = Models(labels={**_guard(), **{s: {"a": UNSURE} for s in STAGES}}, hooks={"fast": _refusing("fast")})
+    with pytest.raises(ModelUnavailable) as caught:
+        _classify(_entry(judge=False), models, ["a"])
+    assert caught.value.status == 400 and caught.value.param == "input"
+    assert caught.value.public_message == "This model's maximum context length is 512 tokens"
+    assert "http://" not in caught.value.public_message
+    assert [d for d, _ in models.calls] == ["guard", "fast"]  # mid is not asked what the client must change
+
+
+def test_a_refusal_after_an_answer_keeps_the_answer_and_stops() -> None:
+    models = Models(labels={**_guard(), **{s: {"a": UNSURE} for s in STAGES}}, hooks={"mid": _refusing("mid")})
+    result = _classify(_entry(judge=False, budget=Budget(10, 5)), models, ["a"])
+    assert result.stages_called == ("fast", "mid") and result.items[0].chosen.stage == "fast"
+
+
+def test_every_stage_full_is_a_429_with_retry_after() -> None:
+    async def full(deployment: str) -> None:
+        raise ModelUnavailable(f"deployment {deployment!r}: every worker full", 429, retry_after_s=1)
+    models = Models(labels=_guard(), hooks={s: full for s in STAGES})
+    with pytest.raises(ModelUnavailable) as caught:
+        _classify(_entry(judge=False), models, ["a"])
+    assert caught.value.status == 429 and caught.value.retry_after_s == 1

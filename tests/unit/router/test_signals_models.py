@@ -176,7 +176,8 @@ def test_an_unexpected_error_is_logged_and_the_signal_unknown(caplog: pytest.Log
 
 def test_a_malformed_answer_is_unknown() -> None:
     class TwoVectors(FakeModels):
-        async def embed(self, deployment: str, texts: list[str], *, timeout_s: float) -> Embedded:
+        async def embed(self, deployment: str, texts: list[str], *, timeout_s: float,
+                        truncate: bool = True) -> Embedded:
             return Embedded("http://w", 0.0, [[1.0, 0.0]] * (len(texts) + 1))
 
     signal = EmbeddingSignal("algebra", ("integrals",), 0.9, "minilm")

@@ -409,3 +409,28 @@ def test_a_recipe_that_no_stage_answered_answers_with_its_status(monkeypatch: py
 def _encode(value: Any) -> bytes:
     return msgspec.json.encode(value)
 
+
+
+def test_a_client_that_leaves_ends_its_call_at_once_not_at_the_deadline() -> None:
+    upstream = FakeUpstream()
+    upstream.answer(CLS, Reply(hang=True))
+    messages = [{"type": "http.request", "body": json.dumps({"model": "cls", "input": "x"}).encode(),
+                 "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop() if messages else {"type": "http.disconnect"}  # gone right after its body
+
+    async def leave(app: RouterApp) -> list[dict[str, Any]]:
+        sent: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": "/v1/systemone", "query_string": b"",
+                 "server": ("127.0.0.1", 8080), "headers": [(b"authorization", b"Bearer k")]}
+        # The deployment would wait 60 s for the hung worker: the bound fails the test if the call is not ended.
+        await asyncio.wait_for(app(scope, receive, send), 5)
+        assert app.metrics.requests.labels("listener-0", "systemone", "499")._value.get() == 1
+        return sent
+
+    assert _serve(upstream, leave, _config(timeout_s=60)) == []  # nobody to answer

@@ -348,6 +348,19 @@ INVALID: dict[str, tuple[Callable[[dict[str, Any]], object], tuple[str, ...]]] =
         lambda d: (_triage(d).pop("budget"), _triage(d)["decisions"][0].update(budget={"deadline_s": 10.5})),
         ("entries.triage.decisions[0].budget.deadline_s: a decision's budget may only tighten the entry's: 10.5 "
          "> the entry's budget.deadline_s 10",)),
+    "a stage named twice": (
+        lambda d: _triage(d).update(default=["intent", "intent-large", "intent"]),
+        ("entries.triage.default[2]: duplicate stage 'intent': a stage is asked once (a model answers the same "
+         "input the same way)",)),
+    "a call cap the signals use up": (
+        lambda d: _triage(d).update(
+            signals=[{"name": "topic", "type": "classifier", "deployment": "intent", "labels": ["code"]}],
+            decisions=[{"name": "coding", "when": "topic", "stages": ["intent"], "budget": {"max_calls": 1}}]),
+        ("entries.triage.decisions[0].budget.max_calls: 1 leaves no stage call: the signals ask 1 deployment(s) "
+         "(intent) first, and each call counts against it",)),
+    "a judge with no calls": (
+        lambda d: _triage(d)["algorithm"]["judge"].update(max_calls=0),
+        ("entries.triage.algorithm.judge.max_calls: expected integer >= 1, got 0",)),
     "a decision budget with an unknown key": (
         lambda d: _triage(d)["decisions"][0].update(budget={"deadline": 1}),
         ("entries.triage.decisions[0].budget.deadline: unknown key; allowed: deadline_s, max_calls",)),
@@ -457,3 +470,13 @@ def test_the_documented_example_loads_with_its_native_recipe_and_published_model
     assert config.listeners[0].systemone == ("intent", "triage") and config.listeners[0].pools == ("painter",)
     assert config.entries["triage"].native and config.pools["painter"].outputs == ("image",)
     assert used_deployments(config)["intent-large"] == ["stage of entries.triage"]
+
+
+def test_a_judge_caps_its_calls_per_request() -> None:
+    config = parse_config(_config(lambda d: _triage(d)["algorithm"]["judge"].update(max_calls=2)), env={})
+    algorithm = config.entries["triage"].algorithm
+    assert isinstance(algorithm, NativeEscalateAlgorithm) and algorithm.judge is not None
+    assert algorithm.judge.max_calls == 2
+    default = parse_config(_config(), env={}).entries["triage"].algorithm
+    assert isinstance(default, NativeEscalateAlgorithm) and default.judge is not None
+    assert default.judge.max_calls == JudgeConfig("p").max_calls == 4
