@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,22 +27,6 @@ entries:
 KEY = "file-key"
 
 
-def _wait_ready(router: HttpProc, headers: dict[str, str] | None = None) -> dict[str, Any]:
-    """/ready's body once it answers 200 (503 meanwhile); fails at once if the router exits."""
-    deadline = time.monotonic() + READY_S
-    while True:
-        try:
-            r = httpx.get(router.url + "/ready", headers=headers, timeout=5)
-        except httpx.TransportError:
-            r = None
-        if r is not None and r.status_code == 200:
-            return dict(r.json())
-        assert r is None or r.status_code == 503, r.text
-        assert router.proc.poll() is None, f"the router exited ({router.proc.returncode}):\n{router.log()}"
-        assert time.monotonic() < deadline, f"/ready not 200 within {READY_S}s:\n{router.log()}"
-        time.sleep(0.1)
-
-
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpProc]:
     """The engine-mode router with no routing file, ready (shared: no test may stop it)."""
@@ -55,7 +38,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpProc]:
                                  "--host", "127.0.0.1", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
     router = HttpProc(proc, port, log_path)
     try:
-        _wait_ready(router)
+        router.wait_ready(timeout_s=READY_S)
         yield router
     finally:
         assert router.stop() == 0, router.log()
@@ -67,7 +50,7 @@ def engine_with_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpP
     router = start_router(tmp_path_factory.mktemp("engine-file"), ROUTING.format(key=KEY), "-e", "minilm",
                           "--engine-backend", "sim")
     try:
-        _wait_ready(router)
+        router.wait_ready(timeout_s=READY_S)
         yield router
     finally:
         assert router.stop() == 0, router.log()
@@ -112,7 +95,7 @@ def _system_one(router: HttpProc, body: dict[str, Any], key: str | None = None) 
 
 
 def test_engine_mode_serves_system_one_for_each_model(engine: HttpProc) -> None:
-    ready = _wait_ready(engine)
+    ready = engine.wait_ready(timeout_s=READY_S)
     assert set(ready["deployments"]) == set(MODELS), ready  # each published model started its worker
 
     listed = httpx.get(engine.url + "/v1/systemone/models", timeout=10)
@@ -138,7 +121,7 @@ def test_engine_mode_serves_system_one_for_each_model(engine: HttpProc) -> None:
 
 def test_engine_mode_with_a_routing_file_serves_system_one_under_its_key(engine_with_file: HttpProc) -> None:
     headers = {"authorization": f"Bearer {KEY}"}
-    assert set(_wait_ready(engine_with_file, headers)["deployments"]) == {"minilm"}
+    assert set(engine_with_file.wait_ready(headers, READY_S)["deployments"]) == {"minilm"}
     assert httpx.post(engine_with_file.url + "/v1/systemone", json={"model": "minilm", "input": "x"},
                       timeout=10).status_code == 401
     embedded = _system_one(engine_with_file, {"model": "minilm", "input": "hello"}, KEY)

@@ -10,10 +10,8 @@ import json
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,7 +21,7 @@ from tests.support.procs import (
     EngineProc,
     HttpProc,
     free_port_block,
-    pid_listening_on,
+    managed_worker_key,
     start_engine,
     start_frontend,
     start_router,
@@ -107,32 +105,10 @@ class Fleet:
         ready = httpx.get(self.router.url + "/ready", headers=KEY, timeout=10).json()
         [worker] = ready["deployments"][deployment]["workers"]
         metrics = httpx.get(worker["url"] + "/metrics", timeout=10,
-                            headers={"authorization": f"Bearer {_worker_key(worker['url'])}"})
+                            headers={"authorization": f"Bearer {managed_worker_key(worker['url'])}"})
         assert metrics.status_code == 200, metrics.text
         found = re.findall(r"^vllm:prompt_tokens_total\{[^}]*\} ([0-9.e+]+)$", metrics.text, re.M)
         return sum(float(v) for v in found)
-
-
-def _worker_key(url: str) -> str:
-    """A managed worker's API key: made by the router and given to its frontend in its environment only,
-    so the test reads it there (the same user's process)."""
-    pid = pid_listening_on(int(url.rsplit(":", 1)[1]))
-    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    [key] = [item.split(b"=", 1)[1].decode() for item in environ if item.startswith(b"FLEET_API_KEY=")]
-    return key
-
-
-def _wait_ready(proc: HttpProc, headers: dict[str, str] | None = None) -> None:
-    deadline = time.monotonic() + READY_S
-    while True:
-        try:
-            if httpx.get(proc.url + "/ready", headers=headers, timeout=5).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        assert proc.proc.poll() is None, f"exited ({proc.proc.returncode}):\n{proc.log()}"
-        assert time.monotonic() < deadline, f"/ready not 200 within {READY_S}s:\n{proc.log()}"
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
@@ -156,13 +132,13 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
                                     stdout=log, stderr=subprocess.STDOUT)
         remote = HttpProc(proc, port, log_path)
         procs.append(remote)
-        _wait_ready(remote)
+        remote.wait_ready(timeout_s=READY_S)
         other = free_port_block(1, spread=0)
         config = CONFIG.format(other=other, judge=judge.url, remote=remote.url, remote_model=REMOTE,
                                hurry=HURRY, accept=ACCEPT, strict=STRICT)
         router = start_router(tmp, config)
         procs.append(router)
-        _wait_ready(router, KEY)
+        router.wait_ready(KEY, READY_S)
         yield Fleet(router, f"http://127.0.0.1:{other}", remote.url)
     finally:
         for p in reversed(procs):

@@ -11,7 +11,6 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,7 +18,7 @@ import pytest
 import yaml
 
 from services.router.config import ConfigError, parse_config
-from tests.support.procs import HttpProc, free_port_block, pid_listening_on
+from tests.support.procs import HttpProc, free_port_block, managed_worker_key
 
 KEY = {"authorization": "Bearer k"}
 MODELS = ("cls", "emb", "rr")
@@ -109,19 +108,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         workers = {}
         for name in MODELS:
             [worker] = ready.json()["deployments"][name]["workers"]
-            workers[name] = (worker["url"], _worker_key(worker["url"]))
+            workers[name] = (worker["url"], managed_worker_key(worker["url"]))
         yield Fleet(router, f"http://127.0.0.1:{port + 1}", workers)
     finally:
         router.stop()
-
-
-def _worker_key(url: str) -> str:
-    """A managed worker's API key: made by the router and given to the frontend in its environment only,
-    so the test reads it there (the same user's process) to ask the worker itself."""
-    pid = pid_listening_on(int(url.rsplit(":", 1)[1]))
-    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    [key] = [item.split(b"=", 1)[1].decode() for item in environ if item.startswith(b"FLEET_API_KEY=")]
-    return key
 
 
 def test_a_classifier_answers_what_its_worker_answers_for_a_batch(fleet: Fleet) -> None:

@@ -20,7 +20,8 @@ from typing import Any
 
 import msgspec
 
-_json = msgspec.json.Encoder()
+from tests.support.openai_backend import _body, _send
+
 _decode = msgspec.json.Decoder()
 SIDE = 8  # pixels: small, and enough to tell two images apart
 
@@ -85,20 +86,6 @@ class ImagesBackend:
                 data.append({"b64_json": base64.b64encode(image).decode(), "revised_prompt": prompt})
         await _send(send, 200, {"created": int(time.time()), "data": data, "model": body.get("model"),
                                 "output_format": "png", "size": body.get("size") or "auto"})
-
-
-async def _body(receive: Any) -> bytes:
-    chunks = []
-    while True:
-        message = await receive()
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body"):
-            return b"".join(chunks)
-
-
-async def _send(send: Any, status: int, data: Any) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
-    await send({"type": "http.response.body", "body": _json.encode(data)})
 
 
 def main() -> None:

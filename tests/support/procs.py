@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import openai
 
@@ -169,6 +170,24 @@ class HttpProc(Proc):
                 time.sleep(0.05)
         raise TimeoutError(f"{self.url}{path} never answered:\n{self.log()}")
 
+    def wait_ready(self, headers: dict[str, str] | None = None, timeout_s: float = 300.0) -> dict[str, Any]:
+        """/ready's body once it answers 200 (503 meanwhile: a router's managed workers are starting);
+        fails at once if the process exits."""
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                r = httpx.get(self.url + "/ready", headers=headers, timeout=5)
+            except httpx.TransportError:
+                r = None
+            if r is not None and r.status_code == 200:
+                return dict(r.json())
+            assert r is None or r.status_code == 503, r.text
+            assert self.proc.poll() is None, f"exited ({self.proc.returncode}):\n{self.log()}"
+            assert time.monotonic() < deadline, f"/ready not 200 within {timeout_s:g}s:\n{self.log()}"
+            time.sleep(0.1)
+
     def configure(self, **settings: object) -> None:
         """Test backend only: change its behaviour (status, delay_s, reply, finish_reason, healthy, ...)."""
         import httpx
@@ -297,3 +316,12 @@ def openai_over_sim(tmp_path: Path, engine_args: Sequence[str] = (), frontend_ar
             fe.stop()
     finally:
         engine.stop()
+
+
+def managed_worker_key(url: str) -> str:
+    """A router's managed worker's API key: made by the router and given to the worker's frontend in its
+    environment only, so a test reads it there (the same user's process) to ask the worker itself."""
+    pid = pid_listening_on(int(url.rsplit(":", 1)[1]))
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    [key] = [item.split(b"=", 1)[1].decode() for item in environ if item.startswith(b"FLEET_API_KEY=")]
+    return key
