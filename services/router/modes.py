@@ -105,7 +105,12 @@ def _split(spec: str) -> tuple[str, str]:
 def api_keys(flags: Sequence[str] | None, env: Mapping[str, str]) -> tuple[str, ...] | None:
     """Engine mode's keys: --api-key's, else $ROUTER_API_KEYS's (comma separated); None when neither."""
     if flags:
-        return tuple(dict.fromkeys(flags))
+        keys = [k.strip() for k in flags]
+        if not all(keys):
+            # An empty key would match a request that sends none: `--api-key "$KEY"` with KEY unset must
+            # not open the listener while the log counts a key.
+            raise ModeError("--api-key: a key must be non-empty (is the variable it came from set?)")
+        return tuple(dict.fromkeys(keys))
     keys = [k.strip() for k in env.get(API_KEYS_ENV, "").split(",") if k.strip()]
     return tuple(dict.fromkeys(keys)) or None
 

@@ -251,3 +251,9 @@ def test_an_invalid_routing_file_in_engine_mode_exits_2_as_in_router_mode(tmp_pa
             main(argv)
         assert info.value.code == 2
         assert f"{path}: pools.chat.replicas[0].url: expected http(s) URL, got 'x'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags", [[""], ["k", "  "]])
+def test_an_empty_api_key_is_refused_not_an_open_listener(flags: list[str]) -> None:
+    with pytest.raises(ModeError, match="--api-key: a key must be non-empty"):
+        api_keys(flags, {})
