@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from tests.support.openai_backend import _body, _send
+from tests.support.openai_backend import _body, _lifespan, _send
 
 _decode = msgspec.json.Decoder()
 SIDE = 8  # pixels: small, and enough to tell two images apart
@@ -46,11 +46,8 @@ class ImagesBackend:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                await send({"type": message["type"] + ".complete"})
-                if message["type"] == "lifespan.shutdown":
-                    return
+            await _lifespan(receive, send)
+            return
         path = scope["path"]
         if path == "/health":
             await _send(send, 200, {"status": "ok"})

@@ -44,11 +44,8 @@ class Backend:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                await send({"type": message["type"] + ".complete"})
-                if message["type"] == "lifespan.shutdown":
-                    return
+            await _lifespan(receive, send)
+            return
         path = scope["path"]
         if path == "/health":
             healthy = self.settings["healthy"]
@@ -184,6 +181,15 @@ def _usage(body: dict[str, Any], text: str) -> dict[str, int]:
 
 def _sse(data: dict[str, Any], newline: str = "\n") -> bytes:
     return b"data: " + _json.encode(data) + newline.encode() * 2
+
+
+async def _lifespan(receive: Any, send: Any) -> None:
+    """Every lifespan event acknowledged, until shutdown."""
+    while True:
+        message = await receive()
+        await send({"type": message["type"] + ".complete"})
+        if message["type"] == "lifespan.shutdown":
+            return
 
 
 async def _body(receive: Any) -> bytes:
