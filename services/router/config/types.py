@@ -15,6 +15,7 @@ from services.router.config.budget import (
     JudgeConfig,
     NativeEscalateAlgorithm,
 )
+from services.router.config.plugins import KnowledgeConfig, PluginConfig, StoreConfig
 
 # A listener's public APIs. explain: where a request would be routed, not sent (POST /v1/router/explain;
 # `decisions` in a list of apis is read as explain, its name before /v1/router/explain became System One's).
@@ -289,6 +290,7 @@ class DecisionRule:
     when: Expr
     pools: tuple[str, ...]  # candidate pools, in order; a native entry's: deployments, its escalate stages
     budget: Budget | None = None  # a native entry's decision: tightens the entry's (never loosens)
+    plugins: tuple[PluginConfig, ...] | None = None  # run at its hooks, in order; None: the entry's
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,6 +345,7 @@ class EntryConfig:
     signal_budget_s: float = 0.5  # the most a request waits for its model-backed signals
     api: str = "chat"  # of ENTRY_APIS
     budget: Budget | None = None  # native only: the request's deadline and call cap (signals and stages)
+    plugins: tuple[PluginConfig, ...] = ()  # run for the default, and for decisions that list none
     # Signals some decision uses, directly or through a projection: the others are never evaluated.
     needed: frozenset[str] = field(init=False, repr=False, compare=False)
 
@@ -356,6 +359,14 @@ class EntryConfig:
                 elif ref.projection in projections:
                     needed.update(i.signal for i in projections[ref.projection].inputs)
         object.__setattr__(self, "needed", frozenset(needed))
+
+    def plugins_of(self, decision: str, matched_default: bool) -> tuple[PluginConfig, ...]:
+        """What runs for a request routed by the rule named `decision`, or by the default."""
+        if not matched_default:
+            for rule in self.decisions:
+                if rule.name == decision and rule.plugins is not None:
+                    return rule.plugins
+        return self.plugins
 
     @property
     def native(self) -> bool:
@@ -434,6 +445,8 @@ class RouterConfig:
     source: str = "<config>"
     deployments: Mapping[str, DeploymentConfig] = field(default_factory=dict)  # in file order
     mode: str = "router"  # router: --config routes chat and serves System One; engine: -e, System One only
+    store: StoreConfig | None = None  # the plugins' and Responses state's store; None: no state is kept
+    knowledge: Mapping[str, KnowledgeConfig] = field(default_factory=dict)  # knowledge bases, by name
 
     @property
     def chat_entries(self) -> tuple[str, ...]:
