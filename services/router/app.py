@@ -38,7 +38,7 @@ from services.router.listeners.asgi import (
 )
 from services.router.listeners.body_workers import BodyWorkers, Parsed, parse
 from services.router.listeners.call import Call
-from services.router.listeners.codecs.codec import Codec
+from services.router.listeners.codecs.codec import CHAT_PATH, Codec
 from services.router.listeners.codecs.registry import CODECS, error_shape, output_of
 from services.router.listeners.direct import DirectPools
 from services.router.listeners.escalate import Escalator
@@ -47,6 +47,10 @@ from services.router.listeners.listener import Listener, listeners_by_port
 from services.router.listeners.relay import Relay
 from services.router.listeners.systemone import MODELS_PATH, POST_PATHS, SystemOne
 from services.router.metrics import RouterMetrics
+from services.router.plugins.answer import Recorder
+from services.router.plugins.hooks import Exchange, PluginRefusal
+from services.router.plugins.host import Chain, PluginHost
+from services.router.plugins.identity import tenant_of, user_of
 from services.router.runtime.deployments import Deployments
 
 log = logging.getLogger("router")
@@ -65,7 +69,8 @@ OFF_LOOP_BYTES = 256 << 10
 class RouterApp:
     def __init__(self, config: RouterConfig, router: Router, pools: dict[str, Pool], upstream: Upstream,
                  metrics: RouterMetrics, *, max_body_bytes: int = 32 << 20, body_workers: int = 2,
-                 body_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S, runtime: Deployments | None = None) -> None:
+                 body_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S, runtime: Deployments | None = None,
+                 plugins: PluginHost | None = None) -> None:
         self.config = config
         self.router = router
         self.pools = pools
@@ -85,6 +90,7 @@ class RouterApp:
         self._first = self._by_port[config.listeners[0].port]
         self._created = int(time.time())
         self.systemone = SystemOne(config, self._created)
+        self.plugins = plugins  # the hooks' plugins (plugins/host.py); None: the config has none
 
     def close(self) -> None:
         """The body workers stopped (at shutdown)."""
@@ -257,12 +263,24 @@ class RouterApp:
         call.headers = [(b"x-router-entry", choice.entry.name.encode()),
                         (b"x-router-decision", choice.decision.name.encode())]
         self._count(choice)
+        chain: Chain = ()
+        if self.plugins and codec.judged:  # a token count has no answer to keep or recall for
+            chain = self.plugins.plugins_for(choice.entry, choice.decision.name, choice.decision.matched_default)
         task = asyncio.current_task()
         assert task is not None  # a request is always handled in a task
         gone = asyncio.Event()
         watcher = asyncio.get_running_loop().create_task(watch_disconnect(receive, task, gone, send))
+        exchange: Exchange | None = None
+        answered: dict[str, Any] | None = None
+        ran = 0  # the plugins whose request hook ran: their response hooks run
         try:
-            if isinstance(choice.entry.algorithm, EscalateAlgorithm) and codec.judged:
+            if chain:
+                exchange = await self._exchange(listener, codec, call, scope)
+                answered, ran = await self._hooks(chain, exchange)
+                call.headers += exchange.headers
+            if answered is not None:
+                await self.relay.send_whole(call, answered, send)
+            elif isinstance(choice.entry.algorithm, EscalateAlgorithm) and codec.judged:
                 await self.escalator.escalate(call, choice.entry.algorithm, send)
             else:
                 await self.relay.relay(call, send)
@@ -283,6 +301,36 @@ class RouterApp:
             watcher.cancel()
             self.metrics.requests.labels(listener.name, codec.name, str(call.status)).inc()
             send.counted = True
+            if exchange is not None and ran and self.plugins is not None:
+                answer = call.recorder.answer() if call.recorder is not None and call.status == 200 else None
+                by = chain[ran - 1][1].name if answered is not None else None
+                self.plugins.respond(chain[:ran], exchange, answer, by)
+
+    async def _exchange(self, listener: Listener, codec: Codec, call: Call, scope: Scope) -> Exchange:
+        """The request as its plugins see it. They read and add to the messages: a long body's, left in a
+        body worker to route, are decoded here (in a thread). The upstream body becomes a copy of its own,
+        so that what hooks add never shows in the client's request."""
+        chat = dict(call.chat)
+        if call.bulk:
+            chat.update(await asyncio.to_thread(_decode.decode, call.bulk))
+            call.bulk = b""
+        call.chat = chat
+        try:
+            user = user_of(call.request, scope["headers"])
+        except ValueError as exc:
+            param = str(exc).partition(":")[0]
+            raise HTTPError(400, str(exc), param=param) from None
+        call.recorder = Recorder(chat=codec.upstream_path == CHAT_PATH)
+        return Exchange(codec.name, codec.upstream_path == CHAT_PATH, call.choice.entry.name,
+                        call.choice.decision.name, call.request, chat,
+                        tenant_of(bool(listener.keys), scope["headers"]), user)
+
+    async def _hooks(self, chain: Chain, exchange: Exchange) -> tuple[dict[str, Any] | None, int]:
+        assert self.plugins is not None  # a chain is only ever built from the host
+        try:
+            return await self.plugins.request(chain, exchange)
+        except PluginRefusal as exc:
+            raise HTTPError(exc.status, exc.message) from None
 
     def _count(self, choice: Choice) -> None:
         entry = choice.entry.name

@@ -44,6 +44,15 @@ class RouterMetrics:
         self.signal_latency = Histogram("router_signal_seconds", "Time a request waited for its model "
                                         "signals (only requests that needed one).", ["entry"],
                                         buckets=_LATENCY, registry=r)
+        self.plugin_outcomes = Counter("router_plugin_outcomes", "Plugin request hooks by entry, plugin and "
+                                       "outcome (semantic_cache: hit_exact, hit_semantic, miss; memory and rag: "
+                                       "recalled, none; any: error, skipped).", ["entry", "plugin", "outcome"],
+                                       registry=r)
+        self.plugin_latency = Histogram("router_plugin_seconds", "Time a request hook took, by plugin.",
+                                        ["plugin"], buckets=_LATENCY, registry=r)
+        self.store_errors = Counter("router_store_errors", "Store calls that failed or ran past their "
+                                    "timeout, by plugin (the request went on, or was refused if it fails "
+                                    "closed).", ["plugin"], registry=r)
         r.register(_ReplicaCollector(pools))
 
     def render(self) -> bytes:

@@ -14,17 +14,15 @@ from typing import Any
 from starlette.types import Send
 
 from services.router.backends.dispatch import Dispatcher, Opened
-from services.router.backends.upstream import READ_ERRORS, UpstreamError, decode_object, shaped
+from services.router.backends.upstream import READ_ERRORS, UpstreamError, decode_object
 from services.router.config import EscalateAlgorithm
 from services.router.decision import judge as judging
 from services.router.decision.algorithms import answer_text, verdict
 from services.router.decision.judge import JudgeCaller
 from services.router.errors import HTTPError
 from services.router.listeners.call import Call
-from services.router.listeners.codecs.codec import CHAT_PATH
-from services.router.listeners.codecs.openai import as_chunks
 from services.router.listeners.judge_caller import PoolJudge
-from services.router.listeners.relay import SSE, Relay
+from services.router.listeners.relay import Relay
 from services.router.metrics import RouterMetrics
 
 log = logging.getLogger("router")
@@ -111,7 +109,7 @@ class Escalator:
         if judged is not None:
             call.escalation["judge"] = judged
         try:
-            await self._send(call, completion, send)
+            await self.relay.send_whole(call, completion, send)
         except UpstreamError as exc:  # the answer's shape is not a completion's: the replica's fault
             raise HTTPError(502, f"stage {stage!r}: {exc}") from None
 
@@ -139,15 +137,3 @@ class Escalator:
             log.info("escalate %s: judge %s abstained: %r", call.choice.entry.name, pool, judging.cut(reply, 100))
             return answers[-1], "abstained"
         return answers[chosen], "chose"
-
-    async def _send(self, call: Call, completion: dict[str, Any], send: Send) -> None:
-        if not call.chat.get("stream"):
-            await self.relay.send_adapted(call, completion, send)
-            return
-        options = call.chat.get("stream_options")
-        usage = isinstance(options, dict) and bool(options.get("include_usage"))
-        chunks = shaped(as_chunks, completion, chat=call.codec.upstream_path == CHAT_PATH, include_usage=usage)
-        stream = call.codec.stream(call.request)
-        body = stream.start() + b"".join(shaped(stream.feed, c) for c in chunks) + stream.finish()
-        await call.start(send, 200, SSE)
-        await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -14,6 +14,8 @@ from services.router.backends.upstream import READ_ERRORS, UpstreamError, Upstre
 from services.router.errors import HTTPError
 from services.router.listeners.asgi import JSON
 from services.router.listeners.call import Call
+from services.router.listeners.codecs.codec import CHAT_PATH
+from services.router.listeners.codecs.openai import as_chunks
 from services.router.listeners.sse import SSEData
 from services.router.metrics import RouterMetrics
 
@@ -68,12 +70,16 @@ class Relay:
         try:
             if not streaming:
                 body = await response.read()
+                if call.recorder is not None:
+                    call.recorder.body(body)
                 await call.start(send, 200, [(b"content-type", content_type),
                                              (b"content-length", str(len(body)).encode())])
                 await send({"type": "http.response.body", "body": body, "more_body": False})
                 return True
             await call.start(send, 200, [(b"content-type", content_type)])
             async for chunk in response.chunks():
+                if call.recorder is not None:
+                    call.recorder.raw(chunk)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except READ_ERRORS as exc:
             log.warning("upstream %s broke off a response: %s", response.url, exc)
@@ -82,7 +88,11 @@ class Relay:
             if streaming:
                 tail = call.codec.stream(call.request).error(f"upstream failed mid-stream: {type(exc).__name__}")
                 await send({"type": "http.response.body", "body": tail, "more_body": False})
+            if call.recorder is not None:
+                call.recorder.end(False)
             return False
+        if call.recorder is not None:
+            call.recorder.end()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return True
 
@@ -102,7 +112,10 @@ class Relay:
                     done = True
                 elif data.strip():
                     try:
-                        out.append(shaped(stream.feed, decode_object(data)))
+                        chunk = decode_object(data)
+                        if call.recorder is not None:
+                            call.recorder.chunk(chunk)
+                        out.append(shaped(stream.feed, chunk))
                     except UpstreamError as exc:
                         bad = exc
                         break
@@ -119,17 +132,37 @@ class Relay:
             log.warning("upstream %s broke off a stream: %s", response.url, exc)
         # A stream that ended without [DONE] (or was no event stream at all) broke off.
         tail = stream.finish() if done else stream.error("upstream ended the stream early")
+        if call.recorder is not None:
+            call.recorder.end(done)
         await send({"type": "http.response.body", "body": tail, "more_body": False})
         return done
 
     async def send_adapted(self, call: Call, chat: dict[str, Any], send: Send) -> None:
         """A whole upstream answer as the API's response body."""
         body = shaped(call.codec.from_chat, chat, call.request)
+        if call.recorder is not None:
+            call.recorder.whole(chat)
         if call.escalation is not None:
             body["router"] = call.escalation
         data = _json.encode(body)
         await call.start(send, 200, [*JSON, (b"content-length", str(len(data)).encode())])
         await send({"type": "http.response.body", "body": data, "more_body": False})
+
+    async def send_whole(self, call: Call, completion: dict[str, Any], send: Send) -> None:
+        """A whole chat or text completion (an escalate stage's, a cached one) as the client asked for it:
+        one body in the API's shape, or replayed as that API's stream."""
+        if not call.chat.get("stream"):
+            await self.send_adapted(call, completion, send)
+            return
+        options = call.chat.get("stream_options")
+        usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        chunks = shaped(as_chunks, completion, chat=call.codec.upstream_path == CHAT_PATH, include_usage=usage)
+        stream = call.codec.stream(call.request)
+        body = stream.start() + b"".join(shaped(stream.feed, c) for c in chunks) + stream.finish()
+        if call.recorder is not None:
+            call.recorder.whole(completion)
+        await call.start(send, 200, SSE)
+        await send({"type": "http.response.body", "body": body, "more_body": False})
 
     async def _upstream_refusal(self, call: Call, response: UpstreamResponse, send: Send) -> None:
         """A 4xx from upstream (bad request, unknown model there, ...): passed on in the API's shape."""

@@ -1,0 +1,83 @@
+"""An in-memory Store (services/router/plugins/store/base.py's port) for unit tests of the plugins: the
+same answers as the real stores (expiry, scopes, cosine order), no file and no server. `fail` makes every
+call raise StoreUnavailable, as a store that is down does."""
+from __future__ import annotations
+
+import math
+import time
+
+from services.router.plugins.store.base import Item, StoreUnavailable
+
+
+class FakeStore:
+    def __init__(self) -> None:
+        self.items_by: dict[tuple[str, str, str], Item] = {}
+        self.fail = False
+        self.calls = 0
+
+    def _check(self) -> None:
+        self.calls += 1
+        if self.fail:
+            raise StoreUnavailable("fake store: down")
+
+    def _live(self, item: Item) -> bool:
+        return item.expires is None or item.expires > time.time()
+
+    async def open(self) -> None:
+        self._check()
+
+    async def close(self) -> None:
+        pass
+
+    async def put(self, item: Item) -> None:
+        self._check()
+        if item.vector is not None and not all(math.isfinite(x) for x in item.vector):
+            raise ValueError("vector: every component must be finite")
+        self.items_by[(item.kind, item.scope, item.key)] = item
+
+    async def get(self, kind: str, scope: str, key: str) -> Item | None:
+        self._check()
+        item = self.items_by.get((kind, scope, key))
+        return item if item is not None and self._live(item) else None
+
+    async def nearest(self, kind: str, scope: str, vector: tuple[float, ...], k: int,
+                      min_similarity: float = -1.0) -> list[tuple[float, Item]]:
+        self._check()
+        found = []
+        for (kd, sc, _), item in self.items_by.items():
+            if kd == kind and sc == scope and item.vector is not None and len(item.vector) == len(vector) \
+                    and self._live(item):
+                similarity = sum(a * b for a, b in zip(item.vector, vector, strict=True))
+                if similarity >= min_similarity:
+                    found.append((similarity, item))
+        found.sort(key=lambda pair: -pair[0])
+        return found[:k]
+
+    async def items(self, kind: str, scope: str, limit: int, offset: int = 0) -> list[Item]:
+        self._check()
+        mine = [i for (kd, sc, _), i in self.items_by.items() if kd == kind and sc == scope and self._live(i)]
+        mine.sort(key=lambda i: -i.created)
+        return mine[offset:offset + limit]
+
+    async def delete(self, kind: str, scope: str, key: str | None = None) -> int:
+        self._check()
+        gone = [k for k in self.items_by if k[0] == kind and k[1] == scope and (key is None or k[2] == key)]
+        for k in gone:
+            del self.items_by[k]
+        return len(gone)
+
+    async def count(self, kind: str, scope: str | None = None) -> int:
+        self._check()
+        return sum(1 for (kd, sc, _), i in self.items_by.items()
+                   if kd == kind and (scope is None or sc == scope) and self._live(i))
+
+    async def trim(self, kind: str, scope: str | None, keep: int) -> int:
+        self._check()
+        gone = [k for k, i in self.items_by.items() if k[0] == kind and not self._live(i)]
+        for k in gone:
+            del self.items_by[k]
+        mine = sorted(((k, i) for k, i in self.items_by.items()
+                       if k[0] == kind and (scope is None or k[1] == scope)), key=lambda pair: -pair[1].created)
+        for k, _ in mine[keep:]:
+            del self.items_by[k]
+        return len(gone) + max(0, len(mine) - keep)
