@@ -98,9 +98,9 @@ def read_store(f: Fields, raw: object) -> StoreConfig | None:
     timeout = _positive(f, "store.timeout_s", m.get("timeout_s", d["timeout_s"]))
     responses = f.boolean("store.responses", m.get("responses", d["responses"]))
     ttl = _positive(f, "store.responses_ttl_s", m.get("responses_ttl_s", d["responses_ttl_s"]))
-    if not isinstance(raw, dict) or None in (backend, path, timeout, responses, ttl):
-        return None
-    if backend == "postgres" and dsn is None:
+    # postgres without a dsn has its error recorded above
+    if not isinstance(raw, dict) or None in (backend, path, timeout, responses, ttl) or (backend == "postgres"
+                                                                                         and dsn is None):
         return None
     assert backend is not None and path is not None and timeout is not None and responses is not None
     assert ttl is not None
