@@ -157,6 +157,7 @@ LAYERS = {
         ("backends",),  # chat pools and the replica scheduling the model runtime shares
         ("runtime",),  # decision-model deployments, on the backends' scheduling
         ("decision",),  # signals ask the runtime's port
+        ("plugins",),  # hooks and their store: recall embeds through the runtime's port
         ("listeners",),
         ("app", "modes"),  # modes: the command line's configs (engine mode, the default decision model)
         ("server",), ("__main__",),
@@ -192,7 +193,7 @@ def test_each_service_imports_down_its_layers(service: str) -> None:
 def test_the_layer_check_finds_an_upward_import() -> None:
     # The router's listeners import its backends (a lower layer): with the two swapped, that is upward.
     assert _layer_violations("services.router", [("config", "errors", "metrics", "parent_death"),
-                                                 ("listeners", "decision"), ("backends", "runtime"),
+                                                 ("listeners", "decision", "plugins"), ("backends", "runtime"),
                                                  ("app", "modes"), ("server",), ("__main__",)])
 
 

@@ -10,13 +10,13 @@ import msgspec
 from starlette.types import Send
 
 from services.router.backends.dispatch import Dispatcher
+from services.router.backends.sse import SSEData
 from services.router.backends.upstream import READ_ERRORS, UpstreamError, UpstreamResponse, decode_object, shaped
 from services.router.errors import HTTPError
 from services.router.listeners.asgi import JSON
 from services.router.listeners.call import Call
 from services.router.listeners.codecs.codec import CHAT_PATH
 from services.router.listeners.codecs.openai import as_chunks
-from services.router.listeners.sse import SSEData
 from services.router.metrics import RouterMetrics
 
 log = logging.getLogger("router")

@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from services.router.listeners.sse import SSEData
+from services.router.backends.sse import SSEData
 
 _decode = msgspec.json.Decoder()
 # A stream longer than this is not assembled (its answer is not kept): bounds what a hook holds per request.

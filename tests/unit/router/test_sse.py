@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.router.listeners.sse import SSEData
+from services.router.backends.sse import SSEData
 
 
 def _all(chunks: list[bytes]) -> list[bytes]:
