@@ -35,8 +35,9 @@ CREATE TABLE router_items (
     kind text NOT NULL,
     scope text NOT NULL,
     key text NOT NULL,
-    scope_h bytea NOT NULL,  -- sha256 of scope and of key: a btree entry holds ~2.7 kB, a key 64 KiB
-    key_h bytea NOT NULL,
+    -- Digests stand in for scope and key in the indexes (a btree entry holds ~2.7 kB, a key up to 64 KiB):
+    scope_h bytea NOT NULL,  -- sha256 of the scope
+    item_h bytea NOT NULL,  -- sha256 of scope and key; one by one, the only index a key's lookup can use
     payload bytea NOT NULL,
     dims integer,  -- NULL: no vector
     embedding vector,  -- of any dimension count: a query compares only rows of its own
@@ -44,7 +45,7 @@ CREATE TABLE router_items (
     expires double precision);
 -- Kept in the row (a large payload is moved out first): the scan of a scope reads vectors, not TOAST.
 ALTER TABLE router_items ALTER COLUMN embedding SET STORAGE MAIN;
-CREATE UNIQUE INDEX router_items_key ON router_items (kind, scope_h, key_h);
+CREATE UNIQUE INDEX router_items_key ON router_items (kind, item_h);
 CREATE INDEX router_items_scope_newest ON router_items (kind, scope_h, created, id);
 CREATE INDEX router_items_kind_newest ON router_items (kind, created, id);
 CREATE INDEX router_items_expires ON router_items (kind, expires) WHERE expires IS NOT NULL;
@@ -67,6 +68,10 @@ def where(dsn: str) -> str:
 
 def _digest(text: str) -> bytes:
     return hashlib.sha256(text.encode("utf-8")).digest()
+
+
+def _item_digest(scope: str, key: str) -> bytes:
+    return _digest(f"{scope}\x00{key}")  # neither holds a NUL (guard.check_text): the pair is unambiguous
 
 
 def _encode(vector: tuple[float, ...]) -> bytes:
@@ -147,11 +152,12 @@ class PostgresStore:
     async def put(self, item: Item) -> None:
         guard.check_item(item)
         dims = None if item.vector is None else len(item.vector)
-        args = (item.kind, _digest(item.scope), _digest(item.key), item.scope, item.key, bytes(item.payload), dims,
+        args = (item.kind, _digest(item.scope), _item_digest(item.scope, item.key), item.scope, item.key,
+                bytes(item.payload), dims,
                 item.vector, item.created, item.expires)
         await self._call("put", lambda conn: conn.execute(
-            "INSERT INTO router_items (kind, scope_h, key_h, scope, key, payload, dims, embedding, created, expires) "
-            "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (kind, scope_h, key_h) DO UPDATE SET "
+            "INSERT INTO router_items (kind, scope_h, item_h, scope, key, payload, dims, embedding, created, expires) "
+            "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (kind, item_h) DO UPDATE SET "
             "payload = EXCLUDED.payload, dims = EXCLUDED.dims, embedding = EXCLUDED.embedding, "
             "created = EXCLUDED.created, expires = EXCLUDED.expires", *args))
 
@@ -159,8 +165,8 @@ class PostgresStore:
         guard.check_scope(kind, scope)
         guard.check_text("key", key)
         row = await self._call("get", lambda conn: conn.fetchrow(
-            f"SELECT {_COLUMNS} FROM router_items WHERE kind = $1 AND scope_h = $2 AND scope = $3 AND key_h = $4 "
-            f"AND key = $5 AND {_LIVE % 6}", kind, _digest(scope), scope, _digest(key), key, time.time()))
+            f"SELECT {_COLUMNS} FROM router_items WHERE kind = $1 AND item_h = $2 AND scope = $3 AND key = $4 "
+            f"AND {_LIVE % 5}", kind, _item_digest(scope, key), scope, key, time.time()))
         return None if row is None else _item(kind, scope, row)
 
     async def nearest(self, kind: str, scope: str, vector: tuple[float, ...], k: int,
@@ -197,7 +203,8 @@ class PostgresStore:
         args: tuple[Any, ...] = (kind, _digest(scope), scope)
         if key is not None:
             guard.check_text("key", key)
-            sql, args = sql + " AND key_h = $4 AND key = $5", (*args, _digest(key), key)
+            sql = "DELETE FROM router_items WHERE kind = $1 AND item_h = $2 AND scope = $3 AND key = $4"
+            args = (kind, _item_digest(scope, key), scope, key)
         return _gone(await self._call("delete", lambda conn: conn.execute(sql, *args)))
 
     async def count(self, kind: str, scope: str | None = None) -> int:
