@@ -365,6 +365,20 @@ def test_items_survive_a_restart_of_the_store(place: Place) -> None:
     run(body())
 
 
+def test_two_routers_on_one_store_see_each_others_items(place: Place) -> None:
+    async def body() -> None:
+        first, second = await place.opened(), await place.opened()
+        await first.put(item("shared", "k", unit(1, 2, 3, 4), payload=b"from the first"))  # a dimension count new
+        found = await second.nearest("cache", "shared", unit(1, 2, 3, 4), 1)  # to the second, opened before it
+        assert [(i.key, i.payload) for _, i in found] == [("k", b"from the first")]
+        assert await second.delete("cache", "shared", "k") == 1
+        assert await first.get("cache", "shared", "k") is None
+        await first.close()
+        await second.close()
+
+    run(body())
+
+
 def test_a_schema_written_by_a_newer_router_is_refused(place: Place) -> None:
     async def body() -> None:
         store = await place.opened()

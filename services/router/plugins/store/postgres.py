@@ -3,6 +3,7 @@ share one cache, memory and knowledge. Every call is bounded by timeout_s; a ser
 reconnected to by the pool on a later call."""
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import struct
 import time
@@ -136,9 +137,10 @@ class PostgresStore:
         pool, self._pool = self._pool, None
         if pool is not None:
             try:
-                await pool.close()
-            except _FAILURES:
-                pool.terminate()  # the server is gone: nothing to close politely
+                async with asyncio.timeout(self._timeout_s):
+                    await pool.close()  # waits for calls in flight
+            except _FAILURES:  # TimeoutError among them
+                pool.terminate()  # the server or a call is stuck: nothing to close politely
 
     async def _call(self, name: str, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
         pool = self._pool

@@ -227,12 +227,15 @@ class SqliteStore:
                 db.execute(_TABLES)
                 if version is None:
                     db.execute("INSERT INTO router_schema (version) VALUES (?)", (SCHEMA_VERSION,))
-            names = db.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'router_vec_%'")
-            self._dims = {int(m[1]) for (name,) in names if (m := re.fullmatch(r"router_vec_(\d+)", name))}
+            self._find_vec_tables()
         except BaseException:
             self._db = None
             db.close()
             raise
+
+    def _find_vec_tables(self) -> None:
+        names = self._conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'router_vec_%'")
+        self._dims = {int(m[1]) for (name,) in names if (m := re.fullmatch(r"router_vec_(\d+)", name))}
 
     def _close(self) -> None:
         if self._db is not None:
@@ -297,8 +300,12 @@ class SqliteStore:
     def _nearest(self, kind: str, scope: str, vector: tuple[float, ...], k: int,
                  min_similarity: float) -> list[tuple[float, Item]]:
         sid = self._scope_id(kind, scope)
-        if sid is None or len(vector) not in self._dims:
+        if sid is None:
             return []
+        if len(vector) not in self._dims:
+            self._find_vec_tables()  # another connection to the file may have made it
+            if len(vector) not in self._dims:
+                return []
         # MATERIALIZED: the KNN runs as vec0 plans it (k, bucket, scope and expiry all inside its scan); only
         # then are its k rows joined to their items.
         rows = self._conn.execute(
