@@ -26,7 +26,7 @@ T = TypeVar("T")
 # never returns another scope's item or an expired one. Measured on 100k vectors of 384 (k 10, p50):
 #   layout                      1 scope   1,000 scopes   10,000 scopes of 10: size, inserts/s
 #   scope id as partition key   44 ms     0.13 ms        261 MB, 4k/s (chunks of 8; of 128 it would be ~2 GB)
-#   scope bucket (this)         70 ms     0.3 ms         207 MB, 16k/s
+#   scope bucket (this)         70-80 ms  0.4 ms         182 MB, 19k/s (chunks of 64; of 128: 207 MB)
 #   scope id as metadata only   40-60 ms  32 ms (it scans every scope)
 #   a plain table, vec_distance_cosine over an index on the scope: 85-120 ms, 0.1 ms
 # A partition by scope is faster for one huge scope, but vec0 gives every partition whole chunks of zeroed
