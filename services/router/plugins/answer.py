@@ -101,6 +101,8 @@ class Recorder:
         """The answer's end: `done` false when upstream broke off (nothing is kept of it)."""
         if self._reader is not None:
             self._events(self._reader.finish())
+        elif done and self._streamed:
+            self._done = True  # fed decoded chunks: the relay read the [DONE] that `done` reports
         self._ended = True
         if not done:
             self._failed = True
