@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from services.router.config.plugins import SemanticCacheConfig
-from services.router.plugins.answer import Answer
+from services.router.plugins.answer import MAX_ANSWER_BYTES, Answer
 from services.router.plugins.cache_key import CacheKey, cache_key, uncached_reason
 from services.router.plugins.hooks import Exchange
 from services.router.plugins.store.base import Item
@@ -80,12 +80,14 @@ class SemanticCache:
         key = exchange.notes.get(_KEY_NOTE)
         if answered_by is not None or answer is None or not isinstance(key, CacheKey) or not self._storable(answer):
             return
+        payload = _encode(_Entry(answer.completion))
+        if len(payload) > MAX_ANSWER_BYTES:  # the bound a streamed answer is recorded under holds for whole ones too
+            return
         vector = exchange.notes.get(_VECTOR_NOTE)
         if vector is None and self.config.semantic and key.text is not None:
             vector = await self._embed(key.text)  # the lookup failed before it embedded: the entry still gets one
         now = time.time()
-        await self.store.put(Item(KIND, key.scope, key.key, _encode(_Entry(answer.completion)), vector,
-                                  now, now + self.config.ttl_s))
+        await self.store.put(Item(KIND, key.scope, key.key, payload, vector, now, now + self.config.ttl_s))
         self._puts += 1
         if self._puts % self._trim_every == 1 % self._trim_every:  # the first put, then every _trim_every-th
             await self.store.trim(KIND, None, self.config.max_entries)

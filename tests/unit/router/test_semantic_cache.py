@@ -12,7 +12,7 @@ import pytest
 from services.router.config import EntryConfig, RouterConfig
 from services.router.config.plugins import SemanticCacheConfig
 from services.router.metrics import RouterMetrics
-from services.router.plugins.answer import Answer
+from services.router.plugins.answer import MAX_ANSWER_BYTES, Answer
 from services.router.plugins.cache_key import MAX_SEMANTIC_CHARS, cache_key
 from services.router.plugins.hooks import Exchange
 from services.router.plugins.host import PluginHost
@@ -354,6 +354,17 @@ def test_what_is_stored(reply: Answer, config: SemanticCacheConfig, stored: bool
         plugin = cache(config, store=store)
         await miss_then_store(plugin, chat(), reply)
         assert (await store.count(KIND) == 1) is stored
+    run(go())
+
+
+def test_an_answer_past_the_recorder_bound_is_not_stored() -> None:
+    async def go() -> None:
+        store = FakeStore()
+        plugin = cache(store=store)
+        await miss_then_store(plugin, chat(), answer("x" * MAX_ANSWER_BYTES))
+        assert await store.count(KIND) == 0
+        await miss_then_store(plugin, chat(), answer("x" * (MAX_ANSWER_BYTES - 1000)))
+        assert await store.count(KIND) == 1
     run(go())
 
 
