@@ -9,8 +9,11 @@ from typing import Any, TypeVar
 
 import pytest
 
-from services.router.config import EntryConfig, RouterConfig
+from services.router.app import RouterApp
+from services.router.backends.pool import build_pools
+from services.router.config import EntryConfig, RouterConfig, parse_config
 from services.router.config.plugins import SemanticCacheConfig
+from services.router.decision.engine import Router
 from services.router.metrics import RouterMetrics
 from services.router.plugins.answer import MAX_ANSWER_BYTES, Answer
 from services.router.plugins.cache_key import MAX_SEMANTIC_CHARS, cache_key
@@ -20,8 +23,12 @@ from services.router.plugins.registry import CLASSES, Shared, builder
 from services.router.plugins.semantic_cache import KIND, SemanticCache
 from services.router.plugins.store.base import Item, StoreUnavailable
 from services.router.runtime.models import ModelUnavailable
+from tests.support.asgi_client import Answer as AsgiAnswer
+from tests.support.asgi_client import request
 from tests.support.fake_models import FakeModels, failing
 from tests.support.fake_store import FakeStore
+from tests.support.fake_upstream import FakeUpstream, Reply, chunk_events
+from tests.support.fake_upstream import completion as completion_body
 
 T = TypeVar("T")
 QUESTION = "How do I reset my password?"
@@ -521,4 +528,109 @@ def test_an_unreadable_entry_is_a_miss() -> None:
         assert await plugin.request(exchange) is None and outcome(exchange) == "miss"
         await store.put(Item(KIND, key.scope, key.key, b'{"other": 1}', None, time.time(), None))
         assert await plugin.request(chat()) is None
+    run(go())
+
+
+# ---- through the router's ASGI app: the relay records, the host stores, a hit is replayed ----
+
+class App:
+    """The router app with the cache on its one entry, a fake upstream, store and embedder."""
+
+    def __init__(self, config: SemanticCacheConfig = CONFIG) -> None:
+        parsed = parse_config({"listeners": [{"port": 8080, "api_keys": ["key-a", "key-b"]}],
+                               "pools": {"p": {"model": "p-m", "replicas": [{"url": UP}]}},
+                               "entries": {"assistant": {"default": ["p"]}}})
+        entry = replace(parsed.entries["assistant"], plugins=(config,))
+        self.config = replace(parsed, entries={"assistant": entry})
+        self.store = FakeStore()
+        pools = build_pools(self.config)
+        self.upstream = FakeUpstream()
+        self.host = PluginHost(self.config, builder(Shared(self.config, self.store, FakeModels(vectors=dict(VECTORS)))),
+                               RouterMetrics(pools))
+        self.app = RouterApp(self.config, Router(self.config), pools, self.upstream, self.host.metrics,
+                             plugins=self.host)
+
+    async def post(self, path: str, body: dict[str, Any], key: str = "key-a", **headers: str) -> AsgiAnswer:
+        answer = await request(self.app, "POST", path, body, headers={"authorization": f"Bearer {key}", **headers})
+        await self.host.drain()  # the response hook has stored what it stores
+        return answer
+
+
+UP = "http://up:8000"
+HI = [{"role": "user", "content": QUESTION}]
+
+
+def sse_reply(break_after: int | None = None) -> Reply:
+    return Reply(chunks=chunk_events(["Use the ", "reset link."]), content_type="text/event-stream",
+                 break_after=break_after)
+
+
+def test_a_streamed_responses_miss_is_stored_and_replayed_in_each_shape() -> None:
+    async def go() -> None:
+        app = App()
+        app.upstream.answer(UP, sse_reply())
+        body = {"model": "assistant", "input": QUESTION}
+        miss = await app.post("/v1/responses", {**body, "stream": True})
+        assert miss.status == 200 and miss.headers["x-router-cache"] == "miss"
+        assert await app.store.count(KIND) == 1
+        whole = await app.post("/v1/responses", body)
+        assert whole.headers["x-router-cache"] == "hit" and whole.headers["x-router-cache-match"] == "exact"
+        assert whole.json()["output"][0]["content"][0]["text"] == "Use the reset link."
+        assert whole.json()["status"] == "completed"
+        streamed = await app.post("/v1/responses", {**body, "stream": True})
+        events = streamed.events()
+        assert events[0]["type"] == "response.created" and events[-1]["type"] == "response.completed"
+        assert events[-1]["response"]["output"][0]["content"][0]["text"] == "Use the reset link."
+        assert len(app.upstream.sent) == 1
+        assert app.upstream.sent[0].body["stream_options"] == {"include_usage": True}
+    run(go())
+
+
+def test_a_messages_hit_is_replayed_as_a_messages_stream() -> None:
+    async def go() -> None:
+        app = App()
+        app.upstream.answer(UP, Reply(chunks=(completion_body("Use the reset link."),)))
+        body = {"model": "assistant", "max_tokens": 64, "messages": HI}
+        assert (await app.post("/v1/messages", body)).headers["x-router-cache"] == "miss"
+        hit = await app.post("/v1/messages", {**body, "stream": True})
+        assert hit.headers["x-router-cache"] == "hit"
+        kinds = [e["type"] for e in hit.events()]
+        assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+        text = "".join(e["delta"].get("text", "") for e in hit.events() if e["type"] == "content_block_delta")
+        assert text == "Use the reset link."
+        assert len(app.upstream.sent) == 1
+    run(go())
+
+
+def test_a_passed_through_chat_stream_is_stored_and_one_that_broke_off_is_not() -> None:
+    async def go() -> None:
+        app = App()
+        stream = {"model": "assistant", "messages": HI, "stream": True}
+        app.upstream.answer(UP, sse_reply(break_after=2))
+        broke = await app.post("/v1/chat/completions", stream)
+        assert broke.status == 200 and await app.store.count(KIND) == 0
+        app.upstream.answer(UP, sse_reply())
+        assert (await app.post("/v1/chat/completions", stream)).headers["x-router-cache"] == "miss"
+        assert await app.store.count(KIND) == 1
+        hit = await app.post("/v1/chat/completions", {"model": "assistant", "messages": HI})
+        assert hit.headers["x-router-cache"] == "hit"
+        assert hit.json()["choices"][0]["message"]["content"] == "Use the reset link."
+        assert hit.json()["usage"]["completion_tokens"] == 2
+        assert "cache" not in hit.body.decode()
+        other = await app.post("/v1/chat/completions", {"model": "assistant", "messages": HI}, key="key-b")
+        assert other.headers["x-router-cache"] == "miss"
+        user = await app.post("/v1/chat/completions", {"model": "assistant", "messages": HI}, **{"x-router-user": "a"})
+        assert user.headers["x-router-cache"] == "miss"
+        assert len(app.upstream.sent) == 4
+    run(go())
+
+
+def test_the_store_down_the_request_goes_on_upstream() -> None:
+    async def go() -> None:
+        app = App()
+        app.store.fail = True
+        answer = await app.post("/v1/chat/completions", {"model": "assistant", "messages": HI})
+        assert answer.status == 200 and "x-router-cache" not in answer.headers
+        assert answer.json()["choices"][0]["message"]["content"] == f"from {UP}"
+        assert len(app.upstream.sent) == 1
     run(go())
