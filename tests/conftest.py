@@ -2,9 +2,9 @@
 
 A module's tests go to one worker, so a module-scoped fleet starts once; the tests/vllm modules that use
 the shared engines (tests/vllm/conftest.py) or vLLM in-process go to the same worker, so those engines and
-the in-process reference vLLM start once and vllm is imported by one worker; the two vllm modules that
-only start processes of their own (the compose file, the metrics engine) are groups of their own, free
-to run on the other worker. Groups are handed out longest first, so that no long group starts last
+the in-process reference vLLM start once and vllm is imported by one worker; the vllm modules that only
+start processes of their own (the compose file, the metrics engine, a router's cache) are groups of their
+own, free to run on the other worker. Groups are handed out longest first, so that no long group starts last
 while the other worker idles: the vLLM group, then the directories whose tests start processes, then
 the unit tests, which fill in at the end. (The groups are made here, by a scheduler, and not with
 xdist_group marks: xdist 3.8 names a marked test by assigning `item._nodeid`, which pytest 9 no longer
@@ -20,7 +20,8 @@ _ORDER = ("tests/vllm/", "tests/e2e/", "tests/integration/", "tests/contract/", 
 
 
 # tests/vllm modules that start only processes of their own: not tied to the shared vllm group.
-_OWN_PROCESSES = ("tests/vllm/test_compose_vllm.py", "tests/vllm/test_metrics_vllm.py")
+_OWN_PROCESSES = ("tests/vllm/test_compose_vllm.py", "tests/vllm/test_metrics_vllm.py",
+                  "tests/vllm/test_router_cache_vllm.py")
 
 
 def _group(nodeid: str) -> str:

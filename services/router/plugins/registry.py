@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.router.config import RouterConfig
-from services.router.config.plugins import PluginConfig
+from services.router.config.plugins import PluginConfig, SemanticCacheConfig
 from services.router.plugins.hooks import Plugin
+from services.router.plugins.semantic_cache import SemanticCache
 from services.router.plugins.store.base import Store
 from services.router.runtime.models import DecisionModels
 
@@ -23,7 +24,9 @@ class Shared:
 
 
 # Plugin config type -> its class, called as cls(config, shared).
-CLASSES: dict[type, Callable[[Any, Shared], Plugin]] = {}
+CLASSES: dict[type, Callable[[Any, Shared], Plugin]] = {
+    SemanticCacheConfig: SemanticCache,
+}
 
 
 def builder(shared: Shared) -> Callable[[PluginConfig], Plugin]:
