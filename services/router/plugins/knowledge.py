@@ -71,6 +71,7 @@ class KnowledgeBase:
         self.passes = 0  # passes completed
         self.indexed = asyncio.Event()  # set once the first pass completed
         self._logged: dict[str, tuple[str, int, int]] = {}  # path -> the skip last logged (reason, size, mtime)
+        self._warned: set[str] = set()  # paths the walk could not read, said once each (until they can be)
         self._hashes: dict[str, tuple[int, int, str]] = {}  # path -> (size, mtime_ns, sha256) last read
         self._lock = asyncio.Lock()
         self._stop = asyncio.Event()
@@ -171,7 +172,7 @@ class KnowledgeBase:
                 stat = os.stat(location)
             except OSError as exc:
                 unreadable.add(path)
-                log.warning("knowledge base %s: %s not read: %s", self.config.name, path, exc)
+                self._warn(path, f"{path} not read: {exc}")
                 return
             seen = _Seen(path, location, stat.st_size, stat.st_mtime_ns)
             if stat.st_size > self.config.max_file_bytes:
@@ -181,11 +182,12 @@ class KnowledgeBase:
 
         for configured in self.config.paths:
             root = os.path.normpath(configured)
+            if not os.path.isfile(root) and not os.path.isdir(root):
+                self._warn(configured, f"path {configured} is neither a file nor a folder")
+                continue
+            self._warned.discard(configured)
             if os.path.isfile(root):
                 add(root.replace(os.sep, "/"), root)
-                continue
-            if not os.path.isdir(root):
-                log.warning("knowledge base %s: path %s is neither a file nor a folder", self.config.name, configured)
                 continue
             for folder, dirs, files in os.walk(root):
                 dirs.sort()
@@ -220,8 +222,9 @@ class KnowledgeBase:
         try:
             read = await asyncio.to_thread(_read, seen.location, self.config.max_file_bytes)
         except OSError as exc:
-            log.warning("knowledge base %s: %s not read: %s", self.config.name, seen.path, exc)
+            self._warn(seen.path, f"{seen.path} not read: {exc}")
             return False
+        self._warned.discard(seen.path)
         if isinstance(read, str):  # why it is not text
             self._skip(report, seen, read if read else self._too_big(seen.size))
             return True
@@ -268,6 +271,12 @@ class KnowledgeBase:
             await self.store.delete("chunk", self.config.name, f"{path}#{ordinal}")
         await self.store.delete("file", self.config.name, path)
         self._hashes.pop(path, None)
+
+    def _warn(self, key: str, message: str) -> None:
+        """Said once, not every pass, until what it is about is fine again."""
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning("knowledge base %s: %s", self.config.name, message)
 
     def _skip(self, report: Report, seen: _Seen, reason: str) -> None:
         """Not indexed, and said so once (again only when the file changes)."""
