@@ -55,36 +55,51 @@ def _pack(blocks: list[str], size: int, overlap: int, out: list[str]) -> None:
             out.append(current)
             carried = _tail(current, overlap)
             joined = f"{carried}\n\n{block}" if carried and len(carried) + 2 + len(block) <= size else block
-        while len(joined) > size:  # a paragraph longer than a chunk
-            end = _cut(joined, size, overlap)
-            out.append(joined[:end].rstrip())
-            carried = _tail(joined[:end], overlap)  # with the space it was cut after: words stay apart
-            if len(carried) >= end:  # the cut could not advance past the overlap: carry none
-                carried = ""
-            joined = carried + joined[end:] if carried else joined[end:].lstrip()
-        current, fresh = joined, True
+        begin = 0  # indices, not slices: a 10 MB paragraph is cut in one pass, not copied per chunk
+        while len(joined) - begin > size:  # a paragraph longer than a chunk
+            end = _cut(joined, begin, size, overlap)
+            out.append(joined[begin:end].rstrip())
+            resume = _tail_start(joined, begin, end, overlap)  # from after a space: words stay apart
+            begin = _skip_space(joined, resume if resume > begin else end)  # no progress with it: carry none
+        current, fresh = joined[begin:] if begin else joined, True
     if fresh and current.strip():
         out.append(current)
 
 
-def _cut(text: str, size: int, overlap: int) -> int:
-    """Where to cut a text longer than `size`: after the last whitespace in the chunk's second half
-    (past the overlap), else at `size` (a word longer than that is cut where it must be)."""
-    low = max(size // 2, overlap + 1)
-    space = max(text.rfind(" ", low, size), text.rfind("\n", low, size), text.rfind("\t", low, size))
-    return space + 1 if space >= 0 else boundary(text, size)
+def _cut(text: str, begin: int, size: int, overlap: int) -> int:
+    """Where to end the chunk from `begin` of a text longer than that: after the last whitespace in the
+    chunk's second half (past the overlap), else at `size` (a word longer than that is cut where it must be)."""
+    high = begin + size
+    low = begin + max(size // 2, overlap + 1)
+    space = max(text.rfind(" ", low, high), text.rfind("\n", low, high), text.rfind("\t", low, high))
+    if space >= 0:
+        return space + 1
+    end = boundary(text, high)
+    return end if end > begin else high
 
 
 def _tail(text: str, overlap: int) -> str:
     """Up to `overlap` characters of the end of `text`, from a word's start where there is one."""
+    return text[_tail_start(text, 0, len(text), overlap):].lstrip()
+
+
+def _tail_start(text: str, begin: int, end: int, overlap: int) -> int:
+    """Where the last (up to) `overlap` characters of text[begin:end] start: at a word's start where there
+    is one, else at a character's (`end`: none)."""
     if overlap <= 0:
-        return ""
-    if len(text) <= overlap:
-        return text
-    start = len(text) - overlap
-    space = min((i for i in (text.find(" ", start), text.find("\n", start)) if i >= 0), default=-1)
-    if space >= 0:
-        return text[space + 1:].lstrip()
-    while start < len(text) and boundary(text, start) != start:
+        return end
+    start = end - overlap
+    if start <= begin:
+        return begin
+    spaces = [i for i in (text.find(" ", start, end), text.find("\n", start, end)) if i >= 0]
+    if spaces:
+        return min(spaces) + 1
+    while start < end and boundary(text, start) != start:
         start += 1
-    return text[start:]
+    return start
+
+
+def _skip_space(text: str, i: int) -> int:
+    while i < len(text) and text[i].isspace():
+        i += 1
+    return i
