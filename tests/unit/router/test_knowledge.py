@@ -240,3 +240,28 @@ def test_indexing_waits_for_its_embedder_then_refreshes_until_stopped(tmp_path: 
 
     assert run(go()) == ["first", "first", "first", "first", "second"]  # three refusals, then each once
     assert kb._task is None
+
+
+def test_a_file_that_cannot_be_read_keeps_its_chunks_and_a_missing_path_is_said_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    doc = tmp_path / "doc.md"
+    doc.write_text("kept words")
+    kb = base([tmp_path, tmp_path / "nowhere"])
+    read = knowledge._read
+
+    def refuse(location: str, limit: int) -> Any:
+        if location == str(doc) and doc.read_text() != "kept words":
+            raise PermissionError(13, "Permission denied", location)
+        return read(location, limit)
+
+    monkeypatch.setattr(knowledge, "_read", refuse)
+    with caplog.at_level(logging.WARNING, logger="router"):
+        run(kb.refresh())
+        before = stored(kb.store)  # type: ignore[arg-type]
+        doc.write_text("changed but unreadable")
+        for _ in range(2):
+            report = run(kb.refresh())
+            assert not report.removed and not report.indexed and stored(kb.store) == before  # type: ignore[arg-type]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"knowledge base kb: path {tmp_path}/nowhere is neither a file nor a folder",
+        f"knowledge base kb: {doc} not read: [Errno 13] Permission denied: '{doc}'"]
