@@ -12,15 +12,20 @@ from urllib.parse import unquote
 
 import pytest
 
+from services.router.app import RouterApp
+from services.router.backends.pool import build_pools
 from services.router.config import RouterConfig, parse_config
+from services.router.decision.engine import Router
 from services.router.metrics import RouterMetrics
 from services.router.plugins.hooks import Exchange, PluginRefusal
 from services.router.plugins.host import PluginHost
 from services.router.plugins.rag import SOURCES_HEADER, Rag
 from services.router.plugins.recall import estimate_tokens
 from services.router.plugins.registry import Shared, builder
+from tests.support.asgi_client import request
 from tests.support.fake_models import FakeModels
 from tests.support.fake_store import FakeStore
+from tests.support.fake_upstream import FakeUpstream, Reply, chunk_events, completion
 from tests.support.word_vectors import WordVectors
 
 T = TypeVar("T")
@@ -168,3 +173,60 @@ def test_the_store_down_skips_rag_or_refuses_the_request_when_it_fails_closed(tm
         assert run(go()) == (None, 1)
         assert ex.chat["messages"] == ex.request["messages"] and not ex.headers
     assert metrics.plugin_outcomes.labels("e", "rag", "error")._value.get() == 1
+
+
+def test_through_the_app_every_api_gets_one_system_message_and_the_client_the_sources_header(
+        tmp_path: Path) -> None:
+    (tmp_path / "boiler.md").write_text("boiler pressure stays between one and two bar")
+    cfg = parse_config({
+        "listeners": [{"port": 8080, "api_keys": ["one"]}],
+        "pools": {"p": {"model": "m", "replicas": [{"url": "http://a:1"}]}},
+        "deployments": {"emb": {"model": "minilm", "tasks": ["embed"], "attached": {"urls": ["http://e:1"]}}},
+        "store": {}, "knowledge": {"docs": {"paths": [str(tmp_path)], "embedder": "emb", "refresh_s": 0}},
+        "entries": {"e": {"default": ["p"], "plugins": [{"type": "memory", "embedder": "emb"},
+                                                         {"type": "rag", "knowledge": "docs"}]}}})
+    store, upstream = FakeStore(), FakeUpstream()
+    upstream.answer("http://a:1", Reply(chunks=chunk_events(["Sure, ", "noted."]), content_type="text/event-stream"),
+                    Reply(chunks=(completion("ok"),)))
+    shared = Shared(cfg, store, FakeModels(vectors=WordVectors()))
+    pools = build_pools(cfg)
+    metrics = RouterMetrics(pools)
+    host = PluginHost(cfg, builder(shared), metrics)
+    app = RouterApp(cfg, Router(cfg), pools, upstream, metrics, plugins=host, store=store)
+    key = {"authorization": "Bearer one", "x-router-user": "ann"}
+
+    async def go() -> list[Any]:
+        await host.start()
+        await asyncio.wait_for(shared.knowledge["docs"].indexed.wait(), 10)
+        streamed = await request(app, "POST", "/v1/chat/completions", {
+            "model": "e", "stream": True, "messages": [{"role": "user", "content": "remember boiler pressure"}]},
+            headers=key)
+        await host.drain()
+        messages = await request(app, "POST", "/v1/messages", {
+            "model": "e", "max_tokens": 10, "system": "Be brief.",
+            "messages": [{"role": "user", "content": "boiler pressure"}]}, headers=key)
+        text = await request(app, "POST", "/v1/completions", {"model": "e", "prompt": "boiler pressure"},
+                             headers=key)
+        await host.stop()
+        return [streamed, messages, text]
+
+    streamed, messages, text = run(go())
+    assert streamed.status == 200 and sources_of(streamed) == [f"{tmp_path}/boiler.md#0"]
+    first = upstream.sent[0].body["messages"]
+    assert [m["role"] for m in first] == ["system", "user"] and "boiler pressure stays" in first[0]["content"]
+    kept = sorted(i.payload for i in store.items_by.values() if i.kind == "memory" and i.scope.endswith("/ann"))
+    assert kept == [b'{"content":"User: boiler pressure\\nAssistant: ok"}',  # the Messages answer, and
+                    b'{"content":"User: remember boiler pressure\\nAssistant: Sure, noted."}']  # the stream
+    assert messages.status == 200 and sources_of(messages) == [f"{tmp_path}/boiler.md#0"]
+    second = upstream.sent[1].body["messages"]
+    assert [m["role"] for m in second] == ["system", "user"]  # the client's system prompt took both blocks
+    assert second[0]["content"].startswith("Be brief.\n\nNotes from earlier conversations")
+    assert "remember boiler pressure\nAssistant: Sure, noted." in second[0]["content"]
+    assert "[" + str(tmp_path) + "/boiler.md#0]" in second[0]["content"]
+    assert text.status == 200 and upstream.sent[2].body["prompt"] == "boiler pressure" and not sources_of(text)
+    assert metrics.plugin_outcomes.labels("e", "rag", "skipped")._value.get() == 1
+
+
+def sources_of(answer: Any) -> list[str]:
+    raw = answer.headers.get(SOURCES_HEADER.decode())
+    return [unquote(s) for s in raw.split(",")] if raw else []
