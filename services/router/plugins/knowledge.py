@@ -113,7 +113,7 @@ class KnowledgeBase:
                 log.exception("knowledge base %s: indexing pass failed", self.config.name)
                 failing = True
             else:
-                if failing or report.indexed or report.removed:
+                if failing or report.indexed or report.removed or self.passes == 1:  # the first: said whatever it did
                     log.info("knowledge base %s: %d files indexed (%d chunks), %d unchanged, %d removed, "
                              "%d skipped", self.config.name, len(report.indexed), report.chunks,
                              report.unchanged, len(report.removed), len(report.skipped))
