@@ -44,6 +44,7 @@ from services.router.listeners.direct import DirectPools
 from services.router.listeners.escalate import Escalator
 from services.router.listeners.json_body import BodyError
 from services.router.listeners.listener import Listener, listeners_by_port
+from services.router.listeners.memory_api import MemoryAPI, memory_in_use, routed
 from services.router.listeners.relay import Relay
 from services.router.listeners.systemone import MODELS_PATH, POST_PATHS, SystemOne
 from services.router.metrics import RouterMetrics
@@ -51,6 +52,7 @@ from services.router.plugins.answer import Recorder
 from services.router.plugins.hooks import Exchange, PluginRefusal
 from services.router.plugins.host import Chain, PluginHost
 from services.router.plugins.identity import tenant_of, user_of
+from services.router.plugins.store.base import Store
 from services.router.runtime.deployments import Deployments
 
 log = logging.getLogger("router")
@@ -70,7 +72,7 @@ class RouterApp:
     def __init__(self, config: RouterConfig, router: Router, pools: dict[str, Pool], upstream: Upstream,
                  metrics: RouterMetrics, *, max_body_bytes: int = 32 << 20, body_workers: int = 2,
                  body_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S, runtime: Deployments | None = None,
-                 plugins: PluginHost | None = None) -> None:
+                 plugins: PluginHost | None = None, store: Store | None = None) -> None:
         self.config = config
         self.router = router
         self.pools = pools
@@ -91,6 +93,7 @@ class RouterApp:
         self._created = int(time.time())
         self.systemone = SystemOne(config, self._created)
         self.plugins = plugins  # the hooks' plugins (plugins/host.py); None: the config has none
+        self.memory = MemoryAPI(store, memory_in_use(config))  # GET/DELETE /v1/memory: the memory plugin's
 
     def close(self) -> None:
         """The body workers stopped (at shutdown)."""
@@ -105,7 +108,7 @@ class RouterApp:
         server = scope.get("server")
         listener = self._by_port.get(server[1] if server else -1, self._first)
         path, method = scope["path"], scope["method"]
-        api = POST_APIS.get(path) or GET_APIS.get(path)
+        api = POST_APIS.get(path) or GET_APIS.get(path) or ("memory" if routed(path) else None)
         tracked = TrackedSend(send)
         try:
             await self._route(listener, api, scope, receive, tracked)
@@ -158,6 +161,13 @@ class RouterApp:
         served = codec.part_of or api if codec is not None else api
         if api is None or served not in listener.config.apis:
             raise HTTPError(404, f"no route for {method} {path} on listener {listener.name!r}")
+        if api == "memory":
+            answer = await self.memory.answer(method, path, scope["query_string"], scope["headers"],
+                                              bool(listener.keys))
+            self.metrics.requests.labels(listener.name, api, "200").inc()
+            send.counted = True
+            await send_json(send, 200, answer)
+            return
         if path in GET_APIS:
             _only_get(path, method)
         elif method != "POST":

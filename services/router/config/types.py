@@ -19,8 +19,9 @@ from services.router.config.plugins import KnowledgeConfig, PluginConfig, StoreC
 
 # A listener's public APIs. explain: where a request would be routed, not sent (POST /v1/router/explain;
 # `decisions` in a list of apis is read as explain, its name before /v1/router/explain became System One's).
-# systemone is published only with its models named (listeners[].apis.systemone.models).
-APIS = ("chat", "completions", "responses", "messages", "models", "explain", "images", "systemone")
+# systemone is published only with its models named (listeners[].apis.systemone.models). memory: GET and
+# DELETE /v1/memory, a caller's own memories (served where some entry runs the memory plugin).
+APIS = ("chat", "completions", "responses", "messages", "models", "explain", "images", "systemone", "memory")
 DEFAULT_APIS = tuple(api for api in APIS if api != "systemone")
 ENTRY_APIS = ("chat", "systemone")  # an entry's kind: a chat recipe, or a native System One recipe
 POLICIES = ("least_outstanding", "cache_aware", "round_robin", "precise_prefix")

@@ -295,9 +295,10 @@ ERROR_SCHEMA: dict[str, Any] = {"type": "object", "required": ["error"], "proper
 
 
 def document(listener: ListenerConfig, models: tuple[str, ...],
-             systemone: Mapping[str, str] | None = None) -> dict[str, Any]:
+             systemone: Mapping[str, str] | None = None, memory: bool = False) -> dict[str, Any]:
     """The OpenAPI 3.1 document of one listener: its APIs, with `models` (its public names) as `model`;
-    `systemone`: its published System One models' families by name (served when its apis have systemone)."""
+    `systemone`: its published System One models' families by name (served when its apis have systemone);
+    `memory`: some entry runs the memory plugin (its API is served when the apis have memory)."""
     shapes = (ChatRequest, CompletionsRequest, ResponsesRequest, MessagesRequest, CountTokensRequest, ImagesRequest)
     refs, schemas = msgspec.json.schema_components(shapes, ref_template=_REF)
     by_shape = dict(zip(shapes, refs, strict=True))
@@ -319,6 +320,8 @@ def document(listener: ListenerConfig, models: tuple[str, ...],
         paths["/v1/models"] = {"get": _get("The public model names served on this listener")}
     if "systemone" in listener.apis:
         _systemone(paths, schemas, systemone or {})
+    if memory and "memory" in listener.apis:
+        _memory(paths, schemas)
     paths["/health"] = {"get": _get("Liveness, and the ready replicas of each pool")}
     paths["/ready"] = {"get": _get("Readiness: 503 until every deployment in use has a ready worker")}
     paths["/metrics"] = {"get": {"summary": "Prometheus metrics",
@@ -376,6 +379,66 @@ def _systemone(paths: dict[str, Any], schemas: dict[str, Any], families: Mapping
                    "recipes (routing true)",
         "responses": {"200": {"description": "The list", "content": {"application/json": {
             "schema": by_shape[systemone_schema.SystemOneModelList]}}}}}}
+
+
+class Memory(msgspec.Struct):
+    """One memory: a turn of the caller's (their message and the answer), as the memory plugin kept it."""
+    id: str
+    object: Literal["memory"]
+    created_at: int  # unix seconds
+    content: str
+
+
+class MemoryList(msgspec.Struct):
+    object: Literal["list"]
+    data: list[Memory]  # newest first
+    has_more: bool
+
+
+class MemoryDeleted(msgspec.Struct):
+    id: str
+    object: Literal["memory"]
+    deleted: bool
+
+
+class MemoriesDeleted(msgspec.Struct):
+    object: Literal["list"]
+    deleted: int  # how many went
+
+
+def _memory(paths: dict[str, Any], schemas: dict[str, Any]) -> None:
+    """GET and DELETE /v1/memory (listeners/memory_api.py): the caller's own memories."""
+    shapes = (MemoryList, Memory, MemoryDeleted, MemoriesDeleted)
+    refs, components = msgspec.json.schema_components(shapes, ref_template=_REF)
+    schemas.update(components)
+    ref = dict(zip(shapes, refs, strict=True))
+    error = {"content": {"application/json": {"schema": {"$ref": _REF.format(name="Error")}}}}
+    user = {"name": "user", "in": "query", "required": False, "schema": {"type": "string", "minLength": 1,
+                                                                         "maxLength": 256},
+            "description": "The end user whose memories these are (else the x-router-user header; neither: the "
+                           "API key's own)"}
+    page = [{"name": "limit", "in": "query", "required": False,
+             "schema": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100}},
+            {"name": "offset", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 0,
+                                                                            "default": 0}}]
+    memory_id = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
+
+    def answer(summary: str, shape: Any, *, missing: bool = False) -> dict[str, Any]:
+        responses: dict[str, Any] = {
+            "200": {"description": summary, "content": {"application/json": {"schema": ref[shape]}}},
+            "400": {"description": "A query parameter is invalid; the message names it", **error},
+            "503": {"description": "The store did not answer", **error}}
+        if missing:
+            responses["404"] = {"description": "No memory of the caller's has this id", **error}
+        return {"summary": summary, "responses": responses}
+
+    paths["/v1/memory"] = {
+        "get": {**answer("The caller's memories, newest first", MemoryList), "parameters": [*page, user]},
+        "delete": {**answer("Erase all of the caller's memories", MemoriesDeleted), "parameters": [user]}}
+    paths["/v1/memory/{id}"] = {
+        "get": {**answer("One of the caller's memories", Memory, missing=True), "parameters": [memory_id, user]},
+        "delete": {**answer("Erase one of the caller's memories", MemoryDeleted, missing=True),
+                   "parameters": [memory_id, user]}}
 
 
 def _untag(schema: dict[str, Any]) -> None:

@@ -227,7 +227,7 @@ INVALID = {
     "unknown api": (
         lambda d: d["listeners"][0].update(apis=["chats"]),
         "listeners[0].apis[0]: unknown api 'chats' "
-        "(apis: chat, completions, responses, messages, models, explain, images, systemone)"),
+        "(apis: chat, completions, responses, messages, models, explain, images, systemone, memory)"),
     "api_keys_env unset": (
         lambda d: d["listeners"][0].update(api_keys_env="ROUTER_KEYS"),
         "listeners[0].api_keys_env: environment variable ROUTER_KEYS is not set "

@@ -180,11 +180,11 @@ INVALID: dict[str, tuple[Callable[[dict[str, Any]], object], tuple[str, ...]]] =
     "an unknown api in a list": (
         lambda d: _public(d).update(apis=["chat", "embeddings"], pools=[]),
         ("listeners[0].apis[1]: unknown api 'embeddings' (apis: chat, completions, responses, messages, models, "
-         "explain, images, systemone)",)),
+         "explain, images, systemone, memory)",)),
     "an unknown api in a mapping": (
         lambda d: _public(d)["apis"].update(chats={}),
         ("listeners[0].apis.chats: unknown api 'chats' (apis: chat, completions, responses, messages, models, "
-         "explain, images, systemone)",)),
+         "explain, images, systemone, memory)",)),
     "decisions as a mapping key": (
         lambda d: _public(d)["apis"].update(decisions={}),
         ("listeners[0].apis.decisions: ambiguous: write `explain` for the routing preview (POST "
