@@ -45,12 +45,17 @@ from services.router.listeners.escalate import Escalator
 from services.router.listeners.json_body import BodyError
 from services.router.listeners.listener import Listener, listeners_by_port
 from services.router.listeners.relay import Relay
+from services.router.listeners.responses_api import API as STATE_API
+from services.router.listeners.responses_api import PREFIX as STATE_PREFIX
+from services.router.listeners.responses_api import ResponsesAPI
 from services.router.listeners.systemone import MODELS_PATH, POST_PATHS, SystemOne
 from services.router.metrics import RouterMetrics
 from services.router.plugins.answer import Recorder
 from services.router.plugins.hooks import Exchange, PluginRefusal
 from services.router.plugins.host import Chain, PluginHost
 from services.router.plugins.identity import tenant_of, user_of
+from services.router.plugins.responses_state import responses_state
+from services.router.plugins.store.base import Store
 from services.router.runtime.deployments import Deployments
 
 log = logging.getLogger("router")
@@ -70,7 +75,7 @@ class RouterApp:
     def __init__(self, config: RouterConfig, router: Router, pools: dict[str, Pool], upstream: Upstream,
                  metrics: RouterMetrics, *, max_body_bytes: int = 32 << 20, body_workers: int = 2,
                  body_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S, runtime: Deployments | None = None,
-                 plugins: PluginHost | None = None) -> None:
+                 plugins: PluginHost | None = None, store: Store | None = None) -> None:
         self.config = config
         self.router = router
         self.pools = pools
@@ -91,6 +96,8 @@ class RouterApp:
         self._created = int(time.time())
         self.systemone = SystemOne(config, self._created)
         self.plugins = plugins  # the hooks' plugins (plugins/host.py); None: the config has none
+        # The Responses API's state: in the opened store, when the config keeps it (store.responses).
+        self.responses = ResponsesAPI(responses_state(config.store, store), metrics)
 
     def close(self) -> None:
         """The body workers stopped (at shutdown)."""
@@ -105,7 +112,7 @@ class RouterApp:
         server = scope.get("server")
         listener = self._by_port.get(server[1] if server else -1, self._first)
         path, method = scope["path"], scope["method"]
-        api = POST_APIS.get(path) or GET_APIS.get(path)
+        api = POST_APIS.get(path) or GET_APIS.get(path) or (STATE_API if path.startswith(STATE_PREFIX) else None)
         tracked = TrackedSend(send)
         try:
             await self._route(listener, api, scope, receive, tracked)
@@ -152,6 +159,9 @@ class RouterApp:
         if path == "/openapi.json":
             _only_get(path, method)
             await send_json(send, 200, listener.openapi)
+            return
+        if api == STATE_API:  # GET and DELETE /v1/responses/{id}, where the listener serves `responses`
+            await self.responses.serve(listener, scope, send)
             return
         # An API's other routes (count_tokens) are served where the API is.
         codec = CODECS.get(api) if api is not None else None
@@ -252,6 +262,7 @@ class RouterApp:
                         send: TrackedSend) -> None:
         raw = await read_body(scope, receive, self.max_body_bytes, self.body_timeout_s)
         parsed = await self._parse(codec.name, raw)
+        turn = await self.responses.begin(listener, codec, parsed, len(raw), scope)  # previous_response_id, store
         chat = parsed.chat
         # Counting the tokens of a long text would stall every stream: that goes to a thread.
         choice = await self._choose(listener, chat, parsed.text, offload=len(raw) > OFF_LOOP_BYTES,
@@ -273,17 +284,18 @@ class RouterApp:
         exchange: Exchange | None = None
         answered: dict[str, Any] | None = None
         ran = 0  # the plugins whose request hook ran: their response hooks run
+        answering = self.responses.sending(turn, send)  # a stored response is stored before its last piece
         try:
             if chain:
                 exchange = await self._exchange(listener, codec, call, scope)
                 answered, ran = await self._hooks(chain, exchange)
                 call.headers += exchange.headers
             if answered is not None:
-                await self.relay.send_whole(call, answered, send)
+                await self.relay.send_whole(call, answered, answering)
             elif isinstance(choice.entry.algorithm, EscalateAlgorithm) and codec.judged:
-                await self.escalator.escalate(call, choice.entry.algorithm, send)
+                await self.escalator.escalate(call, choice.entry.algorithm, answering)
             else:
-                await self.relay.relay(call, send)
+                await self.relay.relay(call, answering)
         except HTTPError as exc:
             call.status, exc.counted = exc.status, True
             exc.headers = call.headers + exc.headers
