@@ -163,8 +163,10 @@ class ResponsesRequest(_Strict):
     cache_salt: str | None = None
     priority: int | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # The response state, where the router keeps it (a `store` in its config): a 400 for an id elsewhere.
+    previous_response_id: str | None = None
+    store: bool | None = None  # false: this response is not kept (without state it never is)
     # Accepted, no change to the answer.
-    store: bool | None = None
     service_tier: str | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
@@ -315,6 +317,8 @@ def document(listener: ListenerConfig, models: tuple[str, ...],
                                                                         by_shape[CompletionsRequest],
                                                                         by_shape[ResponsesRequest]]}
             paths[path] = {"post": _post(summary, body)}
+    if "responses" in listener.apis:
+        _stored_responses(paths)
     if "models" in listener.apis:
         paths["/v1/models"] = {"get": _get("The public model names served on this listener")}
     if "systemone" in listener.apis:
@@ -376,6 +380,34 @@ def _systemone(paths: dict[str, Any], schemas: dict[str, Any], families: Mapping
                    "recipes (routing true)",
         "responses": {"200": {"description": "The list", "content": {"application/json": {
             "schema": by_shape[systemone_schema.SystemOneModelList]}}}}}}
+
+
+def _stored_responses(paths: dict[str, Any]) -> None:
+    """The Responses API's state routes (listeners/responses_api.py): a stored response read, deleted,
+    and its input items listed, by its owner (the API key, and the x-router-user header's user)."""
+    error = {"content": {"application/json": {"schema": {"$ref": _REF.format(name="Error")}}}}
+    response_id = {"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}
+    user = {"name": "x-router-user", "in": "header", "required": False, "schema": {"type": "string"},
+            "description": "The user the response was created for (its `user`), if it named one"}
+    missing = {"description": "No such response of this API key and user, or this router keeps no response state",
+               **error}
+    down = {"description": "The response store did not answer", **error}
+
+    def route(summary: str, said: str, query: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        return {"summary": summary, "parameters": [response_id, user, *(query or [])],
+                "responses": {"200": {"description": said, "content": {"application/json": {}}},
+                              "400": {"description": "A query parameter is invalid; the message names it", **error},
+                              "404": missing, "503": down}}
+
+    query = [{"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 100}},
+             {"name": "order", "in": "query", "schema": {"type": "string", "enum": ["asc", "desc"]}},
+             {"name": "after", "in": "query", "schema": {"type": "string"}}]
+    paths["/v1/responses/{response_id}"] = {
+        "get": route("A stored response, as its client got it", "The response object"),
+        "delete": route("Delete a stored response", "{id, object: response, deleted: true}")}
+    paths["/v1/responses/{response_id}/input_items"] = {
+        "get": route("The input items of a stored response's own request (not the earlier turns')",
+                     "A list: data, first_id, last_id, has_more", query)}
 
 
 def _untag(schema: dict[str, Any]) -> None:
