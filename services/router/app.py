@@ -46,15 +46,13 @@ from services.router.listeners.json_body import BodyError
 from services.router.listeners.listener import Listener, listeners_by_port
 from services.router.listeners.relay import Relay
 from services.router.listeners.responses_api import API as STATE_API
-from services.router.listeners.responses_api import PREFIX as STATE_PREFIX
-from services.router.listeners.responses_api import ResponsesAPI
+from services.router.listeners.responses_api import is_state_path, responses_api
 from services.router.listeners.systemone import MODELS_PATH, POST_PATHS, SystemOne
 from services.router.metrics import RouterMetrics
 from services.router.plugins.answer import Recorder
 from services.router.plugins.hooks import Exchange, PluginRefusal
 from services.router.plugins.host import Chain, PluginHost
 from services.router.plugins.identity import tenant_of, user_of
-from services.router.plugins.responses_state import responses_state
 from services.router.plugins.store.base import Store
 from services.router.runtime.deployments import Deployments
 
@@ -97,7 +95,7 @@ class RouterApp:
         self.systemone = SystemOne(config, self._created)
         self.plugins = plugins  # the hooks' plugins (plugins/host.py); None: the config has none
         # The Responses API's state: in the opened store, when the config keeps it (store.responses).
-        self.responses = ResponsesAPI(responses_state(config.store, store), metrics)
+        self.responses = responses_api(config.store, store, metrics)
 
     def close(self) -> None:
         """The body workers stopped (at shutdown)."""
@@ -112,7 +110,7 @@ class RouterApp:
         server = scope.get("server")
         listener = self._by_port.get(server[1] if server else -1, self._first)
         path, method = scope["path"], scope["method"]
-        api = POST_APIS.get(path) or GET_APIS.get(path) or (STATE_API if path.startswith(STATE_PREFIX) else None)
+        api = POST_APIS.get(path) or GET_APIS.get(path) or (STATE_API if is_state_path(path) else None)
         tracked = TrackedSend(send)
         try:
             await self._route(listener, api, scope, receive, tracked)
@@ -160,8 +158,9 @@ class RouterApp:
             _only_get(path, method)
             await send_json(send, 200, listener.openapi)
             return
-        if api == STATE_API:  # GET and DELETE /v1/responses/{id}, where the listener serves `responses`
-            await self.responses.serve(listener, scope, send)
+        if api == STATE_API:  # /v1/responses/{id} and /v1/conversations, where the listener serves `responses`
+            await self.responses.serve(listener, scope, send, lambda: read_body(
+                scope, receive, self.max_body_bytes, self.body_timeout_s))
             return
         # An API's other routes (count_tokens) are served where the API is.
         codec = CODECS.get(api) if api is not None else None

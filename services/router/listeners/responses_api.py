@@ -1,7 +1,8 @@
-"""The Responses API's state over HTTP (router process): a request's `previous_response_id` carried in
-(the stored conversation put before its input), its response stored as it goes out (the last piece is
-held until it is stored, so that the client can chain from it at once), and GET and DELETE
-/v1/responses/{id} and GET /v1/responses/{id}/input_items, each for the response's owner only."""
+"""The Responses API's state over HTTP (router process): a request's `previous_response_id` or
+`conversation` carried in (the earlier turns put before its input), its response stored and its turn
+added to its conversation as it goes out (the last piece is held until then, so that the client can
+chain from it at once), GET and DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items, and the
+Conversations API (listeners/conversations_api.py), each for the owner only."""
 from __future__ import annotations
 
 import asyncio
@@ -13,6 +14,7 @@ from urllib.parse import parse_qs
 import msgspec
 from starlette.types import Message, Scope, Send
 
+from services.router.config.plugins import StoreConfig
 from services.router.decision.signals import request_text
 from services.router.errors import HTTPError
 from services.router.listeners.asgi import send_json
@@ -20,77 +22,97 @@ from services.router.listeners.body_workers import Parsed
 from services.router.listeners.codecs.codec import Codec, CodecError
 from services.router.listeners.codecs.responses import CHOSEN_ID, RESPONSES, response_id
 from services.router.listeners.codecs.responses_request import input_messages
+from services.router.listeners.conversations_api import PREFIX as CONVERSATIONS
+from services.router.listeners.conversations_api import Body, ConversationsAPI, list_page, page_query
 from services.router.listeners.listener import Listener
 from services.router.listeners.sse import SSEData
 from services.router.metrics import RouterMetrics
+from services.router.plugins.conversations_state import ConversationsState, Full
 from services.router.plugins.identity import tenant_of, user_of
 from services.router.plugins.responses_state import OFF_LOOP_BYTES, ResponsesState, Stored, input_items
-from services.router.plugins.store.base import StoreUnavailable
+from services.router.plugins.store.base import Store, StoreUnavailable
 
 log = logging.getLogger("router")
 PREFIX = "/v1/responses/"
 API = "responses_state"  # these routes' name in the metrics (a listener serves them where it serves `responses`)
 NO_STATE = "this router keeps no response state (its config has no `store`, or `store.responses` is false)"
-ORDERS = ("asc", "desc")
-MAX_LIMIT = 100
 _json = msgspec.json.Encoder()
 _decode = msgspec.json.Decoder()
 _PREVIOUS = "previous_response_id"
+_CONVERSATION = "conversation"
+
+
+def is_state_path(path: str) -> bool:
+    """Whether `path` is one of these routes (served where the listener serves `responses`)."""
+    return path.startswith(PREFIX) or path == CONVERSATIONS or path.startswith(CONVERSATIONS + "/")
 
 
 @dataclass(slots=True)
 class Turn:
-    """One Responses request whose response is to be stored."""
+    """One Responses request whose response is to be stored, or added to a conversation."""
     owner: str
     id: str  # the response's, chosen up front
     messages: list[dict[str, Any]]  # the conversation sent but for instructions: the earlier turns, then this input
     input_from: int  # where this request's own input begins in `messages`
     size: int  # about the bytes of `messages` (the request's and the earlier turns' payload)
+    store: bool = True  # the response is stored (the request's `store`)
+    conversation: str | None = None  # the conversation its input and output items are added to
 
 
 class ResponsesAPI:
-    def __init__(self, state: ResponsesState | None, metrics: RouterMetrics) -> None:
-        """`state` None: the router keeps none (previous_response_id is a 400, the routes answer 404)."""
+    def __init__(self, state: ResponsesState | None, metrics: RouterMetrics,
+                 conversations: ConversationsAPI | None = None) -> None:
+        """`state` None: the router keeps none (previous_response_id and conversation are 400s, the
+        routes answer 404)."""
         self.state = state
         self.metrics = metrics
+        self.conversations = conversations
 
     # ---- a Responses request ----
 
     async def begin(self, listener: Listener, codec: Codec, parsed: Parsed, size: int,
                     scope: Scope) -> Turn | None:
-        """A Responses request made ready for the state: the earlier turns of `previous_response_id` put
-        before its input (in `parsed`'s upstream body, and in the text routing reads), and the request
-        the codec's translations read given the response's id and whether it is stored. The Turn that
-        stores the response as it goes out, or None (not a Responses request, or not stored). `size`:
-        the request body's bytes."""
+        """A Responses request made ready for the state: the earlier turns of `previous_response_id` (or
+        the items of its `conversation`) put before its input, in `parsed`'s upstream body and in the
+        text routing reads; and the request the codec's translations read given the response's id,
+        whether it is stored and its conversation. The Turn that keeps the response as it goes out, or
+        None (not a Responses request, or nothing to keep). `size`: the request body's bytes."""
         if codec.name != RESPONSES.name:
             return None
         request = parsed.request
-        previous = request.get(_PREVIOUS)
-        if self.state is None:
-            if previous is not None:
-                raise HTTPError(400, f"{_PREVIOUS}: is not supported: {NO_STATE}", param=_PREVIOUS)
+        previous, conversation = request.get(_PREVIOUS), request.get(_CONVERSATION)
+        if self.state is None or self.conversations is None:
+            for name, value in ((_PREVIOUS, previous), (_CONVERSATION, conversation)):
+                if value is not None:
+                    raise HTTPError(400, f"{name}: is not supported: {NO_STATE}", param=name)
             parsed.request = {**request, "store": False}  # echoed: this response is not kept
             return None
+        if previous is not None and conversation is not None:
+            raise HTTPError(400, f"{_PREVIOUS}: cannot be used together with conversation", param=_PREVIOUS)
         owner = owner_of(listener, request, scope["headers"])
         history: list[dict[str, Any]] = []
+        conversation_id = None
         if previous is not None:
             stored, stored_size = await self._previous(owner, previous)
             history, size = stored.messages, size + stored_size
+        elif conversation is not None:
+            conversation_id, history = await self._conversation(owner, conversation)
         keep = request.get("store") is not False
-        if not keep and not history:
-            return None
+        if not keep and not history and conversation_id is None:
+            return None  # nothing to carry in, nothing to keep
         # The codec put the instructions first, as one system message; the earlier turns go after them
         # (an earlier response's instructions are not carried, as OpenAI's are not).
         skip = 1 if request.get("instructions") is not None else 0
         if parsed.bulk or size > OFF_LOOP_BYTES:
-            conversation = await asyncio.to_thread(_carry, parsed, skip, history)
+            whole = await asyncio.to_thread(_carry, parsed, skip, history)
         else:
-            conversation = _carry(parsed, skip, history)
-        if not keep:
+            whole = _carry(parsed, skip, history)
+        if not keep and conversation_id is None:
             return None
-        turn = Turn(owner, response_id(), conversation, len(history), size)
-        parsed.request = {**request, CHOSEN_ID: turn.id, "store": True}
+        turn = Turn(owner, response_id(), whole, len(history), size, keep, conversation_id)
+        parsed.request = {**request, CHOSEN_ID: turn.id, "store": keep}
+        if conversation_id is not None:
+            parsed.request[_CONVERSATION] = {"id": conversation_id}  # echoed as OpenAI does
         return turn
 
     async def _previous(self, owner: str, previous: str) -> tuple[Stored, int]:
@@ -105,14 +127,24 @@ class ResponsesAPI:
             raise HTTPError(404, f"Previous response with id '{previous}' not found.", param=_PREVIOUS)
         return stored
 
+    async def _conversation(self, owner: str, conversation: Any) -> tuple[str, list[dict[str, Any]]]:
+        assert self.conversations is not None  # asked only when the router keeps state
+        try:
+            return await self.conversations.history(owner, conversation)
+        except StoreUnavailable as exc:
+            self.metrics.store_errors.labels("responses").inc()
+            raise HTTPError(503, f"conversation: the store did not answer ({exc}), so its items cannot be "
+                                 "carried; retry", param=_CONVERSATION) from None
+
     def sending(self, turn: Turn | None, send: Send) -> Send:
-        """`send` for the answer: as it is, or (a stored response) holding its last piece until stored."""
+        """`send` for the answer: as it is, or (a Turn) holding its last piece until the response is kept."""
         return send if turn is None else _Keeping(send, self, turn)
 
     async def keep(self, turn: Turn, last: bytes) -> None:
-        """Store the response whose last piece (a whole body, or a stream's tail) is `last`. Fails open:
-        the client has its answer whatever the store does (logged, and counted in router_store_errors)."""
-        assert self.state is not None  # a Turn is only made when the router keeps state
+        """Store the response whose last piece (a whole body, or a stream's tail) is `last`, and add its
+        input and output items to its conversation. Fails open: the client has its answer whatever the
+        store does (logged, and counted in router_store_errors)."""
+        assert self.state is not None and self.conversations is not None  # a Turn is only made with state
         response = _final(last)
         if response is None or response.get("id") != turn.id or response.get("status") not in ("completed",
                                                                                                "incomplete"):
@@ -121,48 +153,65 @@ class ResponsesAPI:
             answer = input_messages(response.get("output") or [])
         except CodecError:  # an answer of reasoning alone carries no message
             answer = []
-        stored = Stored(response, turn.messages + answer, input_items(turn.messages[turn.input_from:]))
+        own = input_items(turn.messages[turn.input_from:])
         try:
-            await self.state.put(turn.owner, stored, turn.size + len(last))
+            if turn.store:
+                await self.state.put(turn.owner, Stored(response, turn.messages + answer, own), turn.size + len(last))
+            if turn.conversation is not None:
+                await self.conversations.state.add(turn.owner, turn.conversation, own + list(response["output"]))
         except StoreUnavailable as exc:
             self.metrics.store_errors.labels("responses").inc()
-            log.warning("response %s not stored: %s", turn.id, exc)
+            log.warning("response %s not kept: %s", turn.id, exc)
+        except Full as exc:
+            log.warning("response %s not added to conversation %s: %s", turn.id, turn.conversation, exc)
 
-    # ---- GET and DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items ----
+    # ---- the routes ----
 
-    async def serve(self, listener: Listener, scope: Scope, send: Send) -> None:
+    async def serve(self, listener: Listener, scope: Scope, send: Send, body: Body) -> None:
+        """GET and DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items, and the Conversations
+        API's routes (`body` reads the request's body)."""
+        path, method = scope["path"], scope["method"]
+        if "responses" not in listener.config.apis:
+            raise HTTPError(404, f"no route for {method} {path} on listener {listener.name!r}")
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+        try:
+            if path.startswith(PREFIX):
+                answer = await self._responses(listener, scope, query)
+            elif self.conversations is None:
+                raise HTTPError(404, f"no conversation: {NO_STATE}")
+            else:
+                answer = await self.conversations.serve(owner_of(listener, {}, scope["headers"]), method, path,
+                                                        query, body)
+        except StoreUnavailable as exc:
+            self.metrics.store_errors.labels("responses").inc()
+            raise HTTPError(503, f"the store did not answer ({exc}); retry") from None
+        self.metrics.requests.labels(listener.name, API, "200").inc()
+        await send_json(send, 200, _json.encode(answer))
+
+    async def _responses(self, listener: Listener, scope: Scope, query: dict[str, list[str]]) -> dict[str, Any]:
         path, method = scope["path"], scope["method"]
         key, _, rest = path[len(PREFIX):].partition("/")
-        if not key or rest not in ("", "input_items") or "responses" not in listener.config.apis:
+        if not key or rest not in ("", "input_items"):
             raise HTTPError(404, f"no route for {method} {path} on listener {listener.name!r}")
         allowed = ("GET", "HEAD") if rest else ("GET", "HEAD", "DELETE")
         if method not in allowed:
             raise HTTPError(405, f"{path} accepts {', '.join(allowed)} only",
                             headers=[(b"allow", ", ".join(allowed).encode())])
-        query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
-        page = _page_query(query) if rest else None
+        page = page_query(query) if rest else None
         if not rest and method != "DELETE" and _last(query, "stream") in ("true", "1"):
             raise HTTPError(400, "stream: a stored response is answered whole, never replayed as a stream",
                             param="stream")
         if self.state is None:
             raise HTTPError(404, f"Response with id '{key}' not found: {NO_STATE}")
         owner = owner_of(listener, {}, scope["headers"])
-        try:
-            if method == "DELETE":
-                found = await self.state.delete(owner, key)
-                body: dict[str, Any] = {"id": key, "object": "response", "deleted": True}
-            else:
-                got = await self.state.get(owner, key)
-                found = got is not None
-                if got is not None:
-                    body = got[0].response if page is None else _page(got[0].input_items, *page)
-        except StoreUnavailable as exc:
-            self.metrics.store_errors.labels("responses").inc()
-            raise HTTPError(503, f"the response store did not answer ({exc}); retry") from None
-        if not found:
+        if method == "DELETE":
+            if not await self.state.delete(owner, key):
+                raise HTTPError(404, f"Response with id '{key}' not found.")
+            return {"id": key, "object": "response", "deleted": True}
+        got = await self.state.get(owner, key)
+        if got is None:
             raise HTTPError(404, f"Response with id '{key}' not found.")
-        self.metrics.requests.labels(listener.name, API, "200").inc()
-        await send_json(send, 200, _json.encode(body))
+        return got[0].response if page is None else list_page(got[0].input_items, *page)
 
 
 class _Keeping:
@@ -230,28 +279,10 @@ def _last(query: dict[str, list[str]], name: str) -> str | None:
     return values[-1] if values else None
 
 
-def _page_query(query: dict[str, list[str]]) -> tuple[int, str, str | None]:
-    """input_items' limit (1-100, 20), order (asc or desc, desc) and after (an item id); 400 naming the field."""
-    raw = _last(query, "limit")
-    limit = 20
-    if raw is not None:
-        if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIMIT:
-            raise HTTPError(400, f"limit: must be an integer in [1, {MAX_LIMIT}], got {raw!r}", param="limit")
-        limit = int(raw)
-    order = _last(query, "order") or "desc"
-    if order not in ORDERS:
-        raise HTTPError(400, f"order: must be one of {list(ORDERS)}, got {order!r}", param="order")
-    return limit, order, _last(query, "after") or None
-
-
-def _page(items: list[dict[str, Any]], limit: int, order: str, after: str | None) -> dict[str, Any]:
-    """One page of input items in OpenAI's list shape."""
-    ordered = items if order == "asc" else items[::-1]
-    if after is not None:
-        at = next((i for i, item in enumerate(ordered) if item.get("id") == after), None)
-        if at is None:
-            raise HTTPError(400, f"after: no input item of this response has the id {after!r}", param="after")
-        ordered = ordered[at + 1:]
-    data = ordered[:limit]
-    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None, "has_more": len(ordered) > limit}
+def responses_api(config: StoreConfig | None, store: Store | None, metrics: RouterMetrics) -> ResponsesAPI:
+    """The routes and the request path over the state the config keeps in the opened `store`: none
+    without a store, or with `responses: false`."""
+    if config is None or store is None or not config.responses:
+        return ResponsesAPI(None, metrics)
+    return ResponsesAPI(ResponsesState(store, config.responses_ttl_s), metrics,
+                        ConversationsAPI(ConversationsState(store)))

@@ -12,7 +12,6 @@ from typing import Any
 
 import msgspec
 
-from services.router.config.plugins import StoreConfig
 from services.router.plugins.store.base import Item, Store
 
 KIND = "response"
@@ -67,13 +66,6 @@ class ResponsesState:
         if not response_id or len(response_id) > MAX_ID_CHARS:
             return False
         return await self.store.delete(KIND, owner, response_id) > 0
-
-
-def responses_state(config: StoreConfig | None, store: Store | None) -> ResponsesState | None:
-    """The state the config keeps in the opened `store`: None without a store or with `responses: false`."""
-    if config is None or store is None or not config.responses:
-        return None
-    return ResponsesState(store, config.responses_ttl_s)
 
 
 def input_items(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

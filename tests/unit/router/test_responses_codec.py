@@ -123,7 +123,8 @@ def test_harmless_defaults_are_accepted() -> None:
     ({"tool_choice": "required"}, "tool_choice"),
     # An id is honoured where the router keeps state (listeners/responses_api.py); it is a string.
     ({"previous_response_id": 1}, "previous_response_id"),
-    ({"conversation": "conv_1"}, "conversation"),
+    ({"conversation": {"name": "conv_1"}}, "conversation"),
+    ({"prompt": {"id": "pmpt_1"}}, "prompt"),
     ({"reasoning": {"effort": "huge"}}, "reasoning.effort"),
     ({"reasoning": "high"}, "reasoning"),
     ({"background": True}, "background"),

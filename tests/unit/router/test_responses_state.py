@@ -345,3 +345,112 @@ def test_unused_parsed_fields_stay_as_they_were() -> None:
     parsed = Parsed({"model": "fleet"}, {"model": "fleet", "messages": [{"role": "user", "content": "hi"}]}, "hi")
     assert _carry(parsed, 0, []) == [{"role": "user", "content": "hi"}]
     assert parsed.chat["messages"] == [{"role": "user", "content": "hi"}] and parsed.text == "hi"
+
+
+# ---- the Conversations API ----
+
+def test_a_conversation_and_its_items_read_update_and_delete() -> None:
+    fleet = Fleet()
+    r = fleet.call("POST", "/v1/conversations", {"metadata": {"topic": "demo"}, "items": [
+        {"type": "message", "role": "user", "content": "hello"}, {"role": "assistant", "content": "hi there"}]})
+    assert r.status == 200
+    conversation = r.json()
+    cid = conversation["id"]
+    assert cid.startswith("conv_") and conversation["object"] == "conversation"
+    assert conversation["metadata"] == {"topic": "demo"}
+    assert fleet.call("GET", f"/v1/conversations/{cid}").json() == conversation
+    items = fleet.call("GET", f"/v1/conversations/{cid}/items", query="order=asc").json()
+    assert [(i["role"], i["content"]) for i in items["data"]] == [
+        ("user", [{"type": "input_text", "text": "hello"}]),
+        ("assistant", [{"type": "output_text", "text": "hi there"}])]
+    added = fleet.call("POST", f"/v1/conversations/{cid}/items",
+                       {"items": [{"role": "user", "content": "more"}]}).json()
+    assert added["object"] == "list" and [i["content"][0]["text"] for i in added["data"]] == ["more"]
+    newest = fleet.call("GET", f"/v1/conversations/{cid}/items", query="limit=1").json()
+    assert newest["data"] == added["data"] and newest["has_more"] is True
+    item_id = added["data"][0]["id"]
+    assert fleet.call("GET", f"/v1/conversations/{cid}/items/{item_id}").json() == added["data"][0]
+    assert fleet.call("DELETE", f"/v1/conversations/{cid}/items/{item_id}").json() == conversation
+    assert fleet.call("GET", f"/v1/conversations/{cid}/items/{item_id}").status == 404
+    updated = fleet.call("POST", f"/v1/conversations/{cid}", {"metadata": {"topic": "other"}}).json()
+    assert updated == {**conversation, "metadata": {"topic": "other"}}
+    r = fleet.call("DELETE", f"/v1/conversations/{cid}")
+    assert r.json() == {"id": cid, "object": "conversation.deleted", "deleted": True}
+    assert fleet.call("GET", f"/v1/conversations/{cid}").status == 404
+    assert fleet.store.items_by == {}  # its items went with it
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_response_in_a_conversation_carries_its_items_and_adds_its_turn(stream: bool) -> None:
+    fleet = Fleet()
+    cid = fleet.call("POST", "/v1/conversations", {"items": [{"role": "user", "content": "I am Ada"}]}).json()["id"]
+    got = final(fleet.create(input="who am I?", conversation=cid, instructions="rules", answer="Ada", stream=stream))
+    assert got["conversation"] == {"id": cid}
+    assert fleet.sent_messages() == [{"role": "system", "content": "rules"},
+                                     {"role": "user", "content": [{"type": "text", "text": "I am Ada"}]},
+                                     {"role": "user", "content": "who am I?"}]
+    items = fleet.call("GET", f"/v1/conversations/{cid}/items", query="order=asc").json()["data"]
+    assert [(i["role"], i["content"][0]["text"]) for i in items] == [
+        ("user", "I am Ada"), ("user", "who am I?"), ("assistant", "Ada")]
+    assert items[-1]["id"] == got["output"][0]["id"]  # the output item as the response has it
+    # The next turn carries all of it, as {"id": ...} too; store=false still adds to the conversation.
+    fleet.create(input="again", conversation={"id": cid}, store=False)
+    assert [m["role"] for m in fleet.sent_messages()] == ["user", "user", "assistant", "user"]
+    assert len(fleet.call("GET", f"/v1/conversations/{cid}/items").json()["data"]) == 5
+
+
+def test_a_conversation_is_its_owners_only() -> None:
+    fleet = Fleet()
+    cid = fleet.call("POST", "/v1/conversations", {}).json()["id"]
+    for method, path in (("GET", f"/v1/conversations/{cid}"), ("GET", f"/v1/conversations/{cid}/items"),
+                         ("DELETE", f"/v1/conversations/{cid}")):
+        assert fleet.call(method, path, key=OTHER_KEY).status == 404
+    r = fleet.call("POST", f"/v1/conversations/{cid}/items", {"items": [{"role": "user", "content": "x"}]},
+                   key=OTHER_KEY)
+    assert r.status == 404
+    r = fleet.create(conversation=cid, key=OTHER_KEY)
+    assert r.status == 404 and r.json()["error"] == {"message": f"Conversation with id '{cid}' not found.",
+                                                     "type": "not_found_error", "param": "conversation", "code": 404}
+    assert fleet.call("GET", f"/v1/conversations/{cid}/items").json()["data"] == []
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/conversations", {"items": [{"role": "robot", "content": "x"}]}, "items[0].role"),
+    ("/v1/conversations", {"items": [{"role": "user", "content": "x"}] * 21}, "items"),
+    ("/v1/conversations", {"items": "hi"}, "items"),
+    ("/v1/conversations", {"metadata": {"k": 1}}, "metadata"),
+    ("/v1/conversations", {"name": "x"}, "name"),
+    ("/v1/conversations/{cid}/items", {}, "items"),
+    ("/v1/conversations/{cid}/items", {"items": [{"type": "function_call_output", "output": "x"}]},
+     "items[0].call_id"),
+])
+def test_bad_conversation_requests_name_the_field(path: str, body: dict[str, Any], param: str) -> None:
+    fleet = Fleet()
+    cid = fleet.call("POST", "/v1/conversations", {}).json()["id"]
+    r = fleet.call("POST", path.format(cid=cid), body)
+    assert r.status == 400 and r.json()["error"]["param"] == param
+
+
+def test_conversation_and_previous_response_id_together_are_a_400() -> None:
+    fleet = Fleet()
+    cid = fleet.call("POST", "/v1/conversations", {}).json()["id"]
+    rid = fleet.create().json()["id"]
+    r = fleet.create(conversation=cid, previous_response_id=rid)
+    assert r.status == 400 and r.json()["error"]["param"] == "previous_response_id"
+
+
+def test_without_state_there_are_no_conversations() -> None:
+    fleet = Fleet(store=None)
+    r = fleet.call("POST", "/v1/conversations", {})
+    assert r.status == 404 and NO_STATE in r.json()["error"]["message"]
+    r = fleet.create(conversation="conv_1")
+    assert r.status == 400 and r.json()["error"]["param"] == "conversation"
+
+
+def test_the_store_down_is_a_503_for_conversations() -> None:
+    fleet = Fleet()
+    cid = fleet.call("POST", "/v1/conversations", {}).json()["id"]
+    fleet.store.fail = True
+    assert fleet.call("GET", f"/v1/conversations/{cid}").status == 503
+    r = fleet.create(conversation=cid)
+    assert r.status == 503 and r.json()["error"]["param"] == "conversation"

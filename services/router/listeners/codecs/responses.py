@@ -129,9 +129,17 @@ def _response(resp_id: str, created_at: int, request: dict[str, Any], *, model: 
         "tools": request.get("tools") or [],
         "truncation": "disabled", "usage": usage, "user": request.get("user"),
         "metadata": request.get("metadata") or {},
+        "conversation": _conversation(request.get("conversation")),
         # Whether it is kept (GET /v1/responses/{id}): the router sets false where it keeps no state.
         "store": request.get("store") is not False,
     }
+
+
+def _conversation(conversation: Any) -> dict[str, Any] | None:
+    """The conversation the response belongs to, as OpenAI echoes it: {"id"}."""
+    if isinstance(conversation, str):
+        return {"id": conversation}
+    return {"id": conversation.get("id")} if isinstance(conversation, dict) else None
 
 
 def _text_echo(request: dict[str, Any]) -> dict[str, Any]:

@@ -33,9 +33,9 @@ _FIELDS = frozenset((
     # Echoed in the response, or no change to the answer: store, service_tier and the like are accepted.
     "metadata", "user", "store", "service_tier", "prompt_cache_key", "safety_identifier", "stream_options",
     # Honoured when the router keeps response state (listeners/responses_api.py), else refused there.
-    "previous_response_id",
+    "previous_response_id", "conversation",
     # Refused when set to anything that would change the answer (_refuse_unsupported).
-    "conversation", "prompt", "background", "truncation",
+    "prompt", "background", "truncation",
     *_CARRIED))
 _NOT_HERE = "is not supported by this router"
 _REFUSED = {name: _NOT_HERE for name in (
@@ -170,9 +170,8 @@ def _ask_format(body: dict[str, Any], chat: dict[str, Any]) -> None:
 def _refuse_unsupported(body: dict[str, Any]) -> None:
     """Fields that would change the answer if dropped silently; store, service_tier and the like are ignored."""
     check_fields(body, _FIELDS, _REFUSED)
-    for name in ("conversation", "prompt"):
-        if body.get(name):
-            raise CodecError(name, "is not supported: this server stores no conversations or prompts")
+    if body.get("prompt"):
+        raise CodecError("prompt", "is not supported: this server stores no prompts")
     if body.get("background"):
         raise CodecError("background", "background responses are not supported by this server")
     if body.get("truncation") not in (None, "disabled"):
@@ -191,6 +190,10 @@ def _check_echoed(body: dict[str, Any]) -> None:
                              ("previous_response_id", str, "a string (a response's id)")):
         if body.get(name) is not None and not isinstance(body[name], kind):
             raise CodecError(name, f"must be {noun}")
+    conversation = body.get("conversation")
+    if conversation is not None and not isinstance(conversation, str) and not (
+            isinstance(conversation, dict) and isinstance(conversation.get("id"), str)):
+        raise CodecError("conversation", "must be a conversation id, or an object with its `id` (a string)")
 
 
 def _ask_tools(body: dict[str, Any], chat: dict[str, Any]) -> None:
