@@ -147,3 +147,22 @@ def test_a_stored_response_survives_a_restart(backend: HttpProc, tmp_path: Path)
         assert _sent(backend)[0] == {"role": "user", "content": "remember"}
     finally:
         router.stop()
+
+
+def test_a_conversation_carries_its_items_and_keeps_each_turn(router: HttpProc, backend: HttpProc) -> None:
+    client = _client(router)
+    conversation = client.conversations.create(items=[{"role": "user", "content": "I am Ada"}],
+                                               metadata={"topic": "names"})
+    backend.reset()
+    made = client.responses.create(model="fleet", input="who am I?", conversation=conversation.id)
+    assert made.conversation is not None and made.conversation.id == conversation.id
+    assert _sent(backend) == [{"role": "user", "content": [{"type": "text", "text": "I am Ada"}]},
+                              {"role": "user", "content": "who am I?"}]
+    items = client.conversations.items.list(conversation.id, order="asc")
+    assert [i.content[0].text for i in items.data] == ["I am Ada", "who am I?", "a:m"]  # type: ignore[union-attr]
+    assert items.data[-1].id == made.output[0].id
+    with pytest.raises(openai.NotFoundError):
+        _client(router, OTHER_KEY).conversations.retrieve(conversation.id)
+    client.conversations.delete(conversation.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model="fleet", input="x", conversation=conversation.id)
