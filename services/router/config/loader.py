@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from services.router.config import recipe, rules, systemone
+from services.router.config import plugins_reader, recipe, rules, systemone
 from services.router.config.budget import NativeEscalateAlgorithm
 from services.router.config.deployments import read_deployments
 from services.router.config.fields import MISSING, Fields, defaults
@@ -44,7 +44,7 @@ T = TypeVar("T")
 LISTENER_KEYS = ("name", "host", "port", "api_keys", "api_keys_env", "apis", "entries", "pools")
 POOL_KEYS = ("model", "replicas", "dns", "max_inflight", "policy", "cache_aware", "precise_prefix", "health",
              "breaker", "tokenizer", "api_key", "api_key_env", "timeout_s", "outputs")
-ENTRY_KEYS = ("api", "signals", "projections", "decisions", "default", "algorithm", "signal_budget_s")
+ENTRY_KEYS = ("api", "signals", "projections", "decisions", "default", "algorithm", "signal_budget_s", "plugins")
 ALGORITHM_KEYS = {"static": ("type",), "weighted": ("type", "weights"),
                   "escalate": ("type", "stages", "accept", "deadline_s", "max_calls", "judge")}
 
@@ -85,7 +85,8 @@ def parse_config(data: object, source: str = "<config>", *,
     """
     f = Fields(os.environ if env is None else env)
     # pools and entries may be absent or empty: a router may serve System One alone.
-    top = f.mapping("", data, ("listeners", "pools", "entries", "deployments"), required=("listeners",))
+    top = f.mapping("", data, ("listeners", "pools", "entries", "deployments", "store", "knowledge"),
+                    required=("listeners",))
     listeners = f.items("listeners", top.get("listeners", MISSING), _listener)
     _unique(f, "listeners", listeners, "port", "port")
     _unique(f, "listeners", listeners, "name", "listener name")
@@ -102,15 +103,21 @@ def parse_config(data: object, source: str = "<config>", *,
              for name, d in (raw_deployments.items() if isinstance(raw_deployments, dict) else ())
              if isinstance(name, str)}  # other names are reported by read_deployments
     scope = systemone.Scope(pools, deployments, tuple(tasks))
+    # ---- the plugins' store and knowledge bases (config/plugins_reader.py) ----
+    store = plugins_reader.read_store(f, top["store"]) if "store" in top else None
+    knowledge = plugins_reader.read_knowledge(f, top.get("knowledge", MISSING), tasks)
+    reach = plugins_reader.Scope(tasks, plugins_reader.declared_knowledge(top.get("knowledge")))
     raw_entries = f.named("entries", top.get("entries") or MISSING)
-    entries = {name: _entry(f, f"entries.{name}", name, raw, scope) for name, raw in raw_entries.items()}
+    entries = {name: _entry(f, f"entries.{name}", name, raw, scope, reach) for name, raw in raw_entries.items()}
+    plugins_reader.check_store(f, "store" in top, raw_entries)
     systemone.check_listeners(f, listeners, scope, {k: str(systemone.entry_api(v)) for k, v in raw_entries.items()})
     # Signals that name a deployment: it must be declared, and serve the signal's task.
     recipe.check_deployments(f, raw_entries, tasks)
     if f.errors:
         raise ConfigError(source, f.errors)
     return RouterConfig(tuple(_built(x) for x in listeners), {k: _built(v) for k, v in pools.items()},
-                        {k: _built(v) for k, v in entries.items()}, source, deployments)
+                        {k: _built(v) for k, v in entries.items()}, source, deployments, store=store,
+                        knowledge=knowledge)
 
 
 def _listener(f: Fields, path: str, raw: object, i: int) -> ListenerConfig | None:
@@ -274,11 +281,14 @@ def _band_names(raw: object) -> tuple[str, ...]:
     return tuple(b["name"] for b in bands if isinstance(b, dict) and isinstance(b.get("name"), str))
 
 
-def _entry(f: Fields, path: str, name: str, raw: object, scope: systemone.Scope) -> EntryConfig | None:
+def _entry(f: Fields, path: str, name: str, raw: object, scope: systemone.Scope,
+           reach: plugins_reader.Scope) -> EntryConfig | None:
     api = systemone.read_entry_api(f, path, raw)
     if api is None:
         return None
     native = api == "systemone"  # a System One recipe: its candidates are deployments (config/systemone.py)
+    if native:
+        raw = plugins_reader.refuse_on_native(f, path, raw)
     keys = systemone.NATIVE_ENTRY_KEYS if native else ENTRY_KEYS
     m = f.mapping(path, raw if native else systemone.refuse_budget(f, path, raw), keys, required=("default",))
     d = defaults(EntryConfig)
@@ -303,11 +313,16 @@ def _entry(f: Fields, path: str, name: str, raw: object, scope: systemone.Scope)
     pools = tuple(scope.pools)
 
     def decision(f: Fields, p: str, raw: object, i: int) -> DecisionRule | None:
-        r = f.mapping(p, systemone.refuse_budget(f, p, raw), ("name", "when", "pools"), required=("when", "pools"))
+        r = f.mapping(p, systemone.refuse_budget(f, p, raw), ("name", "when", "pools", "plugins"),
+                      required=("when", "pools"))
         rule_name = f.string(f"{p}.name", r.get("name", f"decision-{i}"))
         when = recipe.expr(f, f"{p}.when", r["when"], known, projected) if "when" in r else None
         targets = _pool_list(f, f"{p}.pools", r.get("pools", MISSING), pools)
-        return DecisionRule(rule_name, when, targets) if rule_name and when and targets else None
+        # absent: the entry's list runs; [] runs none
+        hooks = plugins_reader.read_plugins(f, f"{p}.plugins", r["plugins"], reach) if "plugins" in r else None
+        if "plugins" in r and hooks is None:
+            return None
+        return DecisionRule(rule_name, when, targets, plugins=hooks) if rule_name and when and targets else None
 
     budget = systemone.budget(f, f"{path}.budget", m.get("budget", MISSING)) if native else None
     read = systemone.decision_reader(scope, known, projected, budget) if native else decision
@@ -326,10 +341,13 @@ def _entry(f: Fields, path: str, name: str, raw: object, scope: systemone.Scope)
         algorithm = _algorithm(f, f"{path}.algorithm", m.get("algorithm", {"type": d["algorithm"].type}), scope)
     signal_budget = f.number(f"{path}.signal_budget_s", m.get("signal_budget_s", d["signal_budget_s"]), 0, 60,
                              open_low=True)
+    hooks = plugins_reader.read_plugins(f, f"{path}.plugins", m["plugins"], reach) if "plugins" in m else ()
     if not m or default is None or algorithm is None or signal_budget is None or (native and budget is None):
         return None
+    if hooks is None:
+        return None
     entry = EntryConfig(name, default, tuple(s for s in signals if s), tuple(r for r in decisions if r),
-                        algorithm, projections, signal_budget, api, budget)
+                        algorithm, projections, signal_budget, api, budget, plugins=hooks)
     if native:
         systemone.check_calls(f, path, entry)
     return entry

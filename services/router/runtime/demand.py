@@ -10,8 +10,11 @@ def used_deployments(config: RouterConfig) -> dict[str, list[str]]:
     nothing uses is absent. Users are: the signals that name a deployment (their `deployment` key:
     "signal entries.auto.signals[1] (topic, classifier)"), the stages of native System One recipes
     ("stage of entries.triage"), and the listeners that publish it as a System One model ("published
-    as a System One model on listener public")."""
+    as a System One model on listener public"), the embedders of the recall plugins ("embedder of plugin
+    entries.auto.plugins[0] (semantic_cache)") and of the knowledge bases a rag plugin reads ("embedder of
+    knowledge base handbook")."""
     reasons: dict[str, list[str]] = {}
+    read: dict[str, None] = {}  # the knowledge bases some rag plugin reads, in the order first named
     for entry_name, entry in config.entries.items():
         # A signal no decision (or projection) reads is never evaluated: it starts nothing. Entries
         # that know which signals they need say so (`needed`); otherwise every signal counts.
@@ -26,6 +29,22 @@ def used_deployments(config: RouterConfig) -> dict[str, list[str]]:
             stages = entry.default + tuple(stage for rule in entry.decisions for stage in rule.pools)
             for stage in dict.fromkeys(stages):
                 reasons.setdefault(stage, []).append(f"stage of entries.{entry_name}")
+        lists = [(f"entries.{entry_name}.plugins", entry.plugins)] + [
+            (f"entries.{entry_name}.decisions[{i}].plugins", rule.plugins)
+            for i, rule in enumerate(entry.decisions) if rule.plugins is not None]
+        for path, plugins in lists:
+            for j, plugin in enumerate(plugins):
+                embedder = getattr(plugin, "embedder", None)
+                # An exact-only cache (semantic: false) never embeds: it starts nothing.
+                if isinstance(embedder, str) and getattr(plugin, "semantic", True):
+                    reasons.setdefault(embedder, []).append(f"embedder of plugin {path}[{j}] ({plugin.type})")
+                knowledge = getattr(plugin, "knowledge", None)
+                if isinstance(knowledge, str):
+                    read[knowledge] = None
+    for name in read:
+        base = config.knowledge.get(name)
+        if base is not None:  # one nobody reads is never indexed, so never embedded
+            reasons.setdefault(base.embedder, []).append(f"embedder of knowledge base {name}")
     for listener in config.listeners:
         for model in listener.systemone:
             if model in config.deployments:  # else a native entry: its stages are counted above

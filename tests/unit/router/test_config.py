@@ -189,7 +189,7 @@ INVALID = {
         f"pools.chat.max_inflght: unknown key; allowed: {POOL_KEYS} (did you mean 'max_inflight'?)"),
     "unknown top-level key": (
         lambda d: d.update(routes=[]),
-        "routes: unknown key; allowed: listeners, pools, entries, deployments"),
+        "routes: unknown key; allowed: listeners, pools, entries, deployments, store, knowledge"),
     "missing model": (
         lambda d: _pool(d).pop("model"),
         "pools.chat.model: required"),
