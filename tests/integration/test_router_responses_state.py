@@ -52,6 +52,19 @@ def _client(router: HttpProc, key: str = KEY) -> openai.OpenAI:
     return openai.OpenAI(api_key=key, base_url=router.url + "/v1", max_retries=0, timeout=30)
 
 
+@pytest.fixture(scope="module")
+def client(router: HttpProc) -> Iterator[openai.OpenAI]:
+    with _client(router) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def other(router: HttpProc) -> Iterator[openai.OpenAI]:
+    """A client with the listener's other API key: another tenant."""
+    with _client(router, OTHER_KEY) as c:
+        yield c
+
+
 def _sent(backend: HttpProc) -> list[dict[str, Any]]:
     """The messages of the last request the backend received."""
     return backend.stats()["last_body"]["messages"]  # type: ignore[no-any-return]
@@ -67,8 +80,8 @@ def _streamed(client: openai.OpenAI, **kw: Any) -> Any:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_chain_carries_the_earlier_turns_to_the_pool(router: HttpProc, backend: HttpProc, stream: bool) -> None:
-    client = _client(router)
+def test_a_chain_carries_the_earlier_turns_to_the_pool(client: openai.OpenAI, backend: HttpProc,
+                                                        stream: bool) -> None:
     backend.reset()
     create = (lambda **kw: _streamed(client, **kw)) if stream else \
         (lambda **kw: client.responses.create(model="fleet", **kw))
@@ -88,8 +101,7 @@ def test_a_chain_carries_the_earlier_turns_to_the_pool(router: HttpProc, backend
     assert back.model_extra is not None and back.model_extra["store"] is True
 
 
-def test_retrieve_input_items_and_delete(router: HttpProc) -> None:
-    client = _client(router)
+def test_retrieve_input_items_and_delete(client: openai.OpenAI) -> None:
     first = client.responses.create(model="fleet", input="one")
     made = client.responses.create(model="fleet", previous_response_id=first.id, input=[
         {"role": "user", "content": "two"}, {"role": "assistant", "content": "three"},
@@ -107,9 +119,9 @@ def test_retrieve_input_items_and_delete(router: HttpProc) -> None:
     assert client.responses.retrieve(first.id).id == first.id  # the earlier one is its own
 
 
-def test_another_api_key_can_neither_read_nor_chain(router: HttpProc, backend: HttpProc) -> None:
-    mine = _client(router).responses.create(model="fleet", input="secret")
-    other = _client(router, OTHER_KEY)
+def test_another_api_key_can_neither_read_nor_chain(client: openai.OpenAI, other: openai.OpenAI,
+                                                     backend: HttpProc) -> None:
+    mine = client.responses.create(model="fleet", input="secret")
     backend.reset()
     for call in (lambda: other.responses.retrieve(mine.id), lambda: other.responses.input_items.list(mine.id),
                  lambda: other.responses.delete(mine.id),
@@ -118,11 +130,10 @@ def test_another_api_key_can_neither_read_nor_chain(router: HttpProc, backend: H
             call()
         assert mine.id in info.value.message
     assert backend.stats()["requests"] == 0  # the chain was refused before it reached the pool
-    assert _client(router).responses.retrieve(mine.id).output_text == "a:m"
+    assert client.responses.retrieve(mine.id).output_text == "a:m"
 
 
-def test_store_false_keeps_nothing(router: HttpProc) -> None:
-    client = _client(router)
+def test_store_false_keeps_nothing(client: openai.OpenAI) -> None:
     made = client.responses.create(model="fleet", input="forget me", store=False)
     assert made.model_extra is not None and made.model_extra["store"] is False
     with pytest.raises(openai.NotFoundError):
@@ -136,21 +147,22 @@ def test_a_stored_response_survives_a_restart(backend: HttpProc, tmp_path: Path)
     port = free_port_block(1, spread=0)
     router = start_router(tmp_path, _config(backend, db), port=port)
     try:
-        made = _client(router).responses.create(model="fleet", input="remember")
+        with _client(router) as client:
+            made = client.responses.create(model="fleet", input="remember")
     finally:
         router.stop()
     router = start_router(tmp_path, _config(backend, db), port=port)
     try:
-        client = _client(router)
-        assert client.responses.retrieve(made.id).model_dump() == made.model_dump()
-        client.responses.create(model="fleet", input="again", previous_response_id=made.id)
+        with _client(router) as client:
+            assert client.responses.retrieve(made.id).model_dump() == made.model_dump()
+            client.responses.create(model="fleet", input="again", previous_response_id=made.id)
         assert _sent(backend)[0] == {"role": "user", "content": "remember"}
     finally:
         router.stop()
 
 
-def test_a_conversation_carries_its_items_and_keeps_each_turn(router: HttpProc, backend: HttpProc) -> None:
-    client = _client(router)
+def test_a_conversation_carries_its_items_and_keeps_each_turn(client: openai.OpenAI, other: openai.OpenAI,
+                                                               backend: HttpProc) -> None:
     conversation = client.conversations.create(items=[{"role": "user", "content": "I am Ada"}],
                                                metadata={"topic": "names"})
     backend.reset()
@@ -162,7 +174,7 @@ def test_a_conversation_carries_its_items_and_keeps_each_turn(router: HttpProc, 
     assert [i.content[0].text for i in items.data] == ["I am Ada", "who am I?", "a:m"]  # type: ignore[union-attr]
     assert items.data[-1].id == made.output[0].id
     with pytest.raises(openai.NotFoundError):
-        _client(router, OTHER_KEY).conversations.retrieve(conversation.id)
+        other.conversations.retrieve(conversation.id)
     client.conversations.delete(conversation.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model="fleet", input="x", conversation=conversation.id)
