@@ -215,8 +215,9 @@ class ResponsesAPI:
 
 
 class _Keeping:
-    """The answer's send for a stored response: every piece goes on as it comes, but the last, which
-    waits until the response is stored (a client that chains from it next is never told it is unknown)."""
+    """The answer's send for a Turn: every piece goes on as it comes, but the last, which waits until the
+    response is stored and added to its conversation (a client that chains from it next is never told
+    it is unknown, nor misses its last turn)."""
 
     __slots__ = ("_api", "_ok", "_send", "_turn")
 
