@@ -454,3 +454,19 @@ def test_the_store_down_is_a_503_for_conversations() -> None:
     assert fleet.call("GET", f"/v1/conversations/{cid}").status == 503
     r = fleet.create(conversation=cid)
     assert r.status == 503 and r.json()["error"]["param"] == "conversation"
+
+
+def test_a_long_body_read_in_a_body_worker_is_chained_and_stored() -> None:
+    fleet = Fleet()
+    try:
+        first = fleet.create(input="short").json()["id"]
+        long = "y" * (300 << 10)  # past OFF_LOOP_BYTES: decoded and translated in a body worker
+        r = fleet.create(input=long, previous_response_id=first, instructions="rules")
+        assert r.status == 200
+        assert fleet.sent_messages() == [{"role": "system", "content": "rules"}, {"role": "user", "content": "short"},
+                                         {"role": "assistant", "content": [{"type": "text", "text": "hello"}]},
+                                         {"role": "user", "content": long}]
+        items = fleet.call("GET", f"/v1/responses/{r.json()['id']}/input_items").json()["data"]
+        assert [i["content"][0]["text"] for i in items] == [long]
+    finally:
+        fleet.app.close()
