@@ -14,6 +14,7 @@ from services.router.listeners.codecs.codec import CodecError
 from services.router.listeners.codecs.responses_request import input_messages
 from services.router.listeners.json_body import BodyError, decode_object
 from services.router.plugins.conversations_state import MAX_ITEMS, ConversationsState, Full
+from services.router.plugins.responses_state import MAX_ID_CHARS, usable_id
 
 log = logging.getLogger("router")
 PREFIX = "/v1/conversations"
@@ -114,6 +115,10 @@ def checked_items(items: Any, where: str, *, required: bool = False) -> list[dic
     except CodecError as exc:
         param = where + exc.param[len("input"):] if exc.param.startswith("input") else where
         raise HTTPError(400, f"{param}: {exc.message}", param=param) from None
+    for i, item in enumerate(items):
+        if item.get("id") is not None and not usable_id(item["id"]):
+            raise HTTPError(400, f"{where}[{i}].id: must be a string of 1 to {MAX_ID_CHARS} characters without NUL",
+                            param=f"{where}[{i}].id")
     return [_normal(item) for item in items]
 
 

@@ -162,6 +162,8 @@ class ResponsesAPI:
         except StoreUnavailable as exc:
             self.metrics.store_errors.labels("responses").inc()
             log.warning("response %s not kept: %s", turn.id, exc)
+        except ValueError as exc:  # past a store's limit (a payload over 64 MiB): the answer still goes out
+            log.warning("response %s not kept: %s", turn.id, exc)
         except Full as exc:
             log.warning("response %s not added to conversation %s: %s", turn.id, turn.conversation, exc)
 

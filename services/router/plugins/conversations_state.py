@@ -13,10 +13,10 @@ from typing import Any
 
 import msgspec
 
+from services.router.plugins.responses_state import usable_id
 from services.router.plugins.store.base import Item, Store
 
 KIND = "response"
-MAX_ID_CHARS = 256
 MAX_ITEMS = 10_000  # a conversation's longest: more are refused (each request carries them all upstream)
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder(dict[str, Any]).decode
@@ -44,7 +44,7 @@ class ConversationsState:
         return conversation
 
     async def get(self, owner: str, conversation_id: str) -> dict[str, Any] | None:
-        if not conversation_id or len(conversation_id) > MAX_ID_CHARS:
+        if not usable_id(conversation_id):
             return None
         item = await self.store.get(KIND, _scope(owner), conversation_id)
         return None if item is None else _decode(item.payload)
@@ -84,13 +84,13 @@ class ConversationsState:
         return [_decode(item.payload) for item in reversed(found)]
 
     async def item(self, owner: str, conversation_id: str, item_id: str) -> dict[str, Any] | None:
-        if not item_id or len(item_id) > MAX_ID_CHARS:
+        if not usable_id(item_id):
             return None
         found = await self.store.get(KIND, _scope(owner, conversation_id), item_id)
         return None if found is None else _decode(found.payload)
 
     async def delete_item(self, owner: str, conversation_id: str, item_id: str) -> bool:
-        if not item_id or len(item_id) > MAX_ID_CHARS:
+        if not usable_id(item_id):
             return False
         return await self.store.delete(KIND, _scope(owner, conversation_id), item_id) > 0
 

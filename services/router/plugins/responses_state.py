@@ -15,7 +15,7 @@ import msgspec
 from services.router.plugins.store.base import Item, Store
 
 KIND = "response"
-MAX_ID_CHARS = 256  # the router's ids are 37; a longer one names no stored response (no store call is made)
+MAX_ID_CHARS = 256  # the router's ids are 37; a longer one names nothing stored (no store call is made)
 # A payload longer than this is encoded or decoded in a thread, off the event loop that serves every stream.
 OFF_LOOP_BYTES = 256 << 10
 
@@ -44,7 +44,7 @@ class ResponsesState:
         """The owner's stored response of that id, and its payload's size in bytes; None for an unknown,
         expired or another owner's one (the same answer for all three: an id tells nobody whether someone
         else has it)."""
-        if not response_id or len(response_id) > MAX_ID_CHARS:
+        if not usable_id(response_id):
             return None
         item = await self.store.get(KIND, owner, response_id)
         if item is None:
@@ -63,9 +63,15 @@ class ResponsesState:
 
     async def delete(self, owner: str, response_id: str) -> bool:
         """Whether the owner had it (it is gone now)."""
-        if not response_id or len(response_id) > MAX_ID_CHARS:
+        if not usable_id(response_id):
             return False
         return await self.store.delete(KIND, owner, response_id) > 0
+
+
+def usable_id(value: object) -> bool:
+    """Whether `value` may name something stored: a string of 1 to MAX_ID_CHARS characters without NUL
+    (which the stores refuse). Any other names nothing: a 404, never a store call."""
+    return isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS and "\x00" not in value
 
 
 def input_items(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

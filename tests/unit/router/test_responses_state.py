@@ -470,3 +470,17 @@ def test_a_long_body_read_in_a_body_worker_is_chained_and_stored() -> None:
         assert [i["content"][0]["text"] for i in items] == [long]
     finally:
         fleet.app.close()
+
+
+def test_ids_no_store_could_hold_name_nothing_without_a_store_call() -> None:
+    """The stores refuse a NUL in a key (a ValueError, which would be a 500): such an id is simply unknown."""
+    fleet = Fleet()
+    calls = fleet.store.calls
+    r = fleet.create(previous_response_id="resp_\x00")
+    assert r.status == 404 and r.json()["error"]["param"] == "previous_response_id"
+    assert fleet.call("GET", "/v1/responses/resp_\x00").status == 404
+    assert fleet.call("DELETE", "/v1/responses/" + "r" * 300).status == 404
+    assert fleet.call("GET", "/v1/conversations/conv_\x00").status == 404
+    assert fleet.store.calls == calls  # none reached the store
+    r = fleet.call("POST", "/v1/conversations", {"items": [{"id": "a\x00", "role": "user", "content": "x"}]})
+    assert r.status == 400 and r.json()["error"]["param"] == "items[0].id"
