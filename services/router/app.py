@@ -46,6 +46,8 @@ from services.router.listeners.json_body import BodyError
 from services.router.listeners.listener import Listener, listeners_by_port
 from services.router.listeners.memory_api import MemoryAPI, memory_in_use, routed
 from services.router.listeners.relay import Relay
+from services.router.listeners.responses_api import API as STATE_API
+from services.router.listeners.responses_api import is_state_path, responses_api
 from services.router.listeners.systemone import MODELS_PATH, POST_PATHS, SystemOne
 from services.router.metrics import RouterMetrics
 from services.router.plugins.answer import Recorder
@@ -94,6 +96,8 @@ class RouterApp:
         self.systemone = SystemOne(config, self._created)
         self.plugins = plugins  # the hooks' plugins (plugins/host.py); None: the config has none
         self.memory = MemoryAPI(store, memory_in_use(config))  # GET/DELETE /v1/memory: the memory plugin's
+        # The Responses API's state: in the opened store, when the config keeps it (store.responses).
+        self.responses = responses_api(config.store, store, metrics)
 
     def close(self) -> None:
         """The body workers stopped (at shutdown)."""
@@ -108,7 +112,8 @@ class RouterApp:
         server = scope.get("server")
         listener = self._by_port.get(server[1] if server else -1, self._first)
         path, method = scope["path"], scope["method"]
-        api = POST_APIS.get(path) or GET_APIS.get(path) or ("memory" if routed(path) else None)
+        api = (POST_APIS.get(path) or GET_APIS.get(path) or ("memory" if routed(path) else None)
+               or (STATE_API if is_state_path(path) else None))
         tracked = TrackedSend(send)
         try:
             await self._route(listener, api, scope, receive, tracked)
@@ -155,6 +160,10 @@ class RouterApp:
         if path == "/openapi.json":
             _only_get(path, method)
             await send_json(send, 200, listener.openapi)
+            return
+        if api == STATE_API:  # /v1/responses/{id} and /v1/conversations, where the listener serves `responses`
+            await self.responses.serve(listener, scope, send, lambda: read_body(
+                scope, receive, self.max_body_bytes, self.body_timeout_s))
             return
         # An API's other routes (count_tokens) are served where the API is.
         codec = CODECS.get(api) if api is not None else None
@@ -262,6 +271,7 @@ class RouterApp:
                         send: TrackedSend) -> None:
         raw = await read_body(scope, receive, self.max_body_bytes, self.body_timeout_s)
         parsed = await self._parse(codec.name, raw)
+        turn = await self.responses.begin(listener, codec, parsed, len(raw), scope)  # previous_response_id, store
         chat = parsed.chat
         # Counting the tokens of a long text would stall every stream: that goes to a thread.
         choice = await self._choose(listener, chat, parsed.text, offload=len(raw) > OFF_LOOP_BYTES,
@@ -283,17 +293,18 @@ class RouterApp:
         exchange: Exchange | None = None
         answered: dict[str, Any] | None = None
         ran = 0  # the plugins whose request hook ran: their response hooks run
+        answering = self.responses.sending(turn, send)  # a stored response is stored before its last piece
         try:
             if chain:
                 exchange = await self._exchange(listener, codec, call, scope)
                 answered, ran = await self._hooks(chain, exchange)
                 call.headers += exchange.headers
             if answered is not None:
-                await self.relay.send_whole(call, answered, send)
+                await self.relay.send_whole(call, answered, answering)
             elif isinstance(choice.entry.algorithm, EscalateAlgorithm) and codec.judged:
-                await self.escalator.escalate(call, choice.entry.algorithm, send)
+                await self.escalator.escalate(call, choice.entry.algorithm, answering)
             else:
-                await self.relay.relay(call, send)
+                await self.relay.relay(call, answering)
         except HTTPError as exc:
             call.status, exc.counted = exc.status, True
             exc.headers = call.headers + exc.headers

@@ -163,8 +163,11 @@ class ResponsesRequest(_Strict):
     cache_salt: str | None = None
     priority: int | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # The response state, where the router keeps it (a `store` in its config): a 400 for an id elsewhere.
+    previous_response_id: str | None = None
+    conversation: Union[str, dict[str, Any], None] = None  # its id, or {"id": ...}; not with previous_response_id
+    store: bool | None = None  # false: this response is not kept (without state it never is)
     # Accepted, no change to the answer.
-    store: bool | None = None
     service_tier: str | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
@@ -316,6 +319,8 @@ def document(listener: ListenerConfig, models: tuple[str, ...],
                                                                         by_shape[CompletionsRequest],
                                                                         by_shape[ResponsesRequest]]}
             paths[path] = {"post": _post(summary, body)}
+    if "responses" in listener.apis:
+        _stored_responses(paths)
     if "models" in listener.apis:
         paths["/v1/models"] = {"get": _get("The public model names served on this listener")}
     if "systemone" in listener.apis:
@@ -439,6 +444,75 @@ def _memory(paths: dict[str, Any], schemas: dict[str, Any]) -> None:
         "get": {**answer("One of the caller's memories", Memory, missing=True), "parameters": [memory_id, user]},
         "delete": {**answer("Erase one of the caller's memories", MemoryDeleted, missing=True),
                    "parameters": [memory_id, user]}}
+
+
+def _stored_responses(paths: dict[str, Any]) -> None:
+    """The Responses API's state routes (listeners/responses_api.py): a stored response read, deleted,
+    and its input items listed, by its owner (the API key, and the x-router-user header's user)."""
+    error = {"content": {"application/json": {"schema": {"$ref": _REF.format(name="Error")}}}}
+    response_id = {"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}
+    user = {"name": "x-router-user", "in": "header", "required": False, "schema": {"type": "string"},
+            "description": "The user the response was created for (its `user`), if it named one"}
+    missing = {"description": "No such response of this API key and user, or this router keeps no response state",
+               **error}
+    down = {"description": "The response store did not answer", **error}
+
+    def route(summary: str, said: str, query: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        return {"summary": summary, "parameters": [response_id, user, *(query or [])],
+                "responses": {"200": {"description": said, "content": {"application/json": {}}},
+                              "400": {"description": "A query parameter is invalid; the message names it", **error},
+                              "404": missing, "503": down}}
+
+    query = [{"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 100}},
+             {"name": "order", "in": "query", "schema": {"type": "string", "enum": ["asc", "desc"]}},
+             {"name": "after", "in": "query", "schema": {"type": "string"}}]
+    paths["/v1/responses/{response_id}"] = {
+        "get": route("A stored response, as its client got it", "The response object"),
+        "delete": route("Delete a stored response", "{id, object: response, deleted: true}")}
+    paths["/v1/responses/{response_id}/input_items"] = {
+        "get": route("The input items of a stored response's own request (not the earlier turns')",
+                     "A list: data, first_id, last_id, has_more", query)}
+    _conversations(paths, user, query, error, down)
+
+
+def _conversations(paths: dict[str, Any], user: dict[str, Any], query: list[dict[str, Any]],
+                   error: dict[str, Any], down: dict[str, Any]) -> None:
+    """OpenAI's Conversations API (listeners/conversations_api.py), for the owner as the responses are."""
+    conversation_id = {"name": "conversation_id", "in": "path", "required": True, "schema": {"type": "string"}}
+    item_id = {"name": "item_id", "in": "path", "required": True, "schema": {"type": "string"}}
+    missing = {"description": "No such conversation (or item) of this API key and user, or this router keeps "
+                              "no state", **error}
+    items = {"type": "array", "maxItems": 20, "items": {"type": "object"}}
+    metadata = {"type": "object", "maxProperties": 16, "additionalProperties": {"type": "string", "maxLength": 512}}
+
+    def route(summary: str, said: str, params: list[dict[str, Any]],
+              body: dict[str, Any] | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "summary": summary, "parameters": [user, *params],
+            "responses": {"200": {"description": said, "content": {"application/json": {}}},
+                          "400": {"description": "A field is invalid; the message names it", **error},
+                          "404": missing, "503": down}}
+        if body is not None:
+            out["requestBody"] = {"required": True, "content": {"application/json": {"schema": {
+                "type": "object", "properties": body, "additionalProperties": False}}}}
+        return out
+
+    paths["/v1/conversations"] = {"post": route("Create a conversation, with up to 20 items", "The conversation",
+                                                [], {"items": items, "metadata": metadata})}
+    paths["/v1/conversations/{conversation_id}"] = {
+        "get": route("A conversation", "The conversation", [conversation_id]),
+        "post": route("Update a conversation's metadata", "The conversation", [conversation_id],
+                      {"metadata": metadata}),
+        "delete": route("Delete a conversation and its items", "{id, object: conversation.deleted, deleted: true}",
+                        [conversation_id])}
+    paths["/v1/conversations/{conversation_id}/items"] = {
+        "get": route("A conversation's items", "A list: data, first_id, last_id, has_more",
+                     [conversation_id, *query]),
+        "post": route("Add up to 20 items to a conversation", "The items added, as a list", [conversation_id],
+                      {"items": items})}
+    paths["/v1/conversations/{conversation_id}/items/{item_id}"] = {
+        "get": route("One item of a conversation", "The item", [conversation_id, item_id]),
+        "delete": route("Delete an item of a conversation", "The conversation", [conversation_id, item_id])}
 
 
 def _untag(schema: dict[str, Any]) -> None:

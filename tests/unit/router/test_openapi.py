@@ -106,7 +106,11 @@ def test_each_listener_serves_its_own_document_which_loads_in_schemathesis() -> 
     public = asyncio.run(request(app, "GET", "/openapi.json")).json()
     assert set(public["paths"]) == {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
                                     "/v1/messages/count_tokens", "/v1/router/explain", "/v1/images/generations",
-                                    "/v1/models", "/health", "/ready", "/metrics", "/openapi.json"}
+                                    "/v1/models", "/health", "/ready", "/metrics", "/openapi.json",
+                                    "/v1/responses/{response_id}", "/v1/responses/{response_id}/input_items",
+                                    "/v1/conversations", "/v1/conversations/{conversation_id}",
+                                    "/v1/conversations/{conversation_id}/items",
+                                    "/v1/conversations/{conversation_id}/items/{item_id}"}
     assert public["components"]["schemas"]["ResponsesRequest"]["properties"]["model"]["enum"] == ["a", "b"]
     assert asyncio.run(request(app, "GET", "/openapi.json", port=8081)).status == 401  # behind the API key
     claude = asyncio.run(request(app, "GET", "/openapi.json", port=8081, headers={"x-api-key": "k"})).json()

@@ -121,8 +121,10 @@ def test_harmless_defaults_are_accepted() -> None:
     ({"input": [{"type": "function_call_output", "call_id": "c", "output": 1}]}, "input[0].output"),
     ({"input": [{"type": "reasoning", "id": "rs", "summary": [{"type": "x"}]}]}, "input[0].summary[0].type"),
     ({"tool_choice": "required"}, "tool_choice"),
-    ({"previous_response_id": "resp_1"}, "previous_response_id"),
-    ({"conversation": "conv_1"}, "conversation"),
+    # An id is honoured where the router keeps state (listeners/responses_api.py); it is a string.
+    ({"previous_response_id": 1}, "previous_response_id"),
+    ({"conversation": {"name": "conv_1"}}, "conversation"),
+    ({"prompt": {"id": "pmpt_1"}}, "prompt"),
     ({"reasoning": {"effort": "huge"}}, "reasoning.effort"),
     ({"reasoning": "high"}, "reasoning"),
     ({"background": True}, "background"),

@@ -16,6 +16,14 @@ from services.router.listeners.codecs.request_fields import renamed_refusal
 from services.router.listeners.codecs.responses_request import RENAMES, responses_to_chat, wants_logprobs
 
 _json = msgspec.json.Encoder()
+# The response's id when the router chose it up front (listeners/responses_api.py sets it in the request it
+# hands these translations, after the codec checked the client's: a client's `id` is an unknown field), so
+# that the response it stores has the id the client saw. Absent: a fresh one.
+CHOSEN_ID = "id"
+
+
+def response_id() -> str:
+    return f"resp_{uuid.uuid4().hex}"
 
 
 def chat_to_response(chat: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
@@ -38,7 +46,7 @@ def chat_to_response(chat: dict[str, Any], request: dict[str, Any]) -> dict[str,
         logprobs = _logprobs(choice.get("logprobs")) if wants_logprobs(request) else []
         output.append(_message_item(f"msg_{uuid.uuid4().hex}", "completed" if calls else status, text, logprobs))
     output.extend(_call_item(f"fc_{uuid.uuid4().hex}", status, *call) for call in calls)
-    return _response(f"resp_{uuid.uuid4().hex}", chat.get("created") or int(time.time()), request,
+    return _response(request.get(CHOSEN_ID) or response_id(), chat.get("created") or int(time.time()), request,
                      model=chat.get("model") or request.get("model", ""), status=status, output=output,
                      usage=_usage(chat.get("usage")), incomplete_details=details)
 
@@ -113,14 +121,25 @@ def _response(resp_id: str, created_at: int, request: dict[str, Any], *, model: 
         "instructions": request.get("instructions"), "max_output_tokens": request.get("max_output_tokens"),
         "model": model, "output": output,
         "parallel_tool_calls": request.get("parallel_tool_calls", True) is not False,
-        "previous_response_id": None, "reasoning": reasoning if isinstance(reasoning, dict) else None,
+        "previous_response_id": request.get("previous_response_id"),
+        "reasoning": reasoning if isinstance(reasoning, dict) else None,
         "temperature": request.get("temperature", 1.0), "top_p": request.get("top_p", 1.0),
         "text": _text_echo(request),
         "tool_choice": tool_choice if isinstance(tool_choice, (str, dict)) else "auto",
         "tools": request.get("tools") or [],
         "truncation": "disabled", "usage": usage, "user": request.get("user"),
         "metadata": request.get("metadata") or {},
+        "conversation": _conversation(request.get("conversation")),
+        # Whether it is kept (GET /v1/responses/{id}): the router sets false where it keeps no state.
+        "store": request.get("store") is not False,
     }
+
+
+def _conversation(conversation: Any) -> dict[str, Any] | None:
+    """The conversation the response belongs to, as OpenAI echoes it: {"id"}."""
+    if isinstance(conversation, str):
+        return {"id": conversation}
+    return {"id": conversation.get("id")} if isinstance(conversation, dict) else None
 
 
 def _text_echo(request: dict[str, Any]) -> dict[str, Any]:
@@ -167,7 +186,7 @@ class ResponsesStream:
     def __init__(self, request: dict[str, Any]) -> None:
         self._request = request
         self._logprobs = wants_logprobs(request)
-        self._id = f"resp_{uuid.uuid4().hex}"
+        self._id = request.get(CHOSEN_ID) or response_id()
         self._created = int(time.time())
         self._seq = 0
         self._items: list[_Item] = []

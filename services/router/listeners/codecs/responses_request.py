@@ -32,8 +32,10 @@ _FIELDS = frozenset((
     "tool_choice", "parallel_tool_calls", "stream", "top_logprobs", "include", "chat_template_kwargs",
     # Echoed in the response, or no change to the answer: store, service_tier and the like are accepted.
     "metadata", "user", "store", "service_tier", "prompt_cache_key", "safety_identifier", "stream_options",
+    # Honoured when the router keeps response state (listeners/responses_api.py), else refused there.
+    "previous_response_id", "conversation",
     # Refused when set to anything that would change the answer (_refuse_unsupported).
-    "previous_response_id", "conversation", "prompt", "background", "truncation",
+    "prompt", "background", "truncation",
     *_CARRIED))
 _NOT_HERE = "is not supported by this router"
 _REFUSED = {name: _NOT_HERE for name in (
@@ -61,7 +63,7 @@ def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(instructions, str):
             raise CodecError("instructions", "must be a string")
         messages.append({"role": "system", "content": instructions})
-    messages.extend(_input_messages(body.get("input")))
+    messages.extend(input_messages(body.get("input")))
     if not messages:  # upstream would refuse its empty `messages`, a field this client never sent
         raise CodecError("input", "carries no message: a reasoning item alone (no text, no calls) is dropped")
     chat: dict[str, Any] = {"model": model, "messages": messages}
@@ -168,9 +170,8 @@ def _ask_format(body: dict[str, Any], chat: dict[str, Any]) -> None:
 def _refuse_unsupported(body: dict[str, Any]) -> None:
     """Fields that would change the answer if dropped silently; store, service_tier and the like are ignored."""
     check_fields(body, _FIELDS, _REFUSED)
-    for name in ("previous_response_id", "conversation", "prompt"):
-        if body.get(name):
-            raise CodecError(name, "is not supported: this server stores no responses, conversations or prompts")
+    if body.get("prompt"):
+        raise CodecError("prompt", "is not supported: this server stores no prompts")
     if body.get("background"):
         raise CodecError("background", "background responses are not supported by this server")
     if body.get("truncation") not in (None, "disabled"):
@@ -185,9 +186,14 @@ def _check_echoed(body: dict[str, Any]) -> None:
         raise CodecError("metadata", "must be an object of string values")
     for name, kind, noun in (("user", str, "a string"), ("service_tier", str, "a string"),
                              ("prompt_cache_key", str, "a string"), ("safety_identifier", str, "a string"),
-                             ("store", bool, "a boolean"), ("stream_options", dict, "an object")):
+                             ("store", bool, "a boolean"), ("stream_options", dict, "an object"),
+                             ("previous_response_id", str, "a string (a response's id)")):
         if body.get(name) is not None and not isinstance(body[name], kind):
             raise CodecError(name, f"must be {noun}")
+    conversation = body.get("conversation")
+    if conversation is not None and not isinstance(conversation, str) and not (
+            isinstance(conversation, dict) and isinstance(conversation.get("id"), str)):
+        raise CodecError("conversation", "must be a conversation id, or an object with its `id` (a string)")
 
 
 def _ask_tools(body: dict[str, Any], chat: dict[str, Any]) -> None:
@@ -235,7 +241,9 @@ def _ask_tools(body: dict[str, Any], chat: dict[str, Any]) -> None:
             chat["parallel_tool_calls"] = parallel
 
 
-def _input_messages(items: Any) -> list[dict[str, Any]]:
+def input_messages(items: Any) -> list[dict[str, Any]]:
+    """Input items (or a string) as chat messages; also how a stored response's output items are carried
+    into the next call (reasoning, message and function call items are valid input items)."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     if not isinstance(items, list) or not items:
