@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
@@ -14,10 +14,8 @@ from services.router.config.plugins import MemoryConfig
 from services.router.plugins.answer import Answer
 from services.router.plugins.hooks import Exchange
 from services.router.plugins.recall import cut, last_user_text, text_of, with_system, within_budget
+from services.router.plugins.shared import Shared
 from services.router.plugins.store.base import Item, Store
-
-if TYPE_CHECKING:
-    from services.router.plugins.registry import Shared
 
 KIND = "memory"
 PREAMBLE = ("Notes from earlier conversations with this user, most relevant first. Use them where they help; "

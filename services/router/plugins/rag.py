@@ -3,7 +3,7 @@ last user turn are given to the model in a system message, each with its source,
 budget; the response names the sources used in `x-router-rag-sources`."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import quote
 
 import msgspec
@@ -13,9 +13,7 @@ from services.router.plugins.answer import Answer
 from services.router.plugins.hooks import Exchange
 from services.router.plugins.knowledge import Chunk, KnowledgeBase
 from services.router.plugins.recall import last_user_text, with_system, within_budget
-
-if TYPE_CHECKING:
-    from services.router.plugins.registry import Shared
+from services.router.plugins.shared import Shared
 
 SOURCES_HEADER = b"x-router-rag-sources"
 PREAMBLE = ("Excerpts from the knowledge base {name!r} that may help answer, most relevant first, each after "

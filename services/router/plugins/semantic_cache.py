@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
@@ -14,10 +14,8 @@ from services.router.config.plugins import SemanticCacheConfig
 from services.router.plugins.answer import MAX_ANSWER_BYTES, Answer
 from services.router.plugins.cache_key import CacheKey, cache_key, uncached_reason
 from services.router.plugins.hooks import Exchange
+from services.router.plugins.shared import Shared
 from services.router.plugins.store.base import Item
-
-if TYPE_CHECKING:
-    from services.router.plugins.registry import Shared
 
 log = logging.getLogger("router")
 

@@ -26,7 +26,7 @@ from services.router.plugins.hooks import Exchange
 from services.router.plugins.identity import tenant_of
 from services.router.plugins.memory import KIND, Memory, MemoryRecord
 from services.router.plugins.recall import cut, estimate_tokens, last_user_text, with_system, within_budget
-from services.router.plugins.registry import Shared
+from services.router.plugins.shared import Shared
 from services.router.plugins.store.base import Item
 from tests.support.asgi_client import request
 from tests.support.fake_models import FakeModels

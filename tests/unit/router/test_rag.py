@@ -21,7 +21,8 @@ from services.router.plugins.hooks import Exchange, PluginRefusal
 from services.router.plugins.host import PluginHost
 from services.router.plugins.rag import SOURCES_HEADER, Rag
 from services.router.plugins.recall import estimate_tokens
-from services.router.plugins.registry import Shared, builder
+from services.router.plugins.registry import builder
+from services.router.plugins.shared import Shared
 from tests.support.asgi_client import request
 from tests.support.fake_models import FakeModels
 from tests.support.fake_store import FakeStore

@@ -19,8 +19,9 @@ from services.router.plugins.answer import MAX_ANSWER_BYTES, Answer
 from services.router.plugins.cache_key import MAX_SEMANTIC_CHARS, cache_key
 from services.router.plugins.hooks import Exchange
 from services.router.plugins.host import PluginHost
-from services.router.plugins.registry import CLASSES, Shared, builder
+from services.router.plugins.registry import CLASSES, builder
 from services.router.plugins.semantic_cache import KIND, SemanticCache
+from services.router.plugins.shared import Shared
 from services.router.plugins.store.base import Item, StoreUnavailable
 from services.router.runtime.models import ModelUnavailable
 from tests.support.asgi_client import Answer as AsgiAnswer
