@@ -25,6 +25,11 @@ from services.router.decision.engine import Router
 from services.router.listeners.connections import uvicorn_protocol
 from services.router.metrics import RouterMetrics
 from services.router.modes import inactive_line, startup_line
+from services.router.plugins.host import PluginHost
+from services.router.plugins.registry import builder
+from services.router.plugins.shared import Shared
+from services.router.plugins.store.base import SchemaError, Store, StoreUnavailable
+from services.router.plugins.store.factory import open_store
 from services.router.runtime.deployments import Deployments
 
 log = logging.getLogger("router")
@@ -44,8 +49,19 @@ async def run(config: RouterConfig, *, header_timeout_s: float = DEFAULT_HEADER_
     await asyncio.to_thread(load_models, config, pools)
     checker = HealthChecker(pool_checks(config, pools), upstream)
     await checker.resolve_all()
-    app = RouterApp(config, router, pools, upstream, RouterMetrics(pools), body_timeout_s=header_timeout_s,
-                    runtime=runtime)
+    store: Store | None = None
+    if config.store is not None:  # the plugins' and the Responses API's state: opened before serving, or no start
+        try:
+            store = open_store(config.store)
+            await store.open()
+        except (StoreUnavailable, SchemaError, ValueError) as exc:
+            log.error("cannot open the store (%s): %s", config.store.backend, exc)
+            await upstream.close()
+            return 2
+    metrics = RouterMetrics(pools)
+    host = PluginHost(config, builder(Shared(config, store, runtime)), metrics) if store is not None else None
+    app = RouterApp(config, router, pools, upstream, metrics, body_timeout_s=header_timeout_s,
+                    runtime=runtime, plugins=host or None, store=store)
     await app.bodies.warm()
 
     stop = asyncio.Event()
@@ -58,8 +74,12 @@ async def run(config: RouterConfig, *, header_timeout_s: float = DEFAULT_HEADER_
         log.error("cannot start the model runtime: %s", exc)
         await runtime.stop()
         await upstream.close()
+        if store is not None:
+            await store.close()
         app.close()
         return 2
+    if host:
+        await host.start()  # a knowledge base's indexing, in the background: it embeds once the runtime is ready
     # Served meanwhile: /health answers at once, /ready once every used deployment has a ready worker
     # and the signals' examples are embedded (through those workers) rather than on a first request.
     app.warm = False
@@ -107,6 +127,10 @@ async def run(config: RouterConfig, *, header_timeout_s: float = DEFAULT_HEADER_
         stop_task.cancel()
         if runtime_ready is not None:
             runtime_ready.cancel()
+        if host:
+            await host.stop()  # response hooks in flight finish (bounded), then each plugin stops
+        if store is not None:
+            await store.close()
         await runtime.stop()  # its managed workers, before the router exits: none is left behind
         await checker.stop()
         await feeds.stop()

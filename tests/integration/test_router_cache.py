@@ -13,8 +13,6 @@ import openai
 import pytest
 
 # The store's SQLite backend (and the server wiring that opens it) land beside this module.
-pytest.importorskip("services.router.plugins.store.sqlite")
-
 from tests.support.cache_fleet import KEY_A, KEY_B, REPLY, Fleet
 
 CONFIG = """

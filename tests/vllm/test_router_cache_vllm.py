@@ -7,8 +7,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("services.router.plugins.store.sqlite")  # as tests/integration/test_router_cache.py
-
 from tests.support.cache_fleet import Fleet
 
 CONFIG = """
