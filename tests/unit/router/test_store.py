@@ -11,7 +11,6 @@ import shutil
 import socket
 import tempfile
 import time
-import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -27,13 +26,7 @@ from services.router.plugins.store.base import SCHEMA_VERSION, Item, SchemaError
 from services.router.plugins.store.factory import open_store
 from services.router.plugins.store.postgres import PostgresStore
 from services.router.plugins.store.sqlite import SqliteStore
-
-with warnings.catch_warnings():
-    # pgserver asks platformdirs for a runtime folder as it is imported, which warns where XDG_RUNTIME_DIR is
-    # unset (here, and in CI); the folder it falls back on does.
-    warnings.simplefilter("ignore")
-    import pgserver
-    from pgserver._commands import pg_ctl
+from tests.support.postgres import Server
 
 T = TypeVar("T")
 BACKENDS = ("sqlite", "postgres")
@@ -61,41 +54,6 @@ def item(scope: str, key: str, vector: tuple[float, ...] | None = None, *, kind:
     return Item(kind, scope, key, payload, vector, created, expires)
 
 
-class Server:
-    """The module's PostgreSQL: stopped (as a crash) and started again on the same socket, so the same DSN."""
-
-    def __init__(self, pgdata: Path) -> None:
-        self.handle = pgserver.get_server(pgdata, cleanup_mode="stop")
-        self.socket_dir = self.handle.get_postmaster_info().socket_dir
-        self._databases = 0
-
-    def uri(self, database: str = "postgres") -> str:
-        return self.handle.get_uri(database=database)
-
-    def new_database(self) -> str:
-        self._databases += 1
-        name = f"store_{self._databases}"
-        self.psql(f"CREATE DATABASE {name}")
-        return self.uri(name)
-
-    def psql(self, sql: str) -> None:
-        async def go() -> None:
-            conn = await asyncpg.connect(self.uri())
-            try:
-                await conn.execute(sql)
-            finally:
-                await conn.close()
-
-        run(go())
-
-    def stop(self) -> None:
-        pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=self.handle.pgdata, user=self.handle.system_user)
-
-    def start(self) -> None:
-        pg_ctl(["-w", "-o", '-h ""', "-o", f"-k {self.socket_dir}", "-l", str(self.handle.log), "start"],
-               pgdata=self.handle.pgdata, user=self.handle.system_user)
-
-
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
     home = Path(tempfile.mkdtemp(prefix="store-pg-"))
@@ -103,7 +61,7 @@ def server() -> Iterator[Server]:
     try:
         yield pg
     finally:
-        pg.handle.cleanup()
+        pg.cleanup()
         shutil.rmtree(home, ignore_errors=True)
 
 
