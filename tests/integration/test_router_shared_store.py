@@ -6,6 +6,7 @@ the routers use it again without a restart. A router whose store cannot be opene
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import tempfile
 import time
@@ -200,7 +201,7 @@ def test_a_response_stored_through_one_router_is_read_and_chained_through_the_ot
             other.responses.retrieve(first.id)
 
 
-def test_the_store_down_requests_are_still_answered_and_it_is_used_again_once_back(
+def test_zz_the_store_down_requests_are_still_answered_and_it_is_used_again_once_back(
         routers: tuple[HttpProc, HttpProc], server: Server) -> None:
     a, _ = routers
     errors = _metric(a, "router_store_errors_total", {"plugin": "semantic_cache"})
@@ -221,10 +222,42 @@ def test_the_store_down_requests_are_still_answered_and_it_is_used_again_once_ba
         "x-router-cache") == "hit" else None, timeout_s=30)
 
 
-def test_a_router_whose_store_cannot_be_opened_does_not_start(tmp_path: Path, backend: HttpProc,
+def test_zz_a_router_whose_store_cannot_be_opened_does_not_start(tmp_path: Path, backend: HttpProc,
                                                               docs: Path) -> None:
     dsn = f"postgresql://nobody@/router?host={tmp_path / 'no-such-socket-dir'}"
     router = start_router(tmp_path, CONFIG.format(backend=backend.url, dsn=dsn, docs=docs), wait=False)
     code = router.wait_stopped(timeout_s=60)
     assert code == 2, router.log()
     assert "cannot open the store (postgres)" in router.log()
+
+
+# A user name is a store key: NUL is refused there (400); text with anything else valid is kept and found.
+@pytest.mark.parametrize("text", ["caf\u00e9 \u05e9\u05dc\u05d5\u05dd \U0001f9d1\u200d\U0001f4bb e\u0301",
+                                  "\ufeffbom and \u2028 line separator", "lone surrogate \ud800 here"])
+def test_unicode_edge_cases_are_cached_and_remembered_through_either_router(
+        routers: tuple[HttpProc, HttpProc], backend: HttpProc, text: str) -> None:
+    a, b = routers
+    user = text if "\ud800" not in text else "surrogates-user"  # a lone surrogate has no UTF-8 form for a URL
+
+    def chat(router: HttpProc, model: str) -> httpx.Response:
+        # Written by hand: httpx's json= would refuse a lone surrogate, which JSON itself allows as an escape.
+        body = json.dumps({"model": model, "user": user, "messages": [{"role": "user", "content": text}]})
+        r = httpx.post(router.url + "/v1/chat/completions", headers={**ONE, "content-type": "application/json"},
+                       content=body.encode(), timeout=30)
+        assert r.status_code == 200, r.text
+        return r
+
+    assert chat(a, "cached").headers["x-router-cache"] == "miss"
+    _until("a hit through b", lambda: True if chat(b, "cached").headers["x-router-cache"] == "hit" else None,
+           timeout_s=20)
+    chat(a, "recall")
+    listed = _until("the turn remembered", lambda: httpx.get(b.url + "/v1/memory", params={"user": user},
+                                                               headers=ONE, timeout=10).json()["data"] or None)
+    # Kept as the router read it: a lone surrogate, which no UTF-8 text can hold, as U+FFFD.
+    assert listed[0]["content"].startswith(f"User: {text.replace(chr(0xD800), chr(0xFFFD))}\nAssistant: ")
+
+
+def test_a_user_name_with_nul_is_refused_naming_the_field(routers: tuple[HttpProc, HttpProc]) -> None:
+    r = httpx.post(routers[0].url + "/v1/chat/completions", headers=ONE, timeout=30, json={
+        "model": "recall", "user": "ann\u0000", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "user", r.text
