@@ -222,9 +222,11 @@ def test_zz_the_store_down_requests_are_still_answered_and_it_is_used_again_once
         "x-router-cache") == "hit" else None, timeout_s=30)
 
 
-def test_zz_a_router_whose_store_cannot_be_opened_does_not_start(tmp_path: Path, backend: HttpProc,
-                                                              docs: Path) -> None:
-    dsn = f"postgresql://nobody@/router?host={tmp_path / 'no-such-socket-dir'}"
+@pytest.mark.parametrize("where", ["no server", "no such database"])
+def test_zz_a_router_whose_store_cannot_be_opened_does_not_start(tmp_path: Path, backend: HttpProc, docs: Path,
+                                                                 server: Server, where: str) -> None:
+    dsn = (f"postgresql://nobody@/router?host={tmp_path / 'no-such-socket-dir'}" if where == "no server"
+           else server.uri("no_such_database"))
     router = start_router(tmp_path, CONFIG.format(backend=backend.url, dsn=dsn, docs=docs), wait=False)
     code = router.wait_stopped(timeout_s=60)
     assert code == 2, router.log()
