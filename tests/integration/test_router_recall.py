@@ -5,18 +5,17 @@ as the chat pool, which reports the body it received. Covers what upstream is gi
 header, GET/DELETE /v1/memory between two keys and two users, and a changed and a removed file."""
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import unquote
 
 import httpx
 import pytest
 
 from tests.support.procs import HttpProc, start_backend, start_router
+from tests.support.waiting import until
 
-T = TypeVar("T")
 ONE, TWO = {"authorization": "Bearer key-one"}, {"authorization": "Bearer key-two"}
 BOILER = "# Boiler\n\nThe boiler pressure must stay between one and two bar."  # one chunk: heading and paragraph
 PUMP = "The pump is serviced every spring by the facilities team."
@@ -76,16 +75,6 @@ def _chat(router: HttpProc, content: str, headers: dict[str, str], **extra: Any)
     return r
 
 
-def _until(what: str, probe: Callable[[], T | None], timeout_s: float = 60.0) -> T:
-    """Probe until it gives something (the router indexes and stores in the background)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = probe()
-        if found is not None:
-            return found
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s}s"
-        time.sleep(0.1)
-
 
 def _sources(r: httpx.Response) -> list[str] | None:
     raw = r.headers.get("x-router-rag-sources")
@@ -101,7 +90,7 @@ def _memories(router: HttpProc, headers: dict[str, str], **query: Any) -> list[d
 
 def test_a_chunk_is_recalled_with_its_source_and_the_backend_gets_it_in_the_system_message(
         router: HttpProc, backend: HttpProc, docs: Path) -> None:
-    r = _until("the boiler chunk recalled", lambda: (lambda r: r if _sources(r) else None)(
+    r = until("the boiler chunk recalled", lambda: (lambda r: r if _sources(r) else None)(
         _chat(router, BOILER, ONE)), timeout_s=120)
     source = f"{docs}/ops/boiler, main #1.md#0"
     assert _sources(r) == [source] and "%2C" in r.headers["x-router-rag-sources"]
@@ -118,7 +107,7 @@ def test_a_users_turn_is_remembered_recalled_for_them_only_and_listed_and_erased
     backend.configure(reply="Noted: your cat is Miso.")
     try:
         _chat(router, "my cat is called Miso", ann, stream=True)  # a streamed answer is kept too
-        [memory] = _until("ann's memory", lambda: _memories(router, ONE, user="ann") or None)
+        [memory] = until("ann's memory", lambda: _memories(router, ONE, user="ann") or None)
     finally:
         backend.reset()
     turn = "User: my cat is called Miso\nAssistant: Noted: your cat is Miso."
@@ -133,9 +122,9 @@ def test_a_users_turn_is_remembered_recalled_for_them_only_and_listed_and_erased
         _chat(router, turn, other)
         assert [m["role"] for m in backend.stats()["last_body"]["messages"]] == ["user"], other
     # Each of those turns is kept in the background: wait for them, so that what is listed below stays put.
-    _until("ann's second memory", lambda: len(_memories(router, ONE, user="ann")) == 2 or None)
+    until("ann's second memory", lambda: len(_memories(router, ONE, user="ann")) == 2 or None)
     for other in others:
-        _until("their own memory", lambda who=other: any(m["content"].startswith(f"User: {turn}")
+        until("their own memory", lambda who=other: any(m["content"].startswith(f"User: {turn}")
                                                          for m in _memories(router, who)) or None)
 
     # Listed and erased by its owner only; another's id is an unknown one.
@@ -163,11 +152,11 @@ def test_a_users_turn_is_remembered_recalled_for_them_only_and_listed_and_erased
 
 def test_a_changed_file_is_indexed_again_and_a_removed_one_is_gone(router: HttpProc, docs: Path) -> None:
     pump, fan = docs / "pump.md", docs / "fan.md"
-    _until("the pump chunk recalled", lambda: _sources(_chat(router, PUMP, TWO)), timeout_s=120)
-    _until("the fan chunk recalled", lambda: _sources(_chat(router, FAN, TWO)), timeout_s=120)
+    until("the pump chunk recalled", lambda: _sources(_chat(router, PUMP, TWO)), timeout_s=120)
+    until("the fan chunk recalled", lambda: _sources(_chat(router, FAN, TWO)), timeout_s=120)
     moved = "The pump is now serviced every autumn by an outside firm."
     pump.write_text(moved)
     fan.unlink()
-    assert _until("the new pump text recalled", lambda: _sources(_chat(router, moved, TWO))) == [f"{pump}#0"]
-    _until("the old pump text forgotten", lambda: True if _sources(_chat(router, PUMP, TWO)) is None else None)
-    _until("the fan forgotten", lambda: True if _sources(_chat(router, FAN, TWO)) is None else None)
+    assert until("the new pump text recalled", lambda: _sources(_chat(router, moved, TWO))) == [f"{pump}#0"]
+    until("the old pump text forgotten", lambda: True if _sources(_chat(router, PUMP, TWO)) is None else None)
+    until("the fan forgotten", lambda: True if _sources(_chat(router, FAN, TWO)) is None else None)

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import asyncpg
 import httpx
@@ -20,10 +18,10 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.postgres import Server
+from tests.support.postgres import Server, running
 from tests.support.procs import HttpProc, start_backend, start_router
+from tests.support.waiting import until
 
-T = TypeVar("T")
 ONE, TWO = {"authorization": "Bearer key-one"}, {"authorization": "Bearer key-two"}
 PUMP = "The pump is serviced every spring by the facilities team."
 FAN = "The fan in room four rattles when it runs at full speed."
@@ -51,13 +49,8 @@ entries:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    home = Path(tempfile.mkdtemp(prefix="router-pg-"))
-    pg = Server(home / "data")
-    try:
+    with running("router-pg-") as pg:
         yield pg
-    finally:
-        pg.cleanup()
-        shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -98,16 +91,6 @@ def routers(tmp_path_factory: pytest.TempPathFactory, backend: HttpProc, dsn: st
             router.wait_stopped()
 
 
-def _until(what: str, probe: Callable[[], T | None], timeout_s: float = 60.0) -> T:
-    """Probe until it gives something (the routers store and index in the background)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = probe()
-        if found is not None:
-            return found
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s}s"
-        time.sleep(0.1)
-
 
 def _chat(router: HttpProc, model: str, content: str, headers: dict[str, str] = ONE) -> httpx.Response:
     r = httpx.post(router.url + "/v1/chat/completions", headers=headers, timeout=30,
@@ -142,7 +125,7 @@ def test_an_answer_cached_through_one_router_is_a_hit_through_the_other(
         r = _chat(b, "cached", question)
         return r if r.headers["x-router-cache"] == "hit" else None
 
-    hit = _until("b's hit", hit_through_b, timeout_s=20)
+    hit = until("b's hit", hit_through_b, timeout_s=20)
     assert hit.headers["x-router-cache-match"] == "exact"
     assert backend.stats()["requests"] == calls  # b answered from what a stored: no call upstream
     assert _chat(b, "cached", question, TWO).headers["x-router-cache"] == "miss"  # another key: its own cache
@@ -155,7 +138,7 @@ def test_a_memory_kept_through_one_router_is_listed_recalled_and_erased_through_
     backend.configure(reply="Noted: the office plant is watered on Fridays.")
     try:
         _chat(a, "recall", "the office plant is watered on Fridays", ann)
-        [memory] = _until("ann's memory, listed through b", lambda: httpx.get(
+        [memory] = until("ann's memory, listed through b", lambda: httpx.get(
             b.url + "/v1/memory", headers=ann, timeout=10).json()["data"] or None)
     finally:
         backend.reset()
@@ -178,7 +161,7 @@ def test_both_routers_index_one_base_into_one_set_of_chunks(
 
     for router in routers:
         for text, name in ((PUMP, "pump.md"), (FAN, "fan.md")):
-            found = _until(f"{name} recalled", lambda router=router, text=text: sources(router, text), timeout_s=120)
+            found = until(f"{name} recalled", lambda router=router, text=text: sources(router, text), timeout_s=120)
             assert found == f"{docs}/{name}#0"
     assert _rows(dsn, "chunk") == 2 and _rows(dsn, "file") == 2  # the same keys, written by either: no copies
 
@@ -216,9 +199,9 @@ def test_zz_the_store_down_requests_are_still_answered_and_it_is_used_again_once
     finally:
         server.start()
     question = "Is the library open on Sundays?"
-    _until("a miss once the store is back", lambda: True if _chat(a, "cached", question).headers.get(
+    until("a miss once the store is back", lambda: True if _chat(a, "cached", question).headers.get(
         "x-router-cache") == "miss" else None, timeout_s=30)
-    _until("a hit once the store is back", lambda: True if _chat(a, "cached", question).headers.get(
+    until("a hit once the store is back", lambda: True if _chat(a, "cached", question).headers.get(
         "x-router-cache") == "hit" else None, timeout_s=30)
 
 
@@ -250,10 +233,10 @@ def test_unicode_edge_cases_are_cached_and_remembered_through_either_router(
         return r
 
     assert chat(a, "cached").headers["x-router-cache"] == "miss"
-    _until("a hit through b", lambda: True if chat(b, "cached").headers["x-router-cache"] == "hit" else None,
+    until("a hit through b", lambda: True if chat(b, "cached").headers["x-router-cache"] == "hit" else None,
            timeout_s=20)
     chat(a, "recall")
-    listed = _until("the turn remembered", lambda: httpx.get(b.url + "/v1/memory", params={"user": user},
+    listed = until("the turn remembered", lambda: httpx.get(b.url + "/v1/memory", params={"user": user},
                                                                headers=ONE, timeout=10).json()["data"] or None)
     # Kept as the router read it: a lone surrogate, which no UTF-8 text can hold, as U+FFFD.
     assert listed[0]["content"].startswith(f"User: {text.replace(chr(0xD800), chr(0xFFFD))}\nAssistant: ")

@@ -3,7 +3,11 @@ server stopped as by a crash and started again on the same socket, so that its D
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import asyncpg
@@ -53,3 +57,15 @@ class Server:
 
     def cleanup(self) -> None:
         self.handle.cleanup()
+
+
+@contextmanager
+def running(prefix: str) -> Iterator[Server]:
+    """A server in a fresh temporary folder, stopped and the folder removed afterwards."""
+    home = Path(tempfile.mkdtemp(prefix=prefix))
+    server = Server(home / "data")
+    try:
+        yield server
+    finally:
+        server.cleanup()
+        shutil.rmtree(home, ignore_errors=True)

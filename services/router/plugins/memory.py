@@ -13,7 +13,7 @@ import msgspec
 from services.router.config.plugins import MemoryConfig
 from services.router.plugins.answer import Answer
 from services.router.plugins.hooks import Exchange
-from services.router.plugins.recall import cut, last_user_text, text_of, with_system, within_budget
+from services.router.plugins.recall import cut, decoded, give, last_user_text, recall_query, text_of
 from services.router.plugins.shared import Shared
 from services.router.plugins.store.base import Item, Store
 
@@ -44,27 +44,15 @@ class Memory:
 
     async def request(self, exchange: Exchange) -> dict[str, Any] | None:
         outcome = f"{self.name}.outcome"
-        messages = exchange.chat.get("messages")
-        text = last_user_text(messages) if exchange.chat_api else ""
-        if not text:  # a text completion (no messages), or no user turn to recall by
-            exchange.notes[outcome] = "skipped"
+        query = recall_query(exchange, outcome)
+        if query is None:
             return None
-        assert isinstance(messages, list)  # last_user_text found a user message in it
+        messages, text = query
         embedded = await self.models.embed(self.config.embedder, [text], timeout_s=self.config.timeout_s)
         found = await self.store.nearest(KIND, exchange.owner, tuple(embedded.vectors[0]), self.config.top_k,
                                          self.config.min_similarity)
-        contents = []
-        for _, item in found:
-            try:
-                contents.append(msgspec.json.decode(item.payload, type=MemoryRecord).content)
-            except msgspec.DecodeError:  # not a memory this version wrote: not recalled
-                continue
-        block, used = within_budget(PREAMBLE, contents, self.config.max_tokens)
-        if not used:
-            exchange.notes[outcome] = "none"
-            return None
-        exchange.chat["messages"] = with_system(messages, block)
-        exchange.notes[outcome] = "recalled"
+        memories = decoded(found, MemoryRecord)
+        give(exchange, outcome, messages, PREAMBLE, [m.content for m in memories], self.config.max_tokens)
         return None
 
     async def response(self, exchange: Exchange, answer: Answer | None, *, answered_by: str | None) -> None:

@@ -6,13 +6,11 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import quote
 
-import msgspec
-
 from services.router.config.plugins import RagConfig
 from services.router.plugins.answer import Answer
 from services.router.plugins.hooks import Exchange
 from services.router.plugins.knowledge import Chunk, KnowledgeBase
-from services.router.plugins.recall import last_user_text, with_system, within_budget
+from services.router.plugins.recall import decoded, give, recall_query
 from services.router.plugins.shared import Shared
 
 SOURCES_HEADER = b"x-router-rag-sources"
@@ -42,31 +40,20 @@ class Rag:
 
     async def request(self, exchange: Exchange) -> dict[str, Any] | None:
         outcome = f"{self.name}.outcome"
-        messages = exchange.chat.get("messages")
-        text = last_user_text(messages) if exchange.chat_api else ""
-        if not text:  # a text completion (no messages), or no user turn to recall by
-            exchange.notes[outcome] = "skipped"
+        query = recall_query(exchange, outcome)
+        if query is None:
             return None
-        assert isinstance(messages, list)  # last_user_text found a user message in it
+        messages, text = query
         knowledge = self.base.config
         embedded = await self.models.embed(knowledge.embedder, [text], timeout_s=self.config.timeout_s)
         found = await self.store.nearest("chunk", knowledge.name, tuple(embedded.vectors[0]), self.config.top_k,
                                          self.config.min_similarity)
-        chunks = []
-        for _, item in found:
-            try:
-                chunks.append(msgspec.json.decode(item.payload, type=Chunk))
-            except msgspec.DecodeError:  # not a chunk this version wrote: not recalled
-                continue
-        block, used = within_budget(self._preamble, [f"[{c.path}#{c.ordinal}]\n{c.text}" for c in chunks],
-                                    self.config.max_tokens)
-        if not used:
-            exchange.notes[outcome] = "none"
-            return None
-        exchange.chat["messages"] = with_system(messages, block)
-        sources = ",".join(f"{quote(c.path, safe='/')}#{c.ordinal}" for c in chunks[:used])
-        exchange.headers.append((SOURCES_HEADER, sources.encode("ascii")))
-        exchange.notes[outcome] = "recalled"
+        chunks = decoded(found, Chunk)
+        used = give(exchange, outcome, messages, self._preamble,
+                    [f"[{c.path}#{c.ordinal}]\n{c.text}" for c in chunks], self.config.max_tokens)
+        if used:
+            sources = ",".join(f"{quote(c.path, safe='/')}#{c.ordinal}" for c in chunks[:used])
+            exchange.headers.append((SOURCES_HEADER, sources.encode("ascii")))
         return None
 
     async def response(self, exchange: Exchange, answer: Answer | None, *, answered_by: str | None) -> None:

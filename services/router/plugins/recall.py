@@ -6,12 +6,18 @@ from __future__ import annotations
 import math
 import unicodedata
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
+
+import msgspec
+
+from services.router.plugins.hooks import Exchange
+from services.router.plugins.store.base import Item
 
 SYSTEM_ROLES = ("system", "developer")  # developer: OpenAI's newer name for the system role
 # A text cut to fit the budget keeps at least this many tokens, or is left out: a stub recalls nothing.
 MIN_CUT_TOKENS = 16
 ELLIPSIS = "…"
+T = TypeVar("T")
 
 
 def estimate_tokens(text: str) -> int:
@@ -109,3 +115,39 @@ def with_system(messages: list[Any], text: str) -> list[Any]:
                 merged = f"{content}\n\n{text}" if isinstance(content, str) and content else text
             return [*messages[:i], {**message, "content": merged}, *messages[i + 1:]]
     return [{"role": "system", "content": text}, *messages]
+
+
+def recall_query(exchange: Exchange, outcome: str) -> tuple[list[Any], str] | None:
+    """The request's messages and the text to recall by (its last user turn); None, noted as `skipped`
+    under `outcome`, for a text completion (no messages) or a request with no user turn."""
+    messages = exchange.chat.get("messages")
+    text = last_user_text(messages) if exchange.chat_api else ""
+    if not text:
+        exchange.notes[outcome] = "skipped"
+        return None
+    assert isinstance(messages, list)  # last_user_text found a user message in it
+    return messages, text
+
+
+def decoded(found: Sequence[tuple[float, Item]], shape: type[T]) -> list[T]:
+    """The payloads of `found`, nearest first, as `shape`; one this version did not write is left out."""
+    out = []
+    for _, item in found:
+        try:
+            out.append(msgspec.json.decode(item.payload, type=shape))
+        except msgspec.DecodeError:
+            continue
+    return out
+
+
+def give(exchange: Exchange, outcome: str, messages: list[Any], preamble: str, texts: Sequence[str],
+         max_tokens: int) -> int:
+    """The texts that fit `max_tokens` given to the model in the system message, and the outcome noted
+    (`recalled`, or `none` when none fits or none was found); how many were given."""
+    block, used = within_budget(preamble, texts, max_tokens)
+    if not used:
+        exchange.notes[outcome] = "none"
+        return 0
+    exchange.chat["messages"] = with_system(messages, block)
+    exchange.notes[outcome] = "recalled"
+    return used

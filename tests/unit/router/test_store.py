@@ -7,9 +7,7 @@ import asyncio
 import math
 import os
 import random
-import shutil
 import socket
-import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -26,7 +24,7 @@ from services.router.plugins.store.base import SCHEMA_VERSION, Item, SchemaError
 from services.router.plugins.store.factory import open_store
 from services.router.plugins.store.postgres import PostgresStore
 from services.router.plugins.store.sqlite import SqliteStore
-from tests.support.postgres import Server
+from tests.support.postgres import Server, running
 
 T = TypeVar("T")
 BACKENDS = ("sqlite", "postgres")
@@ -56,13 +54,8 @@ def item(scope: str, key: str, vector: tuple[float, ...] | None = None, *, kind:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    home = Path(tempfile.mkdtemp(prefix="store-pg-"))
-    pg = Server(home / "data")
-    try:
+    with running("store-pg-") as pg:
         yield pg
-    finally:
-        pg.cleanup()
-        shutil.rmtree(home, ignore_errors=True)
 
 
 class Place:
