@@ -1,12 +1,12 @@
-"""Prometheus metrics of the router process, in a registry it owns; replica state is read from the
-pools at scrape time, so the hot path only bumps counters. Shared by every layer: it imports no other router module."""
+"""Prometheus metrics of the router process, in a registry it owns; replica and knowledge-base state is read
+at scrape time, so the hot path only bumps counters. Shared by every layer: it imports no other router module."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 _LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -18,8 +18,27 @@ class Snapshots(Protocol):
     def snapshot(self) -> list[dict[str, Any]]: ...
 
 
+class KnowledgeState(Protocol):
+    """What the knowledge gauges read: a knowledge base as of its last pass (plugins/knowledge.py's
+    `KnowledgeBase`)."""
+
+    @property
+    def files(self) -> int: ...
+
+    @property
+    def chunks(self) -> int: ...
+
+    @property
+    def passes(self) -> int: ...
+
+    @property
+    def skip_counts(self) -> Mapping[str, int]: ...
+
+
 class RouterMetrics:
-    def __init__(self, pools: Mapping[str, Snapshots]) -> None:
+    def __init__(self, pools: Mapping[str, Snapshots], knowledge: Mapping[str, KnowledgeState] | None = None) -> None:
+        """`knowledge`: the knowledge bases by name, read at each scrape (the plugins' Shared.knowledge, which
+        fills as the plugins are built, after this)."""
         self.registry = r = CollectorRegistry()
         self.decisions = Counter("router_decisions", "Routing decisions by entry and matched decision.",
                                  ["entry", "decision"], registry=r)
@@ -54,6 +73,7 @@ class RouterMetrics:
                                     "timeout, by plugin (the request went on, or was refused if it fails "
                                     "closed).", ["plugin"], registry=r)
         r.register(_ReplicaCollector(pools))
+        r.register(_KnowledgeCollector({} if knowledge is None else knowledge))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -80,3 +100,31 @@ class _ReplicaCollector(Collector):
                 ready.add_metric(key, 1 if r["ready"] else 0)
                 breaker.add_metric(key, 0 if r["breaker"] == "closed" else 1)
         yield from (inflight, outstanding, ready, breaker)
+
+
+class _KnowledgeCollector(Collector):
+    def __init__(self, bases: Mapping[str, KnowledgeState]) -> None:
+        self._bases = bases
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        files = GaugeMetricFamily("router_knowledge_files", "Files indexed in the knowledge base's store, as of "
+                                  "its last pass.", labels=["base"])
+        skipped = GaugeMetricFamily("router_knowledge_files_skipped", "Files not indexed as of the last pass, "
+                                    "by reason: too_big (over max_file_bytes), binary (a NUL byte, or not "
+                                    "UTF-8), unreadable (not read this pass; what was indexed of it stays), "
+                                    "other (the store refused it).", labels=["base", "reason"])
+        chunks = GaugeMetricFamily("router_knowledge_chunks", "Chunks stored for the knowledge base, as of its "
+                                   "last pass.", labels=["base"])
+        passes = CounterMetricFamily("router_knowledge_passes", "Indexing passes completed.", labels=["base"])
+        ready = GaugeMetricFamily("router_knowledge_ready", "1 once the knowledge base's first indexing pass "
+                                  "completed (until then recall finds only what the store held already).",
+                                  labels=["base"])
+        for name in sorted(self._bases):
+            base = self._bases[name]
+            files.add_metric([name], base.files)
+            chunks.add_metric([name], base.chunks)
+            for reason, count in base.skip_counts.items():
+                skipped.add_metric([name, reason], count)
+            passes.add_metric([name], base.passes)
+            ready.add_metric([name], 1 if base.passes else 0)
+        yield from (files, skipped, chunks, passes, ready)

@@ -58,8 +58,9 @@ async def run(config: RouterConfig, *, header_timeout_s: float = DEFAULT_HEADER_
             log.error("cannot open the store (%s): %s", config.store.backend, exc)
             await upstream.close()
             return 2
-    metrics = RouterMetrics(pools)
-    host = PluginHost(config, builder(Shared(config, store, runtime)), metrics) if store is not None else None
+    shared = Shared(config, store, runtime) if store is not None else None
+    metrics = RouterMetrics(pools, shared.knowledge if shared is not None else None)  # the bases, read at scrape
+    host = PluginHost(config, builder(shared), metrics) if shared is not None else None
     app = RouterApp(config, router, pools, upstream, metrics, body_timeout_s=header_timeout_s,
                     runtime=runtime, plugins=host or None, store=store)
     await app.bodies.warm()

@@ -99,6 +99,9 @@ def test_a_chunk_is_recalled_with_its_source_and_the_backend_gets_it_in_the_syst
     assert f"[{source}]\n{BOILER}" in system["content"] and PUMP not in system["content"]
     assert r.json()["choices"][0]["message"]["content"]  # the answer itself is upstream's, unchanged
     assert "blob.md skipped: binary (it holds NUL bytes)" in router.log()
+    skipped = 'router_knowledge_files_skipped{base="docs",reason="binary"} 1.0'  # set as the pass completes
+    until("the skipped file in /metrics", lambda: skipped in httpx.get(
+        router.url + "/metrics", headers=ONE, timeout=10).text or None)
 
 
 def test_a_users_turn_is_remembered_recalled_for_them_only_and_listed_and_erased_by_them_only(

@@ -53,10 +53,14 @@ class FakeStore:
         found.sort(key=lambda pair: -pair[0])
         return found[:k]
 
+    def _newest_first(self) -> list[tuple[tuple[str, str, str], Item]]:
+        """Every item, newest first; of equal `created`, the one first put later (the real stores order by
+        created DESC, id DESC, and a put over a key keeps its id, as a dict keeps a key's place)."""
+        return sorted(reversed(self.items_by.items()), key=lambda pair: -pair[1].created)
+
     async def items(self, kind: str, scope: str, limit: int, offset: int = 0) -> list[Item]:
         self._check()
-        mine = [i for (kd, sc, _), i in self.items_by.items() if kd == kind and sc == scope and self._live(i)]
-        mine.sort(key=lambda i: -i.created)
+        mine = [i for (kd, sc, _), i in self._newest_first() if kd == kind and sc == scope and self._live(i)]
         return mine[offset:offset + limit]
 
     async def delete(self, kind: str, scope: str, key: str | None = None) -> int:
@@ -72,12 +76,16 @@ class FakeStore:
                    if kd == kind and (scope is None or sc == scope) and self._live(i))
 
     async def trim(self, kind: str, scope: str | None, keep: int) -> int:
+        """As the real stores: the expired, then the oldest beyond `keep`, both within the scope only."""
         self._check()
-        gone = [k for k, i in self.items_by.items() if k[0] == kind and not self._live(i)]
+
+        def mine(k: tuple[str, str, str]) -> bool:
+            return k[0] == kind and (scope is None or k[1] == scope)
+
+        gone = [k for k, i in self.items_by.items() if mine(k) and not self._live(i)]
         for k in gone:
             del self.items_by[k]
-        mine = sorted(((k, i) for k, i in self.items_by.items()
-                       if k[0] == kind and (scope is None or k[1] == scope)), key=lambda pair: -pair[1].created)
-        for k, _ in mine[keep:]:
+        ordered = [(k, i) for k, i in self._newest_first() if mine(k)]
+        for k, _ in ordered[keep:]:
             del self.items_by[k]
-        return len(gone) + max(0, len(mine) - keep)
+        return len(gone) + max(0, len(ordered) - keep)

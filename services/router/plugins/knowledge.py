@@ -24,6 +24,9 @@ EMBED_BATCH = 32  # texts per embed call
 EMBED_TIMEOUT_S = 60.0  # one batch's longest (the deployment's own timeout_s caps it)
 BACKOFF_S = (0.5, 30.0)  # the embedder or the store not answering: retried after this, doubling up to the cap
 LIST_PAGE = 1000  # stored file records read per store call
+# Why a file is not indexed, in classes (the metrics' `reason`): over max_file_bytes, not text, not read
+# this pass (what was indexed of it stays), or refused by the store (a path too long for a key).
+SKIP_CLASSES = ("too_big", "binary", "unreadable", "other")
 
 
 class FileRecord(msgspec.Struct):
@@ -56,6 +59,8 @@ class Report:
     unchanged: int = 0
     removed: list[str] = field(default_factory=list)  # gone (or no longer indexable): their chunks deleted
     skipped: dict[str, str] = field(default_factory=dict)  # path -> why it is not indexed
+    classes: dict[str, str] = field(default_factory=dict)  # path -> its skip's class (SKIP_CLASSES)
+    written: dict[str, int] = field(default_factory=dict)  # path -> chunks, of the files indexed
     chunks: int = 0  # chunks embedded
 
 
@@ -69,6 +74,10 @@ class KnowledgeBase:
         self.skipped: dict[str, str] = {}  # as of the last pass: path -> why it is not indexed
         self.skips = 0  # files found not indexable: one log line each (a file is counted again once it changes)
         self.passes = 0  # passes completed
+        # As of the last pass (the metrics read them): files and chunks in the store, skips by class.
+        self.files = 0
+        self.chunks = 0  # a file whose update was cut short counts the larger of its two versions' chunks
+        self.skip_counts: dict[str, int] = dict.fromkeys(SKIP_CLASSES, 0)
         self.indexed = asyncio.Event()  # set once the first pass completed
         self._logged: dict[str, tuple[str, int, int]] = {}  # path -> the skip last logged (reason, size, mtime)
         self._warned: set[str] = set()  # paths the walk could not read, said once each (until they can be)
@@ -140,7 +149,7 @@ class KnowledgeBase:
             found, too_big, unreadable = await asyncio.to_thread(self._walk)
             stored = await self._stored()
             for seen in too_big:
-                self._skip(report, seen, self._too_big(seen.size))
+                self._skip(report, seen, self._too_big(seen.size), "too_big")
             for seen in found.values():
                 if not await self._file(seen, stored.get(seen.path), report):
                     unreadable.add(seen.path)
@@ -151,6 +160,13 @@ class KnowledgeBase:
                     await self._remove(path, record.chunks)
                     report.removed.append(path)
             self.skipped = report.skipped
+            kept = {path: record.chunks for path, record in stored.items() if path in keep}
+            kept.update(report.written)
+            self.files, self.chunks = len(kept), sum(kept.values())
+            self.skip_counts = dict.fromkeys(SKIP_CLASSES, 0)
+            for kind in report.classes.values():
+                self.skip_counts[kind] += 1
+            self.skip_counts["unreadable"] = len(unreadable)
             self.passes += 1
             self.indexed.set()
             return report
@@ -225,8 +241,11 @@ class KnowledgeBase:
             self._warn(seen.path, f"{seen.path} not read: {exc}")
             return False
         self._warned.discard(seen.path)
-        if isinstance(read, str):  # why it is not text
-            self._skip(report, seen, read if read else self._too_big(seen.size))
+        if isinstance(read, str):  # why it is not text ("": it grew too big since the walk)
+            if read:
+                self._skip(report, seen, read, "binary")
+            else:
+                self._skip(report, seen, self._too_big(seen.size), "too_big")
             return True
         text, sha = read
         self._hashes[seen.path] = (seen.size, seen.mtime_ns, sha)
@@ -238,9 +257,10 @@ class KnowledgeBase:
         try:
             await self._write(seen.path, pieces, vectors, sha, record.chunks if record is not None else 0)
         except ValueError as exc:  # the store refused a key (a path too long for it)
-            self._skip(report, seen, str(exc))
+            self._skip(report, seen, str(exc), "other")
             return True
         report.indexed.append(seen.path)
+        report.written[seen.path] = len(pieces)
         report.chunks += len(pieces)
         return True
 
@@ -278,9 +298,10 @@ class KnowledgeBase:
             self._warned.add(key)
             log.warning("knowledge base %s: %s", self.config.name, message)
 
-    def _skip(self, report: Report, seen: _Seen, reason: str) -> None:
-        """Not indexed, and said so once (again only when the file changes)."""
+    def _skip(self, report: Report, seen: _Seen, reason: str, kind: str) -> None:
+        """Not indexed, and said so once (again only when the file changes). `kind`: one of SKIP_CLASSES."""
         report.skipped[seen.path] = reason
+        report.classes[seen.path] = kind
         said = (reason, seen.size, seen.mtime_ns)
         if self._logged.get(seen.path) != said:
             self._logged[seen.path] = said

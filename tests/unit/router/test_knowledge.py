@@ -13,8 +13,10 @@ from typing import Any, TypeVar
 
 import msgspec
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from services.router.config.plugins import KnowledgeConfig
+from services.router.metrics import RouterMetrics
 from services.router.plugins import knowledge
 from services.router.plugins.chunker import chunks
 from services.router.plugins.knowledge import Chunk, FileRecord, KnowledgeBase
@@ -265,3 +267,69 @@ def test_a_file_that_cannot_be_read_keeps_its_chunks_and_a_missing_path_is_said_
     assert [r.getMessage() for r in caplog.records] == [
         f"knowledge base kb: path {tmp_path}/nowhere is neither a file nor a folder",
         f"knowledge base kb: {doc} not read: [Errno 13] Permission denied: '{doc}'"]
+
+
+# ---- the metrics ----
+
+def scraped(kb: KnowledgeBase) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The router's /metrics text over this base, parsed: (sample name, labels) -> value."""
+    families = text_string_to_metric_families(RouterMetrics({}, {"kb": kb}).render().decode())
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in families if f.name.startswith("router_knowledge") for s in f.samples}
+
+
+def test_the_metrics_show_files_indexed_and_skipped_by_reason_chunks_and_passes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "one.md").write_text("one chunk")
+    (tmp_path / "three.md").write_text("\n\n".join(f"paragraph {i} " + "p" * 80 for i in range(3)))
+    (tmp_path / "nul.md").write_bytes(b"\x89PNG\0\0binary")
+    (tmp_path / "latin1.txt").write_bytes("caf\u00e9".encode("latin-1"))
+    (tmp_path / "big.md").write_text("x" * 2000)
+    (tmp_path / "locked.md").write_text("never read")
+    read = knowledge._read
+
+    def refuse(location: str, limit: int) -> Any:
+        if location.endswith("locked.md"):
+            raise PermissionError(13, "Permission denied", location)
+        return read(location, limit)
+
+    monkeypatch.setattr(knowledge, "_read", refuse)
+    kb = base([tmp_path], chunk_chars=100, overlap_chars=0, max_file_bytes=1000)
+
+    def reasons(metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> dict[str, float]:
+        return {dict(labels)["reason"]: v for (name, labels), v in metrics.items()
+                if name == "router_knowledge_files_skipped"}
+
+    before = scraped(kb)
+    assert before[("router_knowledge_ready", (("base", "kb"),))] == 0
+    assert before[("router_knowledge_passes_total", (("base", "kb"),))] == 0
+    assert before[("router_knowledge_files", (("base", "kb"),))] == 0
+
+    run(kb.refresh())
+    after = scraped(kb)
+    assert after[("router_knowledge_files", (("base", "kb"),))] == 2
+    assert after[("router_knowledge_chunks", (("base", "kb"),))] == 4  # one, and three paragraphs of ~90
+    assert reasons(after) == {"too_big": 1, "binary": 2, "unreadable": 1, "other": 0}
+    assert after[("router_knowledge_passes_total", (("base", "kb"),))] == 1
+    assert after[("router_knowledge_ready", (("base", "kb"),))] == 1
+
+    # An unchanged pass counts what is stored, not what it wrote; a removed file and a shorter one show.
+    run(kb.refresh())
+    (tmp_path / "one.md").unlink()
+    (tmp_path / "three.md").write_text("short now")
+    (tmp_path / "nul.md").write_text("text now")
+    run(kb.refresh())
+    last = scraped(kb)
+    assert last[("router_knowledge_files", (("base", "kb"),))] == 2
+    assert last[("router_knowledge_chunks", (("base", "kb"),))] == 2
+    assert reasons(last) == {"too_big": 1, "binary": 1, "unreadable": 1, "other": 0}
+    assert last[("router_knowledge_passes_total", (("base", "kb"),))] == 3
+
+
+def test_a_second_router_counts_the_files_another_indexed(tmp_path: Path) -> None:
+    (tmp_path / "a.md").write_text("\n\n".join(f"paragraph {i} " + "p" * 80 for i in range(2)))
+    store = FakeStore()
+    run(base([tmp_path], store, chunk_chars=100, overlap_chars=0).refresh())
+    other = base([tmp_path], store, chunk_chars=100, overlap_chars=0)
+    assert run(other.refresh()).unchanged == 1
+    assert (other.files, other.chunks) == (1, 2)
