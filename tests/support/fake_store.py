@@ -1,11 +1,12 @@
 """An in-memory Store (services/router/plugins/store/base.py's port) for unit tests of the plugins: the
-same answers as the real stores (expiry, scopes, cosine order), no file and no server. `fail` makes every
+same answers as the real stores (expiry, scopes, cosine order) and the same refusals (their input guard),
+no file and no server. `fail` makes every
 call raise StoreUnavailable, as a store that is down does."""
 from __future__ import annotations
 
-import math
 import time
 
+from services.router.plugins.store import guard
 from services.router.plugins.store.base import Item, StoreUnavailable
 
 
@@ -31,18 +32,22 @@ class FakeStore:
 
     async def put(self, item: Item) -> None:
         self._check()
-        if item.vector is not None and not all(math.isfinite(x) for x in item.vector):
-            raise ValueError("vector: every component must be finite")
+        guard.check_item(item)
         self.items_by[(item.kind, item.scope, item.key)] = item
 
     async def get(self, kind: str, scope: str, key: str) -> Item | None:
         self._check()
+        guard.check_scope(kind, scope)
+        guard.check_text("key", key)
         item = self.items_by.get((kind, scope, key))
         return item if item is not None and self._live(item) else None
 
     async def nearest(self, kind: str, scope: str, vector: tuple[float, ...], k: int,
                       min_similarity: float = -1.0) -> list[tuple[float, Item]]:
         self._check()
+        guard.check_scope(kind, scope)
+        guard.check_vector("vector", vector)
+        guard.check_k(k)
         found = []
         for (kd, sc, _), item in self.items_by.items():
             if kd == kind and sc == scope and item.vector is not None and len(item.vector) == len(vector) \

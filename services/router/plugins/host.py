@@ -15,12 +15,13 @@ from services.router.config.plugins import PluginConfig
 from services.router.metrics import RouterMetrics
 from services.router.plugins.answer import Answer
 from services.router.plugins.hooks import Exchange, Plugin, PluginRefusal
-from services.router.plugins.store.base import StoreUnavailable
+from services.router.plugins.store.base import StoreRefused, StoreUnavailable
 from services.router.runtime.models import ModelUnavailable
 
 log = logging.getLogger("router")
-# What a plugin's request hook may fail with, short of a bug: its store, its model, its time.
-FAILURES = (StoreUnavailable, ModelUnavailable, TimeoutError)
+# What a plugin's hook may fail with, short of a bug: its store, its model, its time, or an input the store
+# cannot hold (an embedder whose vectors are wider than the store takes: every request's, until fixed).
+FAILURES = (StoreUnavailable, StoreRefused, ModelUnavailable, TimeoutError)
 Chain = tuple[tuple[PluginConfig, Plugin], ...]  # what runs for one request: each plugin with its config
 
 

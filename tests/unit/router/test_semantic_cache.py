@@ -490,6 +490,30 @@ def test_the_store_down_fails_open_through_the_host() -> None:
     run(go())
 
 
+def test_an_embedder_wider_than_the_store_takes_is_an_error_the_request_survives(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The store refuses vectors of more than 8,192 dimensions: the lookup and the store are plugin errors
+    (logged, counted), never a 500 and never a response hook failing as a bug."""
+    async def go() -> None:
+        store = FakeStore()
+        wide = [1.0] + [0.0] * 9000
+        host = _host(CONFIG, store, FakeModels(vectors={QUESTION: wide}))
+        chain = host.plugins_for(EntryConfig("assistant", ("pool",), plugins=(CONFIG,)), "default", True)
+        # The exact lookup misses first; the semantic lookup is refused with the vector's width.
+        exchange = chat()
+        assert await host.request(chain, exchange) == (None, 1)
+        assert _sample(host, "router_plugin_outcomes_total", entry="assistant", plugin="semantic_cache",
+                       outcome="error") == 1
+        assert _sample(host, "router_store_errors_total", plugin="semantic_cache") == 0  # the store is up
+        host.respond(chain, exchange, answer(), None)
+        await host.drain()
+        assert store.items_by == {}
+    with caplog.at_level("WARNING", logger="router"):
+        run(go())
+    assert "9001 dimensions; allowed 1 to 8192" in caplog.text
+    assert "response hook failed" not in caplog.text  # said as a refusal, not as a bug's traceback
+
+
 def test_the_store_down_at_lookup_still_stores_the_answer_when_it_is_back() -> None:
     async def go() -> None:
         store = FakeStore()

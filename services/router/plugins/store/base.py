@@ -18,6 +18,11 @@ class StoreUnavailable(RuntimeError):
     the plugin fails open or closed as configured, never with a 500."""
 
 
+class StoreRefused(ValueError):
+    """The store refuses an input it cannot hold (store/guard.py: a key too long, NUL, a payload too large,
+    a vector it cannot compare); nothing was written. The message names the field and the limit."""
+
+
 class SchemaError(RuntimeError):
     """The store holds a schema this router cannot use (written by a newer version)."""
 

@@ -1,5 +1,6 @@
-"""What both stores (router process) check before a call, so that bad input is a ValueError naming the field
-and never a half-written row, and the deadline they hold every call to (StoreUnavailable past it)."""
+"""What both stores (router process) check before a call, so that bad input is StoreRefused (a ValueError)
+naming the field and never a half-written row, and the deadline they hold every call to (StoreUnavailable
+past it)."""
 from __future__ import annotations
 
 import asyncio
@@ -7,10 +8,10 @@ import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from services.router.plugins.store.base import KINDS, Item, StoreUnavailable
+from services.router.plugins.store.base import KINDS, Item, StoreRefused, StoreUnavailable
 
 # The stores' limits: a key or scope of more UTF-8 bytes, a longer payload, a vector
-# of more dimensions, or a larger k is refused with a ValueError that names it.
+# of more dimensions, or a larger k is refused with StoreRefused, naming it.
 MAX_TEXT_BYTES = 65_536  # scope and key; longer ones are the plugin's to hash
 MAX_PAYLOAD_BYTES = 64 << 20
 MAX_DIMS = 8192  # sqlite-vec's most (pgvector allows 16,000)
@@ -24,31 +25,31 @@ OPEN_TIMEOUT_S = 10.0
 
 def check_kind(kind: str) -> None:
     if kind not in KINDS:
-        raise ValueError(f"kind: {kind!r} is not one of {', '.join(KINDS)}")
+        raise StoreRefused(f"kind: {kind!r} is not one of {', '.join(KINDS)}")
 
 
 def check_text(name: str, value: str) -> None:
     """A scope or key: any unicode but NUL (PostgreSQL text cannot hold it) and lone surrogates (not UTF-8)."""
     if not isinstance(value, str):
-        raise ValueError(f"{name}: must be a string, not {type(value).__name__}")
+        raise StoreRefused(f"{name}: must be a string, not {type(value).__name__}")
     try:
         size = len(value.encode("utf-8"))
     except UnicodeEncodeError as e:
-        raise ValueError(f"{name}: not encodable as UTF-8 (a lone surrogate at index {e.start})") from None
+        raise StoreRefused(f"{name}: not encodable as UTF-8 (a lone surrogate at index {e.start})") from None
     if size > MAX_TEXT_BYTES:
-        raise ValueError(f"{name}: {size} UTF-8 bytes; at most {MAX_TEXT_BYTES}")
+        raise StoreRefused(f"{name}: {size} UTF-8 bytes; at most {MAX_TEXT_BYTES}")
     if "\x00" in value:
-        raise ValueError(f"{name}: must not contain NUL (U+0000)")
+        raise StoreRefused(f"{name}: must not contain NUL (U+0000)")
 
 
 def check_vector(name: str, vector: tuple[float, ...]) -> None:
     if not 1 <= len(vector) <= MAX_DIMS:
-        raise ValueError(f"{name}: {len(vector)} dimensions; allowed 1 to {MAX_DIMS}")
+        raise StoreRefused(f"{name}: {len(vector)} dimensions; allowed 1 to {MAX_DIMS}")
     if not all(math.isfinite(x) and abs(x) <= FLOAT32_MAX for x in vector):
-        raise ValueError(f"{name}: every component must be a finite 32-bit float (no NaN, no infinity, "
+        raise StoreRefused(f"{name}: every component must be a finite 32-bit float (no NaN, no infinity, "
                          f"|x| <= {FLOAT32_MAX:.4g})")
     if not any(vector):
-        raise ValueError(f"{name}: must not be all zeros (a cosine similarity needs a length)")
+        raise StoreRefused(f"{name}: must not be all zeros (a cosine similarity needs a length)")
 
 
 def check_item(item: Item) -> None:
@@ -56,15 +57,15 @@ def check_item(item: Item) -> None:
     check_text("scope", item.scope)
     check_text("key", item.key)
     if not isinstance(item.payload, bytes | bytearray | memoryview):
-        raise ValueError(f"payload: must be bytes, not {type(item.payload).__name__}")
+        raise StoreRefused(f"payload: must be bytes, not {type(item.payload).__name__}")
     if len(item.payload) > MAX_PAYLOAD_BYTES:
-        raise ValueError(f"payload: {len(item.payload)} bytes; at most {MAX_PAYLOAD_BYTES}")
+        raise StoreRefused(f"payload: {len(item.payload)} bytes; at most {MAX_PAYLOAD_BYTES}")
     if item.vector is not None:
         check_vector("vector", item.vector)
     if not math.isfinite(item.created):
-        raise ValueError("created: must be finite unix seconds")
+        raise StoreRefused("created: must be finite unix seconds")
     if item.expires is not None and not math.isfinite(item.expires):
-        raise ValueError("expires: must be finite unix seconds, or None for never")
+        raise StoreRefused("expires: must be finite unix seconds, or None for never")
 
 
 def check_scope(kind: str, scope: str) -> None:
@@ -74,12 +75,12 @@ def check_scope(kind: str, scope: str) -> None:
 
 def check_k(k: int) -> None:
     if not 1 <= k <= MAX_K:
-        raise ValueError(f"k: {k}; allowed 1 to {MAX_K}")
+        raise StoreRefused(f"k: {k}; allowed 1 to {MAX_K}")
 
 
 def check_count(name: str, value: int) -> None:
     if value < 0:
-        raise ValueError(f"{name}: {value}; must be 0 or more")
+        raise StoreRefused(f"{name}: {value}; must be 0 or more")
 
 
 @asynccontextmanager
