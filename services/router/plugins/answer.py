@@ -12,6 +12,7 @@ from services.router.backends.sse import SSEData
 
 _decode = msgspec.json.Decoder()
 # A stream longer than this is not assembled (its answer is not kept): bounds what a hook holds per request.
+# Passed-through SSE counts its bytes; decoded chunks (adapted streams) count the characters of text they add.
 MAX_ANSWER_BYTES = 8 << 20
 
 
@@ -88,6 +89,11 @@ class Recorder:
             if not isinstance(piece, dict):
                 self._failed = True
                 return
+            if self._reader is None:  # decoded by the relay: raw() did not count it
+                self._size += _text_size(piece)
+                if self._size > MAX_ANSWER_BYTES:
+                    self._failed = True
+                    return
             index = piece.get("index", i)
             choice = self._choices.setdefault(index if isinstance(index, int) else i, {"index": index})
             if self.chat:
@@ -178,3 +184,18 @@ def _add_delta(choice: dict[str, Any], delta: dict[str, Any]) -> None:
             call["name"] = function["name"]
         if isinstance(function.get("arguments"), str):
             call["arguments"].append(function["arguments"])
+
+
+def _text_size(piece: dict[str, Any]) -> int:
+    """The characters of text one choice's chunk adds: what the recorder will hold of it."""
+    raw = piece.get("delta")
+    delta: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    size = 0
+    for value in (piece.get("text"), delta.get("content"), delta.get("reasoning_content"), delta.get("reasoning")):
+        if isinstance(value, str):
+            size += len(value)
+    for call in delta.get("tool_calls") or ():
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+            size += len(function["arguments"])
+    return size

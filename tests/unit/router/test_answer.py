@@ -167,3 +167,21 @@ def test_a_stream_past_the_size_bound_is_not_kept() -> None:
     recorder.raw(_sse([{"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}]))
     recorder.end()
     assert recorder.answer() is None
+
+
+@pytest.mark.parametrize("delta", [lambda text: {"content": text}, lambda text: {"reasoning_content": text},
+                                   lambda text: {"tool_calls": [{"index": 0, "function": {"arguments": text}}]}],
+                         ids=["content", "reasoning", "tool-arguments"])
+def test_an_adapted_stream_past_the_size_bound_is_not_kept(delta: Any) -> None:
+    """Decoded chunks (a Responses or Messages stream) are bounded too, by the text they add."""
+    recorder = Recorder(chat=True)
+    text = "x" * 65536
+    for _ in range(MAX_ANSWER_BYTES // len(text)):
+        recorder.chunk({"choices": [{"index": 0, "delta": delta(text)}]})
+    within = Recorder(chat=True)
+    within.chunk({"choices": [{"index": 0, "delta": delta(text), "finish_reason": "stop"}]})
+    within.end(True)
+    assert within.answer() is not None
+    recorder.chunk({"choices": [{"index": 0, "delta": delta("y"), "finish_reason": "stop"}]})
+    recorder.end(True)
+    assert recorder.answer() is None
