@@ -11,7 +11,8 @@ from typing import Any, TypeVar
 
 import yaml
 
-from services.router.config import plugins_reader, recipe, rules, systemone
+from services.router.config import admission_reader, plugins_reader, recipe, rules, systemone
+from services.router.config.admission import AdmissionConfig
 from services.router.config.budget import NativeEscalateAlgorithm
 from services.router.config.deployments import read_deployments
 from services.router.config.fields import MISSING, Fields, defaults
@@ -41,9 +42,10 @@ from services.router.config.types import (
 
 T = TypeVar("T")
 
-LISTENER_KEYS = ("name", "host", "port", "api_keys", "api_keys_env", "apis", "entries", "pools")
+LISTENER_KEYS = ("name", "host", "port", "api_keys", "api_keys_env", "apis", "entries", "pools", "limits",
+                 "user_limits", "keys")
 POOL_KEYS = ("model", "replicas", "dns", "max_inflight", "policy", "cache_aware", "precise_prefix", "health",
-             "breaker", "tokenizer", "api_key", "api_key_env", "timeout_s", "outputs")
+             "breaker", "tokenizer", "api_key", "api_key_env", "timeout_s", "outputs", "queue_size")
 ENTRY_KEYS = ("api", "signals", "projections", "decisions", "default", "algorithm", "signal_budget_s", "plugins")
 ALGORITHM_KEYS = {"static": ("type",), "weighted": ("type", "weights"),
                   "escalate": ("type", "stages", "accept", "deadline_s", "max_calls", "judge")}
@@ -85,9 +87,11 @@ def parse_config(data: object, source: str = "<config>", *,
     """
     f = Fields(os.environ if env is None else env)
     # pools and entries may be absent or empty: a router may serve System One alone.
-    top = f.mapping("", data, ("listeners", "pools", "entries", "deployments", "store", "knowledge"),
+    top = f.mapping("", data, ("listeners", "pools", "entries", "deployments", "store", "knowledge", "admission"),
                     required=("listeners",))
-    listeners = f.items("listeners", top.get("listeners", MISSING), _listener)
+    admission = admission_reader.read_admission(f, top.get("admission", MISSING), "store" in top)
+    listeners = f.items("listeners", top.get("listeners", MISSING),
+                        lambda f, path, raw, i: _listener(f, path, raw, i, admission))
     _unique(f, "listeners", listeners, "port", "port")
     _unique(f, "listeners", listeners, "name", "listener name")
     raw_pools = f.named("pools", top.get("pools") or MISSING)
@@ -117,10 +121,10 @@ def parse_config(data: object, source: str = "<config>", *,
         raise ConfigError(source, f.errors)
     return RouterConfig(tuple(_built(x) for x in listeners), {k: _built(v) for k, v in pools.items()},
                         {k: _built(v) for k, v in entries.items()}, source, deployments, store=store,
-                        knowledge=knowledge)
+                        knowledge=knowledge, admission=admission)
 
 
-def _listener(f: Fields, path: str, raw: object, i: int) -> ListenerConfig | None:
+def _listener(f: Fields, path: str, raw: object, i: int, admission: AdmissionConfig) -> ListenerConfig | None:
     m = f.mapping(path, raw, LISTENER_KEYS, required=("port",))
     d = defaults(ListenerConfig)
     name = f.string(f"{path}.name", m.get("name", f"listener-{i}"))
@@ -131,9 +135,12 @@ def _listener(f: Fields, path: str, raw: object, i: int) -> ListenerConfig | Non
     apis = systemone.listener_apis(f, f"{path}.apis", m["apis"]) if "apis" in m else (d["apis"], d["systemone"])
     entries = f.strings(f"{path}.entries", m["entries"]) if "entries" in m else d["entries"]
     pools = f.strings(f"{path}.pools", m["pools"], allow_empty=True) if "pools" in m else d["pools"]
+    api_keys = tuple(dict.fromkeys(keys + env_keys))
+    limits, user_limits, settings = admission_reader.read_listener_admission(f, path, m, api_keys, admission)
     if name is None or host is None or port is None or apis is None or entries is None or pools is None or not m:
         return None
-    return ListenerConfig(name, port, host, tuple(dict.fromkeys(keys + env_keys)), apis[0], entries, apis[1], pools)
+    return ListenerConfig(name, port, host, api_keys, apis[0], entries, apis[1], pools, limits, user_limits,
+                          settings)
 
 
 def _pool(f: Fields, path: str, name: str, raw: object) -> PoolConfig | None:
@@ -172,6 +179,8 @@ def _pool(f: Fields, path: str, name: str, raw: object) -> PoolConfig | None:
         api_key=api_key,
         timeout_s=_or(f.number(f"{path}.timeout_s", m.get("timeout_s", d["timeout_s"]), 0, open_low=True),
                       d["timeout_s"]),
+        queue_size=_or(admission_reader.read_queue_size(f, f"{path}.queue_size", m.get("queue_size", d["queue_size"])),
+                       d["queue_size"]),
         outputs=_or(systemone.pool_outputs(f, f"{path}.outputs", m["outputs"]) if "outputs" in m else None,
                     d["outputs"]),
     )

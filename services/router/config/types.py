@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar, TypeAlias
 
+from services.router.config.admission import DEFAULT_KEY, NO_LIMITS, AdmissionConfig, KeySettings, Limits
 from services.router.config.budget import (
     Budget,
     JudgeConfig,
@@ -49,6 +50,13 @@ class ListenerConfig:
     entries: tuple[str, ...] = ()  # the chat entries (public model names) served here; empty: every chat entry
     systemone: tuple[str, ...] = ()  # System One models published here: deployments and native entries
     pools: tuple[str, ...] = ()  # chat pools published by name: a request naming one goes straight to it
+    limits: Limits = NO_LIMITS  # per tenant: every key's, unless its own settings say otherwise
+    user_limits: Limits = NO_LIMITS  # per user within a tenant, where a request names its user
+    keys: Mapping[str, KeySettings] = field(default_factory=dict, repr=False)  # by the key itself
+
+    def key_settings(self, key: str | None) -> KeySettings:
+        """A key's admission settings: its own, or the defaults (also for an open listener's None)."""
+        return self.keys.get(key, DEFAULT_KEY) if key is not None else DEFAULT_KEY
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +123,7 @@ class PoolConfig:
     api_key: str | None = field(default=None, repr=False)  # bearer key sent upstream
     timeout_s: float = 600.0
     outputs: tuple[str, ...] = ("text",)  # of OUTPUTS: image pools serve /v1/images/generations
+    queue_size: int = 0  # requests that may wait for a replica when every one is at its cap; 0: 429 at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -448,6 +457,7 @@ class RouterConfig:
     mode: str = "router"  # router: --config routes chat and serves System One; engine: -e, System One only
     store: StoreConfig | None = None  # the plugins' and Responses state's store; None: no state is kept
     knowledge: Mapping[str, KnowledgeConfig] = field(default_factory=dict)  # knowledge bases, by name
+    admission: AdmissionConfig = AdmissionConfig()  # priority classes, shared limits
 
     @property
     def chat_entries(self) -> tuple[str, ...]:

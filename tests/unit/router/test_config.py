@@ -163,7 +163,7 @@ def _entry(data: dict[str, Any]) -> dict[str, Any]:
 
 
 POOL_KEYS = ("model, replicas, dns, max_inflight, policy, cache_aware, precise_prefix, health, breaker, tokenizer, "
-             "api_key, api_key_env, timeout_s, outputs")
+             "api_key, api_key_env, timeout_s, outputs, queue_size")
 INVALID = {
     "cache_aware asked of an entry": (
         lambda d: _entry(d).update(algorithm={"type": "cache_aware"}),
@@ -189,7 +189,7 @@ INVALID = {
         f"pools.chat.max_inflght: unknown key; allowed: {POOL_KEYS} (did you mean 'max_inflight'?)"),
     "unknown top-level key": (
         lambda d: d.update(routes=[]),
-        "routes: unknown key; allowed: listeners, pools, entries, deployments, store, knowledge"),
+        "routes: unknown key; allowed: listeners, pools, entries, deployments, store, knowledge, admission"),
     "missing model": (
         lambda d: _pool(d).pop("model"),
         "pools.chat.model: required"),
