@@ -150,7 +150,7 @@ LAYERS = {
     ],
     "services.engine": [
         ("config", "backend", "bridge", "peers", "probe", "token_histogram", "utility", "validation", "weights",
-         "kv_sizing"),
+         "kv_sizing", "request_trace"),
         ("backends",),
         ("core", "wiring"),
         ("launcher",), ("__main__",),

@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 
+import tracing
 from protocol.grpc import pb2, pb2_grpc
 from protocol.logprobs import Segment
 from services.frontend.engine_client.inflight import EngineFailure, InFlight
@@ -79,7 +80,10 @@ class Inference(pb2_grpc.InferenceServicer):
         self._running: dict[str, list[InFlight]] = defaultdict(list)  # caller's request id -> its streams
 
     async def Generate(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await guard(context, self._generate(request))
+        # The call's server span continues a `traceparent` sent in its metadata.
+        with tracing.server_span("frontend.request", context.invocation_metadata() or (),
+                                 {"rpc.method": "Generate"}):
+            return await guard(context, self._generate(request))
 
     async def Embed(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await guard(context, pool(self._core, request, "embed", "Embed"))
@@ -88,11 +92,13 @@ class Inference(pb2_grpc.InferenceServicer):
         return await guard(context, pool(self._core, request, "classify", "Classify"))
 
     async def GenerateStream(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        try:
-            async for resp in self._generate_stream(request):
-                yield resp
-        except Failed as exc:
-            await context.abort(exc.code, str(exc))
+        with tracing.server_span("frontend.request", context.invocation_metadata() or (),
+                                 {"rpc.method": "GenerateStream"}):
+            try:
+                async for resp in self._generate_stream(request):
+                    yield resp
+            except Failed as exc:
+                await context.abort(exc.code, str(exc))
 
     async def _translate(self, raw: bytes, *, stream: bool) -> Any:
         """The serialized GenerateRequest through the token-in route's translation (parsed there: in a
@@ -103,7 +109,8 @@ class Inference(pb2_grpc.InferenceServicer):
             raise Failed(grpc.StatusCode.UNAVAILABLE, "the frontend is shutting down; send the request to another "
                                                        "replica")
         try:
-            return await core.translator.generate(raw, None, kind="grpc_stream" if stream else "grpc")
+            with tracing.span("frontend.translate"):
+                return await core.translator.generate(raw, None, kind="grpc_stream" if stream else "grpc")
         except APIError as exc:
             raise failed(exc) from None
 
