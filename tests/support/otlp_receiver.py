@@ -1,8 +1,11 @@
-"""An OTLP/HTTP traces receiver for tests and benches, run in the test's process: POST /v1/traces with an
-ExportTraceServiceRequest protobuf (what every service's http/protobuf exporter sends), each span kept
-with its service, ids and attributes; `wait_for` waits for them (woken by each export) until a deadline."""
+"""An OTLP/HTTP traces receiver for tests and benches: POST /v1/traces with an ExportTraceServiceRequest
+protobuf (what every service's http/protobuf exporter sends), each span kept with its service, ids and
+attributes; `wait_for` waits for them (woken by each export) until a deadline. In a test's process, or
+as a process of its own (`python -m tests.support.otlp_receiver --port P`, GET /stats: its counts)."""
 from __future__ import annotations
 
+import argparse
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -39,7 +42,7 @@ def _value(v: AnyValue) -> Any:
 
 
 class OtlpReceiver:
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.spans: list[ReceivedSpan] = []
         self.requests = 0
         self._lock = threading.Condition()
@@ -56,10 +59,21 @@ class OtlpReceiver:
                 self.end_headers()
                 self.wfile.write(reply)
 
+            def do_GET(self) -> None:
+                spans = receiver.snapshot()
+                body = json.dumps({"spans": len(spans), "exports": receiver.requests,
+                                   "router_requests": sum(1 for s in spans if s.name == "router.request"),
+                                   "services": sorted({s.service for s in spans})}).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property
@@ -110,3 +124,14 @@ class OtlpReceiver:
                     raise AssertionError(f"spans not received within {timeout_s}s; got {names}")
                 self._lock.wait(left)  # woken by each export that arrives
             return list(self.spans)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="an OTLP/HTTP traces receiver (POST /v1/traces, GET /stats)")
+    ap.add_argument("--port", type=int, required=True)
+    receiver = OtlpReceiver(ap.parse_args().port)
+    receiver._server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
