@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import timeit
@@ -42,12 +43,24 @@ OTEL_VARS = ("OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_EN
              "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_TRACES_SAMPLER", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
 
 
-def start(tmp: Path, backend_url: str, env: dict[str, str]) -> HttpProc:
-    """A router whose environment holds exactly these OTEL_* variables (start_router passes ours on)."""
+def start(tmp: Path, backend_url: str, env: dict[str, str], root: Path | None = None) -> HttpProc:
+    """A router whose environment holds exactly these OTEL_* variables (start_router passes ours on);
+    `root`: the router of another checkout (one without this tracing code, for a baseline)."""
     saved = {name: os.environ.pop(name) for name in OTEL_VARS if name in os.environ}
     os.environ.update(env)
     try:
-        return start_router(tmp, CONFIG.format(url=backend_url))
+        if root is None:
+            return start_router(tmp, CONFIG.format(url=backend_url))
+        port = free_port_block(1, spread=0)
+        path = tmp / f"baseline-{port}.yaml"
+        path.write_text(CONFIG.format(url=backend_url).replace("{port}", str(port)))
+        with open(tmp / f"baseline-{port}.log", "wb") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "services.router", "--config", str(path)], cwd=root,
+                                    env={**os.environ, "PYTHONPATH": str(root)}, stdout=log,
+                                    stderr=subprocess.STDOUT)
+        router = HttpProc(proc, port, tmp / f"baseline-{port}.log")
+        router.wait_http()
+        return router
     finally:
         for name in env:
             del os.environ[name]
@@ -77,7 +90,7 @@ async def measure(routers: dict[str, HttpProc], concurrency: int, requests: int,
                      f"{percentile(values, 0.99):7.3f}")
     base = cpu["off"] / len(samples["off"])
     added = (cpu["on"] / len(samples["on"]) - base) * 1e6
-    print(f"{concurrency:>4}  " + "   ".join(cells) + f"   {added:+7.0f}")
+    print(f"{concurrency:>4}   " + "   ".join(cells) + f"   {added:+7.0f}")
 
 
 def off_path_ns() -> float:
@@ -93,6 +106,9 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=6000, help="per router and concurrency, over all rounds")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--concurrency", default="1,16")
+    ap.add_argument("--baseline", type=Path, metavar="CHECKOUT",
+                    help="also a router run from this checkout (one without the tracing code, e.g. the commit "
+                         "before it): what off costs next to no tracing code at all")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-tracing-") as tmp:
         port = free_port_block(1, spread=0)
@@ -107,11 +123,13 @@ def main() -> None:
             routers["off"] = start(Path(tmp), backend.url, {})
             routers["on"] = start(Path(tmp), backend.url, traced)
             routers["sampled out"] = start(Path(tmp), backend.url, {**traced, "OTEL_TRACES_SAMPLER": "always_off"})
+            if args.baseline is not None:
+                routers["baseline"] = start(Path(tmp), backend.url, {}, args.baseline.resolve())
             print(f"router CPU per request, tracing off vs on (OTLP/HTTP to a local receiver) vs on with "
                   f"OTEL_TRACES_SAMPLER=always_off; non-streaming chat to a zero-delay backend, {args.requests} "
                   f"requests per router and concurrency in {args.rounds} alternating rounds")
-            print("conc        off                      on                  sampled out        on - off")
-            print("      CPU us  p50 ms  p99 ms   CPU us  p50 ms  p99 ms   CPU us  p50 ms  p99 ms   CPU us/req")
+            print("conc   " + "".join(f"{name:^27}" for name in routers) + "  on - off")
+            print("    " + "   CPU us  p50 ms  p99 ms" * len(routers) + "  CPU us/req")
             for c in [int(x) for x in args.concurrency.split(",")]:
                 run_loop(measure(routers, c, args.requests, args.rounds))
         finally:

@@ -192,7 +192,7 @@ class RouterApp:
                                                                           len(raw))))
         else:
             assert codec is not None  # every other POST route is a codec's
-            await self._generate(listener, codec, scope, receive, send)
+            await self._traced(listener, codec, scope, receive, send)
 
     # ---- plain routes ----
 
@@ -268,19 +268,19 @@ class RouterApp:
 
     # ---- generation ----
 
-    async def _generate(self, listener: Listener, codec: Codec, scope: Scope, receive: Receive,
-                        send: TrackedSend) -> None:
+    async def _traced(self, listener: Listener, codec: Codec, scope: Scope, receive: Receive,
+                      send: TrackedSend) -> None:
         """A generation request in its trace's server span (continuing a client's `traceparent`)."""
         with tracing.server_span("router.request", scope["headers"], {
                 "http.route": scope["path"], "router.listener": listener.name}) as span:
             try:
-                await self._generating(listener, codec, scope, receive, send)
+                await self._generate(listener, codec, scope, receive, send)
             except HTTPError as exc:
                 tracing.annotate(span, {"http.response.status_code": exc.status})
                 raise
 
-    async def _generating(self, listener: Listener, codec: Codec, scope: Scope, receive: Receive,
-                          send: TrackedSend) -> None:
+    async def _generate(self, listener: Listener, codec: Codec, scope: Scope, receive: Receive,
+                        send: TrackedSend) -> None:
         raw = await read_body(scope, receive, self.max_body_bytes, self.body_timeout_s)
         parsed = await self._parse(codec.name, raw)
         turn = await self.responses.begin(listener, codec, parsed, len(raw), scope)  # previous_response_id, store

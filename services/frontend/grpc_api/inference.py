@@ -63,6 +63,11 @@ def _finish(resp: Any, outputs: OutputProcessor, finish: str) -> None:
                                   completion_tokens=outputs.completion_tokens, cached_tokens=outputs.cached_tokens))
 
 
+def _metadata(context: grpc.aio.ServicerContext) -> Any:
+    """The call's metadata, where a `traceparent` may be; not read when tracing is off."""
+    return (context.invocation_metadata() or ()) if tracing.enabled() else ()
+
+
 async def _pieces(outputs: OutputProcessor) -> list[Any]:
     """outputs.pieces(), with an end by Control.Abort as a finish ("abort"), not a failure."""
     try:
@@ -81,8 +86,7 @@ class Inference(pb2_grpc.InferenceServicer):
 
     async def Generate(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         # The call's server span continues a `traceparent` sent in its metadata.
-        with tracing.server_span("frontend.request", context.invocation_metadata() or (),
-                                 {"rpc.method": "Generate"}):
+        with tracing.server_span("frontend.request", _metadata(context), {"rpc.method": "Generate"}):
             return await guard(context, self._generate(request))
 
     async def Embed(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -92,8 +96,7 @@ class Inference(pb2_grpc.InferenceServicer):
         return await guard(context, pool(self._core, request, "classify", "Classify"))
 
     async def GenerateStream(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        with tracing.server_span("frontend.request", context.invocation_metadata() or (),
-                                 {"rpc.method": "GenerateStream"}):
+        with tracing.server_span("frontend.request", _metadata(context), {"rpc.method": "GenerateStream"}):
             try:
                 async for resp in self._generate_stream(request):
                     yield resp
