@@ -152,6 +152,10 @@ class GenerateRequest(_Wire, frozen=True):
     cache_salt: str | None = None
     pinned_rank: int | None = None
     pooling: PoolingParams | None = None
+    # Since MINOR 6: the request's W3C trace context (`traceparent`, optionally `tracestate`), as vLLM's
+    # EngineCoreRequest.trace_headers: the engine's span for it continues the frontend's. None: not traced.
+    # An older engine ignores it (extra trailing fields are dropped): its requests are only not traced.
+    trace_headers: dict[str, str] | None = None
 
 
 class Abort(_Wire, frozen=True):

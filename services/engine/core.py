@@ -14,6 +14,7 @@ from typing import Any
 
 import zmq
 
+import tracing
 from protocol import (
     ERROR_DRAINING,
     ERROR_ENGINE,
@@ -44,7 +45,7 @@ from protocol import (
 from protocol.handshake import version_reject
 from protocol.logprobs import Buffer, segment_size
 from protocol.version import MAJOR, MINOR
-from services.engine import utility, validation
+from services.engine import request_trace, utility, validation
 from services.engine.backend import (
     Backend,
     Cleared,
@@ -60,6 +61,7 @@ from services.engine.backend import (
 from services.engine.bridge import Bridge
 from services.engine.config import EngineConfig
 from services.engine.peers import Peer, Peers
+from services.engine.request_trace import EngineTrace
 from services.engine.token_histogram import TokenHistogram
 
 log = logging.getLogger(__name__)
@@ -109,6 +111,8 @@ class CoreLoop:
         self._kv_seq = 0
         self._iteration_tokens = TokenHistogram()
         self._told: set[tuple[bytes, str]] = set()  # what was logged about a peer without a session
+        # Spans of the traced requests in flight (tracing on and the request carries a trace context).
+        self._traces: dict[str, EngineTrace] = {}
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -133,6 +137,8 @@ class CoreLoop:
                         self._peers.excuse(now - next_beat, now)
                     self._heartbeat(now)
                     self._reap_silent(now)
+                    if self._traces:
+                        self._end_untracked_traces()
                     self._expire_update(now)
                     next_beat = now + interval
                 if self._drain_requested and self._drain_deadline is None:
@@ -157,6 +163,9 @@ class CoreLoop:
             self._broadcast(EngineDead(self.rank, f"engine rank {self.rank} failed: {exc!r}"))
             return 1
         finally:
+            for trace in self._traces.values():
+                trace.end("abort", "the engine stopped")
+            self._traces.clear()
             self.backend.shutdown()
 
     def _busy(self) -> bool:
@@ -367,16 +376,40 @@ class CoreLoop:
             error = validation.problem(req, vocab_size=self._vocab_size,
                                        max_model_len=self.backend.info.max_model_len,
                                        max_logprobs=self.config.max_logprobs, tasks=self.backend.info.tasks)
+        traced = req.trace_headers is not None and tracing.enabled()
         if error is None and self._pause_mode is not None:
             self._held[internal] = req
             self._peers.own(peer, internal, req.request_id)
+            if traced:
+                self._start_trace(internal, req)
             return
         if error is None:
             error, kind = self._add(internal, req)
         if error is None:
             self._peers.own(peer, internal, req.request_id)
+            if traced:
+                self._start_trace(internal, req)
         else:
+            if traced:
+                request_trace.refused(req, self.rank, error)
             self._send_outputs(peer, [RequestOutput(req.request_id, [], "error", error=error, error_kind=kind)])
+
+    def _start_trace(self, internal: str, req: GenerateRequest) -> None:
+        trace = EngineTrace.start(req, self.rank)
+        if trace is not None:
+            self._traces[internal] = trace
+
+    def _end_trace(self, internal: str, reason: str, error: str | None = None) -> None:
+        trace = self._traces.pop(internal, None)
+        if trace is not None:
+            trace.end(reason, error)
+
+    def _end_untracked_traces(self) -> None:
+        """Spans of requests released on a path that does not end them (a pause's abort, a vanished
+        peer's orphans): ended at the next heartbeat."""
+        owner = self._peers.owner
+        for internal in [i for i in self._traces if owner(i) is None]:
+            self._end_trace(internal, "abort")
 
     def _add(self, internal: str, req: GenerateRequest) -> tuple[str | None, str]:
         """Give a request to the backend: (None, "") or (the error its client gets, its kind)."""
@@ -407,6 +440,8 @@ class CoreLoop:
                 released = self._peers.release(i)
                 assert released is not None  # known: every one has an owner
                 outs.append(RequestOutput(released[1], [], "abort"))
+                if self._traces:
+                    self._end_trace(i, "abort")
             self._send_outputs(peer, outs)
             self._log_aborted(peer, known, "the frontend aborted it")
 
@@ -567,11 +602,16 @@ class CoreLoop:
         raw: dict[bytes, list[Buffer]] = {}  # per peer: the buffers of its raw frame
         sizes: dict[bytes, int] = {}
         owner, release = self._peers.owner, self._peers.release
+        traces = self._traces
         for out in outputs:
             internal = out.request_id
             entry = release(internal) if out.finish_reason is not None else owner(internal)
             if entry is None:
                 continue  # aborted or orphaned while the step ran
+            if traces:
+                trace = traces.get(internal)
+                if trace is not None and trace.output(out):
+                    del traces[internal]
             peer, out.request_id = entry
             batch = per_peer.get(peer.identity)
             if batch is None:
@@ -608,6 +648,8 @@ class CoreLoop:
             entry = self._peers.release(internal)
             if entry is not None:
                 self._send_outputs(entry[0], [RequestOutput(entry[1], [], "error", error=reason, error_kind=kind)])
+                if self._traces:
+                    self._end_trace(internal, "error", reason)
 
     def _log_aborted(self, peer: Peer, internal_ids: list[str], why: str) -> None:
         """One line per aborted request: aborts are rare next to tokens, and each is worth finding."""

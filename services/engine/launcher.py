@@ -11,6 +11,7 @@ from multiprocessing.synchronize import Event
 
 import zmq
 
+import tracing
 from services.engine.config import EngineConfig, is_loopback
 
 log = logging.getLogger("engine")
@@ -20,11 +21,20 @@ def run_rank(config: EngineConfig, on_ready: Callable[[], None] | None = None) -
     """One rank in this process: sockets bound first (a taken port fails at once, not after the
     model has loaded), then the backend, then the core loop. SIGTERM/SIGINT drain it. `on_ready`:
     called once it serves (the supervisor's sign that a later exit is a death, not a failed start)."""
+    started = time.monotonic()
+    # Before the backend: vLLM's own spans (its model preparation) go to the global provider set here.
+    tracing.configure("engine", config.otlp_traces_endpoint, global_provider=True)
+    try:
+        return _run_rank(config, on_ready, started)
+    finally:
+        tracing.shutdown()  # the spans still batched are exported before the rank exits
+
+
+def _run_rank(config: EngineConfig, on_ready: Callable[[], None] | None, started: float) -> int:
     from services.engine.bridge import BindError, Bridge
     from services.engine.core import CoreLoop
     from services.engine.wiring import build_backend
 
-    started = time.monotonic()
     if config.auth_token is None and not is_loopback(config.host):
         log.warning("rank %d listens on %s with no handshake token (--insecure-no-auth-token): any host that "
                     "reaches port %d can pause or abort generation, load adapters and push weights",

@@ -7,6 +7,7 @@ import shutil
 import sys
 import tempfile
 
+import tracing
 from services.frontend.config import parse_args
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -23,9 +24,11 @@ def main(argv: list[str] | None = None) -> None:
         made = os.environ[MULTIPROC_ENV] = tempfile.mkdtemp(prefix="frontend-metrics-")
     from services.frontend.server import run, run_loop
 
+    tracing.configure("frontend", config.otlp_traces_endpoint)  # checked by parse_args
     try:
         code = run_loop(run(config))
     finally:
+        tracing.shutdown()  # the spans still batched are exported before the process exits
         if made is not None:
             shutil.rmtree(made, ignore_errors=True)
     sys.exit(code)

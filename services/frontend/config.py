@@ -5,6 +5,7 @@ import argparse
 import os
 from dataclasses import dataclass, field, fields
 
+import tracing
 from edge.connection_limits import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS, MIN_BODY_RATE
 from protocol.handshake import auth_token_from
 from services.frontend.parsers import (
@@ -56,6 +57,9 @@ class FrontendConfig:
     # /v1/load_lora_adapter and /v1/unload_lora_adapter served (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING)
     allow_runtime_lora_updating: bool = False
     frontend_id: str = field(default="")
+    # OTLP traces to this collector (vLLM's --otlp-traces-endpoint); the OTEL_* environment also configures
+    # it (tracing/settings.py). None and no OTEL_* endpoint: not traced. Engines started here get it too.
+    otlp_traces_endpoint: str | None = None
 
     @property
     def connection_limit(self) -> int:
@@ -242,6 +246,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a key clients must send (`Authorization: Bearer KEY`; gRPC metadata too) to the "
                         "generation, render and tokenize routes and every gRPC service but health "
                         "(repeatable; also $FLEET_API_KEY); default: none, open")
+    p.add_argument(tracing.FLAG, default=d["otlp_traces_endpoint"], metavar="URL",
+                   help="export OpenTelemetry traces over OTLP to this collector (vLLM's flag: grpc unless "
+                        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL says http/protobuf); passed to engines started here. "
+                        "OTEL_EXPORTER_OTLP_ENDPOINT and the other OTEL_* variables configure it too; default: off")
     p.add_argument("--allow-runtime-lora-updating", action="store_true",
                    default=os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true"),
                    help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's routes; also "
@@ -262,6 +270,7 @@ def parse_args(argv: list[str] | None = None) -> FrontendConfig:
     if ns["data_parallel_size"] is None:
         ns["data_parallel_size"] = local if local > 0 else max(1, len(addresses))
     try:
+        tracing.settings_from("frontend", os.environ, ns["otlp_traces_endpoint"])  # a bad setting fails here
         ns["auth_token"] = auth_token_from(ns["auth_token"], ns.pop("auth_token_file"), os.environ)
         return FrontendConfig(engine_addresses=addresses, engine_args=tuple(ns.pop("engine_args")),
                               api_keys=tuple(keys), **ns)

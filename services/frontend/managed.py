@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 
+import tracing
 from protocol.handshake import TOKEN_ENV
 from services.frontend.config import FrontendConfig
 
@@ -27,6 +28,8 @@ class ManagedEngines:
                "--host", "127.0.0.1", "--port", str(c.engine_port),
                "--data-parallel-size-local", str(c.data_parallel_size_local),
                "--max-logprobs", str(c.max_logprobs), *c.engine_args]
+        if c.otlp_traces_endpoint:
+            cmd += [tracing.FLAG, c.otlp_traces_endpoint]
         # The token goes in the environment, not on the command line (which `ps` shows); the engines
         # bind loopback here, where they take one if given and need none otherwise.
         env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}

@@ -21,6 +21,7 @@ import uvicorn
 from hypercorn.asyncio import serve
 from hypercorn.config import Config as HypercornConfig
 
+import tracing
 from services.frontend.config import FrontendConfig
 from services.frontend.engine_client.engines import EngineSet
 from services.frontend.generation.frontend_core import FrontendCore
@@ -325,7 +326,12 @@ def _start_siblings(config: FrontendConfig, addresses: list[str],
 def _sibling_main(config: FrontendConfig, index: int, board: InFlightBoard | None) -> None:
     logging.basicConfig(level=config.log_level.upper(),
                         format=f"%(asctime)s %(levelname)s api-server-{index} %(name)s: %(message)s")
-    raise SystemExit(run_loop(run(config, index, board)))
+    tracing.configure("frontend", config.otlp_traces_endpoint)  # each API server exports its own spans
+    try:
+        code = run_loop(run(config, index, board))
+    finally:
+        tracing.shutdown()
+    raise SystemExit(code)
 
 
 def run_loop(coro: Any) -> int:

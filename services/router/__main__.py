@@ -10,6 +10,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import tracing
 from edge.connection_limits import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS, MIN_BODY_RATE
 from services.router.config import BACKENDS, ConfigError, RouterConfig, load_config
 from services.router.modes import (
@@ -73,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
                         help="open connections each listener holds; one more is answered 503 and closed at once. "
                              f"Keep it under the open-file limit (ulimit -n). Default: {DEFAULT_MAX_CONNECTIONS}")
+    parser.add_argument(tracing.FLAG, metavar="URL",
+                        help="export OpenTelemetry traces over OTLP to this collector (as vLLM's flag: grpc unless "
+                             "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL says http/protobuf); OTEL_EXPORTER_OTLP_ENDPOINT "
+                             "and the other OTEL_* variables configure it too. Default: off (docs/tracing.md)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                         help="log level (default: info)")
     return parser
@@ -92,8 +97,16 @@ def main(argv: list[str] | None = None) -> None:
         config, inactive = engine_mode(args) if args.engine else router_mode(args)
     except ModeError as exc:
         parser.error(str(exc))
-    sys.exit(run_loop(run(config, header_timeout_s=args.header_timeout, max_connections=args.max_connections,
-                          inactive=inactive)))
+    try:
+        tracing.configure("router", args.otlp_traces_endpoint)
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        code = run_loop(run(config, header_timeout_s=args.header_timeout, max_connections=args.max_connections,
+                            inactive=inactive))
+    finally:
+        tracing.shutdown()  # the spans still batched are exported before the process exits
+    sys.exit(code)
 
 
 def engine_mode(args: argparse.Namespace) -> tuple[RouterConfig, RouterConfig | None]:

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import msgspec
 from starlette.types import Receive, Scope, Send
 
+import tracing
 from edge.api_keys import KeyCheck
 from edge.connection_limits import DEFAULT_HEADER_TIMEOUT_S
 from services.router.backends.dispatch import Dispatcher
@@ -191,7 +192,7 @@ class RouterApp:
                                                                           len(raw))))
         else:
             assert codec is not None  # every other POST route is a codec's
-            await self._generate(listener, codec, scope, receive, send)
+            await self._traced(listener, codec, scope, receive, send)
 
     # ---- plain routes ----
 
@@ -267,6 +268,17 @@ class RouterApp:
 
     # ---- generation ----
 
+    async def _traced(self, listener: Listener, codec: Codec, scope: Scope, receive: Receive,
+                      send: TrackedSend) -> None:
+        """A generation request in its trace's server span (continuing a client's `traceparent`)."""
+        with tracing.server_span("router.request", scope["headers"], {
+                "http.route": scope["path"], "router.listener": listener.name}) as span:
+            try:
+                await self._generate(listener, codec, scope, receive, send)
+            except HTTPError as exc:
+                tracing.annotate(span, {"http.response.status_code": exc.status})
+                raise
+
     async def _generate(self, listener: Listener, codec: Codec, scope: Scope, receive: Receive,
                         send: TrackedSend) -> None:
         raw = await read_body(scope, receive, self.max_body_bytes, self.body_timeout_s)
@@ -320,6 +332,8 @@ class RouterApp:
             call.status = 499
         finally:
             watcher.cancel()
+            if tracing.enabled():
+                tracing.annotate(tracing.current(), {"http.response.status_code": call.status})
             self.metrics.requests.labels(listener.name, codec.name, str(call.status)).inc()
             send.counted = True
             if exchange is not None and ran and self.plugins is not None:
@@ -370,8 +384,11 @@ class RouterApp:
         model = chat.get("model")
         try:
             if model not in listener.entries:
-                direct = self.direct.choose(listener.config, model, request_text(chat) if text is None else text,
-                                            output)
+                with tracing.span("router.decision", {"router.direct": True}) as span:
+                    direct = self.direct.choose(listener.config, model,
+                                                request_text(chat) if text is None else text, output)
+                    if span is not None and direct is not None:
+                        span.set_attribute("router.plan", list(direct.plan))
                 if direct is None:
                     raise HTTPError(404, f"The model `{model}` does not exist; available: "
                                     f"{', '.join(_public_names(listener))}", param="model")

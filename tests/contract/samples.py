@@ -60,6 +60,7 @@ SAMPLES: dict[str, Message] = {
         cache_salt="tenant-1",
         pinned_rank=1,
         pooling=PoolingParams("classify", 8, False, 3),
+        trace_headers={"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
     ),
     "Abort": Abort(["req-1", "req-2"]),
     "UtilityCall": UtilityCall(9, "sleep", {"level": 1}),

@@ -105,11 +105,21 @@ def test_minor_4_and_minor_5_peers_skew_on_pooling() -> None:
     got = decode([encode(SAMPLES["Ready"])[0], msgspec.msgpack.encode(ready)])
     assert (got.runner, got.tasks) == ("generate", [])  # type: ignore[union-attr]
     request = _body("GenerateRequest")
-    assert request[-1] == ["classify", 8, False, 3]
-    old = decode([encode(SAMPLES["GenerateRequest"])[0], msgspec.msgpack.encode(request[:-1])])
+    assert request[8] == ["classify", 8, False, 3]
+    old = decode([encode(SAMPLES["GenerateRequest"])[0], msgspec.msgpack.encode(request[:8])])
     assert old.pooling is None  # type: ignore[union-attr]
     body = _body("Outputs")
     for out in body[2]:
         del out[11:]  # as a 1.4 engine writes them: up to timings
     outs = decode([encode(SAMPLES["Outputs"])[0], msgspec.msgpack.encode(body)]).outputs  # type: ignore[union-attr]
     assert [o.pooled for o in outs] == [None] * 5
+
+
+def test_minor_5_and_minor_6_peers_skew_on_trace_headers() -> None:
+    """1.6 appended GenerateRequest.trace_headers: a 1.5 frontend's request reads as untraced, and the
+    field is the last one, which a 1.5 engine drops unread (extra trailing fields are ignored)."""
+    request = _body("GenerateRequest")
+    assert request[-1] == {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    old = decode([encode(SAMPLES["GenerateRequest"])[0], msgspec.msgpack.encode(request[:-1])])
+    assert old.trace_headers is None  # type: ignore[union-attr]
+    assert old.pooling == SAMPLES["GenerateRequest"].pooling  # type: ignore[union-attr]

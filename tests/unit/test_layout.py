@@ -15,7 +15,10 @@ ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ("services.engine", "services.frontend", "services.router")
 # The shared pure libraries, each with the third-party packages it may use.
 SHARED = {"checkpoints": {"safetensors", "torch"}, "prompting": {"minijinja", "tokenizers"},
-          "edge": set()}
+          "edge": set(),
+          # OpenTelemetry's API and SDK: the exporter's threads and sockets are the SDK's, started by the
+          # process that configures it; the library itself opens none and imports no service.
+          "tracing": {"opentelemetry"}}
 PACKAGES = ("protocol", *SHARED, *SERVICES)
 # What "pure" rules out: sockets, event loops, threads and processes, and every networking library.
 IMPURE = {"socket", "asyncio", "threading", "multiprocessing", "subprocess", "concurrent", "selectors", "zmq",
@@ -147,7 +150,7 @@ LAYERS = {
     ],
     "services.engine": [
         ("config", "backend", "bridge", "peers", "probe", "token_histogram", "utility", "validation", "weights",
-         "kv_sizing"),
+         "kv_sizing", "request_trace"),
         ("backends",),
         ("core", "wiring"),
         ("launcher",), ("__main__",),

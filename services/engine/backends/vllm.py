@@ -135,6 +135,7 @@ class VllmBackend:
             enable_lora=config.enable_lora,
             max_loras=config.max_loras,
             max_lora_rank=config.max_lora_rank,
+            otlp_traces_endpoint=config.otlp_traces_endpoint,
         )
         vllm_config = self._vllm_config = args.create_engine_config()
         self._core = EngineCore(vllm_config, Executor.get_class(vllm_config), log_stats=log_stats)
@@ -253,6 +254,10 @@ class VllmBackend:
             mm_features=None, sampling_params=sampling, pooling_params=pooling,
             arrival_time=request.arrival_time, lora_request=lora_request, cache_salt=request.cache_salt,
             data_parallel_rank=None, priority=request.priority,
+            # The request's trace context, which vLLM keeps on its Request and returns on its outputs
+            # (its own per-request span is made by its API server's OutputProcessor, which this engine does
+            # not run: the core loop's engine.request span stands for it; docs/tracing.md).
+            trace_headers=request.trace_headers,
         )
         req, wave = self._core.preprocess_add_request(core_request)
         try:

@@ -7,6 +7,7 @@ import contextlib
 from collections.abc import Iterator
 from importlib import metadata
 
+import tracing
 from prompting.model_files import model_config
 from services.frontend.config import FrontendConfig
 from services.frontend.engine_client.engines import EngineSet
@@ -17,6 +18,7 @@ from services.frontend.errors import APIError
 from services.frontend.generation.metrics import Metrics
 from services.frontend.generation.output import OutputProcessor
 from services.frontend.generation.pooling import PoolingRunner
+from services.frontend.generation.request_trace import RequestTrace
 from services.frontend.generation.shutdown import Shutdown
 from services.frontend.generation.submitter import Submitter
 from services.frontend.model import Model
@@ -78,18 +80,26 @@ class FrontendCore:
         wakeup = Wakeup() if several else None
         prompts: list[list[OutputProcessor]] = []
         streams: list[InFlight] = []
+        traces: list[RequestTrace] = []
+        traced = tracing.enabled()
         try:
             for request, engine in zip(requests, engines, strict=True):
                 parent = self.metrics.parent(request.n) if request.n > 1 else None
                 choices = []
                 for choice in request.choices():
+                    trace = RequestTrace.start(choice) if traced else None
+                    if trace is not None:  # its span's context goes to the engine with the request
+                        choice = trace.carried(choice)
+                        trace.placed(engine.rank)
+                        traces.append(trace)
                     stream = InFlight(choice.request_id, choice.prompt_len, choice.max_tokens)
                     stream.group = wakeup
                     if choice.output.stream:
                         stream.interval = choice.output.stream_interval
                     choices.append(OutputProcessor(stream, choice, tokenizer=self.model.tokenizer,
                                                    engines=self.submitter, metrics=self.metrics,
-                                                   parser=output_parser(choice.output), parent=parent))
+                                                   parser=output_parser(choice.output), parent=parent,
+                                                   trace=trace))
                     self.submitter.submit(engine, stream, choice)
                     self.metrics.running.inc()
                     self.metrics.prompt_tokens.inc(choice.prompt_len)
@@ -101,6 +111,8 @@ class FrontendCore:
             for stream in streams:
                 self.submitter.abort(stream)  # a no-op unless it is still running at its engine
                 self.metrics.running.dec()
+            for trace in traces:
+                trace.close()
 
     def refuse_task(self, tasks: tuple[str, ...], api: str) -> None:
         """A 400 when the route's `tasks` do not fit the model: a generation route on a pooling model, or a

@@ -23,6 +23,7 @@ from protocol import ERROR_DRAINING, ERROR_INVALID, ProtocolError, RequestOutput
 from protocol.logprobs import Segment, unpack
 from services.frontend.engine_client.inflight import CLIENT_GONE, LOST, NOT_SENT, EngineFailure, InFlight
 from services.frontend.generation.metrics import Metrics, Parent
+from services.frontend.generation.request_trace import RequestTrace
 from services.frontend.parsers import OutputParser, ParsedDelta, TokenOutputParser, ToolCall
 from services.frontend.requests.engine_request import EngineRequest, OutputOptions, refused_field
 from services.frontend.text.detokenizer import IncrementalDetokenizer
@@ -63,15 +64,16 @@ class OutputProcessor:
     fails (EngineFailure), so the writers only write."""
 
     __slots__ = ("_detok", "_echo", "_echo_entries", "_engines", "_first", "_last", "_metrics", "_no_text", "_parent",
-                 "_parser", "_pending", "_request", "_start", "_stops", "_timings", "_token_parser", "_tried",
+                 "_parser", "_pending", "_request", "_start", "_stops", "_timings", "_token_parser", "_trace", "_tried",
                  "cached_tokens", "calls",
                  "completion_tokens", "counts", "finish", "formatter", "logprobs", "options", "prompt_segments",
                  "stop_reason", "stream", "tail_logprobs", "token_ids")
 
     def __init__(self, stream: InFlight, request: EngineRequest, *, tokenizer: Tokenizer, engines: EnginePort,
                  metrics: Metrics, parser: OutputParser | TokenOutputParser | None = None,
-                 parent: Parent | None = None) -> None:
+                 parent: Parent | None = None, trace: RequestTrace | None = None) -> None:
         self.stream, self._request, self._engines, self._metrics = stream, request, engines, metrics
+        self._trace = trace  # its span, when tracing is on (request_trace.py)
         self._parent = parent  # the request of n choices this is one of
         self.options: OutputOptions = request.output
         self._detok = IncrementalDetokenizer(tokenizer, request.request.prompt_token_ids,
@@ -132,6 +134,9 @@ class OutputProcessor:
             m.generation_tokens.inc(self.completion_tokens)
             m.request_done(self.stream.prompt_len, self.completion_tokens, self._request.max_tokens, self._parent)
             m.finished("abort" if self.stream.gone == CLIENT_GONE else "error")
+            if self._trace is not None:
+                self._trace.fail("the client left" if self.stream.gone == CLIENT_GONE else "the engine failed",
+                                 self.completion_tokens)
             raise
         now = time.monotonic()
         detok, stops, parser, token_parser = self._detok, self._stops, self._parser, self._token_parser
@@ -153,6 +158,8 @@ class OutputProcessor:
                     m.ttft.observe(now - self._start)
                     self.cached_tokens = out.num_cached_tokens
                     self._first, self._timings = now, out.timings
+                    if self._trace is not None:
+                        self._trace.first_token()
                 else:
                     m.itl.observe(now - self._last)
                 self._last = now
@@ -162,6 +169,8 @@ class OutputProcessor:
                 continue
             if reason in ("error", "abort"):
                 m.finished("error")
+                if self._trace is not None:
+                    self._trace.fail(out.error or f"the engine ended the request ({reason})", self.completion_tokens)
                 if out.error_kind == ERROR_INVALID and out.error:
                     message, param = refused_field(out.error, self.options)
                     raise EngineFailure(message, 400, param)
@@ -301,6 +310,8 @@ class OutputProcessor:
         m.request_done(self.stream.prompt_len, self.completion_tokens, self._request.max_tokens, self._parent)
         m.e2e.observe(time.monotonic() - self._start)
         m.finished(reason)
+        if self._trace is not None:
+            self._trace.finish(self.finish, self.completion_tokens, self.cached_tokens, timings)
         if timings is not None:  # None from engines older than protocol 1.4
             m.request_timings(self.stream.rank, timings, decode_time)
 

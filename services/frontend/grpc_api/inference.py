@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 
+import tracing
 from protocol.grpc import pb2, pb2_grpc
 from protocol.logprobs import Segment
 from services.frontend.engine_client.inflight import EngineFailure, InFlight
@@ -62,6 +63,11 @@ def _finish(resp: Any, outputs: OutputProcessor, finish: str) -> None:
                                   completion_tokens=outputs.completion_tokens, cached_tokens=outputs.cached_tokens))
 
 
+def _metadata(context: grpc.aio.ServicerContext) -> Any:
+    """The call's metadata, where a `traceparent` may be; not read when tracing is off."""
+    return (context.invocation_metadata() or ()) if tracing.enabled() else ()
+
+
 async def _pieces(outputs: OutputProcessor) -> list[Any]:
     """outputs.pieces(), with an end by Control.Abort as a finish ("abort"), not a failure."""
     try:
@@ -79,7 +85,9 @@ class Inference(pb2_grpc.InferenceServicer):
         self._running: dict[str, list[InFlight]] = defaultdict(list)  # caller's request id -> its streams
 
     async def Generate(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await guard(context, self._generate(request))
+        # The call's server span continues a `traceparent` sent in its metadata.
+        with tracing.server_span("frontend.request", _metadata(context), {"rpc.method": "Generate"}):
+            return await guard(context, self._generate(request))
 
     async def Embed(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await guard(context, pool(self._core, request, "embed", "Embed"))
@@ -88,11 +96,12 @@ class Inference(pb2_grpc.InferenceServicer):
         return await guard(context, pool(self._core, request, "classify", "Classify"))
 
     async def GenerateStream(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        try:
-            async for resp in self._generate_stream(request):
-                yield resp
-        except Failed as exc:
-            await context.abort(exc.code, str(exc))
+        with tracing.server_span("frontend.request", _metadata(context), {"rpc.method": "GenerateStream"}):
+            try:
+                async for resp in self._generate_stream(request):
+                    yield resp
+            except Failed as exc:
+                await context.abort(exc.code, str(exc))
 
     async def _translate(self, raw: bytes, *, stream: bool) -> Any:
         """The serialized GenerateRequest through the token-in route's translation (parsed there: in a
@@ -103,7 +112,8 @@ class Inference(pb2_grpc.InferenceServicer):
             raise Failed(grpc.StatusCode.UNAVAILABLE, "the frontend is shutting down; send the request to another "
                                                        "replica")
         try:
-            return await core.translator.generate(raw, None, kind="grpc_stream" if stream else "grpc")
+            with tracing.span("frontend.translate"):
+                return await core.translator.generate(raw, None, kind="grpc_stream" if stream else "grpc")
         except APIError as exc:
             raise failed(exc) from None
 

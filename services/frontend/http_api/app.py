@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+import tracing
 from edge.api_keys import HOW_TO_SEND, ApiKeys, KeyCheck
 from services.frontend.engine_client.inflight import CLIENT_GONE, EngineFailure
 from services.frontend.engine_client.lora import LoadLoraBody, UnloadLoraBody
@@ -134,7 +135,9 @@ class Frontend:
             await send_json(send, 503, error_body(503, "the frontend is shutting down; send the request to "
                                                        "another replica"), [(b"connection", b"close")])
             return
-        with self.shutdown.handling():
+        # The request's server span continues the caller's trace (the router's upstream attempt, a client's).
+        with self.shutdown.handling(), tracing.server_span("frontend.request", scope["headers"],
+                                                          {"http.route": path}) as span:
             try:
                 body = await read_body(scope, receive, self.config.max_body_bytes, self.config.header_timeout_s)
                 if preprocess is not None:
@@ -144,12 +147,17 @@ class Frontend:
                 tasks, api = _APIS[path]
                 self.core.refuse_task(tasks, api)
                 if pool is not None:
-                    await self._pool(await pool(body, header(scope, b"x-request-id")),
-                                     header(scope, b"x-data-parallel-rank"), receive, send)
+                    with tracing.span("frontend.translate"):
+                        job = await pool(body, header(scope, b"x-request-id"))
+                    await self._pool(job, header(scope, b"x-data-parallel-rank"), receive, send)
                     return
-                requests = await translate(body, header(scope, b"x-data-parallel-rank"))
+                with tracing.span("frontend.translate"):
+                    requests = await translate(body, header(scope, b"x-data-parallel-rank"))
                 await self._generate(requests if isinstance(requests, list) else [requests], receive, send)
             except APIError as exc:
+                if span is not None:
+                    span.set_attribute("http.response.status_code", exc.status)
+                    tracing.fail(span, str(exc))
                 await send_json(send, exc.status, exc.body(), CLOSE if exc.status == 408 else None)
             except ClientGone:
                 pass

@@ -11,7 +11,9 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import aiohttp
+from opentelemetry.trace import Span
 
+import tracing
 from services.router.backends.upstream import READ_ERRORS, UpstreamError
 
 # Connecting failed (refused, no route), or the connection broke before the response head: the replica
@@ -28,10 +30,11 @@ _REFUSALS = (429, 503)
 class AiohttpResponse:
     """An upstream response whose head has arrived (the `UpstreamResponse` port)."""
 
-    __slots__ = ("_raw", "content_type", "status", "url")
+    __slots__ = ("_raw", "_span", "content_type", "status", "url")
 
-    def __init__(self, raw: aiohttp.ClientResponse) -> None:
+    def __init__(self, raw: aiohttp.ClientResponse, span: Span | None = None) -> None:
         self._raw = raw
+        self._span = span  # the attempt's span (tracing on): it ends with the response
         self.status = raw.status
         self.content_type = raw.headers.get("content-type", "application/json")
         self.url = str(raw.url)
@@ -47,10 +50,15 @@ class AiohttpResponse:
     def close(self) -> None:
         """Done with it: a finished body gives the connection back to the pool; an unfinished one
         closes it, which is how the replica learns the request was abandoned."""
-        if self._raw.content.at_eof():
+        complete = self._raw.content.at_eof()
+        if complete:
             self._raw.release()
         else:
             self._raw.close()
+        if self._span is not None:
+            self._span.set_attribute("router.upstream.body_complete", complete)
+            self._span.end()
+            self._span = None
 
 
 class AiohttpUpstream:
@@ -74,13 +82,26 @@ class AiohttpUpstream:
         if api_key:
             headers["authorization"] = f"Bearer {api_key}"
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=timeout_s)
+        # Each attempt is a span of its own (a retry is another call), its context sent as `traceparent`
+        # so that the replica's server span continues it; it ends when the response is closed.
+        span = tracing.start_span("router.upstream", kind=tracing.CLIENT, attributes={
+            "server.address": base_url, "url.full": base_url + path, "http.request.method": "POST"})
+        if span is not None:
+            headers.update(tracing.headers_of(span))
         try:
             # No redirects: following one would turn the POST into a bodiless GET.
             raw = await self.session.post(base_url + path, data=body, headers=headers, timeout=timeout,
                                           allow_redirects=False)
         except READ_ERRORS as exc:
-            raise UpstreamError(base_url, _describe(exc), unreachable=isinstance(exc, _UNREACHABLE),
-                                retryable=isinstance(exc, _NOT_SENT)) from None
+            error = UpstreamError(base_url, _describe(exc), unreachable=isinstance(exc, _UNREACHABLE),
+                                  retryable=isinstance(exc, _NOT_SENT))
+            _failed(span, str(error), error.retryable)
+            raise error from None
+        except BaseException:  # cancelled (the client left): the span still ends
+            _failed(span, "cancelled", False)
+            raise
+        if span is not None:
+            span.set_attribute("http.response.status_code", raw.status)
         if raw.status >= 500 or raw.status == 429:
             try:
                 detail = (await raw.read())[:300].decode(errors="replace")
@@ -88,8 +109,9 @@ class AiohttpUpstream:
                 detail = ""
             finally:
                 raw.close()
+            _failed(span, f"HTTP {raw.status}", raw.status in _REFUSALS)
             raise UpstreamError(base_url, f"HTTP {raw.status}: {detail}", retryable=raw.status in _REFUSALS)
-        return AiohttpResponse(raw)
+        return AiohttpResponse(raw, span)
 
     async def get_ok(self, url: str, timeout_s: float, *, api_key: str | None = None) -> tuple[bool, str]:
         """An active health check: any status below 400 passes."""
@@ -104,6 +126,13 @@ class AiohttpUpstream:
 
     async def close(self) -> None:
         await self.session.close()
+
+
+def _failed(span: Span | None, why: str, retryable: bool) -> None:
+    if span is not None:
+        span.set_attribute("router.upstream.retryable", retryable)
+        tracing.fail(span, why)
+        span.end()
 
 
 def _describe(exc: BaseException) -> str:

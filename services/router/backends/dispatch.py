@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+import tracing
 from services.router.backends.pool import Lease, NoReplica, Overloaded, Pool
 from services.router.backends.upstream import READ_ERRORS, Upstream, UpstreamError, UpstreamResponse
 from services.router.config import RouterConfig
@@ -81,7 +82,10 @@ class Dispatcher:
             chat = {**chat, **await asyncio.to_thread(_decode.decode, bulk)}
         prepared = await pool.prepare(chat, len(payload))
         while True:
-            lease = pool.acquire(len(payload), text=text, exclude=frozenset(tried), prepared=prepared)
+            with tracing.span("router.admission", {"router.pool": name, "router.attempt": len(tried) + 1}) as span:
+                lease = pool.acquire(len(payload), text=text, exclude=frozenset(tried), prepared=prepared)
+                if span is not None:
+                    span.set_attribute("router.admission.outcome", _outcome(lease))
             if isinstance(lease, Overloaded):
                 if last_error:
                     return HTTPError(502, f"pool {name!r}: {len(tried)} replica(s) failed ({last_error}) and "
@@ -135,6 +139,12 @@ class Dispatcher:
                 lease.succeeded()
             self.metrics.upstream_latency.labels(name).observe(time.perf_counter() - started)
             return Opened(response, lease, name, len(tried))
+
+
+def _outcome(lease: Lease | Overloaded | NoReplica) -> str:
+    if isinstance(lease, Overloaded):
+        return "overloaded"
+    return "no_replica" if isinstance(lease, NoReplica) else "admitted"
 
 
 def _joined(head: bytes, bulk: bytes) -> bytes:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import tracing
 from services.router.config import MODEL_SIGNAL_TYPES, EntryConfig, EscalateAlgorithm, ModelSignal, RouterConfig
 from services.router.decision import algorithms
 from services.router.decision.decisions import Decision, NoEligibleDecision, decide, models_needed
@@ -114,24 +115,32 @@ class Router:
         rules: list[RuleSignal] = [s for s in entry.signals if s.name in entry.needed
                                    and not isinstance(s, MODEL_SIGNAL_TYPES)]
         count = self._counters.get(entry.default[0])
-        if offload:
-            results = await asyncio.to_thread(evaluate_rules, rules, text, token_count=count)
-        else:
-            results = evaluate_rules(rules, text, token_count=count)
-        wanted, settled = models_needed(entry, results, eligible=eligible)
-        waited = None
-        if wanted:
-            signals = _model_signals(entry, frozenset(wanted))
-            start = time.perf_counter()
-            budget_s = entry.signal_budget_s if signal_budget_s is None else min(entry.signal_budget_s,
-                                                                                 signal_budget_s)
-            results.update(await self.model_signals.evaluate(signals, text, budget_s))
-            waited = time.perf_counter() - start
-        ordered = {s.name: results[s.name] for s in entry.signals if s.name in results}
-        projections = project_all(entry.projections, ordered)
-        decision = decide(entry, ordered, projections, eligible=eligible)
-        skipped = {s.name: _why_skipped(entry, s.name, settled) for s in entry.signals if s.name not in results}
-        plan = algorithms.plan(entry.algorithm, decision.pools, self._rng)
+        with tracing.span("router.signals", {"router.entry": entry.name}) as span:
+            if offload:
+                results = await asyncio.to_thread(evaluate_rules, rules, text, token_count=count)
+            else:
+                results = evaluate_rules(rules, text, token_count=count)
+            wanted, settled = models_needed(entry, results, eligible=eligible)
+            waited = None
+            if wanted:
+                signals = _model_signals(entry, frozenset(wanted))
+                start = time.perf_counter()
+                budget_s = entry.signal_budget_s if signal_budget_s is None else min(entry.signal_budget_s,
+                                                                                     signal_budget_s)
+                results.update(await self.model_signals.evaluate(signals, text, budget_s))
+                waited = time.perf_counter() - start
+            if span is not None:
+                span.set_attributes({"router.signals.evaluated": list(results),
+                                     "router.signals.matched": [k for k, r in results.items() if r.matched]})
+        with tracing.span("router.decision", {"router.entry": entry.name}) as span:
+            ordered = {s.name: results[s.name] for s in entry.signals if s.name in results}
+            projections = project_all(entry.projections, ordered)
+            decision = decide(entry, ordered, projections, eligible=eligible)
+            skipped = {s.name: _why_skipped(entry, s.name, settled) for s in entry.signals if s.name not in results}
+            plan = algorithms.plan(entry.algorithm, decision.pools, self._rng)
+            if span is not None:
+                span.set_attributes({"router.decision": decision.name, "router.plan": list(plan),
+                                     "router.matched_default": decision.matched_default})
         return Choice(entry, text, ordered, decision, plan, projections, skipped, waited)
 
     def _producing(self, output: str) -> Callable[[tuple[str, ...]], bool]:

@@ -1,0 +1,27 @@
+"""One OpenTelemetry trace per request across the fleet's processes: the settings (OTEL_* environment,
+--otlp-traces-endpoint), the process's tracer and the W3C propagation the router, the frontend and the
+engine share. Off unless configured; off, every call returns at once (docs/tracing.md)."""
+from __future__ import annotations
+
+from tracing.propagation import TRACEPARENT, TRACESTATE, carrier_of, context_of, headers_of
+from tracing.settings import FLAG, TracingSettings, settings_from
+from tracing.tracer import (
+    CLIENT,
+    INTERNAL,
+    SERVER,
+    annotate,
+    configure,
+    configure_with,
+    current,
+    enabled,
+    fail,
+    record_span,
+    server_span,
+    shutdown,
+    span,
+    start_span,
+)
+
+__all__ = ["CLIENT", "FLAG", "INTERNAL", "SERVER", "TRACEPARENT", "TRACESTATE", "TracingSettings", "annotate",
+           "carrier_of", "configure", "configure_with", "context_of", "current", "enabled", "fail", "headers_of",
+           "record_span", "server_span", "settings_from", "shutdown", "span", "start_span"]
