@@ -103,6 +103,22 @@ def test_classes_highest_first_then_tenants_in_turn_fifo_within_a_tenant() -> No
     assert run(go()) == ["high1", "a1", "b1", "c1", "a2", "b2", "a3", "a4", "low1"]
 
 
+def test_a_freed_slot_is_the_waiters_before_a_newcomer_can_take_it() -> None:
+    async def go() -> tuple[object, str]:
+        pool, _ = _pool()
+        held = _lease(pool)
+        w = Waiting(pool)
+        await w.add("waiting", _ticket("a"))
+        held.release(True)
+        newcomer = pool.acquire(10)  # in the same step as the release: the slot is counted already
+        name, got = await w.next()
+        assert isinstance(got, Lease)
+        return newcomer, name
+
+    newcomer, name = run(go())
+    assert isinstance(newcomer, Overloaded) and name == "waiting"
+
+
 def test_a_tenant_with_many_queued_does_not_delay_one_with_one() -> None:
     async def go() -> int:
         pool, _ = _pool(max_inflight=2, size=1001)
