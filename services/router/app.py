@@ -20,6 +20,7 @@ import tracing
 from edge.api_keys import KeyCheck
 from edge.connection_limits import DEFAULT_HEADER_TIMEOUT_S
 from services.router.backends.dispatch import Dispatcher
+from services.router.backends.fair_queue import Ticket
 from services.router.backends.pool import NoReplica, Overloaded, Pool
 from services.router.backends.upstream import Upstream
 from services.router.config import EscalateAlgorithm, RouterConfig
@@ -39,6 +40,7 @@ from services.router.listeners.asgi import (
 )
 from services.router.listeners.body_workers import BodyWorkers, Parsed, parse
 from services.router.listeners.call import Call
+from services.router.listeners.caller import caller_of
 from services.router.listeners.codecs.codec import CHAT_PATH, Codec
 from services.router.listeners.codecs.registry import CODECS, error_shape, output_of
 from services.router.listeners.direct import DirectPools
@@ -283,6 +285,7 @@ class RouterApp:
                         send: TrackedSend) -> None:
         raw = await read_body(scope, receive, self.max_body_bytes, self.body_timeout_s)
         parsed = await self._parse(codec.name, raw)
+        caller = caller_of(listener.config, self.config.admission, scope["headers"], parsed.request)  # 400, 403
         turn = await self.responses.begin(listener, codec, parsed, len(raw), scope)  # previous_response_id, store
         chat = parsed.chat
         # Counting the tokens of a long text would stall every stream: that goes to a thread.
@@ -291,7 +294,8 @@ class RouterApp:
         if not codec.judged:
             # No answer to judge or to learn from (a token count): the cache-aware policy is not told the text.
             choice = replace(choice, text="")
-        call = Call(listener.config, codec, parsed.request, chat, choice, bulk=parsed.bulk)
+        call = Call(listener.config, codec, parsed.request, chat, choice, bulk=parsed.bulk,
+                    ticket=Ticket.of(self.config.admission, caller.tenant, caller.priority))
         call.headers = [(b"x-router-entry", choice.entry.name.encode()),
                         (b"x-router-decision", choice.decision.name.encode())]
         self._count(choice)

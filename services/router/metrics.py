@@ -10,12 +10,16 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 _LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_WAIT = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
 class Snapshots(Protocol):
-    """What the replica gauges read: a pool's replicas' state (backends/pool.py's `Pool`)."""
+    """What the replica and queue gauges read: a pool's replicas' state and its queue's depth per priority
+    class (backends/pool.py's `Pool`)."""
 
     def snapshot(self) -> list[dict[str, Any]]: ...
+
+    def queue_depths(self) -> Mapping[str, int]: ...
 
 
 class KnowledgeState(Protocol):
@@ -72,6 +76,20 @@ class RouterMetrics:
         self.store_errors = Counter("router_store_errors", "Store calls that failed or ran past their "
                                     "timeout, by plugin (the request went on, or was refused if it fails "
                                     "closed).", ["plugin"], registry=r)
+        self.queue_wait = Histogram("router_queue_wait_seconds", "Time a request waited in a pool's queue until "
+                                    "a replica slot was handed to it, by pool and priority class.",
+                                    ["pool", "class"], buckets=_WAIT, registry=r)
+        self.queue_served = Counter("router_queue_served", "Requests that waited in a pool's queue and were "
+                                    "handed a replica slot, by pool and priority class.", ["pool", "class"],
+                                    registry=r)
+        self.queue_rejections = Counter("router_queue_rejections", "Requests refused after every ready replica "
+                                        "was at its cap, by pool, class, tenant and reason: full (the queue was "
+                                        "full, or the pool has none: 429), ttl (waited the class's queue_ttl_s: "
+                                        "429), no_endpoint (the last ready replica went while it waited: 503).",
+                                        ["pool", "class", "tenant", "reason"], registry=r)
+        self.queue_abandoned = Counter("router_queue_abandoned", "Queued requests whose client left (or whose "
+                                       "deadline passed) while they waited, by pool and class.", ["pool", "class"],
+                                       registry=r)
         r.register(_ReplicaCollector(pools))
         r.register(_KnowledgeCollector({} if knowledge is None else knowledge))
 
@@ -92,14 +110,19 @@ class _ReplicaCollector(Collector):
                                   "is not open.", labels=labels)
         breaker = GaugeMetricFamily("router_replica_breaker_open", "1 while the replica's circuit breaker "
                                     "is open or half-open.", labels=labels)
+        queued = GaugeMetricFamily("router_queue_depth", "Requests waiting in a pool's queue for a replica slot, "
+                                   "by pool and priority class (pools with a queue_size only).",
+                                   labels=["pool", "class"])
         for name, pool in self._pools.items():
+            for cls, depth in pool.queue_depths().items():
+                queued.add_metric([name, cls], depth)
             for r in pool.snapshot():
                 key = [name, r["url"]]
                 inflight.add_metric(key, r["inflight"])
                 outstanding.add_metric(key, r["outstanding_bytes"])
                 ready.add_metric(key, 1 if r["ready"] else 0)
                 breaker.add_metric(key, 0 if r["breaker"] == "closed" else 1)
-        yield from (inflight, outstanding, ready, breaker)
+        yield from (inflight, outstanding, ready, breaker, queued)
 
 
 class _KnowledgeCollector(Collector):

@@ -1,7 +1,8 @@
 """Dispatch to a pool's replicas (router process): a lease on a free replica of the first pool of a
-plan that has one, retried on another replica when the request provably never reached the first
-(no connection) or was refused there (429, 503, or the pool's api_key refused). What the replica answers
-goes back to the client through the listeners (listeners/relay.py)."""
+plan that has one, else a wait in a pool's queue for a ticketed request (fair_queue.py), retried on
+another replica when the request provably never reached the first (no connection) or was refused there
+(429, 503, or the pool's api_key refused). What the replica answers goes back to the client through the
+listeners (listeners/relay.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -14,6 +15,7 @@ from typing import Any
 import msgspec
 
 import tracing
+from services.router.backends.fair_queue import NO_ENDPOINT, Ticket
 from services.router.backends.pool import Lease, NoReplica, Overloaded, Pool
 from services.router.backends.upstream import READ_ERRORS, Upstream, UpstreamError, UpstreamResponse
 from services.router.config import RouterConfig
@@ -44,26 +46,33 @@ class Dispatcher:
         self.metrics = metrics
 
     async def open_any(self, chat: dict[str, Any], text: str, path: str, pools: tuple[str, ...],
-                       payloads: dict[str, bytes], *, stream: bool | None = None, bulk: bytes = b"") -> Opened:
+                       payloads: dict[str, bytes], *, stream: bool | None = None, bulk: bytes = b"",
+                       ticket: Ticket | None = None) -> Opened:
         """`chat` (a chat or completions body, but for the model) POSTed to `path` on the first of `pools`
         with a free replica that answers; the refusal that says most otherwise. A failure after the
         request may have reached a replica is a 502 at once: neither another replica nor another pool
         is sent what may be running already. `text` is what the policies read of it. `payloads` keeps
         each pool's request body across calls; stream=False asks for a whole answer. `bulk`: fields
-        left out of `chat` (a long body's messages or prompt), already encoded as a JSON object."""
+        left out of `chat` (a long body's messages or prompt), already encoded as a JSON object.
+        `ticket`: whose request it is; when every pool of the plan is at its cap, it waits in the queue
+        of the first one with room (None: 429 at once, as the judge's calls do)."""
         refusals: list[HTTPError] = []
+        single = len(pools) == 1  # no other pool to try first: it may wait at once
         for name in pools:
-            payload = payloads.get(name)
-            if payload is None:
-                body = {**chat, "model": self.config.pools[name].model}
-                if stream is False:
-                    body.pop("stream", None)
-                    body.pop("stream_options", None)
-                payload = payloads[name] = _joined(_json.encode(body), bulk)
-            result = await self._open(chat, text, path, name, payload, bulk)
+            result = await self._open(chat, text, path, name, self._payload(name, chat, payloads, stream, bulk), bulk,
+                                      ticket if single else None)
             if isinstance(result, Opened):
                 return result
             refusals.append(result)
+        if ticket is not None and not single:
+            full = [name for name, r in zip(pools, refusals, strict=True) if r.status == 429]
+            queued = next((n for n in full if (q := self.pools[n].queue) is not None and not q.full()),
+                          full[0] if full else None)
+            if queued is not None:
+                result = await self._open(chat, text, path, queued, payloads[queued], bulk, ticket)
+                if isinstance(result, Opened):
+                    return result
+                refusals[pools.index(queued)] = result
         overloaded = [r for r in refusals if r.status == 429]
         if overloaded:
             for name in pools:
@@ -71,10 +80,23 @@ class Dispatcher:
             raise overloaded[0]
         raise refusals[-1]
 
+    def _payload(self, name: str, chat: dict[str, Any], payloads: dict[str, bytes], stream: bool | None,
+                 bulk: bytes) -> bytes:
+        payload = payloads.get(name)
+        if payload is None:
+            body = {**chat, "model": self.config.pools[name].model}
+            if stream is False:
+                body.pop("stream", None)
+                body.pop("stream_options", None)
+            payload = payloads[name] = _joined(_json.encode(body), bulk)
+        return payload
+
     async def _open(self, chat: dict[str, Any], text: str, path: str, name: str, payload: bytes,
-                    bulk: bytes) -> Opened | HTTPError:
+                    bulk: bytes, ticket: Ticket | None) -> Opened | HTTPError:
         """One pool: a free replica, retried on the next one when the request never reached it or was
-        refused there; a 502 raised when it may have run there."""
+        refused there; a 502 raised when it may have run there. With a ticket, a wait in the pool's queue
+        when every replica is at its cap; a retry (its replica failed) waits first in line, so it is
+        never queued behind everyone again."""
         pool, config = self.pools[name], self.config.pools[name]
         tried: set[str] = set()
         last_error = ""
@@ -84,6 +106,10 @@ class Dispatcher:
         while True:
             with tracing.span("router.admission", {"router.pool": name, "router.attempt": len(tried) + 1}) as span:
                 lease = pool.acquire(len(payload), text=text, exclude=frozenset(tried), prepared=prepared)
+                if isinstance(lease, Overloaded) and ticket is not None:  # every replica at its cap: the queue
+                    if span is not None:
+                        span.set_attribute("router.admission.queued", True)
+                    lease = await self._wait(pool, ticket, len(payload), text, frozenset(tried), prepared)
                 if span is not None:
                     span.set_attribute("router.admission.outcome", _outcome(lease))
             if isinstance(lease, Overloaded):
@@ -139,6 +165,24 @@ class Dispatcher:
                 lease.succeeded()
             self.metrics.upstream_latency.labels(name).observe(time.perf_counter() - started)
             return Opened(response, lease, name, len(tried))
+
+    async def _wait(self, pool: Pool, ticket: Ticket, size: int, text: str, tried: frozenset[str],
+                    prepared: object) -> Lease | Overloaded | NoReplica:
+        """A wait in `pool`'s queue, counted: its time when served, its refusal by reason."""
+        started = time.perf_counter()
+        m, name, cls = self.metrics, pool.name, ticket.priority
+        try:
+            got = await pool.wait(size, ticket, text=text, exclude=tried, prepared=prepared, retry=bool(tried))
+        except BaseException:
+            m.queue_abandoned.labels(name, cls).inc()
+            raise
+        if isinstance(got, Lease):
+            m.queue_wait.labels(name, cls).observe(time.perf_counter() - started)
+            m.queue_served.labels(name, cls).inc()
+        else:
+            reason = got.refusal if isinstance(got, Overloaded) else NO_ENDPOINT
+            m.queue_rejections.labels(name, cls, ticket.tenant, reason).inc()
+        return got
 
 
 def _outcome(lease: Lease | Overloaded | NoReplica) -> str:

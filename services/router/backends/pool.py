@@ -1,28 +1,33 @@
 """Pools of replicas in the router process: readiness (health checks and a circuit breaker per replica),
-the in-flight cap, and leases; and the pools a config describes, built with their policies. No I/O:
+the in-flight cap, leases, and the queue of requests waiting for a slot (fair_queue.py: each freed slot
+handed to the next waiter); and the pools a config describes, built with their policies. No I/O:
 dispatch and the health checker call in. The one replica scheduler of the router: chat pools and the
 model runtime's deployments (runtime/deployments.py) are both Pools.
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.router.backends.fair_queue import FULL, TTL, FairQueue, Ticket, Waiter
 from services.router.backends.policies import Policy, build_policy
 from services.router.backends.policies.least_outstanding import LeastOutstanding
 from services.router.backends.policies.precise_prefix import PrecisePrefix
 from services.router.backends.prompt_ids import PromptModel
 from services.router.backends.replica import CLOSED, HALF_OPEN, OPEN, Replica
 from services.router.config import PoolConfig, RouterConfig
+from services.router.config.admission import AdmissionConfig
 
 
 @dataclass(slots=True, frozen=True)
 class Overloaded:
-    """Every ready replica is at the cap: answer 429 with Retry-After at once, never queue."""
+    """Every ready replica is at the cap: 429 with Retry-After (after waiting in the queue, if it has one)."""
     retry_after_s: int
     reason: str = ""
+    refusal: str = ""  # from the queue: FULL (no room, or no queue) or TTL (waited its class's queue_ttl_s)
 
 
 @dataclass(slots=True, frozen=True)
@@ -70,13 +75,16 @@ class Lease:
         r = self.replica
         if self.probe and self._outcome is None and r.breaker == HALF_OPEN and r.opened_at == self._probe_of:
             r.probe_inflight = False  # an abandoned probe: the next request probes
+        if self._pool is not None:
+            self._pool.serve_queue()  # the slot goes straight to the next waiter: no herd, no polling
 
 
 class Pool:
     def __init__(self, name: str, urls: Iterable[str], *, policy: Policy | None = None,
                  max_inflight: int = 32, failures: int = 3, cooldown_s: float = 30.0,
                  unhealthy_after: int = 1, retry_after_s: int = 1,
-                 clock: Callable[[], float] = time.monotonic, kind: str = "pool") -> None:
+                 clock: Callable[[], float] = time.monotonic, kind: str = "pool",
+                 queue: FairQueue | None = None) -> None:
         for key, value, low in (("max_inflight", max_inflight, 1), ("failures", failures, 1),
                                 ("unhealthy_after", unhealthy_after, 1), ("retry_after_s", retry_after_s, 0)):
             if not isinstance(value, int) or value < low:
@@ -95,6 +103,7 @@ class Pool:
         self._clock = clock
         self._seq = 0
         self._departed: dict[str, Replica] = {}  # left the pool with requests still running
+        self.queue = queue  # None: 429 at once when every replica is at its cap
 
     # ---- scheduling ----
 
@@ -118,6 +127,74 @@ class Pool:
             picked.probe_inflight = True
         self.policy.on_assigned(picked, text, prepared)
         return Lease(picked, request_bytes, self.policy.last_reason, probe, self, picked.opened_at)
+
+    async def wait(self, request_bytes: int, ticket: Ticket, *, text: str | None = None,
+                   exclude: frozenset[str] = frozenset(), prepared: object = None,
+                   retry: bool = False) -> Lease | Overloaded | NoReplica:
+        """After `acquire` answered Overloaded: a slot handed over by `serve_queue` within the ticket's TTL;
+        Overloaded (refusal FULL or TTL), or NoReplica when no ready replica is left for it. `retry`: the
+        request had a slot and its replica failed; it waits first in line, even when the queue is full."""
+        queue = self.queue
+        if queue is None or (queue.full() and not retry):
+            why = f"the queue is full ({queue.size} waiting)" if queue is not None else "it has no queue"
+            return Overloaded(self.retry_after_s, f"{self.kind} {self.name!r}: every ready replica is at "
+                              f"{self.max_inflight} in-flight requests and {why}", FULL)
+        waiter = Waiter(ticket, self._clock(), asyncio.get_running_loop().create_future(), request_bytes, text,
+                        exclude, prepared, retry)
+        queue.add(waiter)
+        slot = waiter.future
+        try:
+            async with asyncio.timeout(ticket.ttl_s):
+                got: Lease | NoReplica = await slot
+                return got
+        except TimeoutError:
+            if slot.done() and not slot.cancelled():
+                return slot.result()  # handed over as the TTL ran out: take it
+            return Overloaded(self.retry_after_s, f"{self.kind} {self.name!r}: no replica slot came free within "
+                              f"the {ticket.priority!r} class's queue_ttl_s ({ticket.ttl_s:g}s)", TTL)
+        except BaseException:
+            # Cancelled (the client left, a deadline passed). The task's cancel cancelled `slot` too, so no
+            # slot is handed to it; one handed over in the same loop pass goes on to the next waiter.
+            if slot.done() and not slot.cancelled() and isinstance(slot.result(), Lease):
+                slot.result().release(None)
+            raise
+        finally:
+            queue.remove(waiter)
+
+    def serve_queue(self) -> None:
+        """Free slots to waiters in the queue's order, and NoReplica to those no ready replica is left for
+        (at once, not at their TTL). Called whenever a slot may have come free or a replica's readiness
+        changed: a lease released, a breaker closed or opened, a health check, new membership."""
+        queue = self.queue
+        if not queue:
+            return
+        now = self._clock()
+        ready = {r.url for r in self.replicas if self._ready(r, now)}
+        changed = True
+        while changed:
+            changed = False
+            for w in queue.order():
+                if w.future.done():  # cancelled: its client left or a deadline passed
+                    queue.remove(w)
+                elif not ready - w.exclude:
+                    queue.remove(w)
+                    tried = " (the rest were tried)" if w.exclude else ""
+                    w.future.set_result(NoReplica(f"{self.kind} {self.name!r}: no ready replica is left "
+                                                  f"for a queued request{tried}"))
+                else:
+                    got = self.acquire(w.request_bytes, text=w.text, exclude=w.exclude, prepared=w.prepared)
+                    if not isinstance(got, Lease):
+                        if w.exclude:
+                            continue  # a retry that may not go where a slot is free: the next waiter may
+                        return  # no free slot for anyone
+                    queue.served(w)
+                    w.future.set_result(got)
+                changed = True
+                break  # the queue changed: its order anew
+
+    def queue_depths(self) -> dict[str, int]:
+        """Waiting requests per priority class (none without a queue)."""
+        return self.queue.depths() if self.queue is not None else {}
 
     def preview(self, request_bytes: int, *, text: str | None = None, exclude: frozenset[str] = frozenset(),
                 prepared: object = None) -> Replica | Overloaded | NoReplica:
@@ -163,6 +240,7 @@ class Pool:
         state = self._breaker_state(replica, self._clock())
         if probe and state == HALF_OPEN:
             self._close(replica)
+            self.serve_queue()
         elif state == CLOSED:
             replica.request_failures = 0
             replica.seen_down = False
@@ -178,6 +256,7 @@ class Pool:
             replica.request_failures += 1
             if replica.request_failures >= self.failures:
                 self._open(replica, now)
+        self.serve_queue()  # an opened breaker may leave no ready replica: the waiters fail now
         # Failures while open come from requests sent before it opened: they do not restart the cool-down.
 
     def record_health(self, replica: Replica, ok: bool, *, detail: str = "", sent_at: float | None = None) -> None:
@@ -195,6 +274,7 @@ class Pool:
             replica.seen_down = True
             if replica.health_failures >= self.unhealthy_after:
                 replica.healthy = False
+                self.serve_queue()  # the last ready one gone: the waiters fail now
             return
         replica.healthy, replica.health_detail, replica.health_failures = True, "", 0
         state = self._breaker_state(replica, now)
@@ -202,6 +282,8 @@ class Pool:
             replica.seen_down = False
         elif replica.seen_down and (now if sent_at is None else sent_at) >= replica.opened_at:
             self._close(replica)
+        # Back, closed, or its cool-down over (half-open is only ever noticed when asked): slots for waiters.
+        self.serve_queue()
 
     def is_ready(self, replica: Replica) -> bool:
         return self._ready(replica, self._clock())
@@ -221,6 +303,7 @@ class Pool:
         for url in old.keys() - present:
             self.policy.on_removed(url)
         self._departed = {url: r for url, r in known.items() if url not in present and r.inflight > 0}
+        self.serve_queue()
 
     def snapshot(self) -> list[dict[str, Any]]:
         now = self._clock()
@@ -263,8 +346,8 @@ class Pool:
 
 
 def build_pools(config: RouterConfig) -> dict[str, Pool]:
-    """The config's pools, each with its own policy, in file order."""
-    return {name: _build_pool(p) for name, p in config.pools.items()}
+    """The config's pools, each with its own policy and queue, in file order."""
+    return {name: _build_pool(p, config.admission) for name, p in config.pools.items()}
 
 
 def load_models(config: RouterConfig, pools: dict[str, Pool]) -> None:
@@ -277,8 +360,11 @@ def load_models(config: RouterConfig, pools: dict[str, Pool]) -> None:
                 policy.model = PromptModel.load(pool.tokenizer)
 
 
-def _build_pool(config: PoolConfig) -> Pool:
+def _build_pool(config: PoolConfig, admission: AdmissionConfig) -> Pool:
     urls = [r.url for r in config.replicas]
+    clock = time.monotonic
+    queue = (FairQueue(config.queue_size, tuple(c.name for c in admission.priorities), admission.starvation_s, clock)
+             if config.queue_size else None)
     return Pool(config.name, urls, policy=build_policy(config), max_inflight=config.max_inflight,
                 failures=config.breaker.failures, cooldown_s=config.breaker.cooldown_s,
-                unhealthy_after=config.health.failures)
+                unhealthy_after=config.health.failures, clock=clock, queue=queue)

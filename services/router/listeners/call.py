@@ -7,6 +7,7 @@ from typing import Any
 
 from starlette.types import Send
 
+from services.router.backends.fair_queue import Ticket
 from services.router.config import ListenerConfig
 from services.router.decision.engine import Choice
 from services.router.listeners.codecs.codec import Codec
@@ -26,6 +27,7 @@ class Call:
     escalation: dict[str, Any] | None = None  # which escalate stage answered, told in non-streamed bodies
     bulk: bytes = b""  # the upstream body's bulk (messages, prompt), left out of `chat` and encoded, if split
     recorder: Recorder | None = None  # the answer recorded as it goes out, for response hooks (None: none asked)
+    ticket: Ticket | None = None  # its tenant and priority class: how it waits in a full pool's queue
 
     async def start(self, send: Send, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.status = status

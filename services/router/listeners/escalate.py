@@ -59,8 +59,10 @@ class Escalator:
                 async with shared:
                     # The shared deadline is this timeout's: a shorter one inside would fail the stage
                     # a moment early and leave a sliver of time for the next stage to be called in.
+                    # A stage queues as its request does (its class, its tenant), within the deadline.
                     opened = await self.dispatcher.open_any(call.chat, call.choice.text, call.codec.upstream_path,
-                                                            (stage,), payloads, stream=False, bulk=call.bulk)
+                                                            (stage,), payloads, stream=False, bulk=call.bulk,
+                                                            ticket=call.ticket)
                     raw = await opened.response.read()
                 status = opened.response.status
                 completion = decode_object(raw) if status == 200 else {}

@@ -35,6 +35,7 @@ class PoolJudge:
         limit = asyncio.timeout(timeout_s)
         try:
             async with limit:
+                # No ticket: never queued. The stages' answer is in hand; waiting for a slot only delays it.
                 opened = await self.dispatcher.open_any(body, text, CHAT_PATH, (pool,), {}, stream=False)
                 raw = await opened.response.read()
             outcome = True

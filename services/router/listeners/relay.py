@@ -33,7 +33,7 @@ class Relay:
     async def relay(self, call: Call, send: Send) -> None:
         """The request to the first pool of its plan that has a free replica, and the answer to the client."""
         opened = await self.dispatcher.open_any(call.chat, call.choice.text, call.codec.upstream_path,
-                                                call.choice.plan, {}, bulk=call.bulk)
+                                                call.choice.plan, {}, bulk=call.bulk, ticket=call.ticket)
         call.headers += [(b"x-router-pool", opened.pool.encode()),
                          (b"x-router-replica", opened.lease.replica.url.encode()),
                          (b"x-router-attempts", str(opened.attempts).encode())]
