@@ -38,11 +38,13 @@ from services.router.listeners.asgi import (
 )
 from services.router.listeners.body_workers import BodyWorkers, Parsed, parse
 from services.router.listeners.call import Call
+from services.router.listeners.caller import caller_of
 from services.router.listeners.codecs.codec import CHAT_PATH, Codec
 from services.router.listeners.codecs.registry import CODECS, error_shape, output_of
 from services.router.listeners.direct import DirectPools
 from services.router.listeners.escalate import Escalator
 from services.router.listeners.json_body import BodyError
+from services.router.listeners.limits import RateLimiter
 from services.router.listeners.listener import Listener, listeners_by_port
 from services.router.listeners.memory_api import MemoryAPI, memory_in_use, routed
 from services.router.listeners.relay import Relay
@@ -98,6 +100,7 @@ class RouterApp:
         self.memory = MemoryAPI(store, memory_in_use(config))  # GET/DELETE /v1/memory: the memory plugin's
         # The Responses API's state: in the opened store, when the config keeps it (store.responses).
         self.responses = responses_api(config.store, store, metrics)
+        self.limits = RateLimiter(config, metrics, store)  # tenants' and users' requests and tokens per minute
 
     def close(self) -> None:
         """The body workers stopped (at shutdown)."""
@@ -283,6 +286,11 @@ class RouterApp:
         call.headers = [(b"x-router-entry", choice.entry.name.encode()),
                         (b"x-router-decision", choice.decision.name.encode())]
         self._count(choice)
+        ticket = None
+        if not codec.part_of and self.limits.applies(listener.config):  # count_tokens generates nothing
+            caller = caller_of(listener.config, self.config.admission, scope["headers"], parsed.request)
+            ticket = await self.limits.admit(listener.config, caller, chat, parsed.text, headers=call.headers)
+            call.usage = ticket.usage if ticket is not None else None
         chain: Chain = ()
         if self.plugins and codec.judged:  # a token count has no answer to keep or recall for
             chain = self.plugins.plugins_for(choice.entry, choice.decision.name, choice.decision.matched_default)
@@ -322,6 +330,8 @@ class RouterApp:
             watcher.cancel()
             self.metrics.requests.labels(listener.name, codec.name, str(call.status)).inc()
             send.counted = True
+            self.limits.settle(ticket, status=call.status, started=send.state is not ResponseState.NOT_STARTED,
+                               cached=answered is not None)
             if exchange is not None and ran and self.plugins is not None:
                 answer = call.recorder.answer() if call.recorder is not None and call.status == 200 else None
                 by = chain[ran - 1][1].name if answered is not None else None

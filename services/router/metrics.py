@@ -72,6 +72,13 @@ class RouterMetrics:
         self.store_errors = Counter("router_store_errors", "Store calls that failed or ran past their "
                                     "timeout, by plugin (the request went on, or was refused if it fails "
                                     "closed).", ["plugin"], registry=r)
+        self.limit_rejections = Counter("router_limit_rejections", "Requests refused (429) by a rate limit, by "
+                                        "tenant, kind (requests, tokens) and level (tenant, user).",
+                                        ["tenant", "kind", "level"], registry=r)
+        self.limit_store_errors = Counter("router_limit_store_errors", "Shared rate limits' store calls that "
+                                          "failed or ran past the store's timeout_s (the request counted here "
+                                          "instead under admission.on_store_error open, refused 503 if closed).",
+                                          registry=r)
         r.register(_ReplicaCollector(pools))
         r.register(_KnowledgeCollector({} if knowledge is None else knowledge))
 

@@ -10,6 +10,7 @@ from starlette.types import Send
 from services.router.config import ListenerConfig
 from services.router.decision.engine import Choice
 from services.router.listeners.codecs.codec import Codec
+from services.router.listeners.usage import Usage
 from services.router.plugins.answer import Recorder
 
 
@@ -26,6 +27,7 @@ class Call:
     escalation: dict[str, Any] | None = None  # which escalate stage answered, told in non-streamed bodies
     bulk: bytes = b""  # the upstream body's bulk (messages, prompt), left out of `chat` and encoded, if split
     recorder: Recorder | None = None  # the answer recorded as it goes out, for response hooks (None: none asked)
+    usage: Usage | None = None  # the answer's usage read as it goes out, for a token limit (None: none applies)
 
     async def start(self, send: Send, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.status = status
