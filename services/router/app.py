@@ -46,6 +46,7 @@ from services.router.listeners.codecs.registry import CODECS, error_shape, outpu
 from services.router.listeners.direct import DirectPools
 from services.router.listeners.escalate import Escalator
 from services.router.listeners.json_body import BodyError
+from services.router.listeners.limits import RateLimiter
 from services.router.listeners.listener import Listener, listeners_by_port
 from services.router.listeners.memory_api import MemoryAPI, memory_in_use, routed
 from services.router.listeners.relay import Relay
@@ -101,6 +102,7 @@ class RouterApp:
         self.memory = MemoryAPI(store, memory_in_use(config))  # GET/DELETE /v1/memory: the memory plugin's
         # The Responses API's state: in the opened store, when the config keeps it (store.responses).
         self.responses = responses_api(config.store, store, metrics)
+        self.limits = RateLimiter(config, metrics, store)  # tenants' and users' requests and tokens per minute
 
     def close(self) -> None:
         """The body workers stopped (at shutdown)."""
@@ -299,6 +301,10 @@ class RouterApp:
         call.headers = [(b"x-router-entry", choice.entry.name.encode()),
                         (b"x-router-decision", choice.decision.name.encode())]
         self._count(choice)
+        charge = None  # what the rate limits charged it, settled when it ends
+        if not codec.part_of and self.limits.applies(listener.config):  # count_tokens generates nothing
+            charge = await self.limits.admit(listener.config, caller, chat, parsed.text, headers=call.headers)
+            call.usage = charge.usage if charge is not None else None
         chain: Chain = ()
         if self.plugins and codec.judged:  # a token count has no answer to keep or recall for
             chain = self.plugins.plugins_for(choice.entry, choice.decision.name, choice.decision.matched_default)
@@ -340,6 +346,8 @@ class RouterApp:
                 tracing.annotate(tracing.current(), {"http.response.status_code": call.status})
             self.metrics.requests.labels(listener.name, codec.name, str(call.status)).inc()
             send.counted = True
+            self.limits.settle(charge, status=call.status, started=send.state is not ResponseState.NOT_STARTED,
+                               cached=answered is not None)
             if exchange is not None and ran and self.plugins is not None:
                 answer = call.recorder.answer() if call.recorder is not None and call.status == 200 else None
                 by = chain[ran - 1][1].name if answered is not None else None

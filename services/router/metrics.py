@@ -90,6 +90,13 @@ class RouterMetrics:
         self.queue_abandoned = Counter("router_queue_abandoned", "Queued requests whose client left (or whose "
                                        "deadline passed) while they waited, by pool and class.", ["pool", "class"],
                                        registry=r)
+        self.limit_rejections = Counter("router_limit_rejections", "Requests refused (429) by a rate limit, by "
+                                        "tenant, kind (requests, tokens) and level (tenant, user).",
+                                        ["tenant", "kind", "level"], registry=r)
+        self.limit_store_errors = Counter("router_limit_store_errors", "Shared rate limits' store calls that "
+                                          "failed or ran past the store's timeout_s (the request counted here "
+                                          "instead under admission.on_store_error open, refused 503 if closed).",
+                                          registry=r)
         r.register(_ReplicaCollector(pools))
         r.register(_KnowledgeCollector({} if knowledge is None else knowledge))
 

@@ -5,6 +5,7 @@ call raise StoreUnavailable, as a store that is down does."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from services.router.plugins.store import guard
 from services.router.plugins.store.base import Item, StoreUnavailable
@@ -15,6 +16,7 @@ class FakeStore:
         self.items_by: dict[tuple[str, str, str], Item] = {}
         self.fail = False
         self.calls = 0
+        self.clocks: dict[str, int] = {}  # rate limits' (advance), in microseconds as the real stores keep them
 
     def _check(self) -> None:
         self.calls += 1
@@ -94,3 +96,14 @@ class FakeStore:
         for k, _ in ordered[keep:]:
             del self.items_by[k]
         return len(gone) + max(0, len(ordered) - keep)
+
+    async def advance(self, clocks: Sequence[tuple[str, float]], now: float) -> list[float]:
+        self._check()
+        guard.check_clocks(clocks, now)
+        at = round(now * 1e6)
+        out = []
+        for name, cost in clocks:
+            us = round(cost * 1e6)
+            self.clocks[name] = max(self.clocks.get(name, at), at) + us if us >= 0 else self.clocks.get(name, at) + us
+            out.append(self.clocks[name] / 1e6)
+        return out

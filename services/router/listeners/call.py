@@ -11,6 +11,7 @@ from services.router.backends.fair_queue import Ticket
 from services.router.config import ListenerConfig
 from services.router.decision.engine import Choice
 from services.router.listeners.codecs.codec import Codec
+from services.router.listeners.usage import Usage
 from services.router.plugins.answer import Recorder
 
 
@@ -28,6 +29,7 @@ class Call:
     bulk: bytes = b""  # the upstream body's bulk (messages, prompt), left out of `chat` and encoded, if split
     recorder: Recorder | None = None  # the answer recorded as it goes out, for response hooks (None: none asked)
     ticket: Ticket | None = None  # its tenant and priority class: how it waits in a full pool's queue
+    usage: Usage | None = None  # the answer's usage read as it goes out, for a token limit (None: none applies)
 
     async def start(self, send: Send, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.status = status

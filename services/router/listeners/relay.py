@@ -72,6 +72,8 @@ class Relay:
                 body = await response.read()
                 if call.recorder is not None:
                     call.recorder.body(body)
+                if call.usage is not None:
+                    call.usage.body(body)
                 await call.start(send, 200, [(b"content-type", content_type),
                                              (b"content-length", str(len(body)).encode())])
                 await send({"type": "http.response.body", "body": body, "more_body": False})
@@ -80,6 +82,8 @@ class Relay:
             async for chunk in response.chunks():
                 if call.recorder is not None:
                     call.recorder.raw(chunk)
+                if call.usage is not None:
+                    call.usage.raw(chunk)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except READ_ERRORS as exc:
             log.warning("upstream %s broke off a response: %s", response.url, exc)
@@ -115,6 +119,8 @@ class Relay:
                         chunk = decode_object(data)
                         if call.recorder is not None:
                             call.recorder.chunk(chunk)
+                        if call.usage is not None:
+                            call.usage.chunk(chunk)
                         out.append(shaped(stream.feed, chunk))
                     except UpstreamError as exc:
                         bad = exc
@@ -142,6 +148,8 @@ class Relay:
         body = shaped(call.codec.from_chat, chat, call.request)
         if call.recorder is not None:
             call.recorder.whole(chat)
+        if call.usage is not None:
+            call.usage.whole(chat)
         if call.escalation is not None:
             body["router"] = call.escalation
         data = _json.encode(body)
@@ -161,6 +169,8 @@ class Relay:
         body = stream.start() + b"".join(shaped(stream.feed, c) for c in chunks) + stream.finish()
         if call.recorder is not None:
             call.recorder.whole(completion)
+        if call.usage is not None:
+            call.usage.whole(completion)
         await call.start(send, 200, SSE)
         await send({"type": "http.response.body", "body": body, "more_body": False})
 

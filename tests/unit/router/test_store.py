@@ -360,6 +360,56 @@ def test_routers_creating_the_schema_at_once_all_start(place: Place) -> None:
     run(body())
 
 
+def test_rate_limit_clocks_move_on_together_from_now_and_refunds_come_off(place: Place) -> None:
+    async def body() -> None:
+        store, other = await place.opened(), await place.opened()  # two routers on one store
+        now = 1_700_000_000.0
+        assert await store.advance([("a", 1.0), ("b", 0.5)], now) == [now + 1, now + 0.5]
+        assert await other.advance([("a", 1.0)], now + 0.25) == [now + 2]  # ahead of now: from the clock
+        assert await store.advance([("a", -1.5)], now + 0.25) == [now + 0.5]  # a refund: as it is
+        assert await other.advance([("b", 0.0)], now + 5) == [now + 5]  # behind now: from now
+        assert await store.advance([("c", 1e-6), ("a", 0.0)], now) == [now + 1e-6, now + 0.5]  # to the microsecond
+        # Many at once, through both: none lost (each statement is atomic).
+        await asyncio.gather(*(s.advance([("x", 0.5), ("y", 1.0)], now) for _ in range(20) for s in (store, other)))
+        assert await store.advance([("y", 0.0), ("x", 0.0)], now) == [now + 40, now + 20]
+        await store.close()
+        await other.close()
+
+    run(body())
+
+
+def test_spent_clocks_are_swept_and_a_version_1_store_made_before_them_gets_them(place: Place) -> None:
+    async def rows(sql: str) -> int:
+        if place.config.backend == "sqlite":
+            db = apsw.Connection(place.config.path)
+            try:
+                return int(db.execute(sql).fetchall()[0][0]) if sql.startswith("SELECT") else db.execute(sql) and 0
+            finally:
+                db.close()
+        conn = await asyncpg.connect(place.config.dsn)
+        try:
+            return int(await conn.fetchval(sql)) if sql.startswith("SELECT") else (await conn.execute(sql)) and 0
+        finally:
+            await conn.close()
+
+    async def body() -> None:
+        store = await place.opened()
+        await store.close()
+        await rows("DROP TABLE router_clocks")  # as a store made by a router before rate limits
+        store = await place.opened()
+        assert await rows("SELECT max(version) FROM router_schema") == SCHEMA_VERSION
+        now = 1_700_000_000.0
+        await store.advance([(f"u{n}", 1.0) for n in range(10)], now)  # the first call sweeps (nothing yet)
+        assert await rows("SELECT count(*) FROM router_clocks") == 10
+        await store.advance([("late", 1.0)], now + 30)
+        assert await rows("SELECT count(*) FROM router_clocks") == 11  # not a minute since the last sweep
+        await store.advance([("late", 1.0)], now + 61)
+        assert await rows("SELECT count(*) FROM router_clocks") == 1  # the spent ten went
+        await store.close()
+
+    run(body())
+
+
 @pytest.mark.parametrize(("call", "message"), [
     (lambda s: s.put(item("s", "k", (1.0, math.nan))), "vector: every component must be a finite 32-bit float"),
     (lambda s: s.put(item("s", "k", (math.inf, 1.0))), "vector: every component must be a finite 32-bit float"),
@@ -378,8 +428,11 @@ def test_routers_creating_the_schema_at_once_all_start(place: Place) -> None:
     (lambda s: s.items("cache", "s", -1), "limit: -1; must be 0 or more"),
     (lambda s: s.trim("cache", None, -1), "keep: -1; must be 0 or more"),
     (lambda s: s.get("cache", "s\x00", "k"), "scope: must not contain NUL"),
+    (lambda s: s.advance([("a", 1.0), ("a", 2.0)], 1.0), "clocks.1..name: .a. is given twice"),
+    (lambda s: s.advance([("a", math.nan)], 1.0), "clocks.0..cost: nan; a finite number of seconds"),
+    (lambda s: s.advance([("a", 1.0)], math.inf), "now: inf; finite unix seconds"),
 ], ids=["nan", "inf", "float32-overflow", "zeros", "empty", "long-key", "long-scope", "nul", "surrogate", "kind",
-        "expires", "query-nan", "k-0", "k-big", "limit", "keep", "get-nul"])
+        "expires", "query-nan", "k-0", "k-big", "limit", "keep", "get-nul", "clock-twice", "clock-nan", "clock-now"])
 def test_bad_input_is_a_value_error_naming_the_field_and_writes_nothing(
         place: Place, call: Callable[[Store], Awaitable[Any]], message: str) -> None:
     async def body() -> None:

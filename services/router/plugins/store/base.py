@@ -3,6 +3,7 @@ an optional vector, found by key or by cosine similarity within a (kind, scope).
 the embedded default; PostgreSQL with pgvector (postgres.py) is shared by several routers."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -66,3 +67,10 @@ class Store(Protocol):
 
     async def trim(self, kind: str, scope: str | None, keep: int) -> int:
         """Expired items, then the oldest beyond `keep` in the scope (None: in the whole kind); how many went."""
+
+    async def advance(self, clocks: Sequence[tuple[str, float]], now: float) -> list[float]:
+        """Rate limits' clocks (listeners/buckets.py: the time each budget is spent until, unix seconds), moved
+        on together in one transaction, each by its (distinct) name; their new times in the order given. A cost
+        of 0 or more counts from `now` where a clock is behind it (max(clock, now) + cost; a new name is at
+        `now`), a negative one (a refund) is taken off as it is. Kept to the microsecond; a clock not ahead of
+        `now` holds nothing and is deleted now and then."""

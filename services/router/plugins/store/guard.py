@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 from services.router.plugins.store.base import KINDS, Item, StoreRefused, StoreUnavailable
@@ -16,6 +16,7 @@ MAX_TEXT_BYTES = 65_536  # scope and key; longer ones are the plugin's to hash
 MAX_PAYLOAD_BYTES = 64 << 20
 MAX_DIMS = 8192  # sqlite-vec's most (pgvector allows 16,000)
 MAX_K = 4096  # sqlite-vec's most neighbours per query
+MAX_CLOCK_S = 1e10  # a rate limit's clock or cost (Store.advance), in seconds: kept in microseconds in 64 bits
 FLOAT32_MAX = 3.4028234663852886e38  # both stores keep 32-bit components: a larger one would become infinite
 
 # Opening may create the schema (and pgvector) on first start, a dozen round trips: it gets this long at
@@ -81,6 +82,21 @@ def check_k(k: int) -> None:
 def check_count(name: str, value: int) -> None:
     if value < 0:
         raise StoreRefused(f"{name}: {value}; must be 0 or more")
+
+
+def check_clocks(clocks: Sequence[tuple[str, float]], now: float) -> None:
+    """Rate limits' clocks (Store.advance): distinct names, finite costs and time."""
+    names = set()
+    for i, (name, cost) in enumerate(clocks):
+        check_text(f"clocks[{i}].name", name)
+        if name in names:
+            raise StoreRefused(f"clocks[{i}].name: {name!r} is given twice; names must be distinct")
+        names.add(name)
+        if not isinstance(cost, int | float) or not math.isfinite(cost) or abs(cost) > MAX_CLOCK_S:
+            raise StoreRefused(f"clocks[{i}].cost: {cost!r}; a finite number of seconds, at most {MAX_CLOCK_S:g} "
+                               "either way")
+    if not math.isfinite(now) or not 0 <= now <= MAX_CLOCK_S:
+        raise StoreRefused(f"now: {now!r}; finite unix seconds")
 
 
 @asynccontextmanager

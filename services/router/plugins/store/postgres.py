@@ -7,7 +7,7 @@ import asyncio
 import hashlib
 import struct
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
@@ -51,6 +51,23 @@ CREATE INDEX router_items_scope_newest ON router_items (kind, scope_h, created, 
 CREATE INDEX router_items_kind_newest ON router_items (kind, created, id);
 CREATE INDEX router_items_expires ON router_items (kind, expires) WHERE expires IS NOT NULL;
 """
+# Rate limits' clocks (Store.advance), by a digest of their name; created on any open (a store of schema version
+# 1 made before them gets them too: a table added is no new version, older routers ignore it).
+_CLOCKS = """
+CREATE TABLE IF NOT EXISTS router_clocks (
+    name_h bytea PRIMARY KEY,  -- sha256 of the name
+    at bigint NOT NULL);  -- unix microseconds
+CREATE INDEX IF NOT EXISTS router_clocks_at ON router_clocks (at);
+"""
+# One statement, so atomic; names in digest order, so that two routers' statements lock rows in one order and
+# never deadlock. Integer microseconds: `EXCLUDED.at - now` is the cost exactly, as a float near 1.7e9 is not.
+_ADVANCE = """
+INSERT INTO router_clocks AS c (name_h, at) SELECT n, $3 + d FROM unnest($1::bytea[], $2::bigint[]) AS x(n, d)
+ON CONFLICT (name_h) DO UPDATE SET at = CASE WHEN EXCLUDED.at >= $3 THEN GREATEST(c.at, $3) + (EXCLUDED.at - $3)
+                                             ELSE c.at + (EXCLUDED.at - $3) END
+RETURNING name_h, at
+"""
+SWEEP_S = 60.0  # how often `advance` deletes the clocks that hold nothing (not ahead of now)
 _COLUMNS = "key, payload, embedding, created, expires"
 _LIVE = "(expires IS NULL OR expires > $%d)"
 
@@ -94,6 +111,7 @@ class PostgresStore:
         self._timeout_s = timeout_s
         self._pool: asyncpg.Pool | None = None
         self._vector_schema = "public"  # where pgvector's type lives (found at open)
+        self._swept = 0.0  # when `advance` last deleted spent clocks (its `now`)
 
     def _what(self, call: str) -> str:
         return f"postgres store {call} ({self._where})"
@@ -126,6 +144,7 @@ class PostgresStore:
             if version is None:
                 await conn.execute(_TABLES)
                 await conn.execute("INSERT INTO router_schema (version) VALUES ($1)", SCHEMA_VERSION)
+            await conn.execute(_CLOCKS)
             self._vector_schema = await conn.fetchval(
                 "SELECT typnamespace::regnamespace::text FROM pg_type WHERE typname = 'vector'")
 
@@ -243,6 +262,25 @@ class PostgresStore:
             return _gone(expired) + _gone(oldest)
 
         return await self._call("trim", trim)
+
+    async def advance(self, clocks: Sequence[tuple[str, float]], now: float) -> list[float]:
+        guard.check_clocks(clocks, now)
+        names = [_digest(name) for name, _ in clocks]
+        order = sorted(range(len(names)), key=names.__getitem__)
+        at = round(now * 1e6)
+        sweep = now - self._swept >= SWEEP_S
+
+        async def advance(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+            rows = await conn.fetch(_ADVANCE, [names[i] for i in order], [round(clocks[i][1] * 1e6) for i in order], at)
+            if sweep:
+                await conn.execute("DELETE FROM router_clocks WHERE at <= $1", at)
+            return rows
+
+        rows = await self._call("advance", advance)
+        if sweep:
+            self._swept = now
+        by = {bytes(row["name_h"]): row["at"] for row in rows}
+        return [by[name] / 1e6 for name in names]
 
 
 def _item(kind: str, scope: str, row: asyncpg.Record) -> Item:

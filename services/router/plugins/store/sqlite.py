@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import array
 import asyncio
+import hashlib
 import math
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -37,6 +38,7 @@ CHUNK = 64
 NEVER = math.inf  # a vec0 metadata column cannot hold NULL: the expiry of an item that never expires
 MMAP_BYTES = 1 << 30  # a scan reads vec0's chunks from the mapped file, not through the page cache (~1.5x faster)
 PROGRESS_STEPS = 1000  # virtual machine steps between two checks of the call's deadline
+SWEEP_S = 60.0  # how often `advance` deletes the clocks that hold nothing (not ahead of now)
 
 _TABLES = """
 CREATE TABLE IF NOT EXISTS router_scopes (
@@ -57,7 +59,16 @@ CREATE TABLE IF NOT EXISTS router_items (
 CREATE INDEX IF NOT EXISTS router_items_scope_newest ON router_items (scope_id, created, id);
 CREATE INDEX IF NOT EXISTS router_items_kind_newest ON router_items (kind, created, id);
 CREATE INDEX IF NOT EXISTS router_items_expires ON router_items (kind, expires) WHERE expires IS NOT NULL;
+-- Rate limits' clocks (Store.advance), by a digest of their name; created on any open, so a store of
+-- schema version 1 made before them gets them too (a table added is no new version: older routers ignore it).
+CREATE TABLE IF NOT EXISTS router_clocks (
+    name_h BLOB PRIMARY KEY,  -- sha256 of the name
+    at INTEGER NOT NULL  -- unix microseconds
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS router_clocks_at ON router_clocks (at);
 """
+_ADVANCE = ("INSERT INTO router_clocks (name_h, at) VALUES (:name, :now + :cost) ON CONFLICT (name_h) DO UPDATE "
+            "SET at = CASE WHEN :cost >= 0 THEN max(at, :now) + :cost ELSE at + :cost END RETURNING at")
 _LIVE = "(expires IS NULL OR expires > ?)"
 
 
@@ -78,6 +89,7 @@ class SqliteStore:
         self._db: apsw.Connection | None = None
         self._dims: set[int] = set()  # the dimension counts that have a vec0 table
         self._deadline = 0.0  # of the call running now (time.monotonic())
+        self._swept = 0.0  # when `advance` last deleted spent clocks (its `now`)
 
     # ---- the port (event loop) ----
 
@@ -141,6 +153,10 @@ class SqliteStore:
             guard.check_text("scope", scope)
         guard.check_count("keep", keep)
         return await self._call("trim", self._trim, kind, scope, keep)
+
+    async def advance(self, clocks: Sequence[tuple[str, float]], now: float) -> list[float]:
+        guard.check_clocks(clocks, now)
+        return await self._call("advance", self._advance, tuple(clocks), now)
 
     async def _call(self, name: str, fn: Callable[..., T], *args: Any, budget: float | None = None) -> T:
         pool = self._pool
@@ -285,6 +301,19 @@ class SqliteStore:
                            "expires) VALUES (?, ?, ?, ?, ?)",
                            (item_id, sid % BUCKETS, _blob(item.vector), sid,
                             NEVER if item.expires is None else item.expires))
+
+    def _advance(self, clocks: tuple[tuple[str, float], ...], now: float) -> list[float]:
+        at = round(now * 1e6)
+        out = []
+        with self._writing() as db:
+            for name, cost in clocks:
+                args = {"name": hashlib.sha256(name.encode()).digest(), "now": at, "cost": round(cost * 1e6)}
+                [(moved,)] = db.execute(_ADVANCE, args).fetchall()
+                out.append(int(moved) / 1e6)  # type: ignore[arg-type]  # RETURNING at, an INTEGER
+            if now - self._swept >= SWEEP_S:
+                db.execute("DELETE FROM router_clocks WHERE at <= ?", (at,))
+                self._swept = now
+        return out
 
     def _embedding(self, item_id: int, dims: int | None) -> tuple[float, ...] | None:
         if dims is None:
