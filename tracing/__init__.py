@@ -3,7 +3,7 @@
 engine share. Off unless configured; off, every call returns at once (docs/tracing.md)."""
 from __future__ import annotations
 
-from tracing.propagation import TRACEPARENT, TRACESTATE, carrier_of, context_of, headers_of
+from tracing.propagation import TRACEPARENT, TRACESTATE, carrier_of, context_of, headers_of, pass_through, passed
 from tracing.settings import FLAG, TracingSettings, settings_from
 from tracing.tracer import (
     CLIENT,
@@ -24,4 +24,4 @@ from tracing.tracer import (
 
 __all__ = ["CLIENT", "FLAG", "INTERNAL", "SERVER", "TRACEPARENT", "TRACESTATE", "TracingSettings", "annotate",
            "carrier_of", "configure", "configure_with", "context_of", "current", "enabled", "fail", "headers_of",
-           "record_span", "server_span", "settings_from", "shutdown", "span", "start_span"]
+           "pass_through", "passed", "record_span", "server_span", "settings_from", "shutdown", "span", "start_span"]

@@ -4,6 +4,7 @@ protocol's GenerateRequest.trace_headers. Used by the router, the frontend and t
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from contextvars import ContextVar
 
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, set_span_in_context
@@ -12,6 +13,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
 _W3C = TraceContextTextMapPropagator()
+# Tracing off: the client's own trace context of the request in hand, forwarded as it came.
+_PASSED: ContextVar[dict[str, str] | None] = ContextVar("tracing_passed", default=None)
 
 
 def carrier_of(headers: Iterable[tuple[bytes, bytes]] | Iterable[tuple[str, str | bytes]]) -> dict[str, str]:
@@ -38,3 +41,17 @@ def headers_of(span: Span) -> dict[str, str]:
     carrier: dict[str, str] = {}
     _W3C.inject(carrier, set_span_in_context(span))
     return carrier
+
+
+def pass_through(headers: Iterable[tuple[bytes, bytes]]) -> None:
+    """A service that does not trace still forwards a client's trace context, as W3C asks of every hop:
+    kept for this request (its task and those it starts) until `passed` reads it for the next hop."""
+    for key, _ in headers:
+        if key == b"traceparent":
+            _PASSED.set(carrier_of(headers))
+            return
+
+
+def passed() -> dict[str, str] | None:
+    """The trace context `pass_through` kept for this request, or None."""
+    return _PASSED.get()

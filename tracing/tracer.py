@@ -83,8 +83,9 @@ def server_span(name: str, headers: Any, attributes: Attributes | None = None) -
     metadata), a new trace without them; current inside the `with` (None when off)."""
     if _tracer is None:
         return _OFF
+    # The status is the server's to set: a refusal it answers (a 4xx) is not an error of its own.
     return _tracer.start_as_current_span(name, context=context_of(carrier_of(headers)), kind=SERVER,
-                                         attributes=attributes)
+                                         attributes=attributes, set_status_on_exception=False)
 
 
 def start_span(name: str, *, parent: Span | Mapping[str, str] | None = None, kind: SpanKind = INTERNAL,

@@ -275,12 +275,19 @@ class RouterApp:
     async def _traced(self, listener: Listener, codec: Codec, scope: Scope, receive: Receive,
                       send: TrackedSend) -> None:
         """A generation request in its trace's server span (continuing a client's `traceparent`)."""
+        if not tracing.enabled():
+            tracing.pass_through(scope["headers"])  # a client's trace goes on through the replicas
         with tracing.server_span("router.request", scope["headers"], {
                 "http.route": scope["path"], "router.listener": listener.name}) as span:
             try:
                 await self._generate(listener, codec, scope, receive, send)
             except HTTPError as exc:
                 tracing.annotate(span, {"http.response.status_code": exc.status})
+                if exc.status >= 500:
+                    tracing.fail(span, exc.message)
+                raise
+            except Exception as exc:
+                tracing.fail(span, f"{type(exc).__name__}: {exc}")
                 raise
 
     async def _generate(self, listener: Listener, codec: Codec, scope: Scope, receive: Receive,
@@ -344,6 +351,8 @@ class RouterApp:
             watcher.cancel()
             if tracing.enabled():
                 tracing.annotate(tracing.current(), {"http.response.status_code": call.status})
+                if call.status >= 500:
+                    tracing.fail(tracing.current(), f"answered {call.status}")
             self.metrics.requests.labels(listener.name, codec.name, str(call.status)).inc()
             send.counted = True
             self.limits.settle(charge, status=call.status, started=send.state is not ResponseState.NOT_STARTED,

@@ -162,7 +162,8 @@ def test_an_upstream_refusal_is_an_attempt_of_its_own(fleet: Fleet) -> None:
     assert upstream.attributes["http.response.status_code"] == 400
     frontend = _one(spans, "frontend.request")
     assert frontend.parent_id == upstream.span_id and frontend.attributes["http.response.status_code"] == 400
-    assert frontend.status_code == 2  # error
+    # A refusal of the client's request is not the servers' error (OpenTelemetry's HTTP conventions): unset.
+    assert frontend.status_code == 0 and _one(spans, "router.request").status_code == 0
 
 
 def test_a_traceparent_in_grpc_metadata_is_continued(fleet: Fleet) -> None:
@@ -178,3 +179,28 @@ def test_a_traceparent_in_grpc_metadata_is_continued(fleet: Fleet) -> None:
     server = _one(spans, "frontend.request")
     assert server.parent_id == parent and server.attributes["rpc.method"] == "Generate"
     assert _one(spans, "engine.request").parent_id == _one(spans, "frontend.generate").span_id
+
+
+def test_a_router_that_does_not_trace_forwards_a_clients_traceparent(fleet: Fleet, tmp_path_factory:
+                                                                      pytest.TempPathFactory) -> None:
+    """W3C asks every hop to forward the context: the frontend and engine continue the client's trace."""
+    router = start_router(tmp_path_factory.mktemp("untraced"), f"""
+listeners: [{{port: {{port}}, host: 127.0.0.1, api_keys: [{KEY}]}}]
+pools:
+  tiny: {{model: tiny, replicas: [{{url: {fleet.frontend.url}}}]}}
+entries:
+  assistant: {{default: [tiny]}}
+""")
+    try:
+        fleet.receiver.clear()
+        trace_id, parent = "5bf92f3577b34da6a3ce929d0e0e4736", "10f067aa0ba902b7"
+        r = httpx.post(router.url + "/v1/chat/completions", timeout=30,
+                       headers={"authorization": f"Bearer {KEY}", "traceparent": f"00-{trace_id}-{parent}-01"},
+                       json={"model": "assistant", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200, r.text
+        spans = fleet.receiver.wait_for(_trace_with({"frontend.request", "engine.request"}, trace_id))
+        server = _one([s for s in spans if s.trace_id == trace_id], "frontend.request")
+        assert server.parent_id == parent  # the client's own span: no router span between
+        assert not [s for s in spans if s.name.startswith("router.") and s.trace_id == trace_id]
+    finally:
+        router.stop()

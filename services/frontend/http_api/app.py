@@ -157,7 +157,8 @@ class Frontend:
             except APIError as exc:
                 if span is not None:
                     span.set_attribute("http.response.status_code", exc.status)
-                    tracing.fail(span, str(exc))
+                    if exc.status >= 500:  # a refusal of the client's request (4xx) is not the server's error
+                        tracing.fail(span, str(exc))
                 await send_json(send, exc.status, exc.body(), CLOSE if exc.status == 408 else None)
             except ClientGone:
                 pass

@@ -88,6 +88,8 @@ class AiohttpUpstream:
             "server.address": base_url, "url.full": base_url + path, "http.request.method": "POST"})
         if span is not None:
             headers.update(tracing.headers_of(span))
+        elif (passed := tracing.passed()) is not None:
+            headers.update(passed)
         try:
             # No redirects: following one would turn the POST into a bodiless GET.
             raw = await self.session.post(base_url + path, data=body, headers=headers, timeout=timeout,
