@@ -5,7 +5,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.engine_client import EngineClient
-from tests.support.procs import EngineProc, start_engine
+from tests.support.procs import EngineProc, HttpProc, start_backend, start_engine
 
 SIM = ("--model", "tiny", "--backend", "sim")
 SIM_ENGINE = (*SIM, "--sim-decode-ms", "2", "--client-timeout", "1.0")
@@ -18,6 +18,15 @@ def sim_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProc]
     engine = start_engine(tmp_path_factory.mktemp("sim-engine"), *SIM_ENGINE)
     yield engine
     engine.stop()
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpProc]:
+    """The OpenAI-compatible test backend (tests/support/openai_backend.py, answering "a:<model>"), one per
+    module: the chat pool of the router tests that need one (reset() it after a test that configures it)."""
+    proc = start_backend(tmp_path_factory.mktemp("backend"), "a")
+    yield proc
+    proc.stop()
 
 
 @pytest.fixture

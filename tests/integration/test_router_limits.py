@@ -13,7 +13,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.procs import HttpProc, start_backend, start_router
+from tests.support.procs import HttpProc, start_router
 
 CONFIG = """
 listeners:
@@ -33,13 +33,6 @@ entries:
   m: {{default: [chat]}}
 """
 DURATION = re.compile(r"(\d+h)?(\d+m)?\d+(\.\d+)?s|\d+ms")
-
-
-@pytest.fixture(scope="module")
-def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpProc]:
-    proc = start_backend(tmp_path_factory.mktemp("backend"), "a")
-    yield proc
-    proc.stop()
 
 
 @pytest.fixture(scope="module")

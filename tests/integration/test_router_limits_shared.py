@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.postgres import Server, running
-from tests.support.procs import HttpProc, start_backend, start_router
+from tests.support.procs import HttpProc, start_router
 from tests.support.waiting import until
 
 KEY = {"authorization": "Bearer k"}
@@ -31,13 +31,6 @@ entries:
 def server() -> Iterator[Server]:
     with running("router-limits-pg-") as pg:
         yield pg
-
-
-@pytest.fixture(scope="module")
-def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpProc]:
-    proc = start_backend(tmp_path_factory.mktemp("backend"), "a")
-    yield proc
-    proc.stop()
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from urllib.parse import unquote
 import httpx
 import pytest
 
-from tests.support.procs import HttpProc, start_backend, start_router
+from tests.support.procs import HttpProc, start_router
 from tests.support.waiting import until
 
 ONE, TWO = {"authorization": "Bearer key-one"}, {"authorization": "Bearer key-two"}
@@ -48,13 +48,6 @@ def docs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (folder / "fan.md").write_text(FAN)
     (folder / "blob.md").write_bytes(b"\x89PNG\0\0binary")
     return folder
-
-
-@pytest.fixture(scope="module")
-def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpProc]:
-    proc = start_backend(tmp_path_factory.mktemp("backend"), "a")
-    yield proc
-    proc.stop()
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.support.procs import HttpProc, free_port_block, start_backend, start_router
+from tests.support.procs import HttpProc, free_port_block, start_router
 
 KEY, OTHER_KEY = "k-one", "k-two"
 
@@ -27,13 +27,6 @@ pools:
 entries:
   fleet: {{default: [p]}}
 """
-
-
-@pytest.fixture(scope="module")
-def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpProc]:
-    proc = start_backend(tmp_path_factory.mktemp("backend"), "a")
-    yield proc
-    proc.stop()
 
 
 @pytest.fixture(scope="module")

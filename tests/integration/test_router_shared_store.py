@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.postgres import Server, running
-from tests.support.procs import HttpProc, start_backend, start_router
+from tests.support.procs import HttpProc, start_router
 from tests.support.waiting import until
 
 ONE, TWO = {"authorization": "Bearer key-one"}, {"authorization": "Bearer key-two"}
@@ -56,13 +56,6 @@ def server() -> Iterator[Server]:
 @pytest.fixture(scope="module")
 def dsn(server: Server) -> str:
     return server.new_database()
-
-
-@pytest.fixture(scope="module")
-def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpProc]:
-    proc = start_backend(tmp_path_factory.mktemp("backend"), "a")
-    yield proc
-    proc.stop()
 
 
 @pytest.fixture(scope="module")
