@@ -40,7 +40,7 @@ from services.router.listeners.asgi import (
 )
 from services.router.listeners.body_workers import BodyWorkers, Parsed, parse
 from services.router.listeners.call import Call
-from services.router.listeners.caller import caller_of
+from services.router.listeners.caller import Caller, caller_of
 from services.router.listeners.codecs.codec import CHAT_PATH, Codec
 from services.router.listeners.codecs.registry import CODECS, error_shape, output_of
 from services.router.listeners.direct import DirectPools
@@ -57,7 +57,7 @@ from services.router.metrics import RouterMetrics
 from services.router.plugins.answer import Recorder
 from services.router.plugins.hooks import Exchange, PluginRefusal
 from services.router.plugins.host import Chain, PluginHost
-from services.router.plugins.identity import tenant_of, user_of
+from services.router.plugins.identity import tenant_of
 from services.router.plugins.store.base import Store
 from services.router.runtime.deployments import Deployments
 
@@ -325,7 +325,7 @@ class RouterApp:
         answering = self.responses.sending(turn, send)  # a stored response is stored before its last piece
         try:
             if chain:
-                exchange = await self._exchange(listener, codec, call, scope)
+                exchange = await self._exchange(listener, codec, call, scope, caller)
                 answered, ran = await self._hooks(chain, exchange)
                 call.headers += exchange.headers
             if answered is not None:
@@ -362,7 +362,8 @@ class RouterApp:
                 by = chain[ran - 1][1].name if answered is not None else None
                 self.plugins.respond(chain[:ran], exchange, answer, by)
 
-    async def _exchange(self, listener: Listener, codec: Codec, call: Call, scope: Scope) -> Exchange:
+    async def _exchange(self, listener: Listener, codec: Codec, call: Call, scope: Scope,
+                        caller: Caller) -> Exchange:
         """The request as its plugins see it. They read and add to the messages: a long body's, left in a
         body worker to route, are decoded here (in a thread). The upstream body becomes a copy of its own,
         so that what hooks add never shows in the client's request."""
@@ -371,15 +372,10 @@ class RouterApp:
             chat.update(await asyncio.to_thread(_decode.decode, call.bulk))
             call.bulk = b""
         call.chat = chat
-        try:
-            user = user_of(call.request, scope["headers"])
-        except ValueError as exc:
-            param = str(exc).partition(":")[0]
-            raise HTTPError(400, str(exc), param=param) from None
         call.recorder = Recorder(chat=codec.upstream_path == CHAT_PATH)
         return Exchange(codec.name, codec.upstream_path == CHAT_PATH, call.choice.entry.name,
                         call.choice.decision.name, call.request, chat,
-                        tenant_of(bool(listener.keys), scope["headers"]), user)
+                        tenant_of(bool(listener.keys), scope["headers"]), caller.user)
 
     async def _hooks(self, chain: Chain, exchange: Exchange) -> tuple[dict[str, Any] | None, int]:
         assert self.plugins is not None  # a chain is only ever built from the host

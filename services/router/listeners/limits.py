@@ -42,7 +42,7 @@ class Line:
 
 
 @dataclass(slots=True)
-class Ticket:
+class Charge:
     """An admitted request's charges, settled once when it ends."""
     lines: tuple[Line, ...]
     tokens: int  # charged at admission (the estimate)
@@ -147,7 +147,7 @@ class RateLimiter:
         return listener.name in self._limited
 
     async def admit(self, listener: ListenerConfig, caller: Caller, chat: dict[str, Any], text: str,
-                    *, headers: list[tuple[bytes, bytes]] | None = None) -> Ticket | None:
+                    *, headers: list[tuple[bytes, bytes]] | None = None) -> Charge | None:
         """The request charged to its budgets, and their state added to `headers` (the response's); None
         where no limit applies. HTTPError 429 over a limit (nothing charged), 503 when shared limits cannot
         be counted (the store down, on_store_error closed)."""
@@ -181,29 +181,29 @@ class RateLimiter:
         if headers is not None:
             headers += rate_headers(lines, clocks, now)
         usage = Usage(_asks_usage(chat)) if tokens else None
-        return Ticket(lines, tokens, shared, usage)
+        return Charge(lines, tokens, shared, usage)
 
-    def settle(self, ticket: Ticket | None, *, status: int, started: bool, cached: bool = False) -> None:
+    def settle(self, charge: Charge | None, *, status: int, started: bool, cached: bool = False) -> None:
         """The request ended with `status`, its response `started` or not. A request the router refused itself
         (nothing started, not because the client left) is given back whole; otherwise its tokens are corrected
         to its answer's usage: none for a cached answer (nothing generated) or an upstream refusal, the
         estimate kept where no usage was seen. Shared budgets are corrected in the background."""
-        if ticket is None:
+        if charge is None:
             return
         refused = not started and status != 499
         if refused or cached or (started and status != 200):
             actual = 0
-        elif ticket.usage is not None and ticket.usage.tokens is not None:
-            actual = ticket.usage.tokens
+        elif charge.usage is not None and charge.usage.tokens is not None:
+            actual = charge.usage.tokens
         else:
-            actual = ticket.tokens
-        costs = [(line.name, -line.seconds(1) if line.kind == "requests" else line.seconds(actual - ticket.tokens))
-                 for line in ticket.lines if line.kind == "tokens" or refused]
+            actual = charge.tokens
+        costs = [(line.name, -line.seconds(1) if line.kind == "requests" else line.seconds(actual - charge.tokens))
+                 for line in charge.lines if line.kind == "tokens" or refused]
         costs = [(name, s) for name, s in costs if s]
         if not costs:
             return
         now = self.clock()
-        if not ticket.shared or self.shared is None:
+        if not charge.shared or self.shared is None:
             self.local.advance(costs, now)
             return
         task = asyncio.get_running_loop().create_task(self.shared.give_back(costs, now))

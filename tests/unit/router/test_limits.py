@@ -20,8 +20,8 @@ from services.router.listeners.buckets import LocalBuckets
 from services.router.listeners.caller import Caller
 from services.router.listeners.limits import (
     DEFAULT_OUTPUT_TOKENS,
+    Charge,
     RateLimiter,
-    Ticket,
     duration,
     estimate_tokens,
 )
@@ -62,7 +62,7 @@ def limiter(listener: ListenerConfig = LISTENER, *, store: FakeStore | None = No
 
 
 def admit(limits: RateLimiter, caller: Caller = ALPHA, chat: dict[str, Any] = CHAT, text: str = "",
-          listener: ListenerConfig = LISTENER) -> tuple[Ticket | None, dict[str, str]]:
+          listener: ListenerConfig = LISTENER) -> tuple[Charge | None, dict[str, str]]:
     headers: list[tuple[bytes, bytes]] = []
     ticket = run(limits.admit(listener, caller, chat, text, headers=headers))
     return ticket, {k.decode(): v.decode() for k, v in headers}
