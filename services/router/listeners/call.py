@@ -34,3 +34,38 @@ class Call:
     async def start(self, send: Send, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.status = status
         await send({"type": "http.response.start", "status": status, "headers": headers + self.headers})
+
+    # ---- the answer as it goes out, to what reads it: the plugins' recorder, the rate limits' usage ----
+
+    def seen_body(self, raw: bytes) -> None:
+        """A passed-through JSON body."""
+        if self.recorder is not None:
+            self.recorder.body(raw)
+        if self.usage is not None:
+            self.usage.body(raw)
+
+    def seen_raw(self, data: bytes) -> None:
+        """Passed-through SSE bytes."""
+        if self.recorder is not None:
+            self.recorder.raw(data)
+        if self.usage is not None:
+            self.usage.raw(data)
+
+    def seen_chunk(self, chunk: dict[str, Any]) -> None:
+        """One decoded upstream chunk of a translated stream."""
+        if self.recorder is not None:
+            self.recorder.chunk(chunk)
+        if self.usage is not None:
+            self.usage.chunk(chunk)
+
+    def seen_whole(self, completion: dict[str, Any]) -> None:
+        """A whole chat or text completion."""
+        if self.recorder is not None:
+            self.recorder.whole(completion)
+        if self.usage is not None:
+            self.usage.whole(completion)
+
+    def seen_end(self, done: bool = True) -> None:
+        """The answer ended: `done` false when upstream broke off."""
+        if self.recorder is not None:
+            self.recorder.end(done)

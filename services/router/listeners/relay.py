@@ -70,20 +70,14 @@ class Relay:
         try:
             if not streaming:
                 body = await response.read()
-                if call.recorder is not None:
-                    call.recorder.body(body)
-                if call.usage is not None:
-                    call.usage.body(body)
+                call.seen_body(body)
                 await call.start(send, 200, [(b"content-type", content_type),
                                              (b"content-length", str(len(body)).encode())])
                 await send({"type": "http.response.body", "body": body, "more_body": False})
                 return True
             await call.start(send, 200, [(b"content-type", content_type)])
             async for chunk in response.chunks():
-                if call.recorder is not None:
-                    call.recorder.raw(chunk)
-                if call.usage is not None:
-                    call.usage.raw(chunk)
+                call.seen_raw(chunk)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except READ_ERRORS as exc:
             log.warning("upstream %s broke off a response: %s", response.url, exc)
@@ -92,11 +86,9 @@ class Relay:
             if streaming:
                 tail = call.codec.stream(call.request).error(f"upstream failed mid-stream: {type(exc).__name__}")
                 await send({"type": "http.response.body", "body": tail, "more_body": False})
-            if call.recorder is not None:
-                call.recorder.end(False)
+            call.seen_end(False)
             return False
-        if call.recorder is not None:
-            call.recorder.end()
+        call.seen_end()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return True
 
@@ -117,10 +109,7 @@ class Relay:
                 elif data.strip():
                     try:
                         chunk = decode_object(data)
-                        if call.recorder is not None:
-                            call.recorder.chunk(chunk)
-                        if call.usage is not None:
-                            call.usage.chunk(chunk)
+                        call.seen_chunk(chunk)
                         out.append(shaped(stream.feed, chunk))
                     except UpstreamError as exc:
                         bad = exc
@@ -138,18 +127,14 @@ class Relay:
             log.warning("upstream %s broke off a stream: %s", response.url, exc)
         # A stream that ended without [DONE] (or was no event stream at all) broke off.
         tail = stream.finish() if done else stream.error("upstream ended the stream early")
-        if call.recorder is not None:
-            call.recorder.end(done)
+        call.seen_end(done)
         await send({"type": "http.response.body", "body": tail, "more_body": False})
         return done
 
     async def send_adapted(self, call: Call, chat: dict[str, Any], send: Send) -> None:
         """A whole upstream answer as the API's response body."""
         body = shaped(call.codec.from_chat, chat, call.request)
-        if call.recorder is not None:
-            call.recorder.whole(chat)
-        if call.usage is not None:
-            call.usage.whole(chat)
+        call.seen_whole(chat)
         if call.escalation is not None:
             body["router"] = call.escalation
         data = _json.encode(body)
@@ -167,10 +152,7 @@ class Relay:
         chunks = shaped(as_chunks, completion, chat=call.codec.upstream_path == CHAT_PATH, include_usage=usage)
         stream = call.codec.stream(call.request)
         body = stream.start() + b"".join(shaped(stream.feed, c) for c in chunks) + stream.finish()
-        if call.recorder is not None:
-            call.recorder.whole(completion)
-        if call.usage is not None:
-            call.usage.whole(completion)
+        call.seen_whole(completion)
         await call.start(send, 200, SSE)
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
