@@ -103,8 +103,9 @@ def duration(seconds: float) -> str:
 
 
 def remaining(line: Line, at: float, now: float) -> int:
-    """What is left of the line's budget with its clock at `at`: a minute's worth less what is ahead of now."""
-    ahead = max(0.0, at - now)
+    """What is left of the line's budget with its clock at `at`: a minute's worth less what is ahead of now.
+    A shared clock comes back rounded to the microsecond, so up to _SLACK_S ahead is nothing ahead."""
+    ahead = max(0.0, at - now - _SLACK_S)
     return max(0, math.floor((WINDOW_S - ahead) * line.per_minute / WINDOW_S + 1e-9))
 
 

@@ -21,9 +21,11 @@ from services.router.listeners.caller import Caller
 from services.router.listeners.limits import (
     DEFAULT_OUTPUT_TOKENS,
     Charge,
+    Line,
     RateLimiter,
     duration,
     estimate_tokens,
+    remaining,
 )
 from services.router.listeners.usage import Usage
 from services.router.metrics import RouterMetrics
@@ -339,3 +341,13 @@ def test_usage_is_read_from_bodies_streams_and_chunks() -> None:
     bad.body(msgspec.json.encode({"usage": {"total_tokens": -1}}))
     bad.whole({"usage": "many"})
     assert bad.tokens is None
+
+
+def test_remaining_is_not_cut_by_a_store_clocks_microsecond_rounding() -> None:
+    """The shared clocks are whole microseconds: a first request of a 4-per-minute budget leaves 3, whether
+    the store rounded the clock up or down (the header said 2 when it came back a fraction of a µs ahead)."""
+    line = Line("requests:tenant:t", "requests", "tenant", 4, "tenant 't'")
+    now = 1_796_280_000.1234567
+    for rounding in (-0.9e-6, 0.0, 0.9e-6):
+        assert remaining(line, now + 15 + rounding, now) == 3
+    assert remaining(line, now + 15 + 2e-6, now) == 2  # beyond the rounding, a real part of a request
