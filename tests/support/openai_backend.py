@@ -4,9 +4,11 @@
 Chat and completions, streamed or not, answer `reply` (default "<name>:<model>") with no delay unless
 told; `POST /classify` answers in vLLM's pooling shape with the same `probs` for every input (a stand-in
 for a classifier worker, its top class named by `labels`); its behaviour changes at run time through
-POST /admin/config (status, delay_s, chunk_delay_s, chunks, reply, finish_reason, healthy, newline,
-raw_body, probs, labels), POST /admin/reset restores the defaults and zeroes the stats, and it reports
-what it saw at GET /admin/stats.
+POST /admin/config (status, delay_s, held, chunk_delay_s, chunks, reply, finish_reason, healthy,
+newline, raw_body, probs, labels), POST /admin/reset restores the defaults and zeroes the stats, and it
+reports what it saw at GET /admin/stats (`prompts` lists each generation's last message or prompt, in the
+order they arrived). `held: true` keeps every generation waiting, in flight, until set back to false: a
+test can fill a queue without racing a timer.
 """
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ class Backend:
     def __init__(self, name: str) -> None:
         self.name = name
         self.settings: dict[str, Any] = {}
-        self.defaults: dict[str, Any] = {"status": 200, "delay_s": 0.0, "chunk_delay_s": 0.0, "chunks": 3,
+        self.defaults: dict[str, Any] = {"status": 200, "delay_s": 0.0, "held": False, "chunk_delay_s": 0.0,
+                                         "chunks": 3,
                                          "reply": None, "finish_reason": "stop", "healthy": True,
                                          # Misbehaviours: SSE line ending, and a body to send instead of
                                          # the completion (as is, or as one event's data when streaming).
@@ -40,7 +43,7 @@ class Backend:
         self.settings = dict(self.defaults)
         inflight, streaming = self.stats.get("inflight", 0), self.stats.get("streaming", 0)
         self.stats = {"requests": 0, "inflight": inflight, "streaming": streaming, "completed": 0,
-                      "disconnected": 0, "models": [], "last_body": None}
+                      "disconnected": 0, "models": [], "prompts": [], "last_body": None}
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -72,9 +75,12 @@ class Backend:
         body = _decode.decode(raw)
         stats["requests"] += 1
         stats["models"].append(body.get("model"))
+        stats["prompts"].append(_prompt(body))
         stats["last_body"] = body
         stats["inflight"] += 1
         try:
+            while self.settings["held"]:
+                await asyncio.sleep(0.01)
             if s["delay_s"]:
                 await asyncio.sleep(s["delay_s"])
             if s["status"] != 200:
@@ -157,6 +163,14 @@ class Backend:
         finally:
             self.stats["streaming"] -= 1
             watcher.cancel()
+
+
+def _prompt(body: dict[str, Any]) -> Any:
+    """The last message's content of a chat body, or a completion's prompt."""
+    messages = body.get("messages")
+    if isinstance(messages, list) and messages and isinstance(messages[-1], dict):
+        return messages[-1].get("content")
+    return body.get("prompt")
 
 
 def _completion(chat: bool, body: dict[str, Any], text: str, finish: str) -> dict[str, Any]:
