@@ -73,6 +73,18 @@ class Podman:
     def image_exists(self, name: str) -> bool:
         return self.run("image", "exists", name, check=False).returncode == 0
 
+    def build(self, dockerfile: Path, tag: str, context: Path, base: str | None = None,
+              timeout_s: float = 1800) -> None:
+        """`podman build` of one Dockerfile, FROM `base` when given (else the Dockerfile's default), with the
+        host's CA bundle mounted so that pip inside the build can verify the package index."""
+        args = ["build", "-f", str(dockerfile), "-t", tag]
+        if base is not None:
+            args += ["--build-arg", f"BASE={base}"]
+        bundle = ca_bundle()
+        if bundle is not None:
+            args += ["-v", f"{bundle}:{bundle}:ro"]
+        self.run(*args, str(context), timeout_s=timeout_s)
+
     def ensure_base(self, name: str = BASE_IMAGE, timeout_s: float = 600) -> str:
         """A Debian bookworm base with python3 built by mmdebstrap and imported, unless already there:
         the stand-in for `python:3.11-slim` where no registry can be reached. Returns its name."""
