@@ -1,15 +1,19 @@
-"""deploy/k8s: every manifest (the base, the cpu overlay rendered, the optional Ingress) validates
-against the Kubernetes 1.30 schemas offline, and what the schemas cannot see holds: container args
-parse with the services' own CLI parsers, Services, probes and NetworkPolicies point at real ports
-and pods, the frontends dial the StatefulSet's stable names, and the router's ConfigMap passes its
-config validation."""
+"""deploy/k8s: every tree as `kubectl kustomize` renders it (the base, the cpu overlay) and every
+manifest of optional/ validates against the Kubernetes 1.30 schemas offline; the cpu overlay changes
+exactly the fields it means to; and what the schemas cannot see holds: container args parse with the
+services' own CLI parsers, Services, probes and NetworkPolicies point at real ports and pods, the
+frontends dial the StatefulSet's stable names, and the router's ConfigMap passes its config validation."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
@@ -26,7 +30,9 @@ from services.router.metrics import RouterMetrics
 from tests.support.asgi_client import request
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.frontend_app import frontend_app
-from tests.support.kustomize import Resource, Unsupported, apply_json6902, build, load_documents
+
+Resource = dict[str, Any]
+Fleet = dict[tuple[str, str], Resource]
 
 K8S = Path(__file__).resolve().parents[3] / "deploy" / "k8s"
 K8S_VERSION = "1.30"
@@ -34,17 +40,67 @@ TREES = {"base": K8S / "base", "cpu": K8S / "overlays" / "cpu"}
 IMAGES = {"slim": "ghcr.io/fleet/fleet-slim:0.1.0", "cuda": "ghcr.io/fleet/fleet-engine-cuda:0.1.0",
           "cpu": "ghcr.io/fleet/fleet-engine-cpu:0.1.0"}
 
+# The Prometheus Operator's CRDs are not among kubernetes_validate's schemas. A monitoring.coreos.com/v1
+# manifest is checked against what a ServiceMonitor needs to scrape anything instead of being skipped;
+# tests/e2e/test_dashboards.py checks its selector and ports against the Services.
+MONITORING = "monitoring.coreos.com/v1"
+SERVICE_MONITOR = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "kind": {"const": "ServiceMonitor"},
+        "metadata": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string",
+                                                                                      "minLength": 1}}},
+        "spec": {"type": "object", "required": ["selector", "endpoints"], "properties": {
+            # Empty, it would select every Service in the namespace.
+            "selector": {"type": "object", "minProperties": 1},
+            "endpoints": {"type": "array", "minItems": 1, "items": {
+                "type": "object", "anyOf": [{"required": ["port"]}, {"required": ["targetPort"]}]}}}},
+    },
+}
 
-def _rendered(tree: str) -> dict[tuple[str, str], Resource]:
-    resources = build(TREES[tree])
+
+def kubectl_kustomize(directory: Path) -> subprocess.CompletedProcess[str]:
+    """`kubectl kustomize DIRECTORY`: kubectl's built-in kustomize (v5), as `kubectl apply -k` renders."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.fail("kubectl is not on PATH: tests/unit/deploy/test_k8s.py renders deploy/k8s with "
+                    "`kubectl kustomize` (kubectl 1.27 or later ships kustomize v5). Install kubectl "
+                    "(on Debian: the Kubernetes apt repository's `kubectl` package).", pytrace=False)
+    return subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=60,
+                          check=False)
+
+
+def render(directory: Path) -> list[Resource]:
+    run = kubectl_kustomize(directory)
+    if run.returncode != 0:
+        pytest.fail(f"`kubectl kustomize {directory}` exited {run.returncode}: {run.stderr.strip()}", pytrace=False)
+    return [d for d in yaml.safe_load_all(run.stdout) if d is not None]
+
+
+def _by_key(resources: list[Resource]) -> Fleet:
     by_key = {(r["kind"], r["metadata"]["name"]): r for r in resources}
     assert len(by_key) == len(resources), "two resources share a kind and name"
     return by_key
 
 
-@pytest.fixture(scope="module", params=sorted(TREES))
-def fleet(request: pytest.FixtureRequest) -> tuple[str, dict[tuple[str, str], Resource]]:
-    return request.param, _rendered(request.param)
+@pytest.fixture(scope="module")
+def trees() -> dict[str, Fleet]:
+    """Each tree rendered once for the module: one kubectl call per tree."""
+    return {tree: _by_key(render(path)) for tree, path in TREES.items()}
+
+
+@pytest.fixture(scope="module")
+def optional() -> list[tuple[str, Resource]]:
+    """optional/'s manifests, applied as they are (`kubectl apply -f`): no kustomization renders them."""
+    return [(f"{path.name}: {doc['kind']}/{doc['metadata']['name']}", doc)
+            for path in sorted((K8S / "optional").glob("*.yaml"))
+            for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+
+
+@pytest.fixture(params=sorted(TREES))
+def fleet(request: pytest.FixtureRequest, trees: dict[str, Fleet]) -> tuple[str, Fleet]:
+    return request.param, trees[request.param]
 
 
 def _pod(workload: Resource) -> dict[str, Any]:
@@ -73,50 +129,134 @@ def _selects(selector: dict[str, str], workload: Resource) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
 
 
-def _workloads(fleet: dict[tuple[str, str], Resource]) -> list[Resource]:
+def _workloads(fleet: Fleet) -> list[Resource]:
     return [r for (kind, _), r in fleet.items() if kind in ("Deployment", "StatefulSet")]
 
 
-# Schemas
+# Rendering and schemas
 
 
-def _documents() -> list[tuple[str, Resource]]:
-    docs = [(f"{tree}: {r['kind']}/{r['metadata']['name']}", r) for tree in TREES for r in build(TREES[tree])]
-    docs += [(f"optional: {r['kind']}/{r['metadata']['name']}", r)
-             for path in sorted((K8S / "optional").glob("*.yaml")) for r in load_documents(path)]
-    return docs
+def test_every_kustomization_under_deploy_k8s_is_rendered_here() -> None:
+    assert {p.parent for p in K8S.rglob("kustomization.yaml")} == set(TREES.values())
 
 
-@pytest.mark.parametrize(("name", "doc"), _documents(), ids=[n for n, _ in _documents()])
-def test_each_manifest_validates_against_the_kubernetes_schemas(name: str, doc: Resource) -> None:
-    kubernetes_validate.validate(doc, K8S_VERSION, strict=True)  # raises, naming the field
+def test_a_missing_kubectl_fails_saying_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(pytest.fail.Exception, match="kubectl is not on PATH"):
+        render(TREES["cpu"])
 
 
-def test_a_misspelt_field_fails_validation() -> None:
-    deployment = dict(_rendered("base")[("Deployment", "frontend")])
-    deployment["spec"] = {**deployment["spec"], "replica": 2}
+def _validate(doc: Resource) -> None:
+    """Raises, naming the field."""
+    if doc["apiVersion"] == MONITORING:
+        jsonschema.validate(doc, SERVICE_MONITOR)
+    else:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("tree", [*sorted(TREES), "optional"])
+def test_each_manifest_validates_against_the_kubernetes_schemas(
+        tree: str, trees: dict[str, Fleet], optional: list[tuple[str, Resource]]) -> None:
+    docs = optional if tree == "optional" else [(f"{kind}/{name}", r) for (kind, name), r in trees[tree].items()]
+    assert docs
+    failures = []
+    for name, doc in docs:
+        try:
+            _validate(doc)
+        except (kubernetes_validate.ValidationError, kubernetes_validate.SchemaNotFoundError,
+                jsonschema.ValidationError) as e:
+            failures.append(f"{tree}: {name}: {e}")
+    assert not failures, "\n".join(failures)
+
+
+def test_a_misspelt_field_fails_validation(trees: dict[str, Fleet]) -> None:
+    deployment = copy.deepcopy(trees["base"][("Deployment", "frontend")])
+    deployment["spec"]["replica"] = 2
     with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
+        _validate(deployment)
 
 
-# The renderer
+def test_a_service_monitor_is_checked_and_an_unknown_kind_is_not_skipped() -> None:
+    monitor = {"apiVersion": MONITORING, "kind": "ServiceMonitor", "metadata": {"name": "fleet"},
+               "spec": {"selector": {"matchLabels": {"app.kubernetes.io/name": "fleet"}},
+                        "endpoints": [{"port": "http", "path": "/metrics"}, {"port": "metrics"}]}}
+    _validate(monitor)
+    for broken in ({"endpoints": []}, {"selector": {}}, {"endpoints": [{"path": "/metrics"}]}):
+        with pytest.raises(jsonschema.ValidationError):
+            _validate({**monitor, "spec": {**monitor["spec"], **broken}})
+    with pytest.raises(jsonschema.ValidationError):  # no local expectation for another kind of the CRDs
+        _validate({**monitor, "kind": "PodMonitor"})
+    with pytest.raises(kubernetes_validate.SchemaNotFoundError):
+        _validate({**monitor, "apiVersion": "example.com/v1"})
 
 
-def test_renderer_applies_json6902_and_refuses_what_it_does_not_implement(tmp_path: Path) -> None:
-    doc = {"a": {"b": [1, 2], "c": 3}}
-    assert apply_json6902(doc, [{"op": "replace", "path": "/a/b/1", "value": 9}, {"op": "remove", "path": "/a/c"},
-                                {"op": "add", "path": "/a/b/-", "value": 4}, {"op": "add", "path": "/a/d~1e",
-                                                                              "value": 5}]) == \
-        {"a": {"b": [1, 9, 4], "d/e": 5}}
-    with pytest.raises(KeyError):
-        apply_json6902(doc, [{"op": "remove", "path": "/a/missing"}])
-    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(
-        {"resources": [], "patches": [{"target": {"kind": "X"}, "patch": "spec: {replicas: 3}"}]}))
-    with pytest.raises(Unsupported):
-        build(tmp_path)
-    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({"images": [{"name": "x"}]}))
-    with pytest.raises(Unsupported):
-        build(tmp_path)
+# What the cpu overlay changes
+
+
+ABSENT = "<absent>"
+CONTAINER = "/spec/template/spec/containers/0"
+# Each field the overlay changes, as a JSON pointer: (the base's value, the overlay's). A patch kustomize
+# applies otherwise than meant shows here: a merge that keeps a GPU request, an image rule that misses,
+# a positional patch on the wrong arg, a resource not dropped.
+CPU_CHANGES: dict[tuple[str, str], dict[str, tuple[Any, Any]]] = {
+    ("StatefulSet", "engine"): {
+        f"{CONTAINER}/image": (IMAGES["cuda"], IMAGES["cpu"]),
+        f"{CONTAINER}/args/4": ("/models/model", "tiny"),
+        f"{CONTAINER}/resources/requests/cpu": ("4", "2"),
+        f"{CONTAINER}/resources/requests/memory": ("32Gi", "4Gi"),
+        f"{CONTAINER}/resources/requests/nvidia.com~1gpu": ("1", ABSENT),
+        f"{CONTAINER}/resources/limits/memory": ("64Gi", "8Gi"),
+        f"{CONTAINER}/resources/limits/nvidia.com~1gpu": ("1", ABSENT),
+        "/spec/template/spec/nodeSelector": ({"nvidia.com/gpu.present": "true"}, ABSENT),
+        "/spec/template/spec/tolerations": ([{"key": "nvidia.com/gpu", "operator": "Exists",
+                                              "effect": "NoSchedule"}], ABSENT),
+        "/spec/template/spec/volumes/0/emptyDir/sizeLimit": ("8Gi", "1Gi"),  # shm
+        "/spec/volumeClaimTemplates/0/spec/resources/requests/storage": ("200Gi", "2Gi"),
+    },
+    ("Deployment", "frontend"): {
+        f"{CONTAINER}/args/1": ("/models/model", "tiny"),
+        f"{CONTAINER}/args/15": ("900", "300"),  # --handshake-timeout
+        "/spec/template/spec/volumes/0/persistentVolumeClaim": ({"claimName": "model-files", "readOnly": True},
+                                                                ABSENT),
+        "/spec/template/spec/volumes/0/emptyDir": (ABSENT, {}),
+    },
+}
+
+
+def _changes(base: Any, overlay: Any, path: str = "") -> dict[str, tuple[Any, Any]]:
+    """The fields that differ, each at the outermost path where one side lacks it or has another value."""
+    if isinstance(base, dict) and isinstance(overlay, dict):
+        changes: dict[str, tuple[Any, Any]] = {}
+        for key in base.keys() | overlay.keys():
+            pointer = f"{path}/{str(key).replace('~', '~0').replace('/', '~1')}"
+            changes.update(_changes(base.get(key, ABSENT), overlay.get(key, ABSENT), pointer))
+        return changes
+    if isinstance(base, list) and isinstance(overlay, list) and len(base) == len(overlay):
+        return {k: v for i, (b, o) in enumerate(zip(base, overlay, strict=True))
+                for k, v in _changes(b, o, f"{path}/{i}").items()}
+    return {} if base == overlay else {path: (base, overlay)}
+
+
+def test_the_cpu_overlay_changes_exactly_what_it_means_to(trees: dict[str, Fleet]) -> None:
+    base, cpu = trees["base"], trees["cpu"]
+    assert set(base) - set(cpu) == {("PersistentVolumeClaim", "model-files")} and set(cpu) <= set(base)
+    changed = {key: changes for key in cpu if (changes := _changes(base[key], cpu[key]))}
+    assert set(changed) == set(CPU_CHANGES)
+    for key, expected in CPU_CHANGES.items():
+        assert changed[key] == expected, key
+
+
+def test_the_cpu_overlay_refuses_a_base_whose_args_moved(tmp_path: Path) -> None:
+    """The positional patches test their neighbour: a base with a flag more fails the build, naming the
+    arg, instead of setting `tiny` on whatever arg came to stand at that index."""
+    shutil.copytree(K8S, tmp_path / "k8s")
+    engine = tmp_path / "k8s" / "base" / "engine.yaml"
+    flag = "            - --headless\n"
+    assert engine.read_text().count(flag) == 1
+    engine.write_text(engine.read_text().replace(flag, flag + flag.replace("--headless", "--enable-lora")))
+    run = kubectl_kustomize(tmp_path / "k8s" / "overlays" / "cpu")
+    assert run.returncode != 0
+    assert "/spec/template/spec/containers/0/args/3" in run.stderr and "test failed" in run.stderr, run.stderr
 
 
 # Engines
@@ -130,7 +270,7 @@ def _token_secret(container: dict[str, Any]) -> tuple[str, str]:
     return ref["name"], ref["key"]
 
 
-def test_engines_and_frontends_take_one_token_from_one_secret(fleet: Any) -> None:
+def test_engines_and_frontends_take_one_token_from_one_secret(fleet: tuple[str, Fleet]) -> None:
     _, resources = fleet
     engine = _container(resources[("StatefulSet", "engine")])
     frontend = _container(resources[("Deployment", "frontend")])
@@ -140,7 +280,7 @@ def test_engines_and_frontends_take_one_token_from_one_secret(fleet: Any) -> Non
 
 
 def test_engine_args_parse_and_each_pod_is_its_own_rank_on_the_declared_ports(
-        fleet: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+        fleet: tuple[str, Fleet], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     tree, resources = fleet
     sts = resources[("StatefulSet", "engine")]
     c = _container(sts)
@@ -165,7 +305,7 @@ def test_engine_args_parse_and_each_pod_is_its_own_rank_on_the_declared_ports(
         assert _pod(sts)["terminationGracePeriodSeconds"] > config.drain_timeout_s
 
 
-def test_engine_readiness_is_the_handshake_probe_on_the_router_port(fleet: Any) -> None:
+def test_engine_readiness_is_the_handshake_probe_on_the_router_port(fleet: tuple[str, Fleet]) -> None:
     _, resources = fleet
     sts = resources[("StatefulSet", "engine")]
     c = _container(sts)
@@ -178,7 +318,7 @@ def test_engine_readiness_is_the_handshake_probe_on_the_router_port(fleet: Any) 
         assert args.timeout < c[kind]["timeoutSeconds"]
 
 
-def test_engines_get_a_gpu_in_the_base_and_none_in_the_cpu_overlay(fleet: Any) -> None:
+def test_engines_get_a_gpu_in_the_base_and_none_in_the_cpu_overlay(fleet: tuple[str, Fleet]) -> None:
     tree, resources = fleet
     sts = resources[("StatefulSet", "engine")]
     pod, c = _pod(sts), _container(sts)
@@ -197,7 +337,7 @@ def test_engines_get_a_gpu_in_the_base_and_none_in_the_cpu_overlay(fleet: Any) -
 # Frontends
 
 
-def test_frontends_dial_every_engine_by_its_stable_name_and_port(fleet: Any) -> None:
+def test_frontends_dial_every_engine_by_its_stable_name_and_port(fleet: tuple[str, Fleet]) -> None:
     tree, resources = fleet
     sts, service = resources[("StatefulSet", "engine")], resources[("Service", "engine")]
     assert service["spec"]["clusterIP"] == "None" and sts["spec"]["serviceName"] == service["metadata"]["name"]
@@ -223,8 +363,8 @@ def test_frontends_dial_every_engine_by_its_stable_name_and_port(fleet: Any) -> 
     assert config.handshake_timeout_s == (300 if tree == "cpu" else 900)
 
 
-def test_frontend_probes_answer_200_on_the_app() -> None:
-    frontend = _rendered("base")[("Deployment", "frontend")]
+def test_frontend_probes_answer_200_on_the_app(trees: dict[str, Fleet]) -> None:
+    frontend = trees["base"][("Deployment", "frontend")]
     c = _container(frontend)
     app = frontend_app()  # one engine handshaken: /ready passes
     for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
@@ -234,7 +374,7 @@ def test_frontend_probes_answer_200_on_the_app() -> None:
     assert (c["livenessProbe"]["httpGet"]["path"], c["readinessProbe"]["httpGet"]["path"]) == ("/health", "/ready")
 
 
-def test_the_autoscaler_and_disruption_budgets_cover_their_workloads(fleet: Any) -> None:
+def test_the_autoscaler_and_disruption_budgets_cover_their_workloads(fleet: tuple[str, Fleet]) -> None:
     _, resources = fleet
     frontend = resources[("Deployment", "frontend")]
     hpa = resources[("HorizontalPodAutoscaler", "frontend")]["spec"]
@@ -248,11 +388,11 @@ def test_the_autoscaler_and_disruption_budgets_cover_their_workloads(fleet: Any)
     assert engines["maxUnavailable"] < resources[("StatefulSet", "engine")]["spec"]["replicas"]
 
 
-def test_the_cpu_overlay_needs_no_shared_checkpoint_volume() -> None:
-    cpu = _rendered("cpu")
+def test_the_cpu_overlay_needs_no_shared_checkpoint_volume(trees: dict[str, Fleet]) -> None:
+    cpu = trees["cpu"]
     assert ("PersistentVolumeClaim", "model-files") not in cpu
     assert "persistentVolumeClaim" not in yaml.safe_dump(_pod(cpu[("Deployment", "frontend")]))
-    base = _rendered("base")
+    base = trees["base"]
     claims = [v["persistentVolumeClaim"]["claimName"] for v in _pod(base[("Deployment", "frontend")])["volumes"]
               if "persistentVolumeClaim" in v]
     assert claims == ["model-files"] and ("PersistentVolumeClaim", "model-files") in base
@@ -261,7 +401,7 @@ def test_the_cpu_overlay_needs_no_shared_checkpoint_volume() -> None:
 # Router
 
 
-def _router_config(resources: dict[tuple[str, str], Resource]) -> tuple[Any, Any]:
+def _router_config(resources: Fleet) -> tuple[Any, Any]:
     router = resources[("Deployment", "router")]
     c = _container(router)
     assert c["command"] == ["python", "-m", "services.router"]
@@ -273,7 +413,7 @@ def _router_config(resources: dict[tuple[str, str], Resource]) -> tuple[Any, Any
     return args, parse_config(yaml.safe_load(text), "router-config", env={})
 
 
-def test_the_router_config_map_validates_and_points_at_the_frontend_service(fleet: Any) -> None:
+def test_the_router_config_map_validates_and_points_at_the_frontend_service(fleet: tuple[str, Fleet]) -> None:
     _, resources = fleet
     args, config = _router_config(resources)
     assert args.port is None  # the listeners' ports are the config's
@@ -290,8 +430,8 @@ def test_the_router_config_map_validates_and_points_at_the_frontend_service(flee
     assert all(listener.host == "0.0.0.0" for listener in config.listeners)
 
 
-def test_router_probes_answer_200_on_the_app_without_an_api_key() -> None:
-    resources = _rendered("base")
+def test_router_probes_answer_200_on_the_app_without_an_api_key(trees: dict[str, Fleet]) -> None:
+    resources = trees["base"]
     _, config = _router_config(resources)
     router = resources[("Deployment", "router")]
     c = _container(router)
@@ -309,7 +449,7 @@ def test_router_probes_answer_200_on_the_app_without_an_api_key() -> None:
 # Services and NetworkPolicies
 
 
-def test_each_service_selects_one_workload_and_targets_its_named_ports(fleet: Any) -> None:
+def test_each_service_selects_one_workload_and_targets_its_named_ports(fleet: tuple[str, Fleet]) -> None:
     _, resources = fleet
     for (kind, name), service in resources.items():
         if kind != "Service":
@@ -324,7 +464,8 @@ def test_each_service_selects_one_workload_and_targets_its_named_ports(fleet: An
     assert {p["name"] for p in resources[("Service", "router")]["spec"]["ports"]} == {"http", "metrics"}
 
 
-def test_network_policies_let_only_frontends_reach_engines_and_only_the_router_reach_frontends(fleet: Any) -> None:
+def test_network_policies_let_only_frontends_reach_engines_and_only_the_router_reach_frontends(
+        fleet: tuple[str, Fleet]) -> None:
     _, resources = fleet
     engine, frontend, router = (resources[("StatefulSet", "engine")], resources[("Deployment", "frontend")],
                                 resources[("Deployment", "router")])
@@ -340,7 +481,17 @@ def test_network_policies_let_only_frontends_reach_engines_and_only_the_router_r
         assert sorted(p["port"] for p in rule["ports"]) == sorted(_ports(target).values())
 
 
-def test_every_pod_runs_as_non_root_and_drops_capabilities(fleet: Any) -> None:
+def test_the_ingress_routes_to_the_routers_public_port(trees: dict[str, Fleet],
+                                                       optional: list[tuple[str, Resource]]) -> None:
+    ((_, ingress),) = [(n, d) for n, d in optional if d["kind"] == "Ingress"]
+    router = trees["base"][("Service", "router")]
+    backends = [path["backend"]["service"] for rule in ingress["spec"]["rules"] for path in rule["http"]["paths"]]
+    assert backends == [{"name": router["metadata"]["name"], "port": {"name": "http"}}]
+    assert "http" in {p["name"] for p in router["spec"]["ports"]}
+    assert {h for t in ingress["spec"]["tls"] for h in t["hosts"]} == {r["host"] for r in ingress["spec"]["rules"]}
+
+
+def test_every_pod_runs_as_non_root_and_drops_capabilities(fleet: tuple[str, Fleet]) -> None:
     _, resources = fleet
     for workload in _workloads(resources):
         assert _pod(workload)["securityContext"]["runAsNonRoot"] is True
