@@ -3,6 +3,7 @@ by its labels and scrapes a port that Service names, on a container port that se
 NetworkPolicy beside them opens that port on the frontends, whose base policy admits only the router."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -80,3 +81,15 @@ def test_prometheus_may_reach_the_frontends_metrics_port() -> None:
     [rule] = policy["spec"]["ingress"]
     assert {"protocol": "TCP", "port": http} in rule["ports"]
     assert rule["from"][0]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}
+
+
+def test_monitors_scrape_as_often_as_the_compose_config() -> None:
+    """The dashboards' $__rate_interval follows the data source's scrape interval: one value for both
+    ways of deploying, and the operator's duration format (the CRD's pattern)."""
+    shipped = yaml.safe_load((K8S.parent / "observability" / "prometheus.yml").read_text())
+    for name, monitor in _monitors().items():
+        for endpoint in monitor["spec"]["endpoints"]:
+            assert re.fullmatch(r"(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?"
+                                r"(([0-9]+)ms)?)", endpoint["interval"]), name
+            assert endpoint["interval"] == shipped["global"]["scrape_interval"], name
+            assert endpoint["scrapeTimeout"] == shipped["global"]["scrape_timeout"], name
