@@ -146,6 +146,10 @@ class Metrics:
                       buckets=_REQUEST_LATENCY, registry=r),
             Histogram("vllm:request_num_preemptions", "Number of times a request was preempted.", ranked,
                       buckets=_PREEMPTIONS, registry=r),
+            # vLLM's per-request mean of the decode phase per token after the first (what its published
+            # dashboard's "Time Per Output Token" panel charts), not the per-token inter-token latency.
+            Histogram("vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds "
+                      "per request.", ranked, buckets=_LATENCY, registry=r),
         )
         self._phases: dict[int, tuple[Histogram, ...]] = {}  # per rank: the families' children
         self._engines: _EngineCollector | None = None
@@ -173,15 +177,17 @@ class Metrics:
     def parent(n: int) -> Parent:
         return Parent(n, n)
 
-    def request_timings(self, rank: int, timings: RequestTimings, decode_time: float | None = None) -> None:
+    def request_timings(self, rank: int, timings: RequestTimings, decode_time: float | None = None, *,
+                        generated: int) -> None:
         """A finished request's phases as engine `rank` measured them, once per request (vLLM's
-        definitions: inference = prefill + decode). `decode_time` stands in for the engine's when the
-        frontend ended the request itself (a stop string), before the engine's last figure."""
+        definitions: inference = prefill + decode; time per output token = decode / (generated - 1), 0
+        with one token or none). `decode_time` stands in for the engine's when the frontend ended the
+        request itself (a stop string), before the engine's last figure."""
         children = self._phases.get(rank)
         if children is None:
             engine = str(rank)
             children = self._phases[rank] = tuple(f.labels(self._model, engine) for f in self._phase_families)
-        queue, prefill, decode, inference, preemptions = children
+        queue, prefill, decode, inference, preemptions, per_token = children
         if decode_time is None:
             decode_time = timings.decode_time
         queue.observe(timings.queued_time)
@@ -189,6 +195,7 @@ class Metrics:
         decode.observe(decode_time)
         inference.observe(timings.prefill_time + decode_time)
         preemptions.observe(timings.num_preemptions)
+        per_token.observe(decode_time / (generated - 1) if generated > 1 else 0.0)
 
     def watch_engines(self, views: Callable[[], Iterable[EngineView]]) -> None:
         """Engine-side figures (vLLM's scheduler and cache metrics, per `engine` rank) read from

@@ -313,7 +313,7 @@ class OutputProcessor:
         if self._trace is not None:
             self._trace.finish(self.finish, self.completion_tokens, self.cached_tokens, timings)
         if timings is not None:  # None from engines older than protocol 1.4
-            m.request_timings(self.stream.rank, timings, decode_time)
+            m.request_timings(self.stream.rank, timings, decode_time, generated=self.completion_tokens)
 
     def _place_again(self) -> bool:
         """A draining rank turned the request away, it could not be sent to its rank, or its rank died

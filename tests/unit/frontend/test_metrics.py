@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from protocol import ITERATION_TOKENS_BUCKETS, Stats
+from protocol import ITERATION_TOKENS_BUCKETS, RequestTimings, Stats
 from services.frontend.generation.metrics import EngineView, Metrics
 
 
@@ -36,3 +36,17 @@ def test_preemptions_and_iteration_tokens_per_rank_from_the_latest_stats() -> No
     assert (at("vllm:iteration_tokens_total_count", 0), at("vllm:iteration_tokens_total_sum", 0)) == (8, 20065)
     for rank in (1, 2):
         assert (at("vllm:iteration_tokens_total_count", rank), at("vllm:iteration_tokens_total_sum", rank)) == (0, 0)
+
+
+def test_time_per_output_token_is_each_requests_decode_time_over_its_tokens_after_the_first() -> None:
+    """vLLM's vllm:request_time_per_output_token_seconds (its dashboard's TPOT panel): one observation per
+    finished request, decode / (generated - 1), and 0 for a request of one token, in the rank's series."""
+    metrics = Metrics("tiny")
+    metrics.request_timings(1, RequestTimings(0.0, 0.1, 0.9, 0), generated=10)  # 0.1 s a token
+    metrics.request_timings(1, RequestTimings(0.0, 0.1, 0.0, 0), generated=1)
+    metrics.request_timings(1, RequestTimings(0.0, 0.1, 2.0, 0), 0.3, generated=4)  # the frontend's decode time
+    got = _samples(metrics)
+    key = (("engine", "1"), ("model_name", "tiny"))
+    assert got[("vllm:request_time_per_output_token_seconds_count", key)] == 3
+    assert abs(got[("vllm:request_time_per_output_token_seconds_sum", key)] - 0.2) < 1e-9
+    assert got[("vllm:request_time_per_output_token_seconds_bucket", (*key[:1], ("le", "0.001"), key[1]))] == 1
