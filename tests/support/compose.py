@@ -8,6 +8,7 @@ import secrets
 import socket
 import subprocess
 import sys
+import time
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ class ComposeFleet:
     env: dict[str, str]  # what `python -m deploy.compose` ran with: the token, the host ports
     podman: Podman
     up_output: str = ""
+    up_done: float = 0.0  # time.time() when `up` returned
 
     @property
     def router_url(self) -> str:
@@ -89,6 +91,7 @@ def fleet_up(*files: str, project: str | None = None, timeout_s: float = 600) ->
     fleet = ComposeFleet(project or f"fleet-test-{secrets.token_hex(3)}", files, env, Podman.default())
     done = fleet.cli("up", "-d", "--wait", timeout_s=timeout_s)
     fleet.up_output = done.stdout + done.stderr
+    fleet.up_done = time.time()
     if done.returncode != 0:
         fleet.cli("down", "-v", "-t", "5")
         raise RuntimeError(f"compose up failed ({done.returncode}):\n{fleet.up_output[-6000:]}")
