@@ -87,7 +87,14 @@ def test_each_service_started_after_its_dependencies_were_healthy(fleet: Compose
     """From podman's event log: each engine passed a check before the frontend started, the frontend before
     the router started (podman-compose alone starts them all at once on podman < 4.6)."""
     names = {s: fleet.container(s) for s in SERVICES}
-    events = _events(fleet)
+
+    def each_reported_healthy() -> list[dict[str, Any]] | None:
+        # a check after the passing one says "healthy": the keeper runs one within an interval or so
+        events = _events(fleet)
+        return events if all(any(e["Name"] == n and e.get("health_status") == "healthy" for e in events)
+                             for n in names.values()) else None
+
+    events = until("a health_status event saying healthy for each service", each_reported_healthy, 60, 0.5)
     frontend_started = _first(events, names["frontend"], "start")
     for engine in ("engine-0", "engine-1"):
         assert _first(events, names[engine], "start") < _healthy_at(events, names[engine]) < frontend_started
