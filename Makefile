@@ -78,10 +78,10 @@ clean:
 COMPOSE := $(PY) -m deploy.compose -f deploy/compose/compose.yaml
 .PHONY: compose-up compose-up-sim compose-down
 compose-up: $(STAMP)
-	ENGINE_AUTH_TOKEN=$${ENGINE_AUTH_TOKEN:-$$(openssl rand -hex 32)} $(COMPOSE) up -d --wait
+	ENGINE_AUTH_TOKEN=$${ENGINE_AUTH_TOKEN:-$$($(PY) -c 'import secrets; print(secrets.token_hex(32))')} $(COMPOSE) up -d --wait
 compose-up-sim: $(STAMP)
 	$(PY) -c "from tests.support.images import slim; slim()"
-	ENGINE_AUTH_TOKEN=$${ENGINE_AUTH_TOKEN:-$$(openssl rand -hex 32)} $(COMPOSE) -f deploy/compose/compose.sim.yaml up -d --wait
+	ENGINE_AUTH_TOKEN=$${ENGINE_AUTH_TOKEN:-$$($(PY) -c 'import secrets; print(secrets.token_hex(32))')} $(COMPOSE) -f deploy/compose/compose.sim.yaml up -d --wait
 # The file asks for the token; down does not use it.
 compose-down: $(STAMP)
 	ENGINE_AUTH_TOKEN=$${ENGINE_AUTH_TOKEN:-unused} $(COMPOSE) down -v
