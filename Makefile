@@ -70,3 +70,18 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV)
+
+# The compose file in containers with podman (python -m deploy.compose: start order gated on healthchecks,
+# which podman-compose skips on podman < 4.6). compose-up needs the engine-cpu image (make images);
+# compose-up-sim runs the engines on the simulator in the slim image. The router answers on
+# $(ROUTER_PORT) (default 8080); compose-down removes the containers, network and volume.
+COMPOSE := $(PY) -m deploy.compose -f deploy/compose/compose.yaml
+.PHONY: compose-up compose-up-sim compose-down
+compose-up: $(STAMP)
+	ENGINE_AUTH_TOKEN=$${ENGINE_AUTH_TOKEN:-$$($(PY) -c 'import secrets; print(secrets.token_hex(32))')} $(COMPOSE) up -d --wait
+compose-up-sim: $(STAMP)
+	$(PY) -c "from tests.support.images import slim; slim()"
+	ENGINE_AUTH_TOKEN=$${ENGINE_AUTH_TOKEN:-$$($(PY) -c 'import secrets; print(secrets.token_hex(32))')} $(COMPOSE) -f deploy/compose/compose.sim.yaml up -d --wait
+# The file asks for the token; down does not use it.
+compose-down: $(STAMP)
+	ENGINE_AUTH_TOKEN=$${ENGINE_AUTH_TOKEN:-unused} $(COMPOSE) down -v
