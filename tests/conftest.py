@@ -20,7 +20,7 @@ _ORDER = ("tests/vllm/", "tests/e2e/", "tests/integration/", "tests/contract/", 
 
 
 # tests/vllm modules that start only processes of their own: not tied to the shared vllm group.
-_OWN_PROCESSES = ("tests/vllm/test_compose_vllm.py", "tests/vllm/test_metrics_vllm.py",
+_OWN_PROCESSES = ("tests/vllm/test_metrics_vllm.py",
                   "tests/vllm/test_router_cache_vllm.py")
 
 
