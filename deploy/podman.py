@@ -84,7 +84,8 @@ class Podman:
         RUN steps. `layers` False (podman's --layers=false) runs every step in one container and commits
         once: on vfs each committed step is a full copy of the image so far, and the test builds want no
         cache of intermediate steps. `quiet` False lets podman's output through to this process's own."""
-        args = ["build", "-f", str(dockerfile), "-t", tag, f"--layers={str(layers).lower()}"]
+        # Docker's image format: podman's default (OCI) has no HEALTHCHECK and drops it, with a warning.
+        args = ["build", "--format", "docker", "-f", str(dockerfile), "-t", tag, f"--layers={str(layers).lower()}"]
         if base is not None:
             args += ["--build-arg", f"BASE={base}"]
         for name, value in (build_args or {}).items():

@@ -12,10 +12,12 @@ ARG TORCH_FROM="--extra-index-url https://download.pytorch.org/whl/cpu"
 
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 FLEET_CACHE_DIR=/cache \
     VIRTUAL_ENV=/opt/fleet PATH=/opt/fleet/bin:$PATH
-# One COPY of the packages (.dockerignore) and one RUN, as in slim.Dockerfile; torch's CPU build needs
-# libnuma and libgomp from Debian.
+# One COPY of the packages (.dockerignore) and one RUN, as in slim.Dockerfile. torch's CPU build needs
+# libnuma and libgomp; vLLM's sampler torch.compiles a helper on the first step, which needs a C++
+# compiler and Python's headers at run time (without them the engine dies in its warm-up:
+# "InvalidCxxCompiler: No working C++ compiler found"), as vLLM's own CPU image has them.
 COPY . /src
-RUN apt-get update && apt-get install -y --no-install-recommends libnuma1 libgomp1 \
+RUN apt-get update && apt-get install -y --no-install-recommends libnuma1 libgomp1 g++ python3-dev \
  && rm -rf /var/lib/apt/lists/* \
  && python3 -m venv /opt/fleet \
  && useradd --create-home --uid 10001 fleet && install -d -o fleet -g fleet /cache \
