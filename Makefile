@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: up test lint venv bench clean images container-tools
+.PHONY: up test lint venv bench clean images images-check container-tools
 
 venv: $(STAMP)
 
@@ -55,6 +55,10 @@ up: $(STAMP)
 # engine-cpu). Elsewhere: docker build (docs/deploy.md, "Images"). Needs only python3 and podman.
 images: container-tools
 	$(PYTHON) -m deploy.images all
+
+# The engine images run: vLLM on the tiny model in each, its HEALTHCHECK passing (minutes; not in `make test`).
+images-check: images $(STAMP)
+	FLEET_IMAGE_ENGINES=1 $(PY) -m pytest -q tests/e2e/test_images.py
 
 bench: $(STAMP)
 	$(PY) bench/layout.py

