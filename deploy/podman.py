@@ -2,7 +2,7 @@
 and test machines): a storage root of the project's own, the flags such a host needs, and a local Debian
 base image. Used by `make images`, `make compose-up` and the container tests; elsewhere use docker.
 
-Why each setting (docs/deploy.md, "Containers without Docker"): crun refuses the hybrid cgroup layout
+Why each setting (docs/deploy.md, "Building without Docker or a registry"): crun refuses the hybrid cgroup layout
 these machines have, so runc; no systemd, so the cgroupfs manager; the default ulimits cannot be set
 there, so none; overlay mounts are not allowed, so the vfs storage driver (every layer a full copy).
 """
