@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: up test lint venv bench clean
+.PHONY: up test lint venv bench clean images images-check container-tools
 
 venv: $(STAMP)
 
@@ -27,14 +27,38 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
+# The container tests run podman (runc, the vfs driver) and build their base with mmdebstrap; the dashboard
+# test runs a real Prometheus. Debian's packages, installed once when any is missing (CI: bookworm, root).
+CONTAINER_TOOLS := podman runc mmdebstrap prometheus
+container-tools:
+	@missing=$$(for t in $(CONTAINER_TOOLS); do command -v $$t >/dev/null || echo $$t; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+	    echo "make test needs" $$missing "(the container and dashboard tests): run as root on Debian, or install them first: apt-get install -y" $$missing >&2; \
+	    exit 1; \
+	  fi; \
+	  echo "installing" $$missing "(Debian packages)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+
 # Two workers: most tests wait on processes and sockets, not the CPU. Each module runs on one worker,
 # every tests/vllm module on the same one, longest groups first (tests/conftest.py).
-test: lint
+test: lint container-tools
 	$(PY) -m pytest tests -q -n 2 --dist loadgroup --no-loadscope-reorder
 
 # Two headless engine ranks (vllm backend on CPU, tiny model) and a frontend on :8000; Ctrl-C stops all.
 up: $(STAMP)
 	$(PY) deploy/local/up.py --backend vllm --ranks 2 --port 8000
+
+# The three images with podman over a local Debian base, for hosts with no Docker engine or registry
+# (deploy/images: engine-cpu takes torch from pip's local wheel directory; engine-cuda is built over
+# engine-cpu). Elsewhere: docker build (docs/deploy.md, "Images"). Needs only python3 and podman.
+images: container-tools
+	$(PYTHON) -m deploy.images all
+
+# The engine images run: vLLM on the tiny model in each, its HEALTHCHECK passing (minutes; not in `make test`).
+images-check: images $(STAMP)
+	FLEET_IMAGE_ENGINES=1 $(PY) -m pytest -q tests/e2e/test_images.py
 
 bench: $(STAMP)
 	$(PY) bench/layout.py

