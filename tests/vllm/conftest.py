@@ -7,9 +7,11 @@ use it is done (it is package-scoped: under `make test` that is the end of the w
 session's end, so idle engines do not take CPU from the rest of the suite). A vLLM process takes seconds to
 exit after it drained (its interpreter's teardown), so processes are stopped without waiting: `reaper` waits
 for them, and checks each exited 0, at the session's end.
-The same goes for vLLM's offline LLM (the reference the engine is compared with): one per checkpoint per
-session, `llm` for the tiny model and `minilm_llm`, `classifier_llm`, `cross_encoder_llm` for the pooling
-checkpoints, which all live in this process together (each with a 4 MiB KV budget)."""
+The same goes for vLLM's offline LLM (the reference the engine is compared with): one per checkpoint,
+`llm` for the tiny model and `minilm_llm`, `classifier_llm`, `cross_encoder_llm` for the pooling
+checkpoints, which all live in this process together (each with a 4 MiB KV budget), package-scoped too: their
+teardown (seconds) happens at the vllm group's end, not at the session's end, where it would delay the run's
+last test."""
 
 from __future__ import annotations
 
@@ -129,7 +131,7 @@ def vllm_frontend(shared: SharedProcs, vllm_engine: EngineProc) -> FrontendProc:
                            "--engine-addresses", vllm_engine.endpoint(0))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """vLLM's own offline engine on the tiny model: the reference our engine is compared with."""
     vllm = pytest.importorskip("vllm")
@@ -143,7 +145,7 @@ def llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 def pooling_engine(shared: SharedProcs, name: str) -> EngineProc:
-    """The one engine per session serving `name` with the pooling runner: the same command line for every
+    """The one engine per run of tests/vllm serving `name` with the pooling runner: the same command line for every
     module, so test_engine_pooling_vllm, test_engine_classify_vllm, test_frontend_pooling_vllm and
     test_pooling_vllm talk to one process per checkpoint (each client or frontend its own peer)."""
     pytest.importorskip("vllm")
@@ -175,17 +177,17 @@ def _offline_pooling(name: str) -> Iterator[Any]:
     del engine
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def minilm_llm() -> Iterator[Any]:
     """vLLM's offline pooling engine on `minilm`, with the limits of `minilm_engine`."""
     yield from _offline_pooling("minilm")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def classifier_llm() -> Iterator[Any]:
     yield from _offline_pooling("tiny-classifier")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def cross_encoder_llm() -> Iterator[Any]:
     yield from _offline_pooling("tiny-cross-encoder")

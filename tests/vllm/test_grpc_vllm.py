@@ -252,7 +252,7 @@ def test_update_weights_from_a_second_checkpoint_equals_offline_llm_on_it(fleet:
 
 def _offline_in_subprocess(checkpoint: Path) -> list[list[int]]:
     """vLLM's offline LLM on `checkpoint`, greedy over PROMPTS, in a process of its own: a second LLM in
-    this process would tear down the distributed state the session's `llm` fixture runs on."""
+    this process would tear down the distributed state the package's `llm` fixture runs on."""
     code = f"""
 import json, os
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
