@@ -5,18 +5,20 @@ the shared engines (tests/vllm/conftest.py) or vLLM in-process go to the same wo
 the in-process reference vLLM start once and vllm is imported by one worker; the vllm modules that only
 start processes of their own (the compose file, the metrics engine, a router's cache) are groups of their
 own, free to run on the other worker. Groups are handed out longest first, so that no long group starts last
-while the other worker idles: the vLLM group, then the directories whose tests start processes, then
-the unit tests, which fill in at the end. (The groups are made here, by a scheduler, and not with
-xdist_group marks: xdist 3.8 names a marked test by assigning `item._nodeid`, which pytest 9 no longer
-reads.)"""
+while the other worker idles: the vLLM group, then the directories whose tests start processes (and the
+unit modules that do, a real PostgreSQL's), then the unit tests, which fill in at the end. (The groups are
+made here, by a scheduler, and not with xdist_group marks: xdist 3.8 names a marked test by assigning
+`item._nodeid`, which pytest 9 no longer reads.)"""
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
 
-# The order groups are handed out in: the longest first.
-_ORDER = ("tests/vllm/", "tests/e2e/", "tests/integration/", "tests/contract/", "tests/unit/")
+# The order groups are handed out in: the longest first. test_store starts and stops a PostgreSQL server
+# (and kills and restarts it): 40 s and more, long enough to end a run late if handed out among the last.
+_ORDER = ("tests/vllm/", "tests/e2e/", "tests/unit/router/test_store.py", "tests/integration/", "tests/contract/",
+          "tests/unit/")
 
 
 # tests/vllm modules that start only processes of their own: not tied to the shared vllm group.

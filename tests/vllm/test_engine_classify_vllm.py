@@ -2,7 +2,7 @@
 label, the MiniLM tokenizer): a (query, document) pair sent as token ids with its token-type split scores as
 vLLM's offline LLM.score scores the same texts, and a single text classifies as LLM.classify does. The
 engine and the reference are tests/vllm/conftest.py's `cross_encoder_engine` and `cross_encoder_llm`,
-shared for the session with test_pooling_vllm (whose frontend is another peer of the same engine)."""
+shared across tests/vllm with test_pooling_vllm (whose frontend is another peer of the same engine)."""
 from __future__ import annotations
 
 import time

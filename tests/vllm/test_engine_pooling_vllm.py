@@ -2,7 +2,7 @@
 loopback: the handshake says what vLLM serves, embeddings equal vLLM's offline LLM.embed for the same token
 ids (and the sentence-transformers recipe, mean pooling then L2 normalization, run by transformers), and
 what the model cannot serve is refused with vLLM's reasons. The engine and the reference are
-tests/vllm/conftest.py's `minilm_engine` and `minilm_llm`, shared for the session with the other pooling
+tests/vllm/conftest.py's `minilm_engine` and `minilm_llm`, shared across tests/vllm with the other pooling
 modules (this module's client is one more peer of the engine test_pooling_vllm's frontend uses)."""
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ texts tokenized by the frontend and embedded by our engine equal vLLM's own offl
 texts, which vLLM tokenizes itself (so the frontend's tokens are vLLM's: special tokens, no padding, the
 same truncation), through the official openai SDK. The frontend here is its own (a checkpoint path as --model
 and a --served-model-name), on tests/vllm/conftest.py's `minilm_engine`; the reference is its `minilm_llm`:
-both shared for the session with the other pooling modules."""
+both shared across tests/vllm with the other pooling modules."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -19,7 +19,7 @@ from tests.support.procs import EngineProc, FrontendProc
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
 # The engines and offline LLMs (minilm_engine, minilm_llm, ...) are tests/vllm/conftest.py's, one of each
-# per checkpoint per session. MiniLM's sentence-transformers max_seq_length (and the engines' max_model_len).
+# per checkpoint for all of tests/vllm. MiniLM's sentence-transformers max_seq_length (and the engines' max_model_len).
 MINILM_MAX_SEQ_LEN = 256
 # The fleet runs the same vLLM kernels on the same checkpoint as the offline LLM: equal up to float
 # rounding of a different batch (measured: 0 for MiniLM, 1.2e-7 for the classifier, single vs batched).
@@ -46,7 +46,7 @@ DOCUMENTS = [
 
 
 def _fleet(shared: Any, engine: EngineProc, name: str) -> FrontendProc:
-    """A frontend on the session's pooling engine for `name` (tests/vllm/conftest.py), shared by command line."""
+    """A frontend on the shared pooling engine for `name` (tests/vllm/conftest.py), shared by command line."""
     return shared.frontend("--model", name, "--data-parallel-size", "1", "--data-parallel-size-local", "0",
                            "--engine-addresses", engine.endpoint(0))
 
