@@ -138,9 +138,18 @@ def test_killed_engine_container_is_restarted_and_serves_again(fleet: ComposeFle
         "'messages': [{'role': 'user', 'content': 'Hi'}]}).encode(), {'Content-Type': 'application/json', "
         "'X-Data-Parallel-Rank': '0'}), timeout=30); print(r.status, r.headers['x-data-parallel-rank'])"))
     assert served.split() == ["200", "0"], served
-    with openai.OpenAI(base_url=fleet.router_url + "/v1", api_key="unused", max_retries=0, timeout=30) as client:
-        assert client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}],
-                                              max_tokens=4).choices[0].message.content
+    # And through the router, once its health check (every 2 s, deploy/compose/router.yaml) has seen the
+    # frontend ready again: while no rank was ready it answered 503 naming the replica, as it should.
+    def through_the_router() -> str | None:
+        with openai.OpenAI(base_url=fleet.router_url + "/v1", api_key="unused", max_retries=0, timeout=30) as client:
+            try:
+                return client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}],
+                                                      max_tokens=4).choices[0].message.content
+            except openai.InternalServerError as e:
+                assert e.status_code == 503 and "no ready replica" in str(e), e
+                return None
+
+    assert until("an answer through the router", through_the_router, 30, 0.5)
 
 
 def test_logs_show_every_service(fleet: ComposeFleet) -> None:
