@@ -36,6 +36,8 @@ def image(name: str, tag: str | None = None, timeout_s: float = 3600) -> str:
     with FileLock(str(pm.root / f"{name}.lock"), timeout=timeout_s):
         if not plan.up_to_date(pm):
             plan.build(pm, timeout_s=timeout_s)
+            # The image it replaced is left untagged: on vfs every one is a full copy (600 MB and more).
+            pm.run("image", "prune", "-f", check=False)
     return plan.tag
 
 

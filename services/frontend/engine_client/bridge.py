@@ -5,6 +5,9 @@ Everything received in one wake-up is handed to the loop as one batch, through o
 call_soon_threadsafe, so a burst of engine steps costs one loop wake-up, not one per message.
 Each DEALER is watched by a ZMQ socket monitor: its connection closing (the engine process died,
 or closed its socket) is told to the loop at once rather than found by heartbeat deadline.
+Each rank's sockets live in a ZMQ context of their own, so in an I/O thread of their own: libzmq
+resolves an engine's host name in the I/O thread, blocking, at every reconnect, and a rank whose name
+does not resolve (its container restarting, the DNS server away) must not silence the other ranks.
 """
 from __future__ import annotations
 
@@ -47,7 +50,7 @@ class Bridge:
         self._on_batch = on_batch
         self._on_dead = on_dead  # told, on the loop, why the socket thread stopped when nobody asked it to
         self._identity = identity.encode()
-        self._ctx = zmq.Context()
+        self._contexts: dict[int, zmq.Context[zmq.Socket[bytes]]] = {}  # per rank; made, used, ended by the thread
         self._commands: deque[tuple[str, int, Any]] = deque()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -182,7 +185,8 @@ class Bridge:
                 self._unwatch(poller, dealers[index], monitors, channel_of, index)
             for sock in [*dealers.values(), *subs.values()]:
                 sock.close()
-            self._ctx.term()
+            for ctx in self._contexts.values():
+                ctx.term()
 
     # ---- idle_hold ----
     # An idle engine still sends Stats about every 100 ms (its liveness and load). A batch of nothing but
@@ -198,8 +202,13 @@ class Bridge:
     def _open(self, op: str, index: int, address: str, poller: zmq.Poller, dealers: dict[int, zmq.Socket],
               subs: dict[int, zmq.Socket], monitors: dict[int, zmq.Socket],
               channel_of: dict[zmq.Socket, tuple[int, int]]) -> None:
+        ctx = self._contexts.get(index)
+        if ctx is None:
+            # Seen with podman: a restarted engine's name failed to resolve for 40 s, each try blocking the
+            # I/O thread; with one context for all ranks the others went silent and were declared dead.
+            ctx = self._contexts[index] = zmq.Context()
         if op == "connect":
-            sock = self._ctx.socket(zmq.DEALER)
+            sock = ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.IDENTITY, self._identity)
             # Queue only to a live connection, so a Hello or a request is never held for an engine that
             # is down and then delivered stale when it returns.
@@ -211,7 +220,7 @@ class Bridge:
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
             table, channel = dealers, DEALER
         else:
-            sock = self._ctx.socket(zmq.SUB)
+            sock = ctx.socket(zmq.SUB)
             sock.setsockopt(zmq.SUBSCRIBE, b"")
             sock.setsockopt(zmq.LINGER, 0)
             table, channel = subs, SUB
