@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Protocol
 
 from protocol import RequestOutput
 
@@ -28,6 +29,18 @@ class EngineFailure(RuntimeError):
         self.param = param
 
 
+class Sink(Protocol):
+    """A consumer that takes a stream's outputs in the dispatch pass that feeds them, instead of a
+    response task woken per output (http_api/direct_stream.py)."""
+
+    def on_output(self) -> None:
+        """Outputs are queued (not the last): take them now (InFlight.take)."""
+
+    def on_end(self) -> None:
+        """The stream finished or failed, its last outputs still queued: the sink is detached, the
+        response task takes the rest."""
+
+
 class InFlight:
     """`raw_frames`: with `keeps_frames` set (a request that asked for logprobs), the raw frames of the
     Outputs message each output of the latest batch came in, in the batch's order."""
@@ -50,6 +63,7 @@ class InFlight:
         "rank",
         "raw_frames",
         "request_id",
+        "sink",
         "started",
     )
 
@@ -74,6 +88,9 @@ class InFlight:
         # `interval` tokens came since the last wake, and at the end.
         self.interval = 1
         self._woken = -1  # `generated` at the last wake; -1: never woken
+        # With a sink attached, feed hands it each output in place of waking the consumer, and the end
+        # (a finish or a failure) detaches it; see Sink.
+        self.sink: Sink | None = None
 
     # ---- producer side (the engine dispatch pass on the event loop) ----
 
@@ -87,6 +104,13 @@ class InFlight:
         elif self.interval > 1 and self._woken >= 0 and self.generated - self._woken < self.interval:
             return  # the consumer is woken once `interval` tokens are here
         self._woken = self.generated
+        sink = self.sink
+        if sink is not None:
+            if not self.finished:
+                sink.on_output()
+                return
+            self.sink = None
+            sink.on_end()
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -99,6 +123,10 @@ class InFlight:
             return
         self.finished = True
         self._error = message
+        sink = self.sink
+        if sink is not None:
+            self.sink = None
+            sink.on_end()
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -120,6 +148,10 @@ class InFlight:
             self._waiter = asyncio.get_running_loop().create_future()
             await self._waiter
             self._waiter = None
+        return self.take()
+
+    def take(self) -> list[RequestOutput]:
+        """Everything queued since the last call, without waiting (a sink's on_output, or next())."""
         batch, self._pending = self._pending, []
         # The interval counts from what the consumer took, not from the wake: a consumer that ran late
         # took the tokens fed since, and the next wake must wait for `interval` more (else a short chunk).

@@ -126,18 +126,32 @@ class OutputProcessor:
     async def pieces(self) -> list[Piece]:
         """Text of everything the engine produced since the last call; sets `finish` when done.
         Raises EngineFailure when the engine failed or refused the request, or the client left."""
-        m = self._metrics
         try:
             outs = await self.stream.next()
         except EngineFailure:
-            # As vLLM: a client that left aborted its request; the tokens made before still count.
-            m.generation_tokens.inc(self.completion_tokens)
-            m.request_done(self.stream.prompt_len, self.completion_tokens, self._request.max_tokens, self._parent)
-            m.finished("abort" if self.stream.gone == CLIENT_GONE else "error")
-            if self._trace is not None:
-                self._trace.fail("the client left" if self.stream.gone == CLIENT_GONE else "the engine failed",
-                                 self.completion_tokens)
+            self._failed()
             raise
+        return self.process(outs)
+
+    def take_pieces(self) -> list[Piece]:
+        """pieces() of the outputs queued now, without waiting: a sink's (InFlight.Sink) in the dispatch
+        pass. Raises EngineFailure as pieces() does for a failed output."""
+        return self.process(self.stream.take())
+
+    def _failed(self) -> None:
+        """The stream failed (its engine, or the client left): the metrics of an aborted or failed request."""
+        m = self._metrics
+        # As vLLM: a client that left aborted its request; the tokens made before still count.
+        m.generation_tokens.inc(self.completion_tokens)
+        m.request_done(self.stream.prompt_len, self.completion_tokens, self._request.max_tokens, self._parent)
+        m.finished("abort" if self.stream.gone == CLIENT_GONE else "error")
+        if self._trace is not None:
+            self._trace.fail("the client left" if self.stream.gone == CLIENT_GONE else "the engine failed",
+                             self.completion_tokens)
+
+    def process(self, outs: list[RequestOutput]) -> list[Piece]:
+        """The pieces of these outputs (pieces() after its wait); sets `finish` when done."""
+        m = self._metrics
         now = time.monotonic()
         detok, stops, parser, token_parser = self._detok, self._stops, self._parser, self._token_parser
         skip_text = self._no_text

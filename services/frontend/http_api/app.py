@@ -37,6 +37,7 @@ from services.frontend.http_api.asgi import (
     send_json,
     watch_disconnect,
 )
+from services.frontend.http_api.direct_stream import HttpCycle, cycle_of
 from services.frontend.http_api.response_writer import send_completion, send_stream, send_tokens
 from services.frontend.requests import classify, scoring
 from services.frontend.requests.cohere_embed import cohere_embed
@@ -153,7 +154,8 @@ class Frontend:
                     return
                 with tracing.span("frontend.translate"):
                     requests = await translate(body, header(scope, b"x-data-parallel-rank"))
-                await self._generate(requests if isinstance(requests, list) else [requests], receive, send)
+                await self._generate(requests if isinstance(requests, list) else [requests], receive, send,
+                                     cycle_of(scope))
             except APIError as exc:
                 if span is not None:
                     span.set_attribute("http.response.status_code", exc.status)
@@ -264,8 +266,10 @@ class Frontend:
 
     # ---- generation (lean ASGI) ----
 
-    async def _generate(self, requests: list[EngineRequest], receive: Receive, send: Send) -> None:
-        """Placement, then output processing into the writers, until the response is sent."""
+    async def _generate(self, requests: list[EngineRequest], receive: Receive, send: Send,
+                        cycle: HttpCycle | None = None) -> None:
+        """Placement, then output processing into the writers, until the response is sent. `cycle`:
+        uvicorn's request cycle, through which a stream's events are written in the dispatch pass."""
         with self.core.launch(requests) as (prompts, streams, wakeup):
 
             def fail(message: str) -> None:
@@ -279,7 +283,7 @@ class Frontend:
                 if options.token_out:
                     await send_tokens(send, prompts[0][0], name)
                 elif options.stream:
-                    await send_stream(send, prompts, name, wakeup)
+                    await send_stream(send, prompts, name, wakeup, cycle)
                 else:
                     await send_completion(send, prompts, name)
             finally:

@@ -16,6 +16,7 @@ from services.frontend.errors import error_body
 from services.frontend.generation.output import OutputProcessor, Piece, usage_body
 from services.frontend.http_api import openai_bodies
 from services.frontend.http_api.asgi import send_json
+from services.frontend.http_api.direct_stream import DirectStream, HttpCycle
 from services.frontend.text.logprobs_format import Entry
 
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
@@ -173,16 +174,18 @@ def _render(outputs: OutputProcessor) -> Callable[[list[Entry]], str] | None:
     return formatter.render if formatter is not None and outputs.options.logprobs is not None else None
 
 
-async def send_stream(send: Send, prompts: list[list[OutputProcessor]], model: str, wakeup: Wakeup | None) -> None:
+async def send_stream(send: Send, prompts: list[list[OutputProcessor]], model: str, wakeup: Wakeup | None,
+                      cycle: HttpCycle | None = None) -> None:
     """SSE events as the outputs arrive: `prompts`, each prompt's choices (with several, their events
     interleave as they come, woken by `wakeup`, which every choice's stream wakes).
 
     The response starts with the first output, so that x-data-parallel-rank names the rank that
     serves it (also after a draining rank's refusal moved it) and a failure before any output
-    gets its own status rather than an error event."""
+    gets its own status rather than an error event. `cycle`: uvicorn's, when the server is uvicorn
+    (direct_stream.py)."""
     choices = [o for p in prompts for o in p]
     if len(choices) == 1:
-        await _send_one_stream(send, choices[0], model)
+        await _send_one_stream(send, choices[0], model, cycle)
         return
     assert wakeup is not None
     first = choices[0]
@@ -226,14 +229,24 @@ async def send_stream(send: Send, prompts: list[list[OutputProcessor]], model: s
                     "more_body": False})
 
 
-async def _send_one_stream(send: Send, outputs: OutputProcessor, model: str) -> None:
+async def _send_one_stream(send: Send, outputs: OutputProcessor, model: str, cycle: HttpCycle | None) -> None:
+    """One choice's events; with `cycle` (uvicorn's), those between the first and the last are written by
+    a DirectStream in the dispatch pass."""
     options = outputs.options
     writer = openai_bodies.ChunkWriter(options.response_id or outputs.stream.request_id, model, chat=options.chat)
     render, usage, continuous = _render(outputs), outputs.usage, options.continuous_usage
+    direct = (DirectStream(cycle, outputs, lambda pieces: _events(writer, outputs, pieces, render))
+              if cycle is not None else None)
+    stream = outputs.stream
     started = False
     try:
         while outputs.finish is None:
-            events = _events(writer, outputs, await outputs.pieces(), render)
+            if started and direct is not None and not stream.ready and direct.usable():
+                events = await direct.run()
+                if not events and outputs.finish is None:
+                    continue  # the stream ended (its last outputs wait), or the transport paused
+            else:
+                events = _events(writer, outputs, await outputs.pieces(), render)
             if not started:
                 started = True
                 await send({"type": "http.response.start", "status": 200,
