@@ -1,0 +1,232 @@
+"""A stream's events written in the dispatch pass (http_api/direct_stream.py), against uvicorn's own
+RequestResponseCycle over a recording transport: the same bytes as the ASGI path, tokens between the
+first and the last never through the ASGI send, and a paused transport, a failure, a stop string and a
+client that left handed back to the response task."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import pytest
+from uvicorn.protocols.http.flow_control import FlowControl
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+from protocol import GenerateRequest, RequestOutput, SamplingParams
+from services.frontend.engine_client.inflight import CLIENT_GONE, InFlight
+from services.frontend.generation.metrics import Metrics
+from services.frontend.generation.output import OutputProcessor
+from services.frontend.http_api.response_writer import send_stream
+from services.frontend.model import Model
+from services.frontend.requests.engine_request import EngineRequest, OutputOptions
+
+HELLO, WORLD, COMMA = 9707, 1879, 11  # "Hello", " world", ","
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.writes = 0
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+        self.writes += 1
+
+    def is_closing(self) -> bool:
+        return False
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class _Engines:
+    def __init__(self) -> None:
+        self.aborted: list[str] = []
+
+    def abort(self, stream: InFlight) -> None:
+        self.aborted.append(stream.request_id)
+
+    def place_again(self, stream: InFlight, request: EngineRequest, exclude: set[int]) -> bool:
+        return False
+
+
+@pytest.fixture(scope="module")
+def model() -> Model:
+    return Model.load("tiny", "tiny")
+
+
+def _cycle() -> tuple[RequestResponseCycle, _Transport]:
+    transport = _Transport()
+    log = logging.getLogger("test")
+    cycle = RequestResponseCycle({"type": "http", "method": "POST", "path": "/v1/chat/completions",  # type: ignore[typeddict-item]
+                                  "http_version": "1.1", "headers": []},
+                                 transport, FlowControl(transport), log, log, False, [],  # type: ignore[arg-type]
+                                 asyncio.Event(), False, True, lambda: None)
+    return cycle, transport
+
+
+def _outputs(model: Model, stop: tuple[str, ...] = ()) -> tuple[OutputProcessor, InFlight, _Engines, Metrics]:
+    request = EngineRequest(GenerateRequest("r1", [1, 2, 3], SamplingParams(max_tokens=8), time.time()), 8,
+                            OutputOptions(chat=True, stream=True, include_usage=True, continuous_usage=False,
+                                          stop=stop, include_stop_str_in_output=False, skip_special_tokens=True,
+                                          tool_choice="none", response_id="chatcmpl-1"))
+    stream = InFlight("r1", 3, 8)
+    engines, metrics = _Engines(), Metrics("tiny")
+    return (OutputProcessor(stream, request, tokenizer=model.tokenizer, engines=engines, metrics=metrics),
+            stream, engines, metrics)
+
+
+def _body(raw: bytes) -> tuple[bytes, bool]:
+    """The chunked body after the head, and whether its last chunk came."""
+    rest = raw.split(b"\r\n\r\n", 1)[1]
+    body = b""
+    while rest:
+        size_line, rest = rest.split(b"\r\n", 1)
+        size = int(size_line, 16)
+        if size == 0:
+            assert rest == b"\r\n"
+            return body, True
+        body, rest = body + rest[:size], rest[size + 2:]
+    return body, False
+
+
+def _events(body: bytes) -> list[str]:
+    return [e.split(b'"created":', 1)[0].decode() + e.split(b'"model":', 1)[-1].decode()
+            for e in body.split(b"\n\n") if e]
+
+
+async def _attached(stream: InFlight) -> None:
+    for _ in range(100):  # yields to the response task, no wall-clock wait
+        if stream.sink is not None:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the direct stream never attached")
+
+
+class _CountingSend:
+    def __init__(self, cycle: RequestResponseCycle) -> None:
+        self.cycle, self.bodies = cycle, 0
+
+    async def __call__(self, message: Any) -> None:
+        self.bodies += message["type"] == "http.response.body"
+        await self.cycle.send(message)
+
+
+async def _serve(model: Model, outs: list[RequestOutput], *, direct: bool) -> tuple[bytes, bool, int]:
+    outputs, stream, _, _ = _outputs(model)
+    cycle, transport = _cycle()
+    send = _CountingSend(cycle)
+    task = asyncio.ensure_future(send_stream(send, [[outputs]], "tiny", None, cycle if direct else None))
+    for out in outs:
+        stream.feed(out)
+        if direct and out.finish_reason is None:
+            await _attached(stream)
+        else:
+            for _ in range(5):
+                await asyncio.sleep(0)
+    await task
+    body, complete = _body(bytes(transport.data))
+    return body, complete, send.bodies
+
+
+def test_the_bytes_are_the_asgi_paths_and_the_middle_tokens_skip_the_send(model: Model) -> None:
+    outs = [RequestOutput("r1", [HELLO], None), RequestOutput("r1", [WORLD], None),
+            RequestOutput("r1", [COMMA], None), RequestOutput("r1", [HELLO], "length")]
+    direct, complete, sends = asyncio.run(_serve(model, outs, direct=True))
+    asgi, asgi_complete, asgi_sends = asyncio.run(_serve(model, outs, direct=False))
+    assert complete and asgi_complete
+    assert _events(direct) == _events(asgi)
+    assert asgi_sends == 4
+    assert sends == 2  # the first token (with the head) and the end; " world" and "," went out directly
+    assert b'"content":" world"' in direct and direct.endswith(b"data: [DONE]\n\n")
+
+
+def test_a_paused_transport_hands_the_stream_back_until_it_drains(model: Model) -> None:
+    async def run() -> tuple[bytes, bool, int, int]:
+        outputs, stream, _, _ = _outputs(model)
+        cycle, transport = _cycle()
+        send = _CountingSend(cycle)
+        task = asyncio.ensure_future(send_stream(send, [[outputs]], "tiny", None, cycle))
+        stream.feed(RequestOutput("r1", [HELLO], None))
+        await _attached(stream)
+        cycle.flow.pause_writing()  # the client stopped reading: the kernel's buffer is full
+        written = transport.writes
+        stream.feed(RequestOutput("r1", [WORLD], None))  # taken, not written: handed to the task
+        assert stream.sink is None and transport.writes == written
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert transport.writes == written  # the task's send waits for the transport
+        stream.feed(RequestOutput("r1", [COMMA], None))
+        cycle.flow.resume_writing()
+        await _attached(stream)
+        stream.feed(RequestOutput("r1", [HELLO], "length"))
+        await task
+        body, complete = _body(bytes(transport.data))
+        return body, complete, send.bodies, written
+
+    body, complete, sends, _ = asyncio.run(run())
+    assert complete
+    contents = [e for e in _events(body) if '"content":' in e]
+    assert [c.split('"content":', 1)[1].split('}', 1)[0] for c in contents] == ['""', '"Hello"', '" world"', '","',
+                                                                                   '"Hello"']
+    assert sends == 4  # head + first token, the held " world", ",", and the end
+
+
+def test_a_failure_mid_stream_ends_with_an_error_event(model: Model) -> None:
+    async def run() -> bytes:
+        outputs, stream, _, _ = _outputs(model)
+        cycle, transport = _cycle()
+        task = asyncio.ensure_future(send_stream(cycle.send, [[outputs]], "tiny", None, cycle))
+        stream.feed(RequestOutput("r1", [HELLO], None))
+        await _attached(stream)
+        stream.feed(RequestOutput("r1", [WORLD], None))
+        stream.feed(RequestOutput("r1", [], "error", error="engine rank 0 died"))
+        await task
+        body, complete = _body(bytes(transport.data))
+        assert complete
+        return body
+
+    body = asyncio.run(run())
+    assert b'" world"' in body and b"engine rank 0 died" in body and body.endswith(b"data: [DONE]\n\n")
+
+
+def test_a_stop_string_matched_in_the_dispatch_pass_finishes_the_stream(model: Model) -> None:
+    async def run() -> tuple[bytes, list[str]]:
+        outputs, stream, engines, _ = _outputs(model, stop=(",",))
+        cycle, transport = _cycle()
+        task = asyncio.ensure_future(send_stream(cycle.send, [[outputs]], "tiny", None, cycle))
+        stream.feed(RequestOutput("r1", [HELLO], None))
+        await _attached(stream)
+        stream.feed(RequestOutput("r1", [WORLD], None))
+        stream.feed(RequestOutput("r1", [COMMA, HELLO], None))
+        assert stream.sink is None  # let go at the match
+        await task
+        body, complete = _body(bytes(transport.data))
+        assert complete
+        return body, engines.aborted
+
+    body, aborted = asyncio.run(run())
+    assert aborted == ["r1"]
+    assert b'"finish_reason":"stop"' in body and b'"stop_reason":","' not in body.split(b"[DONE]")[1]
+    assert b'"usage":{' in body and body.endswith(b"data: [DONE]\n\n")
+
+
+def test_a_client_that_left_ends_the_stream_as_an_abort(model: Model) -> None:
+    async def run() -> Metrics:
+        outputs, stream, _, metrics = _outputs(model)
+        cycle, _ = _cycle()
+        task = asyncio.ensure_future(send_stream(cycle.send, [[outputs]], "tiny", None, cycle))
+        stream.feed(RequestOutput("r1", [HELLO], None))
+        await _attached(stream)
+        cycle.disconnected = True
+        stream.fail(CLIENT_GONE)
+        await task
+        return metrics
+
+    metrics = asyncio.run(run())
+    assert metrics.registry.get_sample_value("vllm:request_success_total",
+                                             {"model_name": "tiny", "finished_reason": "abort"}) == 1
