@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import gc
 import logging
 import multiprocessing
 import os
@@ -90,6 +91,11 @@ async def run(config: FrontendConfig, server_index: int = 0, board: InFlightBoar
                 await asyncio.to_thread(managed.stop)
             return 1
 
+    # Everything made so far (the model's tokenizer and tables, the modules, the app) lives as long as
+    # the process: kept out of the collector's passes, which otherwise walk it again on every
+    # generation-2 pass that request traffic triggers (as vLLM's API server does at start-up).
+    gc.collect()
+    gc.freeze()
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(_quiet_cancellations)
     quit_ = asyncio.Event()  # shut down: drain first

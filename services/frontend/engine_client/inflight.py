@@ -136,6 +136,11 @@ class InFlight:
     # ---- consumer side (the response task) ----
 
     @property
+    def pending(self) -> list[RequestOutput]:
+        """The outputs queued now (read only: take() or take_one() takes them)."""
+        return self._pending
+
+    @property
     def ready(self) -> bool:
         """next() would return (or raise) without waiting."""
         return bool(self._pending) or self._error is not None
@@ -149,6 +154,16 @@ class InFlight:
             await self._waiter
             self._waiter = None
         return self.take()
+
+    def take_one(self) -> RequestOutput | None:
+        """The one output queued, taken as take() would; None (nothing taken) when there are more, or
+        it keeps raw frames."""
+        pending = self._pending
+        if len(pending) != 1 or self.keeps_frames:
+            return None
+        self._pending = []
+        self._woken = self.generated
+        return pending[0]
 
     def take(self) -> list[RequestOutput]:
         """Everything queued since the last call, without waiting (a sink's on_output, or next())."""

@@ -64,7 +64,8 @@ class OutputProcessor:
     fails (EngineFailure), so the writers only write."""
 
     __slots__ = ("_detok", "_echo", "_echo_entries", "_engines", "_first", "_last", "_metrics", "_no_text", "_parent",
-                 "_parser", "_pending", "_request", "_start", "_stops", "_timings", "_token_parser", "_trace", "_tried",
+                 "_parser", "_pending", "_plain", "_request", "_start", "_stops", "_timings", "_token_parser", "_trace",
+                 "_tried",
                  "cached_tokens", "calls",
                  "completion_tokens", "counts", "finish", "formatter", "logprobs", "options", "prompt_segments",
                  "stop_reason", "stream", "tail_logprobs", "token_ids")
@@ -121,6 +122,9 @@ class OutputProcessor:
         self.prompt_segments: list[Segment] = []
         self._pending: list[Entry] = []
         self._echo = options.echo  # not yet sent
+        # plain_text() serves its steps: the text path has nothing to do but detokenize.
+        self._plain = (self.formatter is None and parser is None and stops is None and not options.echo
+                       and not options.token_out)
         self._echo_entries: list[Entry] | None = None  # made once, before the first token's
 
     async def pieces(self) -> list[Piece]:
@@ -137,6 +141,29 @@ class OutputProcessor:
         """pieces() of the outputs queued now, without waiting: a sink's (InFlight.Sink) in the dispatch
         pass. Raises EngineFailure as pieces() does for a failed output."""
         return self.process(self.stream.take())
+
+    def plain_text(self) -> str | None:
+        """process() of the one output queued, when it is a plain step: tokens after the first, no
+        finish or error, and a request with no logprobs, stop strings, parser, echo or token ids out,
+        the case of nearly every token of a stream; its text (perhaps ""). None: not such a step,
+        nothing taken (take_pieces() serves it)."""
+        if not self._plain or self.completion_tokens == 0:
+            return None
+        pending = self.stream.pending
+        if len(pending) != 1:
+            return None
+        out = pending[0]
+        n = len(out.new_token_ids)
+        if not n or out.finish_reason is not None:
+            return None
+        self.stream.take_one()
+        now = time.monotonic()
+        self._metrics.itl.observe(now - self._last)
+        self._last = now
+        self.completion_tokens += n
+        text = self._detok.push(out.new_token_ids)
+        self.counts = [self.completion_tokens] if text else []
+        return text
 
     def _failed(self) -> None:
         """The stream failed (its engine, or the client left): the metrics of an aborted or failed request."""

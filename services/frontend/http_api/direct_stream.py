@@ -43,13 +43,17 @@ class DirectStream:
     matched here, or a transport that stopped taking bytes (a slow reader) or closed: the events not
     written are returned for the task to send through ASGI, whose send waits for the transport."""
 
-    __slots__ = ("_cycle", "_events", "_failure", "_future", "_outputs", "_stash")
+    __slots__ = ("_cycle", "_events", "_failure", "_future", "_outputs", "_plain", "_stash", "_text")
 
     def __init__(self, cycle: HttpCycle, outputs: OutputProcessor,
-                 events: Callable[[list[Piece]], list[bytes]]) -> None:
+                 events: Callable[[list[Piece]], list[bytes]], text: Callable[[str], bytes] | None = None) -> None:
         self._cycle = cycle
         self._outputs = outputs
         self._events = events  # the SSE events of a batch of pieces (and the finish's, once finished)
+        # `text`: the event of one plain text piece, when that is all `events` would make of it (no usage
+        # or logprobs in the chunk): OutputProcessor.plain_text() steps are written with it.
+        self._text: Callable[[str], bytes] = text or (lambda piece: b"")
+        self._plain = text is not None
         self._future: asyncio.Future[None] | None = None
         self._stash: list[bytes] = []
         self._failure: EngineFailure | None = None
@@ -82,6 +86,13 @@ class DirectStream:
 
     def on_output(self) -> None:
         outputs = self._outputs
+        if self._plain:
+            text = outputs.plain_text()
+            if text is not None:
+                if text:
+                    body = self._text(text)
+                    self._cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+                return
         try:
             events = self._events(outputs.take_pieces())
         except EngineFailure as exc:

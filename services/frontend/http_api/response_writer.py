@@ -235,7 +235,9 @@ async def _send_one_stream(send: Send, outputs: OutputProcessor, model: str, cyc
     options = outputs.options
     writer = openai_bodies.ChunkWriter(options.response_id or outputs.stream.request_id, model, chat=options.chat)
     render, usage, continuous = _render(outputs), outputs.usage, options.continuous_usage
-    direct = (DirectStream(cycle, outputs, lambda pieces: _events(writer, outputs, pieces, render))
+    plain = render is None and not continuous and options.stream_interval == 1  # a text piece is writer.text()
+    direct = (DirectStream(cycle, outputs, lambda pieces: _events(writer, outputs, pieces, render),
+                           writer.text if plain else None)
               if cycle is not None else None)
     stream = outputs.stream
     started = False
