@@ -53,6 +53,7 @@ class Bridge:
         self._contexts: dict[int, zmq.Context[zmq.Socket[bytes]]] = {}  # per rank; made, used, ended by the thread
         self._commands: deque[tuple[str, int, Any]] = deque()
         self._wake_r, self._wake_w = os.pipe()
+        self._wake_pending = False  # a byte is in the pipe that the thread has not yet seen (_wake)
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._closing = False
@@ -86,6 +87,12 @@ class Bridge:
         self._wake()
 
     def _wake(self) -> None:
+        # One byte per wake-up, not per command: a burst of requests (256 submits in one loop pass)
+        # would otherwise pay a pipe write each. The thread clears the flag before it drains the pipe
+        # and then takes every queued command, so a command queued after the clear writes again.
+        if self._wake_pending:
+            return
+        self._wake_pending = True
         try:
             os.write(self._wake_w, b"\0")
         except BlockingIOError:
@@ -125,6 +132,7 @@ class Bridge:
                     drain_at = time.monotonic() + self._hold_s
                 for sock, _ in ready:
                     if sock == self._wake_r:
+                        self._wake_pending = False
                         try:
                             while os.read(self._wake_r, 4096):
                                 pass

@@ -123,7 +123,7 @@ class OutputProcessor:
         self._pending: list[Entry] = []
         self._echo = options.echo  # not yet sent
         # plain_text() serves its steps: the text path has nothing to do but detokenize.
-        self._plain = (self.formatter is None and parser is None and stops is None and not options.echo
+        self._plain = (self.formatter is None and parser is None and self._stops is None and not options.echo
                        and not options.token_out)
         self._echo_entries: list[Entry] | None = None  # made once, before the first token's
 

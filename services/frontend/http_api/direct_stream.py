@@ -86,12 +86,17 @@ class DirectStream:
 
     def on_output(self) -> None:
         outputs = self._outputs
+        cycle = self._cycle
         if self._plain:
             text = outputs.plain_text()
             if text is not None:
-                if text:
+                if cycle.flow.write_paused or cycle.disconnected:
+                    if text:
+                        self._stash.append(self._text(text))
+                    self._let_go()
+                elif text:
                     body = self._text(text)
-                    self._cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+                    cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
                 return
         try:
             events = self._events(outputs.take_pieces())
@@ -99,7 +104,6 @@ class DirectStream:
             self._failure = exc
             self._let_go()
             return
-        cycle = self._cycle
         if outputs.finish is not None or cycle.flow.write_paused or cycle.disconnected:
             self._stash += events
             self._let_go()

@@ -145,9 +145,10 @@ def test_the_bytes_are_the_asgi_paths_and_the_middle_tokens_skip_the_send(model:
     assert b'"content":" world"' in direct and direct.endswith(b"data: [DONE]\n\n")
 
 
-def test_a_paused_transport_hands_the_stream_back_until_it_drains(model: Model) -> None:
+@pytest.mark.parametrize("stop", [(), ("xyz",)], ids=["plain", "stop-strings"])
+def test_a_paused_transport_hands_the_stream_back_until_it_drains(model: Model, stop: tuple[str, ...]) -> None:
     async def run() -> tuple[bytes, bool, int, int]:
-        outputs, stream, _, _ = _outputs(model)
+        outputs, stream, _, _ = _outputs(model, stop)
         cycle, transport = _cycle()
         send = _CountingSend(cycle)
         task = asyncio.ensure_future(send_stream(send, [[outputs]], "tiny", None, cycle))

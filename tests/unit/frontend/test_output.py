@@ -349,3 +349,29 @@ def test_unreadable_logprobs_fail_the_request_not_the_process(model: Model) -> N
     stream.feed(out, [b""])
     with pytest.raises(EngineFailure, match="unreadable logprobs"):
         asyncio.run(outputs.pieces())
+
+
+def test_a_plain_step_takes_the_short_path_with_process_s_result(model: Model) -> None:
+    outputs, stream, _ = _processor(model, _Engines())
+    assert outputs.plain_text() is None  # nothing queued
+    stream.feed(RequestOutput("r1", [HELLO], None))
+    assert outputs.plain_text() is None  # the first token: its TTFT and cached tokens are process()'s
+    assert outputs.take_pieces() == ["Hello"]
+    stream.feed(RequestOutput("r1", [WORLD], None))
+    assert outputs.plain_text() == " world" and not stream.pending
+    assert (outputs.completion_tokens, outputs.counts) == (2, [2])
+    stream.feed(RequestOutput("r1", [COMMA], None))
+    stream.feed(RequestOutput("r1", [HELLO], None))
+    assert outputs.plain_text() is None and len(stream.pending) == 2  # two queued: process() takes them
+    assert outputs.take_pieces() == [",", "Hello"]
+    stream.feed(RequestOutput("r1", [WORLD], "length"))
+    assert outputs.plain_text() is None  # the finish is process()'s
+    assert outputs.take_pieces() == [" world"] and outputs.finish == "length"
+
+
+def test_a_request_with_stop_strings_never_takes_the_short_path(model: Model) -> None:
+    outputs, stream, _ = _processor(model, _Engines(), stop=("xyz",))
+    stream.feed(RequestOutput("r1", [HELLO], None))
+    outputs.take_pieces()
+    stream.feed(RequestOutput("r1", [WORLD], None))
+    assert outputs.plain_text() is None and len(stream.pending) == 1
