@@ -50,7 +50,7 @@ from services.frontend.engine_client.bridge import (
     Bridge,
     Inbound,
 )
-from services.frontend.engine_client.inflight import LOST, NOT_SENT, InFlight
+from services.frontend.engine_client.inflight import LOST, NOT_SENT, InFlight, end_of_pass
 from services.frontend.engine_client.kv_index import KVIndex
 
 log = logging.getLogger(__name__)
@@ -303,6 +303,7 @@ class EngineSet:
         try:
             self._take(batch, received_at)
         finally:
+            end_of_pass()  # streams written from this pass write now, each once
             self._hint_quiet()
 
     def _hint_quiet(self) -> None:

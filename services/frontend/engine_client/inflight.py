@@ -3,10 +3,13 @@ steps, and the response task drains everything queued at once (one wake-up per b
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from typing import Protocol
 
 from protocol import RequestOutput
+
+log = logging.getLogger(__name__)
 
 # error_kind of the output that tells a stream its request was refused by the socket for want of a
 # connection: it never left this process, so it may go to another rank. Frontend-local, never on the wire.
@@ -30,15 +33,39 @@ class EngineFailure(RuntimeError):
 
 
 class Sink(Protocol):
-    """A consumer that takes a stream's outputs in the dispatch pass that feeds them, instead of a
-    response task woken per output (http_api/direct_stream.py)."""
+    """A consumer that takes a stream's outputs at the end of the dispatch pass that fed them, instead
+    of a response task woken per output (http_api/direct_stream.py)."""
 
     def on_output(self) -> None:
-        """Outputs are queued (not the last): take them now (InFlight.take)."""
+        """Outputs were queued in this pass (not the last): take them now (InFlight.take). Called once
+        per pass, however many outputs of the stream the pass carried, so they go out together."""
 
     def on_end(self) -> None:
         """The stream finished or failed, its last outputs still queued: the sink is detached, the
         response task takes the rest."""
+
+
+# The streams with a sink that were fed in the current dispatch pass, in the order they were first fed;
+# end_of_pass() hands each its outputs. One event loop per API server process: a module's list suffices.
+_due: list[InFlight] = []
+
+
+def end_of_pass() -> None:
+    """The dispatch pass is over (engines.py, after each batch from the socket thread): each stream fed
+    in it whose sink is still attached takes its outputs, once."""
+    if not _due:
+        return
+    due = _due[:]
+    _due.clear()
+    for stream in due:
+        stream._is_due = False
+        sink = stream.sink
+        if sink is not None and stream._pending:
+            try:
+                sink.on_output()
+            except Exception as exc:  # a bug in one stream's output processing: that stream fails, not the pass
+                log.exception("output processing failed for %s", stream.request_id)
+                stream.fail(f"output processing failed: {type(exc).__name__}: {exc}")
 
 
 class InFlight:
@@ -48,6 +75,7 @@ class InFlight:
     __slots__ = (
         "_error",
         "_frames",
+        "_is_due",
         "_pending",
         "_waiter",
         "engine_index",
@@ -91,6 +119,7 @@ class InFlight:
         # With a sink attached, feed hands it each output in place of waking the consumer, and the end
         # (a finish or a failure) detaches it; see Sink.
         self.sink: Sink | None = None
+        self._is_due = False  # in _due
 
     # ---- producer side (the engine dispatch pass on the event loop) ----
 
@@ -107,7 +136,9 @@ class InFlight:
         sink = self.sink
         if sink is not None:
             if not self.finished:
-                sink.on_output()
+                if not self._is_due:
+                    self._is_due = True
+                    _due.append(self)
                 return
             self.sink = None
             sink.on_end()

@@ -87,7 +87,7 @@ class OutputProcessor:
         # Token-out with no text asked and no stop string to match: nothing reads the text, so it is not
         # decoded (the token-in routes' common case: a gateway or an RL loop that wants ids).
         self._no_text = self.options.token_out and not self.options.text_out and not stops and parser is None
-        if isinstance(parser, TokenOutputParser):
+        if parser is not None and isinstance(parser, TokenOutputParser):  # a Protocol's isinstance is slow
             self._token_parser = parser
         else:
             self._parser = parser

@@ -14,7 +14,7 @@ from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from protocol import GenerateRequest, RequestOutput, SamplingParams
-from services.frontend.engine_client.inflight import CLIENT_GONE, InFlight
+from services.frontend.engine_client.inflight import CLIENT_GONE, InFlight, end_of_pass
 from services.frontend.generation.metrics import Metrics
 from services.frontend.generation.output import OutputProcessor
 from services.frontend.http_api.response_writer import send_stream
@@ -99,6 +99,13 @@ def _events(body: bytes) -> list[str]:
             for e in body.split(b"\n\n") if e]
 
 
+def _feed(stream: InFlight, *outs: RequestOutput) -> None:
+    """One dispatch pass that carries these outputs."""
+    for out in outs:
+        stream.feed(out)
+    end_of_pass()
+
+
 async def _attached(stream: InFlight) -> None:
     for _ in range(100):  # yields to the response task, no wall-clock wait
         if stream.sink is not None:
@@ -122,7 +129,7 @@ async def _serve(model: Model, outs: list[RequestOutput], *, direct: bool) -> tu
     send = _CountingSend(cycle)
     task = asyncio.ensure_future(send_stream(send, [[outputs]], "tiny", None, cycle if direct else None))
     for out in outs:
-        stream.feed(out)
+        _feed(stream, out)
         if direct and out.finish_reason is None:
             await _attached(stream)
         else:
@@ -152,19 +159,19 @@ def test_a_paused_transport_hands_the_stream_back_until_it_drains(model: Model, 
         cycle, transport = _cycle()
         send = _CountingSend(cycle)
         task = asyncio.ensure_future(send_stream(send, [[outputs]], "tiny", None, cycle))
-        stream.feed(RequestOutput("r1", [HELLO], None))
+        _feed(stream, RequestOutput("r1", [HELLO], None))
         await _attached(stream)
         cycle.flow.pause_writing()  # the client stopped reading: the kernel's buffer is full
         written = transport.writes
-        stream.feed(RequestOutput("r1", [WORLD], None))  # taken, not written: handed to the task
+        _feed(stream, RequestOutput("r1", [WORLD], None))  # taken, not written: handed to the task
         assert stream.sink is None and transport.writes == written
         for _ in range(5):
             await asyncio.sleep(0)
         assert transport.writes == written  # the task's send waits for the transport
-        stream.feed(RequestOutput("r1", [COMMA], None))
+        _feed(stream, RequestOutput("r1", [COMMA], None))
         cycle.flow.resume_writing()
         await _attached(stream)
-        stream.feed(RequestOutput("r1", [HELLO], "length"))
+        _feed(stream, RequestOutput("r1", [HELLO], "length"))
         await task
         body, complete = _body(bytes(transport.data))
         return body, complete, send.bodies, written
@@ -182,10 +189,10 @@ def test_a_failure_mid_stream_ends_with_an_error_event(model: Model) -> None:
         outputs, stream, _, _ = _outputs(model)
         cycle, transport = _cycle()
         task = asyncio.ensure_future(send_stream(cycle.send, [[outputs]], "tiny", None, cycle))
-        stream.feed(RequestOutput("r1", [HELLO], None))
+        _feed(stream, RequestOutput("r1", [HELLO], None))
         await _attached(stream)
-        stream.feed(RequestOutput("r1", [WORLD], None))
-        stream.feed(RequestOutput("r1", [], "error", error="engine rank 0 died"))
+        _feed(stream, RequestOutput("r1", [WORLD], None))
+        _feed(stream, RequestOutput("r1", [], "error", error="engine rank 0 died"))
         await task
         body, complete = _body(bytes(transport.data))
         assert complete
@@ -200,10 +207,10 @@ def test_a_stop_string_matched_in_the_dispatch_pass_finishes_the_stream(model: M
         outputs, stream, engines, _ = _outputs(model, stop=(",",))
         cycle, transport = _cycle()
         task = asyncio.ensure_future(send_stream(cycle.send, [[outputs]], "tiny", None, cycle))
-        stream.feed(RequestOutput("r1", [HELLO], None))
+        _feed(stream, RequestOutput("r1", [HELLO], None))
         await _attached(stream)
-        stream.feed(RequestOutput("r1", [WORLD], None))
-        stream.feed(RequestOutput("r1", [COMMA, HELLO], None))
+        _feed(stream, RequestOutput("r1", [WORLD], None))
+        _feed(stream, RequestOutput("r1", [COMMA, HELLO], None))
         assert stream.sink is None  # let go at the match
         await task
         body, complete = _body(bytes(transport.data))
@@ -221,7 +228,7 @@ def test_a_client_that_left_ends_the_stream_as_an_abort(model: Model) -> None:
         outputs, stream, _, metrics = _outputs(model)
         cycle, _ = _cycle()
         task = asyncio.ensure_future(send_stream(cycle.send, [[outputs]], "tiny", None, cycle))
-        stream.feed(RequestOutput("r1", [HELLO], None))
+        _feed(stream, RequestOutput("r1", [HELLO], None))
         await _attached(stream)
         cycle.disconnected = True
         stream.fail(CLIENT_GONE)
@@ -231,3 +238,55 @@ def test_a_client_that_left_ends_the_stream_as_an_abort(model: Model) -> None:
     metrics = asyncio.run(run())
     assert metrics.registry.get_sample_value("vllm:request_success_total",
                                              {"model_name": "tiny", "finished_reason": "abort"}) == 1
+
+
+def test_the_outputs_of_one_pass_go_out_in_one_write(model: Model) -> None:
+    async def run() -> tuple[bytes, int, int]:
+        outputs, stream, _, _ = _outputs(model)
+        cycle, transport = _cycle()
+        task = asyncio.ensure_future(send_stream(cycle.send, [[outputs]], "tiny", None, cycle))
+        _feed(stream, RequestOutput("r1", [HELLO], None))
+        await _attached(stream)
+        before = transport.writes
+        _feed(stream, RequestOutput("r1", [WORLD], None), RequestOutput("r1", [COMMA], None),
+              RequestOutput("r1", [HELLO], None))  # an engine running ahead of this process
+        during = transport.writes - before
+        _feed(stream, RequestOutput("r1", [WORLD], "length"))
+        await task
+        return bytes(transport.data), during, stream.generated
+
+    data, writes, generated = asyncio.run(run())
+    assert writes == 1 and generated == 5
+    assert b'"content":" world"' in data and b'"content":","' in data and data.count(b'"content":"Hello"') == 2
+
+
+def test_a_bug_in_one_stream_s_processing_fails_that_stream_only(model: Model,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    async def run() -> tuple[bytes, bytes]:
+        a, stream_a, _, _ = _outputs(model)
+        b, stream_b, _, _ = _outputs(model)
+        stream_b.request_id = "r2"
+        cycle_a, transport_a = _cycle()
+        cycle_b, transport_b = _cycle()
+        tasks = [asyncio.ensure_future(send_stream(cycle_a.send, [[a]], "tiny", None, cycle_a)),
+                 asyncio.ensure_future(send_stream(cycle_b.send, [[b]], "tiny", None, cycle_b))]
+        _feed(stream_a, RequestOutput("r1", [HELLO], None))
+        _feed(stream_b, RequestOutput("r1", [HELLO], None))
+        await _attached(stream_a)
+        await _attached(stream_b)
+
+        class Broken:
+            def push(self, ids: list[int]) -> str:
+                raise ValueError("a bug")
+
+        monkeypatch.setattr(a, "_detok", Broken())
+        stream_a.feed(RequestOutput("r1", [WORLD], None))
+        stream_b.feed(RequestOutput("r1", [WORLD], None))
+        end_of_pass()
+        _feed(stream_b, RequestOutput("r1", [COMMA], "length"))
+        await asyncio.gather(*tasks)
+        return bytes(transport_a.data), bytes(transport_b.data)
+
+    data_a, data_b = asyncio.run(run())
+    assert b"output processing failed: ValueError: a bug" in data_a and data_a.endswith(b"0\r\n\r\n")
+    assert b'"content":" world"' in data_b and b'"finish_reason":"length"' in data_b
