@@ -12,11 +12,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
+
 from protocol.logprobs import Segment
 from services.frontend.text.token_strings import CONTEXT_TOKENS, REPLACEMENT, TokenStrings, bytes_json
 from services.frontend.text.token_strings import json_string as _enc
 
 FLOOR = -9999.0
+_encode = msgspec.json.Encoder().encode
+
+
+def _number(lp: float) -> str:
+    """A logprob as JSON, floored, written as vLLM's pydantic writes it (shortest round-trip digits,
+    exponents as `e-7`; Python's repr would write `e-07`)."""
+    return _encode(lp if lp > FLOOR else FLOOR).decode()
+
+
+def _numbers(lps: Sequence[float]) -> list[str]:
+    """_number of each, in one encoder call (a token's own logprob and its alternatives')."""
+    return _encode([lp if lp > FLOOR else FLOOR for lp in lps]).decode()[1:-1].split(",")  # NaN, -inf: FLOOR
 Entry = Any  # chat: the entry's JSON text; completions: (token JSON, logprob, top dict JSON, offset)
 
 
@@ -87,16 +101,17 @@ class LogprobsFormatter:
             whole = bool(frag)  # its string does not depend on the tokens before it
             if not whole:
                 frag = self._fragments_in(own, context)
-            tops = []
-            for j in range(row + 1, row + 1 + top):
-                tid = ids[j]
+            nums = _numbers(lps[row:row + 1 + top])
+            parts = [frag[0], nums[0], frag[1], ',"top_logprobs":[']
+            for j in range(1, 1 + top):
+                tid = ids[row + j]
                 alt = ((cache[tid] if tid < size else None) or fragments(tid, self._as_ids)
                        or self._fragments_in(tid, context))
-                lp = lps[j]
-                tops.append(alt[0] + repr(lp if lp > FLOOR else FLOOR) + alt[1] + "}")
-            lp = lps[row]
-            out.append(frag[0] + repr(lp if lp > FLOOR else FLOOR) + frag[1] + ',"top_logprobs":['
-                       + ",".join(tops) + "]}")
+                parts += (alt[0], nums[j], alt[1], "},")
+            if top:
+                parts[-1] = "}"
+            parts.append("]}")
+            out.append("".join(parts))
             _advance(context, own, whole)
         return out
 
@@ -105,7 +120,7 @@ class LogprobsFormatter:
         own = ids[row]
         key, length = self._key(own, context)
         lp = lps[row]
-        own_lp = repr(lp if lp > FLOOR else FLOOR)
+        own_lp = _number(lp)
         # vLLM's dict: the token first, then the k most likely (the token once, at its first place).
         keys, values = [key], [own_lp]
         for j in range(row + 1, row + 1 + top):
@@ -113,7 +128,7 @@ class LogprobsFormatter:
             if tid != own:
                 lp = lps[j]
                 keys.append(self._key(tid, context)[0])
-                values.append(repr(lp if lp > FLOOR else FLOOR))
+                values.append(_number(lp))
         if len(set(keys)) < len(keys):  # two ids with one string: one key, its last value (a dict's)
             merged = dict(zip(keys, values, strict=True))
             keys, values = list(merged), list(merged.values())
@@ -173,7 +188,7 @@ class LogprobsFormatter:
                     text = strings.alone(tid)
                     if text.endswith(REPLACEMENT):
                         text = strings.corrected(tid, context)
-                    cells.append('"' + str(tid) + '":{"logprob":' + repr(lp if lp > FLOOR else FLOOR) + ',"rank":'
+                    cells.append('"' + str(tid) + '":{"logprob":' + _number(lp) + ',"rank":'
                                  + str(rank) + ',"decoded_token":' + _enc(text) + "}")
                 out.append("{" + ",".join(cells) + "}")
                 _advance(context, own, not strings.alone(own).endswith(REPLACEMENT))
@@ -182,7 +197,7 @@ class LogprobsFormatter:
 
 
 def _token_cell(tid: int, lp: float, rank: int) -> str:
-    return ('{"token_id":' + str(tid) + ',"logprob":' + repr(lp if lp > FLOOR else FLOOR) + ',"rank":'
+    return ('{"token_id":' + str(tid) + ',"logprob":' + _number(lp) + ',"rank":'
             + (str(rank) if rank else "null") + "}")
 
 
