@@ -1,5 +1,5 @@
 """Frontend CPU cost per streamed token: N concurrent SSE streams through the frontend, its CPU time read
-from /proc before and after each round.
+from /proc before and after each round, against the reference servers of bench/stream_floor.py.
 
 The headline is the paced case: sim engines stepping every --decode-ms (20 ms, a GPU's decode cadence:
 one token per stream per step, so about one SSE event per token, which is what a real engine gives).
@@ -9,9 +9,13 @@ frontend processes; rounds alternate between them (and, with --top-logprobs K, b
 and streams with K top_logprobs), so all see the same machine. Events per token are the content events
 a stream received over its tokens. The frontend's idle CPU (ms per second, engines connected, no
 requests) is measured before the rounds.
+The reference servers (--reference, onepass by default) do nothing but the HTTP layer, sending prebuilt
+chunks at the same --decode-ms to the same streams x tokens from the same load generator; their rounds
+alternate with the fleet's, and each paced case is printed as a ratio to them (fleet / reference).
 Usage: python bench/frontend_stream.py [--streams 256] [--tokens 200] [--ranks 1] [--repeat 3]
                                       [--decode-ms 20] [--top-logprobs 5] [--cases paced,instant]
                                       [--servers uvicorn,hypercorn] [--before REV] [--profile FILE]
+                                      [--reference asgi,onepass|none] [--threads]
 """
 from __future__ import annotations
 
@@ -26,8 +30,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 
@@ -141,8 +145,45 @@ def start_case(paced: bool, server: str, args: argparse.Namespace, tree: Path = 
     return engine, frontend, f"http://127.0.0.1:{http_port}"
 
 
+@dataclass(slots=True)
+class Target:
+    """One server the rounds measure: a fleet frontend (over its own sim engine) or a reference server."""
+
+    label: str
+    pacing: str  # "paced" or "instant"
+    reference: str  # "" for the fleet, else the stream_floor kind
+    pid: int  # whose CPU is read
+    base: str
+    procs: list[subprocess.Popen[bytes]]
+
+
+def start_reference(kind: str, args: argparse.Namespace) -> Target:
+    """A reference server of bench/stream_floor.py in its own process, paced at --decode-ms."""
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "stream_floor.py"), "--kind", kind,
+                             "--port", str(port), "--decode-ms", str(args.decode_ms)], cwd=ROOT)
+    return Target(f"reference {kind}", "paced", kind, proc.pid, f"http://127.0.0.1:{port}", [proc])
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of each thread group of a process: its main thread, libzmq's threads by name (ZMQbg/...),
+    and the other threads together (in the frontend: the engine socket thread; Python 3.11 names no OS
+    thread, so it cannot be told from an executor's by name)."""
+    found: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:  # ended since the listing
+            continue
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat.rsplit(")", 1)[1].split()
+        name = "main" if task.name == str(pid) else comm if comm.startswith("ZMQ") else "other threads"
+        found[name] = found.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / TICKS
+    return found
+
+
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--streams", type=int, default=256)
     p.add_argument("--tokens", type=int, default=200)
     p.add_argument("--ranks", type=int, default=1)
@@ -158,67 +199,102 @@ def main() -> None:
                    help="run the paced case's frontend under cProfile, its stats written to FILE at exit")
     p.add_argument("--top-logprobs", type=int, default=None,
                    help="also measure streams with logprobs and this many top_logprobs, side by side")
+    p.add_argument("--reference", default="onepass", metavar="KINDS",
+                   help="reference servers of bench/stream_floor.py (asgi, onepass, both, or none), paced at "
+                        "--decode-ms, their rounds alternating with the fleet's; the paced cases' ratios to them")
+    p.add_argument("--threads", action="store_true",
+                   help="also print each fleet frontend's CPU per token by thread (main, socket, ZMQ I/O)")
     args = p.parse_args()
     pacings = [c.strip() for c in args.cases.split(",") if c.strip()]
-    assert pacings and set(pacings) <= {"paced", "instant"}, "--cases: paced, instant or both"
+    if not pacings or not set(pacings) <= {"paced", "instant"}:
+        p.error(f"--cases: paced, instant or both, got {args.cases!r}")
+    references = [k.strip() for k in args.reference.split(",") if k.strip() and k.strip() != "none"]
+    if not set(references) <= {"asgi", "onepass"}:
+        p.error(f"--reference: asgi, onepass, both (comma-separated) or none, got {args.reference!r}")
     trees = {"": ROOT, **({args.before: tree_at(args.before)} if args.before else {})}
     intervals = [int(i) for i in args.stream_interval.split(",")]
-    # A case: (pacing, "server[@rev][/interval]").
+    # A fleet case: (pacing, "server[@rev][/interval]").
     cases = [(pacing, server + (f"@{rev}" if rev else "") + (f"/interval {i}" if i > 1 else ""))
              for pacing in pacings for server in args.servers.split(",") for rev in trees for i in intervals]
 
-    def start(case: tuple[str, str]) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes], str]:
+    def start(case: tuple[str, str]) -> Target:
         name, _, interval = case[1].partition("/interval ")
         server, _, rev = name.partition("@")
-        return start_case(case[0] == "paced", server, args, trees[rev], int(interval or 1))
+        engine, frontend, base = start_case(case[0] == "paced", server, args, trees[rev], int(interval or 1))
+        what = f"paced {args.decode_ms:g} ms" if case[0] == "paced" else "instant"
+        return Target(f"{what}, {case[1]}", case[0], "", frontend.pid, base, [frontend, engine])
 
-    procs = {case: start(case) for case in cases}
+    targets: list[Target] = []
     try:
-        for _, _, base in procs.values():
-            wait_ready(base)
-        kinds: list[int | None] = [None] if args.top_logprobs is None else [None, args.top_logprobs]
-        for _, _, base in procs.values():
-            for kind in kinds:
-                asyncio.run(_round(base, 8, 20, kind))  # warm-up
-        idle: dict[tuple[str, str], float] = {}
-        time.sleep(1)
-        for case, (_, frontend, _) in procs.items():
-            cpu0 = _cpu_seconds(frontend.pid)
-            time.sleep(args.idle_s)
-            idle[case] = (_cpu_seconds(frontend.pid) - cpu0) / args.idle_s * 1e3
-        keys = [(case, kind) for case in cases for kind in kinds]
-        per_token: dict[Any, list[float]] = {k: [] for k in keys}
-        rates: dict[Any, list[float]] = {k: [] for k in keys}
-        events: dict[Any, list[float]] = {k: [] for k in keys}
-        for _ in range(args.repeat):
-            for case, kind in keys:  # interleaved, so every case sees the same machine
-                frontend, base = procs[case][1], procs[case][2]
-                cpu0 = _cpu_seconds(frontend.pid)
-                n, e, wall = asyncio.run(_round_events(base, args.streams, args.tokens, kind))
-                cpu = _cpu_seconds(frontend.pid) - cpu0
-                assert n == args.streams * args.tokens, f"expected {args.streams * args.tokens} tokens, got {n}"
-                per_token[(case, kind)].append(cpu / n * 1e6)
-                rates[(case, kind)].append(n / wall)
-                events[(case, kind)].append(e / n)
-        print(f"{args.streams} concurrent streams x {args.tokens} tokens, {args.ranks} sim rank(s); "
-              f"medians of {args.repeat} runs")
-        for (pacing, server), kind in keys:
-            what = f"paced {args.decode_ms:g} ms" if pacing == "paced" else "instant"
-            what += f", {server}" + ("" if kind is None else f", top_logprobs={kind}")
-            runs = per_token[((pacing, server), kind)]
-            print(f"[{what}] frontend CPU per streamed token: {statistics.median(runs):6.1f} us "
-                  f"(runs: {', '.join(f'{x:.1f}' for x in runs)}); "
-                  f"events per token {statistics.median(events[((pacing, server), kind)]):.2f}; "
-                  f"tokens/s {statistics.median(rates[((pacing, server), kind)]):,.0f}")
-        for (pacing, server), ms in idle.items():
-            print(f"[{pacing}, {server}] frontend idle CPU: {ms:.1f} ms per second")
+        targets += [start(case) for case in cases]
+        targets += [start_reference(kind, args) for kind in references]
+        measure(targets, args)
     finally:
-        for engine, frontend, _ in procs.values():
-            for proc in (frontend, engine):
+        for target in targets:
+            for proc in target.procs:
                 proc.send_signal(signal.SIGTERM)
-        for engine, frontend, _ in procs.values():
-            for proc in (frontend, engine):
+        for target in targets:
+            for proc in target.procs:
                 proc.wait(60)
+
+
+def measure(targets: list[Target], args: argparse.Namespace) -> None:
+    """The rounds, interleaved (each target's round k, plain then with logprobs, before any's round k+1),
+    and the figures."""
+    for target in targets:
+        wait_ready(target.base)
+    kinds: list[int | None] = [None] if args.top_logprobs is None else [None, args.top_logprobs]
+    for target in targets:
+        for kind in kinds:
+            asyncio.run(_round(target.base, 8, 20, kind))  # warm-up
+    idle: dict[str, float] = {}
+    time.sleep(1)
+    for target in targets:
+        cpu0 = _cpu_seconds(target.pid)
+        time.sleep(args.idle_s)
+        idle[target.label] = (_cpu_seconds(target.pid) - cpu0) / args.idle_s * 1e3
+    keys = [(target, kind) for kind in kinds for target in targets]
+    per_token: dict[tuple[str, int | None], list[float]] = {(t.label, k): [] for t, k in keys}
+    rates: dict[tuple[str, int | None], list[float]] = {(t.label, k): [] for t, k in keys}
+    events: dict[tuple[str, int | None], list[float]] = {(t.label, k): [] for t, k in keys}
+    threads: dict[tuple[str, int | None], dict[str, float]] = {(t.label, k): {} for t, k in keys}
+    for _ in range(args.repeat):
+        for target, kind in keys:  # interleaved, so every case sees the same machine
+            key = (target.label, kind)
+            cpu0, threads0 = _cpu_seconds(target.pid), thread_cpu(target.pid)
+            n, e, wall = asyncio.run(_round_events(target.base, args.streams, args.tokens, kind))
+            cpu = _cpu_seconds(target.pid) - cpu0
+            assert n == args.streams * args.tokens, f"{target.label}: {n} tokens, expected {args.streams * args.tokens}"
+            per_token[key].append(cpu / n * 1e6)
+            rates[key].append(n / wall)
+            events[key].append(e / n)
+            for name, seconds in thread_cpu(target.pid).items():
+                spent = seconds - threads0.get(name, 0.0)
+                threads[key][name] = threads[key].get(name, 0.0) + spent / n * 1e6 / args.repeat
+    med = statistics.median
+    print(f"{args.streams} concurrent streams x {args.tokens} tokens, {args.ranks} sim rank(s); "
+          f"medians of {args.repeat} runs")
+    for target, kind in keys:
+        key = (target.label, kind)
+        what = target.label + ("" if kind is None else f", top_logprobs={kind}")
+        whose = "frontend" if not target.reference else "reference server"
+        print(f"[{what}] {whose} CPU per streamed token: {med(per_token[key]):6.1f} us "
+              f"(runs: {', '.join(f'{x:.1f}' for x in per_token[key])}); "
+              f"events per token {med(events[key]):.2f}; tokens/s {med(rates[key]):,.0f}")
+        if args.threads and not target.reference:
+            print("    by thread, us per token (mean of the runs): "
+                  + ", ".join(f"{name} {us:.1f}" for name, us in sorted(threads[key].items(), key=lambda i: -i[1])))
+    for fleet, kind in keys:
+        if fleet.reference or fleet.pacing != "paced":
+            continue
+        for ref in (t for t, k in keys if t.reference and k == kind):
+            ours, theirs = per_token[(fleet.label, kind)], per_token[(ref.label, kind)]
+            paired = [a / b for a, b in zip(ours, theirs, strict=True)]
+            what = fleet.label + ("" if kind is None else f", top_logprobs={kind}")
+            print(f"[{what}] fleet / {ref.reference}: {med(ours) / med(theirs):.2f}x "
+                  f"(round by round: {', '.join(f'{r:.2f}' for r in paired)})")
+    for target in targets:
+        print(f"[{target.label}] idle CPU: {idle[target.label]:.1f} ms per second")
 
 
 if __name__ == "__main__":
