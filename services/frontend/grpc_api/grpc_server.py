@@ -55,8 +55,8 @@ class GrpcServer:
         pool_in, pool_out = pb2.PoolRequest.FromString, pb2.PoolResponse.SerializeToString
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("fleet.v1.Inference", {
             "Generate": grpc.unary_unary_rpc_method_handler(self.inference.Generate, response_serializer=out),
-            # Its messages come serialized (inference.py writes protobuf's bytes, most encoded by hand).
-            "GenerateStream": grpc.unary_stream_rpc_method_handler(self.inference.GenerateStream),
+            "GenerateStream": grpc.unary_stream_rpc_method_handler(self.inference.GenerateStream,
+                                                                    response_serializer=out),
             "Embed": grpc.unary_unary_rpc_method_handler(self.inference.Embed, request_deserializer=pool_in,
                                                          response_serializer=pool_out),
             "Classify": grpc.unary_unary_rpc_method_handler(self.inference.Classify, request_deserializer=pool_in,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import grpc
@@ -20,7 +20,6 @@ from services.frontend.generation.frontend_core import FrontendCore
 from services.frontend.generation.output import OutputProcessor
 from services.frontend.grpc_api.pool_call import pool
 from services.frontend.grpc_api.rpc import Failed, failed, guard, status_of
-from services.frontend.grpc_api.stream_message import StreamMessage
 
 ABORTED = "aborted by Control.Abort"
 
@@ -96,12 +95,11 @@ class Inference(pb2_grpc.InferenceServicer):
     async def Classify(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await guard(context, pool(self._core, request, "classify", "Classify"))
 
-    async def GenerateStream(self, request: Any, context: grpc.aio.ServicerContext) -> None:
-        # A coroutine that writes, not an async generator: grpc.aio drives a generator through one more
-        # layer per message. Its messages are protobuf bytes already (its response serializer is none).
+    async def GenerateStream(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         with tracing.server_span("frontend.request", _metadata(context), {"rpc.method": "GenerateStream"}):
             try:
-                await self._generate_stream(request, context)
+                async for resp in self._generate_stream(request):
+                    yield resp
             except Failed as exc:
                 await context.abort(exc.code, str(exc))
 
@@ -140,30 +138,23 @@ class Inference(pb2_grpc.InferenceServicer):
                     resp.prompt_logprobs.extend(rows(seg, 0, seg.positions, top))
             return resp
 
-    async def _generate_stream(self, request: Any, context: grpc.aio.ServicerContext) -> None:
+    async def _generate_stream(self, request: Any) -> AsyncIterator[Any]:
         engine_request = await self._translate(request, stream=True)
         with self._launched(engine_request) as outputs:
             caller = engine_request.output.response_id
             rank, text_out = outputs.stream.rank, engine_request.output.text_out
-            message = StreamMessage(caller, rank)
             while outputs.finish is None:
                 pieces = await _pieces(outputs)
-                text = "".join(p if isinstance(p, str) else p.content for p in pieces) if text_out else ""
-                if outputs.finish is None and outputs.formatter is None:
-                    if not outputs.token_ids:
-                        continue  # text held back (a stop string may follow): nothing to say yet
-                    # The common message, encoded by hand (stream_message.py): no message object per token.
-                    await context.write(message.encode(outputs.token_ids, text))
-                    continue
-                resp = pb2.GenerateResponse(request_id=caller, token_ids=outputs.token_ids, data_parallel_rank=rank,
-                                            text=text)
+                resp = pb2.GenerateResponse(request_id=caller, token_ids=outputs.token_ids, data_parallel_rank=rank)
                 if outputs.formatter is not None:
                     resp.logprobs.extend(outputs.token_entries())
+                if text_out:
+                    resp.text = "".join(p if isinstance(p, str) else p.content for p in pieces)
                 if outputs.finish is not None:
                     _finish(resp, outputs, outputs.finish)
                 elif not outputs.token_ids:
-                    continue
-                await context.write(resp.SerializeToString())
+                    continue  # text held back (a stop string may follow): nothing to say yet
+                yield resp
 
     @contextlib.contextmanager
     def _launched(self, engine_request: Any) -> Iterator[OutputProcessor]:
