@@ -6,10 +6,11 @@ cadence (one timer per step wakes every stream, as the engine's outputs do), mea
 - aio-write: a coroutine calling context.write(bytes) instead of a generator;
 - h2: an asyncio protocol with h2 for the connection's state, each message's DATA frame built by hand and
   written to the transport (flow-control windows charged as h2 would; the floor of a lower gRPC layer);
-- h2-send: the same with h2's own send_data per message (what an h2-based server, grpclib, pays).
+- h2-send: the same with h2's own send_data per message (what an h2-based server, grpclib, pays);
+- sync: grpc's threaded server, a generator per call in a pool thread, a condition notified per step.
 Each server is its own process; the grpc.aio client runs in this one, whose CPU is not counted.
 Usage: python bench/grpc_floor.py [--streams 256] [--messages 200] [--repeat 3] [--step-ms 20]
-                                  [--servers aio,aio-pb,aio-write,h2,h2-send]
+                                  [--servers aio,aio-pb,aio-write,h2,h2-send,sync]
 """
 from __future__ import annotations
 
@@ -144,8 +145,45 @@ class _H2Server(asyncio.Protocol):
         self._flush()
 
 
+def _serve_sync(port: int, step_s: float) -> None:
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    step = threading.Condition()
+    steps = [0]
+
+    def tick() -> None:
+        while True:
+            time.sleep(step_s)
+            with step:
+                steps[0] += 1
+                step.notify_all()
+
+    def generator(request: bytes, context: Any) -> Any:
+        seen = steps[0]
+        for i in range(_count(request)):
+            with step:
+                while steps[0] == seen:
+                    step.wait()
+                seen = steps[0]
+            yield _message(i).SerializeToString()
+
+    threading.Thread(target=tick, daemon=True).start()
+    server = grpc.server(ThreadPoolExecutor(max_workers=1100), maximum_concurrent_rpcs=1024,
+                         options=[("grpc.so_reuseport", 0)])
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("fleet.v1.Inference", {
+        "GenerateStream": grpc.unary_stream_rpc_method_handler(generator)}),))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    server.wait_for_termination()
+
+
 def serve(port: int, kind: str, step_s: float) -> None:
     import uvloop
+
+    if kind == "sync":
+        _serve_sync(port, step_s)
+        return
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -189,7 +227,7 @@ def main() -> None:
     p.add_argument("--messages", type=int, default=200)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--step-ms", type=float, default=20.0)
-    p.add_argument("--servers", default="aio,aio-pb,aio-write,h2,h2-send")
+    p.add_argument("--servers", default="aio,aio-pb,aio-write,h2,h2-send,sync")
     p.add_argument("--serve", nargs=2, metavar=("PORT", "KIND"), help=argparse.SUPPRESS)  # a server's process
     args = p.parse_args()
     if args.serve:
@@ -197,8 +235,8 @@ def main() -> None:
         return
     kinds = args.servers.split(",")
     for kind in kinds:
-        if kind not in ("aio", "aio-pb", "aio-write", "h2", "h2-send"):
-            p.error(f"--servers: {kind!r} is not one of aio, aio-pb, aio-write, h2, h2-send")
+        if kind not in ("aio", "aio-pb", "aio-write", "h2", "h2-send", "sync"):
+            p.error(f"--servers: {kind!r} is not one of aio, aio-pb, aio-write, h2, h2-send, sync")
     procs: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
     try:
         for kind in kinds:
