@@ -21,7 +21,7 @@ CHAT = [{"role": "user", "content": "Stream this"}]
 @pytest.fixture(scope="module")
 def frontend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrontendProc]:
     tmp = tmp_path_factory.mktemp("direct")
-    engine = start_engine(tmp, "--model", "tiny", "--backend", "sim", "--sim-decode-ms", "2")
+    engine = start_engine(tmp, "--model", "tiny", "--backend", "sim", "--sim-decode-ms", "0.5")
     try:
         fe = start_frontend(tmp, "--data-parallel-size-local", "0", "--engine-addresses", engine.endpoint())
         try:
@@ -130,7 +130,7 @@ def test_a_client_that_stops_reading_gets_every_byte_when_it_reads_again(fronten
     sock.connect(("127.0.0.1", frontend.port))
     with sock:
         sock.sendall(_request(tokens, logprobs=True, top_logprobs=20))
-        # The engine finishes (2 ms a token) while nothing is read: the frontend holds the rest, the
+        # The engine finishes (0.5 ms a token) while nothing is read: the frontend holds the rest, the
         # response unfinished.
         until("the request to reach the engine",
               lambda: True if _metric(frontend, "fleet:engine_streams_open") == 1 else None)
