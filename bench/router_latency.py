@@ -136,6 +136,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
 
 
+def sys_seconds(pid: int) -> float:
+    """The kernel's share (stime): on loopback, a send also runs the receiver's TCP stack."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[12]) / TICKS
+
+
 async def measure(ports: dict[str, int], pids: list[int], concurrency: int, requests: int, rounds: int) -> None:
     per_round = max(concurrency, requests // rounds)
     for port in ports.values():  # warm-up: connections, the router's upstream pool, code paths
@@ -207,11 +212,13 @@ class StreamConnection(Connection):
 
 @dataclass
 class StreamRound:
-    """One target's round: TTFT and end latencies (ms), wall time, the routers' CPU seconds, errors."""
+    """One target's round: TTFT and end latencies (ms), wall time, the routers' CPU seconds (all, and
+    the kernel's), errors."""
     ttft: list[float]
     end: list[float]
     wall: float
     cpu: dict[str, float]
+    sys: dict[str, float]
     errors: dict[int, int]
 
 
@@ -234,19 +241,22 @@ async def stream_round(port: int, body: bytes, streams: int, per_stream: int, pi
                 await conn.open()
 
     cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    sys0 = {name: sys_seconds(pid) for name, pid in pids.items()}
     t0 = time.perf_counter()
     await asyncio.gather(*(worker(c) for c in conns))
     wall = time.perf_counter() - t0
     cpu = {name: cpu_seconds(pid) - cpu0[name] for name, pid in pids.items()}
+    kernel = {name: sys_seconds(pid) - sys0[name] for name, pid in pids.items()}
     for c in conns:
         c.close()
-    return StreamRound(ttft, end, wall, cpu, errors)
+    return StreamRound(ttft, end, wall, cpu, kernel, errors)
 
 
 @dataclass
 class ShapeResult:
     """A target's figures at one stream length, each the median over rounds."""
     cpu_us: float  # router CPU per request, its idle CPU subtracted
+    sys_us: float  # of which the kernel's (not idle-subtracted)
     ttft_p50: float  # added to direct's, ms
     ttft_p99: float
     end_p50: float
@@ -265,16 +275,20 @@ async def measure_stream(ports: dict[str, int], pids: dict[str, int], body: byte
     names = list(ports)
     for i in range(rounds):
         for name in names[i % len(names):] + names[:i % len(names)]:
+            # Non-streamed requests first, unmeasured: a router's upstream connections, idle past their
+            # keep-alive during the other targets' rounds, are open again when the round starts.
+            await run_round(ports[name], streams, streams)
             runs[name].append(await stream_round(ports[name], body, streams, per_stream, pids))
     idle = {router: statistics.median(r.cpu[router] / r.wall for r in runs["direct"]) for router in pids}
     out = {}
     for name in names:
-        cpu, t50, t99, e50, e99, rps = [], [], [], [], [], []
+        cpu, kernel, t50, t99, e50, e99, rps = [], [], [], [], [], [], []
         errors: dict[int, int] = {}
         for direct, r in zip(runs["direct"], runs[name], strict=True):
             n = len(r.end)
             if name in pids:
                 cpu.append((r.cpu[name] - idle[name] * r.wall) / n * 1e6)
+                kernel.append(r.sys[name] / n * 1e6)
             t50.append(percentile(r.ttft, 0.50) - percentile(direct.ttft, 0.50))
             t99.append(percentile(r.ttft, 0.99) - percentile(direct.ttft, 0.99))
             e50.append(percentile(r.end, 0.50) - percentile(direct.end, 0.50))
@@ -282,7 +296,8 @@ async def measure_stream(ports: dict[str, int], pids: dict[str, int], body: byte
             rps.append(n / r.wall)
             for status, k in r.errors.items():
                 errors[status] = errors.get(status, 0) + k
-        out[name] = ShapeResult(statistics.median(cpu) if cpu else math.nan, statistics.median(t50),
+        out[name] = ShapeResult(statistics.median(cpu) if cpu else math.nan,
+                                statistics.median(kernel) if kernel else math.nan, statistics.median(t50),
                                 statistics.median(t99), statistics.median(e50), statistics.median(e99),
                                 statistics.median(rps), errors)
     return out
@@ -340,7 +355,7 @@ entries:
                   f"{', '.join(label[n] for n in ['direct', *routers])}; medians over rounds")
             print("router CPU per request is the router process's, less its idle CPU; added latency is the "
                   "router's percentile less direct's in the same round (ms)")
-            print("chunks  target              CPU us/req  TTFT+ p50  TTFT+ p99   end+ p50   end+ p99   req/s")
+            print("chunks  target              CPU us/req (sys)  TTFT+ p50  TTFT+ p99   end+ p50   end+ p99   req/s")
             ports = {"direct": backend.port, **{name: r.port for name, r in routers.items()}}
             pids = {name: r.proc.pid for name, r in routers.items()}
             results: dict[int, dict[str, ShapeResult]] = {}
@@ -353,10 +368,10 @@ entries:
                 shape = results[n] = run_loop_value(measure_stream(ports, pids, body, args.streams, per_stream,
                                                                    args.rounds))
                 for name, r in shape.items():
-                    cpu = "" if name == "direct" else f"{r.cpu_us:10.0f}"
+                    cpu = "" if name == "direct" else f"{r.cpu_us:10.0f} ({r.sys_us:4.0f})"
                     lat = ("" if name == "direct" else
                            f" {r.ttft_p50:10.3f} {r.ttft_p99:10.3f} {r.end_p50:10.3f} {r.end_p99:10.3f}")
-                    print(f"{n + 1:>6}  {label[name]:<18}  {cpu:>10}{lat:>44} {r.rps:7.1f}")
+                    print(f"{n + 1:>6}  {label[name]:<18}  {cpu:>16}{lat:>44} {r.rps:7.1f}")
                     if r.errors:
                         print(f"        {name}: non-200 answers {dict(sorted(r.errors.items()))}")
             if len(lengths) >= 2:

@@ -30,11 +30,12 @@ _REFUSALS = (429, 503)
 class AiohttpResponse:
     """An upstream response whose head has arrived (the `UpstreamResponse` port)."""
 
-    __slots__ = ("_raw", "_span", "content_type", "status", "url")
+    __slots__ = ("_raw", "_read_timeout_s", "_span", "content_type", "status", "url")
 
-    def __init__(self, raw: aiohttp.ClientResponse, span: Span | None = None) -> None:
+    def __init__(self, raw: aiohttp.ClientResponse, span: Span | None = None, read_timeout_s: float = 0.0) -> None:
         self._raw = raw
         self._span = span  # the attempt's span (tracing on): it ends with the response
+        self._read_timeout_s = read_timeout_s  # a stalled body: no byte for this long (0: no bound)
         self.status = raw.status
         self.content_type = raw.headers.get("content-type", "application/json")
         self.url = str(raw.url)
@@ -43,9 +44,48 @@ class AiohttpResponse:
         return await self._raw.read()
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """Body bytes as they arrive, without waiting to fill a buffer."""
-        async for chunk in self._raw.content.iter_any():
-            yield chunk
+        """Body bytes as they arrive, without waiting to fill a buffer. No byte for the read timeout
+        while waiting for one raises aiohttp.SocketTimeoutError (a stalled upstream).
+
+        aiohttp's own sock_read bound cancels a timer and arms a new one on every read from the socket:
+        per streamed chunk, that was a cost of the relay's hot path. Here it is off once the body
+        streams; one timer checks, when it fires, how long this reader has been waiting, and otherwise
+        re-arms for what is left. Time spent in the consumer (a slow client's backpressure) is not
+        counted, as aiohttp does not count it (it stops the timer while reading is paused)."""
+        content = self._raw.content
+        read = content.readany
+        if not self._read_timeout_s:
+            while chunk := await read():
+                yield chunk
+            return
+        connection = self._raw.connection
+        if connection is not None and connection.protocol is not None:
+            connection.protocol.read_timeout = None  # its armed timer is cancelled by the next read
+        loop = asyncio.get_running_loop()
+        timeout = self._read_timeout_s
+        start = loop.time()
+        waiting_since: float | None = start  # None: in the consumer, not waiting on upstream
+        handle: asyncio.TimerHandle | None = None
+
+        def check() -> None:
+            nonlocal handle
+            now = loop.time()
+            since = now if waiting_since is None else waiting_since
+            if now - since < timeout:
+                handle = loop.call_at(since + timeout, check)
+            else:
+                content.set_exception(aiohttp.SocketTimeoutError(
+                    f"no body bytes from upstream for {timeout:g} s"))
+
+        handle = loop.call_at(start + timeout, check)
+        try:
+            while chunk := await read():
+                waiting_since = None
+                yield chunk
+                waiting_since = loop.time()
+        finally:
+            if handle is not None:
+                handle.cancel()
 
     def close(self) -> None:
         """Done with it: a finished body gives the connection back to the pool; an unfinished one
@@ -113,7 +153,7 @@ class AiohttpUpstream:
                 raw.close()
             _failed(span, f"HTTP {raw.status}", raw.status in _REFUSALS)
             raise UpstreamError(base_url, f"HTTP {raw.status}: {detail}", retryable=raw.status in _REFUSALS)
-        return AiohttpResponse(raw, span)
+        return AiohttpResponse(raw, span, timeout_s)
 
     async def get_ok(self, url: str, timeout_s: float, *, api_key: str | None = None) -> tuple[bool, str]:
         """An active health check: any status below 400 passes."""

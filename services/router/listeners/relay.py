@@ -13,7 +13,7 @@ from services.router.backends.dispatch import Dispatcher
 from services.router.backends.sse import SSEData
 from services.router.backends.upstream import READ_ERRORS, UpstreamError, UpstreamResponse, decode_object, shaped
 from services.router.errors import HTTPError
-from services.router.listeners.asgi import JSON
+from services.router.listeners.asgi import JSON, TrackedSend
 from services.router.listeners.call import Call
 from services.router.listeners.codecs.codec import CHAT_PATH
 from services.router.listeners.codecs.openai import as_chunks
@@ -76,9 +76,20 @@ class Relay:
                 await send({"type": "http.response.body", "body": body, "more_body": False})
                 return True
             await call.start(send, 200, [(b"content-type", content_type)])
-            async for chunk in response.chunks():
-                call.seen_raw(chunk)
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            # The hot path, once per upstream chunk: the bytes go out as they came (no SSE parse, no
+            # re-framing), through the server's own send (a middle piece changes no response state),
+            # in one reused message (the server reads it and keeps nothing).
+            body_send = send.raw if isinstance(send, TrackedSend) else send
+            message: dict[str, Any] = {"type": "http.response.body", "body": b"", "more_body": True}
+            if call.recorder is None and call.usage is None:
+                async for chunk in response.chunks():
+                    message["body"] = chunk
+                    await body_send(message)
+            else:
+                async for chunk in response.chunks():
+                    call.seen_raw(chunk)
+                    message["body"] = chunk
+                    await body_send(message)
         except READ_ERRORS as exc:
             log.warning("upstream %s broke off a response: %s", response.url, exc)
             if call.status == 0:
