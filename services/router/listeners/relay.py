@@ -77,19 +77,15 @@ class Relay:
                 return True
             await call.start(send, 200, [(b"content-type", content_type)])
             # The hot path, once per upstream chunk: the bytes go out as they came (no SSE parse, no
-            # re-framing), through the server's own send (a middle piece changes no response state),
-            # in one reused message (the server reads it and keeps nothing).
+            # re-framing), through the server's own send (a middle piece changes no response state).
             body_send = send.raw if isinstance(send, TrackedSend) else send
-            message: dict[str, Any] = {"type": "http.response.body", "body": b"", "more_body": True}
             if call.recorder is None and call.usage is None:
                 async for chunk in response.chunks():
-                    message["body"] = chunk
-                    await body_send(message)
+                    await body_send({"type": "http.response.body", "body": chunk, "more_body": True})
             else:
                 async for chunk in response.chunks():
                     call.seen_raw(chunk)
-                    message["body"] = chunk
-                    await body_send(message)
+                    await body_send({"type": "http.response.body", "body": chunk, "more_body": True})
         except READ_ERRORS as exc:
             log.warning("upstream %s broke off a response: %s", response.url, exc)
             if call.status == 0:
