@@ -13,7 +13,8 @@ request, b per chunk; chunks counts [DONE]), and the added latency to the first 
 median over rounds). `--before REV` runs the router of git revision REV (a worktree under /tmp) beside
 this checkout's, both in front of the same backend, in the same alternating rounds; `--profile FILE`
 runs this checkout's router under cProfile (its stats written to FILE at exit; the figures then
-include the profiler's cost).
+include the profiler's cost). `--floor` adds a TCP byte pipe (no HTTP parsed, each client connection
+paired with an upstream one) as a target: what any relay on one asyncio loop pays at least.
 
 The backend, the routers and this client are separate processes. The client is a minimal HTTP/1.1
 keep-alive client on raw asyncio (uvloop if installed), so its own CPU per request, paid equally on
@@ -21,7 +22,7 @@ every path, stays small next to the servers' on a shared machine.
 Usage: .venv/bin/python bench/router_latency.py [--requests 6000] [--rounds 6] [--concurrency 1,64]
        .venv/bin/python bench/router_latency.py --stream [--rounds 3] [--chunks 16,256] [--streams 64]
                                                 [--chunk-ms 20] [--round-chunks 16384] [--before REV]
-                                                [--profile FILE]
+                                                [--floor] [--profile FILE]
 """
 from __future__ import annotations
 
@@ -225,7 +226,9 @@ class StreamRound:
 async def stream_round(port: int, body: bytes, streams: int, per_stream: int, pids: dict[str, int]) -> StreamRound:
     """`streams` connections (opened before the clock starts), each sending `per_stream` streamed
     requests one after another."""
-    conns = [await StreamConnection(port, body).open() for _ in range(streams)]
+    conns = [StreamConnection(port, body) for _ in range(streams)]
+    for conn in conns:
+        await conn.open()
     ttft: list[float] = []
     end: list[float] = []
     errors: dict[int, int] = {}
@@ -330,6 +333,75 @@ def start_router_in(tree: Path, tmp: Path, config: str, profile: str | None = No
     return router
 
 
+class _Pipe(asyncio.Protocol):
+    """One side of a byte pipe: what arrives is written to the other side as it is."""
+
+    def __init__(self) -> None:
+        self.peer: asyncio.Transport | None = None
+        self.transport: asyncio.Transport | None = None
+        self.early: list[bytes] = []  # what the client sent before the upstream connection was open
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self.peer is None:
+            self.early.append(data)
+        else:
+            self.peer.write(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.peer is not None:
+            self.peer.close()
+
+    # Backpressure: the peer's buffer full, stop reading this side until it drains.
+    def pause_writing(self) -> None:
+        if self.peer is not None:
+            self.peer.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.peer is not None:
+            self.peer.resume_reading()
+
+
+async def serve_pipe(port: int, upstream_port: int) -> None:
+    """The floor of any relay on one event loop: a TCP byte pipe (no HTTP parsed), each client connection
+    paired with its own upstream connection. What it costs per request and per chunk, a router cannot
+    go under with this loop and these sockets."""
+    loop = asyncio.get_running_loop()
+
+    class Client(_Pipe):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            super().connection_made(transport)
+            loop.create_task(self.open())
+
+        async def open(self) -> None:
+            up, side = await loop.create_connection(_Pipe, "127.0.0.1", upstream_port)
+            assert self.transport is not None
+            side.peer, self.peer = self.transport, up
+            for data in self.early:
+                up.write(data)
+
+    server = await loop.create_server(Client, "127.0.0.1", port, backlog=2048)
+    await server.serve_forever()
+
+
+def start_pipe(tmp: Path, upstream_port: int) -> HttpProc:
+    port = free_port_block(1, spread=0)
+    log_path = tmp / f"pipe-{port}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, __file__, "--pipe", str(port), str(upstream_port)],
+                                stdout=log, stderr=subprocess.STDOUT)
+    pipe = HttpProc(proc, port, log_path)
+    try:
+        pipe.wait_http()
+    except BaseException:
+        pipe.stop()
+        raise
+    return pipe
+
+
 def stream_main(args: argparse.Namespace) -> None:
     from frontend_stream import tree_at
 
@@ -348,8 +420,10 @@ entries:
 """
             for name, tree in trees.items():
                 routers[name] = start_router_in(tree, Path(tmp), config, args.profile if name == "router" else None)
+            if args.floor:
+                routers["pipe"] = start_pipe(Path(tmp), backend.port)
             label = {"direct": "direct", "router": "this checkout",
-                     "before": f"before ({args.before})"}
+                     "before": f"before ({args.before})", "pipe": "byte pipe (floor)"}
             print(f"router streamed: {args.streams} concurrent streamed chat completions, chunks paced "
                   f"{args.chunk_ms:g} ms by the test backend, one replica; {args.rounds} rounds rotating "
                   f"{', '.join(label[n] for n in ['direct', *routers])}; medians over rounds")
@@ -438,7 +512,13 @@ def main() -> None:
                          "request each): rounds of either length take about as long")
     ap.add_argument("--before", metavar="REV", help="--stream: also the router of this git revision, side by side")
     ap.add_argument("--profile", metavar="FILE", help="--stream: this checkout's router under cProfile, stats to FILE")
+    ap.add_argument("--floor", action="store_true",
+                    help="--stream: also a TCP byte pipe in front of the backend (no HTTP parsed): the floor")
+    ap.add_argument("--pipe", nargs=2, type=int, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.pipe:
+        run_loop(serve_pipe(*args.pipe))
+        return
     if args.stream:
         args.rounds = args.rounds or 3
         stream_main(args)
