@@ -40,7 +40,7 @@ import urllib.request
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -342,8 +342,7 @@ class _Pipe(asyncio.Protocol):
         self.early: list[bytes] = []  # what the client sent before the upstream connection was open
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is none of asyncio's classes
 
     def data_received(self, data: bytes) -> None:
         if self.peer is None:
