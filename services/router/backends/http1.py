@@ -51,6 +51,7 @@ class _Connection(asyncio.Protocol):
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.framed = False  # content-length or chunked: else the body runs to the connection's end
+        self.keep_alive = False  # read with the head: the parser forgets it once the message is complete
         self.body: list[bytes] = []
         self.buffered = 0
         self.paused = False
@@ -89,6 +90,7 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
+        self.keep_alive = self.parser.should_keep_alive()
         if self.head is not None and not self.head.done():
             self.head.set_result(None)
 
@@ -127,7 +129,7 @@ class _Connection(asyncio.Protocol):
         return data
 
     def reusable(self) -> bool:
-        return (self.done and not self.lost and self.error is None and self.parser.should_keep_alive()
+        return (self.done and not self.lost and self.error is None and self.keep_alive
                 and self.transport is not None and not self.transport.is_closing())
 
 
