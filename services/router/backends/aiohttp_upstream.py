@@ -88,6 +88,10 @@ class AiohttpResponse:
             if handle is not None:
                 handle.cancel()
 
+    @property
+    def complete(self) -> bool:
+        return self._raw.content.at_eof()
+
     def close(self) -> None:
         """Done with it: a finished body gives the connection back to the pool; an unfinished one
         closes it, which is how the replica learns the request was abandoned."""
