@@ -19,7 +19,9 @@ class Reply:
     429 head), `retryable` as given (False: the request may have reached the replica); `hang`: open()
     never answers. Otherwise a head with `status`, then the body: `chunks`
     one by one, raising a read error after `break_after` of them, or waiting forever after
-    `stall_after` (a stream that goes silent)."""
+    `stall_after` (a stream that goes silent). `ends_with_last`: the body's end arrives with its last
+    chunk (the response reports itself `complete` once that chunk is handed over), as a replica's
+    final event and end usually do."""
     status: int = 200
     chunks: tuple[bytes, ...] = ()
     content_type: str = "application/json"
@@ -28,6 +30,7 @@ class Reply:
     refuse: str | None = None
     retryable: bool = True
     hang: bool = False
+    ends_with_last: bool = False
 
 
 @dataclass
@@ -47,6 +50,7 @@ class FakeResponse:
         self._reply = reply
         self.closed = False
         self.drained = False  # the whole body was read
+        self._last_out = False  # the last chunk was handed over
 
     async def read(self) -> bytes:
         return b"".join([chunk async for chunk in self.chunks()])
@@ -58,10 +62,15 @@ class FakeResponse:
                 raise aiohttp.ClientPayloadError("Response payload is not completed")
             if i == reply.stall_after:
                 await asyncio.Event().wait()
+            self._last_out = i == len(reply.chunks) - 1 and reply.break_after is None
             yield chunk
         if reply.break_after == len(reply.chunks):
             raise aiohttp.ClientPayloadError("Response payload is not completed")
         self.drained = True
+
+    @property
+    def complete(self) -> bool:
+        return self.drained or (self._reply.ends_with_last and self._last_out)
 
     def close(self) -> None:
         self.closed = True

@@ -14,6 +14,7 @@ import aiohttp
 from opentelemetry.trace import Span
 
 import tracing
+from services.router.backends.http1 import Http1Client, Http1Response, NotConnected
 from services.router.backends.upstream import READ_ERRORS, UpstreamError
 
 # Connecting failed (refused, no route), or the connection broke before the response head: the replica
@@ -30,11 +31,12 @@ _REFUSALS = (429, 503)
 class AiohttpResponse:
     """An upstream response whose head has arrived (the `UpstreamResponse` port)."""
 
-    __slots__ = ("_raw", "_span", "content_type", "status", "url")
+    __slots__ = ("_raw", "_read_timeout_s", "content_type", "span", "status", "url")
 
-    def __init__(self, raw: aiohttp.ClientResponse, span: Span | None = None) -> None:
+    def __init__(self, raw: aiohttp.ClientResponse, span: Span | None = None, read_timeout_s: float = 0.0) -> None:
         self._raw = raw
-        self._span = span  # the attempt's span (tracing on): it ends with the response
+        self.span = span  # the attempt's span (tracing on): it ends with the response
+        self._read_timeout_s = read_timeout_s  # a stalled body: no byte for this long (0: no bound)
         self.status = raw.status
         self.content_type = raw.headers.get("content-type", "application/json")
         self.url = str(raw.url)
@@ -43,9 +45,52 @@ class AiohttpResponse:
         return await self._raw.read()
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """Body bytes as they arrive, without waiting to fill a buffer."""
-        async for chunk in self._raw.content.iter_any():
-            yield chunk
+        """Body bytes as they arrive, without waiting to fill a buffer. No byte for the read timeout
+        while waiting for one raises aiohttp.SocketTimeoutError (a stalled upstream).
+
+        aiohttp's own sock_read bound cancels a timer and arms a new one on every read from the socket:
+        per streamed chunk, that was a cost of the relay's hot path. Here it is off once the body
+        streams; one timer checks, when it fires, how long this reader has been waiting, and otherwise
+        re-arms for what is left. Time spent in the consumer (a slow client's backpressure) is not
+        counted, as aiohttp does not count it (it stops the timer while reading is paused)."""
+        content = self._raw.content
+        read = content.readany
+        if not self._read_timeout_s:
+            while chunk := await read():
+                yield chunk
+            return
+        connection = self._raw.connection
+        if connection is not None and connection.protocol is not None:
+            connection.protocol.read_timeout = None  # its armed timer is cancelled by the next read
+        loop = asyncio.get_running_loop()
+        timeout = self._read_timeout_s
+        start = loop.time()
+        waiting_since: float | None = start  # None: in the consumer, not waiting on upstream
+        handle: asyncio.TimerHandle | None = None
+
+        def check() -> None:
+            nonlocal handle
+            now = loop.time()
+            since = now if waiting_since is None else waiting_since
+            if now - since < timeout:
+                handle = loop.call_at(since + timeout, check)
+            else:
+                content.set_exception(aiohttp.SocketTimeoutError(
+                    f"no body bytes from upstream for {timeout:g} s"))
+
+        handle = loop.call_at(start + timeout, check)
+        try:
+            while chunk := await read():
+                waiting_since = None
+                yield chunk
+                waiting_since = loop.time()
+        finally:
+            if handle is not None:
+                handle.cancel()
+
+    @property
+    def complete(self) -> bool:
+        return self._raw.content.at_eof()
 
     def close(self) -> None:
         """Done with it: a finished body gives the connection back to the pool; an unfinished one
@@ -55,10 +100,10 @@ class AiohttpResponse:
             self._raw.release()
         else:
             self._raw.close()
-        if self._span is not None:
-            self._span.set_attribute("router.upstream.body_complete", complete)
-            self._span.end()
-            self._span = None
+        if self.span is not None:
+            self.span.set_attribute("router.upstream.body_complete", complete)
+            self.span.end()
+            self.span = None
 
 
 class AiohttpUpstream:
@@ -70,9 +115,10 @@ class AiohttpUpstream:
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4, enable_cleanup_closed=True),
             auto_decompress=False, skip_auto_headers=("User-Agent",))
+        self.http1 = Http1Client()  # generation calls to http:// replicas (https ones, and health checks: aiohttp)
 
     async def open(self, base_url: str, path: str, body: bytes, *, api_key: str | None,
-                   timeout_s: float) -> AiohttpResponse:
+                   timeout_s: float) -> AiohttpResponse | Http1Response:
         """POST and wait for the response head. Connection errors and 5xx/429 heads raise
         UpstreamError (`retryable` when nothing was sent, or the head is a 429 or 503 refusal); other
         statuses are returned for the caller to pass on.
@@ -90,10 +136,19 @@ class AiohttpUpstream:
             headers.update(tracing.headers_of(span))
         elif (passed := tracing.passed()) is not None:
             headers.update(passed)
+        response: AiohttpResponse | Http1Response
         try:
-            # No redirects: following one would turn the POST into a bodiless GET.
-            raw = await self.session.post(base_url + path, data=body, headers=headers, timeout=timeout,
-                                          allow_redirects=False)
+            if base_url.startswith("http://"):  # the lean client (http1.py); it sends no redirects either
+                response = await self.http1.post(base_url, path, body, headers, timeout_s=timeout_s)
+            else:
+                # No redirects: following one would turn the POST into a bodiless GET.
+                raw = await self.session.post(base_url + path, data=body, headers=headers, timeout=timeout,
+                                              allow_redirects=False)
+                response = AiohttpResponse(raw, None, timeout_s)
+        except NotConnected as exc:  # nothing was sent: another replica may take it
+            error = UpstreamError(base_url, str(exc), unreachable=not exc.timed_out, retryable=True)
+            _failed(span, str(error), error.retryable)
+            raise error from None
         except READ_ERRORS as exc:
             error = UpstreamError(base_url, _describe(exc), unreachable=isinstance(exc, _UNREACHABLE),
                                   retryable=isinstance(exc, _NOT_SENT))
@@ -103,17 +158,19 @@ class AiohttpUpstream:
             _failed(span, "cancelled", False)
             raise
         if span is not None:
-            span.set_attribute("http.response.status_code", raw.status)
-        if raw.status >= 500 or raw.status == 429:
+            span.set_attribute("http.response.status_code", response.status)
+        if response.status >= 500 or response.status == 429:
             try:
-                detail = (await raw.read())[:300].decode(errors="replace")
+                detail = (await response.read())[:300].decode(errors="replace")
             except READ_ERRORS:
                 detail = ""
             finally:
-                raw.close()
-            _failed(span, f"HTTP {raw.status}", raw.status in _REFUSALS)
-            raise UpstreamError(base_url, f"HTTP {raw.status}: {detail}", retryable=raw.status in _REFUSALS)
-        return AiohttpResponse(raw, span)
+                response.close()
+            _failed(span, f"HTTP {response.status}", response.status in _REFUSALS)
+            raise UpstreamError(base_url, f"HTTP {response.status}: {detail}",
+                                retryable=response.status in _REFUSALS)
+        response.span = span
+        return response
 
     async def get_ok(self, url: str, timeout_s: float, *, api_key: str | None = None) -> tuple[bool, str]:
         """An active health check: any status below 400 passes."""
@@ -127,6 +184,7 @@ class AiohttpUpstream:
             return False, _describe(exc)
 
     async def close(self) -> None:
+        self.http1.close()
         await self.session.close()
 
 

@@ -45,6 +45,12 @@ class UpstreamResponse(Protocol):
         """Body bytes as they arrive, without waiting to fill a buffer."""
         ...
 
+    @property
+    def complete(self) -> bool:
+        """The whole body has arrived and been handed over (true with the last chunk when the end came
+        with it)."""
+        ...
+
     def close(self) -> None:
         """Done with it; closing an unfinished body is how the replica learns the request was abandoned."""
         ...

@@ -36,6 +36,11 @@ class TrackedSend:
         self.state = ResponseState.NOT_STARTED
         self.counted = False  # in router_requests_total already
 
+    @property
+    def raw(self) -> Send:
+        """The server's send: for middle pieces of a body (more_body), which change no state."""
+        return self._send
+
     async def __call__(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             self.state = ResponseState.STARTED

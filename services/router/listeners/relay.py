@@ -13,7 +13,7 @@ from services.router.backends.dispatch import Dispatcher
 from services.router.backends.sse import SSEData
 from services.router.backends.upstream import READ_ERRORS, UpstreamError, UpstreamResponse, decode_object, shaped
 from services.router.errors import HTTPError
-from services.router.listeners.asgi import JSON
+from services.router.listeners.asgi import JSON, TrackedSend
 from services.router.listeners.call import Call
 from services.router.listeners.codecs.codec import CHAT_PATH
 from services.router.listeners.codecs.openai import as_chunks
@@ -67,6 +67,7 @@ class Relay:
         complete (it is useless to a client before then). False when upstream broke off."""
         content_type = response.content_type.encode()
         streaming = content_type.startswith(b"text/event-stream")
+        last = b""
         try:
             if not streaming:
                 body = await response.read()
@@ -76,9 +77,19 @@ class Relay:
                 await send({"type": "http.response.body", "body": body, "more_body": False})
                 return True
             await call.start(send, 200, [(b"content-type", content_type)])
+            # The hot path, once per upstream chunk: the bytes go out as they came (no SSE parse, no
+            # re-framing), through the server's own send (a middle piece changes no response state).
+            # The last piece, when upstream's end came with it, goes out with the response's end: one
+            # write (and one wake-up of the client) fewer per request.
+            body_send = send.raw if isinstance(send, TrackedSend) else send
+            watched = call.recorder is not None or call.usage is not None
             async for chunk in response.chunks():
-                call.seen_raw(chunk)
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                if watched:
+                    call.seen_raw(chunk)
+                if response.complete:
+                    last = chunk
+                    continue  # the loop ends here: nothing is left
+                await body_send({"type": "http.response.body", "body": chunk, "more_body": True})
         except READ_ERRORS as exc:
             log.warning("upstream %s broke off a response: %s", response.url, exc)
             if call.status == 0:
@@ -89,7 +100,7 @@ class Relay:
             call.seen_end(False)
             return False
         call.seen_end()
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await send({"type": "http.response.body", "body": last, "more_body": False})
         return True
 
     async def _adapt_stream(self, call: Call, response: UpstreamResponse, send: Send) -> bool:

@@ -93,6 +93,16 @@ def test_a_stream_passes_through_piece_by_piece() -> None:
     assert fleet.upstream.sent[0].path == "/v1/completions"
 
 
+def test_a_streams_last_piece_goes_out_with_the_end_when_upstreams_end_came_with_it() -> None:
+    fleet = Fleet()
+    events = chunk_events(["Hel", "lo"])
+    fleet.upstream.answer(A, Reply(chunks=events, content_type=SSE, ends_with_last=True))
+    r = fleet.post("/v1/completions", {"model": "fleet", "prompt": "x", "stream": True})
+    bodies = [m for m in r.messages if m["type"] == "http.response.body"]
+    assert [m["body"] for m in bodies] == list(events)  # no empty message of its own for the end
+    assert [m["more_body"] for m in bodies] == [True] * (len(events) - 1) + [False]
+
+
 @pytest.mark.parametrize("refusal", ["connection refused", "HTTP 503: not ready", "HTTP 429: busy"])
 def test_a_request_that_never_reached_a_replica_or_was_refused_is_retried_on_another(refusal: str) -> None:
     fleet = Fleet()

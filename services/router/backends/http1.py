@@ -1,0 +1,288 @@
+"""A lean HTTP/1.1 client for the router process's generation calls to plain-http replicas: one POST at a
+time per connection, connections kept alive per replica, the response parsed by httptools as it
+arrives and its body handed over as it comes. aiohttp_upstream.py uses it for `http://` replicas.
+
+Why not aiohttp for these: aiohttp's request path (its request and response objects, header multidicts,
+cookie jar, timers, a StreamReader per body) cost ~280 us of CPU per POST here against ~90 us for a
+bare asyncio-streams client, one loop POSTing to the test backend in turn; and a router relays every
+request (bench/router_latency.py --stream measures the router before and after). Errors keep
+aiohttp's types (READ_ERRORS in upstream.py covers them), so what calls the port cannot tell the two
+clients apart.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+import httptools
+
+# A body buffered past this while the relay is busy sending (a slow client): stop reading the replica.
+_PAUSE_BYTES = 1 << 20
+# Under the replicas' keep-alive (uvicorn's 5 s): a connection idle longer is not reused, since a request
+# sent as the replica closes it fails with nothing to show it never ran there (dispatch.py).
+KEEPALIVE_S = 4.0
+CONNECT_TIMEOUT_S = 5.0
+
+
+class NotConnected(Exception):
+    """No connection could be made: no byte of the request left the router."""
+
+    def __init__(self, message: str, *, timed_out: bool) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection to a replica and the response in progress on it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.lost = False
+        self.idle_since = 0.0
+        self.reset()
+
+    def reset(self) -> None:
+        """Ready for the next request's response."""
+        self.head: asyncio.Future[None] | None = None
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.framed = False  # content-length or chunked: else the body runs to the connection's end
+        self.keep_alive = False  # read with the head: the parser forgets it once the message is complete
+        self.body: list[bytes] = []
+        self.buffered = 0
+        self.paused = False
+        self.waiter: asyncio.Future[None] | None = None
+        self.done = False
+        self.error: BaseException | None = None
+
+    # ---- asyncio.Protocol ----
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # a stream transport
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self.fail(aiohttp.ClientPayloadError(f"invalid HTTP response: {exc}"))
+            if self.transport is not None:
+                self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        if self.head is not None and self.head.done() and not self.framed and not self.done:
+            self.on_message_complete()  # a body that runs to the connection's end has ended
+        elif not self.done:
+            self.fail(aiohttp.ServerDisconnectedError() if self.head is None or not self.head.done() else
+                      aiohttp.ClientPayloadError("Response payload is not completed: the connection was lost"))
+
+    # ---- httptools callbacks ----
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        self.headers.append((name, value))
+        if name == b"content-length" or (name == b"transfer-encoding" and b"chunked" in value.lower()):
+            self.framed = True
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        self.keep_alive = self.parser.should_keep_alive()
+        if self.head is not None and not self.head.done():
+            self.head.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+        self.buffered += len(body)
+        if self.buffered > _PAUSE_BYTES and not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+        self.wake()
+
+    def on_message_complete(self) -> None:
+        self.done = True
+        self.wake()
+
+    # ----
+
+    def wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    def fail(self, exc: BaseException) -> None:
+        if self.error is None:
+            self.error = exc
+        if self.head is not None and not self.head.done():
+            self.head.set_exception(exc)
+        self.wake()
+
+    def take(self) -> bytes:
+        data = self.body[0] if len(self.body) == 1 else b"".join(self.body)
+        self.body.clear()
+        self.buffered = 0
+        if self.paused and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
+        return data
+
+    def reusable(self) -> bool:
+        return (self.done and not self.lost and self.error is None and self.keep_alive
+                and self.transport is not None and not self.transport.is_closing())
+
+
+class Http1Response:
+    """A response whose head has arrived (the `UpstreamResponse` port)."""
+
+    __slots__ = ("_client", "_conn", "_key", "_read_timeout_s", "content_type", "span", "status", "url")
+
+    def __init__(self, client: Http1Client, key: tuple[str, int], conn: _Connection, url: str,
+                 read_timeout_s: float, span: Any = None) -> None:
+        self._client = client
+        self._key = key
+        self._conn = conn
+        self._read_timeout_s = read_timeout_s
+        self.span = span  # the attempt's span (tracing on): it ends with the response
+        self.url = url
+        self.status = conn.status
+        self.content_type = next((v.decode("latin-1") for k, v in conn.headers if k == b"content-type"),
+                                 "application/json")
+
+    @property
+    def complete(self) -> bool:
+        return self._conn.done and not self._conn.body
+
+    async def read(self) -> bytes:
+        return b"".join([chunk async for chunk in self.chunks()])
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """Body bytes as they arrive. No byte for the read timeout while waiting for one raises
+        aiohttp.SocketTimeoutError (a stalled replica); time spent in the consumer does not count (a
+        slow client's backpressure). One timer per wait period, checked when it fires, not one per chunk."""
+        conn, loop, timeout = self._conn, self._conn.loop, self._read_timeout_s
+        waiting_since: float | None = None
+        handle: asyncio.TimerHandle | None = None
+
+        def check() -> None:
+            nonlocal handle
+            now = loop.time()
+            since = now if waiting_since is None else waiting_since
+            if now - since < timeout:
+                handle = loop.call_at(since + timeout, check)
+            else:
+                handle = None
+                conn.fail(aiohttp.SocketTimeoutError(f"no body bytes from upstream for {timeout:g} s"))
+
+        try:
+            while True:
+                if conn.body:
+                    waiting_since = None
+                    yield conn.take()
+                elif conn.error is not None:
+                    raise conn.error
+                elif conn.done:
+                    return
+                else:
+                    waiting_since = loop.time()
+                    if timeout and handle is None:
+                        handle = loop.call_at(waiting_since + timeout, check)
+                    conn.waiter = loop.create_future()
+                    await conn.waiter
+        finally:
+            if handle is not None:
+                handle.cancel()
+
+    def close(self) -> None:
+        """Done with it: a finished body gives the connection back to the pool; an unfinished one
+        closes it, which is how the replica learns the request was abandoned."""
+        conn = self._conn
+        complete = conn.done and not conn.body
+        if complete and conn.reusable():
+            self._client.give_back(self._key, conn)
+        elif conn.transport is not None:
+            conn.transport.close()
+        if self.span is not None:
+            self.span.set_attribute("router.upstream.body_complete", complete)
+            self.span.end()
+            self.span = None
+
+
+class Http1Client:
+    """Keep-alive connections per replica (host, port), the most recently used first."""
+
+    def __init__(self) -> None:
+        self._idle: dict[tuple[str, int], list[_Connection]] = {}
+        self._targets: dict[str, tuple[tuple[str, int], str, bytes]] = {}
+
+    def _target(self, base_url: str) -> tuple[tuple[str, int], str, bytes]:
+        """(host, port), path prefix and Host header of a base URL, parsed once."""
+        target = self._targets.get(base_url)
+        if target is None:
+            parts = urlsplit(base_url)
+            host = parts.hostname or "localhost"
+            target = ((host, parts.port or 80), parts.path.rstrip("/"), parts.netloc.encode())
+            self._targets[base_url] = target
+        return target
+
+    async def post(self, base_url: str, path: str, body: bytes, headers: dict[str, str], *,
+                   timeout_s: float) -> Http1Response:
+        """POST and wait for the response head. NotConnected when no connection could be made; aiohttp's
+        errors after (ServerDisconnectedError: lost before the head; SocketTimeoutError: no head within
+        `timeout_s`, which then bounds each wait for body bytes too)."""
+        key, prefix, host = self._target(base_url)
+        conn = await self._connection(key)
+        loop = conn.loop
+        conn.reset()
+        head = conn.head = loop.create_future()
+        lines = [b"POST %b HTTP/1.1\r\nhost: %b\r\ncontent-length: %d\r\n"
+                 % ((prefix + path).encode(), host, len(body))]
+        lines += [b"%b: %b\r\n" % (name.encode(), value.encode()) for name, value in headers.items()]
+        lines.append(b"\r\n")
+        lines.append(body)
+        assert conn.transport is not None  # connected
+        conn.transport.write(b"".join(lines))
+        timer = loop.call_later(timeout_s, conn.fail, aiohttp.SocketTimeoutError("no response head in time")) \
+            if timeout_s else None
+        try:
+            await head
+        except BaseException:
+            conn.transport.close()  # no head (or abandoned): the connection is not reused
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+        return Http1Response(self, key, conn, base_url + path, timeout_s)
+
+    async def _connection(self, key: tuple[str, int]) -> _Connection:
+        idle = self._idle.get(key)
+        loop = asyncio.get_running_loop()
+        while idle:
+            conn = idle.pop()
+            if not conn.lost and loop.time() - conn.idle_since < KEEPALIVE_S and conn.transport is not None \
+                    and not conn.transport.is_closing():
+                return conn
+            if conn.transport is not None:
+                conn.transport.close()
+        try:
+            _, protocol = await asyncio.wait_for(loop.create_connection(lambda: _Connection(loop), *key),
+                                                 CONNECT_TIMEOUT_S)
+        except OSError as exc:  # TimeoutError among them
+            timed_out = isinstance(exc, TimeoutError)
+            why = "connect timed out" if timed_out else f"cannot connect to {key[0]}:{key[1]}: {exc}"
+            raise NotConnected(why, timed_out=timed_out) from None
+        return protocol
+
+    def give_back(self, key: tuple[str, int], conn: _Connection) -> None:
+        conn.idle_since = conn.loop.time()
+        conn.reset()
+        self._idle.setdefault(key, []).append(conn)
+
+    def close(self) -> None:
+        for idle in self._idle.values():
+            for conn in idle:
+                if conn.transport is not None:
+                    conn.transport.close()
+        self._idle.clear()

@@ -1,0 +1,76 @@
+"""The router's streaming relay (listeners/relay.py over backends/aiohttp_upstream.py), a router process in
+front of a test backend process: a stalled upstream is cut by the pool's `timeout_s`, and a client that
+reads slowly is not taken for one."""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.procs import HttpProc, start_backend, start_router
+from tests.support.waiting import until
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpProc]:
+    proc = start_backend(tmp_path_factory.mktemp("relay"), "a")
+    yield proc
+    proc.stop()
+
+
+def _router(tmp_path: Path, backend: HttpProc, timeout_s: float) -> HttpProc:
+    return start_router(tmp_path, f"""
+listeners: [{{port: {{port}}, host: 127.0.0.1}}]
+pools:
+  p:
+    model: m
+    replicas: [{{url: {backend.url}}}]
+    timeout_s: {timeout_s}
+entries:
+  fleet: {{default: [p]}}
+""")
+
+
+def _stream(router: HttpProc) -> httpx.Response:
+    return httpx.stream("POST", router.url + "/v1/chat/completions", timeout=30, json={  # type: ignore[return-value]
+        "model": "fleet", "stream": True, "messages": [{"role": "user", "content": "x"}]})
+
+
+def test_a_stream_that_stalls_mid_way_ends_with_an_error_and_is_closed_upstream(
+        tmp_path: Path, backend: HttpProc) -> None:
+    backend.reset()
+    router = _router(tmp_path, backend, timeout_s=0.3)
+    try:
+        backend.configure(chunks=3, chunk_delay_s=2.0)  # silent 2 s after each chunk: past the pool's 0.3 s
+        with _stream(router) as r:  # type: ignore[attr-defined]
+            assert r.status_code == 200
+            lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+        assert len(lines) == 2, lines  # the first chunk, then the error event in its place
+        assert "upstream failed mid-stream" in lines[-1] and "data: [DONE]" not in lines
+        # The stalled request was closed, which the backend sees once it wakes to send its next chunk.
+        until("the backend saw the router close the stalled stream",
+              lambda: True if backend.stats()["disconnected"] == 1 else None, timeout_s=10)
+    finally:
+        router.stop()
+
+
+def test_a_slow_reader_is_not_taken_for_a_stalled_upstream(tmp_path: Path, backend: HttpProc) -> None:
+    """The stall bound counts the time the relay waits on upstream, never the time it waits on a client
+    that reads slowly (backpressure): here the client reads nothing for five times the pool's timeout_s,
+    with more bytes in flight than the sockets between hold, then reads to the end."""
+    backend.reset()
+    router = _router(tmp_path, backend, timeout_s=0.3)
+    try:
+        backend.configure(chunks=100, reply="y" * 16_000_000)  # 16 MB in 100 events, sent at once
+        with _stream(router) as r:  # type: ignore[attr-defined]
+            assert r.status_code == 200
+            time.sleep(1.5)  # the slow reader itself (not a wait for something): nothing read meanwhile
+            lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+        assert lines[-1] == "data: [DONE]", lines[-1][:200]
+        assert len(lines) == 101 and sum(len(line) for line in lines) > 16_000_000
+        assert backend.stats()["disconnected"] == 0
+    finally:
+        router.stop()
