@@ -69,6 +69,14 @@ def unpack(raw_frames: Sequence[Buffer], ref: PackedLogprobs) -> Segment:
     segment, a generated token's, as one struct read (cheaper than three views for a dozen values).
     Raises ProtocolError when the frame is missing or too short, never IndexError."""
     n, k = ref.positions, ref.k
+    if n == 1 and k >= 0 and ref.offset >= 0 and not ref.offset % 4 and 0 <= ref.frame < len(raw_frames):
+        # A generated token's row, nearly every call: the struct read checks the frame's length itself.
+        try:
+            row = _row(k).unpack_from(raw_frames[ref.frame], ref.offset)
+        except struct.error:
+            raise ProtocolError(f"PackedLogprobs segment ends at byte {ref.offset + segment_size(1, k)}, raw frame "
+                                f"{ref.frame} is shorter") from None
+        return Segment(1, k, row[:k + 1], row[k + 1:-1], row[-1:])
     if n < 0 or k < 0 or ref.offset < 0 or ref.offset % 4:
         raise ProtocolError(f"PackedLogprobs{(ref.frame, ref.offset, n, k)}: negative or unaligned")
     if not 0 <= ref.frame < len(raw_frames):
