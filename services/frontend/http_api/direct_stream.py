@@ -37,8 +37,9 @@ def cycle_of(scope: Any) -> HttpCycle | None:
 class DirectStream:
     """One choice's stream, its events written as its outputs are fed. The response task starts the
     response and ends it through ASGI as before; in between, run() attaches this as the stream's sink
-    (engine_client/inflight.py) and waits. Each output fed is processed and its events written as one
-    HTTP chunk, the bytes uvicorn's send would write. The sink lets go, and run() returns, at the
+    (engine_client/inflight.py) and waits. At the end of each dispatch pass that fed the stream, its
+    outputs are processed and their events written as one HTTP chunk, the bytes uvicorn's send would
+    write. The sink lets go, and run() returns, at the
     stream's end (its last output is left for the task), a failure (raised by run()), a stop string
     matched here, or a transport that stopped taking bytes (a slow reader) or closed: the events not
     written are returned for the task to send through ASGI, whose send waits for the transport."""
@@ -82,7 +83,7 @@ class DirectStream:
         stash, self._stash = self._stash, []
         return stash
 
-    # ---- the sink (InFlight.feed and fail call these, in the dispatch pass) ----
+    # ---- the sink (inflight.end_of_pass, InFlight.feed and fail call these, in the dispatch pass) ----
 
     def on_output(self) -> None:
         outputs = self._outputs
