@@ -1,5 +1,5 @@
-"""The frontend's only socket thread: one DEALER per engine rank (requests, handshake, outputs) and
-one SUB per rank (KV events, load), bridged to the event loop.
+"""The frontend's only socket thread: one DEALER per engine rank (requests, handshake, outputs, Stats)
+and one SUB per rank (its KV events), bridged to the event loop.
 
 Everything received in one wake-up is handed to the loop as one batch, through one
 call_soon_threadsafe, so a burst of engine steps costs one loop wake-up, not one per message.
