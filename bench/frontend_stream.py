@@ -143,8 +143,8 @@ def _knows(tree: Path, flag: str) -> bool:
 
 def start_case(paced: bool, server: str, args: argparse.Namespace, tree: Path = ROOT, interval: int = 1,
                decode_ms: float = 20.0) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes], str]:
-    """A sim engine (paced at `decode_ms`, or instant) and a frontend over it (the one in `tree`); the
-    processes and the frontend's URL."""
+    """A sim engine (paced at `decode_ms`, or instant) and a frontend over it, both the ones in `tree` (a
+    change may be on either side of the socket); the processes and the frontend's URL."""
     engine_port, http_port = _free_port(), _free_port()
     py = sys.executable
     timing = (["--sim-decode-ms", str(decode_ms), "--sim-decode-ms-per-seq", "0"] if paced
@@ -152,7 +152,7 @@ def start_case(paced: bool, server: str, args: argparse.Namespace, tree: Path = 
     engine = subprocess.Popen([py, "-m", "services.engine", "--headless", "--model", "tiny", "--backend", "sim",
                                *timing, "--host", "127.0.0.1", "--port", str(engine_port),
                                "--pub-port", str(_free_port()), "--data-parallel-size-local", str(args.ranks),
-                               "--max-num-seqs", "1024"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                               "--max-num-seqs", "1024"], cwd=tree, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     addresses = ",".join(f"tcp://127.0.0.1:{engine_port + i}" for i in range(args.ranks))
     # The main thread's CPU time, not wall time (a send that wakes the client would count the client's turn)

@@ -24,6 +24,7 @@ from protocol import (
     BlockRemoved,
     BlockStored,
     EngineDead,
+    Frames,
     GenerateRequest,
     Heartbeat,
     Hello,
@@ -109,6 +110,8 @@ class CoreLoop:
         self._published: tuple[Any, ...] | None = None  # the load the latest Stats on PUB told
         self._published_at = 0.0
         self._kv_seq = 0
+        # Messages to send with the step's outputs (a heartbeat's Stats due during the step); None: send at once.
+        self._riders: list[tuple[bytes, Frames]] | None = None
         self._iteration_tokens = TokenHistogram()
         self._told: set[tuple[bytes, str]] = set()  # what was logged about a peer without a session
         # Spans of the traced requests in flight (tracing on and the request carries a trace context).
@@ -133,14 +136,7 @@ class CoreLoop:
                 now = self._clock()
                 # 2. Heartbeats out, silent peers reaped, drain progress.
                 if now >= next_beat:
-                    if now - next_beat > interval:  # this loop looked away: not the peers' silence
-                        self._peers.excuse(now - next_beat, now)
-                    self._heartbeat(now)
-                    self._reap_silent(now)
-                    if self._traces:
-                        self._end_untracked_traces()
-                    self._expire_update(now)
-                    next_beat = now + interval
+                    next_beat = self._beat(now, next_beat, interval)
                 if self._drain_requested and self._drain_deadline is None:
                     self._start_drain(now)
                 if self._drain_deadline is not None and self._drain_finished(now, self._drain_deadline):
@@ -153,6 +149,13 @@ class CoreLoop:
                         self._take_input_until(t0 + result.duration_s)
                     if result.outputs:  # as vLLM: a step without outputs is not observed
                         self._iteration_tokens.observe(result.num_tokens)
+                    # A heartbeat that fell due during the step leaves with its outputs, in one send: a
+                    # frontend then reads the step's outputs and the Stats in one wake-up, not two.
+                    now = self._clock()
+                    if now >= next_beat:
+                        self._take_input(0.0)  # as at the loop's top: no peer judged silent on unread input
+                        self._riders = []
+                        next_beat = self._beat(now, next_beat, interval)
                     self._deliver(result.outputs, result.segments, result.pooled)
                     if result.kv_events:
                         self._publish_kv(result.kv_events)
@@ -537,6 +540,18 @@ class CoreLoop:
 
     # ---- liveness ------------------------------------------------------------------------------
 
+    def _beat(self, now: float, next_beat: float, interval: float) -> float:
+        """The heartbeat's round: Stats out, silent peers reaped, traces and a stale update ended; when
+        the next is due."""
+        if now - next_beat > interval:  # this loop looked away: not the peers' silence
+            self._peers.excuse(now - next_beat, now)
+        self._heartbeat(now)
+        self._reap_silent(now)
+        if self._traces:
+            self._end_untracked_traces()
+        self._expire_update(now)
+        return now + interval
+
     def _heartbeat(self, now: float) -> None:
         load = self.backend.load()
         self._stats_seq += 1
@@ -547,7 +562,12 @@ class CoreLoop:
             self.backend.info.num_kv_blocks, load.prefix_cache_queries, load.prefix_cache_hits,
             self._drain_deadline is not None, self.epoch, load.num_preemptions, list(tokens.counts), tokens.total,
         )
-        self._broadcast(stats)
+        frames = encode(stats)
+        sends = [(peer.identity, frames) for peer in self._peers]
+        if self._riders is not None:  # they go with the step's outputs (_deliver)
+            self._riders += sends
+        else:
+            self.bridge.send(sends)
         # Every peer gets each Stats direct (its liveness); PUB subscribers (frontends' KV indexes,
         # gateways) get them when the load changed, and at least every PUB_STATS_IDLE_S, so an idle
         # rank does not wake each subscriber ten times a second to say nothing new.
@@ -632,12 +652,14 @@ class CoreLoop:
                 pooled_ref.frame, pooled_ref.offset = 0, size
                 raw.setdefault(peer.identity, []).append(data)
                 sizes[peer.identity] = size + memoryview(data).nbytes
-        if per_peer:
+        riders, self._riders = self._riders, None
+        if per_peer or riders:
             now = time.time()
             self.bridge.send([
-                (identity, encode(Outputs(self.rank, self._step, batch, now),
-                                  *([b"".join(raw[identity])] if identity in raw else [])))
-                for identity, batch in per_peer.items()
+                *((identity, encode(Outputs(self.rank, self._step, batch, now),
+                                    *([b"".join(raw[identity])] if identity in raw else [])))
+                  for identity, batch in per_peer.items()),
+                *(riders or ()),
             ])
 
     def _send_outputs(self, peer: Peer, outs: list[RequestOutput]) -> None:

@@ -1,5 +1,5 @@
-"""The frontend's only socket thread: one DEALER per engine rank (requests, handshake, outputs) and
-one SUB per rank (KV events, load), bridged to the event loop.
+"""The frontend's only socket thread: one DEALER per engine rank (requests, handshake, outputs, Stats)
+and one SUB per rank (its KV events), bridged to the event loop.
 
 Everything received in one wake-up is handed to the loop as one batch, through one
 call_soon_threadsafe, so a burst of engine steps costs one loop wake-up, not one per message.
@@ -23,7 +23,8 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from protocol import Stats
+from protocol import AllCleared, BlockRemoved, BlockStored, Stats
+from protocol.version import MAJOR
 
 log = logging.getLogger(__name__)
 
@@ -128,9 +129,9 @@ class Bridge:
                 ready = poller.poll(timeout)
                 drained = quiet and (time.monotonic() >= drain_at or bool(self._commands))
                 if drained:  # awake anyway, or due: read what the engines sent meanwhile
-                    ready += [(sock, zmq.POLLIN) for sock in (*dealers.values(), *subs.values())]
+                    ready += [(sock, 0) for sock in (*dealers.values(), *subs.values())]
                     drain_at = time.monotonic() + self._hold_s
-                for sock, _ in ready:
+                for sock, polled in ready:
                     if sock == self._wake_r:
                         self._wake_pending = False
                         try:
@@ -140,10 +141,13 @@ class Bridge:
                             pass
                         continue
                     index, channel = channel_of[sock]
-                    while True:
+                    # Readable as polled, or asked (a drain): more is asked after each message, as a socket
+                    # option read, which costs less than the zmq.Again a last empty read would raise.
+                    while polled or sock.get(zmq.EVENTS) & zmq.POLLIN:
+                        polled = 0
                         try:
                             frames = sock.recv_multipart(zmq.NOBLOCK)
-                        except zmq.Again:
+                        except zmq.Again:  # only this thread reads, so not expected; never a reason to stop
                             break
                         if channel == MONITOR:
                             event = parse_monitor_message(frames)["event"]
@@ -229,7 +233,8 @@ class Bridge:
             table, channel = dealers, DEALER
         else:
             sock = ctx.socket(zmq.SUB)
-            sock.setsockopt(zmq.SUBSCRIBE, b"")
+            for prefix in _SUBSCRIBED:
+                sock.setsockopt(zmq.SUBSCRIBE, prefix)
             sock.setsockopt(zmq.LINGER, 0)
             table, channel = subs, SUB
         monitor = None
@@ -275,6 +280,13 @@ class Bridge:
 
 
 _STATS = bytes((Stats.TAG,))
+# What this process reads from an engine's PUB: its KV events, of any minor version of this major (a
+# header frame starts (major, minor, tag)). Not its Stats: every one of those also comes direct, on the
+# DEALER, and the PUB's copies (sent when the load changed: at every step of a busy engine) would only
+# wake this thread a second time a step, to be dropped as already seen. The engine's PUB filters, so they
+# do not even cross the socket.
+_SUBSCRIBED = tuple(bytes((MAJOR, minor, tag)) for tag in (BlockStored.TAG, BlockRemoved.TAG, AllCleared.TAG)
+                    for minor in range(256))
 
 
 def _is_stats(item: Inbound) -> bool:

@@ -384,7 +384,8 @@ class EngineSet:
 
     def _on_stats(self, engine: Engine, msg: Stats, received_at: float | None = None) -> None:
         current = engine.stats
-        # Stats come both direct and over PUB; merge by sequence number within one engine session.
+        # Stats come direct (the PUB's copies are not subscribed to: bridge.py); the latest by sequence
+        # number within one engine session counts, whatever the order they are read in.
         if msg.session_epoch != engine.epoch:
             return
         if current is None or msg.seq > current.seq:

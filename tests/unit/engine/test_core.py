@@ -42,12 +42,14 @@ class FakeBridge:
         self.sent: list[tuple[bytes, Any]] = []
         self.raw: list[tuple[bytes, list[bytes]]] = []  # each message's raw frames, in send order
         self.published: list[Any] = []
+        self.calls: list[list[tuple[bytes, Any]]] = []  # each send call's messages: what leaves together
 
     def push(self, identity: bytes, msg: Any) -> None:
         self.inbox.put((identity, [_Frame(f) for f in encode(msg)]))
 
     def send(self, batch: list[tuple[bytes, Any]]) -> None:
-        self.sent += [(identity, decode(frames)) for identity, frames in batch]
+        self.calls.append([(identity, decode(frames)) for identity, frames in batch])
+        self.sent += self.calls[-1]
         self.raw += [(identity, [bytes(f) for f in frames[2:]]) for identity, frames in batch]
 
     def publish(self, batch: list[Any]) -> None:
@@ -332,6 +334,35 @@ def test_stats_carry_the_preemptions_and_the_steps_by_their_tokens(parts) -> Non
     assert stats.iteration_tokens == [1, 2] + [0] * 12 and stats.iteration_tokens_sum == 5
     core.request_drain()
     thread.join(5)
+
+
+class SlowStepBackend(EchoBackend):
+    """Each step takes (simulated) 30 ms: longer than the 10 ms heartbeat interval of these tests."""
+
+    def step(self) -> StepResult:
+        return dataclasses.replace(super().step(), duration_s=0.03)
+
+
+def test_a_heartbeat_due_during_a_step_leaves_with_the_step_outputs_in_one_send() -> None:
+    """A frontend reads a step's outputs and the Stats that fell due meanwhile in one wake-up: they are
+    handed to the socket thread together, not as two sends it may write apart."""
+    bridge, backend = FakeBridge(), SlowStepBackend()
+    core = CoreLoop(EngineConfig(model="m", backend="sim", heartbeat_interval_s=0.01, client_timeout_s=30),
+                    backend, bridge, vocab_size=100)  # type: ignore[arg-type]
+    bridge.push(b"a", make_hello("fe-a"))
+    bridge.push(b"b", make_hello("fe-b"))
+    bridge.push(b"a", _req("r", 6))
+    thread, _ = _run(core)
+    _wait(lambda: any(o.finish_reason for m in bridge.to(b"a", Outputs) for o in m.outputs))
+    core.request_drain()
+    thread.join(5)
+    with_outputs = [i for i, call in enumerate(bridge.calls) if any(isinstance(m, Outputs) for _, m in call)]
+    assert len(with_outputs) == 6
+    stepping = bridge.calls[with_outputs[0]:with_outputs[-1] + 1]
+    stats_calls = [call for call in stepping if any(isinstance(m, Stats) for _, m in call)]
+    assert len(stats_calls) >= 5  # a beat was due at the end of each step
+    for call in stats_calls:  # each with the step's outputs, and every peer's Stats (b has no outputs)
+        assert [(i, type(m)) for i, m in call] == [(b"a", Outputs), (b"a", Stats), (b"b", Stats)]
 
 
 class FramesBackend(EchoBackend):

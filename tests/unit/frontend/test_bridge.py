@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import zmq
 
-from protocol import Outputs, Stats
+from protocol import AllCleared, BlockRemoved, BlockStored, Outputs, Stats
 from protocol.version import MAJOR, MINOR
 from services.frontend.engine_client.bridge import (
     CONNECTED,
@@ -16,6 +16,7 @@ from services.frontend.engine_client.bridge import (
     DISCONNECTED,
     FLUSHED,
     SEND_FAILED,
+    SUB,
     Bridge,
     Inbound,
 )
@@ -181,6 +182,50 @@ def test_a_quiet_frontend_reads_its_engines_twice_a_second_and_still_sees_a_clos
             assert time.monotonic() - closed < 0.3
         finally:
             await asyncio.to_thread(bridge.close)
+            ctx.term()
+
+    asyncio.run(main())
+
+
+def test_an_engine_pub_brings_its_kv_events_of_any_minor_and_not_its_stats() -> None:
+    """Every Stats also comes direct (the DEALER); the PUB's copies of a busy engine (one a step) would
+    wake the socket thread a second time a step for nothing. KV events of a newer minor still come."""
+    stats = [bytes((MAJOR, MINOR, Stats.TAG)), b"s"]
+    stored = [bytes((MAJOR, MINOR, BlockStored.TAG)), b"k"]
+    newer = [bytes((MAJOR, MINOR + 1, BlockRemoved.TAG)), b"k2"]
+    cleared = [bytes((MAJOR, 0, AllCleared.TAG)), b"k3"]
+
+    async def main() -> None:
+        ctx = zmq.Context()
+        pub = ctx.socket(zmq.PUB)
+        pub.setsockopt(zmq.LINGER, 0)
+        port = pub.bind_to_random_port("tcp://127.0.0.1")
+        seen: list[list[bytes]] = []
+
+        def on_batch(batch: list[Inbound], received_at: float) -> None:
+            seen.extend(f for _, c, f in batch if c == SUB)
+
+        bridge = Bridge(asyncio.get_running_loop(), on_batch, "fe")
+        try:
+            bridge.subscribe(0, f"tcp://127.0.0.1:{port}")
+            async with asyncio.timeout(10):  # until the subscriptions reached the PUB (a slow joiner)
+                while not seen:
+                    pub.send_multipart(stored)
+                    await asyncio.sleep(0.02)
+            seen.clear()
+            for frames in (stats, newer, stats, cleared, stats):
+                pub.send_multipart(frames)
+            async with asyncio.timeout(10):
+                while len(seen) < 2:
+                    await asyncio.sleep(0.01)
+            pub.send_multipart(stored)  # after the last Stats: once it is here, that Stats would have been too
+            async with asyncio.timeout(10):
+                while len(seen) < 3:
+                    await asyncio.sleep(0.01)
+            assert seen == [newer, cleared, stored]
+        finally:
+            await asyncio.to_thread(bridge.close)
+            pub.close()
             ctx.term()
 
     asyncio.run(main())
