@@ -4,7 +4,6 @@ into ready engine requests (engine_request.py). Runs on each API server's event 
 /detokenize pass through it for its worker processes."""
 from __future__ import annotations
 
-import os
 import time
 from array import array
 from collections.abc import Awaitable, Callable
@@ -43,6 +42,7 @@ from services.frontend.requests.preparer import (
     prepare_in_worker,
     start_worker,
 )
+from services.frontend.requests.request_ids import random_hex
 from services.frontend.requests.structured import Constraint
 from services.frontend.requests.tokenization import Tokenized
 from services.frontend.requests.workers import PreparePool
@@ -122,7 +122,7 @@ class Translator:
         forced = Constraint("tool_choice", "json_schema", schema) if schema is not None else None
         if render:
             return self._engine_request(req, prepared.ids, pin, chat=True, constraint=forced or prepared.constraint,
-                                        render=True, request_id=f"chatcmpl-{os.urandom(12).hex()}",
+                                        render=True, request_id=f"chatcmpl-{random_hex(12)}",
                                         lora=prepared.lora)
         if schema is not None:
             problem = self._engine_problem(FORCED_TOOLS_MINOR)
@@ -135,7 +135,7 @@ class Translator:
         reasoning_parser = (self._reasoning_parser or "openai") if self._harmony else self._reasoning_parser
         # The chat fields of its OutputOptions made with it, not replaced after (two dataclass replaces of a
         # frozen 22-field class: ~10 us a request).
-        request = self._engine_request(req, prepared.ids, pin, chat=True, request_id=f"chatcmpl-{os.urandom(12).hex()}",
+        request = self._engine_request(req, prepared.ids, pin, chat=True, request_id=f"chatcmpl-{random_hex(12)}",
                                        constraint=forced or prepared.constraint, lora=prepared.lora,
                                        chat_output={"tools": prepared.tools, "tool_choice": choice,
                                                     "parallel_tool_calls": prepared.parallel_tool_calls,
@@ -154,7 +154,7 @@ class Translator:
         prepared = await self._prepared("completion", body)
         req = prepared.req
         assert isinstance(req, CompletionRequest) and prepared.prompts is not None
-        request_id = f"cmpl-{os.urandom(12).hex()}"
+        request_id = f"cmpl-{random_hex(12)}"
         if len(prepared.prompts) == 1:
             ids, echo = prepared.prompts[0]
             return [self._engine_request(req, ids, pin, chat=False, request_id=request_id,
@@ -188,9 +188,9 @@ class Translator:
         requested = None if sp.max_tokens is msgspec.UNSET else sp.max_tokens
         max_tokens = self._max_tokens(len(prepared.ids), requested, chat=True, render=False, param="token_ids",
                                       max_tokens_param=f"{token_in.PREFIX}.max_tokens")
-        caller_id = req.request_id or f"generate-{os.urandom(12).hex()}"
+        caller_id = req.request_id or f"generate-{random_hex(12)}"
         # The caller's id may be any string, and two callers may send the same one: the engine's is ours.
-        request_id = f"generate-tokens-{os.urandom(12).hex()}"
+        request_id = f"generate-tokens-{random_hex(12)}"
         output = self._output_options(req.stream, req.stream_options, constraint, sp.stream_interval, chat=False,
                                       stop=tuple(token_in.stops_of(sp)), skip_special_tokens=sp.skip_special_tokens,
                                       include_stop_str_in_output=sp.include_stop_str_in_output, token_out=True,
