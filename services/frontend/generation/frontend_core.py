@@ -28,6 +28,8 @@ from services.frontend.requests.engine_request import EngineRequest, OutputOptio
 from services.frontend.requests.pooling_model import PoolingModel
 from services.frontend.requests.translator import PIN_HEADER, Translator
 
+_GENERATE = ("generate",)
+
 
 class FrontendCore:
     """One per API server process; the HTTP app (http_api/app.py) and the gRPC services (grpc_api/) each
@@ -71,7 +73,7 @@ class FrontendCore:
         as it schedules them, as vLLM's does). Raises APIError when no engine can take them."""
         if self.shutdown.cut is not None:  # its body or tokens arrived after the shutdown deadline
             raise APIError(503, self.shutdown.cut)
-        self.refuse_task(("generate",), "Generate")  # gRPC's way in; HTTP routes refuse before translation
+        self.refuse_task(_GENERATE, "Generate")  # gRPC's way in; HTTP routes refuse before translation
         try:
             engines = [self.submitter.choose(request) for request in requests]
         except NoEngine as exc:
@@ -120,6 +122,17 @@ class FrontendCore:
         an embedding model, /classify only for a classifier: pooling_model.PoolingModel.pooling_task),
         in vLLM's words for the API, with what the model does. Nothing is known before a handshake: the
         route's placement answers 503 then."""
+        if tasks == _GENERATE:
+            # Every generation request asks this (twice over HTTP): answered without building the task list
+            # when some handshaken rank generates, or none has handshaken.
+            handshaken = False
+            for engine in self.engines.engines:
+                if engine.ready is not None:
+                    if "generate" in engine.tasks:
+                        return
+                    handshaken = True
+            if not handshaken:
+                return
         served = self.engines.tasks()
         if served is None:
             return
