@@ -21,6 +21,13 @@ def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpProc]:
     proc.stop()
 
 
+@pytest.fixture(scope="module")
+def router(tmp_path_factory: pytest.TempPathFactory, backend: HttpProc) -> Iterator[HttpProc]:
+    proc = _router(tmp_path_factory.mktemp("relay-router"), backend, timeout_s=0.3)
+    yield proc
+    proc.stop()
+
+
 def _router(tmp_path: Path, backend: HttpProc, timeout_s: float) -> HttpProc:
     return start_router(tmp_path, f"""
 listeners: [{{port: {{port}}, host: 127.0.0.1}}]
@@ -40,37 +47,29 @@ def _stream(router: HttpProc) -> httpx.Response:
 
 
 def test_a_stream_that_stalls_mid_way_ends_with_an_error_and_is_closed_upstream(
-        tmp_path: Path, backend: HttpProc) -> None:
+        router: HttpProc, backend: HttpProc) -> None:
     backend.reset()
-    router = _router(tmp_path, backend, timeout_s=0.3)
-    try:
-        backend.configure(chunks=3, chunk_delay_s=2.0)  # silent 2 s after each chunk: past the pool's 0.3 s
-        with _stream(router) as r:  # type: ignore[attr-defined]
-            assert r.status_code == 200
-            lines = [line for line in r.iter_lines() if line.startswith("data: ")]
-        assert len(lines) == 2, lines  # the first chunk, then the error event in its place
-        assert "upstream failed mid-stream" in lines[-1] and "data: [DONE]" not in lines
-        # The stalled request was closed, which the backend sees once it wakes to send its next chunk.
-        until("the backend saw the router close the stalled stream",
-              lambda: True if backend.stats()["disconnected"] == 1 else None, timeout_s=10)
-    finally:
-        router.stop()
+    backend.configure(chunks=3, chunk_delay_s=2.0)  # silent 2 s after each chunk: past the pool's 0.3 s
+    with _stream(router) as r:  # type: ignore[attr-defined]
+        assert r.status_code == 200
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert len(lines) == 2, lines  # the first chunk, then the error event in its place
+    assert "upstream failed mid-stream" in lines[-1] and "data: [DONE]" not in lines
+    # The stalled request was closed, which the backend sees once it wakes to send its next chunk.
+    until("the backend saw the router close the stalled stream",
+          lambda: True if backend.stats()["disconnected"] == 1 else None, timeout_s=10)
 
 
-def test_a_slow_reader_is_not_taken_for_a_stalled_upstream(tmp_path: Path, backend: HttpProc) -> None:
+def test_a_slow_reader_is_not_taken_for_a_stalled_upstream(router: HttpProc, backend: HttpProc) -> None:
     """The stall bound counts the time the relay waits on upstream, never the time it waits on a client
     that reads slowly (backpressure): here the client reads nothing for five times the pool's timeout_s,
     with more bytes in flight than the sockets between hold, then reads to the end."""
     backend.reset()
-    router = _router(tmp_path, backend, timeout_s=0.3)
-    try:
-        backend.configure(chunks=100, reply="y" * 16_000_000)  # 16 MB in 100 events, sent at once
-        with _stream(router) as r:  # type: ignore[attr-defined]
-            assert r.status_code == 200
-            time.sleep(1.5)  # the slow reader itself (not a wait for something): nothing read meanwhile
-            lines = [line for line in r.iter_lines() if line.startswith("data: ")]
-        assert lines[-1] == "data: [DONE]", lines[-1][:200]
-        assert len(lines) == 101 and sum(len(line) for line in lines) > 16_000_000
-        assert backend.stats()["disconnected"] == 0
-    finally:
-        router.stop()
+    backend.configure(chunks=100, reply="y" * 16_000_000)  # 16 MB in 100 events, sent at once
+    with _stream(router) as r:  # type: ignore[attr-defined]
+        assert r.status_code == 200
+        time.sleep(1.5)  # the slow reader itself (not a wait for something): nothing read meanwhile
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]", lines[-1][:200]
+    assert len(lines) == 101 and sum(len(line) for line in lines) > 16_000_000
+    assert backend.stats()["disconnected"] == 0
