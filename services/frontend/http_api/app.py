@@ -281,7 +281,7 @@ class Frontend:
                 options = requests[0].output
                 name = requests[0].request.lora or self.model.name  # as vLLM: the adapter's name, if one
                 if options.token_out:
-                    await send_tokens(send, prompts[0][0], name)
+                    await send_tokens(send, prompts[0][0], name, cycle)
                 elif options.stream:
                     await send_stream(send, prompts, name, wakeup, cycle)
                 else:

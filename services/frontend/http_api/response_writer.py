@@ -270,13 +270,13 @@ async def _send_one_stream(send: Send, outputs: OutputProcessor, model: str, cyc
                     "more_body": False})
 
 
-async def send_tokens(send: Send, outputs: OutputProcessor, model: str) -> None:
+async def send_tokens(send: Send, outputs: OutputProcessor, model: str, cycle: HttpCycle | None = None) -> None:
     """/inference/v1/generate's answer in token ids (their text too when asked): one JSON body, or SSE
-    chunks (one per wake-up: the ids of every output queued since the last) and [DONE]."""
+    chunks (one per wake-up or dispatch pass: the ids of every output queued since the last) and [DONE]."""
     options = outputs.options
     request_id = options.response_id or outputs.stream.request_id
     if options.stream:
-        await _stream_tokens(send, outputs, request_id)
+        await _stream_tokens(send, outputs, request_id, cycle)
         return
     ids: list[int] = []
     parts: list[str] = []
@@ -300,21 +300,37 @@ async def send_tokens(send: Send, outputs: OutputProcessor, model: str) -> None:
     await send_json(send, 200, body, [_rank_header(outputs)])
 
 
-async def _stream_tokens(send: Send, outputs: OutputProcessor, request_id: str) -> None:
+def _token_events(writer: openai_bodies.TokenChunkWriter, outputs: OutputProcessor,
+                  render: Callable[[list[Entry]], str] | None, pieces: list[Piece]) -> list[bytes]:
+    """The token-out chunk of the latest pieces() call (its ids, and the finish once finished), if any."""
+    finish = outputs.finish
+    if not outputs.token_ids and finish is None:
+        return []
+    text = "".join(p if isinstance(p, str) else p.content for p in pieces) if outputs.options.text_out else None
+    use = outputs.usage(outputs.completion_tokens) if outputs.options.continuous_usage else None
+    logprobs = render(outputs.token_entries()) if render is not None else None
+    return [writer.chunk(outputs.token_ids, finish, use, text, logprobs)]
+
+
+async def _stream_tokens(send: Send, outputs: OutputProcessor, request_id: str, cycle: HttpCycle | None) -> None:
+    """The token-out SSE answer; with `cycle` (uvicorn's), its chunks between the first and the last are
+    written by a DirectStream in the dispatch pass."""
     options = outputs.options
     writer = openai_bodies.TokenChunkWriter(request_id)
     render = _render(outputs)
+    direct = (DirectStream(cycle, outputs, lambda pieces: _token_events(writer, outputs, render, pieces))
+              if cycle is not None else None)
+    stream = outputs.stream
     started = False
     try:
         while outputs.finish is None:
-            pieces = await outputs.pieces()
+            if started and direct is not None and not stream.ready and direct.usable():
+                events = await direct.run()
+                if not events and outputs.finish is None:
+                    continue  # the stream ended (its last outputs wait), or the transport paused
+            else:
+                events = _token_events(writer, outputs, render, await outputs.pieces())
             finish = outputs.finish
-            events = []
-            if outputs.token_ids or finish is not None:
-                text = "".join(p if isinstance(p, str) else p.content for p in pieces) if options.text_out else None
-                use = outputs.usage(outputs.completion_tokens) if options.continuous_usage else None
-                logprobs = render(outputs.token_entries()) if render is not None else None
-                events.append(writer.chunk(outputs.token_ids, finish, use, text, logprobs))
             if not started:
                 started = True
                 await send({"type": "http.response.start", "status": 200,

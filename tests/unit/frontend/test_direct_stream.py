@@ -17,7 +17,7 @@ from protocol import GenerateRequest, RequestOutput, SamplingParams
 from services.frontend.engine_client.inflight import CLIENT_GONE, InFlight, end_of_pass
 from services.frontend.generation.metrics import Metrics
 from services.frontend.generation.output import OutputProcessor
-from services.frontend.http_api.response_writer import send_stream
+from services.frontend.http_api.response_writer import send_stream, send_tokens
 from services.frontend.model import Model
 from services.frontend.requests.engine_request import EngineRequest, OutputOptions
 
@@ -290,3 +290,36 @@ def test_a_bug_in_one_stream_s_processing_fails_that_stream_only(model: Model,
     data_a, data_b = asyncio.run(run())
     assert b"output processing failed: ValueError: a bug" in data_a and data_a.endswith(b"0\r\n\r\n")
     assert b'"content":" world"' in data_b and b'"finish_reason":"length"' in data_b
+
+
+@pytest.mark.parametrize("text_out", [False, True], ids=["ids", "ids-and-text"])
+def test_a_token_out_stream_is_written_from_the_pass_with_the_asgi_path_s_bytes(model: Model, text_out: bool) -> None:
+    async def run(direct: bool) -> tuple[bytes, int]:
+        request = EngineRequest(GenerateRequest("r1", [1, 2, 3], SamplingParams(max_tokens=8), time.time()), 8,
+                                OutputOptions(chat=False, stream=True, include_usage=True, continuous_usage=False,
+                                              stop=(), include_stop_str_in_output=False, skip_special_tokens=True,
+                                              tool_choice="none", response_id="gen-1", token_out=True,
+                                              text_out=text_out))
+        stream = InFlight("r1", 3, 8)
+        outputs = OutputProcessor(stream, request, tokenizer=model.tokenizer, engines=_Engines(),
+                                  metrics=Metrics("tiny"))
+        cycle, transport = _cycle()
+        send = _CountingSend(cycle)
+        task = asyncio.ensure_future(send_tokens(send, outputs, "tiny", cycle if direct else None))
+        for out in [RequestOutput("r1", [HELLO], None), RequestOutput("r1", [WORLD], None),
+                    RequestOutput("r1", [COMMA], None), RequestOutput("r1", [HELLO], "length")]:
+            _feed(stream, out)
+            if direct and out.finish_reason is None:
+                await _attached(stream)
+            else:
+                for _ in range(5):
+                    await asyncio.sleep(0)
+        await task
+        body, complete = _body(bytes(transport.data))
+        assert complete
+        return body, send.bodies
+
+    direct, sends = asyncio.run(run(True))
+    asgi, asgi_sends = asyncio.run(run(False))
+    assert direct == asgi and (sends, asgi_sends) == (2, 4)
+    assert b'"token_ids":[1879]' in direct and direct.endswith(b"data: [DONE]\n\n")
