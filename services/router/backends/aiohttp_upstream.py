@@ -15,7 +15,7 @@ from opentelemetry.trace import Span
 
 import tracing
 from services.router.backends.http1 import Http1Client, Http1Response, NotConnected
-from services.router.backends.upstream import READ_ERRORS, UpstreamError
+from services.router.backends.upstream import READ_ERRORS, StallTimer, UpstreamError
 
 # Connecting failed (refused, no route), or the connection broke before the response head: the replica
 # may be down, which a passing health check then answers (pool.py). A timeout says it is slow.
@@ -62,31 +62,15 @@ class AiohttpResponse:
         connection = self._raw.connection
         if connection is not None and connection.protocol is not None:
             connection.protocol.read_timeout = None  # its armed timer is cancelled by the next read
-        loop = asyncio.get_running_loop()
-        timeout = self._read_timeout_s
-        start = loop.time()
-        waiting_since: float | None = start  # None: in the consumer, not waiting on upstream
-        handle: asyncio.TimerHandle | None = None
-
-        def check() -> None:
-            nonlocal handle
-            now = loop.time()
-            since = now if waiting_since is None else waiting_since
-            if now - since < timeout:
-                handle = loop.call_at(since + timeout, check)
-            else:
-                content.set_exception(aiohttp.SocketTimeoutError(
-                    f"no body bytes from upstream for {timeout:g} s"))
-
-        handle = loop.call_at(start + timeout, check)
+        stall = StallTimer(asyncio.get_running_loop(), self._read_timeout_s, content.set_exception)
+        stall.waiting()
         try:
             while chunk := await read():
-                waiting_since = None
+                stall.got()
                 yield chunk
-                waiting_since = loop.time()
+                stall.waiting()
         finally:
-            if handle is not None:
-                handle.cancel()
+            stall.cancel()
 
     @property
     def complete(self) -> bool:

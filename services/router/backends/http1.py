@@ -19,6 +19,8 @@ from urllib.parse import urlsplit
 import aiohttp
 import httptools
 
+from services.router.backends.upstream import StallTimer
+
 # A body buffered past this while the relay is busy sending (a slow client): stop reading the replica.
 _PAUSE_BYTES = 1 << 20
 # Under the replicas' keep-alive (uvicorn's 5 s): a connection idle longer is not reused, since a request
@@ -162,38 +164,26 @@ class Http1Response:
         """Body bytes as they arrive. No byte for the read timeout while waiting for one raises
         aiohttp.SocketTimeoutError (a stalled replica); time spent in the consumer does not count (a
         slow client's backpressure). One timer per wait period, checked when it fires, not one per chunk."""
-        conn, loop, timeout = self._conn, self._conn.loop, self._read_timeout_s
-        waiting_since: float | None = None
-        handle: asyncio.TimerHandle | None = None
-
-        def check() -> None:
-            nonlocal handle
-            now = loop.time()
-            since = now if waiting_since is None else waiting_since
-            if now - since < timeout:
-                handle = loop.call_at(since + timeout, check)
-            else:
-                handle = None
-                conn.fail(aiohttp.SocketTimeoutError(f"no body bytes from upstream for {timeout:g} s"))
-
+        conn, timeout = self._conn, self._read_timeout_s
+        stall = StallTimer(conn.loop, timeout, conn.fail) if timeout else None
         try:
             while True:
                 if conn.body:
-                    waiting_since = None
+                    if stall is not None:
+                        stall.got()
                     yield conn.take()
                 elif conn.error is not None:
                     raise conn.error
                 elif conn.done:
                     return
                 else:
-                    waiting_since = loop.time()
-                    if timeout and handle is None:
-                        handle = loop.call_at(waiting_since + timeout, check)
-                    conn.waiter = loop.create_future()
+                    if stall is not None:
+                        stall.waiting()
+                    conn.waiter = conn.loop.create_future()
                     await conn.waiter
         finally:
-            if handle is not None:
-                handle.cancel()
+            if stall is not None:
+                stall.cancel()
 
     def close(self) -> None:
         """Done with it: a finished body gives the connection back to the pool; an unfinished one

@@ -16,6 +16,45 @@ READ_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 _decode = msgspec.json.Decoder()
 
 
+class StallTimer:
+    """How long a body has waited on its replica, bounded: no byte for `timeout_s` while waiting calls
+    `on_stall` with aiohttp.SocketTimeoutError (a stalled replica); time spent in the consumer (a slow
+    client's backpressure) does not count. One timer per wait period, checked when it fires, not one per
+    chunk. Both upstream clients' chunk readers use it."""
+
+    __slots__ = ("_handle", "_loop", "_on_stall", "_since", "_timeout_s")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, timeout_s: float,
+                 on_stall: Callable[[BaseException], None]) -> None:
+        self._loop, self._timeout_s, self._on_stall = loop, timeout_s, on_stall
+        self._since: float | None = None  # None: in the consumer, not waiting on the replica
+        self._handle: asyncio.TimerHandle | None = None
+
+    def waiting(self) -> None:
+        """The replica owes the next bytes from now."""
+        self._since = self._loop.time()
+        if self._handle is None:
+            self._handle = self._loop.call_at(self._since + self._timeout_s, self._check)
+
+    def got(self) -> None:
+        """Bytes came: the consumer has them."""
+        self._since = None
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        since = now if self._since is None else self._since
+        if now - since < self._timeout_s:
+            self._handle = self._loop.call_at(since + self._timeout_s, self._check)
+        else:
+            self._handle = None
+            self._on_stall(aiohttp.SocketTimeoutError(f"no body bytes from upstream for {self._timeout_s:g} s"))
+
+
 class UpstreamError(Exception):
     """The replica failed before any response byte, or answered something that is not what its API
     promises (the replica's fault, a 502). `retryable`: the replica provably did not take the request
