@@ -44,7 +44,7 @@ class DirectStream:
     matched here, or a transport that stopped taking bytes (a slow reader) or closed: the events not
     written are returned for the task to send through ASGI, whose send waits for the transport."""
 
-    __slots__ = ("_cycle", "_events", "_failure", "_future", "_outputs", "_plain", "_stash", "_text")
+    __slots__ = ("_cycle", "_events", "_failure", "_future", "_outputs", "_stash", "_text")
 
     def __init__(self, cycle: HttpCycle, outputs: OutputProcessor,
                  events: Callable[[list[Piece]], list[bytes]], text: Callable[[str], bytes] | None = None) -> None:
@@ -53,8 +53,7 @@ class DirectStream:
         self._events = events  # the SSE events of a batch of pieces (and the finish's, once finished)
         # `text`: the event of one plain text piece, when that is all `events` would make of it (no usage
         # or logprobs in the chunk): OutputProcessor.plain_text() steps are written with it.
-        self._text: Callable[[str], bytes] = text or (lambda piece: b"")
-        self._plain = text is not None
+        self._text = text
         self._future: asyncio.Future[None] | None = None
         self._stash: list[bytes] = []
         self._failure: EngineFailure | None = None
@@ -88,15 +87,16 @@ class DirectStream:
     def on_output(self) -> None:
         outputs = self._outputs
         cycle = self._cycle
-        if self._plain:
+        chunk = self._text
+        if chunk is not None:
             text = outputs.plain_text()
             if text is not None:
                 if cycle.flow.write_paused or cycle.disconnected:
                     if text:
-                        self._stash.append(self._text(text))
+                        self._stash.append(chunk(text))
                     self._let_go()
                 elif text:
-                    body = self._text(text)
+                    body = chunk(text)
                     cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
                 return
         try:

@@ -128,6 +128,14 @@ async def _serve(model: Model, outs: list[RequestOutput], *, direct: bool) -> tu
     cycle, transport = _cycle()
     send = _CountingSend(cycle)
     task = asyncio.ensure_future(send_stream(send, [[outputs]], "tiny", None, cycle if direct else None))
+    await _play(stream, outs, direct=direct)
+    await task
+    body, complete = _body(bytes(transport.data))
+    return body, complete, send.bodies
+
+
+async def _play(stream: InFlight, outs: list[RequestOutput], *, direct: bool) -> None:
+    """Each output in a pass of its own, the response task let run between them (attached again, when direct)."""
     for out in outs:
         _feed(stream, out)
         if direct and out.finish_reason is None:
@@ -135,9 +143,6 @@ async def _serve(model: Model, outs: list[RequestOutput], *, direct: bool) -> tu
         else:
             for _ in range(5):
                 await asyncio.sleep(0)
-    await task
-    body, complete = _body(bytes(transport.data))
-    return body, complete, send.bodies
 
 
 def test_the_bytes_are_the_asgi_paths_and_the_middle_tokens_skip_the_send(model: Model) -> None:
@@ -306,14 +311,8 @@ def test_a_token_out_stream_is_written_from_the_pass_with_the_asgi_path_s_bytes(
         cycle, transport = _cycle()
         send = _CountingSend(cycle)
         task = asyncio.ensure_future(send_tokens(send, outputs, "tiny", cycle if direct else None))
-        for out in [RequestOutput("r1", [HELLO], None), RequestOutput("r1", [WORLD], None),
-                    RequestOutput("r1", [COMMA], None), RequestOutput("r1", [HELLO], "length")]:
-            _feed(stream, out)
-            if direct and out.finish_reason is None:
-                await _attached(stream)
-            else:
-                for _ in range(5):
-                    await asyncio.sleep(0)
+        await _play(stream, [RequestOutput("r1", [HELLO], None), RequestOutput("r1", [WORLD], None),
+                             RequestOutput("r1", [COMMA], None), RequestOutput("r1", [HELLO], "length")], direct=direct)
         await task
         body, complete = _body(bytes(transport.data))
         assert complete
