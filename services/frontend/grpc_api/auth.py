@@ -27,11 +27,11 @@ class Auth(grpc.aio.ServerInterceptor):
         return REFUSAL
 
 
-_MESSAGE = f"a valid API key is required: {HOW_TO_SEND} metadata"
+MESSAGE = f"a valid API key is required: {HOW_TO_SEND} metadata"
 
 
 async def _refuse(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
-    await context.abort(grpc.StatusCode.UNAUTHENTICATED, _MESSAGE)
+    await context.abort(grpc.StatusCode.UNAUTHENTICATED, MESSAGE)
 
 
 # The refusal, UNAUTHENTICATED, of a call of any kind, without reading its request. grpc.aio reads a unary

@@ -1,11 +1,17 @@
 """The frontend's gRPC server (--grpc-port; protocol/grpc/fleet/v1/fleet.proto), assembled: token-in
 Inference (inference.py), Control (control.py), RlControl (rl_control.py) and KvEvents (kv_relay.py),
 with the standard health service and reflection, behind the API-key check (auth.py), on API server
-0's event loop (grpc.aio) beside its HTTP server.
+0's event loop beside its HTTP server. The port is the frontend's own HTTP/2 server (grpc_port.py):
+it serves Inference.GenerateStream itself and relays every other call to grpc.aio, which listens on
+an internal Unix socket only.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 
@@ -14,10 +20,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
+from edge.api_keys import ApiKeys
 from protocol.grpc import pb2, pb2_grpc, service_names
 from services.frontend.generation.frontend_core import FrontendCore
 from services.frontend.grpc_api.auth import Auth
 from services.frontend.grpc_api.control import Control
+from services.frontend.grpc_api.grpc_port import GrpcPort
 from services.frontend.grpc_api.in_flight import PUBLISH_S
 from services.frontend.grpc_api.inference import Inference
 from services.frontend.grpc_api.kv_relay import KvEvents, KvRelay
@@ -55,8 +63,7 @@ class GrpcServer:
         pool_in, pool_out = pb2.PoolRequest.FromString, pb2.PoolResponse.SerializeToString
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("fleet.v1.Inference", {
             "Generate": grpc.unary_unary_rpc_method_handler(self.inference.Generate, response_serializer=out),
-            "GenerateStream": grpc.unary_stream_rpc_method_handler(self.inference.GenerateStream,
-                                                                    response_serializer=out),
+            "GenerateStream": grpc.unary_stream_rpc_method_handler(self.inference.GenerateStream),
             "Embed": grpc.unary_unary_rpc_method_handler(self.inference.Embed, request_deserializer=pool_in,
                                                          response_serializer=pool_out),
             "Classify": grpc.unary_unary_rpc_method_handler(self.inference.Classify, request_deserializer=pool_in,
@@ -69,17 +76,26 @@ class GrpcServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
         reflection.enable_server_reflection([*service_names(), health_name, reflection.SERVICE_NAME], self.server)
+        self._inner = tempfile.mkdtemp(prefix="fleet-grpc-")  # grpc.aio's socket's directory (ours alone)
+        self.wire = GrpcPort(self.inference, ApiKeys(api_keys), self.max_message_bytes,
+                             os.path.join(self._inner, "grpc.sock"))
         self.port = 0
 
     async def start(self) -> None:
         address = f"[{self._host}]:{self._port}" if ":" in self._host else f"{self._host}:{self._port}"
+        inner = f"unix:{self.wire.upstream}"
         try:
-            self.port = self.server.add_insecure_port(address)
+            bound = self.server.add_insecure_port(inner)
         except RuntimeError as exc:
-            raise OSError(f"--grpc-port {self._port}: cannot listen on {address}: {exc}") from None
-        if not self.port:
-            raise OSError(f"--grpc-port {self._port}: cannot listen on {address}")
+            raise OSError(f"gRPC: cannot listen on {inner}: {exc}") from None
+        if not bound:
+            raise OSError(f"gRPC: cannot listen on {inner}")
         await self.server.start()
+        try:
+            self.port = await self.wire.start(self._host, self._port)
+        except OSError as exc:
+            await self.server.stop(0)
+            raise OSError(f"--grpc-port {self._port}: cannot listen on {address}: {exc}") from None
         await self.set_serving(bool(self.core.engines.serving()))
         log.info("gRPC serving %s:%d (%s; health, reflection)", self._host, self.port,
                  ", ".join(s.rsplit(".", 1)[1] for s in service_names()))
@@ -98,4 +114,5 @@ class GrpcServer:
 
     async def stop(self, grace: float) -> None:
         await self.health.enter_graceful_shutdown()
-        await self.server.stop(grace)
+        await asyncio.gather(self.wire.stop(grace), self.server.stop(grace))
+        shutil.rmtree(self._inner, ignore_errors=True)

@@ -20,6 +20,7 @@ from services.frontend.generation.frontend_core import FrontendCore
 from services.frontend.generation.output import OutputProcessor
 from services.frontend.grpc_api.pool_call import pool
 from services.frontend.grpc_api.rpc import Failed, failed, guard, status_of
+from services.frontend.grpc_api.stream_message import StreamMessage
 
 ABORTED = "aborted by Control.Abort"
 
@@ -73,10 +74,54 @@ async def _pieces(outputs: OutputProcessor) -> list[Any]:
     try:
         return await outputs.pieces()
     except EngineFailure as exc:
-        if outputs.stream.gone != ABORTED:
-            raise Failed(status_of(exc.status), str(exc)) from None
-        outputs.finish = "abort"
+        ended(outputs, exc)
         return []
+
+
+def ended(outputs: OutputProcessor, exc: EngineFailure) -> None:
+    """A stream's failure as its call's: Failed (raised), or a finish ("abort") when Control.Abort ended it."""
+    if outputs.stream.gone != ABORTED:
+        raise Failed(status_of(exc.status), str(exc)) from None
+    outputs.finish = "abort"
+
+
+class StreamMessages:
+    """GenerateStream's messages, serialized, of one call: the ids (and text) of each pieces() call, the
+    last with the finish, its reason and the usage. A plain step's message is encoded by hand
+    (stream_message.py), the rest by protobuf."""
+
+    __slots__ = ("_caller", "_encoder", "_outputs", "_rank", "_text_out")
+
+    def __init__(self, engine_request: Any, outputs: OutputProcessor) -> None:
+        self._caller, self._rank = engine_request.output.response_id, outputs.stream.rank
+        self._text_out = engine_request.output.text_out
+        self._outputs = outputs
+        self._encoder = StreamMessage(self._caller, self._rank)
+
+    def message(self, pieces: list[Any]) -> bytes | None:
+        """The message of the latest pieces() call; None: nothing to say yet (text held back while a stop
+        string may follow)."""
+        outputs = self._outputs
+        finish = outputs.finish
+        if finish is None and outputs.formatter is None:
+            if not outputs.token_ids:
+                return None
+            return self._encoder.encode(outputs.token_ids, _text(pieces) if self._text_out else "")
+        resp = pb2.GenerateResponse(request_id=self._caller, token_ids=outputs.token_ids,
+                                    data_parallel_rank=self._rank)
+        if outputs.formatter is not None:
+            resp.logprobs.extend(outputs.token_entries())
+        if self._text_out:
+            resp.text = _text(pieces)
+        if finish is not None:
+            _finish(resp, outputs, finish)
+        elif not outputs.token_ids:
+            return None
+        return resp.SerializeToString()
+
+
+def _text(pieces: list[Any]) -> str:
+    return "".join(p if isinstance(p, str) else p.content for p in pieces)
 
 
 class Inference(pb2_grpc.InferenceServicer):
@@ -95,15 +140,21 @@ class Inference(pb2_grpc.InferenceServicer):
     async def Classify(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await guard(context, pool(self._core, request, "classify", "Classify"))
 
-    async def GenerateStream(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+    async def GenerateStream(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        # Served here only for a call the gRPC port relays (grpc_port.py serves GenerateStream itself).
         with tracing.server_span("frontend.request", _metadata(context), {"rpc.method": "GenerateStream"}):
             try:
-                async for resp in self._generate_stream(request):
-                    yield resp
+                engine_request = await self.translate(request, stream=True)
+                with self.launched(engine_request) as outputs:
+                    messages = StreamMessages(engine_request, outputs)
+                    while outputs.finish is None:
+                        message = messages.message(await _pieces(outputs))
+                        if message is not None:
+                            yield message
             except Failed as exc:
                 await context.abort(exc.code, str(exc))
 
-    async def _translate(self, raw: bytes, *, stream: bool) -> Any:
+    async def translate(self, raw: bytes, *, stream: bool) -> Any:
         """The serialized GenerateRequest through the token-in route's translation (parsed there: in a
         worker process when it is long). Its size is bounded already: the server's receive limit is
         --max-body-bytes (grpc_server.py)."""
@@ -118,8 +169,8 @@ class Inference(pb2_grpc.InferenceServicer):
             raise failed(exc) from None
 
     async def _generate(self, request: Any) -> Any:
-        engine_request = await self._translate(request, stream=False)
-        with self._launched(engine_request) as outputs:
+        engine_request = await self.translate(request, stream=False)
+        with self.launched(engine_request) as outputs:
             resp = pb2.GenerateResponse(request_id=engine_request.output.response_id,
                                         data_parallel_rank=outputs.stream.rank)
             text: list[str] = []
@@ -138,26 +189,8 @@ class Inference(pb2_grpc.InferenceServicer):
                     resp.prompt_logprobs.extend(rows(seg, 0, seg.positions, top))
             return resp
 
-    async def _generate_stream(self, request: Any) -> AsyncIterator[Any]:
-        engine_request = await self._translate(request, stream=True)
-        with self._launched(engine_request) as outputs:
-            caller = engine_request.output.response_id
-            rank, text_out = outputs.stream.rank, engine_request.output.text_out
-            while outputs.finish is None:
-                pieces = await _pieces(outputs)
-                resp = pb2.GenerateResponse(request_id=caller, token_ids=outputs.token_ids, data_parallel_rank=rank)
-                if outputs.formatter is not None:
-                    resp.logprobs.extend(outputs.token_entries())
-                if text_out:
-                    resp.text = "".join(p if isinstance(p, str) else p.content for p in pieces)
-                if outputs.finish is not None:
-                    _finish(resp, outputs, outputs.finish)
-                elif not outputs.token_ids:
-                    continue  # text held back (a stop string may follow): nothing to say yet
-                yield resp
-
     @contextlib.contextmanager
-    def _launched(self, engine_request: Any) -> Iterator[OutputProcessor]:
+    def launched(self, engine_request: Any) -> Iterator[OutputProcessor]:
         """The request launched (FrontendCore.launch), registered for Control.Abort, its logprobs formatted
         for gRPC; on leaving (done, failed, or the call cancelled: a client that went away or a deadline),
         aborted at its engine if still running there."""

@@ -1,6 +1,7 @@
-"""A streamed response's SSE events written to its connection in the engine dispatch pass that produced
-them, under uvicorn's httptools protocol: one pass per engine step over every stream, no response task
-woken and no ASGI send per token. Runs on each API server's event loop."""
+"""A streamed response's events written to its connection in the engine dispatch pass that produced
+them: SSE under uvicorn's httptools protocol, gRPC messages on the frontend's own HTTP/2 port. One pass
+per engine step over every stream, no response task woken and no send per token. Runs on each API
+server's event loop."""
 from __future__ import annotations
 
 import asyncio
@@ -34,23 +35,55 @@ def cycle_of(scope: Any) -> HttpCycle | None:
     return extensions.get(CYCLE) if extensions else None
 
 
+class Outlet(Protocol):
+    """Where a DirectStream's bytes go: an HTTP/1.1 response's chunks (HttpOutlet) or a gRPC call's DATA
+    frames (grpc_api/stream_call.py)."""
+
+    def usable(self) -> bool:
+        """The response is under way and takes bytes now."""
+
+    def put(self, body: bytes) -> bool:
+        """Write `body` now and say True, or say False (nothing written: the transport paused or closed,
+        or a flow-control window is shut) and the stream lets go."""
+
+
+class HttpOutlet:
+    """A chunked HTTP/1.1 response under uvicorn: each body one chunk, the bytes its send would write."""
+
+    __slots__ = ("_cycle",)
+
+    def __init__(self, cycle: HttpCycle) -> None:
+        self._cycle = cycle
+
+    def usable(self) -> bool:
+        cycle = self._cycle
+        return (cycle.chunked_encoding is True and not cycle.response_complete and not cycle.disconnected
+                and not cycle.flow.write_paused)
+
+    def put(self, body: bytes) -> bool:
+        cycle = self._cycle
+        if cycle.flow.write_paused or cycle.disconnected:
+            return False
+        cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+        return True
+
+
 class DirectStream:
     """One choice's stream, its events written as its outputs are fed. The response task starts the
-    response and ends it through ASGI as before; in between, run() attaches this as the stream's sink
+    response and ends it as before; in between, run() attaches this as the stream's sink
     (engine_client/inflight.py) and waits. At the end of each dispatch pass that fed the stream, its
-    outputs are processed and their events written as one HTTP chunk, the bytes uvicorn's send would
-    write. The sink lets go, and run() returns, at the
-    stream's end (its last output is left for the task), a failure (raised by run()), a stop string
-    matched here, or a transport that stopped taking bytes (a slow reader) or closed: the events not
-    written are returned for the task to send through ASGI, whose send waits for the transport."""
+    outputs are processed and their events written to the outlet as one body. The sink lets go, and
+    run() returns, at the stream's end (its last output is left for the task), a failure (raised by
+    run()), a stop string matched here, or an outlet that took no bytes (a slow reader, a closed
+    connection): the events not written are returned for the task to send its own way, which waits."""
 
-    __slots__ = ("_cycle", "_events", "_failure", "_future", "_outputs", "_stash", "_text")
+    __slots__ = ("_events", "_failure", "_future", "_outlet", "_outputs", "_stash", "_text")
 
-    def __init__(self, cycle: HttpCycle, outputs: OutputProcessor,
+    def __init__(self, outlet: Outlet, outputs: OutputProcessor,
                  events: Callable[[list[Piece]], list[bytes]], text: Callable[[str], bytes] | None = None) -> None:
-        self._cycle = cycle
+        self._outlet = outlet
         self._outputs = outputs
-        self._events = events  # the SSE events of a batch of pieces (and the finish's, once finished)
+        self._events = events  # the events of a batch of pieces (and the finish's, once finished)
         # `text`: the event of one plain text piece, when that is all `events` would make of it (no usage
         # or logprobs in the chunk): OutputProcessor.plain_text() steps are written with it.
         self._text = text
@@ -59,10 +92,7 @@ class DirectStream:
         self._failure: EngineFailure | None = None
 
     def usable(self) -> bool:
-        """The response is under way in chunks and its transport takes bytes now."""
-        cycle = self._cycle
-        return (cycle.chunked_encoding is True and not cycle.response_complete and not cycle.disconnected
-                and not cycle.flow.write_paused)
+        return self._outlet.usable()
 
     async def run(self) -> list[bytes]:
         """Serve the stream from the dispatch pass until the sink lets go; the events left to send.
@@ -86,18 +116,15 @@ class DirectStream:
 
     def on_output(self) -> None:
         outputs = self._outputs
-        cycle = self._cycle
         chunk = self._text
         if chunk is not None:
             text = outputs.plain_text()
             if text is not None:
-                if cycle.flow.write_paused or cycle.disconnected:
-                    if text:
-                        self._stash.append(chunk(text))
-                    self._let_go()
-                elif text:
+                if text:
                     body = chunk(text)
-                    cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+                    if not self._outlet.put(body):
+                        self._stash.append(body)
+                        self._let_go()
                 return
         try:
             events = self._events(outputs.take_pieces())
@@ -105,13 +132,12 @@ class DirectStream:
             self._failure = exc
             self._let_go()
             return
-        if outputs.finish is not None or cycle.flow.write_paused or cycle.disconnected:
+        if outputs.finish is not None:
             self._stash += events
             self._let_go()
-            return
-        if events:
-            body = events[0] if len(events) == 1 else b"".join(events)
-            cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+        elif events and not self._outlet.put(events[0] if len(events) == 1 else b"".join(events)):
+            self._stash += events
+            self._let_go()
 
     def on_end(self) -> None:
         future = self._future

@@ -16,7 +16,7 @@ from services.frontend.errors import error_body
 from services.frontend.generation.output import OutputProcessor, Piece, usage_body
 from services.frontend.http_api import openai_bodies
 from services.frontend.http_api.asgi import send_json
-from services.frontend.http_api.direct_stream import DirectStream, HttpCycle
+from services.frontend.http_api.direct_stream import DirectStream, HttpCycle, HttpOutlet
 from services.frontend.text.logprobs_format import Entry
 
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
@@ -236,7 +236,7 @@ async def _send_one_stream(send: Send, outputs: OutputProcessor, model: str, cyc
     writer = openai_bodies.ChunkWriter(options.response_id or outputs.stream.request_id, model, chat=options.chat)
     render, usage, continuous = _render(outputs), outputs.usage, options.continuous_usage
     plain = render is None and not continuous and options.stream_interval == 1  # a text piece is writer.text()
-    direct = (DirectStream(cycle, outputs, lambda pieces: _events(writer, outputs, pieces, render),
+    direct = (DirectStream(HttpOutlet(cycle), outputs, lambda pieces: _events(writer, outputs, pieces, render),
                            writer.text if plain else None)
               if cycle is not None else None)
     stream = outputs.stream
@@ -318,7 +318,7 @@ async def _stream_tokens(send: Send, outputs: OutputProcessor, request_id: str, 
     options = outputs.options
     writer = openai_bodies.TokenChunkWriter(request_id)
     render = _render(outputs)
-    direct = (DirectStream(cycle, outputs, lambda pieces: _token_events(writer, outputs, render, pieces))
+    direct = (DirectStream(HttpOutlet(cycle), outputs, lambda pieces: _token_events(writer, outputs, render, pieces))
               if cycle is not None else None)
     stream = outputs.stream
     started = False

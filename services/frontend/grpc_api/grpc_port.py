@@ -1,0 +1,523 @@
+"""The gRPC port (--grpc-port): an HTTP/2 server of the frontend's own, h2 keeping each connection's
+state. It serves Inference.GenerateStream itself (stream_call.py: its messages framed here and most of
+them written in the engine dispatch pass) and relays every other call, unchanged, to grpc.aio on an
+internal socket: one HTTP/2 client connection there per client connection, opened at its first relayed
+call, flow control honoured both ways. grpc.aio's per-message path costs several times SSE's per token
+(docs/grpc.md). Runs on API server 0's event loop."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import struct
+from typing import Any
+
+import grpc
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import h2.settings
+
+from edge.api_keys import ApiKeys
+from services.frontend.grpc_api.inference import Inference
+from services.frontend.grpc_api.stream_call import ENCODINGS, StreamCall
+
+log = logging.getLogger(__name__)
+
+GENERATE_STREAM = b"/fleet.v1.Inference/GenerateStream"
+# Our receive windows: a stream's and the connection's. A relayed call's bytes are acknowledged as they
+# go on, so these bound what a connection buffers; large enough that a weight update's tensors are not
+# held to a round trip per 64 KiB.
+STREAM_WINDOW = 4 << 20
+CONNECTION_WINDOW = 16 << 20
+MAX_STREAMS = 1 << 16  # per connection; grpc.aio's own bound is higher still
+_FRAME = struct.Struct(">IBI")  # a frame's head: length << 8 | type, flags, stream id
+_GOAWAY = 0x7
+SHUTTING_DOWN = "the frontend is shutting down; send the request to another replica"
+
+
+class GrpcPort:
+    """The listener. start() binds; stop(grace) stops taking connections, tells clients (GOAWAY), gives
+    running GenerateStream calls `grace` seconds, then ends them and closes every connection."""
+
+    def __init__(self, inference: Inference, keys: ApiKeys, max_message_bytes: int, upstream: str) -> None:
+        self.inference, self.keys, self.max_message_bytes = inference, keys, max_message_bytes
+        self.upstream = upstream  # grpc.aio's internal socket (a path)
+        self.connections: set[Connection] = set()
+        self.stopping = False
+        self._server: asyncio.Server | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: Connection(self), host or None, port)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    def calls(self) -> list[StreamCall]:
+        return [c for conn in self.connections for c in conn.calls.values() if isinstance(c, StreamCall)]
+
+    async def stop(self, grace: float) -> None:
+        self.stopping = True
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            conn.goaway()
+        running = [c.task for c in self.calls() if c.task is not None]
+        if running and grace > 0:
+            await asyncio.wait(running, timeout=grace)
+        for call in self.calls():
+            call.cancel(grpc.StatusCode.UNAVAILABLE, SHUTTING_DOWN)
+        running = [c.task for c in self.calls() if c.task is not None and not c.task.done()]
+        if running:  # their trailers go out as they end
+            await asyncio.wait(running, timeout=1.0)
+        for conn in list(self.connections):
+            conn.close()
+
+
+class Connection(asyncio.Protocol):
+    """One client connection: its streams, each a StreamCall or a relayed call (Relayed)."""
+
+    def __init__(self, port: GrpcPort) -> None:
+        self.port = port
+        self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding=None))
+        self.transport: asyncio.Transport | None = None
+        self.paused = False  # the transport's buffer is full (a slow reader)
+        self.calls: dict[int, StreamCall | Relayed] = {}
+        self._waiters: list[asyncio.Future[None]] = []
+        self._upstream: Upstream | None = None
+
+    # ---- asyncio.Protocol ----
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        self.port.connections.add(self)
+        h2c = self.h2
+        h2c.local_settings = h2.settings.Settings(client=False, initial_values={
+            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_STREAMS,
+            h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
+            h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: h2c.DEFAULT_MAX_HEADER_LIST_SIZE})
+        h2c.initiate_connection()
+        h2c.increment_flow_control_window(CONNECTION_WINDOW - 65535)
+        self.flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.port.connections.discard(self)
+        for call in list(self.calls.values()):
+            call.on_lost()
+        self.calls.clear()
+        self._wake()
+        if self._upstream is not None:
+            self._upstream.close()
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        self._wake()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            events: list[Any] = self.h2.receive_data(data)
+        except h2.exceptions.ProtocolError as exc:
+            log.debug("gRPC port: a connection broke HTTP/2 (%s); closing it", exc)
+            self.flush()
+            self.close()
+            return
+        calls = self.calls
+        h2c = self.h2
+        for event in events:
+            kind = type(event)
+            if kind is h2.events.DataReceived:
+                call = calls.get(event.stream_id)
+                if type(call) is Relayed:
+                    call.on_data(event.data, event.flow_controlled_length)
+                    continue
+                h2c.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                if call is not None:
+                    call.on_data(event.data, 0)
+            elif kind is h2.events.RequestReceived:
+                self._open(event.stream_id, event.headers, event.stream_ended is not None)
+            elif kind is h2.events.StreamEnded:
+                call = calls.get(event.stream_id)
+                if call is not None:
+                    call.on_end()
+            elif kind is h2.events.StreamReset:
+                call = calls.pop(event.stream_id, None)
+                if call is not None:
+                    call.on_reset(event.error_code)
+            elif kind in (h2.events.WindowUpdated, h2.events.RemoteSettingsChanged):
+                self._wake()
+            elif kind is h2.events.ConnectionTerminated:  # the client's GOAWAY: it is leaving
+                self.close()
+        self.flush()
+        if self._upstream is not None:
+            self._upstream.flush()
+
+    # ---- streams ----
+
+    def _open(self, stream_id: int, headers: list[tuple[bytes, bytes]], ended: bool) -> None:
+        path = method = content_type = None
+        encoding = b"identity"
+        for name, value in headers:
+            if name == b":path":
+                path = value
+            elif name == b":method":
+                method = value
+            elif name == b"content-type":
+                content_type = value
+            elif name == b"grpc-encoding":
+                encoding = value
+        call: StreamCall | Relayed
+        # Served here: a well-formed GenerateStream call. Anything odd goes to grpc.aio, which answers it.
+        if (path == GENERATE_STREAM and method == b"POST" and content_type is not None
+                and content_type.startswith(b"application/grpc") and encoding in ENCODINGS):
+            port = self.port
+            call = StreamCall(self, stream_id, headers, port.inference, port.keys, port.max_message_bytes)
+        else:
+            call = Relayed(self, stream_id, headers)
+            if self._upstream is None:
+                self._upstream = Upstream(self, self.port.upstream)
+            self._upstream.open(call)
+        if not call.closed:
+            self.calls[stream_id] = call
+            if ended:
+                call.on_end()
+
+    def forget(self, call: StreamCall | Relayed) -> None:
+        if self.calls.get(call.stream_id) is call:
+            del self.calls[call.stream_id]
+
+    # ---- writing ----
+
+    def flush(self) -> None:
+        """h2's pending bytes out, before any frame written by hand (a stream's HEADERS before its DATA)."""
+        out = self.h2.data_to_send()
+        if out and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(out)
+
+    def send_headers(self, stream_id: int, headers: list[tuple[bytes, bytes]], *, end_stream: bool = False,
+                     reset: bool = False) -> None:
+        """HEADERS on a stream (a response's, or its trailers with end_stream), and with `reset` a
+        RST_STREAM (NO_ERROR) after them: the response is whole, the client need send no more."""
+        with contextlib.suppress(h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+            self.h2.send_headers(stream_id, headers, end_stream=end_stream)
+            if reset:
+                self.h2.reset_stream(stream_id, h2.errors.ErrorCodes.NO_ERROR)
+        self.flush()
+
+    def room(self, stream_id: int) -> int:
+        """The bytes the flow-control windows let a stream send now."""
+        h2c = self.h2
+        stream = h2c.streams.get(stream_id)
+        if stream is None:
+            return 0
+        return min(h2c.outbound_flow_control_window, stream.outbound_flow_control_window)
+
+    def write_data(self, stream_id: int, data: bytes) -> None:
+        """DATA frames written by hand, h2 told of the windows they use (room() bytes at most)."""
+        h2c = self.h2
+        n = len(data)
+        h2c.outbound_flow_control_window -= n
+        h2c.streams[stream_id].outbound_flow_control_window -= n
+        size = h2c.max_outbound_frame_size
+        transport = self.transport
+        assert transport is not None
+        if n <= size:
+            transport.write(_FRAME.pack(n << 8, 0, stream_id) + data)
+            return
+        view = memoryview(data)
+        transport.writelines([part for i in range(0, n, size)
+                              for part in (_FRAME.pack(len(view[i:i + size]) << 8, 0, stream_id), view[i:i + size])])
+
+    async def writable(self) -> None:
+        """Until a window opens, the transport resumes or the connection closes."""
+        future = asyncio.get_running_loop().create_future()
+        self._waiters.append(future)
+        await future
+
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for future in waiters:
+            if not future.done():
+                future.set_result(None)
+        for call in list(self.calls.values()):
+            if type(call) is Relayed:
+                call.flush_down()
+
+    def goaway(self) -> None:
+        """Tell the client to open no more streams here (GOAWAY, NO_ERROR), the running ones going on.
+        Written by hand: h2 would take no frame after its own GOAWAY, and running calls still need theirs."""
+        if self.transport is not None and not self.transport.is_closing():
+            self.flush()
+            self.transport.write(_FRAME.pack(8 << 8 | _GOAWAY, 0, 0)
+                                 + struct.pack(">II", self.h2.highest_inbound_stream_id, 0))
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+class Relayed:
+    """A call relayed to grpc.aio: the client's HEADERS, DATA and end passed on as they come, grpc.aio's
+    response passed back; each side's bytes acknowledged to its sender once the other side took them."""
+
+    def __init__(self, down: Connection, stream_id: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.down, self.stream_id, self.headers = down, stream_id, headers
+        self.up: Upstream | None = None
+        self.up_id = 0  # grpc.aio's stream, once opened
+        self.closed = False
+        self.started = False  # grpc.aio's response HEADERS passed on
+        self._to_up = bytearray()  # the client's bytes grpc.aio's window has no room for yet
+        self._up_owed = 0  # the client's flow-controlled bytes not yet acknowledged
+        self._up_end = False
+        self._to_down = bytearray()
+        self._down_owed = 0
+        self._down_end: list[tuple[bytes, bytes]] | None = None  # the trailers ([]: a bare end) to send after
+        self.remote_ended = False
+
+    # ---- the client's side ----
+
+    def on_data(self, data: bytes, flow_controlled: int) -> None:
+        self._to_up += data
+        self._up_owed += flow_controlled
+        self.flush_up()
+
+    def on_end(self) -> None:
+        self.remote_ended = True
+        self._up_end = True
+        self.flush_up()
+
+    def on_reset(self, code: int) -> None:
+        self.closed = True
+        if self.up is not None:
+            self.up.reset(self, code)
+
+    def on_lost(self) -> None:
+        self.closed = True
+
+    def flush_up(self) -> None:
+        up = self.up
+        if up is None or not self.up_id or self.closed:
+            return
+        h2c = up.h2
+        buffered = self._to_up
+        sent = 0
+        with contextlib.suppress(h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+            while buffered:
+                n = min(len(buffered), h2c.local_flow_control_window(self.up_id), h2c.max_outbound_frame_size)
+                if n <= 0:
+                    break
+                h2c.send_data(self.up_id, bytes(buffered[:n]))
+                del buffered[:n]
+                sent += n
+            if self._up_end and not buffered:
+                self._up_end = False
+                h2c.end_stream(self.up_id)
+        if sent or (not buffered and self._up_owed):
+            ack = self._up_owed if not buffered else min(sent, self._up_owed)
+            self._up_owed -= ack
+            self.down.h2.acknowledge_received_data(ack, self.stream_id)
+
+    # ---- grpc.aio's side ----
+
+    def on_response(self, headers: list[tuple[bytes, bytes]], ended: bool) -> None:
+        self.started = True
+        self.down.send_headers(self.stream_id, headers, end_stream=ended, reset=ended and not self.remote_ended)
+        if ended:
+            self._done()
+
+    def on_up_data(self, data: bytes, flow_controlled: int) -> None:
+        self._to_down += data
+        self._down_owed += flow_controlled
+        self.flush_down()
+
+    def on_up_end(self, trailers: list[tuple[bytes, bytes]]) -> None:
+        self._down_end = trailers
+        self.flush_down()
+
+    def flush_down(self) -> None:
+        if self.closed:
+            return
+        h2c = self.down.h2
+        buffered = self._to_down
+        sent = 0
+        try:
+            while buffered:
+                n = min(len(buffered), h2c.local_flow_control_window(self.stream_id), h2c.max_outbound_frame_size)
+                if n <= 0:
+                    break
+                h2c.send_data(self.stream_id, bytes(buffered[:n]))
+                del buffered[:n]
+                sent += n
+            if self._down_end is not None and not buffered:
+                if self._down_end:
+                    h2c.send_headers(self.stream_id, self._down_end, end_stream=True)
+                else:
+                    h2c.end_stream(self.stream_id)
+                if not self.remote_ended:
+                    h2c.reset_stream(self.stream_id, h2.errors.ErrorCodes.NO_ERROR)
+                self._done()
+        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+            self._done()
+        if sent and self.up is not None:
+            ack = self._down_owed if not buffered else min(sent, self._down_owed)
+            self._down_owed -= ack
+            self.up.acknowledge(self, ack)
+
+    def fail(self, message: str) -> None:
+        """grpc.aio is unreachable or went: the call ends UNAVAILABLE."""
+        if self.closed:
+            return
+        status = [(b"grpc-status", str(grpc.StatusCode.UNAVAILABLE.value[0]).encode()),
+                  (b"grpc-message", message.encode())]
+        self.down.send_headers(self.stream_id, status if self.started else
+                               [(b":status", b"200"), (b"content-type", b"application/grpc"), *status],
+                               end_stream=True, reset=not self.remote_ended)
+        self._done()
+
+    def reset_down(self, code: int) -> None:
+        if not self.closed:
+            with contextlib.suppress(h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+                self.down.h2.reset_stream(self.stream_id, code)
+            self._done()
+
+    def _done(self) -> None:
+        self.closed = True
+        self.down.forget(self)
+        if self.up is not None:
+            self.up.forget(self)
+
+
+class Upstream(asyncio.Protocol):
+    """One client connection's relayed calls on an HTTP/2 connection to grpc.aio's internal socket."""
+
+    def __init__(self, down: Connection, path: str) -> None:
+        self.down = down
+        self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+        self.transport: asyncio.Transport | None = None
+        self._by_id: dict[int, Relayed] = {}
+        self._waiting: list[Relayed] = []
+        self._gone: str | None = None  # why no more calls can go up
+        self._connect: asyncio.Task[Any] | None = asyncio.get_running_loop().create_task(self._dial(path))
+
+    async def _dial(self, path: str) -> None:
+        try:
+            await asyncio.get_running_loop().create_unix_connection(lambda: self, path)
+        except OSError as exc:
+            self._lost(f"the frontend's gRPC services are unreachable: {exc}")
+            self.down.flush()
+        finally:
+            self._connect = None
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        h2c = self.h2
+        h2c.local_settings = h2.settings.Settings(client=True, initial_values={
+            h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
+            h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: h2c.DEFAULT_MAX_HEADER_LIST_SIZE})
+        h2c.initiate_connection()
+        h2c.increment_flow_control_window(CONNECTION_WINDOW - 65535)
+        waiting, self._waiting = self._waiting, []
+        for call in waiting:
+            self._start(call)
+        self.flush()
+        self.down.flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self._lost("the frontend's gRPC services went away")
+        self.down.flush()
+
+    def _lost(self, why: str) -> None:
+        self._gone = self._gone or why
+        calls = [*self._waiting, *self._by_id.values()]
+        self._waiting, self._by_id = [], {}
+        for call in calls:
+            call.fail(why)
+
+    def open(self, call: Relayed) -> None:
+        call.up = self
+        if self._gone is not None:
+            call.fail(self._gone)
+        elif self.transport is None:
+            self._waiting.append(call)
+        else:
+            self._start(call)
+
+    def _start(self, call: Relayed) -> None:
+        if call.closed:
+            return
+        h2c = self.h2
+        try:
+            call.up_id = h2c.get_next_available_stream_id()
+            h2c.send_headers(call.up_id, call.headers)
+        except h2.exceptions.ProtocolError as exc:
+            call.fail(f"the frontend's gRPC services took no more calls: {exc}")
+            return
+        self._by_id[call.up_id] = call
+        call.flush_up()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            events: list[Any] = self.h2.receive_data(data)
+        except h2.exceptions.ProtocolError as exc:
+            self._lost(f"the frontend's gRPC services broke HTTP/2: {exc}")
+            self.close()
+            events = []
+        by_id = self._by_id
+        for event in events:
+            kind = type(event)
+            call = by_id.get(getattr(event, "stream_id", 0) or 0)
+            if kind is h2.events.DataReceived:
+                if call is None:
+                    self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                else:
+                    call.on_up_data(event.data, event.flow_controlled_length)
+                    if event.stream_ended is not None:
+                        call.on_up_end([])
+            elif kind is h2.events.ResponseReceived and call is not None:
+                call.on_response(event.headers, event.stream_ended is not None)
+            elif kind is h2.events.TrailersReceived and call is not None:
+                call.on_up_end(event.headers)
+            elif kind is h2.events.StreamReset and call is not None:
+                by_id.pop(event.stream_id, None)
+                call.reset_down(event.error_code)
+            elif kind in (h2.events.WindowUpdated, h2.events.RemoteSettingsChanged):
+                for relayed in list(by_id.values()):
+                    relayed.flush_up()
+            elif kind is h2.events.ConnectionTerminated:  # grpc.aio stopping: the running calls go on
+                self._gone = SHUTTING_DOWN
+        self.flush()
+        self.down.flush()
+
+    def acknowledge(self, call: Relayed, n: int) -> None:
+        with contextlib.suppress(h2.exceptions.ProtocolError):
+            self.h2.acknowledge_received_data(n, call.up_id)
+        self.flush()
+
+    def reset(self, call: Relayed, code: int) -> None:
+        if call.up_id and self._by_id.pop(call.up_id, None) is not None:
+            with contextlib.suppress(h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+                self.h2.reset_stream(call.up_id, code)
+            self.flush()
+
+    def forget(self, call: Relayed) -> None:
+        if call.up_id:
+            self._by_id.pop(call.up_id, None)
+
+    def flush(self) -> None:
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            out = self.h2.data_to_send()
+            if out:
+                transport.write(out)
+
+    def close(self) -> None:
+        self._gone = self._gone or "the client's connection closed"
+        if self._connect is not None:
+            self._connect.cancel()
+        if self.transport is not None:
+            self.transport.close()
+

@@ -1,0 +1,256 @@
+"""One Inference.GenerateStream call served on the gRPC port's own HTTP/2 connection (grpc_port.py):
+its request message gathered and checked (API key, size, compression, deadline), then its response
+messages framed by hand, most of them written in the engine dispatch pass that produced them
+(http_api/direct_stream.py), every window honoured. Runs on API server 0's event loop."""
+from __future__ import annotations
+
+import asyncio
+import gzip
+import logging
+import zlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+import grpc
+
+import tracing
+from edge.api_keys import ApiKeys, KeyCheck
+from services.frontend.engine_client.inflight import EngineFailure
+from services.frontend.grpc_api.auth import MESSAGE as UNAUTHENTICATED_MESSAGE
+from services.frontend.grpc_api.inference import Inference, StreamMessages, ended
+from services.frontend.grpc_api.rpc import Failed
+from services.frontend.http_api.direct_stream import DirectStream
+
+if TYPE_CHECKING:
+    from services.frontend.grpc_api.grpc_port import Connection
+
+log = logging.getLogger(__name__)
+
+# grpc-timeout's units (the gRPC over HTTP/2 spec): hours, minutes, seconds, milli-, micro-, nanoseconds.
+_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-3, ord("u"): 1e-6, ord("n"): 1e-9}
+_DECOMPRESS: dict[bytes, Callable[[bytes], bytes]] = {b"gzip": gzip.decompress, b"deflate": zlib.decompress}
+ENCODINGS = (b"identity", *_DECOMPRESS)
+# What the spec leaves unescaped in grpc-message: printable ASCII but "%" (urllib's quote keeps
+# letters, digits and "_.-~" on its own).
+_PLAIN = " !\"#$&'()*+,/:;<=>?@[\\]^`{|}"
+RESPONSE_HEAD = [(b":status", b"200"), (b"content-type", b"application/grpc"),
+                 (b"grpc-accept-encoding", b",".join(ENCODINGS))]
+
+
+def timeout_of(value: bytes) -> float | None:
+    """grpc-timeout's seconds ("100m": 0.1); None when it is malformed (the call then has no deadline)."""
+    if not 2 <= len(value) <= 9 or not value[:-1].isdigit() or value[-1] not in _UNITS:
+        return None
+    return int(value[:-1]) * _UNITS[value[-1]]
+
+
+def frame(message: bytes) -> bytes:
+    """A gRPC message on the wire: not compressed, its length (4 bytes, big-endian), its bytes."""
+    return b"\x00" + len(message).to_bytes(4, "big") + message
+
+
+class StreamCall:
+    """One GenerateStream call on a connection: the request's DATA gathered (refused past the message
+    limit from its length prefix alone), then a task that serves it and ends the stream with trailers.
+    A reset by the client, its connection's loss or the deadline cancels the task, which leaves the
+    request at its engine (Inference.launched aborts it there)."""
+
+    def __init__(self, conn: Connection, stream_id: int, headers: list[tuple[bytes, bytes]],
+                 inference: Inference, keys: ApiKeys, limit: int) -> None:
+        self.conn, self.stream_id = conn, stream_id
+        self._headers = headers
+        self._inference = inference
+        self._limit = limit
+        self._body = bytearray()
+        self.task: asyncio.Task[None] | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+        self._why: tuple[grpc.StatusCode, str] | None = None  # the status a cancel of the task answers
+        self.started = False  # the response's HEADERS are out
+        self.closed = False  # trailers sent or the stream reset: nothing more goes out on it
+        self.remote_ended = False
+        self._encoding = b"identity"
+        refusal = self._refusal(headers, keys)
+        if refusal is not None:
+            self.finish(*refusal)
+
+    def _refusal(self, headers: list[tuple[bytes, bytes]], keys: ApiKeys) -> tuple[grpc.StatusCode, str] | None:
+        """A refusal from the headers alone (the message is never read), or None; sets the deadline."""
+        if keys and keys.check(headers) is not KeyCheck.ACCEPTED:
+            return grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE
+        for name, value in headers:
+            if name == b"grpc-timeout":
+                seconds = timeout_of(value)
+                if seconds is not None:
+                    self._deadline = asyncio.get_running_loop().call_later(seconds, self._expire)
+            elif name == b"grpc-encoding":
+                self._encoding = value
+        return None
+
+    # ---- the client's side of the stream (Connection dispatches its events) ----
+
+    def on_data(self, data: bytes, flow_controlled: int = 0) -> None:
+        if self.closed or self.task is not None:
+            return
+        body = self._body
+        body += data
+        if len(body) >= 5:
+            size = int.from_bytes(body[1:5], "big")
+            if size > self._limit:
+                self.finish(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            f"Received message larger than max ({size} vs. {self._limit})")
+
+    def on_end(self) -> None:
+        self.remote_ended = True
+        if self.closed or self.task is not None:
+            return
+        message = self._message()
+        if message is not None:
+            self.task = asyncio.get_running_loop().create_task(self._serve(message))
+
+    def _message(self) -> bytes | None:
+        """The one request message, decompressed; None after answering a malformed body."""
+        body = self._body
+        if len(body) < 5 or len(body) != 5 + int.from_bytes(body[1:5], "big"):
+            self.finish(grpc.StatusCode.INTERNAL, "the request must be one message (GenerateRequest), whole")
+            return None
+        message = bytes(body[5:])
+        self._body = bytearray()
+        if body[0] == 0:
+            return message
+        decompress = _DECOMPRESS.get(self._encoding)
+        if decompress is None:
+            self.finish(grpc.StatusCode.INTERNAL, f"a compressed message with grpc-encoding "
+                                                  f"{self._encoding.decode(errors='replace')!r}: supported: "
+                                                  f"{', '.join(e.decode() for e in ENCODINGS)}")
+            return None
+        try:
+            message = decompress(message)
+        except (OSError, zlib.error, EOFError) as exc:
+            self.finish(grpc.StatusCode.INTERNAL, f"the request message does not decompress: {exc}")
+            return None
+        if len(message) > self._limit:
+            self.finish(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"Received message larger than max ({len(message)} vs. {self._limit})")
+            return None
+        return message
+
+    def on_reset(self, code: int) -> None:
+        """The client reset the stream (it cancelled the call)."""
+        self.closed = True
+        self._stop()
+
+    def on_lost(self) -> None:
+        """The connection closed."""
+        self.closed = True
+        self._stop()
+
+    def cancel(self, code: grpc.StatusCode, message: str) -> None:
+        """End the call now with this status (a server stop past its grace)."""
+        if self.task is None:
+            self.finish(code, message)
+        elif not self.task.done():
+            self._why = (code, message)
+            self.task.cancel()
+
+    def _expire(self) -> None:
+        self._deadline = None
+        self.cancel(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+    def _stop(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+        self.conn.forget(self)
+
+    # ---- the response ----
+
+    async def _serve(self, request: bytes) -> None:
+        code, message = grpc.StatusCode.OK, ""
+        inference = self._inference
+        try:
+            metadata = self._headers if tracing.enabled() else ()
+            with tracing.server_span("frontend.request", metadata, {"rpc.method": "GenerateStream"}):
+                engine_request = await inference.translate(request, stream=True)
+                with inference.launched(engine_request) as outputs:
+                    await self._stream(StreamMessages(engine_request, outputs), outputs)
+        except Failed as exc:
+            code, message = exc.code, str(exc)
+        except asyncio.CancelledError:
+            if self._why is None:  # reset, or the connection lost: there is no one to tell
+                raise
+            code, message = self._why
+        except Exception as exc:  # a bug: the call's status says so, the connection lives on
+            log.exception("GenerateStream failed")
+            code, message = grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc).__name__}: {exc}"
+        self.finish(code, message)
+
+    async def _stream(self, messages: StreamMessages, outputs: Any) -> None:
+        """The response messages: the first and last from this task, those between mostly from the
+        dispatch pass (a DirectStream), this task taking over whenever the outlet takes no bytes."""
+        stream = outputs.stream
+
+        def events(pieces: list[Any]) -> list[bytes]:
+            message = messages.message(pieces)
+            return [] if message is None else [frame(message)]
+
+        direct = DirectStream(self, outputs, events)
+        while outputs.finish is None:
+            if self.started and not stream.ready and self.usable():
+                try:
+                    framed = await direct.run()
+                except EngineFailure as exc:
+                    ended(outputs, exc)
+                    framed = events([])
+            else:
+                try:
+                    framed = events(await outputs.pieces())
+                except EngineFailure as exc:
+                    ended(outputs, exc)
+                    framed = events([])
+            for data in framed:
+                await self.send(data)
+
+    def usable(self) -> bool:
+        return not self.closed and not self.conn.paused
+
+    def put(self, data: bytes) -> bool:
+        """The outlet (DirectStream's): `data` written whole now when the windows and the transport
+        take it, else nothing written."""
+        if self.closed or self.conn.paused or self.conn.room(self.stream_id) < len(data):
+            return False
+        self.conn.write_data(self.stream_id, data)
+        return True
+
+    async def send(self, data: bytes) -> None:
+        """Write framed messages, waiting for window or a paused transport as needed."""
+        conn = self.conn
+        if not self.started:
+            self.started = True
+            conn.send_headers(self.stream_id, RESPONSE_HEAD)
+        while data:
+            if self.closed:
+                raise asyncio.CancelledError
+            room = 0 if conn.paused else conn.room(self.stream_id)
+            if room <= 0:
+                await conn.writable()
+                continue
+            conn.write_data(self.stream_id, data[:room])
+            data = data[room:]
+
+    def finish(self, code: grpc.StatusCode, message: str) -> None:
+        """The trailers (the whole response when nothing was sent: trailers-only); the stream's end."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        trailers = [] if self.started else RESPONSE_HEAD[:]
+        trailers.append((b"grpc-status", str(code.value[0]).encode()))
+        if message:
+            trailers.append((b"grpc-message", quote(message, safe=_PLAIN).encode()))
+        self.conn.send_headers(self.stream_id, trailers, end_stream=True, reset=not self.remote_ended)
+        self.conn.forget(self)
