@@ -1,6 +1,6 @@
 """The gRPC port (--grpc-port): an HTTP/2 server of the frontend's own, h2 keeping each connection's
-state. It serves Inference.GenerateStream itself (stream_call.py: its messages framed here and most of
-them written in the engine dispatch pass) and relays every other call, unchanged, to grpc.aio on an
+state. It serves Inference.GenerateStream and Generate itself (native_call.py: messages framed here, a
+stream's mostly written in the engine dispatch pass) and relays every other call, unchanged, to grpc.aio on an
 internal socket: one HTTP/2 client connection there per client connection, opened at its first relayed
 call, flow control honoured both ways. grpc.aio's per-message path costs several times SSE's per token
 (docs/grpc.md). Runs on API server 0's event loop."""
@@ -22,11 +22,12 @@ import h2.settings
 
 from edge.api_keys import ApiKeys
 from services.frontend.grpc_api.inference import Inference
-from services.frontend.grpc_api.stream_call import ENCODINGS, StreamCall
+from services.frontend.grpc_api.native_call import ENCODINGS, NativeCall
 
 log = logging.getLogger(__name__)
 
-GENERATE_STREAM = b"/fleet.v1.Inference/GenerateStream"
+# The methods served here (native_call.py), by path.
+NATIVE = {b"/fleet.v1.Inference/GenerateStream": "GenerateStream", b"/fleet.v1.Inference/Generate": "Generate"}
 # Our receive windows: a stream's and the connection's. A relayed call's bytes are acknowledged as they
 # go on, so these bound what a connection buffers; large enough that a weight update's tensors are not
 # held to a round trip per 64 KiB.
@@ -40,7 +41,7 @@ SHUTTING_DOWN = "the frontend is shutting down; send the request to another repl
 
 class GrpcPort:
     """The listener. start() binds; stop(grace) stops taking connections, tells clients (GOAWAY), gives
-    running GenerateStream calls `grace` seconds, then ends them and closes every connection."""
+    running native calls `grace` seconds, then ends them and closes every connection."""
 
     def __init__(self, inference: Inference, keys: ApiKeys, max_message_bytes: int, upstream: str) -> None:
         self.inference, self.keys, self.max_message_bytes = inference, keys, max_message_bytes
@@ -54,8 +55,8 @@ class GrpcPort:
         self._server = await loop.create_server(lambda: Connection(self), host or None, port)
         return int(self._server.sockets[0].getsockname()[1])
 
-    def calls(self) -> list[StreamCall]:
-        return [c for conn in self.connections for c in conn.calls.values() if isinstance(c, StreamCall)]
+    def calls(self) -> list[NativeCall]:
+        return [c for conn in self.connections for c in conn.calls.values() if isinstance(c, NativeCall)]
 
     async def stop(self, grace: float) -> None:
         self.stopping = True
@@ -76,14 +77,14 @@ class GrpcPort:
 
 
 class Connection(asyncio.Protocol):
-    """One client connection: its streams, each a StreamCall or a relayed call (Relayed)."""
+    """One client connection: its streams, each a NativeCall or a relayed call (Relayed)."""
 
     def __init__(self, port: GrpcPort) -> None:
         self.port = port
         self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding=None))
         self.transport: asyncio.Transport | None = None
         self.paused = False  # the transport's buffer is full (a slow reader)
-        self.calls: dict[int, StreamCall | Relayed] = {}
+        self.calls: dict[int, NativeCall | Relayed] = {}
         self._waiters: list[asyncio.Future[None]] = []
         self._upstream: Upstream | None = None
 
@@ -169,12 +170,13 @@ class Connection(asyncio.Protocol):
                 content_type = value
             elif name == b"grpc-encoding":
                 encoding = value
-        call: StreamCall | Relayed
-        # Served here: a well-formed GenerateStream call. Anything odd goes to grpc.aio, which answers it.
-        if (path == GENERATE_STREAM and method == b"POST" and content_type is not None
+        call: NativeCall | Relayed
+        native = NATIVE.get(path) if path is not None else None
+        # Served here: a well-formed call of a native method. Anything odd goes to grpc.aio, which answers it.
+        if (native is not None and method == b"POST" and content_type is not None
                 and content_type.startswith(b"application/grpc") and encoding in ENCODINGS):
             port = self.port
-            call = StreamCall(self, stream_id, headers, port.inference, port.keys, port.max_message_bytes)
+            call = NativeCall(self, stream_id, native, headers, port.inference, port.keys, port.max_message_bytes)
         else:
             call = Relayed(self, stream_id, headers)
             if self._upstream is None:
@@ -185,7 +187,7 @@ class Connection(asyncio.Protocol):
             if ended:
                 call.on_end()
 
-    def forget(self, call: StreamCall | Relayed) -> None:
+    def forget(self, call: NativeCall | Relayed) -> None:
         if self.calls.get(call.stream_id) is call:
             del self.calls[call.stream_id]
 

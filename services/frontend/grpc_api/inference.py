@@ -129,10 +129,13 @@ class Inference(pb2_grpc.InferenceServicer):
         self._core = core
         self._running: dict[str, list[InFlight]] = defaultdict(list)  # caller's request id -> its streams
 
+    # Generate and GenerateStream are served here only for a call the gRPC port relays: one it does
+    # not serve itself (grpc_port.py), such as one with an unknown grpc-encoding.
+
     async def Generate(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         # The call's server span continues a `traceparent` sent in its metadata.
         with tracing.server_span("frontend.request", _metadata(context), {"rpc.method": "Generate"}):
-            return await guard(context, self._generate(request))
+            return await guard(context, self.generate(request))
 
     async def Embed(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await guard(context, pool(self._core, request, "embed", "Embed"))
@@ -141,7 +144,6 @@ class Inference(pb2_grpc.InferenceServicer):
         return await guard(context, pool(self._core, request, "classify", "Classify"))
 
     async def GenerateStream(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-        # Served here only for a call the gRPC port relays (grpc_port.py serves GenerateStream itself).
         with tracing.server_span("frontend.request", _metadata(context), {"rpc.method": "GenerateStream"}):
             try:
                 engine_request = await self.translate(request, stream=True)
@@ -168,7 +170,7 @@ class Inference(pb2_grpc.InferenceServicer):
         except APIError as exc:
             raise failed(exc) from None
 
-    async def _generate(self, request: Any) -> Any:
+    async def generate(self, request: Any) -> Any:
         engine_request = await self.translate(request, stream=False)
         with self.launched(engine_request) as outputs:
             resp = pb2.GenerateResponse(request_id=engine_request.output.response_id,

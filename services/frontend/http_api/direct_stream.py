@@ -37,7 +37,7 @@ def cycle_of(scope: Any) -> HttpCycle | None:
 
 class Outlet(Protocol):
     """Where a DirectStream's bytes go: an HTTP/1.1 response's chunks (HttpOutlet) or a gRPC call's DATA
-    frames (grpc_api/stream_call.py)."""
+    frames (grpc_api/native_call.py)."""
 
     def usable(self) -> bool:
         """The response is under way and takes bytes now."""

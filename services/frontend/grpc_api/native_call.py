@@ -1,7 +1,8 @@
-"""One Inference.GenerateStream call served on the gRPC port's own HTTP/2 connection (grpc_port.py):
-its request message gathered and checked (API key, size, compression, deadline), then its response
-messages framed by hand, most of them written in the engine dispatch pass that produced them
-(http_api/direct_stream.py), every window honoured. Runs on API server 0's event loop."""
+"""One Inference.GenerateStream or Inference.Generate call served on the gRPC port's own HTTP/2
+connection (grpc_port.py): its request message gathered and checked (API key, size, compression,
+deadline), then its response messages framed by hand, a stream's mostly written in the engine dispatch
+pass that produced them (http_api/direct_stream.py), every window honoured. Runs on API server 0's
+event loop."""
 from __future__ import annotations
 
 import asyncio
@@ -50,15 +51,16 @@ def frame(message: bytes) -> bytes:
     return b"\x00" + len(message).to_bytes(4, "big") + message
 
 
-class StreamCall:
-    """One GenerateStream call on a connection: the request's DATA gathered (refused past the message
-    limit from its length prefix alone), then a task that serves it and ends the stream with trailers.
+class NativeCall:
+    """One call of `method` (GenerateStream or Generate) on a connection: the request's DATA gathered
+    (refused past the message limit from its length prefix alone), then a task that serves it and ends
+    the stream with trailers.
     A reset by the client, its connection's loss or the deadline cancels the task, which leaves the
     request at its engine (Inference.launched aborts it there)."""
 
-    def __init__(self, conn: Connection, stream_id: int, headers: list[tuple[bytes, bytes]],
+    def __init__(self, conn: Connection, stream_id: int, method: str, headers: list[tuple[bytes, bytes]],
                  inference: Inference, keys: ApiKeys, limit: int) -> None:
-        self.conn, self.stream_id = conn, stream_id
+        self.conn, self.stream_id, self.method = conn, stream_id, method
         self._headers = headers
         self._inference = inference
         self._limit = limit
@@ -172,10 +174,13 @@ class StreamCall:
         inference = self._inference
         try:
             metadata = self._headers if tracing.enabled() else ()
-            with tracing.server_span("frontend.request", metadata, {"rpc.method": "GenerateStream"}):
-                engine_request = await inference.translate(request, stream=True)
-                with inference.launched(engine_request) as outputs:
-                    await self._stream(StreamMessages(engine_request, outputs), outputs)
+            with tracing.server_span("frontend.request", metadata, {"rpc.method": self.method}):
+                if self.method == "Generate":
+                    await self.send(frame((await inference.generate(request)).SerializeToString()))
+                else:
+                    engine_request = await inference.translate(request, stream=True)
+                    with inference.launched(engine_request) as outputs:
+                        await self._stream(StreamMessages(engine_request, outputs), outputs)
         except Failed as exc:
             code, message = exc.code, str(exc)
         except asyncio.CancelledError:
@@ -183,7 +188,7 @@ class StreamCall:
                 raise
             code, message = self._why
         except Exception as exc:  # a bug: the call's status says so, the connection lives on
-            log.exception("GenerateStream failed")
+            log.exception("%s failed", self.method)
             code, message = grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc).__name__}: {exc}"
         self.finish(code, message)
 
