@@ -21,6 +21,7 @@ import h2.exceptions
 import h2.settings
 
 from edge.api_keys import ApiKeys
+from services.frontend.grpc_api import frame_repr  # noqa: F401  (h2 reprs every frame it takes)
 from services.frontend.grpc_api.inference import Inference
 from services.frontend.grpc_api.native_call import ENCODINGS, NativeCall
 
@@ -33,6 +34,7 @@ NATIVE = {b"/fleet.v1.Inference/GenerateStream": "GenerateStream", b"/fleet.v1.I
 # held to a round trip per 64 KiB.
 STREAM_WINDOW = 4 << 20
 CONNECTION_WINDOW = 16 << 20
+MAX_FRAME = 1 << 20  # the largest frame we take: fewer frames to parse when a call sends megabytes
 MAX_STREAMS = 1 << 16  # per connection; grpc.aio's own bound is higher still
 _FRAME = struct.Struct(">IBI")  # a frame's head: length << 8 | type, flags, stream id
 _GOAWAY = 0x7
@@ -97,7 +99,9 @@ class Connection(asyncio.Protocol):
         h2c.local_settings = h2.settings.Settings(client=False, initial_values={
             h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_STREAMS,
             h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
+            h2.settings.SettingCodes.MAX_FRAME_SIZE: MAX_FRAME,
             h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: h2c.DEFAULT_MAX_HEADER_LIST_SIZE})
+        h2c.max_inbound_frame_size = MAX_FRAME
         h2c.initiate_connection()
         h2c.increment_flow_control_window(CONNECTION_WINDOW - 65535)
         self.flush()
@@ -418,7 +422,9 @@ class Upstream(asyncio.Protocol):
         h2c = self.h2
         h2c.local_settings = h2.settings.Settings(client=True, initial_values={
             h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
+            h2.settings.SettingCodes.MAX_FRAME_SIZE: MAX_FRAME,
             h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: h2c.DEFAULT_MAX_HEADER_LIST_SIZE})
+        h2c.max_inbound_frame_size = MAX_FRAME
         h2c.initiate_connection()
         h2c.increment_flow_control_window(CONNECTION_WINDOW - 65535)
         waiting, self._waiting = self._waiting, []
