@@ -9,6 +9,7 @@ import struct
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import unquote
 
 import grpc
 import h2.events
@@ -202,6 +203,7 @@ def test_a_relayed_server_stream_sends_kv_events_as_they_happen(fleet: Fleet) ->
         if want <= stored:
             break
     call.cancel()
+    assert want <= stored, "the stream ended before the blocks' events came"
 
 
 def test_messages_larger_than_one_http2_frame_arrive_whole(fleet: Fleet) -> None:
@@ -226,7 +228,7 @@ def test_a_gzip_compressed_request_is_served_the_same(fleet: Fleet) -> None:
     assert _tokens(fleet.inference.GenerateStream(req, metadata=AUTH, timeout=30, compression=gz)) == plain
     assert list(fleet.inference.Generate(req, metadata=AUTH, timeout=30, compression=gz).token_ids) == plain
     fleet.rl.StartWeightUpdate(pb2.StartWeightUpdateRequest(), metadata=AUTH, timeout=10)
-    try:  # zeros: gzip shrinks each 300 KB message, past the limit as sent, far under it on the wire
+    try:  # zeros: each message, just under the limit, is a few hundred bytes on the wire
         tensors = [pb2.Tensor(name=f"t{i}", dtype="uint8", shape=[LIMIT - 1000], data=bytes(LIMIT - 1000))
                    for i in range(2)]
         resp = fleet.rl.UpdateWeights(iter(tensors), metadata=AUTH, timeout=30, compression=gz)
@@ -332,6 +334,14 @@ def test_a_message_past_the_body_limit_is_resource_exhausted(fleet: Fleet) -> No
         err = _rpc_error(lambda: call(AUTH))  # noqa: B023 - called at once
         assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, (name, err.details())
         assert f"vs. {LIMIT})" in err.details()
+    # Under the limit on the wire, past it once inflated: the limit is on the message, not its gzip.
+    assert len(gzip.compress(big.SerializeToString())) < LIMIT // 100
+    err = _rpc_error(lambda: next(fleet.inference.GenerateStream(big, metadata=AUTH, timeout=10,
+                                                                 compression=grpc.Compression.Gzip)))
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.details()
+    err = _rpc_error(lambda: fleet.inference.Generate(big, metadata=AUTH, timeout=10,
+                                                      compression=grpc.Compression.Gzip))
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.details()
     _gone_from_the_engine(fleet)
 
 
@@ -402,18 +412,23 @@ def test_raw_a_stream_is_headers_then_data_of_whole_messages_then_trailers(fleet
 
 
 def test_raw_an_error_before_any_message_is_trailers_only_and_percent_encoded(fleet: Fleet, raw: Raw) -> None:
+    """grpc-message is percent-encoded UTF-8: "%" itself, non-ASCII bytes and control characters encoded
+    (how printable ASCII is written is the encoder's choice, so the text is compared decoded)."""
     client = raw()
-    for path, message, code, text in (
-            (STREAM, _req(sampling={"temperature": -1.0}), "3", "sampling_params.temperature=-1.0 is out of range"),
-            (STREAM, _req(lora_name=ODD), "5", "lora_name '50%25 %C3%A9\\n x'"),
-            (GENERATE, _req(lora_name=ODD), "5", "lora_name '50%25 %C3%A9\\n x'"),
-            (UNLOAD_LORA, pb2.UnloadLoraRequest(name=ODD), "5", "'50%25 %C3%A9%0A x' cannot be found")):
+    for path, message, code, text, encoded in (
+            (STREAM, _req(sampling={"temperature": -1.0}), "3", "sampling_params.temperature=-1.0 is out of range",
+             ()),
+            (STREAM, _req(lora_name=ODD), "5", "lora_name '50% é\\n x'", ("%25", "%C3%A9")),
+            (GENERATE, _req(lora_name=ODD), "5", "lora_name '50% é\\n x'", ("%25", "%C3%A9")),
+            (UNLOAD_LORA, pb2.UnloadLoraRequest(name=ODD), "5", "'50% é\n x' cannot be found",
+             ("%25", "%C3%A9", "%0A"))):
         s = _raw_call(client, path, message)
         assert s.frames == ["headers+end"], (path, s.frames)  # one HEADERS frame, END_STREAM set
         assert s.headers is not None and s.headers[":status"] == "200"
         assert s.headers["content-type"].startswith("application/grpc")
-        assert s.headers["grpc-status"] == code and text in s.headers["grpc-message"], (path, s.headers)
-        assert s.headers["grpc-message"].isascii()
+        wire = s.headers["grpc-message"]
+        assert s.headers["grpc-status"] == code and text in unquote(wire), (path, s.headers)
+        assert wire.isascii() and "\n" not in wire and all(e in wire for e in encoded), wire
 
 
 def test_raw_auth_and_size_refusals_come_before_the_message_is_sent(fleet: Fleet, raw: Raw) -> None:
@@ -490,18 +505,19 @@ def test_raw_a_goaway_from_the_client_alone_lets_its_streams_finish(fleet: Fleet
 
 
 def test_raw_a_reader_that_stops_reading_stalls_only_its_own_stream(fleet: Fleet, raw: Raw) -> None:
-    """No WINDOW_UPDATE from the client: the server sends exactly the 64 KiB window and waits, other
-    connections keep flowing, and once the client grants the window back the stream ends with every token."""
+    """No WINDOW_UPDATE from the client: the server sends up to the 64 KiB window (today all of it) and
+    waits, other connections keep flowing, and once the client grants the window back the stream ends with
+    every token."""
     client = raw(auto_ack=False)
     n = 1000  # ~270 KB with 20 logprobs a token: four windows
     sid = client.request(STREAM, grpc_frame(_req(sampling={"max_tokens": n, "ignore_eos": True, "logprobs": 20})
                                             .SerializeToString()), headers=(*GRPC_HEADERS, *AUTH))
     s = client.streams[sid]
-    client.wait("the window filled", lambda: len(s.data) >= WINDOW)
+    client.wait("the window filled", lambda: len(s.data) >= WINDOW - 16 * 1024)  # a frame's worth of slack
     other = list(fleet.inference.GenerateStream(_req(sampling={"max_tokens": 50}), metadata=AUTH, timeout=10))
     assert len(_tokens(other)) == 50
-    client.pump(0.2)  # nothing more may come: the window is shut
-    assert len(s.data) == WINDOW and not s.closed
+    client.pump(0.2)  # nothing more may come: the window is shut (h2 would raise past it)
+    assert len(s.data) <= WINDOW and not s.closed
     client.auto_ack = True
     client.ack(sid)
     client.wait("the stream ended", lambda: s.closed, 30)
@@ -531,9 +547,9 @@ def test_raw_settings_are_exchanged_acknowledged_and_obeyed(fleet: Fleet, raw: R
     sid = client.request(STREAM, grpc_frame(_req(sampling={"max_tokens": 100, "ignore_eos": True, "logprobs": 5})
                                             .SerializeToString()), headers=(*GRPC_HEADERS, *AUTH))
     s = client.streams[sid]
-    client.wait("the small window filled", lambda: len(s.data) >= 4096)
+    client.wait("the small window filled", lambda: len(s.data) >= 3072)  # ~70-byte messages: some slack
     client.pump(0.2)
-    assert len(s.data) == 4096 and not s.closed
+    assert len(s.data) <= 4096 and not s.closed
     client.auto_ack = True
     client.ack(sid)
     client.wait("the stream ended", lambda: s.closed)
