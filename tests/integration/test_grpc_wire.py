@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from protocol.block_hash import block_hashes
 from protocol.grpc import pb2, pb2_grpc
 from tests.integration.conftest import SIM
-from tests.support.h2_client import GRPC_HEADERS, H2Client, Stream, grpc_frame, grpc_messages, local_settings
+from tests.support.h2_client import GRPC_HEADERS, H2Client, Stream, grpc_frame, grpc_messages
 from tests.support.procs import EngineProc, FrontendProc, free_port_block, start_engine, start_frontend
 from tests.support.waiting import until
 
@@ -542,7 +542,7 @@ def test_raw_settings_are_exchanged_acknowledged_and_obeyed(fleet: Fleet, raw: R
     acked = lambda: sum(isinstance(e, h2.events.SettingsAcknowledged) for e in client.events)  # noqa: E731
     client.wait("our SETTINGS acknowledged", lambda: acked() >= 1)
     assert isinstance(client.events[0], h2.events.RemoteSettingsChanged)
-    local_settings(client, {h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 4096})
+    client.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 4096})
     client.wait("the new SETTINGS acknowledged", lambda: acked() >= 2)
     sid = client.request(STREAM, grpc_frame(_req(sampling={"max_tokens": 100, "ignore_eos": True, "logprobs": 5})
                                             .SerializeToString()), headers=(*GRPC_HEADERS, *AUTH))

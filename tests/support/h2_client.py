@@ -117,6 +117,11 @@ class H2Client:
         self.conn.reset_stream(sid, code)
         self.flush()
 
+    def update_settings(self, changes: dict[h2.settings.SettingCodes, int]) -> None:
+        """A SETTINGS frame with `changes`; the server's acknowledgement comes as a SettingsAcknowledged."""
+        self.conn.update_settings(changes)
+        self.flush()
+
     def ping(self, opaque: bytes) -> None:
         self.conn.ping(opaque)
         self.flush()
@@ -187,12 +192,3 @@ class H2Client:
         elif isinstance(ev, h2.events.StreamReset):
             s.reset_code = int(ev.error_code)
             s.frames.append("reset")
-
-
-def local_settings(client: H2Client, changes: dict[int, int]) -> None:
-    """Send a SETTINGS frame with `changes` (h2.settings.SettingCodes keys)."""
-    client.conn.update_settings(changes)
-    client.flush()
-
-
-__all__ = ["GRPC_HEADERS", "H2Client", "Stream", "grpc_frame", "grpc_messages", "local_settings", "h2"]
