@@ -38,6 +38,7 @@ MAX_FRAME = 1 << 20  # the largest frame we take: fewer frames to parse when a c
 MAX_STREAMS = 1 << 16  # per connection; grpc.aio's own bound is higher still
 _FRAME = struct.Struct(">IBI")  # a frame's head: length << 8 | type, flags, stream id
 _GOAWAY = 0x7
+_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 SHUTTING_DOWN = "the frontend is shutting down; send the request to another replica"
 
 
@@ -89,6 +90,10 @@ class Connection(asyncio.Protocol):
         self.calls: dict[int, NativeCall | Relayed] = {}
         self._waiters: list[asyncio.Future[None]] = []
         self._upstream: Upstream | None = None
+        # The client's frames as they pass, to take its GOAWAY from them (_without_goaway).
+        self._preface = len(_PREFACE)  # bytes of the client's preface yet to pass
+        self._left = 0  # bytes of the current frame's payload yet to pass
+        self._held = b""  # the start of a frame whose head (or GOAWAY) is not whole yet
 
     # ---- asyncio.Protocol ----
 
@@ -123,6 +128,7 @@ class Connection(asyncio.Protocol):
         self._wake()
 
     def data_received(self, data: bytes) -> None:
+        data = self._without_goaway(data)
         try:
             events: list[Any] = self.h2.receive_data(data)
         except h2.exceptions.ProtocolError as exc:
@@ -154,17 +160,59 @@ class Connection(asyncio.Protocol):
                     call.on_reset(event.error_code)
             elif kind in (h2.events.WindowUpdated, h2.events.RemoteSettingsChanged):
                 self._wake()
-            elif kind is h2.events.ConnectionTerminated:  # the client's GOAWAY: it is leaving
-                self.close()
         self.flush()
         if self._upstream is not None:
             self._upstream.flush()
+
+    def _without_goaway(self, data: bytes) -> bytes:
+        """The client's bytes without its GOAWAY frames. A client's GOAWAY says it opens no more streams,
+        its running ones going on (RFC 9113 6.8), but h2 takes no frame after one, so those would die:
+        it never reaches h2. One with an error code closes the connection. A frame's head split between
+        reads is held back until it is whole, a GOAWAY until all of it is here."""
+        if self._held:
+            data, self._held = self._held + data, b""
+        n = len(data)
+        pos = min(self._preface, n)
+        self._preface -= pos
+        kept: list[bytes] = []
+        start = 0
+        while pos < n:
+            if self._left:
+                step = min(self._left, n - pos)
+                self._left -= step
+                pos += step
+                continue
+            if n - pos < 9:
+                self._held = data[pos:]
+                break
+            length = int.from_bytes(data[pos:pos + 3], "big")
+            if data[pos + 3] != _GOAWAY:
+                self._left = length
+                pos += 9
+                continue
+            if n - pos < 9 + length:
+                self._held = data[pos:]
+                break
+            if length >= 8 and int.from_bytes(data[pos + 13:pos + 17], "big"):
+                log.debug("gRPC port: a client's GOAWAY with error code %d; closing its connection",
+                          int.from_bytes(data[pos + 13:pos + 17], "big"))
+                self.close()
+            kept.append(data[start:pos])
+            pos += 9 + length
+            start = pos
+        if self._held:
+            n -= len(self._held)
+        if not kept:
+            return data[:n] if n < len(data) else data
+        kept.append(data[start:n])
+        return b"".join(kept)
 
     # ---- streams ----
 
     def _open(self, stream_id: int, headers: list[tuple[bytes, bytes]], ended: bool) -> None:
         path = method = content_type = None
         encoding = b"identity"
+        trailers = False
         for name, value in headers:
             if name == b":path":
                 path = value
@@ -174,10 +222,12 @@ class Connection(asyncio.Protocol):
                 content_type = value
             elif name == b"grpc-encoding":
                 encoding = value
+            elif name == b"te":
+                trailers = value == b"trailers"
         call: NativeCall | Relayed
         native = NATIVE.get(path) if path is not None else None
         # Served here: a well-formed call of a native method. Anything odd goes to grpc.aio, which answers it.
-        if (native is not None and method == b"POST" and content_type is not None
+        if (native is not None and method == b"POST" and trailers and content_type is not None
                 and content_type.startswith(b"application/grpc") and encoding in ENCODINGS):
             port = self.port
             call = NativeCall(self, stream_id, native, headers, port.inference, port.keys, port.max_message_bytes)
