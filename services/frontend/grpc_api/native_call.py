@@ -10,7 +10,7 @@ import gzip
 import logging
 import zlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import quote
 
 import grpc
@@ -18,13 +18,10 @@ import grpc
 import tracing
 from edge.api_keys import ApiKeys, KeyCheck
 from services.frontend.engine_client.inflight import EngineFailure
+from services.frontend.generation.direct_stream import DirectStream
 from services.frontend.grpc_api.auth import MESSAGE as UNAUTHENTICATED_MESSAGE
 from services.frontend.grpc_api.inference import Inference, StreamMessages, ended
 from services.frontend.grpc_api.rpc import Failed
-from services.frontend.http_api.direct_stream import DirectStream
-
-if TYPE_CHECKING:
-    from services.frontend.grpc_api.grpc_port import Connection
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +34,23 @@ ENCODINGS = (b"identity", *_DECOMPRESS)
 _PLAIN = " !\"#$&'()*+,/:;<=>?@[\\]^`{|}"
 RESPONSE_HEAD = [(b":status", b"200"), (b"content-type", b"application/grpc"),
                  (b"grpc-accept-encoding", b",".join(ENCODINGS))]
+
+
+class Connection(Protocol):
+    """What a call uses of its HTTP/2 connection (grpc_port.py's)."""
+
+    paused: bool  # its transport takes no more bytes for now
+
+    def room(self, stream_id: int) -> int: ...
+
+    def write_data(self, stream_id: int, data: bytes) -> None: ...
+
+    def send_headers(self, stream_id: int, headers: list[tuple[bytes, bytes]], *, end_stream: bool = False,
+                     reset: bool = False) -> None: ...
+
+    async def writable(self) -> None: ...
+
+    def forget(self, call: Any) -> None: ...
 
 
 def timeout_of(value: bytes) -> float | None:

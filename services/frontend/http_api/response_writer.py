@@ -13,10 +13,11 @@ from starlette.types import Send
 
 from services.frontend.engine_client.inflight import EngineFailure, Wakeup
 from services.frontend.errors import error_body
+from services.frontend.generation.direct_stream import DirectStream
 from services.frontend.generation.output import OutputProcessor, Piece, usage_body
 from services.frontend.http_api import openai_bodies
 from services.frontend.http_api.asgi import send_json
-from services.frontend.http_api.direct_stream import DirectStream, HttpCycle, HttpOutlet
+from services.frontend.http_api.direct_stream import HttpCycle, HttpOutlet
 from services.frontend.text.logprobs_format import Entry
 
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
