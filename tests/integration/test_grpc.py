@@ -565,7 +565,8 @@ def test_the_kv_event_stream_survives_an_engine_restart(tmp_path: Path) -> None:
 
 def test_sigterm_ends_kv_event_streams_so_the_frontend_exits_without_waiting_out_its_grace(tmp_path: Path) -> None:
     """A KvEvents stream never ends by itself: on SIGTERM the frontend ends it (the subscriber sees the
-    stream finish and resubscribes elsewhere), so the drain does not wait out --shutdown-timeout."""
+    stream finish and resubscribes elsewhere), so the drain does not wait out --shutdown-timeout. A
+    GenerateStream running then is drained: it ends whole, not cut."""
     engine = start_engine(tmp_path, *SIM, "--sim-decode-ms", "2")
     grpc_port = free_port_block(1, spread=0)
     fe = start_frontend(tmp_path, "--data-parallel-size-local", "0", "--engine-addresses", engine.endpoint(),
@@ -574,11 +575,15 @@ def test_sigterm_ends_kv_event_streams_so_the_frontend_exits_without_waiting_out
     try:
         sub = _Subscriber(f)
         _wait(lambda: len(sub.events) >= 1)
+        stream = f.inference.GenerateStream(_req(sampling={"max_tokens": 400, "ignore_eos": True}), timeout=60)
+        got = [next(stream)]
         # Within the 30 s before stop() kills it: a stream left open would hold the exit for 300 s.
         assert fe.stop(timeout_s=30) == 0, fe.log()[-3000:]
         sub.thread.join(10)
         assert not sub.thread.is_alive()
         assert sub.call.code() == grpc.StatusCode.OK  # ended by the server, not broken
+        got += list(stream)
+        assert sum(len(m.token_ids) for m in got) == 400 and got[-1].finish_reason == "length"
     finally:
         f.channel.close()
         fe.stop()
