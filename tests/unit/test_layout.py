@@ -22,7 +22,7 @@ SHARED = {"checkpoints": {"safetensors", "torch"}, "prompting": {"minijinja", "t
 PACKAGES = ("protocol", *SHARED, *SERVICES)
 # What "pure" rules out: sockets, event loops, threads and processes, and every networking library.
 IMPURE = {"socket", "asyncio", "threading", "multiprocessing", "subprocess", "concurrent", "selectors", "zmq",
-          "grpc", "uvloop", "aiohttp", "starlette", "uvicorn", "hypercorn", "httpx", "services"}
+          "grpc", "h2", "hyperframe", "uvloop", "aiohttp", "starlette", "uvicorn", "hypercorn", "httpx", "services"}
 
 
 def _module_name(path: Path) -> str:
