@@ -89,11 +89,9 @@ class Connection(asyncio.Protocol):
         self.paused = False  # the transport's buffer is full (a slow reader)
         self.calls: dict[int, NativeCall | Relayed] = {}
         self._waiters: list[asyncio.Future[None]] = []
-        self._upstream: Upstream | None = None
-        # The client's frames as they pass, to take its GOAWAY from them (_without_goaway).
-        self._preface = len(_PREFACE)  # bytes of the client's preface yet to pass
-        self._left = 0  # bytes of the current frame's payload yet to pass
-        self._held = b""  # the start of a frame whose head (or GOAWAY) is not whole yet
+        # Connections to grpc.aio, the newest taking new relayed calls (one that said GOAWAY takes none).
+        self._upstreams: list[Upstream] = []
+        self._goaway = GoawayFilter(len(_PREFACE))
 
     # ---- asyncio.Protocol ----
 
@@ -117,8 +115,9 @@ class Connection(asyncio.Protocol):
             call.on_lost()
         self.calls.clear()
         self._wake()
-        if self._upstream is not None:
-            self._upstream.close()
+        for upstream in self._upstreams:
+            upstream.close()
+        self._upstreams.clear()
 
     def pause_writing(self) -> None:
         self.paused = True
@@ -128,7 +127,10 @@ class Connection(asyncio.Protocol):
         self._wake()
 
     def data_received(self, data: bytes) -> None:
-        data = self._without_goaway(data)
+        data, codes = self._goaway.feed(data)
+        if any(codes):
+            log.debug("gRPC port: a client's GOAWAY with error code %d; closing its connection", max(codes))
+            self.close()
         try:
             events: list[Any] = self.h2.receive_data(data)
         except h2.exceptions.ProtocolError as exc:
@@ -161,51 +163,8 @@ class Connection(asyncio.Protocol):
             elif kind in (h2.events.WindowUpdated, h2.events.RemoteSettingsChanged):
                 self._wake()
         self.flush()
-        if self._upstream is not None:
-            self._upstream.flush()
-
-    def _without_goaway(self, data: bytes) -> bytes:
-        """The client's bytes without its GOAWAY frames. A client's GOAWAY says it opens no more streams,
-        its running ones going on (RFC 9113 6.8), but h2 takes no frame after one, so those would die:
-        it never reaches h2. One with an error code closes the connection. A frame's head split between
-        reads is held back until it is whole, a GOAWAY until all of it is here."""
-        if self._held:
-            data, self._held = self._held + data, b""
-        n = len(data)
-        pos = min(self._preface, n)
-        self._preface -= pos
-        kept: list[bytes] = []
-        start = 0
-        while pos < n:
-            if self._left:
-                step = min(self._left, n - pos)
-                self._left -= step
-                pos += step
-                continue
-            if n - pos < 9:
-                self._held = data[pos:]
-                break
-            length = int.from_bytes(data[pos:pos + 3], "big")
-            if data[pos + 3] != _GOAWAY:
-                self._left = length
-                pos += 9
-                continue
-            if n - pos < 9 + length:
-                self._held = data[pos:]
-                break
-            if length >= 8 and int.from_bytes(data[pos + 13:pos + 17], "big"):
-                log.debug("gRPC port: a client's GOAWAY with error code %d; closing its connection",
-                          int.from_bytes(data[pos + 13:pos + 17], "big"))
-                self.close()
-            kept.append(data[start:pos])
-            pos += 9 + length
-            start = pos
-        if self._held:
-            n -= len(self._held)
-        if not kept:
-            return data[:n] if n < len(data) else data
-        kept.append(data[start:n])
-        return b"".join(kept)
+        for upstream in self._upstreams:
+            upstream.flush()
 
     # ---- streams ----
 
@@ -233,9 +192,10 @@ class Connection(asyncio.Protocol):
             call = NativeCall(self, stream_id, native, headers, port.inference, port.keys, port.max_message_bytes)
         else:
             call = Relayed(self, stream_id, headers)
-            if self._upstream is None:
-                self._upstream = Upstream(self, self.port.upstream)
-            self._upstream.open(call)
+            upstreams = self._upstreams
+            if not upstreams or upstreams[-1].draining:
+                upstreams.append(Upstream(self, self.port.upstream))
+            upstreams[-1].open(call)
         if not call.closed:
             self.calls[stream_id] = call
             if ended:
@@ -244,6 +204,12 @@ class Connection(asyncio.Protocol):
     def forget(self, call: NativeCall | Relayed) -> None:
         if self.calls.get(call.stream_id) is call:
             del self.calls[call.stream_id]
+
+    def drop(self, upstream: Upstream) -> None:
+        """An upstream connection closed, or drained with no calls left."""
+        if upstream in self._upstreams:
+            self._upstreams.remove(upstream)
+        upstream.close()
 
     # ---- writing ----
 
@@ -313,6 +279,56 @@ class Connection(asyncio.Protocol):
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
+
+
+class GoawayFilter:
+    """A peer's bytes without its GOAWAY frames. A GOAWAY says the peer opens no more streams, its running
+    ones going on (RFC 9113 6.8: a client leaving, grpc.aio draining), but h2 takes no frame after one,
+    so those would die: it never reaches h2, and feed() says what each one's error code was. A frame's
+    head split between reads is held back until it is whole, a GOAWAY until all of it is here."""
+
+    def __init__(self, preface: int) -> None:
+        self._preface = preface  # bytes of the client's preface yet to pass
+        self._left = 0  # bytes of the current frame's payload yet to pass
+        self._held = b""  # the start of a frame whose head (or GOAWAY) is not whole yet
+
+    def feed(self, data: bytes) -> tuple[bytes, list[int]]:
+        """The bytes to give h2, and the error codes of the GOAWAYs taken out."""
+        if self._held:
+            data, self._held = self._held + data, b""
+        n = len(data)
+        pos = min(self._preface, n)
+        self._preface -= pos
+        kept: list[bytes] = []
+        codes: list[int] = []
+        start = 0
+        while pos < n:
+            if self._left:
+                step = min(self._left, n - pos)
+                self._left -= step
+                pos += step
+                continue
+            if n - pos < 9:
+                self._held = data[pos:]
+                break
+            length = int.from_bytes(data[pos:pos + 3], "big")
+            if data[pos + 3] != _GOAWAY:
+                self._left = length
+                pos += 9
+                continue
+            if n - pos < 9 + length:
+                self._held = data[pos:]
+                break
+            codes.append(int.from_bytes(data[pos + 13:pos + 17], "big") if length >= 8 else 0)
+            kept.append(data[start:pos])
+            pos += 9 + length
+            start = pos
+        if self._held:
+            n -= len(self._held)
+        if not kept:
+            return (data[:n] if n < len(data) else data), codes
+        kept.append(data[start:n])
+        return b"".join(kept), codes
 
 
 class Relayed:
@@ -456,6 +472,8 @@ class Upstream(asyncio.Protocol):
         self._by_id: dict[int, Relayed] = {}
         self._waiting: list[Relayed] = []
         self._gone: str | None = None  # why no more calls can go up
+        self.draining = False  # grpc.aio said GOAWAY here: the running calls go on, new ones go elsewhere
+        self._goaway = GoawayFilter(0)
         self._connect: asyncio.Task[Any] | None = asyncio.get_running_loop().create_task(self._dial(path))
 
     async def _dial(self, path: str) -> None:
@@ -486,6 +504,7 @@ class Upstream(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
         self._lost("the frontend's gRPC services went away")
+        self.down.drop(self)
         self.down.flush()
 
     def _lost(self, why: str) -> None:
@@ -518,6 +537,9 @@ class Upstream(asyncio.Protocol):
         call.flush_up()
 
     def data_received(self, data: bytes) -> None:
+        data, codes = self._goaway.feed(data)
+        if codes:  # grpc.aio stopping, or done with this connection: the running calls go on here
+            self.draining = True
         try:
             events: list[Any] = self.h2.receive_data(data)
         except h2.exceptions.ProtocolError as exc:
@@ -545,8 +567,6 @@ class Upstream(asyncio.Protocol):
             elif kind in (h2.events.WindowUpdated, h2.events.RemoteSettingsChanged):
                 for relayed in list(by_id.values()):
                     relayed.flush_up()
-            elif kind is h2.events.ConnectionTerminated:  # grpc.aio stopping: the running calls go on
-                self._gone = SHUTTING_DOWN
         self.flush()
         self.down.flush()
 
@@ -564,6 +584,8 @@ class Upstream(asyncio.Protocol):
     def forget(self, call: Relayed) -> None:
         if call.up_id:
             self._by_id.pop(call.up_id, None)
+        if self.draining and not self._by_id and not self._waiting:
+            self.down.drop(self)
 
     def flush(self) -> None:
         transport = self.transport
