@@ -155,7 +155,7 @@ class Frontend:
                 with tracing.span("frontend.translate"):
                     requests = await translate(body, header(scope, b"x-data-parallel-rank"))
                 await self._generate(requests if isinstance(requests, list) else [requests], receive, send,
-                                     cycle_of(scope))
+                                     cycle_of(send))
             except APIError as exc:
                 if span is not None:
                     span.set_attribute("http.response.status_code", exc.status)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 from starlette.types import Message, Receive, Scope, Send
 
@@ -63,28 +64,43 @@ async def _receive_by(receive: Receive, clock: BodyClock, loop: asyncio.Abstract
     task = asyncio.current_task()
     assert task is not None  # a request is always read in a task
     cancelling = task.cancelling()
-    expired = False
-    handle: asyncio.TimerHandle
-
-    def at_deadline() -> None:
-        nonlocal handle, expired
-        late = loop.time() - clock.deadline()
-        if late > LOOP_SLACK_S:
-            clock.credit(late + LOOP_SLACK_S)
-            handle = loop.call_at(clock.deadline(), at_deadline)
-            return
-        expired = True
-        task.cancel()
-
-    handle = loop.call_at(clock.deadline(), at_deadline)
+    deadline = _Deadline(clock, loop, task)
     try:
         return await receive()
     except asyncio.CancelledError:
-        if expired and task.uncancel() <= cancelling:
+        if deadline.expired and task.uncancel() <= cancelling:
             raise APIError(408, clock.message()) from None
         raise
     finally:
-        handle.cancel()
+        deadline.cancel()
+
+
+class _Deadline:
+    """The timer of one receive(): at the clock's deadline it cancels the reading task, unless this loop
+    itself was late (then the lateness is credited and the timer set again)."""
+
+    __slots__ = ("_clock", "_handle", "_loop", "_task", "expired")
+
+    def __init__(self, clock: BodyClock, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
+        self._clock, self._loop, self._task = clock, loop, task
+        self.expired = False
+        self._handle: asyncio.TimerHandle | None = loop.call_at(clock.deadline(), self._fire)
+
+    def _fire(self) -> None:
+        late = self._loop.time() - self._clock.deadline()
+        if late > LOOP_SLACK_S:
+            self._clock.credit(late + LOOP_SLACK_S)
+            self._handle = self._loop.call_at(self._clock.deadline(), self._fire)
+            return
+        self.expired = True
+        self._task.cancel()
+
+    def cancel(self) -> None:
+        # The handle holds self._fire, which holds this: dropped here, so that the read's objects (its
+        # task among them) are freed by their counts, not left in a cycle for the collector to find.
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
 
 
 async def send_json(send: Send, status: int, body: bytes,

@@ -15,7 +15,6 @@ from hypercorn.events import Event, Updated
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from edge.connection_limits import header_timeout_message, refusal, too_many_message
-from services.frontend.http_api.direct_stream import CYCLE
 
 
 def uvicorn_protocol(header_timeout_s: float, max_connections: int) -> type[HttpToolsProtocol]:
@@ -61,9 +60,6 @@ class _GuardedHttpTools(HttpToolsProtocol):
         self._reading_head = False
         self._disarm()
         super().on_headers_complete()
-        cycle = self.cycle
-        if cycle is not None and cycle.scope is self.scope:  # this request's: streams write through it
-            self.scope["extensions"] = {**self.scope.get("extensions", {}), CYCLE: cycle}  # type: ignore[dict-item]
 
     def on_response_complete(self) -> None:
         super().on_response_complete()

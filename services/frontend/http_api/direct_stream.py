@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
+
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from services.frontend.engine_client.inflight import EngineFailure
 from services.frontend.generation.output import OutputProcessor, Piece
-
-# The scope extension under which the frontend's uvicorn protocol (connections.py) puts the request's
-# uvicorn RequestResponseCycle, the object behind the ASGI send.
-CYCLE = "fleet.http_cycle"
 
 
 class _Flow(Protocol):
@@ -29,9 +27,12 @@ class HttpCycle(Protocol):
     chunked_encoding: bool | None
 
 
-def cycle_of(scope: Any) -> HttpCycle | None:
-    extensions = scope.get("extensions")
-    return extensions.get(CYCLE) if extensions else None
+def cycle_of(send: Any) -> HttpCycle | None:
+    """uvicorn's httptools RequestResponseCycle behind an ASGI `send` (uvicorn passes the app its bound
+    send method), or None under another server. Found from the send rather than put in the scope: a
+    scope that held its own cycle would be a reference cycle, each request's state left to the collector."""
+    owner = getattr(send, "__self__", None)
+    return cast(HttpCycle, owner) if type(owner) is RequestResponseCycle else None
 
 
 class DirectStream:
