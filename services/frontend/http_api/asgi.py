@@ -11,6 +11,7 @@ from starlette.types import Message, Receive, Scope, Send
 from edge.connection_limits import BodyClock
 from services.frontend.engine_client.inflight import CLIENT_GONE
 from services.frontend.errors import APIError
+from services.frontend.http_api.response_start import start_response
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
 CLOSE = [(b"connection", b"close")]  # with a 408: the rest of a stalled body is not waited for
@@ -105,9 +106,9 @@ class _Deadline:
 
 async def send_json(send: Send, status: int, body: bytes,
                     headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": JSON_HEADERS + headers if headers else JSON_HEADERS})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+    await start_response(send, {"type": "http.response.start", "status": status,
+                                "headers": JSON_HEADERS + headers if headers else JSON_HEADERS},
+                         {"type": "http.response.body", "body": body, "more_body": False})
 
 
 async def watch_disconnect(receive: Receive, on_disconnect: Callable[[str], None]) -> None:

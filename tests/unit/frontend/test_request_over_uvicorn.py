@@ -1,7 +1,8 @@
-"""A request's objects are freed by their reference counts when it ends, none left in a reference cycle for
-the collector (whose passes over a busy server's young objects cost more than the request's own work):
-a streamed chat request through the frontend's uvicorn protocol and app, over the tests' answering
-engine bridge and a recording transport, and the body read's deadline timer on its own."""
+"""A streamed chat request through the frontend's uvicorn protocol and app, in process (the tests' answering
+engine bridge, a recording transport): its objects are freed by their reference counts when it ends, none
+left in a cycle for the collector (whose passes over a busy server's young objects cost more than the
+request's own work), the body read's deadline timer included; and its head and first events go out in one
+write."""
 from __future__ import annotations
 
 import asyncio
@@ -34,6 +35,7 @@ class _Transport:
 
     def __init__(self) -> None:
         self.data = bytearray()
+        self.writes: list[bytes] = []
         self.closing = False
         self.protocol: Any = None
         self.answered = asyncio.Event()
@@ -43,6 +45,7 @@ class _Transport:
 
     def write(self, data: bytes) -> None:
         self.data += data
+        self.writes.append(data)
         if self.data.endswith(b"0\r\n\r\n"):  # the chunked body's end
             self.answered.set()
 
@@ -74,7 +77,7 @@ def server() -> Iterator[tuple[uvicorn.Config, ServerState]]:
     frontend.core.close()
 
 
-async def _answer(server: tuple[uvicorn.Config, ServerState], request: bytes) -> bytes:
+async def _answer(server: tuple[uvicorn.Config, ServerState], request: bytes) -> _Transport:
     """One request on a connection of its own, the connection closed once the response has ended."""
     config, state = server
     protocol = config.http_protocol_class(config=config, server_state=state, app_state={})
@@ -85,7 +88,7 @@ async def _answer(server: tuple[uvicorn.Config, ServerState], request: bytes) ->
     await asyncio.wait_for(transport.answered.wait(), 10)
     transport.close()
     await asyncio.sleep(0)  # connection_lost, called soon
-    return bytes(transport.data)
+    return transport
 
 
 def test_a_streamed_request_leaves_no_reference_cycle(server: tuple[uvicorn.Config, ServerState]) -> None:
@@ -94,7 +97,7 @@ def test_a_streamed_request_leaves_no_reference_cycle(server: tuple[uvicorn.Conf
         gc.collect()
         gc.disable()
         try:
-            data = await _answer(server, REQUEST)
+            data = bytes((await _answer(server, REQUEST)).data)
             return data, gc.collect()
         finally:
             gc.enable()
@@ -139,3 +142,12 @@ def test_the_stream_writes_through_the_uvicorn_cycle_behind_send() -> None:
     asyncio.run(main())
     assert cycle_of(Other().send) is None
     assert cycle_of(lambda message: None) is None
+
+
+def test_a_streamed_answer_starts_with_its_head_and_first_events_in_one_write(
+        server: tuple[uvicorn.Config, ServerState]) -> None:
+    """One send call, one wake-up of the client, where the head alone took one (response_start.py)."""
+    transport = asyncio.run(_answer(server, REQUEST))
+    first = transport.writes[0]
+    assert first.startswith(b"HTTP/1.1 200 OK\r\n") and b"text/event-stream" in first
+    assert b'"delta":{"role":"assistant","content":""}' in first
