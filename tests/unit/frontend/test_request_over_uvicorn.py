@@ -19,6 +19,7 @@ from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 from uvicorn.server import ServerState
 
+from protocol import Abort, GenerateRequest, decode
 from services.frontend.http_api.asgi import read_body
 from services.frontend.http_api.connections import uvicorn_protocol
 from services.frontend.http_api.direct_stream import cycle_of
@@ -151,3 +152,53 @@ def test_a_streamed_answer_starts_with_its_head_and_first_events_in_one_write(
     first = transport.writes[0]
     assert first.startswith(b"HTTP/1.1 200 OK\r\n") and b"text/event-stream" in first
     assert b'"delta":{"role":"assistant","content":""}' in first
+
+
+class _SilentBridge:
+    """An engine that takes requests and never answers: the stream waits, its request at the engine."""
+
+    def __init__(self) -> None:
+        self.sent: list[object] = []
+        self.quiet = True
+
+    def send(self, index: int, frames: list[Any]) -> None:
+        self.sent.append(decode(frames))
+
+
+def test_a_client_that_leaves_has_its_request_aborted_with_no_task_watching(
+        server: tuple[uvicorn.Config, ServerState]) -> None:
+    """The connection's connection_lost tells the request (connections.on_client_gone); no task per
+    request waits on receive() for it."""
+    config, state = server
+    engines = config.loaded_app.core.engines  # type: ignore[attr-defined]
+    answering, silent = engines._bridge, _SilentBridge()
+
+    async def main() -> tuple[int, list[object]]:
+        protocol = config.http_protocol_class(config=config, server_state=state, app_state={})
+        transport = _Transport()
+        transport.protocol = protocol
+        protocol.connection_made(transport)  # type: ignore[arg-type]
+        protocol.data_received(REQUEST)
+        await until_sent(silent, GenerateRequest)
+        tasks = len(asyncio.all_tasks())  # this test's and the request's
+        transport.close()  # the client leaves
+        await until_sent(silent, Abort)
+        return tasks, silent.sent
+
+    engines._bridge = silent
+    try:
+        tasks, sent = asyncio.run(main())
+    finally:
+        engines._bridge = answering
+    assert tasks == 2
+    request, abort = sent
+    assert isinstance(request, GenerateRequest) and isinstance(abort, Abort)
+    assert abort.request_ids == [request.request_id]
+
+
+async def until_sent(bridge: _SilentBridge, kind: type) -> None:
+    for _ in range(1000):
+        if any(isinstance(m, kind) for m in bridge.sent):
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"no {kind.__name__} sent: {bridge.sent}")
