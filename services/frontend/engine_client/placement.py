@@ -40,6 +40,18 @@ class Score:
     score: int
 
 
+def _pinned(engines: Sequence[Engine], pinned: int) -> Engine:
+    """The rank X-Data-Parallel-Rank names; NoEngine when it is not one, or cannot take requests now."""
+    target = next((e for e in engines if e.rank == pinned), None)
+    if target is None:
+        raise NoEngine(f"X-Data-Parallel-Rank {pinned} is not a rank of this deployment "
+                       f"(ranks: {sorted(e.rank for e in engines)})", 400)
+    if not target.accepting:
+        raise NoEngine(f"engine rank {pinned} (pinned by X-Data-Parallel-Rank) is not available: "
+                       f"{target.unavailable}")
+    return target
+
+
 class Placement:
     def __init__(self) -> None:
         self._turn = 0
@@ -50,15 +62,27 @@ class Placement:
         """The engine and how many prompt tokens it already caches (by our KV index)."""
         live = [e for e in engines if e.accepting]
         if pinned is not None:
-            target = next((e for e in engines if e.rank == pinned), None)
-            if target is None:
-                raise NoEngine(f"X-Data-Parallel-Rank {pinned} is not a rank of this deployment "
-                               f"(ranks: {sorted(e.rank for e in engines)})", 400)
-            if not target.accepting:
-                raise NoEngine(f"engine rank {pinned} (pinned by X-Data-Parallel-Rank) is not available: "
-                               f"{target.unavailable}")
+            target = _pinned(engines, pinned)
             hashes = block_hashes(target.block_size) if target.kv.blocks else []
             return target, target.kv.cached_blocks(hashes) * target.block_size
+        return self._chosen(engines, live, prompt_len, block_hashes, request_id)
+
+    def pick(self, engines: Sequence[Engine], prompt_len: int,
+             block_hashes: Callable[[int], list[int]], *, pinned: int | None = None,
+             request_id: str = "") -> Engine:
+        """choose()'s engine, without the prefix-cache lookup (hashing every block of the prompt) where it
+        cannot change the choice: a pinned rank, or a single engine taking requests (unless the choice
+        is to be explained in the debug log)."""
+        if pinned is not None:
+            return _pinned(engines, pinned)
+        live = [e for e in engines if e.accepting]
+        if len(live) == 1 and not log.isEnabledFor(logging.DEBUG):
+            self._turn += 1
+            return live[0]
+        return self._chosen(engines, live, prompt_len, block_hashes, request_id)[0]
+
+    def _chosen(self, engines: Sequence[Engine], live: list[Engine], prompt_len: int,
+                block_hashes: Callable[[int], list[int]], request_id: str) -> tuple[Engine, int]:
         if not live:
             raise NoEngine("no engine is ready: " + "; ".join(f"rank {e.rank}: {e.unavailable}" for e in engines))
         scores = [self._score(e, prompt_len, block_hashes) for e in live]

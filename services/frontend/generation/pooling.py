@@ -102,7 +102,7 @@ class PoolingRunner:
     def _choose(self, engines: list[Engine], request: GenerateRequest, exclude: Collection[int] = ()) -> Engine:
         ids, salt = request.prompt_token_ids, request.cache_salt
         try:
-            engine, _ = self._placement.choose(
+            engine = self._placement.pick(
                 [e for e in engines if e.index not in exclude], len(ids),
                 lambda size: block_hashes(ids, size, salt=salt, lora=request.lora),
                 pinned=request.pinned_rank, request_id=request.request_id)

@@ -5,7 +5,6 @@ queue time) and the time to the first token (`frontend.first_token`) recorded as
 the finish reason and token counts. Made only when tracing is on (launch asks tracing.enabled())."""
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import msgspec
@@ -34,7 +33,7 @@ class RequestTrace:
     def carried(self, request: EngineRequest) -> EngineRequest:
         """The engine request with this span's context for the engine (protocol 1.6)."""
         traced = msgspec.structs.replace(request.request, trace_headers=tracing.headers_of(self.span))
-        return dataclasses.replace(request, request=traced)
+        return msgspec.structs.replace(request, request=traced)
 
     def placed(self, rank: int) -> None:
         self.span.set_attribute("fleet.engine.rank", rank)

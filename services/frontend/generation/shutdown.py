@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from services.frontend.engine_client.inflight import InFlight
 
@@ -27,27 +25,24 @@ class Shutdown:
         self._handlers = 0  # generation requests being served, from their first body byte on
         self._idle = asyncio.Event()
         self._idle.set()
+        self._handling = _Handling(self)
 
-    @contextmanager
-    def handling(self) -> Iterator[None]:
+    def handling(self) -> _Handling:
         """Around one generation request, so the drain can wait for it."""
+        return self._handling
+
+    def running(self, *streams: InFlight) -> _Running:
+        """While a request is at an engine (each of its choices' streams): what an expired drain ends."""
+        return _Running(self._streams, streams)
+
+    def _begin(self) -> None:
         self._handlers += 1
         self._idle.clear()
-        try:
-            yield
-        finally:
-            self._handlers -= 1
-            if self._handlers == 0:
-                self._idle.set()
 
-    @contextmanager
-    def running(self, *streams: InFlight) -> Iterator[None]:
-        """While a request is at an engine (each of its choices' streams): what an expired drain ends."""
-        self._streams.update(streams)
-        try:
-            yield
-        finally:
-            self._streams.difference_update(streams)
+    def _end(self) -> None:
+        self._handlers -= 1
+        if self._handlers == 0:
+            self._idle.set()
 
     async def drain(self, timeout_s: float, now: asyncio.Event) -> None:
         """Refuse new requests, wait up to `timeout_s` (or until `now` is set: a second signal) for the
@@ -74,3 +69,31 @@ class Shutdown:
             await asyncio.wait_for(self._idle.wait(), FINAL_WRITE_S)
         except TimeoutError:
             log.warning("%d request(s) did not end within %.0fs of being told to", self._handlers, FINAL_WRITE_S)
+
+
+# Context managers as small classes, not @contextmanager generators: each request enters both, and a
+# generator's set-up and StopIteration cost several times a method call.
+class _Handling:
+    __slots__ = ("_shutdown",)
+
+    def __init__(self, shutdown: Shutdown) -> None:
+        self._shutdown = shutdown
+
+    def __enter__(self) -> None:
+        self._shutdown._begin()
+
+    def __exit__(self, *exc: object) -> None:
+        self._shutdown._end()
+
+
+class _Running:
+    __slots__ = ("_all", "_streams")
+
+    def __init__(self, running: set[InFlight], streams: tuple[InFlight, ...]) -> None:
+        self._all, self._streams = running, streams
+
+    def __enter__(self) -> None:
+        self._all.update(self._streams)
+
+    def __exit__(self, *exc: object) -> None:
+        self._all.difference_update(self._streams)

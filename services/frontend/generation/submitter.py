@@ -22,9 +22,8 @@ class Submitter:
 
     def choose(self, request: EngineRequest) -> Engine:
         """The engine for a new request. Raises NoEngine."""
-        engine, _ = self._placement.choose(self._engines.engines, request.prompt_len, request.block_hashes,
-                                           pinned=request.request.pinned_rank, request_id=request.request_id)
-        return engine
+        return self._placement.pick(self._engines.engines, request.prompt_len, request.block_hashes,
+                                    pinned=request.request.pinned_rank, request_id=request.request_id)
 
     def submit(self, engine: Engine, stream: InFlight, request: EngineRequest) -> None:
         self._engines.submit(engine, stream, request.request)
@@ -33,8 +32,8 @@ class Submitter:
         """Place it on an engine whose index is not in `exclude`; False when none can take it."""
         engines = [e for e in self._engines.engines if e.index not in exclude]
         try:
-            engine, _ = self._placement.choose(engines, stream.prompt_len, request.block_hashes,
-                                               request_id=stream.request_id)
+            engine = self._placement.pick(engines, stream.prompt_len, request.block_hashes,
+                                          request_id=stream.request_id)
         except NoEngine:
             return False
         first = self._engines.engines[stream.engine_index]

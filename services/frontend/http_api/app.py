@@ -37,6 +37,7 @@ from services.frontend.http_api.asgi import (
     send_json,
     watch_disconnect,
 )
+from services.frontend.http_api.connections import on_client_gone
 from services.frontend.http_api.direct_stream import HttpCycle, cycle_of
 from services.frontend.http_api.response_writer import send_completion, send_stream, send_tokens
 from services.frontend.requests import classify, scoring
@@ -155,7 +156,7 @@ class Frontend:
                 with tracing.span("frontend.translate"):
                     requests = await translate(body, header(scope, b"x-data-parallel-rank"))
                 await self._generate(requests if isinstance(requests, list) else [requests], receive, send,
-                                     cycle_of(scope))
+                                     cycle_of(send))
             except APIError as exc:
                 if span is not None:
                     span.set_attribute("http.response.status_code", exc.status)
@@ -276,7 +277,10 @@ class Frontend:
                 for stream in streams:
                     stream.fail(message)
 
-            watcher = asyncio.get_running_loop().create_task(watch_disconnect(receive, fail))
+            # Under this server's uvicorn protocol the connection says when the client leaves; elsewhere a
+            # task watches receive() for it.
+            watched = cycle is not None and on_client_gone(cycle, fail)
+            watcher = None if watched else asyncio.get_running_loop().create_task(watch_disconnect(receive, fail))
             try:
                 options = requests[0].output
                 name = requests[0].request.lora or self.model.name  # as vLLM: the adapter's name, if one
@@ -287,7 +291,10 @@ class Frontend:
                 else:
                     await send_completion(send, prompts, name)
             finally:
-                watcher.cancel()
+                if watcher is not None:
+                    watcher.cancel()
+                else:
+                    on_client_gone(cycle, None)
 
 
     async def _pool(self, job: PoolingJob, pin: bytes | None, receive: Receive, send: Send) -> None:

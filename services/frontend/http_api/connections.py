@@ -1,7 +1,8 @@
 """The header timeout and the connection limit (edge/connection_limits.py) applied to the frontend's
 HTTP servers, neither of which has them: uvicorn (httptools) holds a connection that never finishes its
-headers forever, and hypercorn until its keep-alive timeout; neither bounds how many it holds. Runs in
-each API server process, on its event loop."""
+headers forever, and hypercorn until its keep-alive timeout; neither bounds how many it holds. Under
+uvicorn, a lost connection also tells the request it carried (on_client_gone). Runs in each API server
+process, on its event loop."""
 from __future__ import annotations
 
 import asyncio
@@ -15,7 +16,20 @@ from hypercorn.events import Event, Updated
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from edge.connection_limits import header_timeout_message, refusal, too_many_message
-from services.frontend.http_api.direct_stream import CYCLE
+from services.frontend.engine_client.inflight import CLIENT_GONE
+
+# The attribute of a uvicorn request cycle (a plain object) that holds what to call when its client leaves.
+_ON_GONE = "fleet_on_client_gone"
+
+
+def on_client_gone(cycle: Any, callback: Callable[[str], None] | None) -> bool:
+    """Have `callback(CLIENT_GONE)` called if the client of this request's cycle leaves before its
+    response ends (None: no longer), from the connection's own connection_lost: no task waiting on
+    receive() for it. False, and nothing done, when the cycle is not one of this protocol's."""
+    if not hasattr(cycle, _ON_GONE):
+        return False
+    setattr(cycle, _ON_GONE, callback)
+    return True
 
 
 def uvicorn_protocol(header_timeout_s: float, max_connections: int) -> type[HttpToolsProtocol]:
@@ -49,7 +63,12 @@ class _GuardedHttpTools(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        cycle = self.cycle
         super().connection_lost(exc)
+        if cycle is not None and cycle.disconnected:  # the client left before its response ended
+            gone: Callable[[str], None] | None = getattr(cycle, _ON_GONE, None)
+            if gone is not None:
+                gone(CLIENT_GONE)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -61,9 +80,8 @@ class _GuardedHttpTools(HttpToolsProtocol):
         self._reading_head = False
         self._disarm()
         super().on_headers_complete()
-        cycle = self.cycle
-        if cycle is not None and cycle.scope is self.scope:  # this request's: streams write through it
-            self.scope["extensions"] = {**self.scope.get("extensions", {}), CYCLE: cycle}  # type: ignore[dict-item]
+        if self.cycle is not None:
+            setattr(self.cycle, _ON_GONE, None)  # this protocol's: on_client_gone() may watch it
 
     def on_response_complete(self) -> None:
         super().on_response_complete()

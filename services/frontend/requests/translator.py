@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 from array import array
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 from typing import Any, Protocol
 
 import msgspec
@@ -165,7 +164,8 @@ class Translator:
                                          lora=prepared.lora)
                     for i, (ids, echo) in enumerate(prepared.prompts)]
         if req.request_id is None:  # the response is named for the whole batch
-            requests = [replace(r, output=replace(r.output, response_id=request_id)) for r in requests]
+            requests = [msgspec.structs.replace(r, output=msgspec.structs.replace(r.output, response_id=request_id))
+                        for r in requests]
         return requests
 
     async def generate(self, body: bytes, pin: bytes | None, *, kind: str = "generate") -> EngineRequest:

@@ -3,10 +3,14 @@ and given up with a 408 when the body stops arriving (a fake receive that stalls
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from typing import Any
 
 import pytest
 from starlette.types import Message, Receive
+from uvicorn.protocols.http.flow_control import FlowControl
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from services.frontend.errors import APIError
 from services.frontend.http_api.asgi import ClientGone, read_body
@@ -73,3 +77,47 @@ def test_a_deadline_passed_while_the_loop_was_blocked_is_not_the_clients() -> No
         return await read_body(_scope(), queue.get, 100, 0.05)
 
     assert asyncio.run(main()) == b"cd"
+
+
+def test_a_body_uvicorn_holds_already_is_read_with_no_deadline_armed() -> None:
+    """Its receive() returns at once (the body came with the headers): no timer to set and cancel."""
+    async def main() -> tuple[bytes, int]:
+        loop = asyncio.get_running_loop()
+        log = logging.getLogger("test")
+        transport = _Transport()
+        cycle = RequestResponseCycle({"type": "http", "method": "POST", "headers": []},  # type: ignore[typeddict-item]
+                                     transport, FlowControl(transport), log, log, False, [],  # type: ignore[arg-type]
+                                     asyncio.Event(), False, True, lambda: None)
+        cycle.body, cycle.more_body = bytearray(b"{}"), False
+        cycle.message_event.set()  # as uvicorn's on_message_complete leaves them
+        timers = 0
+        call_at = loop.call_at
+
+        def counted(*args: Any, **kwargs: Any) -> asyncio.TimerHandle:
+            nonlocal timers
+            timers += 1
+            return call_at(*args, **kwargs)
+
+        loop.call_at = counted  # type: ignore[method-assign]
+        body = await read_body(_scope(), cycle.receive, 100, 10.0)
+        await read_body(_scope(), _stalls_then_ends(), 100, 10.0)  # a receive that waits: one deadline
+        return body, timers
+
+    assert asyncio.run(main()) == (b"{}", 1)
+
+
+class _Transport:
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+    def is_closing(self) -> bool:
+        return False
+
+
+def _stalls_then_ends() -> Receive:
+    async def receive() -> Message:
+        await asyncio.sleep(0)
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    return receive

@@ -72,3 +72,22 @@ def test_each_choice_is_explained_in_one_debug_line(caplog: pytest.LogCaptureFix
         Placement().choose(engines, 10, _no_hashes, request_id="req-9")
     (line,) = [r.getMessage() for r in caplog.records]
     assert line.startswith("placed req-9 on rank 1") and "rank 0: 1 req" in line
+
+
+def test_a_single_engine_or_a_pin_is_picked_without_hashing_the_prompt() -> None:
+    """pick(): no prefix-cache lookup where it cannot change the choice (one engine taking requests, or
+    a pinned rank), though their KV indexes hold blocks; with two, the cached prefix still decides."""
+    hashed: list[int] = []
+
+    def hashes(block_size: int) -> list[int]:
+        hashed.append(block_size)
+        return [11, 22, 33, 44, 55, 66]
+
+    engines = [_engine(0, state="dead"), _engine(1, running=1), _engine(2)]
+    engines[1].kv.apply(BlockStored(1, 1, [11, 22, 33, 44, 55, 66], None, 16))
+    engines[2].kv.apply(BlockStored(1, 1, [99], None, 16))
+    p = Placement()
+    assert p.pick(engines[:2], 100, hashes).rank == 1 and p.pick(engines, 100, hashes, pinned=2).rank == 2
+    assert hashed == []
+    assert p.pick(engines, 100, hashes).rank == 1  # two live: scored, and rank 1's cached prefix wins
+    assert hashed
