@@ -48,22 +48,28 @@ class _Table:
     chat entry's cell, its JSON before and after its logprob (`{"token":..,"logprob":` and
     `,"bytes":[..]`, and the latter with `},` as an alternative ends), and a completions key
     (`"token":`) with its string's length. None until first made, and for an id whose string depends
-    on the tokens before it (made anew each time).
+    on the tokens before it (made anew each time). Each list is made on its first miss.
     Lists, not dicts: a lookup in a cache that grows to the vocabulary misses the CPU cache, and a
     list's touches less memory than a dict's."""
 
-    __slots__ = ("cells", "keys", "lengths")
+    __slots__ = ("cells", "keys", "lengths", "size")
 
     def __init__(self, size: int) -> None:
-        self.cells: list[tuple[str, str, str] | None] = [None] * size
-        self.keys: list[str | None] = [None] * size
-        self.lengths: list[int] = [0] * size
+        self.size = size
+        # Each list made at its first use (a chat request's or a completion's), the vocabulary long.
+        self.cells: list[tuple[str, str, str] | None] = []
+        self.keys: list[str | None] = []
+        self.lengths: list[int] = []
 
-    def grow(self, tid: int) -> None:
-        """Room for an id past the tokenizer's vocabulary (a model's padded rows)."""
-        more = tid + 1 - len(self.cells)
-        if more > 0:
-            self.cells += [None] * more
+    def cell_room(self, tid: int) -> None:
+        """`cells` the vocabulary long, or past it for `tid` (a model's padded rows)."""
+        if tid >= len(self.cells):
+            self.cells += [None] * (max(tid + 1, self.size) - len(self.cells))
+
+    def key_room(self, tid: int) -> None:
+        """`keys` and `lengths` the vocabulary long, or past it for `tid`."""
+        if tid >= len(self.keys):
+            more = max(tid + 1, self.size) - len(self.keys)
             self.keys += [None] * more
             self.lengths += [0] * more
 
@@ -180,7 +186,7 @@ class LogprobsFormatter:
     def _cell(self, tid: int) -> tuple[str, str, str] | None:
         """`tid`'s chat cell (see _Table), made on first use; None when its string depends on context."""
         table = self._table
-        table.grow(tid)
+        table.cell_room(tid)
         cell = table.cells[tid]
         if cell is None:
             text = self._strings.alone(tid)
@@ -264,7 +270,7 @@ class LogprobsFormatter:
                 return _enc(text), len(text)
             key, length = _enc(text), len(text)
         table = self._table
-        table.grow(tid)
+        table.key_room(tid)
         table.keys[tid], table.lengths[tid] = key + ":", length
         return key, length
 
