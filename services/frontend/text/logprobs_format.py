@@ -48,11 +48,13 @@ class _Table:
     chat entry's cell, its JSON before and after its logprob (`{"token":..,"logprob":` and
     `,"bytes":[..]`, and the latter with `},` as an alternative ends), and a completions key
     (`"token":`) with its string's length. None until first made, and for an id whose string depends
-    on the tokens before it (made anew each time). Each list is made on its first miss.
+    on the tokens before it. An id whose text alone ends inside a character is in `partial`: its cell
+    and key are those it has with no tokens before it ("", vLLM's correction finding no context),
+    read only then. Each list is made on its first miss.
     Lists, not dicts: a lookup in a cache that grows to the vocabulary misses the CPU cache, and a
     list's touches less memory than a dict's."""
 
-    __slots__ = ("cells", "keys", "lengths", "size")
+    __slots__ = ("cells", "keys", "lengths", "partial", "size")
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -60,6 +62,7 @@ class _Table:
         self.cells: list[tuple[str, str, str] | None] = []
         self.keys: list[str | None] = []
         self.lengths: list[int] = []
+        self.partial: set[int] = set()
 
     def cell_room(self, tid: int) -> None:
         """`cells` the vocabulary long, or past it for `tid` (a model's padded rows)."""
@@ -142,31 +145,35 @@ class LogprobsFormatter:
         return entries
 
     def _chat_rows(self, seg: Segment, context: list[int]) -> list[Entry]:
-        """Each row's entry joined from its ids' cached cells and its logprobs' JSON. A row with a cell
-        not cached (an id not seen yet, or one whose string depends on the tokens before it: a None,
-        which does not unpack) takes _chat_row."""
+        """Each row's entry joined from its ids' cached cells and its logprobs' JSON, when no tokens
+        before it end inside a character (nearly always). Any other row, or one with a cell not made
+        yet (a None, which does not unpack), takes _chat_row."""
         ids, w = seg.token_ids, seg.k + 1
         top = min(self.top, seg.k)
         nums = _numbers(seg.logprobs)
-        cells = self._table.cells
+        table = self._table
+        cells, partial = table.cells, table.partial
         out: list[Entry] = []
         for row in range(0, seg.positions * w, w):
-            try:
-                head, tail, alt = cells[ids[row]]  # type: ignore[misc]
-                parts = [head, nums[row], tail, ',"top_logprobs":[']
-                for j in range(row + 1, row + 1 + top):
-                    head, _, alt = cells[ids[j]]  # type: ignore[misc]
-                    parts += (head, nums[j], alt)
-            except (TypeError, IndexError):
-                out.append(self._chat_row(ids, nums, row, top, context))
-                continue
-            if top:
-                parts[-1] = alt[:-1] + "]}"
-            else:
-                parts.append("]}")
-            out.append("".join(parts))
-            if context:  # a whole token: the next one's string depends on nothing before it
-                context.clear()
+            if not context:
+                try:
+                    head, tail, alt = cells[ids[row]]  # type: ignore[misc]
+                    parts = [head, nums[row], tail, ',"top_logprobs":[']
+                    for j in range(row + 1, row + 1 + top):
+                        head, _, alt = cells[ids[j]]  # type: ignore[misc]
+                        parts += (head, nums[j], alt)
+                except (TypeError, IndexError):
+                    pass
+                else:
+                    if top:
+                        parts[-1] = alt[:-1] + "]}"
+                    else:
+                        parts.append("]}")
+                    out.append("".join(parts))
+                    if ids[row] in partial:  # the next token's string depends on this one
+                        context.append(ids[row])
+                    continue
+            out.append(self._chat_row(ids, nums, row, top, context))
         return out
 
     def _chat_row(self, ids: Sequence[int], nums: Sequence[str], row: int, top: int, context: list[int]) -> Entry:
@@ -191,9 +198,10 @@ class LogprobsFormatter:
         if cell is None:
             text = self._strings.alone(tid)
             if text.endswith(REPLACEMENT):
-                return None
+                table.partial.add(tid)
+                text = ""  # with no tokens before it
             cell = table.cells[tid] = _cell(self._token_id(tid) if self._as_ids else text, text)
-        return cell
+        return None if tid in table.partial else cell
 
     def _cell_in(self, tid: int, context: Sequence[int]) -> tuple[str, str, str]:
         """The chat cell of a token whose string depends on `context`."""
@@ -201,34 +209,35 @@ class LogprobsFormatter:
         return _cell(self._token_id(tid) if self._as_ids else text, text)
 
     def _completion_rows(self, seg: Segment, context: list[int]) -> list[Entry]:
-        """A row's columns from its ids' cached keys; a row with a key not cached (an id not seen yet, or
-        one whose string depends on the tokens before it) takes _completion_row."""
+        """A row's columns from its ids' cached keys, when no tokens before it end inside a character;
+        any other row, or one with a key not made yet, takes _completion_row."""
         ids, w = seg.token_ids, seg.k + 1
         if type(ids) is not tuple:
             ids = list(ids)
         top = min(self.top, seg.k)
         nums = _numbers(seg.logprobs)
         table = self._table
-        key, lengths = table.keys.__getitem__, table.lengths
+        key, lengths, partial = table.keys.__getitem__, table.lengths, table.partial
         out: list[Entry] = []
         for row in range(0, seg.positions * w, w):
             end = row + 1 + top
-            try:
-                keys = list(map(key, ids[row:end]))
-            except IndexError:
-                keys = [None]
-            if None in keys:
-                out.append(self._completion_row(ids[row:end], nums[row:end], context))
-                continue
-            own = ids[row]
-            values = nums[row:end]
-            if own in ids[row + 1:end]:  # vLLM's dict: the token once, at its first place
-                for j in range(len(keys) - 1, 0, -1):
-                    if ids[row + j] == own:
-                        del keys[j], values[j]
-            out.append(self._columns(keys, values, lengths[own]))
-            if context:
-                context.clear()
+            if not context:
+                try:
+                    keys = list(map(key, ids[row:end]))
+                except IndexError:
+                    keys = [None]
+                if None not in keys:
+                    own = ids[row]
+                    values = nums[row:end]
+                    if own in ids[row + 1:end]:  # vLLM's dict: the token once, at its first place
+                        for j in range(len(keys) - 1, 0, -1):
+                            if ids[row + j] == own:
+                                del keys[j], values[j]
+                    out.append(self._columns(keys, values, lengths[own]))
+                    if own in partial:
+                        context.append(own)
+                    continue
+            out.append(self._completion_row(ids[row:end], nums[row:end], context))
         return out
 
     def _columns(self, keys: list[Any], values: list[str], length: int) -> Entry:
@@ -258,21 +267,26 @@ class LogprobsFormatter:
         return entry
 
     def _key(self, tid: int, context: Sequence[int]) -> tuple[str, int]:
-        """A completions token: its JSON string, and the length of the string (for text_offset); kept in
-        the table unless it depends on `context`."""
+        """A completions token: its JSON string and the length of the string (for text_offset), with
+        `context` before it; the table keeps it as it is with no context (see _Table)."""
+        table = self._table
+        partial = self._strings.alone(tid).endswith(REPLACEMENT)
+        if partial:
+            table.partial.add(tid)
         if self._as_ids:
             name = self._token_id(tid)
-            key, length = _enc(name), len(name)
+            key, length = found = _enc(name), len(name)
         else:
-            text = self._strings.alone(tid)
-            if text.endswith(REPLACEMENT):
-                text = self._strings.corrected(tid, context)
-                return _enc(text), len(text)
+            text = "" if partial else self._strings.alone(tid)
             key, length = _enc(text), len(text)
-        table = self._table
+            if partial and context:
+                text = self._strings.corrected(tid, context)
+                found = _enc(text), len(text)
+            else:
+                found = key, length
         table.key_room(tid)
         table.keys[tid], table.lengths[tid] = key + ":", length
-        return key, length
+        return found
 
     @staticmethod
     def _token_id(tid: int) -> str:
