@@ -52,7 +52,7 @@ class DirectStream:
         self._outputs = outputs
         self._events = events  # the SSE events of a batch of pieces (and the finish's, once finished)
         # `text`: the event of one plain text piece, when that is all `events` would make of it (no usage
-        # in the chunk; its logprobs, if asked, those plain_text() left): plain_text() steps are written with it.
+        # or logprobs in the chunk): OutputProcessor.plain_text() steps are written with it.
         self._text = text
         self._future: asyncio.Future[None] | None = None
         self._stash: list[bytes] = []
