@@ -18,7 +18,6 @@ the prompt's second token (the first has no logprob); the rows of a chunked pref
 """
 from __future__ import annotations
 
-import functools
 import struct
 import sys
 from array import array
@@ -68,15 +67,17 @@ def unpack(raw_frames: Sequence[Buffer], ref: PackedLogprobs) -> Segment:
     """The segment `ref` names, as views of the frame (copied only on a big-endian host); a one-row
     segment, a generated token's, as one struct read (cheaper than three views for a dozen values).
     Raises ProtocolError when the frame is missing or too short, never IndexError."""
-    n, k = ref.positions, ref.k
-    if n == 1 and k >= 0 and ref.offset >= 0 and not ref.offset % 4 and 0 <= ref.frame < len(raw_frames):
-        # A generated token's row, nearly every call: the struct read checks the frame's length itself.
+    frame_no, offset, n, k = ref.frame, ref.offset, ref.positions, ref.k
+    if n == 1 and k >= 0 and offset >= 0 and not offset % 4 and 0 <= frame_no < len(raw_frames):
+        # A generated token's row, nearly every call: the struct read checks the frame's length itself,
+        # and the Segment is made without NamedTuple's Python-level __new__.
         try:
-            row = _row(k).unpack_from(raw_frames[ref.frame], ref.offset)
+            row = (_ROWS.get(k) or _row(k)).unpack_from(raw_frames[frame_no], offset)
         except struct.error:
-            raise ProtocolError(f"PackedLogprobs segment ends at byte {ref.offset + segment_size(1, k)}, raw frame "
-                                f"{ref.frame} is shorter") from None
-        return Segment(1, k, row[:k + 1], row[k + 1:-1], row[-1:])
+            raise ProtocolError(f"PackedLogprobs segment ends at byte {offset + segment_size(1, k)}, raw frame "
+                                f"{frame_no} is shorter") from None
+        w = k + 1
+        return _new(Segment, (1, k, row[:w], row[w:-1], row[-1:]))
     if n < 0 or k < 0 or ref.offset < 0 or ref.offset % 4:
         raise ProtocolError(f"PackedLogprobs{(ref.frame, ref.offset, n, k)}: negative or unaligned")
     if not 0 <= ref.frame < len(raw_frames):
@@ -98,9 +99,17 @@ def unpack(raw_frames: Sequence[Buffer], ref: PackedLogprobs) -> Segment:
     return Segment(n, k, ids, lps, rks)
 
 
-@functools.lru_cache(maxsize=64)
+_new = tuple.__new__
+_ROWS: dict[int, struct.Struct] = {}  # per k, a one-row segment's layout
+
+
 def _row(k: int) -> struct.Struct:
-    return struct.Struct(f"<{k + 1}i{k + 1}fi")
+    layout = _ROWS.get(k)
+    if layout is None:
+        layout = struct.Struct(f"<{k + 1}i{k + 1}fi")
+        if len(_ROWS) < 64:  # k is bounded by --max-logprobs; a bound all the same
+            _ROWS[k] = layout
+    return layout
 
 
 def _swapped(code: str, view: memoryview[Any]) -> array[Any]:

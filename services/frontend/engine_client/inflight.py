@@ -172,6 +172,11 @@ class InFlight:
         return self._pending
 
     @property
+    def pending_frames(self) -> list[Sequence[bytes]]:
+        """With keeps_frames, the raw frames of each output queued now, in order (read only)."""
+        return self._frames
+
+    @property
     def ready(self) -> bool:
         """next() would return (or raise) without waiting."""
         return bool(self._pending) or self._error is not None

@@ -40,8 +40,8 @@ class DirectStream:
         self._outlet = outlet
         self._outputs = outputs
         self._events = events  # the events of a batch of pieces (and the finish's, once finished)
-        # `text`: the event of one plain text piece, when that is all `events` would make of it (no usage
-        # or logprobs in the chunk): OutputProcessor.plain_text() steps are written with it.
+        # `text`: the event of one text piece (with the step's logprobs entries, when asked), when that is
+        # all `events` would make of it (no usage in the chunk): OutputProcessor.plain_text() steps.
         self._text = text
         self._future: asyncio.Future[None] | None = None
         self._stash: list[bytes] = []

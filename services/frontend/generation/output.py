@@ -122,9 +122,10 @@ class OutputProcessor:
         self.prompt_segments: list[Segment] = []
         self._pending: list[Entry] = []
         self._echo = options.echo  # not yet sent
-        # plain_text() serves its steps: the text path has nothing to do but detokenize.
-        self._plain = (self.formatter is None and parser is None and self._stops is None and not options.echo
-                       and not options.token_out)
+        # plain_text() serves its steps: the text path has nothing to do but detokenize (and, with
+        # logprobs, format the step's entries).
+        self._plain = (parser is None and self._stops is None and not options.echo and not options.token_out
+                       and (self.formatter is None or options.prompt_logprobs is None))
         self._echo_entries: list[Entry] | None = None  # made once, before the first token's
 
     async def pieces(self) -> list[Piece]:
@@ -144,9 +145,10 @@ class OutputProcessor:
 
     def plain_text(self) -> str | None:
         """process() of the one output queued, when it is a plain step: tokens after the first, no
-        finish or error, and a request with no logprobs, stop strings, parser, echo or token ids out,
-        the case of nearly every token of a stream; its text (perhaps ""). None: not such a step,
-        nothing taken (take_pieces() serves it)."""
+        finish or error, and a request with no stop strings, parser, echo, prompt_logprobs or token ids
+        out, the case of nearly every token of a stream; its text (perhaps ""). With logprobs, `logprobs`
+        holds the text's entries as process() leaves them. None: not such a step, nothing taken
+        (take_pieces() serves it)."""
         if not self._plain or self.completion_tokens == 0:
             return None
         pending = self.stream.pending
@@ -156,6 +158,8 @@ class OutputProcessor:
         n = len(out.new_token_ids)
         if not n or out.finish_reason is not None:
             return None
+        if self.formatter is not None:
+            return self._plain_logprobs(out)
         self.stream.take_one()
         now = time.monotonic()
         self._metrics.itl.observe(now - self._last)
@@ -163,6 +167,33 @@ class OutputProcessor:
         self.completion_tokens += n
         text = self._detok.push(out.new_token_ids)
         self.counts = [self.completion_tokens] if text else []
+        return text
+
+    def _plain_logprobs(self, out: RequestOutput) -> str | None:
+        """plain_text() of a step with logprobs: its entries wait for the next text, as in process()."""
+        ref, formatter = out.packed_logprobs, self.formatter
+        if ref is None or formatter is None or out.packed_prompt_logprobs is not None:
+            return None
+        try:
+            seg = unpack(self.stream.pending_frames[0], ref)
+        except ProtocolError:
+            return None  # process() fails the request with the engine's fault named
+        self.stream.take()
+        now = time.monotonic()
+        self._metrics.itl.observe(now - self._last)
+        self._last = now
+        self.completion_tokens += len(out.new_token_ids)
+        entries = formatter.sampled(seg)
+        text = self._detok.push(out.new_token_ids)
+        if text:
+            self.counts = [self.completion_tokens]
+            if self._pending:
+                entries = self._pending + entries
+                self._pending = []
+            self.logprobs = [entries]
+        else:
+            self.counts, self.logprobs = [], []
+            self._pending += entries
         return text
 
     def _failed(self) -> None:

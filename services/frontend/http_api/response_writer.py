@@ -176,6 +176,12 @@ def _render(outputs: OutputProcessor) -> Callable[[list[Entry]], str] | None:
     return formatter.render if formatter is not None and outputs.options.logprobs is not None else None
 
 
+def _with_logprobs(writer: openai_bodies.ChunkWriter, outputs: OutputProcessor,
+                   render: Callable[[list[Entry]], str]) -> Callable[[str], bytes]:
+    """The event of a plain_text() piece with the logprobs plain_text() left for it."""
+    return lambda piece: writer.text(piece, None, render(outputs.logprobs[0]) if outputs.logprobs[0] else None)
+
+
 async def send_stream(send: Send, prompts: list[list[OutputProcessor]], model: str, wakeup: Wakeup | None,
                       cycle: HttpCycle | None = None) -> None:
     """SSE events as the outputs arrive: `prompts`, each prompt's choices (with several, their events
@@ -236,9 +242,9 @@ async def _send_one_stream(send: Send, outputs: OutputProcessor, model: str, cyc
     options = outputs.options
     writer = openai_bodies.ChunkWriter(options.response_id or outputs.stream.request_id, model, chat=options.chat)
     render, usage, continuous = _render(outputs), outputs.usage, options.continuous_usage
-    plain = render is None and not continuous and options.stream_interval == 1  # a text piece is writer.text()
-    direct = (DirectStream(HttpOutlet(cycle), outputs, lambda pieces: _events(writer, outputs, pieces, render),
-                           writer.text if plain else None)
+    plain = not continuous and options.stream_interval == 1  # a text piece is one writer.text()
+    text = (writer.text if render is None else _with_logprobs(writer, outputs, render)) if plain else None
+    direct = (DirectStream(HttpOutlet(cycle), outputs, lambda pieces: _events(writer, outputs, pieces, render), text)
               if cycle is not None else None)
     stream = outputs.stream
     started = False

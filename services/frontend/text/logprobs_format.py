@@ -9,6 +9,7 @@ joined into OpenAI's columns. Token strings are TokenStrings' (each id decoded a
 """
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,16 +30,71 @@ def _number(lp: float) -> str:
 
 
 def _numbers(lps: Sequence[float]) -> list[str]:
-    """_number of each, in one encoder call (a token's own logprob and its alternatives')."""
-    return _encode([lp if lp > FLOOR else FLOOR for lp in lps]).decode()[1:-1].split(",")  # NaN, -inf: FLOOR
+    """_number of each, in one encoder call (a segment's logprobs, every row's)."""
+    values = lps if type(lps) is tuple else list(lps)  # msgspec would write a memoryview as base64
+    if values and not min(values) > FLOOR:  # NaN first makes min() NaN too
+        values = [lp if lp > FLOOR else FLOOR for lp in values]
+    text = _encode(values).decode()
+    if "n" in text:  # a NaN min() passed over: msgspec writes it null
+        text = _encode([lp if lp > FLOOR else FLOOR for lp in values]).decode()
+    return text[1:-1].split(",")
+
+
 Entry = Any  # chat: the entry's JSON text; completions: (token JSON, logprob, top dict JSON, offset)
+
+
+class _Table:
+    """Per token id, what does not change for a tokenizer (each id is decoded alone, as vLLM does): a
+    chat entry's cell, its JSON before and after its logprob (`{"token":..,"logprob":` and
+    `,"bytes":[..]`, and the latter with `},` as an alternative ends), and a completions key
+    (`"token":`) with its string's length. None until first made, and for an id whose string depends
+    on the tokens before it. An id whose text alone ends inside a character is in `partial`: its cell
+    and key are those it has with no tokens before it ("", vLLM's correction finding no context),
+    read only then. Each list is made on its first miss.
+    Lists, not dicts: a lookup in a cache that grows to the vocabulary misses the CPU cache, and a
+    list's touches less memory than a dict's."""
+
+    __slots__ = ("cells", "keys", "lengths", "partial", "size")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        # Each list made at its first use (a chat request's or a completion's), the vocabulary long.
+        self.cells: list[tuple[str, str, str] | None] = []
+        self.keys: list[str | None] = []
+        self.lengths: list[int] = []
+        self.partial: set[int] = set()
+
+    def cell_room(self, tid: int) -> None:
+        """`cells` the vocabulary long, or past it for `tid` (a model's padded rows)."""
+        if tid >= len(self.cells):
+            self.cells += [None] * (max(tid + 1, self.size) - len(self.cells))
+
+    def key_room(self, tid: int) -> None:
+        """`keys` and `lengths` the vocabulary long, or past it for `tid`."""
+        if tid >= len(self.keys):
+            more = max(tid + 1, self.size) - len(self.keys)
+            self.keys += [None] * more
+            self.lengths += [0] * more
+
+
+# One table per TokenStrings (so per tokenizer) and token form (its string, or "token_id:N").
+_TABLES: weakref.WeakKeyDictionary[TokenStrings, tuple[_Table | None, _Table | None]] = weakref.WeakKeyDictionary()
+
+
+def _table(strings: TokenStrings, as_token_ids: bool) -> _Table:
+    pair = _TABLES.get(strings, (None, None))
+    table = pair[as_token_ids]
+    if table is None:
+        table = _Table(strings.vocab_size)
+        _TABLES[strings] = (pair[0], table) if as_token_ids else (table, pair[1])
+    return table
 
 
 class LogprobsFormatter:
     """`sampled(segment)` gives the entries of generated tokens, `prompt(segments, ids)` those of the
     prompt (completions' echo), `render(entries)` the JSON object a response carries as `logprobs`."""
 
-    __slots__ = ("_as_ids", "_chat", "_context", "_fragments", "_offset", "_strings", "_token_out", "top")
+    __slots__ = ("_as_ids", "_chat", "_context", "_offset", "_strings", "_table", "_token_out", "top")
 
     def __init__(self, strings: TokenStrings, *, chat: bool, top: int, as_token_ids: bool = False,
                  token_out: bool = False) -> None:
@@ -50,7 +106,7 @@ class LogprobsFormatter:
         self._as_ids = as_token_ids
         self._context: list[int] = []  # the last generated ids (vLLM's correction context)
         self._offset = 0  # completions' text_offset of the next token
-        self._fragments = strings.id_fragments if as_token_ids else strings.chat_fragments
+        self._table = _table(strings, as_token_ids)
 
     # ---- entries ----
 
@@ -58,7 +114,9 @@ class LogprobsFormatter:
         """One entry per generated token of `seg`, in order."""
         if self._token_out:
             return [self._token_row(seg, i) for i in range(seg.positions)]
-        return self._rows(seg, 0, seg.positions, self._context)
+        if self._chat:
+            return self._chat_rows(seg, self._context)
+        return self._completion_rows(seg, self._context)
 
     def _token_row(self, seg: Segment, i: int) -> Entry:
         """vLLM's GenerateLogProbsContent: {"token_id", "logprob", "rank", "top_logprobs"}, the
@@ -83,77 +141,152 @@ class LogprobsFormatter:
         self._offset += len(token)
         context: list[int] = []  # vLLM's prompt context starts at its second token
         for seg in segments:
-            entries += self._rows(seg, 0, seg.positions, context)
+            entries += self._completion_rows(seg, context)
         return entries
 
-    def _rows(self, seg: Segment, start: int, end: int, context: list[int]) -> list[Entry]:
-        ids, lps, w = seg.token_ids, seg.logprobs, seg.k + 1
+    def _chat_rows(self, seg: Segment, context: list[int]) -> list[Entry]:
+        """Each row's entry joined from its ids' cached cells and its logprobs' JSON, when no tokens
+        before it end inside a character (nearly always). Any other row, or one with a cell not made
+        yet (a None, which does not unpack), takes _chat_row."""
+        ids, w = seg.token_ids, seg.k + 1
         top = min(self.top, seg.k)
-        if not self._chat:
-            return [self._completion_row(seg, i * w, top, context) for i in range(start, end)]
-        cache, fragments = self._fragments, self._strings.fragments
-        size = len(cache)
+        nums = _numbers(seg.logprobs)
+        table = self._table
+        cells, partial = table.cells, table.partial
         out: list[Entry] = []
-        for i in range(start, end):
-            row = i * w
-            own = ids[row]
-            frag = (cache[own] if own < size else None) or fragments(own, self._as_ids)
-            whole = bool(frag)  # its string does not depend on the tokens before it
-            if not whole:
-                frag = self._fragments_in(own, context)
-            nums = _numbers(lps[row:row + 1 + top])
-            parts = [frag[0], nums[0], frag[1], ',"top_logprobs":[']
-            for j in range(1, 1 + top):
-                tid = ids[row + j]
-                alt = ((cache[tid] if tid < size else None) or fragments(tid, self._as_ids)
-                       or self._fragments_in(tid, context))
-                parts += (alt[0], nums[j], alt[1], "},")
-            if top:
-                parts[-1] = "}"
-            parts.append("]}")
-            out.append("".join(parts))
-            _advance(context, own, whole)
+        for row in range(0, seg.positions * w, w):
+            if not context:
+                try:
+                    head, tail, alt = cells[ids[row]]  # type: ignore[misc]
+                    parts = [head, nums[row], tail, ',"top_logprobs":[']
+                    for j in range(row + 1, row + 1 + top):
+                        head, _, alt = cells[ids[j]]  # type: ignore[misc]
+                        parts += (head, nums[j], alt)
+                except (TypeError, IndexError):
+                    pass
+                else:
+                    if top:
+                        parts[-1] = alt[:-1] + "]}"
+                    else:
+                        parts.append("]}")
+                    out.append("".join(parts))
+                    if ids[row] in partial:  # the next token's string depends on this one
+                        context.append(ids[row])
+                    continue
+            out.append(self._chat_row(ids, nums, row, top, context))
         return out
 
-    def _completion_row(self, seg: Segment, row: int, top: int, context: list[int]) -> Entry:
-        ids, lps = seg.token_ids, seg.logprobs
-        own = ids[row]
-        key, length = self._key(own, context)
-        lp = lps[row]
-        own_lp = _number(lp)
-        # vLLM's dict: the token first, then the k most likely (the token once, at its first place).
-        keys, values = [key], [own_lp]
+    def _chat_row(self, ids: Sequence[int], nums: Sequence[str], row: int, top: int, context: list[int]) -> Entry:
+        own = self._cell(ids[row])
+        head, tail, _ = own or self._cell_in(ids[row], context)
+        parts = [head, nums[row], tail, ',"top_logprobs":[']
         for j in range(row + 1, row + 1 + top):
-            tid = ids[j]
-            if tid != own:
-                lp = lps[j]
-                keys.append(self._key(tid, context)[0])
-                values.append(_number(lp))
+            head, _, alt = self._cell(ids[j]) or self._cell_in(ids[j], context)
+            parts += (head, nums[j], alt)
+        if top:
+            parts[-1] = parts[-1][:-1] + "]}"
+        else:
+            parts.append("]}")
+        _advance(context, ids[row], own is not None)
+        return "".join(parts)
+
+    def _cell(self, tid: int) -> tuple[str, str, str] | None:
+        """`tid`'s chat cell (see _Table), made on first use; None when its string depends on context."""
+        table = self._table
+        table.cell_room(tid)
+        cell = table.cells[tid]
+        if cell is None:
+            text = self._strings.alone(tid)
+            if text.endswith(REPLACEMENT):
+                table.partial.add(tid)
+                text = ""  # with no tokens before it
+            cell = table.cells[tid] = _cell(self._token_id(tid) if self._as_ids else text, text)
+        return None if tid in table.partial else cell
+
+    def _cell_in(self, tid: int, context: Sequence[int]) -> tuple[str, str, str]:
+        """The chat cell of a token whose string depends on `context`."""
+        text = self._strings.corrected(tid, context)
+        return _cell(self._token_id(tid) if self._as_ids else text, text)
+
+    def _completion_rows(self, seg: Segment, context: list[int]) -> list[Entry]:
+        """A row's columns from its ids' cached keys, when no tokens before it end inside a character;
+        any other row, or one with a key not made yet, takes _completion_row."""
+        ids, w = seg.token_ids, seg.k + 1
+        if type(ids) is not tuple:
+            ids = list(ids)
+        top = min(self.top, seg.k)
+        nums = _numbers(seg.logprobs)
+        table = self._table
+        key, lengths, partial = table.keys.__getitem__, table.lengths, table.partial
+        out: list[Entry] = []
+        for row in range(0, seg.positions * w, w):
+            end = row + 1 + top
+            if not context:
+                try:
+                    keys = list(map(key, ids[row:end]))
+                except IndexError:
+                    keys = [None]
+                if None not in keys:
+                    own = ids[row]
+                    values = nums[row:end]
+                    if own in ids[row + 1:end]:  # vLLM's dict: the token once, at its first place
+                        for j in range(len(keys) - 1, 0, -1):
+                            if ids[row + j] == own:
+                                del keys[j], values[j]
+                    out.append(self._columns(keys, values, lengths[own]))
+                    if own in partial:
+                        context.append(own)
+                    continue
+            out.append(self._completion_row(ids[row:end], nums[row:end], context))
+        return out
+
+    def _columns(self, keys: list[Any], values: list[str], length: int) -> Entry:
+        """A completions row: (token, its logprob, the top dict's JSON, text_offset); `keys` the dict's
+        keys (`"token":`), the token's first, `values` their logprobs' JSON, `length` the token's."""
         if len(set(keys)) < len(keys):  # two ids with one string: one key, its last value (a dict's)
             merged = dict(zip(keys, values, strict=True))
-            keys, values = list(merged), list(merged.values())
+            pairs = ",".join(map(str.__add__, merged, merged.values()))
+        else:
+            pairs = ",".join(map(str.__add__, keys, values))
         offset = self._offset
         self._offset += length
+        return keys[0][:-1], values[0], "{" + pairs + "}", str(offset)
+
+    def _completion_row(self, ids: Sequence[int], nums: Sequence[str], context: list[int]) -> Entry:
+        own = ids[0]
+        key, length = self._key(own, context)
+        # vLLM's dict: the token first, then the k most likely (the token once, at its first place).
+        keys, values = [key + ":"], [nums[0]]
+        for j in range(1, len(ids)):
+            tid = ids[j]
+            if tid != own:
+                keys.append(self._key(tid, context)[0] + ":")
+                values.append(nums[j])
+        entry = self._columns(keys, values, length)
         _advance(context, own, not self._strings.alone(own).endswith(REPLACEMENT))
-        return (key, own_lp, "{" + ",".join(k + ":" + v for k, v in zip(keys, values, strict=True)) + "}",
-                str(offset))
+        return entry
 
     def _key(self, tid: int, context: Sequence[int]) -> tuple[str, int]:
-        """A completions token: its JSON string, and the length of the string (for text_offset)."""
+        """A completions token: its JSON string and the length of the string (for text_offset), with
+        `context` before it; the table keeps it as it is with no context (see _Table)."""
+        table = self._table
+        partial = self._strings.alone(tid).endswith(REPLACEMENT)
+        if partial:
+            table.partial.add(tid)
         if self._as_ids:
-            name = "token_id:" + str(tid)
-            return '"' + name + '"', len(name)
-        text = self._strings.alone(tid)
-        if text.endswith(REPLACEMENT):
-            text = self._strings.corrected(tid, context)
-            return _enc(text), len(text)
-        return self._strings.json(tid), len(text)
-
-    def _fragments_in(self, tid: int, context: Sequence[int]) -> tuple[str, str]:
-        """A chat entry's text around its logprob for a token whose string depends on `context`."""
-        text = self._strings.corrected(tid, context)
-        return ('{"token":' + _enc(self._token_id(tid) if self._as_ids else text) + ',"logprob":',
-                ',"bytes":' + bytes_json(text))
+            name = self._token_id(tid)
+            key, length = found = _enc(name), len(name)
+        else:
+            text = "" if partial else self._strings.alone(tid)
+            key, length = _enc(text), len(text)
+            if partial and context:
+                text = self._strings.corrected(tid, context)
+                found = _enc(text), len(text)
+            else:
+                found = key, length
+        table.key_room(tid)
+        table.keys[tid], table.lengths[tid] = key + ":", length
+        return found
 
     @staticmethod
     def _token_id(tid: int) -> str:
@@ -194,6 +327,12 @@ class LogprobsFormatter:
                 _advance(context, own, not strings.alone(own).endswith(REPLACEMENT))
         out += ["null"] * (positions - len(out))  # rows an engine did not send (none should be missing)
         return "[" + ",".join(out) + "]"
+
+
+def _cell(token: str, text: str) -> tuple[str, str, str]:
+    """A chat cell (see _Table) of a token shown as `token` whose text is `text`."""
+    tail = ',"bytes":' + bytes_json(text)
+    return '{"token":' + _enc(token) + ',"logprob":', tail, tail + "},"
 
 
 def _token_cell(tid: int, lp: float, rank: int) -> str:

@@ -27,7 +27,7 @@ class TokenStrings:
     vLLM's correction of one that ends in U+FFFD, with `context` the sequence's previous token ids."""
 
     __slots__ = ("__weakref__", "_added", "_alone", "_json", "_marker", "_pieces", "_tokenizer",
-                 "chat_fragments", "id_fragments")
+                 "vocab_size")
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self._tokenizer = tokenizer
@@ -39,14 +39,7 @@ class TokenStrings:
         self._marker = None if table is not None else _leading_space_marker(tokenizer)
         self._alone: dict[int, str] = {}
         self._json: dict[int, str] = {}
-        # Indexed by id, a chat logprobs entry's text before and after its logprob ('{"token":..,"logprob":'
-        # and ',"bytes":[..]'), with the token as its string or as "token_id:N"; () for an id whose string
-        # depends on the tokens before it, None until fragments() makes it. Read directly on the per-token
-        # path: lists, not dicts, since a lookup in a cache that grows to the vocabulary misses the CPU
-        # cache, and a list lookup touches less memory than a dict's.
-        size = tokenizer.get_vocab_size(with_added_tokens=True)
-        self.chat_fragments: list[tuple[str, ...] | None] = [None] * size
-        self.id_fragments: list[tuple[str, ...] | None] = [None] * size
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Ids decoded together, special tokens shown (as HF's decode without skip_special_tokens)."""
@@ -105,21 +98,6 @@ class TokenStrings:
                 common += 1
             return full[common:]
         return ""
-
-    def fragments(self, tid: int, as_token_ids: bool) -> tuple[str, ...]:
-        """The cached chat fragments of `tid` (see chat_fragments), made on first use."""
-        cache = self.id_fragments if as_token_ids else self.chat_fragments
-        if tid >= len(cache):  # an id past the tokenizer's vocabulary (a model's padded rows)
-            cache.extend([None] * (tid + 1 - len(cache)))
-        found = cache[tid]
-        if found is None:
-            if self.alone(tid).endswith(REPLACEMENT):
-                found = ()
-            else:
-                token = json_string("token_id:" + str(tid)) if as_token_ids else json_string(self.alone(tid))
-                found = ('{"token":' + token + ',"logprob":', ',"bytes":' + bytes_json(self.alone(tid)))
-            cache[tid] = found
-        return found
 
     def json(self, tid: int) -> str:
         """alone(tid) as a JSON string."""

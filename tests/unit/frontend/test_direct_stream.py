@@ -5,6 +5,7 @@ client that left handed back to the response task."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from typing import Any
@@ -13,7 +14,8 @@ import pytest
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-from protocol import GenerateRequest, RequestOutput, SamplingParams
+from protocol import GenerateRequest, PackedLogprobs, RequestOutput, SamplingParams
+from protocol.logprobs import pack
 from services.frontend.engine_client.inflight import CLIENT_GONE, InFlight, end_of_pass
 from services.frontend.generation.metrics import Metrics
 from services.frontend.generation.output import OutputProcessor
@@ -322,3 +324,59 @@ def test_a_token_out_stream_is_written_from_the_pass_with_the_asgi_path_s_bytes(
     asgi, asgi_sends = asyncio.run(run(False))
     assert direct == asgi and (sends, asgi_sends) == (2, 4)
     assert b'"token_ids":[1879]' in direct and direct.endswith(b"data: [DONE]\n\n")
+
+
+@pytest.mark.parametrize("chat", [True, False], ids=["chat", "completions"])
+def test_a_logprobs_stream_takes_the_plain_path_with_the_asgi_path_s_bytes(model: Model, chat: bool,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tokens with top-2 logprobs between the first and the last never go through process(); one that
+    ends inside a character has no text yet, so its entry goes out with the next token's."""
+    split = model.tokenizer.encode("𓀀", add_special_tokens=False).ids
+    assert len(split) > 1
+    ids = [HELLO, WORLD, *split, COMMA, HELLO]
+
+    def output(tid: int, finish: str | None = None) -> tuple[RequestOutput, list[bytes]]:
+        frame = pack([tid, COMMA, tid], [-0.25, -1e-07, -0.25], [2])
+        return RequestOutput("r1", [tid], finish, packed_logprobs=PackedLogprobs(0, 0, 1, 2)), [frame]
+
+    async def run(direct: bool) -> tuple[bytes, int]:
+        request = EngineRequest(GenerateRequest("r1", [1, 2, 3], SamplingParams(max_tokens=9), time.time()), 9,
+                                OutputOptions(chat=chat, stream=True, include_usage=True, continuous_usage=False,
+                                              stop=(), include_stop_str_in_output=False, skip_special_tokens=True,
+                                              tool_choice="none", response_id="chatcmpl-1", logprobs=2))
+        stream = InFlight("r1", 3, 9)
+        outputs = OutputProcessor(stream, request, tokenizer=model.tokenizer, engines=_Engines(),
+                                  metrics=Metrics("tiny"))
+        processed: list[int] = []
+        process = OutputProcessor.process
+        monkeypatch.setattr(OutputProcessor, "process",
+                            lambda self, outs: processed.append(len(outs)) or process(self, outs))
+        cycle, transport = _cycle()
+        task = asyncio.ensure_future(send_stream(cycle.send, [[outputs]], "tiny", None, cycle if direct else None))
+        for i, tid in enumerate(ids):
+            out, frames = output(tid, "length" if i == len(ids) - 1 else None)
+            stream.feed(out, frames)
+            end_of_pass()
+            if direct and out.finish_reason is None:
+                await _attached(stream)
+            else:
+                for _ in range(5):
+                    await asyncio.sleep(0)
+        await task
+        body, complete = _body(bytes(transport.data))
+        assert complete
+        return body, len(processed)
+
+    direct, processed = asyncio.run(run(True))
+    asgi, _ = asyncio.run(run(False))
+    assert _events(direct) == _events(asgi)
+    assert processed == 2  # the first token and the last: the rest took plain_text()
+    events = [json.loads(e.removeprefix(b"data: ")) for e in direct.split(b"\n\n") if e.startswith(b"data: {")]
+    logprobs = [e["choices"][0]["logprobs"] for e in events if e["choices"] and e["choices"][0]["logprobs"]]
+    if chat:
+        tokens = [[entry["token"] for entry in lp["content"]] for lp in logprobs]
+        assert [alt["token"] for alt in logprobs[0]["content"][0]["top_logprobs"]] == [",", "Hello"]
+    else:
+        tokens = [lp["tokens"] for lp in logprobs]
+    assert tokens == [["Hello"], [" world"], ["", "𓀀"] if len(split) == 2 else [""] * (len(split) - 1) + ["𓀀"],
+                      [","], ["Hello"]]
