@@ -18,24 +18,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from protocol.block_hash import block_hashes
-from protocol.grpc import pb2, pb2_grpc, tensor_messages
+from protocol.grpc import pb2, tensor_messages
 from tests.integration.conftest import SIM
 from tests.support.adapters import fake_adapter
-from tests.support.procs import EngineProc, FrontendProc, free_port_block, start_engine, start_frontend
+from tests.support.grpc_fleet import Fleet
+from tests.support.procs import free_port_block, start_engine, start_frontend
 
 KEY = "grpc-test-key"
 AUTH = (("authorization", f"Bearer {KEY}"),)
 PROMPT = list(range(100, 140))
-
-
-class Fleet:
-    def __init__(self, engine: EngineProc, frontend: FrontendProc, grpc_port: int) -> None:
-        self.engine, self.frontend, self.grpc_port = engine, frontend, grpc_port
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
-        self.inference = pb2_grpc.InferenceStub(self.channel)
-        self.control = pb2_grpc.ControlStub(self.channel)
-        self.rl = pb2_grpc.RlControlStub(self.channel)
-        self.kv = pb2_grpc.KvEventsStub(self.channel)
 
 
 @pytest.fixture(scope="module")

@@ -19,10 +19,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from protocol.block_hash import block_hashes
-from protocol.grpc import pb2, pb2_grpc
+from protocol.grpc import pb2
 from tests.integration.conftest import SIM
+from tests.support.grpc_fleet import Fleet
 from tests.support.h2_client import GRPC_HEADERS, H2Client, Stream, grpc_frame, grpc_messages
-from tests.support.procs import EngineProc, FrontendProc, free_port_block, start_engine, start_frontend
+from tests.support.procs import free_port_block, start_engine, start_frontend
 from tests.support.waiting import until
 
 KEY = "wire-test-key"
@@ -38,16 +39,6 @@ ODD = "50% é\n x"  # non-ASCII, a newline and a percent sign: grpc-message perc
 
 
 Raw = Callable[..., H2Client]  # the `raw` fixture: a new connection, auto_ack= optional
-
-
-class Fleet:
-    def __init__(self, engine: EngineProc, frontend: FrontendProc, grpc_port: int) -> None:
-        self.engine, self.frontend, self.grpc_port = engine, frontend, grpc_port
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
-        self.inference = pb2_grpc.InferenceStub(self.channel)
-        self.control = pb2_grpc.ControlStub(self.channel)
-        self.rl = pb2_grpc.RlControlStub(self.channel)
-        self.kv = pb2_grpc.KvEventsStub(self.channel)
 
 
 @pytest.fixture(scope="module")

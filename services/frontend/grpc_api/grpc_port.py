@@ -377,13 +377,7 @@ class Relayed:
         buffered = self._to_up
         sent = 0
         with contextlib.suppress(h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
-            while buffered:
-                n = min(len(buffered), h2c.local_flow_control_window(self.up_id), h2c.max_outbound_frame_size)
-                if n <= 0:
-                    break
-                h2c.send_data(self.up_id, bytes(buffered[:n]))
-                del buffered[:n]
-                sent += n
+            sent = _send_buffered(h2c, self.up_id, buffered)
             if self._up_end and not buffered:
                 self._up_end = False
                 h2c.end_stream(self.up_id)
@@ -416,13 +410,7 @@ class Relayed:
         buffered = self._to_down
         sent = 0
         try:
-            while buffered:
-                n = min(len(buffered), h2c.local_flow_control_window(self.stream_id), h2c.max_outbound_frame_size)
-                if n <= 0:
-                    break
-                h2c.send_data(self.stream_id, bytes(buffered[:n]))
-                del buffered[:n]
-                sent += n
+            sent = _send_buffered(h2c, self.stream_id, buffered)
             if self._down_end is not None and not buffered:
                 if self._down_end:
                     h2c.send_headers(self.stream_id, self._down_end, end_stream=True)
@@ -460,6 +448,20 @@ class Relayed:
         self.down.forget(self)
         if self.up is not None:
             self.up.forget(self)
+
+
+def _send_buffered(h2c: h2.connection.H2Connection, stream_id: int, buffered: bytearray) -> int:
+    """As much of `buffered` as the stream's and the connection's windows take, in frames the peer takes,
+    taken from it; the bytes sent."""
+    sent = 0
+    while buffered:
+        n = min(len(buffered), h2c.local_flow_control_window(stream_id), h2c.max_outbound_frame_size)
+        if n <= 0:
+            break
+        h2c.send_data(stream_id, bytes(buffered[:n]))
+        del buffered[:n]
+        sent += n
+    return sent
 
 
 class Upstream(asyncio.Protocol):
