@@ -1,0 +1,115 @@
+"""The frontend's gRPC port (services/frontend/grpc_api/grpc_port.py, native_call.py) against hostile or odd
+clients on the wire (tests/support/h2_client.py): one sim rank, a frontend with --grpc-port, --api-key and a
+256 KiB --max-body-bytes. Each test is one abuse, then a check that the port still serves and holds nothing."""
+from __future__ import annotations
+
+import gzip
+import struct
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from protocol.grpc import pb2, pb2_grpc
+from tests.integration.conftest import SIM
+from tests.support.h2_client import GRPC_HEADERS, H2Client, grpc_frame
+from tests.support.procs import EngineProc, FrontendProc, free_port_block, start_engine, start_frontend
+from tests.support.waiting import until
+
+KEY = "abuse-test-key"
+AUTH = (("authorization", f"Bearer {KEY}"),)
+HEADERS = (*GRPC_HEADERS, *AUTH)
+LIMIT = 256 * 1024  # --max-body-bytes
+GENERATE = "/fleet.v1.Inference/Generate"
+REQUEST = pb2.GenerateRequest(token_ids=list(range(100, 140)),
+                              sampling_params=pb2.SamplingParams(max_tokens=4, temperature=0.0)).SerializeToString()
+
+Raw = Callable[..., H2Client]
+
+
+class Fleet:
+    def __init__(self, engine: EngineProc, frontend: FrontendProc, grpc_port: int) -> None:
+        self.engine, self.frontend, self.grpc_port = engine, frontend, grpc_port
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
+        self.control = pb2_grpc.ControlStub(self.channel)
+
+    def in_flight(self) -> int:
+        return sum(r.in_flight for r in self.control.GetLoads(pb2.GetLoadsRequest(), metadata=AUTH, timeout=10).ranks)
+
+    def memory_mib(self, field: str) -> int:
+        """The frontend process's VmRSS or VmHWM (peak RSS), in MiB (API server 0 serves the gRPC port)."""
+        for line in Path(f"/proc/{self.frontend.proc.pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) // 1024
+        raise AssertionError(f"no {field} in /proc/{self.frontend.proc.pid}/status")
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    tmp = tmp_path_factory.mktemp("grpc-abuse")
+    engine = start_engine(tmp, *SIM, "--sim-decode-ms", "1")
+    grpc_port = free_port_block(1, spread=0)
+    try:
+        fe = start_frontend(tmp, "--data-parallel-size-local", "0", "--engine-addresses", engine.endpoint(),
+                            "--grpc-port", str(grpc_port), "--api-key", KEY, "--max-body-bytes", str(LIMIT))
+        try:
+            f = Fleet(engine, fe, grpc_port)
+            yield f
+            f.channel.close()
+        finally:
+            fe.stop()
+    finally:
+        engine.stop()
+
+
+@pytest.fixture
+def raw(fleet: Fleet) -> Iterator[Raw]:
+    clients: list[H2Client] = []
+
+    def connect(*, auto_ack: bool = True) -> H2Client:
+        clients.append(H2Client(fleet.grpc_port, auto_ack=auto_ack))
+        return clients[-1]
+
+    yield connect
+    for c in clients:
+        c.close()
+
+
+def _still_serves(fleet: Fleet, c: H2Client) -> None:
+    """A normal Generate on the same connection answers OK, and nothing is left in flight."""
+    sid = c.request(GENERATE, grpc_frame(REQUEST), headers=HEADERS)
+    c.wait("a normal call after the abuse", lambda: c.streams[sid].closed)
+    assert c.streams[sid].status.get("grpc-status") == "0", c.streams[sid].status
+    until("nothing in flight", lambda: True if fleet.in_flight() == 0 else None, 10, 0.05)
+
+
+def test_a_body_past_the_limit_behind_a_small_length_prefix_is_refused_before_it_ends(fleet: Fleet, raw: Raw) -> None:
+    """The length prefix says 10 bytes; the client then sends 4x --max-body-bytes and never ends the stream.
+    NativeCall.on_data checks only the first prefix and appends every DATA frame to the body (each one
+    acknowledged at once), so the port buffers whatever the client sends, without bound, until END_STREAM.
+    Expected: once the body is past one message of the limit (5 + LIMIT bytes) the call ends with an error
+    (RESOURCE_EXHAUSTED or INTERNAL) and the bytes are dropped. Actual: no answer, the body kept."""
+    c = raw()
+    sid = c.request(GENERATE, struct.pack(">BI", 0, 10) + b"\0" * (4 * LIMIT), headers=HEADERS, end=False)
+    c.wait("the call refused while the client still sends", lambda: c.streams[sid].closed, 5)
+    assert c.streams[sid].status.get("grpc-status") in ("8", "13"), c.streams[sid].status
+    _still_serves(fleet, c)
+
+
+def test_a_compressed_request_is_not_decompressed_past_the_message_limit(fleet: Fleet, raw: Raw) -> None:
+    """A gzip "bomb": 250 MiB of zeros compress to ~250 KiB, under the 256 KiB limit. NativeCall._message
+    runs gzip.decompress on the whole message and only then compares its size with the limit, so one small
+    request makes the frontend allocate 250 MiB (and a few such at once, gigabytes). grpc's own server
+    stops decompressing at the receive limit. Expected: RESOURCE_EXHAUSTED and the frontend's peak RSS
+    (VmHWM) grows by far less than the bomb; actual: it grows by ~250 MiB or more."""
+    bomb = gzip.compress(b"\0" * (250 << 20))
+    assert len(bomb) < LIMIT
+    peak = fleet.memory_mib("VmHWM")
+    c = raw()
+    sid = c.request(GENERATE, grpc_frame(bomb, compressed=True), headers=(*HEADERS, ("grpc-encoding", "gzip")))
+    c.wait("the bomb refused", lambda: c.streams[sid].closed, 20)
+    assert c.streams[sid].status.get("grpc-status") == "8", c.streams[sid].status
+    grew = fleet.memory_mib("VmHWM") - peak
+    assert grew < 64, f"the frontend's peak RSS grew {grew} MiB for a {len(bomb)}-byte request"
+    _still_serves(fleet, c)
