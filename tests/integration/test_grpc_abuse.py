@@ -148,3 +148,22 @@ def test_a_relayed_stream_to_a_client_that_never_reads_is_held_to_its_windows(fl
     assert grew < 128, f"the frontend's RSS grew {grew} MiB for a client that never reads"
     c.close()
     until("the relayed stream gone", lambda: True if fleet.in_flight() == 0 else None, 10, 0.05)
+
+
+
+@pytest.mark.parametrize("kind", [0x0, 0x7], ids=["data", "goaway"])
+def test_a_frame_head_past_the_max_frame_size_closes_the_connection_at_once(fleet: Fleet, raw: Raw, kind: int) -> None:
+    """A frame head (DATA, or GOAWAY) claiming 16 MiB of payload; the port's SETTINGS_MAX_FRAME_SIZE is 1 MiB.
+    h2 (4.4) checks a frame's length only once the whole frame is buffered, and GoawayFilter holds a GOAWAY's
+    bytes until all of it is here (re-joined, `self._held + data`, on every read), so each connection can
+    make the port hold 16 MiB of junk, every frame behind it (here a PING) swallowed meanwhile. The filter
+    already reads every frame head. Expected: FRAME_SIZE_ERROR and the connection closed as soon as the
+    head is read; actual: it stays open, the bytes held."""
+    c = raw()
+    c.pump(0.2)
+    try:
+        c.sock.sendall(struct.pack(">IBI", 0xFFFFFF << 8 | kind, 0, 0 if kind == 0x7 else 1) + b"\0" * (2 << 20))
+        c.ping(b"afterall")
+    except (BrokenPipeError, ConnectionResetError):
+        return  # closed while the junk was still going: as it should
+    c.wait("the connection closed", lambda: c.eof, 3)
