@@ -167,3 +167,24 @@ def test_a_frame_head_past_the_max_frame_size_closes_the_connection_at_once(flee
     except (BrokenPipeError, ConnectionResetError):
         return  # closed while the junk was still going: as it should
     c.wait("the connection closed", lambda: c.eof, 3)
+
+
+def test_a_malformed_request_header_fails_its_own_stream_not_the_connection(fleet: Fleet, raw: Raw) -> None:
+    """A GenerateStream runs; on the same connection a second call's HEADERS carry an uppercase header name
+    (RFC 9113 8.2.1: a malformed request, a stream error). h2 raises ProtocolError out of receive_data for
+    the whole batch, and Connection.data_received closes the connection, so the running stream dies with it
+    (its engine request aborted). grpc.aio answers only the bad stream (INTERNAL, "Illegal header key") and
+    the other calls go on; so do "connection: close" and "te: gzip". Expected: the running stream ends OK
+    on a connection still open; actual: the connection is closed."""
+    c = raw()
+    running = c.request("/fleet.v1.Inference/GenerateStream", grpc_frame(pb2.GenerateRequest(
+        token_ids=list(range(100, 140)), sampling_params=pb2.SamplingParams(max_tokens=200, temperature=0.0,
+                                                                            ignore_eos=True)).SerializeToString()),
+        headers=HEADERS)
+    c.wait("the running stream's first message", lambda: len(c.streams[running].data) > 0)
+    c.conn.config.validate_outbound_headers = False  # let the client send what h2 would refuse to
+    c.conn.config.normalize_outbound_headers = False
+    c.request(GENERATE, grpc_frame(REQUEST), headers=(*HEADERS, ("X-Upper", "v")))
+    c.wait("the running stream's end", lambda: c.streams[running].closed, 10)
+    assert c.streams[running].status.get("grpc-status") == "0", c.streams[running].status
+    _still_serves(fleet, c)
