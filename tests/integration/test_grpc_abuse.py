@@ -92,8 +92,8 @@ def test_a_body_past_the_limit_behind_a_small_length_prefix_is_refused_before_it
     """The length prefix says 10 bytes; the client then sends 4x --max-body-bytes and never ends the stream.
     NativeCall.on_data checks only the first prefix and appends every DATA frame to the body (each one
     acknowledged at once), so the port buffers whatever the client sends, without bound, until END_STREAM.
-    Expected: once the body is past one message of the limit (5 + LIMIT bytes) the call ends with an error
-    (RESOURCE_EXHAUSTED or INTERNAL) and the bytes are dropped. Actual: no answer, the body kept."""
+    Held now: once the body is past one message of the limit (5 + LIMIT bytes) the call ends with an error
+    (RESOURCE_EXHAUSTED or INTERNAL) and the bytes are dropped. Before the fix: no answer, the body kept."""
     c = raw()
     sid = c.request(GENERATE, struct.pack(">BI", 0, 10) + b"\0" * (4 * LIMIT), headers=HEADERS, end=False)
     c.wait("the call refused while the client still sends", lambda: c.streams[sid].closed, 3)
@@ -105,8 +105,8 @@ def test_a_compressed_request_is_not_decompressed_past_the_message_limit(fleet: 
     """A gzip "bomb": 250 MiB of zeros compress to ~250 KiB, under the 256 KiB limit. NativeCall._message
     runs gzip.decompress on the whole message and only then compares its size with the limit, so one small
     request makes the frontend allocate 250 MiB (and a few such at once, gigabytes). grpc's own server
-    stops decompressing at the receive limit. Expected: RESOURCE_EXHAUSTED and the frontend's peak RSS
-    (VmHWM) grows by far less than the bomb; actual: it grows by ~250 MiB or more."""
+    stops decompressing at the receive limit. Held now: RESOURCE_EXHAUSTED and the frontend's peak RSS
+    (VmHWM) grows by far less than the bomb. Before the fix: it grows by ~250 MiB or more."""
     bomb = gzip.compress(b"\0" * (250 << 20))
     assert len(bomb) < LIMIT
     peak = fleet.memory_mib("VmHWM")
@@ -125,8 +125,8 @@ def test_a_relayed_stream_to_a_client_that_never_reads_is_held_to_its_windows(fl
     reads a byte. Relayed.flush_down writes grpc.aio's answers to the client's transport whenever the
     client's windows allow, ignoring Connection.paused (the transport's buffer is full), and acknowledges
     them to grpc.aio at once, so grpc.aio never stops: the frontend buffers every answer, ~25 MB a second
-    without bound. Expected: the relay stops taking grpc.aio's bytes while the transport is paused (grpc.aio's
-    own windows then hold it), the frontend's RSS stays within tens of MiB; actual: it grows past 96 MiB
+    without bound. Held now: the relay stops taking grpc.aio's bytes while the transport is paused (grpc.aio's
+    own windows then hold it), the frontend's RSS stays within tens of MiB. Before the fix: it grows past 96 MiB
     in seconds and keeps going."""
     c = raw(auto_ack=False)
     c.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 2**31 - 1})
@@ -158,8 +158,8 @@ def test_a_frame_head_past_the_max_frame_size_closes_the_connection_at_once(flee
     h2 (4.4) checks a frame's length only once the whole frame is buffered, and GoawayFilter holds a GOAWAY's
     bytes until all of it is here (re-joined, `self._held + data`, on every read), so each connection can
     make the port hold 16 MiB of junk, every frame behind it (here a PING) swallowed meanwhile. The filter
-    already reads every frame head. Expected: FRAME_SIZE_ERROR and the connection closed as soon as the
-    head is read; actual: it stays open, the bytes held."""
+    already reads every frame head. Held now: FRAME_SIZE_ERROR and the connection closed as soon as the
+    head is read. Before the fix: it stays open, the bytes held."""
     c = raw()
     c.pump(0.2)
     try:
@@ -175,8 +175,8 @@ def test_a_malformed_request_header_fails_its_own_stream_not_the_connection(flee
     (RFC 9113 8.2.1: a malformed request, a stream error). h2 raises ProtocolError out of receive_data for
     the whole batch, and Connection.data_received closes the connection, so the running stream dies with it
     (its engine request aborted). grpc.aio answers only the bad stream (INTERNAL, "Illegal header key") and
-    the other calls go on; so do "connection: close" and "te: gzip". Expected: the running stream ends OK
-    on a connection still open; actual: the connection is closed."""
+    the other calls go on; so do "connection: close" and "te: gzip". Held now: the running stream ends OK
+    on a connection still open. Before the fix: the connection is closed."""
     c = raw()
     running = c.request("/fleet.v1.Inference/GenerateStream", grpc_frame(pb2.GenerateRequest(
         token_ids=list(range(100, 140)), sampling_params=pb2.SamplingParams(max_tokens=200, temperature=0.0,
@@ -196,8 +196,8 @@ def test_a_ping_flood_is_cut_off_not_answered_ping_by_ping(fleet: Fleet, raw: Ra
     every one, on API server 0's event loop, which also serves HTTP and every stream: while one client
     floods, /health on the frontend's HTTP port takes ~10 s instead of ~1 ms (measured by hand, 5 requests,
     median). grpc's own server allows two pings without data (grpc.http2.max_ping_strikes) then sends
-    GOAWAY ENHANCE_YOUR_CALM "too_many_pings" and closes. Expected: the port cuts the connection off long
-    before answering them all; actual: 50,000 PING ACKs."""
+    GOAWAY ENHANCE_YOUR_CALM "too_many_pings" and closes. Held now: the port cuts the connection off long
+    before answering them all. Before the fix: 50,000 PING ACKs."""
     c = raw()
     c.pump(0.2)
     flood = struct.pack(">IBI", 8 << 8 | 0x6, 0, 0) + b"floodpng"

@@ -1,7 +1,8 @@
 """The frontend's gRPC port as a client sees it on the wire (one sim rank, a frontend with --grpc-port,
---api-key and a 256 KiB --max-body-bytes): the official client on GenerateStream and on relayed calls
-(Generate, Control, KvEvents, UpdateWeights), then raw HTTP/2 frames (tests/support/h2_client.py). Black-box:
-whatever serves the port must keep these answers."""
+--api-key and a 256 KiB --max-body-bytes): the official client on the native calls (GenerateStream,
+Generate) and on relayed ones (Control, KvEvents, UpdateWeights), then raw HTTP/2 frames
+(tests/support/h2_client.py). Black-box, written against grpc.aio before the port served it: whatever
+serves the port must keep these answers."""
 from __future__ import annotations
 
 import gzip
@@ -140,7 +141,7 @@ def test_a_stream_equals_the_http_token_in_route(fleet: Fleet) -> None:
     assert chunks[-1].usage.completion_tokens == 24
 
 
-def test_a_relayed_unary_call_equals_the_http_token_in_route(fleet: Fleet) -> None:
+def test_a_unary_call_equals_the_http_token_in_route(fleet: Fleet) -> None:
     sampling = {"max_tokens": 24, "temperature": 0.8, "seed": 8}
     resp = fleet.inference.Generate(_req(return_text=True, sampling=sampling), metadata=AUTH, timeout=30)
     choice = _http(fleet, {"token_ids": PROMPT, "return_text": True, "sampling_params": sampling})["choices"][0]
@@ -241,7 +242,7 @@ def test_a_deadline_shorter_than_the_stream_ends_it_at_the_engine(fleet: Fleet) 
     assert 0 < len(_tokens(got)) < 3000
 
 
-def test_a_deadline_ends_a_relayed_unary_call_at_the_engine(fleet: Fleet) -> None:
+def test_a_deadline_ends_a_unary_call_at_the_engine(fleet: Fleet) -> None:
     future = fleet.inference.Generate.future(_req(sampling=LONG), metadata=AUTH, timeout=1.0)
     _in_flight(fleet, 1)
     with _frozen(fleet):
@@ -265,7 +266,7 @@ def test_cancelling_a_stream_mid_way_ends_the_engine_request(fleet: Fleet) -> No
     assert call.code() == grpc.StatusCode.CANCELLED
 
 
-def test_cancelling_a_relayed_unary_call_ends_the_engine_request(fleet: Fleet) -> None:
+def test_cancelling_a_unary_call_ends_the_engine_request(fleet: Fleet) -> None:
     future = fleet.inference.Generate.future(_req(sampling=LONG), metadata=AUTH, timeout=30)
     _in_flight(fleet, 1)
     with _frozen(fleet):
@@ -397,7 +398,7 @@ def test_raw_a_stream_is_headers_then_data_of_whole_messages_then_trailers(fleet
     assert _tokens(got) == _tokens(fleet.inference.GenerateStream(_req(sampling={"max_tokens": 20}),
                                                                   metadata=AUTH, timeout=10))
     assert got[-1].finish_reason == "length"
-    unary = _raw_call(client, GENERATE, _req(sampling={"max_tokens": 20}))  # relayed: the same shape, one message
+    unary = _raw_call(client, GENERATE, _req(sampling={"max_tokens": 20}))  # unary: the same shape, one message
     assert unary.frames[0] == "headers" and unary.frames[-1] == "trailers" and unary.trailers == s.trailers
     assert len(_responses(unary)) == 1 and _tokens(_responses(unary)) == _tokens(got)
 

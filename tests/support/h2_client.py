@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import h2.config
 import h2.connection
 import h2.events
+import h2.exceptions
 import h2.settings
 import hyperframe.frame
 
@@ -92,17 +93,21 @@ class H2Client:
         return sid
 
     def send(self, sid: int, body: bytes, *, end: bool = False) -> None:
-        """`body` on the stream, as the server's windows allow (pumping for WINDOW_UPDATEs meanwhile)."""
-        while body:
-            room = min(self.conn.local_flow_control_window(sid), self.conn.max_outbound_frame_size)
-            if room == 0:
-                self.pump(1.0)
-                continue
-            self.conn.send_data(sid, body[:room])
-            body = body[room:]
-            self.flush()
-        if end:
-            self.conn.end_stream(sid)
+        """`body` on the stream, as the server's windows allow (pumping for WINDOW_UPDATEs meanwhile); the
+        rest dropped once the server has ended or reset the stream (it answered before reading it all)."""
+        try:
+            while body:
+                room = min(self.conn.local_flow_control_window(sid), self.conn.max_outbound_frame_size)
+                if room == 0:
+                    self.pump(1.0)
+                    continue
+                self.conn.send_data(sid, body[:room])
+                body = body[room:]
+                self.flush()
+            if end:
+                self.conn.end_stream(sid)
+        except h2.exceptions.StreamClosedError:
+            pass
         self.flush()
 
     def ack(self, sid: int) -> None:

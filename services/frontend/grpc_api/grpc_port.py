@@ -37,7 +37,11 @@ CONNECTION_WINDOW = 16 << 20
 MAX_FRAME = 1 << 20  # the largest frame we take: fewer frames to parse when a call sends megabytes
 MAX_STREAMS = 1 << 16  # per connection; grpc.aio's own bound is higher still
 _FRAME = struct.Struct(">IBI")  # a frame's head: length << 8 | type, flags, stream id
-_GOAWAY = 0x7
+_HEADERS, _SETTINGS, _PING, _GOAWAY = 0x1, 0x4, 0x6, 0x7
+_CONTROL = (_SETTINGS, _PING)
+_ACK = 0x1
+_FRAME_SIZE_ERROR, _ENHANCE_YOUR_CALM = 0x6, 0xB
+MAX_CONTROL_FRAMES = 100  # PINGs and SETTINGS in a row with no HEADERS or DATA: past it, a flood
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 SHUTTING_DOWN = "the frontend is shutting down; send the request to another replica"
 
@@ -84,14 +88,16 @@ class Connection(asyncio.Protocol):
 
     def __init__(self, port: GrpcPort) -> None:
         self.port = port
-        self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding=None))
+        # Headers are checked per stream here (header_fault): h2's own check fails the whole connection.
+        self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(
+            client_side=False, header_encoding=None, validate_inbound_headers=False))
         self.transport: asyncio.Transport | None = None
         self.paused = False  # the transport's buffer is full (a slow reader)
         self.calls: dict[int, NativeCall | Relayed] = {}
         self._waiters: list[asyncio.Future[None]] = []
         # Connections to grpc.aio, the newest taking new relayed calls (one that said GOAWAY takes none).
         self._upstreams: list[Upstream] = []
-        self._goaway = GoawayFilter(len(_PREFACE))
+        self._frames = FrameWatch(len(_PREFACE), MAX_FRAME, MAX_CONTROL_FRAMES)
 
     # ---- asyncio.Protocol ----
 
@@ -127,7 +133,15 @@ class Connection(asyncio.Protocol):
         self._wake()
 
     def data_received(self, data: bytes) -> None:
-        data, codes = self._goaway.feed(data)
+        try:
+            data, codes = self._frames.feed(data)
+        except FrameFault as fault:
+            log.info("gRPC port: closing a connection: %s", fault.why)
+            with contextlib.suppress(h2.exceptions.ProtocolError):
+                self.h2.close_connection(error_code=fault.code, additional_data=fault.why.encode())
+            self.flush()
+            self.close()
+            return
         if any(codes):
             log.debug("gRPC port: a client's GOAWAY with error code %d; closing its connection", max(codes))
             self.close()
@@ -183,6 +197,13 @@ class Connection(asyncio.Protocol):
                 encoding = value
             elif name == b"te":
                 trailers = value == b"trailers"
+        fault = header_fault(headers)
+        if fault is not None:  # this stream alone is refused, as grpc.aio refuses it
+            status = str(grpc.StatusCode.INTERNAL.value[0]).encode()
+            self.send_headers(stream_id, [(b":status", b"200"), (b"content-type", b"application/grpc"),
+                                          (b"grpc-status", status), (b"grpc-message", fault.encode())],
+                              end_stream=True, reset=not ended)
+            return
         call: NativeCall | Relayed
         native = NATIVE.get(path) if path is not None else None
         # Served here: a well-formed call of a native method. Anything odd goes to grpc.aio, which answers it.
@@ -281,19 +302,33 @@ class Connection(asyncio.Protocol):
             self.transport.close()
 
 
-class GoawayFilter:
-    """A peer's bytes without its GOAWAY frames. A GOAWAY says the peer opens no more streams, its running
-    ones going on (RFC 9113 6.8: a client leaving, grpc.aio draining), but h2 takes no frame after one,
-    so those would die: it never reaches h2, and feed() says what each one's error code was. A frame's
-    head split between reads is held back until it is whole, a GOAWAY until all of it is here."""
+class FrameFault(Exception):
+    """A peer broke a rule the frame heads show: the connection ends with this HTTP/2 error code."""
 
-    def __init__(self, preface: int) -> None:
+    def __init__(self, code: int, why: str) -> None:
+        super().__init__(why)
+        self.code, self.why = code, why
+
+
+class FrameWatch:
+    """A peer's bytes as they pass to h2, their frame heads read on the way. GOAWAY frames are taken out:
+    a GOAWAY says the peer opens no more streams, its running ones going on (RFC 9113 6.8: a client
+    leaving, grpc.aio draining), but h2 takes no frame after one, so those would die; feed() says each
+    one's error code. FrameFault for a frame past the largest we take (h2 would wait for all of it) and
+    for more than `max_control` PING or SETTINGS frames with no HEADERS or DATA between (a flood,
+    each answered on the event loop). A frame's head split between reads is held back until it is
+    whole, a GOAWAY until all of it is here."""
+
+    def __init__(self, preface: int, max_frame: int, max_control: int | None = None) -> None:
         self._preface = preface  # bytes of the client's preface yet to pass
+        self._max_frame = max_frame
+        self._max_control = max_control
+        self._control = 0  # PING and SETTINGS frames since the last HEADERS or DATA
         self._left = 0  # bytes of the current frame's payload yet to pass
         self._held = b""  # the start of a frame whose head (or GOAWAY) is not whole yet
 
     def feed(self, data: bytes) -> tuple[bytes, list[int]]:
-        """The bytes to give h2, and the error codes of the GOAWAYs taken out."""
+        """The bytes to give h2, and the error codes of the GOAWAYs taken out. Raises FrameFault."""
         if self._held:
             data, self._held = self._held + data, b""
         n = len(data)
@@ -312,7 +347,17 @@ class GoawayFilter:
                 self._held = data[pos:]
                 break
             length = int.from_bytes(data[pos:pos + 3], "big")
-            if data[pos + 3] != _GOAWAY:
+            kind = data[pos + 3]
+            if length > self._max_frame:
+                raise FrameFault(_FRAME_SIZE_ERROR, f"a frame of {length} bytes; the largest taken is "
+                                                    f"{self._max_frame}")
+            if kind in _CONTROL and not data[pos + 4] & _ACK and self._max_control is not None:
+                self._control += 1
+                if self._control > self._max_control:
+                    raise FrameFault(_ENHANCE_YOUR_CALM, "too_many_pings")
+            elif kind <= _HEADERS:
+                self._control = 0
+            if kind != _GOAWAY:
                 self._left = length
                 pos += 9
                 continue
@@ -331,6 +376,31 @@ class GoawayFilter:
         return b"".join(kept), codes
 
 
+# A request's headers that HTTP/2 forbids (RFC 9113 8.2): a connection-specific field, an upper-case name.
+_CONNECTION_FIELDS = {b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"}
+_PSEUDO = {b":method", b":scheme", b":path", b":authority"}
+
+
+def header_fault(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """What is wrong with a request's header list, or None (h2's inbound checks, made per stream)."""
+    seen: set[bytes] = set()
+    regular = False
+    for name, value in headers:
+        if name[:1] == b":":
+            if regular or name not in _PSEUDO or name in seen:
+                return f"Illegal header key {name.decode(errors='replace')!r}: a pseudo-header misplaced"
+            seen.add(name)
+            continue
+        regular = True
+        if not name or name != name.lower():
+            return f"Illegal header key {name.decode(errors='replace')!r}: names are lower case"
+        if name in _CONNECTION_FIELDS or (name == b"te" and value != b"trailers"):
+            return f"Illegal header key {name.decode(errors='replace')!r}: a connection-specific field"
+    if not {b":method", b":scheme", b":path"} <= seen:
+        return "a request needs :method, :scheme and :path"
+    return None
+
+
 class Relayed:
     """A call relayed to grpc.aio: the client's HEADERS, DATA and end passed on as they come, grpc.aio's
     response passed back; each side's bytes acknowledged to its sender once the other side took them."""
@@ -340,6 +410,7 @@ class Relayed:
         self.up: Upstream | None = None
         self.up_id = 0  # grpc.aio's stream, once opened
         self.closed = False
+        self._finished = False  # _done() ran
         self.started = False  # grpc.aio's response HEADERS passed on
         self._to_up = bytearray()  # the client's bytes grpc.aio's window has no room for yet
         self._up_owed = 0  # the client's flow-controlled bytes not yet acknowledged
@@ -362,9 +433,9 @@ class Relayed:
         self.flush_up()
 
     def on_reset(self, code: int) -> None:
-        self.closed = True
         if self.up is not None:
             self.up.reset(self, code)
+        self._done()
 
     def on_lost(self) -> None:
         self.closed = True
@@ -410,7 +481,8 @@ class Relayed:
         buffered = self._to_down
         sent = 0
         try:
-            sent = _send_buffered(h2c, self.stream_id, buffered)
+            if not self.down.paused:  # a slow reader: grpc.aio's bytes wait, unacknowledged, in its window
+                sent = _send_buffered(h2c, self.stream_id, buffered)
             if self._down_end is not None and not buffered:
                 if self._down_end:
                     h2c.send_headers(self.stream_id, self._down_end, end_stream=True)
@@ -444,7 +516,19 @@ class Relayed:
             self._done()
 
     def _done(self) -> None:
-        self.closed = True
+        """The call is over here: what each side sent that the other never took is given back to its
+        sender's window (else a connection's window shrinks by each call that ends mid-way)."""
+        if self._finished:
+            return
+        self._finished = self.closed = True
+        if self._up_owed:
+            self.down.h2.acknowledge_received_data(self._up_owed, self.stream_id)
+            self._up_owed = 0
+        self._to_up.clear()
+        if self._down_owed and self.up is not None and self.up_id:
+            self.up.acknowledge(self, self._down_owed)
+            self._down_owed = 0
+        self._to_down.clear()
         self.down.forget(self)
         if self.up is not None:
             self.up.forget(self)
@@ -475,7 +559,7 @@ class Upstream(asyncio.Protocol):
         self._waiting: list[Relayed] = []
         self._gone: str | None = None  # why no more calls can go up
         self.draining = False  # grpc.aio said GOAWAY here: the running calls go on, new ones go elsewhere
-        self._goaway = GoawayFilter(0)
+        self._frames = FrameWatch(0, h2.settings.Settings(client=True).max_frame_size)
         self._connect: asyncio.Task[Any] | None = asyncio.get_running_loop().create_task(self._dial(path))
 
     async def _dial(self, path: str) -> None:
@@ -539,7 +623,12 @@ class Upstream(asyncio.Protocol):
         call.flush_up()
 
     def data_received(self, data: bytes) -> None:
-        data, codes = self._goaway.feed(data)
+        try:
+            data, codes = self._frames.feed(data)
+        except FrameFault as fault:
+            self._lost(f"the frontend's gRPC services broke HTTP/2: {fault.why}")
+            self.close()
+            return
         if codes:  # grpc.aio stopping, or done with this connection: the running calls go on here
             self.draining = True
         try:

@@ -6,10 +6,8 @@ event loop."""
 from __future__ import annotations
 
 import asyncio
-import gzip
 import logging
 import zlib
-from collections.abc import Callable
 from typing import Any, Protocol
 from urllib.parse import quote
 
@@ -27,8 +25,9 @@ log = logging.getLogger(__name__)
 
 # grpc-timeout's units (the gRPC over HTTP/2 spec): hours, minutes, seconds, milli-, micro-, nanoseconds.
 _UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-3, ord("u"): 1e-6, ord("n"): 1e-9}
-_DECOMPRESS: dict[bytes, Callable[[bytes], bytes]] = {b"gzip": gzip.decompress, b"deflate": zlib.decompress}
-ENCODINGS = (b"identity", *_DECOMPRESS)
+_WBITS = {b"gzip": 31, b"deflate": 15}  # zlib's window bits for each grpc-encoding's format
+ENCODINGS = (b"identity", *_WBITS)
+ONE_MESSAGE = "the request must be one message (GenerateRequest), whole"
 # What the spec leaves unescaped in grpc-message: printable ASCII but "%" (urllib's quote keeps
 # letters, digits and "_.-~" on its own).
 _PLAIN = " !\"#$&'()*+,/:;<=>?@[\\]^`{|}"
@@ -115,6 +114,8 @@ class NativeCall:
             if size > self._limit:
                 self.finish(grpc.StatusCode.RESOURCE_EXHAUSTED,
                             f"Received message larger than max ({size} vs. {self._limit})")
+            elif len(body) > 5 + size:  # past its one message: never held past the limit
+                self.finish(grpc.StatusCode.INTERNAL, ONE_MESSAGE)
 
     def on_end(self) -> None:
         self.remote_ended = True
@@ -128,28 +129,34 @@ class NativeCall:
         """The one request message, decompressed; None after answering a malformed body."""
         body = self._body
         if len(body) < 5 or len(body) != 5 + int.from_bytes(body[1:5], "big"):
-            self.finish(grpc.StatusCode.INTERNAL, "the request must be one message (GenerateRequest), whole")
+            self.finish(grpc.StatusCode.INTERNAL, ONE_MESSAGE)
             return None
         message = bytes(body[5:])
         self._body = bytearray()
         if body[0] == 0:
             return message
-        decompress = _DECOMPRESS.get(self._encoding)
-        if decompress is None:
+        wbits = _WBITS.get(self._encoding)
+        if wbits is None:
             self.finish(grpc.StatusCode.INTERNAL, f"a compressed message with grpc-encoding "
                                                   f"{self._encoding.decode(errors='replace')!r}: supported: "
                                                   f"{', '.join(e.decode() for e in ENCODINGS)}")
             return None
+        # Inflated no further than the limit: a small bomb must not take the memory it unpacks to.
+        inflate = zlib.decompressobj(wbits)
         try:
-            message = decompress(message)
-        except (OSError, zlib.error, EOFError) as exc:
+            plain = inflate.decompress(message, self._limit + 1)
+        except zlib.error as exc:
             self.finish(grpc.StatusCode.INTERNAL, f"the request message does not decompress: {exc}")
             return None
-        if len(message) > self._limit:
+        if len(plain) > self._limit:
             self.finish(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                        f"Received message larger than max ({len(message)} vs. {self._limit})")
+                        f"Received message larger than max (more than {self._limit} bytes decompressed vs. "
+                        f"{self._limit})")
             return None
-        return message
+        if not inflate.eof:
+            self.finish(grpc.StatusCode.INTERNAL, "the request message does not decompress: it is cut short")
+            return None
+        return plain
 
     def on_reset(self, code: int) -> None:
         """The client reset the stream (it cancelled the call)."""

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from services.frontend.grpc_api.grpc_port import _PREFACE, Connection, GoawayFilter
+from services.frontend.grpc_api.grpc_port import _PREFACE, Connection, FrameWatch
 
 
 def _frame(kind: int, payload: bytes, stream: int = 0, flags: int = 0) -> bytes:
@@ -32,7 +32,7 @@ class _Closing(Connection):
         self.closed += 1
 
 
-def _through(frames: GoawayFilter, stream: bytes, cuts: list[int]) -> tuple[bytes, list[int]]:
+def _through(frames: FrameWatch, stream: bytes, cuts: list[int]) -> tuple[bytes, list[int]]:
     out, codes, last = [], [], 0
     for cut in [*cuts, len(stream)]:
         passed, seen = frames.feed(stream[last:cut])
@@ -47,9 +47,9 @@ def test_every_split_passes_all_but_the_goaway(preface: bytes) -> None:
     stream = preface + SETTINGS + HEADERS + DATA + GOAWAY + WINDOW + DATA + BAD_GOAWAY
     expected = preface + SETTINGS + HEADERS + DATA + WINDOW + DATA
     for cut in range(len(stream) + 1):
-        assert _through(GoawayFilter(len(preface)), stream, [cut]) == (expected, [0, 2]), cut
+        assert _through(FrameWatch(len(preface), 1 << 20), stream, [cut]) == (expected, [0, 2]), cut
     for step in (1, 2, 5, 9, 13):
-        assert _through(GoawayFilter(len(preface)), stream, list(range(step, len(stream), step))) == (
+        assert _through(FrameWatch(len(preface), 1 << 20), stream, list(range(step, len(stream), step))) == (
             expected, [0, 2]), step
 
 

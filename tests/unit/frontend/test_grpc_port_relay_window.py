@@ -65,9 +65,9 @@ def test_a_reset_relayed_call_gives_back_the_connection_window_its_unsent_bytes_
     """Relayed.on_reset (grpc_port.py) drops the call's buffered bytes (_to_up) without acknowledging
     _up_owed to the client's connection, so every relayed call reset while grpc.aio was slow to read takes
     up to a stream window (4 MiB) out of the connection window (16 MiB) for good: after four, nothing on
-    that connection can send a byte (every call on it hangs). Expected: after the resets the port grants
+    that connection can send a byte (every call on it hangs). Held now: after the resets the port grants
     the bytes back (h2 sends WINDOW_UPDATE once half the window is consumed), so the client's connection
-    window is back above half; actual: it stays near 0."""
+    window is back above half. Before the fix: it stays near 0."""
     async def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             inner = str(Path(tmp) / "grpc.sock")
