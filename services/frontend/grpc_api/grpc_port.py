@@ -260,19 +260,8 @@ class Connection(asyncio.Protocol):
 
     def write_data(self, stream_id: int, data: bytes) -> None:
         """DATA frames written by hand, h2 told of the windows they use (room() bytes at most)."""
-        h2c = self.h2
-        n = len(data)
-        h2c.outbound_flow_control_window -= n
-        h2c.streams[stream_id].outbound_flow_control_window -= n
-        size = h2c.max_outbound_frame_size
-        transport = self.transport
-        assert transport is not None
-        if n <= size:
-            transport.write(_FRAME.pack(n << 8, 0, stream_id) + data)
-            return
-        view = memoryview(data)
-        transport.writelines([part for i in range(0, n, size)
-                              for part in (_FRAME.pack(len(view[i:i + size]) << 8, 0, stream_id), view[i:i + size])])
+        assert self.transport is not None
+        _write_frames(self.h2, self.transport, stream_id, data)
 
     async def writable(self) -> None:
         """Until a window opens, the transport resumes or the connection closes."""
@@ -423,8 +412,14 @@ class Relayed:
     # ---- the client's side ----
 
     def on_data(self, data: bytes, flow_controlled: int) -> None:
-        self._to_up += data
         self._up_owed += flow_controlled
+        up = self.up
+        if not self._to_up and not self.closed and up is not None and up.write_data(self, data):
+            # The common case, a weight update's megabytes: straight on, no copy into the buffer and out.
+            self.down.h2.acknowledge_received_data(self._up_owed, self.stream_id)
+            self._up_owed = 0
+            return
+        self._to_up += data
         self.flush_up()
 
     def on_end(self) -> None:
@@ -532,6 +527,22 @@ class Relayed:
         self.down.forget(self)
         if self.up is not None:
             self.up.forget(self)
+
+
+def _write_frames(h2c: h2.connection.H2Connection, transport: asyncio.Transport, stream_id: int, data: bytes) -> None:
+    """`data` as DATA frames of the peer's largest size, written by hand after whatever h2 holds (a
+    stream's HEADERS before its DATA: the caller flushed it); h2 told of the windows they use, which the
+    caller checked take them."""
+    n = len(data)
+    h2c.outbound_flow_control_window -= n
+    h2c.streams[stream_id].outbound_flow_control_window -= n
+    size = h2c.max_outbound_frame_size
+    if n <= size:
+        transport.write(_FRAME.pack(n << 8, 0, stream_id) + data)
+        return
+    view = memoryview(data)
+    transport.writelines([part for i in range(0, n, size)
+                          for part in (_FRAME.pack(len(view[i:i + size]) << 8, 0, stream_id), view[i:i + size])])
 
 
 def _send_buffered(h2c: h2.connection.H2Connection, stream_id: int, buffered: bytearray) -> int:
@@ -660,6 +671,19 @@ class Upstream(asyncio.Protocol):
                     relayed.flush_up()
         self.flush()
         self.down.flush()
+
+    def write_data(self, call: Relayed, data: bytes) -> bool:
+        """`data` on the call's stream now, framed by hand, when the windows take it whole; else False
+        (nothing written: the call buffers it)."""
+        transport = self.transport
+        h2c = self.h2
+        stream = h2c.streams.get(call.up_id) if call.up_id else None
+        if (transport is None or transport.is_closing() or stream is None or stream.closed
+                or min(h2c.outbound_flow_control_window, stream.outbound_flow_control_window) < len(data)):
+            return False
+        self.flush()  # the stream's HEADERS, and anything else h2 holds, go first
+        _write_frames(h2c, transport, call.up_id, data)
+        return True
 
     def acknowledge(self, call: Relayed, n: int) -> None:
         with contextlib.suppress(h2.exceptions.ProtocolError):
