@@ -104,15 +104,7 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
         self.port.connections.add(self)
-        h2c = self.h2
-        h2c.local_settings = h2.settings.Settings(client=False, initial_values={
-            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_STREAMS,
-            h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
-            h2.settings.SettingCodes.MAX_FRAME_SIZE: MAX_FRAME,
-            h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: h2c.DEFAULT_MAX_HEADER_LIST_SIZE})
-        h2c.max_inbound_frame_size = MAX_FRAME
-        h2c.initiate_connection()
-        h2c.increment_flow_control_window(CONNECTION_WINDOW - 65535)
+        _initiate(self.h2, {h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_STREAMS})
         self.flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -529,6 +521,18 @@ class Relayed:
             self.up.forget(self)
 
 
+def _initiate(h2c: h2.connection.H2Connection, settings: dict[h2.settings.SettingCodes, int]) -> None:
+    """Our side's SETTINGS and windows, either side of the relay: frames up to MAX_FRAME, a stream's
+    window STREAM_WINDOW, the connection's CONNECTION_WINDOW."""
+    h2c.local_settings = h2.settings.Settings(client=h2c.config.client_side, initial_values={
+        h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
+        h2.settings.SettingCodes.MAX_FRAME_SIZE: MAX_FRAME,
+        h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: h2c.DEFAULT_MAX_HEADER_LIST_SIZE, **settings})
+    h2c.max_inbound_frame_size = MAX_FRAME
+    h2c.initiate_connection()
+    h2c.increment_flow_control_window(CONNECTION_WINDOW - 65535)
+
+
 def _write_frames(h2c: h2.connection.H2Connection, transport: asyncio.Transport, stream_id: int, data: bytes) -> None:
     """`data` as DATA frames of the peer's largest size, written by hand after whatever h2 holds (a
     stream's HEADERS before its DATA: the caller flushed it); h2 told of the windows they use, which the
@@ -570,7 +574,7 @@ class Upstream(asyncio.Protocol):
         self._waiting: list[Relayed] = []
         self._gone: str | None = None  # why no more calls can go up
         self.draining = False  # grpc.aio said GOAWAY here: the running calls go on, new ones go elsewhere
-        self._frames = FrameWatch(0, h2.settings.Settings(client=True).max_frame_size)
+        self._frames = FrameWatch(0, MAX_FRAME)  # the largest frame we take, as the port's own side
         self._connect: asyncio.Task[Any] | None = asyncio.get_running_loop().create_task(self._dial(path))
 
     async def _dial(self, path: str) -> None:
@@ -584,14 +588,7 @@ class Upstream(asyncio.Protocol):
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
-        h2c = self.h2
-        h2c.local_settings = h2.settings.Settings(client=True, initial_values={
-            h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
-            h2.settings.SettingCodes.MAX_FRAME_SIZE: MAX_FRAME,
-            h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: h2c.DEFAULT_MAX_HEADER_LIST_SIZE})
-        h2c.max_inbound_frame_size = MAX_FRAME
-        h2c.initiate_connection()
-        h2c.increment_flow_control_window(CONNECTION_WINDOW - 65535)
+        _initiate(self.h2, {})
         waiting, self._waiting = self._waiting, []
         for call in waiting:
             self._start(call)
