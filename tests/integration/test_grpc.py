@@ -21,7 +21,7 @@ from protocol.block_hash import block_hashes
 from protocol.grpc import pb2, tensor_messages
 from tests.integration.conftest import SIM
 from tests.support.adapters import fake_adapter
-from tests.support.grpc_fleet import Fleet
+from tests.support.grpc_fleet import Fleet, running
 from tests.support.procs import free_port_block, start_engine, start_frontend
 
 KEY = "grpc-test-key"
@@ -31,21 +31,8 @@ PROMPT = list(range(100, 140))
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    tmp = tmp_path_factory.mktemp("grpc")
-    engine = start_engine(tmp, *SIM, "--sim-decode-ms", "5", ranks=2)
-    grpc_port = free_port_block(1, spread=0)
-    try:
-        fe = start_frontend(tmp, "--data-parallel-size", "2", "--data-parallel-size-local", "0",
-                            "--engine-addresses", f"{engine.endpoint(0)},{engine.endpoint(1)}",
-                            "--grpc-port", str(grpc_port), "--api-key", KEY)
-        try:
-            f = Fleet(engine, fe, grpc_port)
-            yield f
-            f.channel.close()
-        finally:
-            fe.stop()
-    finally:
-        engine.stop()
+    with running(tmp_path_factory.mktemp("grpc"), [*SIM, "--sim-decode-ms", "5"], ["--api-key", KEY], ranks=2) as f:
+        yield f
 
 
 def _req(**kw: Any) -> Any:

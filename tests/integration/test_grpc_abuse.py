@@ -9,16 +9,15 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import grpc
 import h2.events
 import h2.settings
 import pytest
 from grpc_reflection.v1alpha import reflection_pb2
 
-from protocol.grpc import pb2, pb2_grpc
+from protocol.grpc import pb2
 from tests.integration.conftest import SIM
-from tests.support.h2_client import GRPC_HEADERS, H2Client, grpc_frame
-from tests.support.procs import EngineProc, FrontendProc, free_port_block, start_engine, start_frontend
+from tests.support import grpc_fleet
+from tests.support.h2_client import GRPC_HEADERS, H2Client, connections, grpc_frame
 from tests.support.waiting import until
 
 KEY = "abuse-test-key"
@@ -32,12 +31,7 @@ REQUEST = pb2.GenerateRequest(token_ids=list(range(100, 140)),
 Raw = Callable[..., H2Client]
 
 
-class Fleet:
-    def __init__(self, engine: EngineProc, frontend: FrontendProc, grpc_port: int) -> None:
-        self.engine, self.frontend, self.grpc_port = engine, frontend, grpc_port
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
-        self.control = pb2_grpc.ControlStub(self.channel)
-
+class Fleet(grpc_fleet.Fleet):
     def in_flight(self) -> int:
         return sum(r.in_flight for r in self.control.GetLoads(pb2.GetLoadsRequest(), metadata=AUTH, timeout=10).ranks)
 
@@ -51,33 +45,16 @@ class Fleet:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    tmp = tmp_path_factory.mktemp("grpc-abuse")
-    engine = start_engine(tmp, *SIM, "--sim-decode-ms", "1")
-    grpc_port = free_port_block(1, spread=0)
-    try:
-        fe = start_frontend(tmp, "--data-parallel-size-local", "0", "--engine-addresses", engine.endpoint(),
-                            "--grpc-port", str(grpc_port), "--api-key", KEY, "--max-body-bytes", str(LIMIT))
-        try:
-            f = Fleet(engine, fe, grpc_port)
-            yield f
-            f.channel.close()
-        finally:
-            fe.stop()
-    finally:
-        engine.stop()
+    with grpc_fleet.running(tmp_path_factory.mktemp("grpc-abuse"), [*SIM, "--sim-decode-ms", "1"],
+                            ["--api-key", KEY, "--max-body-bytes", str(LIMIT)], make=Fleet) as f:
+        yield f
 
 
 @pytest.fixture
 def raw(fleet: Fleet) -> Iterator[Raw]:
-    clients: list[H2Client] = []
-
-    def connect(*, auto_ack: bool = True) -> H2Client:
-        clients.append(H2Client(fleet.grpc_port, auto_ack=auto_ack))
-        return clients[-1]
-
-    yield connect
-    for c in clients:
-        c.close()
+    """Raw HTTP/2 connections to the gRPC port, each closed after the test whatever happened."""
+    with connections(fleet.grpc_port) as connect:
+        yield connect
 
 
 def _still_serves(fleet: Fleet, c: H2Client) -> None:

@@ -22,9 +22,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from protocol.block_hash import block_hashes
 from protocol.grpc import pb2
 from tests.integration.conftest import SIM
-from tests.support.grpc_fleet import Fleet
-from tests.support.h2_client import GRPC_HEADERS, H2Client, Stream, grpc_frame, grpc_messages
-from tests.support.procs import free_port_block, start_engine, start_frontend
+from tests.support.grpc_fleet import Fleet, running
+from tests.support.h2_client import GRPC_HEADERS, H2Client, Stream, connections, grpc_frame, grpc_messages
 from tests.support.waiting import until
 
 KEY = "wire-test-key"
@@ -44,34 +43,16 @@ Raw = Callable[..., H2Client]  # the `raw` fixture: a new connection, auto_ack= 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    tmp = tmp_path_factory.mktemp("grpc-wire")
-    engine = start_engine(tmp, *SIM, "--sim-decode-ms", "1")
-    grpc_port = free_port_block(1, spread=0)
-    try:
-        fe = start_frontend(tmp, "--data-parallel-size-local", "0", "--engine-addresses", engine.endpoint(),
-                            "--grpc-port", str(grpc_port), "--api-key", KEY, "--max-body-bytes", str(LIMIT))
-        try:
-            f = Fleet(engine, fe, grpc_port)
-            yield f
-            f.channel.close()
-        finally:
-            fe.stop()
-    finally:
-        engine.stop()
+    with running(tmp_path_factory.mktemp("grpc-wire"), [*SIM, "--sim-decode-ms", "1"],
+                 ["--api-key", KEY, "--max-body-bytes", str(LIMIT)]) as f:
+        yield f
 
 
 @pytest.fixture
 def raw(fleet: Fleet) -> Iterator[Raw]:
     """Raw HTTP/2 connections to the gRPC port, each closed after the test whatever happened."""
-    clients: list[H2Client] = []
-
-    def connect(*, auto_ack: bool = True) -> H2Client:
-        clients.append(H2Client(fleet.grpc_port, auto_ack=auto_ack))
-        return clients[-1]
-
-    yield connect
-    for c in clients:
-        c.close()
+    with connections(fleet.grpc_port) as connect:
+        yield connect
 
 
 def _req(**kw: Any) -> Any:

@@ -3,11 +3,12 @@ a test asks for and records every frame the server sends per stream; the test de
 control (auto_ack) so it can play a reader that stops reading."""
 from __future__ import annotations
 
+import contextlib
 import select
 import socket
 import struct
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import h2.config
@@ -197,3 +198,20 @@ class H2Client:
         elif isinstance(ev, h2.events.StreamReset):
             s.reset_code = int(ev.error_code)
             s.frames.append("reset")
+
+
+@contextlib.contextmanager
+def connections(port: int) -> Iterator[Callable[..., H2Client]]:
+    """A maker of raw HTTP/2 connections to `port` (auto_ack= optional), each closed on leaving whatever
+    happened: the `raw` fixture of the gRPC wire tests."""
+    clients: list[H2Client] = []
+
+    def connect(*, auto_ack: bool = True) -> H2Client:
+        clients.append(H2Client(port, auto_ack=auto_ack))
+        return clients[-1]
+
+    try:
+        yield connect
+    finally:
+        for c in clients:
+            c.close()
