@@ -23,7 +23,7 @@ import h2.settings
 from edge.api_keys import ApiKeys
 from services.frontend.grpc_api import frame_repr  # noqa: F401  (h2 reprs every frame it takes)
 from services.frontend.grpc_api.inference import Inference
-from services.frontend.grpc_api.native_call import ENCODINGS, NativeCall
+from services.frontend.grpc_api.native_call import ENCODINGS, NativeCall, status_headers
 
 log = logging.getLogger(__name__)
 
@@ -191,9 +191,7 @@ class Connection(asyncio.Protocol):
                 trailers = value == b"trailers"
         fault = header_fault(headers)
         if fault is not None:  # this stream alone is refused, as grpc.aio refuses it
-            status = str(grpc.StatusCode.INTERNAL.value[0]).encode()
-            self.send_headers(stream_id, [(b":status", b"200"), (b"content-type", b"application/grpc"),
-                                          (b"grpc-status", status), (b"grpc-message", fault.encode())],
+            self.send_headers(stream_id, status_headers(grpc.StatusCode.INTERNAL, fault, started=False),
                               end_stream=True, reset=not ended)
             return
         call: NativeCall | Relayed
@@ -489,10 +487,8 @@ class Relayed:
         """grpc.aio is unreachable or went: the call ends UNAVAILABLE."""
         if self.closed:
             return
-        status = [(b"grpc-status", str(grpc.StatusCode.UNAVAILABLE.value[0]).encode()),
-                  (b"grpc-message", message.encode())]
-        self.down.send_headers(self.stream_id, status if self.started else
-                               [(b":status", b"200"), (b"content-type", b"application/grpc"), *status],
+        self.down.send_headers(self.stream_id, status_headers(grpc.StatusCode.UNAVAILABLE, message,
+                                                              started=self.started),
                                end_stream=True, reset=not self.remote_ended)
         self._done()
 

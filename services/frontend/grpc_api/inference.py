@@ -69,7 +69,7 @@ def _metadata(context: grpc.aio.ServicerContext) -> Any:
     return (context.invocation_metadata() or ()) if tracing.enabled() else ()
 
 
-async def _pieces(outputs: OutputProcessor) -> list[Any]:
+async def next_pieces(outputs: OutputProcessor) -> list[Any]:
     """outputs.pieces(), with an end by Control.Abort as a finish ("abort"), not a failure."""
     try:
         return await outputs.pieces()
@@ -150,7 +150,7 @@ class Inference(pb2_grpc.InferenceServicer):
                 with self.launched(engine_request) as outputs:
                     messages = StreamMessages(engine_request, outputs)
                     while outputs.finish is None:
-                        message = messages.message(await _pieces(outputs))
+                        message = messages.message(await next_pieces(outputs))
                         if message is not None:
                             yield message
             except Failed as exc:
@@ -177,7 +177,7 @@ class Inference(pb2_grpc.InferenceServicer):
                                         data_parallel_rank=outputs.stream.rank)
             text: list[str] = []
             while outputs.finish is None:
-                pieces = await _pieces(outputs)
+                pieces = await next_pieces(outputs)
                 resp.token_ids.extend(outputs.token_ids)
                 if outputs.formatter is not None:
                     resp.logprobs.extend(outputs.token_entries())

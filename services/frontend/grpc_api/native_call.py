@@ -18,7 +18,7 @@ from edge.api_keys import ApiKeys, KeyCheck
 from services.frontend.engine_client.inflight import EngineFailure
 from services.frontend.generation.direct_stream import DirectStream
 from services.frontend.grpc_api.auth import MESSAGE as UNAUTHENTICATED_MESSAGE
-from services.frontend.grpc_api.inference import Inference, StreamMessages, ended
+from services.frontend.grpc_api.inference import Inference, StreamMessages, ended, next_pieces
 from services.frontend.grpc_api.rpc import Failed
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,16 @@ class Connection(Protocol):
     async def writable(self) -> None: ...
 
     def forget(self, call: Any) -> None: ...
+
+
+def status_headers(code: grpc.StatusCode, message: str, *, started: bool) -> list[tuple[bytes, bytes]]:
+    """A call's status as trailers, or, when no response HEADERS went out (`started` false), as a whole
+    trailers-only response; grpc-message percent-encoded as the spec says."""
+    headers = [] if started else RESPONSE_HEAD[:]
+    headers.append((b"grpc-status", str(code.value[0]).encode()))
+    if message:
+        headers.append((b"grpc-message", quote(message, safe=_PLAIN).encode()))
+    return headers
 
 
 def timeout_of(value: bytes) -> float | None:
@@ -231,11 +241,7 @@ class NativeCall:
                     ended(outputs, exc)
                     framed = events([])
             else:
-                try:
-                    framed = events(await outputs.pieces())
-                except EngineFailure as exc:
-                    ended(outputs, exc)
-                    framed = events([])
+                framed = events(await next_pieces(outputs))
             for data in framed:
                 await self.send(data)
 
@@ -274,9 +280,6 @@ class NativeCall:
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
-        trailers = [] if self.started else RESPONSE_HEAD[:]
-        trailers.append((b"grpc-status", str(code.value[0]).encode()))
-        if message:
-            trailers.append((b"grpc-message", quote(message, safe=_PLAIN).encode()))
-        self.conn.send_headers(self.stream_id, trailers, end_stream=True, reset=not self.remote_ended)
+        self.conn.send_headers(self.stream_id, status_headers(code, message, started=self.started),
+                               end_stream=True, reset=not self.remote_ended)
         self.conn.forget(self)
