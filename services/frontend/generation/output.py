@@ -161,13 +161,17 @@ class OutputProcessor:
         if self.formatter is not None:
             return self._plain_logprobs(out)
         self.stream.take_one()
+        self._plain_step(n)
+        text = self._detok.push(out.new_token_ids)
+        self.counts = [self.completion_tokens] if text else []
+        return text
+
+    def _plain_step(self, n: int) -> None:
+        """A plain step's inter-token latency and count (process() keeps them for every other step)."""
         now = time.monotonic()
         self._metrics.itl.observe(now - self._last)
         self._last = now
         self.completion_tokens += n
-        text = self._detok.push(out.new_token_ids)
-        self.counts = [self.completion_tokens] if text else []
-        return text
 
     def _plain_logprobs(self, out: RequestOutput) -> str | None:
         """plain_text() of a step with logprobs: its entries wait for the next text, as in process()."""
@@ -179,10 +183,7 @@ class OutputProcessor:
         except ProtocolError:
             return None  # process() fails the request with the engine's fault named
         self.stream.take()
-        now = time.monotonic()
-        self._metrics.itl.observe(now - self._last)
-        self._last = now
-        self.completion_tokens += len(out.new_token_ids)
+        self._plain_step(len(out.new_token_ids))
         entries = formatter.sampled(seg)
         text = self._detok.push(out.new_token_ids)
         if text:
