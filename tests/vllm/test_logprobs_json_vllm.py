@@ -40,7 +40,7 @@ def test_logprob_numbers_are_written_as_vllm_writes_them() -> None:
             "token": "Hello", "logprob": floored[0], "bytes": list(b"Hello"),
             "top_logprobs": [{"token": " world", "logprob": floored[1], "bytes": list(b" world")},
                              {"token": ",", "logprob": floored[2], "bytes": list(b",")}]}]}).model_dump_json()
-        assert ours == theirs, (values[i:i + 3], ours, theirs)
+        assert ours == theirs.encode(), (values[i:i + 3], ours, theirs)
 
 
 # Odd tokens, found by their text in the tiny model's vocabulary: quotes, backslashes, control
@@ -102,9 +102,9 @@ def test_odd_tokens_and_values_are_written_as_vllm_writes_them(top: int, chat: b
 
         for entries, (own, cells) in zip(ours, rows, strict=True):
             theirs = ChatCompletionLogProbs.model_validate({"content": [content(own, cells)]}).model_dump_json()
-            assert formatter.render(entries) == theirs
+            assert formatter.render(entries) == theirs.encode()  # as UTF-8, as the chunk carries it
         whole = ChatCompletionLogProbs.model_validate({"content": [content(o, c) for o, c in rows]})
-        assert formatter.render([e for entries in ours for e in entries]) == whole.model_dump_json()
+        assert formatter.render([e for entries in ours for e in entries]) == whole.model_dump_json().encode()
         return
     offset, text_offset, token_logprobs, tokens, tops = 0, [], [], [], []
     for own, cells in rows:
@@ -117,4 +117,4 @@ def test_odd_tokens_and_values_are_written_as_vllm_writes_them(top: int, chat: b
         tops.append({_vllm_string(hf, tid): max(lp, floor) for i, (tid, lp) in enumerate(by_id.items()) if top >= i})
     theirs = CompletionLogProbs(text_offset=text_offset, token_logprobs=token_logprobs, tokens=tokens,
                                 top_logprobs=tops).model_dump_json()
-    assert formatter.render([e for entries in ours for e in entries]) == theirs
+    assert formatter.render([e for entries in ours for e in entries]) == theirs.encode()

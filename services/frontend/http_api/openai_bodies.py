@@ -38,22 +38,25 @@ class ChunkWriter:
         self._lp_tail = b',"finish_reason":null}]}\n\n'
         self._text_suffix = self._lp_head + b"null" + self._lp_tail
 
-    def _suffix(self, logprobs: str | None, use: dict[str, Any] | None) -> bytes:
-        suffix = self._text_suffix if logprobs is None else self._lp_head + logprobs.encode() + self._lp_tail
+    def _suffix(self, logprobs: bytes | None, use: dict[str, Any] | None) -> bytes:
+        suffix = self._text_suffix if logprobs is None else self._lp_head + logprobs + self._lp_tail
         return suffix if use is None else suffix[:-3] + b',"usage":' + _json.encode(use) + b"}\n\n"
 
     def role(self, use: dict[str, Any] | None = None) -> bytes:
         chunk = self._head + b'"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]'
         return chunk + (b',"usage":' + _json.encode(use) if use is not None else b"") + b"}\n\n"
 
-    def text(self, piece: str, use: dict[str, Any] | None = None, logprobs: str | None = None) -> bytes:
+    def text(self, piece: str, use: dict[str, Any] | None = None, logprobs: bytes | None = None) -> bytes:
         """`use`: the usage so far, for stream_options.continuous_usage_stats; `logprobs`: the JSON of
         the piece's tokens' logprobs (LogprobsFormatter.render)."""
-        if use is None and logprobs is None:
-            return self._text_prefix + _json.encode(piece) + self._text_suffix
+        if use is None:
+            if logprobs is None:
+                return self._text_prefix + _json.encode(piece) + self._text_suffix
+            # One copy of the logprobs (a streamed token's are most of its chunk), not one per +.
+            return b"".join((self._text_prefix, _json.encode(piece), self._lp_head, logprobs, self._lp_tail))
         return self._text_prefix + _json.encode(piece) + self._suffix(logprobs, use)
 
-    def delta(self, parsed: ParsedDelta, use: dict[str, Any] | None = None, logprobs: str | None = None) -> bytes:
+    def delta(self, parsed: ParsedDelta, use: dict[str, Any] | None = None, logprobs: bytes | None = None) -> bytes:
         """A chunk of a parser's delta: content, reasoning (vLLM's two names for it) and tool-call deltas.
         A call's first delta carries its index, id, type and name; later ones argument fragments only."""
         if use is None and not parsed.content:
@@ -86,7 +89,7 @@ class ChunkWriter:
         return None
 
     def finish(self, reason: str, stop_reason: int | str | None = None, use: dict[str, Any] | None = None,
-               logprobs: str | None = None) -> bytes:
+               logprobs: bytes | None = None) -> bytes:
         """`logprobs`: those of tokens no earlier chunk carried (the EOS, text a stop string cut)."""
         choice: dict[str, Any] = {"index": self._index, "logprobs": _raw(logprobs), "finish_reason": reason}
         if self._chat:
@@ -110,14 +113,14 @@ class ChunkWriter:
         return b"data: " + _json.encode(obj) + b"\n\n"
 
 
-def _raw(json_text: str | None) -> msgspec.Raw | None:
-    """Pre-rendered JSON (logprobs) placed in a body as it is."""
-    return None if json_text is None else msgspec.Raw(json_text.encode())
+def _raw(json_text: bytes | str | None) -> msgspec.Raw | None:
+    """Pre-rendered JSON (logprobs, as UTF-8; prompt_logprobs, as text) placed in a body as it is."""
+    return None if json_text is None else msgspec.Raw(json_text)
 
 
 def chat_completion(request_id: str, model: str, text: str, finish: str, stop_reason: int | str | None,
                     use: dict[str, Any], *, reasoning: str | None = None,
-                    tool_calls: list[ToolCall] | None = None, logprobs: str | None = None,
+                    tool_calls: list[ToolCall] | None = None, logprobs: bytes | None = None,
                     prompt_logprobs: str | None = None) -> bytes:
     """A one-choice chat completion (chat_choice's fields)."""
     choice = chat_choice(0, text, finish, stop_reason, reasoning=reasoning, tool_calls=tool_calls, logprobs=logprobs)
@@ -125,7 +128,7 @@ def chat_completion(request_id: str, model: str, text: str, finish: str, stop_re
 
 
 def chat_choice(index: int, text: str, finish: str, stop_reason: int | str | None, *, reasoning: str | None = None,
-                tool_calls: list[ToolCall] | None = None, logprobs: str | None = None) -> dict[str, Any]:
+                tool_calls: list[ToolCall] | None = None, logprobs: bytes | None = None) -> dict[str, Any]:
     """`reasoning` and `tool_calls` are None when no parser ran: the message then has neither field.
     `logprobs` is JSON (LogprobsFormatter's)."""
     message: dict[str, Any] = {"role": "assistant", "content": text}
@@ -140,7 +143,7 @@ def chat_choice(index: int, text: str, finish: str, stop_reason: int | str | Non
             "stop_reason": stop_reason}
 
 
-def text_choice(index: int, text: str, finish: str, stop_reason: int | str | None, *, logprobs: str | None = None,
+def text_choice(index: int, text: str, finish: str, stop_reason: int | str | None, *, logprobs: bytes | None = None,
                 prompt_logprobs: str | None = None) -> dict[str, Any]:
     """`logprobs`, `prompt_logprobs`: JSON, as for chat_choice; the latter in the choice (vLLM's place)."""
     choice: dict[str, Any] = {"index": index, "text": text, "logprobs": _raw(logprobs), "finish_reason": finish,
@@ -176,7 +179,7 @@ def _tool_call(call: ToolCall) -> dict[str, Any]:
 
 
 def text_completion(request_id: str, model: str, text: str, finish: str, stop_reason: int | str | None,
-                    use: dict[str, Any], *, logprobs: str | None = None, prompt_logprobs: str | None = None) -> bytes:
+                    use: dict[str, Any], *, logprobs: bytes | None = None, prompt_logprobs: str | None = None) -> bytes:
     """A one-choice text completion (text_choice's fields)."""
     choice = text_choice(0, text, finish, stop_reason, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
     return completion_body(request_id, model, [choice], use, chat=False)
@@ -197,7 +200,7 @@ def models(name: str, max_model_len: int, created: int, adapters: dict[str, str]
 
 
 def generate_response(request_id: str, model: str, token_ids: list[int], finish: str, use: dict[str, Any],
-                      text: str | None = None, logprobs: str | None = None,
+                      text: str | None = None, logprobs: bytes | None = None,
                       prompt_logprobs: str | None = None) -> bytes:
     """/inference/v1/generate's answer (vLLM's GenerateResponse); `text` only when the request asked;
     `logprobs` and `prompt_logprobs`: JSON (LogprobsFormatter's token-out entries, vLLM's prompt rows)."""
@@ -219,7 +222,7 @@ class TokenChunkWriter:
         self._head = b'data: {"request_id":' + _json.encode(request_id) + b',"choices":'
 
     def chunk(self, token_ids: list[int], finish: str | None, use: dict[str, Any] | None = None,
-              text: str | None = None, logprobs: str | None = None) -> bytes:
+              text: str | None = None, logprobs: bytes | None = None) -> bytes:
         choice: dict[str, Any] = {"index": 0, "logprobs": _raw(logprobs), "finish_reason": finish,
                                   "token_ids": token_ids, "routed_experts": None}
         if text is not None:

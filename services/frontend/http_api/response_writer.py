@@ -125,7 +125,7 @@ async def _gather(choices: list[OutputProcessor]) -> list[_Collected]:
 
 
 def _events(writer: openai_bodies.ChunkWriter, outputs: OutputProcessor, pieces: list[Piece],
-            render: Callable[[list[Entry]], str] | None) -> list[bytes]:
+            render: Callable[[list[Entry]], bytes] | None) -> list[bytes]:
     """The SSE events of one choice's latest pieces, and its finish event once it finished. With a
     stream_interval, the text pieces of one wake-up (several tokens') go out as one event, as vLLM
     sends one delta per interval."""
@@ -171,13 +171,13 @@ def _joined(pieces: list[Piece], counts: list[int], entries: list[list[Entry]] |
     return out, out_counts, out_entries
 
 
-def _render(outputs: OutputProcessor) -> Callable[[list[Entry]], str] | None:
+def _render(outputs: OutputProcessor) -> Callable[[list[Entry]], bytes] | None:
     formatter = outputs.formatter
     return formatter.render if formatter is not None and outputs.options.logprobs is not None else None
 
 
 def _with_logprobs(writer: openai_bodies.ChunkWriter, outputs: OutputProcessor,
-                   render: Callable[[list[Entry]], str]) -> Callable[[str], bytes]:
+                   render: Callable[[list[Entry]], bytes]) -> Callable[[str], bytes]:
     """The event of a plain_text() piece with the logprobs plain_text() left for it."""
     return lambda piece: writer.text(piece, None, render(outputs.logprobs[0]) if outputs.logprobs[0] else None)
 
@@ -319,7 +319,7 @@ async def send_tokens(send: Send, outputs: OutputProcessor, model: str, cycle: H
 
 
 def _token_events(writer: openai_bodies.TokenChunkWriter, outputs: OutputProcessor,
-                  render: Callable[[list[Entry]], str] | None, pieces: list[Piece]) -> list[bytes]:
+                  render: Callable[[list[Entry]], bytes] | None, pieces: list[Piece]) -> list[bytes]:
     """The token-out chunk of the latest pieces() call (its ids, and the finish once finished), if any."""
     finish = outputs.finish
     if not outputs.token_ids and finish is None:

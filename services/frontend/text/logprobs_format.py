@@ -2,10 +2,12 @@
 turned into OpenAI's JSON, one pre-rendered fragment per token, so the writers only join them. Runs in
 each API server process, one LogprobsFormatter per request that asked for logprobs.
 
-Chat entries are `{"token", "logprob", "bytes", "top_logprobs": [the k most likely, in rank order]}`;
-completions rows are (token, its logprob, {token: logprob} of it and the k most likely, text_offset),
-joined into OpenAI's columns. Token strings are TokenStrings' (each id decoded alone, as vLLM), or
-"token_id:N" with return_tokens_as_token_ids; logprobs below -9999 (or -inf) are -9999.0, as vLLM.
+Chat entries are `{"token", "logprob", "bytes", "top_logprobs": [the k most likely, in rank order]}`,
+kept as UTF-8 from the per-id fragments to the chunk (one non-ASCII token in a str join makes the whole
+join wide, and its encode slow); completions rows are (token, its logprob, {token: logprob} of it and
+the k most likely, text_offset), joined into OpenAI's columns. Token strings are TokenStrings' (each id
+decoded alone, as vLLM), or "token_id:N" with return_tokens_as_token_ids; logprobs below -9999 (or -inf)
+are -9999.0, as vLLM.
 """
 from __future__ import annotations
 
@@ -29,6 +31,15 @@ def _number(lp: float) -> str:
     return _encode(lp if lp > FLOOR else FLOOR).decode()
 
 
+def _byte_numbers(lps: Sequence[float]) -> list[bytes]:
+    """_number of each as UTF-8, in one encoder call (a chat segment's logprobs)."""
+    values = lps if type(lps) is tuple else list(lps)  # msgspec would write a memoryview as base64
+    text = _encode(values)
+    if values and (not min(values) > FLOOR or b"n" in text):  # below the floor, -inf or NaN (null)
+        text = _encode([lp if lp > FLOOR else FLOOR for lp in values])
+    return text[1:-1].split(b",")
+
+
 def _numbers(lps: Sequence[float]) -> list[str]:
     """_number of each, in one encoder call (a segment's logprobs, every row's)."""
     values = lps if type(lps) is tuple else list(lps)  # msgspec would write a memoryview as base64
@@ -40,13 +51,26 @@ def _numbers(lps: Sequence[float]) -> list[str]:
     return text[1:-1].split(",")
 
 
-Entry = Any  # chat: the entry's JSON text; completions: (token JSON, logprob, top dict JSON, offset)
+Entry = Any  # chat: the entry's JSON (bytes); token-out: its JSON text; completions: (token JSON, logprob,
+# top dict JSON, offset)
+_TEMPLATES: dict[int, bytes] = {}  # per count of alternatives, a chat entry's JSON around its 3 * (1 + top) parts
+
+
+def _template(top: int) -> bytes:
+    """The `%` template of a chat entry with `top` alternatives: the token's head, logprob and tail, then
+    each alternative's, which make the entry in one C call."""
+    template = _TEMPLATES.get(top)
+    if template is None:
+        template = b'%b%b%b,"top_logprobs":[' + b",".join([b"%b%b%b}"] * top) + b"]}"
+        if len(_TEMPLATES) < 64:  # top is bounded by --max-logprobs; a bound all the same
+            _TEMPLATES[top] = template
+    return template
 
 
 class _Table:
     """Per token id, what does not change for a tokenizer (each id is decoded alone, as vLLM does): a
-    chat entry's cell, its JSON before and after its logprob (`{"token":..,"logprob":` and
-    `,"bytes":[..]`, and the latter with `},` as an alternative ends), and a completions key
+    chat entry's head and tail, its JSON before and after its logprob as UTF-8 (`{"token":..,"logprob":`
+    and `,"bytes":[..]`; _template closes it as the token's or an alternative's), and a completions key
     (`"token":`) with its string's length. None until first made, and for an id whose string depends
     on the tokens before it. An id whose text alone ends inside a character is in `partial`: its cell
     and key are those it has with no tokens before it ("", vLLM's correction finding no context),
@@ -54,20 +78,23 @@ class _Table:
     Lists, not dicts: a lookup in a cache that grows to the vocabulary misses the CPU cache, and a
     list's touches less memory than a dict's."""
 
-    __slots__ = ("cells", "keys", "lengths", "partial", "size")
+    __slots__ = ("heads", "keys", "lengths", "partial", "size", "tails")
 
     def __init__(self, size: int) -> None:
         self.size = size
         # Each list made at its first use (a chat request's or a completion's), the vocabulary long.
-        self.cells: list[tuple[str, str, str] | None] = []
+        self.heads: list[bytes | None] = []
+        self.tails: list[bytes | None] = []
         self.keys: list[str | None] = []
         self.lengths: list[int] = []
         self.partial: set[int] = set()
 
     def cell_room(self, tid: int) -> None:
-        """`cells` the vocabulary long, or past it for `tid` (a model's padded rows)."""
-        if tid >= len(self.cells):
-            self.cells += [None] * (max(tid + 1, self.size) - len(self.cells))
+        """`heads` and `tails` the vocabulary long, or past it for `tid` (a model's padded rows)."""
+        if tid >= len(self.heads):
+            more = max(tid + 1, self.size) - len(self.heads)
+            self.heads += [None] * more
+            self.tails += [None] * more
 
     def key_room(self, tid: int) -> None:
         """`keys` and `lengths` the vocabulary long, or past it for `tid`."""
@@ -94,7 +121,7 @@ class LogprobsFormatter:
     """`sampled(segment)` gives the entries of generated tokens, `prompt(segments, ids)` those of the
     prompt (completions' echo), `render(entries)` the JSON object a response carries as `logprobs`."""
 
-    __slots__ = ("_as_ids", "_chat", "_context", "_offset", "_strings", "_table", "_token_out", "top")
+    __slots__ = ("_as_ids", "_chat", "_context", "_offset", "_strings", "_table", "_template", "_token_out", "top")
 
     def __init__(self, strings: TokenStrings, *, chat: bool, top: int, as_token_ids: bool = False,
                  token_out: bool = False) -> None:
@@ -107,6 +134,7 @@ class LogprobsFormatter:
         self._context: list[int] = []  # the last generated ids (vLLM's correction context)
         self._offset = 0  # completions' text_offset of the next token
         self._table = _table(strings, as_token_ids)
+        self._template = _template(top)  # a chat entry's, with all `top` alternatives
 
     # ---- entries ----
 
@@ -115,6 +143,10 @@ class LogprobsFormatter:
         if self._token_out:
             return [self._token_row(seg, i) for i in range(seg.positions)]
         if self._chat:
+            if seg.positions == 1 and seg.k == self.top and not self._context:
+                entry = self._chat_one(seg.token_ids, seg.logprobs)
+                if entry is not None:
+                    return [entry]
             return self._chat_rows(seg, self._context)
         return self._completion_rows(seg, self._context)
 
@@ -144,67 +176,85 @@ class LogprobsFormatter:
             entries += self._completion_rows(seg, context)
         return entries
 
+    def _chat_one(self, ids: Sequence[int], lps: Sequence[float]) -> Entry | None:
+        """The entry of a generated token's row (one an output, nearly every call) with every alternative
+        shown and no token before it ending inside a character; None, for _chat_rows, when it has a
+        fragment not made yet or a logprob to floor."""
+        if type(lps) is not tuple:
+            return None  # a view, which msgspec would write as base64
+        text = _encode(lps)
+        if not min(lps) > FLOOR or b"n" in text:
+            return None  # below the floor, -inf or NaN (null)
+        table = self._table
+        heads, tails = table.heads, table.tails
+        parts: list[bytes | None] = []
+        try:
+            for tid, num in zip(ids, text[1:-1].split(b",")):  # noqa: B905 (one length by make; a keyword costs)
+                parts += (heads[tid], num, tails[tid])
+            entry = self._template % tuple(parts)
+        except (TypeError, IndexError):  # a None (not made yet) `%b` refuses, or past the list
+            return None
+        if ids[0] in table.partial:  # the next token's string depends on this one
+            self._context.append(ids[0])
+        return entry
+
     def _chat_rows(self, seg: Segment, context: list[int]) -> list[Entry]:
-        """Each row's entry joined from its ids' cached cells and its logprobs' JSON, when no tokens
-        before it end inside a character (nearly always). Any other row, or one with a cell not made
-        yet (a None, which does not unpack), takes _chat_row."""
+        """Each row's entry made by its template from its ids' cached heads and tails and its logprobs'
+        JSON, when no tokens before it end inside a character (nearly always). Any other row, or one
+        with a fragment not made yet (a None, which `%b` refuses), takes _chat_row."""
         ids, w = seg.token_ids, seg.k + 1
         top = min(self.top, seg.k)
-        nums = _numbers(seg.logprobs)
+        nums = _byte_numbers(seg.logprobs)
+        template = _TEMPLATES.get(top) or _template(top)
         table = self._table
-        cells, partial = table.cells, table.partial
+        heads, tails = table.heads, table.tails
+        whole = seg.positions == 1 and top + 1 == w  # the row is the segment (a generated token's, top k)
         out: list[Entry] = []
         for row in range(0, seg.positions * w, w):
             if not context:
+                end = row + 1 + top
+                cells = zip(ids, nums, strict=True) if whole else zip(ids[row:end], nums[row:end], strict=True)
+                parts: list[bytes | None] = []
                 try:
-                    head, tail, alt = cells[ids[row]]  # type: ignore[misc]
-                    parts = [head, nums[row], tail, ',"top_logprobs":[']
-                    for j in range(row + 1, row + 1 + top):
-                        head, _, alt = cells[ids[j]]  # type: ignore[misc]
-                        parts += (head, nums[j], alt)
+                    for tid, num in cells:
+                        parts += (heads[tid], num, tails[tid])
+                    out.append(template % tuple(parts))
                 except (TypeError, IndexError):
                     pass
                 else:
-                    if top:
-                        parts[-1] = alt[:-1] + "]}"
-                    else:
-                        parts.append("]}")
-                    out.append("".join(parts))
-                    if ids[row] in partial:  # the next token's string depends on this one
+                    if ids[row] in table.partial:  # the next token's string depends on this one
                         context.append(ids[row])
                     continue
             out.append(self._chat_row(ids, nums, row, top, context))
         return out
 
-    def _chat_row(self, ids: Sequence[int], nums: Sequence[str], row: int, top: int, context: list[int]) -> Entry:
+    def _chat_row(self, ids: Sequence[int], nums: Sequence[bytes], row: int, top: int, context: list[int]) -> Entry:
         own = self._cell(ids[row])
-        head, tail, _ = own or self._cell_in(ids[row], context)
-        parts = [head, nums[row], tail, ',"top_logprobs":[']
+        head, tail = own or self._cell_in(ids[row], context)
+        parts = [head, nums[row], tail]
         for j in range(row + 1, row + 1 + top):
-            head, _, alt = self._cell(ids[j]) or self._cell_in(ids[j], context)
-            parts += (head, nums[j], alt)
-        if top:
-            parts[-1] = parts[-1][:-1] + "]}"
-        else:
-            parts.append("]}")
+            head, tail = self._cell(ids[j]) or self._cell_in(ids[j], context)
+            parts += (head, nums[j], tail)
         _advance(context, ids[row], own is not None)
-        return "".join(parts)
+        return _template(top) % tuple(parts)
 
-    def _cell(self, tid: int) -> tuple[str, str, str] | None:
-        """`tid`'s chat cell (see _Table), made on first use; None when its string depends on context."""
+    def _cell(self, tid: int) -> tuple[bytes, bytes] | None:
+        """`tid`'s chat head and tail (see _Table), made on first use; None when its string depends on
+        context."""
         table = self._table
         table.cell_room(tid)
-        cell = table.cells[tid]
-        if cell is None:
+        if table.heads[tid] is None:
             text = self._strings.alone(tid)
             if text.endswith(REPLACEMENT):
                 table.partial.add(tid)
                 text = ""  # with no tokens before it
-            cell = table.cells[tid] = _cell(self._token_id(tid) if self._as_ids else text, text)
-        return None if tid in table.partial else cell
+            table.heads[tid], table.tails[tid] = _cell(self._token_id(tid) if self._as_ids else text, text)
+        if tid in table.partial:
+            return None
+        return table.heads[tid], table.tails[tid]  # type: ignore[return-value]
 
-    def _cell_in(self, tid: int, context: Sequence[int]) -> tuple[str, str, str]:
-        """The chat cell of a token whose string depends on `context`."""
+    def _cell_in(self, tid: int, context: Sequence[int]) -> tuple[bytes, bytes]:
+        """The chat head and tail of a token whose string depends on `context`."""
         text = self._strings.corrected(tid, context)
         return _cell(self._token_id(tid) if self._as_ids else text, text)
 
@@ -294,13 +344,15 @@ class LogprobsFormatter:
 
     # ---- JSON ----
 
-    def render(self, entries: Sequence[Entry]) -> str:
-        """The `logprobs` object of a choice (or a chunk's choice) holding these entries."""
-        if self._chat or self._token_out:
-            return '{"content":[' + ",".join(entries) + "]}"
+    def render(self, entries: Sequence[Entry]) -> bytes:
+        """The `logprobs` object of a choice (or a chunk's choice) holding these entries, as UTF-8."""
+        if self._token_out:
+            return ('{"content":[' + ",".join(entries) + "]}").encode()
+        if self._chat:
+            return b"".join((b'{"content":[', b",".join(entries), b"]}"))
         return ('{"text_offset":[' + ",".join(e[3] for e in entries) + '],"token_logprobs":['
                 + ",".join(e[1] for e in entries) + '],"tokens":[' + ",".join(e[0] for e in entries)
-                + '],"top_logprobs":[' + ",".join(e[2] for e in entries) + "]}")
+                + '],"top_logprobs":[' + ",".join(e[2] for e in entries) + "]}").encode()
 
     def prompt_logprobs(self, segments: Sequence[Segment], positions: int) -> str:
         """vLLM's `prompt_logprobs`: null for the first token, then per position {id: {logprob, rank,
@@ -329,10 +381,9 @@ class LogprobsFormatter:
         return "[" + ",".join(out) + "]"
 
 
-def _cell(token: str, text: str) -> tuple[str, str, str]:
-    """A chat cell (see _Table) of a token shown as `token` whose text is `text`."""
-    tail = ',"bytes":' + bytes_json(text)
-    return '{"token":' + _enc(token) + ',"logprob":', tail, tail + "},"
+def _cell(token: str, text: str) -> tuple[bytes, bytes]:
+    """A chat entry's head and tail (see _Table) of a token shown as `token` whose text is `text`."""
+    return b'{"token":' + _encode(token) + b',"logprob":', b',"bytes":' + bytes_json(text).encode()
 
 
 def _token_cell(tid: int, lp: float, rank: int) -> str:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import math
+import random
 
+import msgspec
 import pytest
 
 from protocol import PackedLogprobs
@@ -129,3 +131,69 @@ def test_prompt_logprobs_are_vllms_dicts_by_token_id(strings: TokenStrings) -> N
                      str(BANG): {"logprob": -1.0, "rank": 1, "decoded_token": "!"},
                      str(HELLO): {"logprob": -1.5, "rank": 2, "decoded_token": "Hello"}}]
     assert json.loads(fmt.prompt_logprobs([], 1)) == [None]
+
+
+# ---- the chat entries' bytes, pinned against a plain encoding of the same answer ----
+
+ODD_TEXTS = ['say "hi" \\ back\\slash', "tab\tnew\nline \x00\x7f", "héllo wörld", "龘 𓀀𓀁 ꙮ!", "🙂🙃 e\u0301"]
+ODD_LOGPROBS = [0.0, -0.0, -9999.0, -9999.5, -1e5, -math.inf, math.nan, -5e-05, -1.1920928955078125e-07, -1e-30,
+                -0.0001, -123.456, -0.6931471824645996, -1.0]
+
+
+def plain_chat_entries(strings: TokenStrings, rows: list[tuple[list[int], list[float]]], top: int,
+                       as_token_ids: bool = False) -> list[dict[str, object]]:
+    """A chat response's `logprobs.content` for these rows (a token and its alternatives, their logprobs), from
+    each token's string as vLLM shows it (decoded alone; one that ends inside a character re-read with the
+    tokens before it): the oracle of the formatter's pre-rendered fragments, once msgspec encodes it."""
+    context: list[int] = []
+    content: list[dict[str, object]] = []
+    for ids, lps in rows:
+        cells = []
+        for tid, lp in zip(ids[:top + 1], lps[:top + 1], strict=True):
+            text = strings.alone(tid)
+            if text.endswith("\ufffd"):
+                text = strings.corrected(tid, context)
+            cells.append({"token": f"token_id:{tid}" if as_token_ids else text,
+                          "logprob": lp if lp > -9999.0 else -9999.0, "bytes": list(text.encode())})
+        content.append({**cells[0], "top_logprobs": cells[1:]})
+        own = ids[0]
+        context = [*context, own][-4:] if strings.alone(own).endswith("\ufffd") else []
+    return content
+
+
+def utf8(rendered: str | bytes) -> bytes:
+    return rendered if isinstance(rendered, bytes) else rendered.encode()
+
+
+@pytest.mark.parametrize("as_token_ids", [False, True])
+@pytest.mark.parametrize(("k", "top"), [(5, 5), (5, 2), (3, 0), (20, 20)])
+def test_chat_entries_are_byte_for_byte_a_plain_encoding_of_odd_tokens_and_logprobs(k: int, top: int,
+                                                                                   as_token_ids: bool) -> None:
+    """Non-ASCII, byte-level tokens that end inside a character, quotes, backslashes and control
+    characters, special tokens, ids past the vocabulary; logprobs at and below the floor, -inf, NaN, 0.0,
+    -0.0 and tiny ones; rows one per output and several per segment; a fresh table (cells made on the
+    miss), then the same rows again (cells cached)."""
+    tokenizer = Model.load("tiny", "tiny").tokenizer
+    strings = TokenStrings(tokenizer)  # its own table, cold
+    rnd = random.Random(k * 100 + top)
+    text_ids = [t for text in ODD_TEXTS for t in tokenizer.encode(text, add_special_tokens=False).ids]
+    assert any(strings.alone(t).endswith("\ufffd") for t in text_ids)
+    pool = [*text_ids, IM_END, 151643, strings.vocab_size + 3, HELLO, WORLD, COMMA, BANG]
+    rows = []
+    for i, own in enumerate(text_ids * 2):
+        alternatives = [rnd.choice(pool) for _ in range(k)]
+        if k and i % 3 == 0:
+            alternatives[i % k] = own  # the token among its alternatives
+        rows.append(([own, *alternatives], [f32(ODD_LOGPROBS[(i + j) % len(ODD_LOGPROBS)]) for j in range(k + 1)]))
+    expected = plain_chat_entries(strings, rows, top, as_token_ids)
+    for _ in range(2):  # cold, then warm
+        fmt = LogprobsFormatter(strings, chat=True, top=top, as_token_ids=as_token_ids)
+        entries = []
+        i = 0
+        while i < len(rows):
+            n = 1 if i % 5 else 3  # mostly one row per output, some segments of several
+            got = fmt.sampled(seg([(ids, lps, 1) for ids, lps in rows[i:i + n]]))
+            assert utf8(fmt.render(got)) == msgspec.json.encode({"content": expected[i:i + n]})
+            entries += got
+            i += n
+        assert utf8(fmt.render(entries)) == msgspec.json.encode({"content": expected})
