@@ -32,7 +32,7 @@ def _number(lp: float) -> str:
 
 
 def _byte_numbers(lps: Sequence[float]) -> list[bytes]:
-    """_number of each as UTF-8, in one encoder call (a chat segment's logprobs)."""
+    """_number of each as UTF-8, in one encoder call (a segment's logprobs, every row's)."""
     values = lps if type(lps) is tuple else list(lps)  # msgspec would write a memoryview as base64
     text = _encode(values)
     if values and (not min(values) > FLOOR or b"n" in text):  # below the floor, -inf or NaN (null)
@@ -40,19 +40,8 @@ def _byte_numbers(lps: Sequence[float]) -> list[bytes]:
     return text[1:-1].split(b",")
 
 
-def _numbers(lps: Sequence[float]) -> list[str]:
-    """_number of each, in one encoder call (a segment's logprobs, every row's)."""
-    values = lps if type(lps) is tuple else list(lps)  # msgspec would write a memoryview as base64
-    if values and not min(values) > FLOOR:  # NaN first makes min() NaN too
-        values = [lp if lp > FLOOR else FLOOR for lp in values]
-    text = _encode(values).decode()
-    if "n" in text:  # a NaN min() passed over: msgspec writes it null
-        text = _encode([lp if lp > FLOOR else FLOOR for lp in values]).decode()
-    return text[1:-1].split(",")
-
-
-Entry = Any  # chat: the entry's JSON (bytes); token-out: its JSON text; completions: (token JSON, logprob,
-# top dict JSON, offset)
+Entry = Any  # chat: the entry's JSON; completions: (token JSON, logprob, top dict JSON, offset); all UTF-8
+# (token-out: its JSON text)
 _TEMPLATES: dict[int, bytes] = {}  # per count of alternatives, a chat entry's JSON around its 3 * (1 + top) parts
 
 
@@ -85,7 +74,7 @@ class _Table:
         # Each list made at its first use (a chat request's or a completion's), the vocabulary long.
         self.heads: list[bytes | None] = []
         self.tails: list[bytes | None] = []
-        self.keys: list[str | None] = []
+        self.keys: list[bytes | None] = []
         self.lengths: list[int] = []
         self.partial: set[int] = set()
 
@@ -169,7 +158,7 @@ class LogprobsFormatter:
         assert not self._chat, "chat has no echo here"
         first = prompt_ids[0]
         token = self._token_id(first) if self._as_ids else self._strings.first_prompt_token(first)
-        entries: list[Entry] = [(_enc(token), "null", "null", str(self._offset))]
+        entries: list[Entry] = [(_encode(token), b"null", b"null", b"%d" % self._offset)]
         self._offset += len(token)
         context: list[int] = []  # vLLM's prompt context starts at its second token
         for seg in segments:
@@ -265,7 +254,7 @@ class LogprobsFormatter:
         if type(ids) is not tuple:
             ids = list(ids)
         top = min(self.top, seg.k)
-        nums = _numbers(seg.logprobs)
+        nums = _byte_numbers(seg.logprobs)
         table = self._table
         key, lengths, partial = table.keys.__getitem__, table.lengths, table.partial
         out: list[Entry] = []
@@ -290,34 +279,34 @@ class LogprobsFormatter:
             out.append(self._completion_row(ids[row:end], nums[row:end], context))
         return out
 
-    def _columns(self, keys: list[Any], values: list[str], length: int) -> Entry:
+    def _columns(self, keys: list[Any], values: list[bytes], length: int) -> Entry:
         """A completions row: (token, its logprob, the top dict's JSON, text_offset); `keys` the dict's
         keys (`"token":`), the token's first, `values` their logprobs' JSON, `length` the token's."""
         if len(set(keys)) < len(keys):  # two ids with one string: one key, its last value (a dict's)
             merged = dict(zip(keys, values, strict=True))
-            pairs = ",".join(map(str.__add__, merged, merged.values()))
+            pairs = b",".join(map(bytes.__add__, merged, merged.values()))
         else:
-            pairs = ",".join(map(str.__add__, keys, values))
+            pairs = b",".join(map(bytes.__add__, keys, values))
         offset = self._offset
         self._offset += length
-        return keys[0][:-1], values[0], "{" + pairs + "}", str(offset)
+        return keys[0][:-1], values[0], b"{" + pairs + b"}", b"%d" % offset
 
-    def _completion_row(self, ids: Sequence[int], nums: Sequence[str], context: list[int]) -> Entry:
+    def _completion_row(self, ids: Sequence[int], nums: Sequence[bytes], context: list[int]) -> Entry:
         own = ids[0]
         key, length = self._key(own, context)
         # vLLM's dict: the token first, then the k most likely (the token once, at its first place).
-        keys, values = [key + ":"], [nums[0]]
+        keys, values = [key + b":"], [nums[0]]
         for j in range(1, len(ids)):
             tid = ids[j]
             if tid != own:
-                keys.append(self._key(tid, context)[0] + ":")
+                keys.append(self._key(tid, context)[0] + b":")
                 values.append(nums[j])
         entry = self._columns(keys, values, length)
         _advance(context, own, not self._strings.alone(own).endswith(REPLACEMENT))
         return entry
 
-    def _key(self, tid: int, context: Sequence[int]) -> tuple[str, int]:
-        """A completions token: its JSON string and the length of the string (for text_offset), with
+    def _key(self, tid: int, context: Sequence[int]) -> tuple[bytes, int]:
+        """A completions token: its JSON string (UTF-8) and the length of the string (for text_offset), with
         `context` before it; the table keeps it as it is with no context (see _Table)."""
         table = self._table
         partial = self._strings.alone(tid).endswith(REPLACEMENT)
@@ -325,17 +314,17 @@ class LogprobsFormatter:
             table.partial.add(tid)
         if self._as_ids:
             name = self._token_id(tid)
-            key, length = found = _enc(name), len(name)
+            key, length = found = _encode(name), len(name)
         else:
             text = "" if partial else self._strings.alone(tid)
-            key, length = _enc(text), len(text)
+            key, length = _encode(text), len(text)
             if partial and context:
                 text = self._strings.corrected(tid, context)
-                found = _enc(text), len(text)
+                found = _encode(text), len(text)
             else:
                 found = key, length
         table.key_room(tid)
-        table.keys[tid], table.lengths[tid] = key + ":", length
+        table.keys[tid], table.lengths[tid] = key + b":", length
         return found
 
     @staticmethod
@@ -350,9 +339,9 @@ class LogprobsFormatter:
             return ('{"content":[' + ",".join(entries) + "]}").encode()
         if self._chat:
             return b"".join((b'{"content":[', b",".join(entries), b"]}"))
-        return ('{"text_offset":[' + ",".join(e[3] for e in entries) + '],"token_logprobs":['
-                + ",".join(e[1] for e in entries) + '],"tokens":[' + ",".join(e[0] for e in entries)
-                + '],"top_logprobs":[' + ",".join(e[2] for e in entries) + "]}").encode()
+        return b"".join((b'{"text_offset":[', b",".join([e[3] for e in entries]), b'],"token_logprobs":[',
+                         b",".join([e[1] for e in entries]), b'],"tokens":[', b",".join([e[0] for e in entries]),
+                         b'],"top_logprobs":[', b",".join([e[2] for e in entries]), b"]}"))
 
     def prompt_logprobs(self, segments: Sequence[Segment], positions: int) -> str:
         """vLLM's `prompt_logprobs`: null for the first token, then per position {id: {logprob, rank,
