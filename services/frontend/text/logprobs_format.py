@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 
 from protocol.logprobs import Segment
-from services.frontend.text.token_strings import CONTEXT_TOKENS, REPLACEMENT, TokenStrings, bytes_json
+from services.frontend.text.token_strings import CONTEXT_TOKENS, REPLACEMENT, TokenStrings
 from services.frontend.text.token_strings import json_string as _enc
 
 FLOOR = -9999.0
@@ -176,16 +176,22 @@ class LogprobsFormatter:
             return None  # below the floor, -inf or NaN (null)
         table = self._table
         heads, tails = table.heads, table.tails
+        nums = text[1:-1].split(b",")
         parts: list[bytes | None] = []
         try:
-            for tid, num in zip(ids, text[1:-1].split(b",")):  # noqa: B905 (one length by make; a keyword costs)
+            for tid, num in zip(ids, nums):  # noqa: B905 (one length by make; a keyword costs)
                 parts += (heads[tid], num, tails[tid])
-            entry = self._template % tuple(parts)
-        except (TypeError, IndexError):  # a None (not made yet) `%b` refuses, or past the list
-            return None
+        except IndexError:  # past the lists: made below
+            parts = [None]
+        if None in parts:  # an id seen for the first time: its fragments made (as with nothing before it)
+            for tid in ids:
+                self._cell(tid)
+            parts = []
+            for tid, num in zip(ids, nums):  # noqa: B905
+                parts += (heads[tid], num, tails[tid])
         if ids[0] in table.partial:  # the next token's string depends on this one
             self._context.append(ids[0])
-        return entry
+        return self._template % tuple(parts)
 
     def _chat_rows(self, seg: Segment, context: list[int]) -> list[Entry]:
         """Each row's entry made by its template from its ids' cached heads and tails and its logprobs'
@@ -372,7 +378,7 @@ class LogprobsFormatter:
 
 def _cell(token: str, text: str) -> tuple[bytes, bytes]:
     """A chat entry's head and tail (see _Table) of a token shown as `token` whose text is `text`."""
-    return b'{"token":' + _encode(token) + b',"logprob":', b',"bytes":' + bytes_json(text).encode()
+    return b'{"token":' + _encode(token) + b',"logprob":', b',"bytes":' + _encode(list(text.encode("utf-8", "replace")))
 
 
 def _token_cell(tid: int, lp: float, rank: int) -> str:
