@@ -1,0 +1,127 @@
+"""A streamed token's cost with top-k logprobs on the direct stream's short path, in-process and one
+core: N chat streams fed one sim-shaped output each per step (the sim's uniform draws over the tiny
+model's vocabulary, its packed rows), each step's dispatch pass run (`end_of_pass`: plain_text(), the
+formatter, render, the chunk writer) into a recording transport. Prints CPU us per token, warm (every
+id's fragments made first) and cold (the formatter's tables fill as ids come, as in a fleet's first
+rounds), with `--before REV` the same for that revision's tree in a subprocess, rounds alternating.
+For instructions instead of a noisy clock: `valgrind --tool=callgrind python bench/logprobs_stream.py
+--child warm --steps 0` and `--steps 40`, the difference over streams x 40.
+
+Run: PYTHONPATH=$PWD python bench/logprobs_stream.py [--streams 32] [--steps 40] [--top 5] [--rounds 5]
+                                                   [--before REV]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WARM_STEPS = 60  # before the measured steps: the streams attached, the first token's process() done
+
+
+def child(kind: str, streams: int, steps: int, top: int) -> float:
+    """CPU seconds per token of `steps` steps over `streams` streams in this process's tree."""
+    sys.path.insert(0, os.getcwd())
+    from protocol import GenerateRequest, RequestOutput, SamplingParams
+    from services.engine.backends.sim.fake_logprobs import FakeLogprobs
+    from services.frontend.engine_client.inflight import InFlight, end_of_pass
+    from services.frontend.generation.metrics import Metrics
+    from services.frontend.generation.output import OutputProcessor
+    from services.frontend.http_api.response_writer import send_stream
+    from services.frontend.model import Model
+    from services.frontend.requests.engine_request import EngineRequest, OutputOptions
+    from services.frontend.text.logprobs_format import LogprobsFormatter
+    from services.frontend.text.token_strings import token_strings
+    from tests.unit.frontend.test_direct_stream import _attached, _cycle, _Engines
+
+    model = Model.load("tiny", "tiny")
+    vocab = model.tokenizer.get_vocab_size(with_added_tokens=True)
+    if kind == "warm":
+        fmt = LogprobsFormatter(token_strings(model.tokenizer), chat=True, top=top)
+        for tid in range(vocab):
+            fmt._cell(tid)
+    fake = FakeLogprobs(vocab)
+    rnd = random.Random(1)
+    draws = [[rnd.randrange(151000) for _ in range(streams)] for _ in range(WARM_STEPS + steps)]
+
+    async def main() -> float:
+        metrics, tasks, live = Metrics("tiny"), [], []
+        for i in range(streams):
+            rid = f"r{i}"
+            options = OutputOptions(chat=True, stream=True, include_usage=True, continuous_usage=False, stop=(),
+                                    include_stop_str_in_output=False, skip_special_tokens=True,
+                                    tool_choice="none", response_id="chatcmpl-1", logprobs=top)
+            request = EngineRequest(GenerateRequest(rid, [1, 2, 3], SamplingParams(max_tokens=10_000), time.time()),
+                                    10_000, options)
+            stream = InFlight(rid, 3, 10_000)
+            outputs = OutputProcessor(stream, request, tokenizer=model.tokenizer, engines=_Engines(), metrics=metrics)
+            cycle, _ = _cycle()
+            tasks.append(asyncio.ensure_future(send_stream(cycle.send, [[outputs]], "tiny", None, cycle)))
+            live.append((rid, stream))
+        spent = 0.0
+        for n, ids in enumerate(draws):
+            fed = [(RequestOutput(rid, [tid], None, packed_logprobs=ref), [bytes(parts[0])])
+                   for (rid, _), tid in zip(live, ids, strict=True) for ref, parts in [fake.segment([tid], top)]]
+            t0 = time.process_time()
+            for (_, stream), (out, frames) in zip(live, fed, strict=True):
+                stream.feed(out, frames)
+            end_of_pass()
+            if n >= WARM_STEPS:
+                spent += time.process_time() - t0
+            if n == 0:
+                for _, stream in live:
+                    await _attached(stream)
+        for task in tasks:
+            task.cancel()
+        return spent / max(1, streams * steps)
+
+    return asyncio.run(main())
+
+
+def tree_at(rev: str) -> Path:
+    sha = subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, check=True, capture_output=True,
+                         text=True).stdout.strip()
+    tree = Path(f"/tmp/fleet-bench-{sha}")
+    if not tree.exists():
+        subprocess.run(["git", "worktree", "add", "--detach", str(tree), sha], cwd=ROOT, check=True,
+                       capture_output=True)
+    return tree
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--streams", type=int, default=32)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--top", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--before", metavar="REV", help="also run this git revision's tree, rounds alternating")
+    p.add_argument("--child", choices=["warm", "cold"], help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        print(child(args.child, args.streams, args.steps, args.top) * 1e6)
+        return
+    trees = [("this tree", ROOT)] + ([(args.before, tree_at(args.before))] if args.before else [])
+    figures: dict[tuple[str, str], list[float]] = {}
+    for _ in range(args.rounds):
+        for kind in ("warm", "cold"):
+            for name, tree in trees:
+                out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", kind,
+                                      "--streams", str(args.streams), "--steps", str(args.steps), "--top",
+                                      str(args.top)], cwd=tree, check=True, capture_output=True, text=True,
+                                     env={**os.environ, "PYTHONPATH": str(tree)})
+                figures.setdefault((kind, name), []).append(float(out.stdout.split()[-1]))
+    print(f"{args.streams} streams x {args.steps} steps, top_logprobs={args.top}; CPU us per token, "
+          f"median of {args.rounds} rounds (each round's figures in brackets)")
+    for (kind, name), values in figures.items():
+        print(f"[{kind}, {name}] {statistics.median(values):6.2f} us ({', '.join(f'{v:.2f}' for v in values)})")
+
+
+if __name__ == "__main__":
+    main()
