@@ -23,12 +23,14 @@ import h2.settings
 from edge.api_keys import ApiKeys
 from services.frontend.grpc_api import frame_repr  # noqa: F401  (h2 reprs every frame it takes)
 from services.frontend.grpc_api.inference import Inference
-from services.frontend.grpc_api.native_call import ENCODINGS, NativeCall, status_headers
+from services.frontend.grpc_api.native_call import ENCODINGS, NativeCall, PortCall, status_headers
+from services.frontend.grpc_api.upload_call import UploadCall, WeightUpdates
 
 log = logging.getLogger(__name__)
 
 # The methods served here (native_call.py), by path.
-NATIVE = {b"/fleet.v1.Inference/GenerateStream": "GenerateStream", b"/fleet.v1.Inference/Generate": "Generate"}
+NATIVE = {b"/fleet.v1.Inference/GenerateStream": "GenerateStream", b"/fleet.v1.Inference/Generate": "Generate",
+          b"/fleet.v1.RlControl/UpdateWeights": "UpdateWeights"}
 # Our receive windows: a stream's and the connection's. A relayed call's bytes are acknowledged as they
 # go on, so these bound what a connection buffers; large enough that a weight update's tensors are not
 # held to a round trip per 64 KiB.
@@ -50,8 +52,11 @@ class GrpcPort:
     """The listener. start() binds; stop(grace) stops taking connections, tells clients (GOAWAY), gives
     running native calls `grace` seconds, then ends them and closes every connection."""
 
-    def __init__(self, inference: Inference, keys: ApiKeys, max_message_bytes: int, upstream: str) -> None:
+    def __init__(self, inference: Inference, keys: ApiKeys, max_message_bytes: int, upstream: str,
+                 weights: WeightUpdates | None = None) -> None:
+        """`weights`: UpdateWeights' handler, the call served here (upload_call.py); None relays it."""
         self.inference, self.keys, self.max_message_bytes = inference, keys, max_message_bytes
+        self.weights = weights
         self.upstream = upstream  # grpc.aio's internal socket (a path)
         self.connections: set[Connection] = set()
         self.stopping = False
@@ -62,8 +67,8 @@ class GrpcPort:
         self._server = await loop.create_server(lambda: Connection(self), host or None, port)
         return int(self._server.sockets[0].getsockname()[1])
 
-    def calls(self) -> list[NativeCall]:
-        return [c for conn in self.connections for c in conn.calls.values() if isinstance(c, NativeCall)]
+    def calls(self) -> list[PortCall]:
+        return [c for conn in self.connections for c in conn.calls.values() if isinstance(c, PortCall)]
 
     async def stop(self, grace: float) -> None:
         self.stopping = True
@@ -84,7 +89,8 @@ class GrpcPort:
 
 
 class Connection(asyncio.Protocol):
-    """One client connection: its streams, each a NativeCall or a relayed call (Relayed)."""
+    """One client connection: its streams, each served here (a NativeCall or an UploadCall) or relayed
+    (Relayed)."""
 
     def __init__(self, port: GrpcPort) -> None:
         self.port = port
@@ -93,7 +99,7 @@ class Connection(asyncio.Protocol):
             client_side=False, header_encoding=None, validate_inbound_headers=False))
         self.transport: asyncio.Transport | None = None
         self.paused = False  # the transport's buffer is full (a slow reader)
-        self.calls: dict[int, NativeCall | Relayed] = {}
+        self.calls: dict[int, PortCall | Relayed] = {}
         self._waiters: list[asyncio.Future[None]] = []
         # Connections to grpc.aio, the newest taking new relayed calls (one that said GOAWAY takes none).
         self._upstreams: list[Upstream] = []
@@ -150,7 +156,7 @@ class Connection(asyncio.Protocol):
             kind = type(event)
             if kind is h2.events.DataReceived:
                 call = calls.get(event.stream_id)
-                if type(call) is Relayed:
+                if type(call) is Relayed or type(call) is UploadCall:  # they give the bytes back as they go on
                     call.on_data(event.data, event.flow_controlled_length)
                     continue
                 h2c.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
@@ -194,13 +200,19 @@ class Connection(asyncio.Protocol):
             self.send_headers(stream_id, status_headers(grpc.StatusCode.INTERNAL, fault, started=False),
                               end_stream=True, reset=not ended)
             return
-        call: NativeCall | Relayed
+        call: PortCall | Relayed
+        port = self.port
         native = NATIVE.get(path) if path is not None else None
         # Served here: a well-formed call of a native method. Anything odd goes to grpc.aio, which answers it.
         if (native is not None and method == b"POST" and trailers and content_type is not None
-                and content_type.startswith(b"application/grpc") and encoding in ENCODINGS):
-            port = self.port
-            call = NativeCall(self, stream_id, native, headers, port.inference, port.keys, port.max_message_bytes)
+                and content_type.startswith(b"application/grpc") and encoding in ENCODINGS
+                and (native != "UpdateWeights" or port.weights is not None)):
+            if native == "UpdateWeights":
+                assert port.weights is not None
+                call = UploadCall(self, stream_id, headers, port.weights, port.keys, port.max_message_bytes)
+            else:
+                call = NativeCall(self, stream_id, native, headers, port.inference, port.keys,
+                                  port.max_message_bytes)
         else:
             call = Relayed(self, stream_id, headers)
             upstreams = self._upstreams
@@ -212,7 +224,7 @@ class Connection(asyncio.Protocol):
             if ended:
                 call.on_end()
 
-    def forget(self, call: NativeCall | Relayed) -> None:
+    def forget(self, call: PortCall | Relayed) -> None:
         if self.calls.get(call.stream_id) is call:
             del self.calls[call.stream_id]
 
@@ -239,6 +251,12 @@ class Connection(asyncio.Protocol):
             if reset:
                 self.h2.reset_stream(stream_id, h2.errors.ErrorCodes.NO_ERROR)
         self.flush()
+
+    def acknowledge(self, stream_id: int, n: int) -> None:
+        """`n` received bytes of a stream given back to the client's windows (h2 sends WINDOW_UPDATE once
+        half a window is given back); out at the next flush."""
+        with contextlib.suppress(h2.exceptions.ProtocolError):
+            self.h2.acknowledge_received_data(n, stream_id)
 
     def room(self, stream_id: int) -> int:
         """The bytes the flow-control windows let a stream send now."""
