@@ -158,8 +158,9 @@ async def _tensors(messages: AsyncIterator[Any]) -> AsyncIterator[tuple[Any, byt
                     raise Failed(grpc.StatusCode.INVALID_ARGUMENT,
                                  f"{field}: {value!r} in a piece of tensor {first.name!r}, whose first message "
                                  f"said {want!r}: a piece after the first carries only data (and more)")
-        pieces.append(t.data)
-        size += len(t.data)
+        data = t.data  # protobuf makes a new bytes object at each read of the field
+        pieces.append(data)
+        size += len(data)
         if size > math.prod(first.shape) * MAX_ITEM_BYTES:  # the engine checks the exact size; this bounds memory
             raise Failed(grpc.StatusCode.INVALID_ARGUMENT, f"data: tensor {first.name!r} came with more than the "
                                                             f"{math.prod(first.shape) * MAX_ITEM_BYTES} bytes its "

@@ -1,7 +1,7 @@
 """A client-streaming call served on the gRPC port's own connection (grpc_port.py): RlControl.UpdateWeights,
-its messages parsed from DATA as they come and handed to the same handler grpc.aio runs (rl_control.py),
-the client's bytes given back to its windows only as the handler takes them. Runs on API server 0's
-event loop."""
+its messages parsed from DATA as they come (tensor_message.py) and handed to the same handler grpc.aio
+runs (rl_control.py), the client's bytes given back to its windows only as the handler takes them.
+Runs on API server 0's event loop."""
 from __future__ import annotations
 
 import asyncio
@@ -13,7 +13,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from edge.api_keys import ApiKeys
-from protocol.grpc import pb2
+from services.frontend.grpc_api import tensor_message
 from services.frontend.grpc_api.native_call import Connection, PortCall, frame
 from services.frontend.grpc_api.rpc import CallContext, Failed
 
@@ -141,7 +141,7 @@ class UploadCall(PortCall):
             if compressed:
                 message = self.inflate(message)
             try:
-                tensor = pb2.Tensor.FromString(message)
+                tensor = tensor_message.parse(message)
             except DecodeError:
                 raise Failed(grpc.StatusCode.INTERNAL, "Exception deserializing request!") from None
             yield tensor
