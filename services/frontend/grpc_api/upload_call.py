@@ -52,13 +52,24 @@ class UploadCall(PortCall):
     # ---- the client's side of the stream (Connection dispatches its events, the windows to us) ----
 
     def on_data(self, data: bytes, flow_controlled: int = 0) -> None:
+        self.on_pieces([memoryview(data)], flow_controlled)
+
+    def on_pieces(self, pieces: list[memoryview], flow_controlled: int) -> None:
+        """A DATA frame's payload, in pieces (views of the bytes read: grpc_port.FrameWatch)."""
         self._owed += flow_controlled
         if self.closed or self._why is not None:  # ended, or ending (a refused message): nothing more is held
             self._give_back(everything=True)
             return
-        self.held += len(data)
-        view = memoryview(data)
-        pos, n = 0, len(data)
+        for view in pieces:
+            if not self._take(view):
+                return
+        self._give_back()
+        self._wake()
+
+    def _take(self, view: memoryview) -> bool:
+        """A piece of the stream into messages; False once a message is refused (the call ends)."""
+        self.held += len(view)
+        pos, n = 0, len(view)
         while pos < n:
             if self._need < 0:  # the length prefix
                 prefix = self._prefix
@@ -71,7 +82,7 @@ class UploadCall(PortCall):
                 if size > self._limit:  # from its length prefix: never held
                     self.cancel(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 f"Received message larger than max ({size} vs. {self._limit})")
-                    return
+                    return False
                 self._flag, self._need = prefix[0], size
                 prefix.clear()
             take = min(self._need, n - pos)
@@ -82,8 +93,7 @@ class UploadCall(PortCall):
             if not self._need:
                 chunks, self._chunks, self._need = self._chunks, [], -1
                 self._queue.append((self._flag, chunks[0] if len(chunks) == 1 else b"".join(chunks)))
-        self._give_back()
-        self._wake()
+        return True
 
     def on_end(self) -> None:
         self.remote_ended = True

@@ -5,10 +5,16 @@ flow-control windows instead of the frontend buffering the stream; the handler's
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import struct
 from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
 import pytest
 
 from edge.api_keys import ApiKeys
@@ -29,6 +35,8 @@ class _Handler:
         self.stalled = asyncio.Event()
 
     async def UpdateWeights(self, request_iterator: AsyncIterator[Any], context: CallContext) -> Any:
+        if self.take == 0:
+            await self.go.wait()
         async for t in request_iterator:
             self.got.append((t.name, t.dtype, list(t.shape), bytes(t.data), t.more))
             if self.refuse is not None:
@@ -138,3 +146,37 @@ def test_the_handlers_refusal_and_the_size_limit_are_the_calls_status() -> None:
             await wire.stop(0)
     asyncio.run(main())
 
+
+
+def test_a_client_that_sends_past_the_window_loses_its_connection() -> None:
+    """h2 never sees an UploadCall's DATA payloads (grpc_port.FrameWatch takes them out), so the port tells
+    h2's windows itself: a client that ignores them is a FLOW_CONTROL_ERROR, as h2 would answer, not
+    bytes held without bound. Here the handler takes nothing; the client sends 12 MiB by hand."""
+    async def main() -> None:
+        handler = _Handler(take=0)
+        wire = GrpcPort(None, ApiKeys([]), LIMIT, "/nonexistent", weights=handler)  # type: ignore[arg-type]
+        port = await wire.start("127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        client.initiate_connection()
+        client.send_headers(1, [(":method", "POST"), (":scheme", "http"), (":authority", "x"),
+                                (":path", "/fleet.v1.RlControl/UpdateWeights"),
+                                ("content-type", "application/grpc"), ("te", "trailers")])
+        writer.write(client.data_to_send())
+        message = b"\0" + (LIMIT - 100).to_bytes(4, "big") + bytes(LIMIT - 100)
+        body = b"".join(message for _ in range(12))
+        try:
+            events: list[Any] = []
+            with contextlib.suppress(ConnectionResetError):  # the port closes with our bytes unread: a reset
+                for i in range(0, len(body), 16384):  # past every window, framed by hand: h2 would refuse to
+                    writer.write(struct.pack(">IBI", len(body[i:i + 16384]) << 8, 0, 1) + body[i:i + 16384])
+                await writer.drain()
+                while data := await asyncio.wait_for(reader.read(1 << 20), 10):
+                    events += client.receive_data(data)
+            goaway = [e.error_code for e in events if isinstance(e, h2.events.ConnectionTerminated)]
+            assert goaway in ([], [h2.errors.ErrorCodes.FLOW_CONTROL_ERROR]), goaway  # the reset may drop it
+            assert not wire.connections and not handler.got
+        finally:
+            writer.close()
+            await wire.stop(0)
+    asyncio.run(main())
