@@ -37,6 +37,7 @@ NATIVE = {b"/fleet.v1.Inference/GenerateStream": "GenerateStream", b"/fleet.v1.I
 # held to a round trip per 64 KiB.
 STREAM_WINDOW = 4 << 20
 CONNECTION_WINDOW = 16 << 20
+UPLOAD_WINDOW = 16 << 20  # an UpdateWeights stream's: its bytes go on to the engines as they come
 MAX_FRAME = 1 << 20  # the largest frame we take: fewer frames to parse when a call sends megabytes
 MAX_STREAMS = 1 << 16  # per connection; grpc.aio's own bound is higher still
 _FRAME = struct.Struct(">IBI")  # a frame's head: length << 8 | type, flags, stream id
@@ -260,6 +261,8 @@ class Connection(asyncio.Protocol):
                 call = UploadCall(self, stream_id, headers, port.weights, port.keys, port.max_message_bytes)
                 if not call.closed:
                     self._frames.raw.add(stream_id)
+                    with contextlib.suppress(h2.exceptions.ProtocolError):
+                        self.h2.increment_flow_control_window(UPLOAD_WINDOW - STREAM_WINDOW, stream_id)
             else:
                 call = NativeCall(self, stream_id, native, headers, port.inference, port.keys,
                                   port.max_message_bytes)

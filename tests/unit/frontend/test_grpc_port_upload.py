@@ -19,7 +19,7 @@ import pytest
 
 from edge.api_keys import ApiKeys
 from protocol.grpc import pb2, pb2_grpc, tensor_messages
-from services.frontend.grpc_api.grpc_port import STREAM_WINDOW, GrpcPort
+from services.frontend.grpc_api.grpc_port import STREAM_WINDOW, UPLOAD_WINDOW, GrpcPort
 from services.frontend.grpc_api.rpc import CallContext
 
 LIMIT = 1 << 20  # the port's message limit here
@@ -87,14 +87,14 @@ def test_a_large_update_arrives_whole_and_equal_in_order() -> None:
 
 def test_a_handler_that_stops_taking_messages_holds_the_client_at_the_window() -> None:
     """The client's bytes are given back to its windows only as the handler takes its messages: with the
-    handler stalled after the first, the port holds at most one message and one stream window (4 MiB)
-    past it, and the client (grpc's own buffers aside) is held, not the 48 MiB read into the frontend.
+    handler stalled after the first, the port holds at most one message and the call's window (16 MiB)
+    past it, and the client (grpc's own buffers aside) is held, not the 96 MiB read into the frontend.
     Before, the port gave every DATA frame back as it came: the client sent it all."""
     async def main() -> None:
         handler = _Handler(take=1)
         wire, channel = await _port(handler)
         pulled = 0
-        messages = _messages(48)
+        messages = _messages(96)
 
         async def requests() -> AsyncIterator[Any]:
             nonlocal pulled
@@ -111,7 +111,7 @@ def test_a_handler_that_stops_taking_messages_holds_the_client_at_the_window() -
             (conn,) = wire.connections
             (upload,) = conn.calls.values()
             held = upload.held  # the bytes the call holds that the handler has not taken
-            assert held <= LIMIT + 5 + STREAM_WINDOW, held
+            assert held <= LIMIT + 5 + UPLOAD_WINDOW, held
             assert pulled < len(messages) // 2, f"the client sent {pulled} of {len(messages)} MiB-messages"
             handler.go.set()
             resp = await call
@@ -151,7 +151,7 @@ def test_the_handlers_refusal_and_the_size_limit_are_the_calls_status() -> None:
 def test_a_client_that_sends_past_the_window_loses_its_connection() -> None:
     """h2 never sees an UploadCall's DATA payloads (grpc_port.FrameWatch takes them out), so the port tells
     h2's windows itself: a client that ignores them is a FLOW_CONTROL_ERROR, as h2 would answer, not
-    bytes held without bound. Here the handler takes nothing; the client sends 12 MiB by hand."""
+    bytes held without bound. Here the handler takes nothing; the client sends 24 MiB by hand."""
     async def main() -> None:
         handler = _Handler(take=0)
         wire = GrpcPort(None, ApiKeys([]), LIMIT, "/nonexistent", weights=handler)  # type: ignore[arg-type]
@@ -164,7 +164,7 @@ def test_a_client_that_sends_past_the_window_loses_its_connection() -> None:
                                 ("content-type", "application/grpc"), ("te", "trailers")])
         writer.write(client.data_to_send())
         message = b"\0" + (LIMIT - 100).to_bytes(4, "big") + bytes(LIMIT - 100)
-        body = b"".join(message for _ in range(12))
+        body = b"".join(message for _ in range(24))
         try:
             events: list[Any] = []
             with contextlib.suppress(ConnectionResetError):  # the port closes with our bytes unread: a reset
