@@ -80,8 +80,10 @@ class UpstreamResponse(Protocol):
         """The whole body."""
         ...
 
-    def chunks(self) -> AsyncIterator[bytes]:
-        """Body bytes as they arrive, without waiting to fill a buffer."""
+    def chunks(self, forward: Callable[[bytes], bool] | None = None) -> AsyncIterator[bytes]:
+        """Body bytes as they arrive, without waiting to fill a buffer. `forward`, where the client
+        can take them: bytes may be handed to it as they arrive instead (it says whether it took them),
+        and only what it did not take is yielded; an implementation may ignore it and yield everything."""
         ...
 
     @property
