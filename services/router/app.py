@@ -362,7 +362,7 @@ class RouterApp:
                 tracing.annotate(tracing.current(), {"http.response.status_code": call.status})
                 if call.status >= 500:
                     tracing.fail(tracing.current(), f"answered {call.status}")
-            self.metrics.requests.labels(listener.name, codec.name, str(call.status)).inc()
+            self.metrics.requests_of(listener.name, codec.name, str(call.status)).inc()
             send.counted = True
             self.limits.settle(charge, status=call.status, started=send.state is not ResponseState.NOT_STARTED,
                                cached=answered is not None)
@@ -395,7 +395,7 @@ class RouterApp:
 
     def _count(self, choice: Choice) -> None:
         entry = choice.entry.name
-        self.metrics.decisions.labels(entry, choice.decision.name).inc()
+        self.metrics.decisions_of(entry, choice.decision.name).inc()
         for name, result in choice.signals.items():
             outcome = "unknown" if result.unknown else "matched" if result.matched else "unmatched"
             self.metrics.signal_results.labels(entry, name, outcome).inc()
