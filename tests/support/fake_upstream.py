@@ -55,6 +55,9 @@ class FakeResponse:
     async def read(self) -> bytes:
         return b"".join([chunk async for chunk in self.chunks()])
 
+    def ready(self) -> bytes:
+        return b""
+
     async def chunks(self, forward: Callable[[bytes], bool] | None = None) -> AsyncIterator[bytes]:
         reply = self._reply
         for i, chunk in enumerate(reply.chunks):

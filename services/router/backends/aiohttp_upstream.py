@@ -44,6 +44,9 @@ class AiohttpResponse:
     async def read(self) -> bytes:
         return await self._raw.read()
 
+    def ready(self) -> bytes:
+        return b""  # not used where this client serves (https replicas): chunks() yields them all
+
     async def chunks(self, forward: Callable[[bytes], bool] | None = None) -> AsyncIterator[bytes]:
         """Body bytes as they arrive, without waiting to fill a buffer. No byte for the read timeout
         while waiting for one raises aiohttp.SocketTimeoutError (a stalled upstream).

@@ -178,6 +178,11 @@ class Http1Response:
     async def read(self) -> bytes:
         return b"".join([chunk async for chunk in self.chunks()])
 
+    def ready(self) -> bytes:
+        """Body bytes that came with the head, taken, when more is to come (b"" otherwise)."""
+        conn = self._conn
+        return conn.take() if conn.body and not conn.done and conn.error is None else b""
+
     async def chunks(self, forward: Callable[[bytes], bool] | None = None) -> AsyncIterator[bytes]:
         """Body bytes as they arrive. No byte for the read timeout while waiting for one raises
         aiohttp.SocketTimeoutError (a stalled replica); time spent in the consumer does not count (a

@@ -9,7 +9,7 @@ also covers hypercorn); the rule and the answers live in edge/, the uvicorn hook
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
@@ -55,6 +55,38 @@ def chunk_writer(cycle: RequestResponseCycle) -> Callable[[bytes], bool] | None:
         return True
 
     return write
+
+
+class _Held:
+    """A request cycle's transport while uvicorn's send writes its response head: the bytes kept."""
+
+    __slots__ = ("data",)
+
+    def __init__(self) -> None:
+        self.data = b""
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+
+async def start_with_first(cycle: RequestResponseCycle, start: Callable[[], Awaitable[None]], first: bytes) -> bool:
+    """`start()` (the response head sent through uvicorn's send, which builds and checks it) with the
+    head's bytes held, then written in one transport write with `first`, the body's first piece, as a
+    chunk: one syscall and one wake-up of the client fewer per response. False when `first` was not
+    written (the response is not chunked, or the client left) and is still to send."""
+    transport = cycle.transport
+    held = _Held()
+    cycle.transport = held  # type: ignore[assignment]  # only write() is called while the head is sent
+    try:
+        await start()
+    finally:
+        cycle.transport = transport
+    if cycle.chunked_encoding is True and held.data and not cycle.disconnected:
+        transport.write(b"%b%x\r\n%b\r\n" % (held.data, len(first), first))
+        return True
+    if held.data:
+        transport.write(held.data)
+    return False
 
 
 def uvicorn_protocol(header_timeout_s: float, max_connections: int) -> type[HttpToolsProtocol]:

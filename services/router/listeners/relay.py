@@ -17,7 +17,7 @@ from services.router.listeners.asgi import JSON, TrackedSend
 from services.router.listeners.call import Call
 from services.router.listeners.codecs.codec import CHAT_PATH
 from services.router.listeners.codecs.openai import as_chunks
-from services.router.listeners.connections import chunk_writer, cycle_of
+from services.router.listeners.connections import chunk_writer, cycle_of, start_with_first
 from services.router.metrics import RouterMetrics
 
 log = logging.getLogger("router")
@@ -77,7 +77,6 @@ class Relay:
                                              (b"content-length", str(len(body)).encode())])
                 await send({"type": "http.response.body", "body": body, "more_body": False})
                 return True
-            await call.start(send, 200, [(b"content-type", content_type)])
             # The hot path, once per upstream chunk: the bytes go out as they came (no SSE parse, no
             # re-framing). When nothing reads them on the way (no recorder, no usage) and the server is
             # this router's uvicorn, the upstream connection's callback writes each read's bytes to the
@@ -88,6 +87,13 @@ class Relay:
             body_send = send.raw if isinstance(send, TrackedSend) else send
             watched = call.recorder is not None or call.usage is not None
             cycle = None if watched else cycle_of(body_send)
+            head = [(b"content-type", content_type)]
+            # Body bytes that came with upstream's head go out with the client's head, in one write.
+            if cycle is not None and not cycle.flow.write_paused and (first := response.ready()):
+                if not await start_with_first(cycle, lambda: call.start(send, 200, head), first):
+                    await body_send({"type": "http.response.body", "body": first, "more_body": True})
+            else:
+                await call.start(send, 200, head)
             async for chunk in response.chunks(chunk_writer(cycle) if cycle is not None else None):
                 if watched:
                     call.seen_raw(chunk)
