@@ -3,7 +3,7 @@ none, as most embedding models: its chat routes answer 400, as vLLM's do), EOS, 
 config declares; loaded once per process (the files are read by the shared prompting library)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -26,6 +26,12 @@ class Model:
     config_max_model_len: int | None = None  # from config.json (render-only mode has no engine to ask)
     tokenizer_sha256: str = ""
     embedding: EmbeddingFacts | None = None  # what the `dimensions` of an embeddings request may be
+    # With the added tokens: the ids a request may name. Asked of the tokenizer once, not per request (it
+    # walks the added vocabulary each time).
+    vocab_size: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
 
 
     @classmethod

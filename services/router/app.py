@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -43,6 +43,7 @@ from services.router.listeners.call import Call
 from services.router.listeners.caller import Caller, caller_of
 from services.router.listeners.codecs.codec import CHAT_PATH, Codec
 from services.router.listeners.codecs.registry import CODECS, error_shape, output_of
+from services.router.listeners.connections import cycle_of, on_client_gone
 from services.router.listeners.direct import DirectPools
 from services.router.listeners.escalate import Escalator
 from services.router.listeners.json_body import BodyError
@@ -318,7 +319,12 @@ class RouterApp:
         task = asyncio.current_task()
         assert task is not None  # a request is always handled in a task
         gone = asyncio.Event()
-        watcher = asyncio.get_running_loop().create_task(watch_disconnect(receive, task, gone, send))
+        # Under this router's uvicorn protocol the connection says when the client leaves; elsewhere a
+        # task watches receive() for it.
+        cycle = cycle_of(receive)
+        watcher = None
+        if cycle is None or not on_client_gone(cycle, _leaving(task, gone, send)):
+            watcher = asyncio.get_running_loop().create_task(watch_disconnect(receive, task, gone, send))
         exchange: Exchange | None = None
         answered: dict[str, Any] | None = None
         ran = 0  # the plugins whose request hook ran: their response hooks run
@@ -348,12 +354,15 @@ class RouterApp:
             task.uncancel()
             call.status = 499
         finally:
-            watcher.cancel()
+            if watcher is not None:
+                watcher.cancel()
+            elif cycle is not None:
+                on_client_gone(cycle, None)
             if tracing.enabled():
                 tracing.annotate(tracing.current(), {"http.response.status_code": call.status})
                 if call.status >= 500:
                     tracing.fail(tracing.current(), f"answered {call.status}")
-            self.metrics.requests.labels(listener.name, codec.name, str(call.status)).inc()
+            self.metrics.requests_of(listener.name, codec.name, str(call.status)).inc()
             send.counted = True
             self.limits.settle(charge, status=call.status, started=send.state is not ResponseState.NOT_STARTED,
                                cached=answered is not None)
@@ -386,7 +395,7 @@ class RouterApp:
 
     def _count(self, choice: Choice) -> None:
         entry = choice.entry.name
-        self.metrics.decisions.labels(entry, choice.decision.name).inc()
+        self.metrics.decisions_of(entry, choice.decision.name).inc()
         for name, result in choice.signals.items():
             outcome = "unknown" if result.unknown else "matched" if result.matched else "unmatched"
             self.metrics.signal_results.labels(entry, name, outcome).inc()
@@ -441,6 +450,18 @@ async def _unless_gone(receive: Receive, send: TrackedSend, work: Awaitable[T]) 
         return None
     finally:
         watcher.cancel()
+
+
+def _leaving(task: asyncio.Task[Any], gone: asyncio.Event, send: TrackedSend) -> Callable[[], None]:
+    """What the connection calls when the client leaves: the handler cancelled, as watch_disconnect
+    does, unless its response went out whole (its remaining bookkeeping then runs)."""
+
+    def left() -> None:
+        if send.state is not ResponseState.COMPLETE:
+            gone.set()
+            task.cancel()
+
+    return left
 
 
 def _only_get(path: str, method: str) -> None:

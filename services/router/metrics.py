@@ -13,6 +13,23 @@ _LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 _WAIT = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
+class Children:
+    """A metric's labelled children, each looked up once: prometheus_client's labels() checks the values
+    and takes a lock on every call, a cost paid per request otherwise. For labels of few values only."""
+
+    __slots__ = ("_children", "_metric")
+
+    def __init__(self, metric: Any) -> None:
+        self._metric = metric
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def __call__(self, *values: str) -> Any:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._metric.labels(*values)
+        return child
+
+
 class Snapshots(Protocol):
     """What the replica and queue gauges read: a pool's replicas' state and its queue's depth per priority
     class (backends/pool.py's `Pool`)."""
@@ -61,6 +78,9 @@ class RouterMetrics:
         self.upstream_latency = Histogram("router_upstream_latency_seconds", "Time from sending a request "
                                           "upstream to its response head.", ["pool"], buckets=_LATENCY,
                                           registry=r)
+        # The per-request ones, their children looked up once per label values.
+        self.requests_of, self.decisions_of = Children(self.requests), Children(self.decisions)
+        self.upstream_latency_of = Children(self.upstream_latency)
         self.signal_results = Counter("router_signal_results", "Signals evaluated, by entry, signal and "
                                       "result (matched, unmatched, unknown).", ["entry", "signal", "result"],
                                       registry=r)

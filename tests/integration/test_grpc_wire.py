@@ -1,6 +1,6 @@
 """The frontend's gRPC port as a client sees it on the wire (one sim rank, a frontend with --grpc-port,
 --api-key and a 256 KiB --max-body-bytes): the official client on the native calls (GenerateStream,
-Generate) and on relayed ones (Control, KvEvents, UpdateWeights), then raw HTTP/2 frames
+Generate, and since it was written UpdateWeights) and on relayed ones (Control, KvEvents), then raw HTTP/2 frames
 (tests/support/h2_client.py). Black-box, written against grpc.aio before the port served it: whatever
 serves the port must keep these answers."""
 from __future__ import annotations
@@ -151,7 +151,7 @@ def test_a_2000_token_stream_crosses_the_flow_control_window_many_times(fleet: F
     assert chunks[-1].finish_reason == "length"
 
 
-def test_a_relayed_client_stream_crosses_the_window_in_the_request_direction(fleet: Fleet) -> None:
+def test_a_client_stream_crosses_the_window_in_the_request_direction(fleet: Fleet) -> None:
     tensors = [pb2.Tensor(name=f"layer.{i}.weight", dtype="uint8", shape=[200_000], data=bytes([i]) * 200_000)
                for i in range(4)]
     fleet.rl.StartWeightUpdate(pb2.StartWeightUpdateRequest(), metadata=AUTH, timeout=10)

@@ -180,6 +180,7 @@ listeners: [{{port: {{port}}, host: 127.0.0.1}}]
 pools:{pools}
 entries:
   fleet:
+    signal_budget_s: 10  # the in-process embedding on a loaded test host can take more than the default 0.5 s
     signals:
       - {{name: urgent, type: keyword, keywords: [urgent, asap], mode: any}}
       - {{name: both, type: keyword, keywords: [Alpha, Beta], mode: all, case_sensitive: true}}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,7 +55,10 @@ class FakeResponse:
     async def read(self) -> bytes:
         return b"".join([chunk async for chunk in self.chunks()])
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    def ready(self) -> bytes:
+        return b""
+
+    async def chunks(self, forward: Callable[[bytes], bool] | None = None) -> AsyncIterator[bytes]:
         reply = self._reply
         for i, chunk in enumerate(reply.chunks):
             if i == reply.break_after:

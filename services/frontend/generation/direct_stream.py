@@ -82,6 +82,14 @@ class DirectStream:
                         self._stash.append(body)
                         self._let_go()
                 return
+            texts = outputs.plain_texts()
+            if texts is not None:  # several steps at once, a loop running late: one write for them all
+                if texts:
+                    events = [chunk(text) for text in texts]
+                    if not self._outlet.put(events[0] if len(events) == 1 else b"".join(events)):
+                        self._stash += events
+                        self._let_go()
+                return
         try:
             events = self._events(outputs.take_pieces())
         except EngineFailure as exc:

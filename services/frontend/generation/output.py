@@ -166,6 +166,34 @@ class OutputProcessor:
         self.counts = [self.completion_tokens] if text else []
         return text
 
+    def plain_texts(self) -> list[str] | None:
+        """plain_text() of several plain steps queued at once (the loop ran a step or more late): each
+        step's text, in order, those that have any, as process() makes them, with one inter-token latency
+        per step and `counts` per text. None: not all plain (or logprobs asked), nothing taken."""
+        if not self._plain or self.completion_tokens == 0 or self.formatter is not None:
+            return None
+        pending = self.stream.pending
+        for out in pending:
+            if not out.new_token_ids or out.finish_reason is not None:
+                return None
+        self.stream.take()
+        # process()'s clock: one reading for the batch, so the steps after the first have a latency of 0.
+        now = time.monotonic()
+        observe, push = self._metrics.itl.observe, self._detok.push
+        texts: list[str] = []
+        counts = self.counts = []
+        tokens = self.completion_tokens
+        for out in pending:
+            observe(now - self._last)
+            self._last = now
+            tokens += len(out.new_token_ids)
+            text = push(out.new_token_ids)
+            if text:
+                texts.append(text)
+                counts.append(tokens)
+        self.completion_tokens = tokens
+        return texts
+
     def _plain_step(self, n: int) -> None:
         """A plain step's inter-token latency and count (process() keeps them for every other step)."""
         now = time.monotonic()

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import struct
+from collections import deque
 from typing import Any
 
 import grpc
@@ -23,23 +24,27 @@ import h2.settings
 from edge.api_keys import ApiKeys
 from services.frontend.grpc_api import frame_repr  # noqa: F401  (h2 reprs every frame it takes)
 from services.frontend.grpc_api.inference import Inference
-from services.frontend.grpc_api.native_call import ENCODINGS, NativeCall, status_headers
+from services.frontend.grpc_api.native_call import ENCODINGS, NativeCall, PortCall, status_headers
+from services.frontend.grpc_api.upload_call import UploadCall, WeightUpdates
 
 log = logging.getLogger(__name__)
 
 # The methods served here (native_call.py), by path.
-NATIVE = {b"/fleet.v1.Inference/GenerateStream": "GenerateStream", b"/fleet.v1.Inference/Generate": "Generate"}
+NATIVE = {b"/fleet.v1.Inference/GenerateStream": "GenerateStream", b"/fleet.v1.Inference/Generate": "Generate",
+          b"/fleet.v1.RlControl/UpdateWeights": "UpdateWeights"}
 # Our receive windows: a stream's and the connection's. A relayed call's bytes are acknowledged as they
 # go on, so these bound what a connection buffers; large enough that a weight update's tensors are not
 # held to a round trip per 64 KiB.
 STREAM_WINDOW = 4 << 20
 CONNECTION_WINDOW = 16 << 20
+UPLOAD_WINDOW = 16 << 20  # an UpdateWeights stream's: its bytes go on to the engines as they come
 MAX_FRAME = 1 << 20  # the largest frame we take: fewer frames to parse when a call sends megabytes
 MAX_STREAMS = 1 << 16  # per connection; grpc.aio's own bound is higher still
 _FRAME = struct.Struct(">IBI")  # a frame's head: length << 8 | type, flags, stream id
-_HEADERS, _SETTINGS, _PING, _GOAWAY = 0x1, 0x4, 0x6, 0x7
+_DATA, _HEADERS, _SETTINGS, _PING, _GOAWAY = 0x0, 0x1, 0x4, 0x6, 0x7
 _CONTROL = (_SETTINGS, _PING)
 _ACK = 0x1
+_PADDED = 0x8
 _FRAME_SIZE_ERROR, _ENHANCE_YOUR_CALM = 0x6, 0xB
 MAX_CONTROL_FRAMES = 100  # PINGs and SETTINGS in a row with no HEADERS or DATA: past it, a flood
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -50,8 +55,11 @@ class GrpcPort:
     """The listener. start() binds; stop(grace) stops taking connections, tells clients (GOAWAY), gives
     running native calls `grace` seconds, then ends them and closes every connection."""
 
-    def __init__(self, inference: Inference, keys: ApiKeys, max_message_bytes: int, upstream: str) -> None:
+    def __init__(self, inference: Inference, keys: ApiKeys, max_message_bytes: int, upstream: str,
+                 weights: WeightUpdates | None = None) -> None:
+        """`weights`: UpdateWeights' handler, the call served here (upload_call.py); None relays it."""
         self.inference, self.keys, self.max_message_bytes = inference, keys, max_message_bytes
+        self.weights = weights
         self.upstream = upstream  # grpc.aio's internal socket (a path)
         self.connections: set[Connection] = set()
         self.stopping = False
@@ -62,8 +70,8 @@ class GrpcPort:
         self._server = await loop.create_server(lambda: Connection(self), host or None, port)
         return int(self._server.sockets[0].getsockname()[1])
 
-    def calls(self) -> list[NativeCall]:
-        return [c for conn in self.connections for c in conn.calls.values() if isinstance(c, NativeCall)]
+    def calls(self) -> list[PortCall]:
+        return [c for conn in self.connections for c in conn.calls.values() if isinstance(c, PortCall)]
 
     async def stop(self, grace: float) -> None:
         self.stopping = True
@@ -84,7 +92,8 @@ class GrpcPort:
 
 
 class Connection(asyncio.Protocol):
-    """One client connection: its streams, each a NativeCall or a relayed call (Relayed)."""
+    """One client connection: its streams, each served here (a NativeCall or an UploadCall) or relayed
+    (Relayed)."""
 
     def __init__(self, port: GrpcPort) -> None:
         self.port = port
@@ -93,7 +102,7 @@ class Connection(asyncio.Protocol):
             client_side=False, header_encoding=None, validate_inbound_headers=False))
         self.transport: asyncio.Transport | None = None
         self.paused = False  # the transport's buffer is full (a slow reader)
-        self.calls: dict[int, NativeCall | Relayed] = {}
+        self.calls: dict[int, PortCall | Relayed] = {}
         self._waiters: list[asyncio.Future[None]] = []
         # Connections to grpc.aio, the newest taking new relayed calls (one that said GOAWAY takes none).
         self._upstreams: list[Upstream] = []
@@ -146,11 +155,17 @@ class Connection(asyncio.Protocol):
             return
         calls = self.calls
         h2c = self.h2
+        payloads = self._frames.payloads
         for event in events:
             kind = type(event)
             if kind is h2.events.DataReceived:
                 call = calls.get(event.stream_id)
-                if type(call) is Relayed:
+                if payloads and not event.flow_controlled_length and event.stream_id in payloads:
+                    # A frame whose payload FrameWatch took out (an UploadCall's): h2 got it empty.
+                    if not self._take_payload(event.stream_id, call):
+                        return
+                    continue
+                if type(call) is Relayed or type(call) is UploadCall:  # they give the bytes back as they go on
                     call.on_data(event.data, event.flow_controlled_length)
                     continue
                 h2c.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
@@ -168,9 +183,49 @@ class Connection(asyncio.Protocol):
                     call.on_reset(event.error_code)
             elif kind in (h2.events.WindowUpdated, h2.events.RemoteSettingsChanged):
                 self._wake()
+        if payloads:  # frames h2 took no event of (their stream ended here meanwhile): the windows back
+            for stream_id, fifo in list(payloads.items()):
+                del payloads[stream_id]
+                n = sum(len(p) for pieces in fifo for p in pieces)
+                if n and self._consumed(stream_id, n):
+                    self.acknowledge(stream_id, n)
         self.flush()
         for upstream in self._upstreams:
             upstream.flush()
+
+    def _take_payload(self, stream_id: int, call: PortCall | Relayed | None) -> bool:
+        """The next taken-out payload of the stream to its call, h2 told of the windows it used; False
+        when it broke them (the connection is closed)."""
+        fifo = self._frames.payloads[stream_id]
+        pieces = fifo.popleft()
+        if not fifo:
+            del self._frames.payloads[stream_id]
+        n = sum(len(p) for p in pieces)
+        if n and not self._consumed(stream_id, n):
+            return False
+        if type(call) is UploadCall:
+            call.on_pieces(pieces, n)
+        elif n:
+            self.acknowledge(stream_id, n)
+        return True
+
+    def _consumed(self, stream_id: int, n: int) -> bool:
+        """h2's receive windows take `n` bytes it never saw (their frames came to it empty), as its own
+        receive path does; a peer past them breaks flow control: the connection ends (False)."""
+        h2c = self.h2
+        try:
+            h2c._inbound_flow_control_window_manager.window_consumed(n)  # h2 has no public way to say it
+            stream = h2c.streams.get(stream_id)
+            if stream is not None and stream.open:
+                stream._inbound_window_manager.window_consumed(n)
+        except h2.exceptions.FlowControlError:
+            log.debug("gRPC port: a client sent past its flow-control window; closing its connection")
+            with contextlib.suppress(h2.exceptions.ProtocolError):
+                h2c.close_connection(error_code=h2.errors.ErrorCodes.FLOW_CONTROL_ERROR)
+            self.flush()
+            self.close()
+            return False
+        return True
 
     # ---- streams ----
 
@@ -194,13 +249,23 @@ class Connection(asyncio.Protocol):
             self.send_headers(stream_id, status_headers(grpc.StatusCode.INTERNAL, fault, started=False),
                               end_stream=True, reset=not ended)
             return
-        call: NativeCall | Relayed
+        call: PortCall | Relayed
+        port = self.port
         native = NATIVE.get(path) if path is not None else None
         # Served here: a well-formed call of a native method. Anything odd goes to grpc.aio, which answers it.
         if (native is not None and method == b"POST" and trailers and content_type is not None
-                and content_type.startswith(b"application/grpc") and encoding in ENCODINGS):
-            port = self.port
-            call = NativeCall(self, stream_id, native, headers, port.inference, port.keys, port.max_message_bytes)
+                and content_type.startswith(b"application/grpc") and encoding in ENCODINGS
+                and (native != "UpdateWeights" or port.weights is not None)):
+            if native == "UpdateWeights":
+                assert port.weights is not None
+                call = UploadCall(self, stream_id, headers, port.weights, port.keys, port.max_message_bytes)
+                if not call.closed:
+                    self._frames.raw.add(stream_id)
+                    with contextlib.suppress(h2.exceptions.ProtocolError):
+                        self.h2.increment_flow_control_window(UPLOAD_WINDOW - STREAM_WINDOW, stream_id)
+            else:
+                call = NativeCall(self, stream_id, native, headers, port.inference, port.keys,
+                                  port.max_message_bytes)
         else:
             call = Relayed(self, stream_id, headers)
             upstreams = self._upstreams
@@ -212,9 +277,10 @@ class Connection(asyncio.Protocol):
             if ended:
                 call.on_end()
 
-    def forget(self, call: NativeCall | Relayed) -> None:
+    def forget(self, call: PortCall | Relayed) -> None:
         if self.calls.get(call.stream_id) is call:
             del self.calls[call.stream_id]
+            self._frames.raw.discard(call.stream_id)
 
     def drop(self, upstream: Upstream) -> None:
         """An upstream connection closed, or drained with no calls left."""
@@ -239,6 +305,12 @@ class Connection(asyncio.Protocol):
             if reset:
                 self.h2.reset_stream(stream_id, h2.errors.ErrorCodes.NO_ERROR)
         self.flush()
+
+    def acknowledge(self, stream_id: int, n: int) -> None:
+        """`n` received bytes of a stream given back to the client's windows (h2 sends WINDOW_UPDATE once
+        half a window is given back); out at the next flush."""
+        with contextlib.suppress(h2.exceptions.ProtocolError):
+            self.h2.acknowledge_received_data(n, stream_id)
 
     def room(self, stream_id: int) -> int:
         """The bytes the flow-control windows let a stream send now."""
@@ -296,7 +368,11 @@ class FrameWatch:
     one's error code. FrameFault for a frame past the largest we take (h2 would wait for all of it) and
     for more than `max_control` PING or SETTINGS frames with no HEADERS or DATA between (a flood,
     each answered on the event loop). A frame's head split between reads is held back until it is
-    whole, a GOAWAY until all of it is here."""
+    whole, a GOAWAY until all of it is here.
+    The payload of a DATA frame (not padded) on a stream in `raw` is taken out too: h2 gets the frame
+    empty, once all of its payload is here (its place in the stream, its END_STREAM flag), and the
+    payload waits in `payloads`, views of the bytes read, no copy, for the h2 event of that frame
+    (h2 copies a DATA frame's payload three times: a weight update's megabytes)."""
 
     def __init__(self, preface: int, max_frame: int, max_control: int | None = None) -> None:
         self._preface = preface  # bytes of the client's preface yet to pass
@@ -305,6 +381,11 @@ class FrameWatch:
         self._control = 0  # PING and SETTINGS frames since the last HEADERS or DATA
         self._left = 0  # bytes of the current frame's payload yet to pass
         self._held = b""  # the start of a frame whose head (or GOAWAY) is not whole yet
+        self.raw: set[int] = set()  # the streams whose DATA payloads are taken out
+        self.payloads: dict[int, deque[list[memoryview]]] = {}  # per stream, each taken-out frame's pieces
+        self._pieces: list[memoryview] | None = None  # the current frame's payload, when taken out
+        self._raw_head = b""  # its head as h2 gets it: empty
+        self._raw_id = 0
 
     def feed(self, data: bytes) -> tuple[bytes, list[int]]:
         """The bytes to give h2, and the error codes of the GOAWAYs taken out. Raises FrameFault."""
@@ -313,13 +394,23 @@ class FrameWatch:
         n = len(data)
         pos = min(self._preface, n)
         self._preface -= pos
-        kept: list[bytes] = []
+        kept: list[bytes | memoryview] = []
         codes: list[int] = []
         start = 0
+        view = memoryview(data)
+        raw = self.raw
         while pos < n:
             if self._left:
                 step = min(self._left, n - pos)
                 self._left -= step
+                pieces = self._pieces
+                if pieces is not None:
+                    pieces.append(view[pos:pos + step])
+                    pos += step
+                    start = pos
+                    if not self._left:
+                        self._taken(kept)
+                    continue
                 pos += step
                 continue
             if n - pos < 9:
@@ -336,6 +427,18 @@ class FrameWatch:
                     raise FrameFault(_ENHANCE_YOUR_CALM, "too_many_pings")
             elif kind <= _HEADERS:
                 self._control = 0
+            if kind == _DATA and raw and not data[pos + 4] & _PADDED:
+                stream_id = int.from_bytes(data[pos + 5:pos + 9], "big") & 0x7FFFFFFF
+                if stream_id in raw:
+                    kept.append(view[start:pos])
+                    self._pieces, self._raw_id = [], stream_id
+                    self._raw_head = _FRAME.pack(0, data[pos + 4], stream_id)
+                    pos += 9
+                    start = pos
+                    self._left = length
+                    if not length:
+                        self._taken(kept)
+                    continue
             if kind != _GOAWAY:
                 self._left = length
                 pos += 9
@@ -344,15 +447,27 @@ class FrameWatch:
                 self._held = data[pos:]
                 break
             codes.append(int.from_bytes(data[pos + 13:pos + 17], "big") if length >= 8 else 0)
-            kept.append(data[start:pos])
+            kept.append(view[start:pos])
             pos += 9 + length
             start = pos
         if self._held:
             n -= len(self._held)
         if not kept:
+            if start:
+                return data[start:n], codes
             return (data[:n] if n < len(data) else data), codes
-        kept.append(data[start:n])
+        kept.append(view[start:n])
         return b"".join(kept), codes
+
+    def _taken(self, kept: list[bytes | memoryview]) -> None:
+        """The current frame's payload is all here: h2 gets the frame, empty, where it ends."""
+        assert self._pieces is not None
+        kept.append(self._raw_head)
+        fifo = self.payloads.get(self._raw_id)
+        if fifo is None:
+            fifo = self.payloads[self._raw_id] = deque()
+        fifo.append(self._pieces)
+        self._pieces = None
 
 
 # A request's headers that HTTP/2 forbids (RFC 9113 8.2): a connection-specific field, an upper-case name.

@@ -2,8 +2,8 @@
 Inference (inference.py), Control (control.py), RlControl (rl_control.py) and KvEvents (kv_relay.py),
 with the standard health service and reflection, behind the API-key check (auth.py), on API server
 0's event loop beside its HTTP server. The port is the frontend's own HTTP/2 server (grpc_port.py):
-it serves Inference.GenerateStream itself and relays every other call to grpc.aio, which listens on
-an internal Unix socket only.
+it serves Inference.GenerateStream and Generate and RlControl.UpdateWeights itself and relays every
+other call to grpc.aio, which listens on an internal Unix socket only.
 """
 from __future__ import annotations
 
@@ -70,7 +70,8 @@ class GrpcServer:
                                                             response_serializer=pool_out)}),))
         control = Control(core, self.inference, time.time(), others_in_flight)
         pb2_grpc.add_ControlServicer_to_server(control, self.server)
-        pb2_grpc.add_RlControlServicer_to_server(RlControl(core), self.server)
+        rl_control = RlControl(core)
+        pb2_grpc.add_RlControlServicer_to_server(rl_control, self.server)
         pb2_grpc.add_KvEventsServicer_to_server(KvEvents(relay), self.server)
         self.health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -78,7 +79,7 @@ class GrpcServer:
         reflection.enable_server_reflection([*service_names(), health_name, reflection.SERVICE_NAME], self.server)
         self._inner = tempfile.mkdtemp(prefix="fleet-grpc-")  # grpc.aio's socket's directory (ours alone)
         self.wire = GrpcPort(self.inference, ApiKeys(api_keys), self.max_message_bytes,
-                             os.path.join(self._inner, "grpc.sock"))
+                             os.path.join(self._inner, "grpc.sock"), weights=rl_control)
         self.port = 0
 
     async def start(self) -> None:

@@ -1,6 +1,7 @@
-"""One Inference.GenerateStream or Inference.Generate call served on the gRPC port's own HTTP/2
-connection (grpc_port.py): its request message gathered and checked (API key, size, compression,
-deadline), then its response messages framed by hand, a stream's mostly written in the engine dispatch
+"""A call served on the gRPC port's own HTTP/2 connection (grpc_port.py), PortCall: its headers checked
+(API key, deadline, compression), its status as trailers, its ends; and NativeCall, one
+Inference.GenerateStream or Inference.Generate: its request message gathered and checked (size,
+compression), then its response messages framed by hand, a stream's mostly written in the engine dispatch
 pass that produced them (http_api/direct_stream.py), every window honoured. Runs on API server 0's
 event loop."""
 from __future__ import annotations
@@ -51,6 +52,11 @@ class Connection(Protocol):
 
     def forget(self, call: Any) -> None: ...
 
+    def acknowledge(self, stream_id: int, n: int) -> None:
+        """Give `n` received bytes back to the client's windows (sent at the next flush)."""
+
+    def flush(self) -> None: ...
+
 
 def status_headers(code: grpc.StatusCode, message: str, *, started: bool) -> list[tuple[bytes, bytes]]:
     """A call's status as trailers, or, when no response HEADERS went out (`started` false), as a whole
@@ -74,20 +80,17 @@ def frame(message: bytes) -> bytes:
     return b"\x00" + len(message).to_bytes(4, "big") + message
 
 
-class NativeCall:
-    """One call of `method` (GenerateStream or Generate) on a connection: the request's DATA gathered
-    (refused past the message limit from its length prefix alone), then a task that serves it and ends
-    the stream with trailers.
-    A reset by the client, its connection's loss or the deadline cancels the task, which leaves the
-    request at its engine (Inference.launched aborts it there)."""
+class PortCall:
+    """A call served on the port's own connection: its headers checked (the API key; the deadline and
+    the encoding noted), its response written with every window honoured, its end (trailers, a reset,
+    the connection's loss, the deadline). Subclasses read the request and serve it (_serve's task).
+    A reset by the client, its connection's loss or the deadline cancels the task."""
 
     def __init__(self, conn: Connection, stream_id: int, method: str, headers: list[tuple[bytes, bytes]],
-                 inference: Inference, keys: ApiKeys, limit: int) -> None:
+                 keys: ApiKeys, limit: int) -> None:
         self.conn, self.stream_id, self.method = conn, stream_id, method
         self._headers = headers
-        self._inference = inference
         self._limit = limit
-        self._body = bytearray()
         self.task: asyncio.Task[None] | None = None
         self._deadline: asyncio.TimerHandle | None = None
         self._why: tuple[grpc.StatusCode, str] | None = None  # the status a cancel of the task answers
@@ -112,6 +115,132 @@ class NativeCall:
                 self._encoding = value
         return None
 
+    def time_remaining(self) -> float | None:
+        """Seconds to the call's deadline (None: it has none), as grpc.aio's ServicerContext says it."""
+        if self._deadline is None:
+            return None
+        return max(self._deadline.when() - asyncio.get_running_loop().time(), 0.0)
+
+    def inflate(self, message: bytes | memoryview) -> bytes:
+        """A compressed message's bytes, in the call's grpc-encoding, inflated no further than the limit
+        (a small bomb must not take the memory it unpacks to); Failed when it cannot be."""
+        wbits = _WBITS.get(self._encoding)
+        if wbits is None:
+            raise Failed(grpc.StatusCode.INTERNAL, f"a compressed message with grpc-encoding "
+                                                   f"{self._encoding.decode(errors='replace')!r}: supported: "
+                                                   f"{', '.join(e.decode() for e in ENCODINGS)}")
+        inflate = zlib.decompressobj(wbits)
+        try:
+            plain = inflate.decompress(message, self._limit + 1)
+        except zlib.error as exc:
+            raise Failed(grpc.StatusCode.INTERNAL, f"the request message does not decompress: {exc}") from None
+        if len(plain) > self._limit:
+            raise Failed(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                         f"Received message larger than max (more than {self._limit} bytes decompressed vs. "
+                         f"{self._limit})")
+        if not inflate.eof:
+            raise Failed(grpc.StatusCode.INTERNAL, "the request message does not decompress: it is cut short")
+        return plain
+
+    def on_data(self, data: bytes, flow_controlled: int = 0) -> None:
+        raise NotImplementedError
+
+    def on_end(self) -> None:
+        raise NotImplementedError
+
+    def on_reset(self, code: int) -> None:
+        """The client reset the stream (it cancelled the call)."""
+        self.closed = True
+        self._stop()
+
+    def on_lost(self) -> None:
+        """The connection closed."""
+        self.closed = True
+        self._stop()
+
+    def cancel(self, code: grpc.StatusCode, message: str) -> None:
+        """End the call now with this status (a server stop past its grace, a refused message)."""
+        if self.task is None:
+            self.finish(code, message)
+        elif not self.task.done():
+            self._why = (code, message)
+            self.task.cancel()
+
+    def _expire(self) -> None:
+        self._deadline = None
+        self.cancel(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+    def _stop(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+        self.conn.forget(self)
+
+    async def _serve(self) -> None:
+        """The task: the call's work, its status as the trailers."""
+        code, message = grpc.StatusCode.OK, ""
+        try:
+            metadata = self._headers if tracing.enabled() else ()
+            with tracing.server_span("frontend.request", metadata, {"rpc.method": self.method}):
+                await self._work()
+        except Failed as exc:
+            code, message = exc.code, str(exc)
+        except asyncio.CancelledError:
+            if self._why is None:  # reset, or the connection lost: there is no one to tell
+                raise
+            code, message = self._why
+        except Exception as exc:  # a bug: the call's status says so, the connection lives on
+            log.exception("%s failed", self.method)
+            code, message = grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc).__name__}: {exc}"
+        self.finish(code, message)
+
+    async def _work(self) -> None:
+        raise NotImplementedError
+
+    async def send(self, data: bytes) -> None:
+        """Write framed messages, waiting for window or a paused transport as needed."""
+        conn = self.conn
+        if not self.started:
+            self.started = True
+            conn.send_headers(self.stream_id, RESPONSE_HEAD)
+        while data:
+            if self.closed:
+                raise asyncio.CancelledError
+            room = 0 if conn.paused else conn.room(self.stream_id)
+            if room <= 0:
+                await conn.writable()
+                continue
+            conn.write_data(self.stream_id, data[:room])
+            data = data[room:]
+
+    def finish(self, code: grpc.StatusCode, message: str) -> None:
+        """The trailers (the whole response when nothing was sent: trailers-only); the stream's end."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        self.conn.send_headers(self.stream_id, status_headers(code, message, started=self.started),
+                               end_stream=True, reset=not self.remote_ended)
+        self.conn.forget(self)
+
+
+class NativeCall(PortCall):
+    """One call of `method` (GenerateStream or Generate) on a connection: the request's DATA gathered
+    (refused past the message limit from its length prefix alone), then a task that serves it and ends
+    the stream with trailers. Cancelling the task leaves the request at its engine (Inference.launched
+    aborts it there)."""
+
+    def __init__(self, conn: Connection, stream_id: int, method: str, headers: list[tuple[bytes, bytes]],
+                 inference: Inference, keys: ApiKeys, limit: int) -> None:
+        self._inference = inference
+        self._body = bytearray()
+        self._request = b""
+        super().__init__(conn, stream_id, method, headers, keys, limit)
+
     # ---- the client's side of the stream (Connection dispatches its events) ----
 
     def on_data(self, data: bytes, flow_controlled: int = 0) -> None:
@@ -133,7 +262,8 @@ class NativeCall:
             return
         message = self._message()
         if message is not None:
-            self.task = asyncio.get_running_loop().create_task(self._serve(message))
+            self._request = message
+            self.task = asyncio.get_running_loop().create_task(self._serve())
 
     def _message(self) -> bytes | None:
         """The one request message, decompressed; None after answering a malformed body."""
@@ -145,83 +275,23 @@ class NativeCall:
         self._body = bytearray()
         if body[0] == 0:
             return message
-        wbits = _WBITS.get(self._encoding)
-        if wbits is None:
-            self.finish(grpc.StatusCode.INTERNAL, f"a compressed message with grpc-encoding "
-                                                  f"{self._encoding.decode(errors='replace')!r}: supported: "
-                                                  f"{', '.join(e.decode() for e in ENCODINGS)}")
-            return None
-        # Inflated no further than the limit: a small bomb must not take the memory it unpacks to.
-        inflate = zlib.decompressobj(wbits)
         try:
-            plain = inflate.decompress(message, self._limit + 1)
-        except zlib.error as exc:
-            self.finish(grpc.StatusCode.INTERNAL, f"the request message does not decompress: {exc}")
+            return self.inflate(message)
+        except Failed as exc:
+            self.finish(exc.code, str(exc))
             return None
-        if len(plain) > self._limit:
-            self.finish(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                        f"Received message larger than max (more than {self._limit} bytes decompressed vs. "
-                        f"{self._limit})")
-            return None
-        if not inflate.eof:
-            self.finish(grpc.StatusCode.INTERNAL, "the request message does not decompress: it is cut short")
-            return None
-        return plain
-
-    def on_reset(self, code: int) -> None:
-        """The client reset the stream (it cancelled the call)."""
-        self.closed = True
-        self._stop()
-
-    def on_lost(self) -> None:
-        """The connection closed."""
-        self.closed = True
-        self._stop()
-
-    def cancel(self, code: grpc.StatusCode, message: str) -> None:
-        """End the call now with this status (a server stop past its grace)."""
-        if self.task is None:
-            self.finish(code, message)
-        elif not self.task.done():
-            self._why = (code, message)
-            self.task.cancel()
-
-    def _expire(self) -> None:
-        self._deadline = None
-        self.cancel(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
-
-    def _stop(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
-        if self.task is not None and not self.task.done():
-            self.task.cancel()
-        self.conn.forget(self)
 
     # ---- the response ----
 
-    async def _serve(self, request: bytes) -> None:
-        code, message = grpc.StatusCode.OK, ""
+    async def _work(self) -> None:
+        request, self._request = self._request, b""
         inference = self._inference
-        try:
-            metadata = self._headers if tracing.enabled() else ()
-            with tracing.server_span("frontend.request", metadata, {"rpc.method": self.method}):
-                if self.method == "Generate":
-                    await self.send(frame((await inference.generate(request)).SerializeToString()))
-                else:
-                    engine_request = await inference.translate(request, stream=True)
-                    with inference.launched(engine_request) as outputs:
-                        await self._stream(StreamMessages(engine_request, outputs), outputs)
-        except Failed as exc:
-            code, message = exc.code, str(exc)
-        except asyncio.CancelledError:
-            if self._why is None:  # reset, or the connection lost: there is no one to tell
-                raise
-            code, message = self._why
-        except Exception as exc:  # a bug: the call's status says so, the connection lives on
-            log.exception("%s failed", self.method)
-            code, message = grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc).__name__}: {exc}"
-        self.finish(code, message)
+        if self.method == "Generate":
+            await self.send(frame((await inference.generate(request)).SerializeToString()))
+        else:
+            engine_request = await inference.translate(request, stream=True)
+            with inference.launched(engine_request) as outputs:
+                await self._stream(StreamMessages(engine_request, outputs), outputs)
 
     async def _stream(self, messages: StreamMessages, outputs: Any) -> None:
         """The response messages: the first and last from this task, those between mostly from the
@@ -255,31 +325,3 @@ class NativeCall:
             return False
         self.conn.write_data(self.stream_id, data)
         return True
-
-    async def send(self, data: bytes) -> None:
-        """Write framed messages, waiting for window or a paused transport as needed."""
-        conn = self.conn
-        if not self.started:
-            self.started = True
-            conn.send_headers(self.stream_id, RESPONSE_HEAD)
-        while data:
-            if self.closed:
-                raise asyncio.CancelledError
-            room = 0 if conn.paused else conn.room(self.stream_id)
-            if room <= 0:
-                await conn.writable()
-                continue
-            conn.write_data(self.stream_id, data[:room])
-            data = data[room:]
-
-    def finish(self, code: grpc.StatusCode, message: str) -> None:
-        """The trailers (the whole response when nothing was sent: trailers-only); the stream's end."""
-        if self.closed:
-            return
-        self.closed = True
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
-        self.conn.send_headers(self.stream_id, status_headers(code, message, started=self.started),
-                               end_stream=True, reset=not self.remote_ended)
-        self.conn.forget(self)

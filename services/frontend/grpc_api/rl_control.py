@@ -11,7 +11,7 @@ import grpc
 
 from protocol.grpc import pb2, pb2_grpc
 from services.frontend.generation.frontend_core import FrontendCore
-from services.frontend.grpc_api.rpc import Failed, Ranks, guard, need
+from services.frontend.grpc_api.rpc import CallContext, Failed, Ranks, guard, need
 
 # UpdateWeights sends the engines a batch of tensors once this many bytes have come in (and at the end).
 WEIGHT_BATCH_BYTES = 8 << 20
@@ -82,8 +82,8 @@ class RlControl(pb2_grpc.RlControlServicer):
             return pb2.StartWeightUpdateResponse()
         return await guard(context, start())
 
-    async def UpdateWeights(self, request_iterator: AsyncIterator[Any],
-                            context: grpc.aio.ServicerContext) -> Any:
+    async def UpdateWeights(self, request_iterator: AsyncIterator[Any], context: CallContext) -> Any:
+        """grpc.aio's handler, and the gRPC port's (upload_call.py), which serves the method itself."""
         async def update() -> Any:
             self._ranks.ready()
             metas: list[dict[str, Any]] = []
@@ -114,7 +114,7 @@ class RlControl(pb2_grpc.RlControlServicer):
             return pb2.UpdateWeightsResponse(tensors=tensors, bytes=total)
         return await guard(context, update())
 
-    async def _send(self, context: grpc.aio.ServicerContext, sent: list[asyncio.Task[list[Any]]],
+    async def _send(self, context: CallContext, sent: list[asyncio.Task[list[Any]]],
                     metas: list[dict[str, Any]], frames: list[bytes]) -> None:
         """One batch on its way to every rank; waits while WEIGHT_BATCHES_IN_FLIGHT are (and raises the
         first one's failure)."""
@@ -158,8 +158,9 @@ async def _tensors(messages: AsyncIterator[Any]) -> AsyncIterator[tuple[Any, byt
                     raise Failed(grpc.StatusCode.INVALID_ARGUMENT,
                                  f"{field}: {value!r} in a piece of tensor {first.name!r}, whose first message "
                                  f"said {want!r}: a piece after the first carries only data (and more)")
-        pieces.append(t.data)
-        size += len(t.data)
+        data = t.data  # protobuf makes a new bytes object at each read of the field
+        pieces.append(data)
+        size += len(data)
         if size > math.prod(first.shape) * MAX_ITEM_BYTES:  # the engine checks the exact size; this bounds memory
             raise Failed(grpc.StatusCode.INVALID_ARGUMENT, f"data: tensor {first.name!r} came with more than the "
                                                             f"{math.prod(first.shape) * MAX_ITEM_BYTES} bytes its "

@@ -4,7 +4,7 @@ Runs on API server 0's event loop."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Sequence
-from typing import Any
+from typing import Any, NoReturn, Protocol
 
 import grpc
 
@@ -18,6 +18,15 @@ _STATUS = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENT
            403: grpc.StatusCode.PERMISSION_DENIED, 404: grpc.StatusCode.NOT_FOUND,
            413: grpc.StatusCode.INVALID_ARGUMENT, 429: grpc.StatusCode.RESOURCE_EXHAUSTED,
            503: grpc.StatusCode.UNAVAILABLE}
+
+
+class CallContext(Protocol):
+    """What the handlers use of a call's context: grpc.aio's ServicerContext, or the gRPC port's own call
+    (grpc_api/upload_call.py) for a method it serves."""
+
+    def time_remaining(self) -> float | None: ...
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn: ...
 
 
 class Failed(Exception):
@@ -40,7 +49,7 @@ def failed(exc: APIError) -> Failed:
     return Failed(status_of(exc.status), message)
 
 
-async def guard(context: grpc.aio.ServicerContext, work: Awaitable[Any]) -> Any:
+async def guard(context: CallContext, work: Awaitable[Any]) -> Any:
     """A unary handler's body: its Failed as the call's status."""
     try:
         return await work
@@ -65,7 +74,7 @@ class Ranks:
             raise Failed(grpc.StatusCode.UNAVAILABLE, f"no engine rank is ready: {self._core.engines.not_ready()}")
         return ranks
 
-    async def call(self, context: grpc.aio.ServicerContext, utility: str, frames: Sequence[bytes] = (),
+    async def call(self, context: CallContext, utility: str, frames: Sequence[bytes] = (),
                    **args: Any) -> list[Any]:
         indexes = self.ready()
         left = context.time_remaining()

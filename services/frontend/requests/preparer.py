@@ -142,7 +142,7 @@ class Preparer:
             except OverflowError:
                 bad = next(t for t in prompt if not -2**63 <= t < 2**63)
                 raise APIError(400, f"{param}: token id {bad} is out of range", param=param) from None
-            vocab = self._model.tokenizer.get_vocab_size(with_added_tokens=True)
+            vocab = self._model.vocab_size
             if ids and not (0 <= min(ids) and max(ids) < vocab):
                 bad = next(t for t in ids if not 0 <= t < vocab)
                 raise APIError(400, f"{param}: token id {bad} is out of range [0, {vocab})", param=param)
@@ -161,7 +161,7 @@ class Preparer:
     def generate(self, body: bytes) -> Prepared:
         """An /inference/v1/generate body (token ids in: nothing to render or tokenize)."""
         req: token_in.TokenInRequest = parse(token_in.TokenInRequest, body)
-        ids = token_in.check(req, self._model.tokenizer.get_vocab_size(with_added_tokens=True), self._max_logprobs)
+        ids = token_in.check(req, self._model.vocab_size, self._max_logprobs)
         return Prepared(msgspec.structs.replace(req, token_ids=[]), ids, False,
                         lora=tokenization.adapter(self._model, req.model))
 

@@ -109,7 +109,7 @@ def detokenize(model: Model, body: bytes) -> tuple[bytes, str | None]:
     """A /detokenize body, checked; the answer's JSON: the text of the ids, special tokens kept (as vLLM),
     and the LoRA adapter named as the model, if one."""
     req: DetokenizeRequest = parse(DetokenizeRequest, body)
-    vocab = model.tokenizer.get_vocab_size(with_added_tokens=True)
+    vocab = model.vocab_size
     if req.tokens and not (0 <= min(req.tokens) and max(req.tokens) < vocab):
         i, bad = next((i, t) for i, t in enumerate(req.tokens) if not 0 <= t < vocab)
         raise APIError(400, f"tokens[{i}]: token id {bad} is out of range [0, {vocab})", param=f"tokens[{i}]")

@@ -186,8 +186,8 @@ class Translator:
                                if getattr(sp, name) is not None), None)
         self._check_engines(needs, logprobs_field)
         requested = None if sp.max_tokens is msgspec.UNSET else sp.max_tokens
-        max_tokens = self._max_tokens(len(prepared.ids), requested, chat=True, render=False, param="token_ids",
-                                      max_tokens_param=f"{token_in.PREFIX}.max_tokens")
+        max_tokens = self._max_tokens(len(prepared.ids), requested, chat=True, max_len=self._max_model_len(),
+                                      param="token_ids", max_tokens_param=f"{token_in.PREFIX}.max_tokens")
         caller_id = req.request_id or f"generate-{random_hex(12)}"
         # The caller's id may be any string, and two callers may send the same one: the engine's is ours.
         request_id = f"generate-tokens-{random_hex(12)}"
@@ -197,7 +197,7 @@ class Translator:
                                       text_out=req.return_text, response_id=caller_id,
                                       param_prefix=f"{token_in.PREFIX}.", logprobs=sp.logprobs,
                                       prompt_logprobs=sp.prompt_logprobs)
-        vocab = self._model.tokenizer.get_vocab_size(with_added_tokens=True)
+        vocab = self._model.vocab_size
         sampling = token_in.engine_sampling(sp, max_tokens, vocab)
         rank = prepared.pin if prepared.pin is not None else pinned_rank(pin)
         request = GenerateRequest(request_id, prepared.ids.tolist(), sampling, time.time(), req.priority, prepared.lora,
@@ -232,10 +232,9 @@ class Translator:
             return PREPARE[kind](self._preparer, body)
         return await self._workers.prepare(kind, body)
 
-    def _max_tokens(self, prompt_len: int, requested: int | None, *, chat: bool, render: bool, param: str,
+    def _max_tokens(self, prompt_len: int, requested: int | None, *, chat: bool, max_len: int, param: str,
                     max_tokens_param: str = "max_tokens") -> int:
-        """The request's max_tokens, its default, held to the context length."""
-        max_len = self._render_max_model_len() if render else self._max_model_len()
+        """The request's max_tokens, its default, held to the context length `max_len`."""
         if prompt_len >= max_len:
             raise APIError(400, f"This model's maximum context length is {max_len} tokens, but the prompt "
                            f"has {prompt_len} tokens", param=param)
@@ -262,9 +261,9 @@ class Translator:
             # The prompt the model saw, so that the echoed text and the prompt's logprobs agree.
             echo = self._model.tokenizer.decode(truncated.tolist(), skip_special_tokens=False)
         token_ids = truncated
-        max_tokens = self._max_tokens(len(token_ids), req.max_tokens, chat=chat, render=render,
+        max_tokens = self._max_tokens(len(token_ids), req.max_tokens, chat=chat, max_len=max_len,
                                       param="messages" if chat else "prompt")
-        sampling = sampling_params(req, max_tokens, self._model.tokenizer.get_vocab_size(with_added_tokens=True))
+        sampling = sampling_params(req, max_tokens, self._model.vocab_size)
         if constraint is not None:
             sampling = msgspec.structs.replace(sampling, **{constraint.kind: constraint.value})
         if logprobs is not None or prompt_logprobs is not None:

@@ -8,7 +8,7 @@ request, which made it most of the router's CPU at 64 concurrent requests (encod
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 from opentelemetry.trace import Span
@@ -44,7 +44,10 @@ class AiohttpResponse:
     async def read(self) -> bytes:
         return await self._raw.read()
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    def ready(self) -> bytes:
+        return b""  # not used where this client serves (https replicas): chunks() yields them all
+
+    async def chunks(self, forward: Callable[[bytes], bool] | None = None) -> AsyncIterator[bytes]:
         """Body bytes as they arrive, without waiting to fill a buffer. No byte for the read timeout
         while waiting for one raises aiohttp.SocketTimeoutError (a stalled upstream).
 
@@ -52,7 +55,8 @@ class AiohttpResponse:
         per streamed chunk, that was a cost of the relay's hot path. Here it is off once the body
         streams; one timer checks, when it fires, how long this reader has been waiting, and otherwise
         re-arms for what is left. Time spent in the consumer (a slow client's backpressure) is not
-        counted, as aiohttp does not count it (it stops the timer while reading is paused)."""
+        counted, as aiohttp does not count it (it stops the timer while reading is paused). `forward` is
+        not used: every chunk is yielded (https replicas, where this client serves generation calls)."""
         content = self._raw.content
         read = content.readany
         if not self._read_timeout_s:

@@ -163,7 +163,7 @@ class Dispatcher:
                 # A half-open breaker closes at the head: the replica answers. Other requests count as
                 # a success only when they end well, so responses that keep breaking off open it.
                 lease.succeeded()
-            self.metrics.upstream_latency.labels(name).observe(time.perf_counter() - started)
+            self.metrics.upstream_latency_of(name).observe(time.perf_counter() - started)
             return Opened(response, lease, name, len(tried))
 
     async def _wait(self, pool: Pool, ticket: Ticket, size: int, text: str, tried: frozenset[str],

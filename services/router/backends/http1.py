@@ -12,7 +12,7 @@ clients apart.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -61,6 +61,9 @@ class _Connection(asyncio.Protocol):
         self.waiter: asyncio.Future[None] | None = None
         self.done = False
         self.error: BaseException | None = None
+        # While the reader waits: where body bytes go as they arrive, without waking it (None: to the reader).
+        self.forward: Callable[[bytes], bool] | None = None
+        self.stall: StallTimer | None = None  # the reader's: bytes forwarded restart its wait
 
     # ---- asyncio.Protocol ----
 
@@ -74,6 +77,22 @@ class _Connection(asyncio.Protocol):
             self.fail(aiohttp.ClientPayloadError(f"invalid HTTP response: {exc}"))
             if self.transport is not None:
                 self.transport.close()
+            return
+        if not self.body:
+            return
+        # The body bytes this read brought: forwarded at once when the reader is parked with nothing of
+        # its own to send (so the order holds) and the forward takes them; else the reader is woken. The
+        # end of the body wakes it anyway (on_message_complete): its last piece goes out with the end.
+        forward, waiter = self.forward, self.waiter
+        if forward is not None and waiter is not None and not waiter.done():
+            data = self.take()
+            if forward(data):
+                if self.stall is not None:
+                    self.stall.waiting()
+                return
+            self.body.append(data)  # refused (the client's transport is paused or gone): the reader's again
+            self.buffered = len(data)
+        self.wake()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -103,7 +122,6 @@ class _Connection(asyncio.Protocol):
         if self.buffered > _PAUSE_BYTES and not self.paused and self.transport is not None:
             self.paused = True
             self.transport.pause_reading()
-        self.wake()
 
     def on_message_complete(self) -> None:
         self.done = True
@@ -160,12 +178,23 @@ class Http1Response:
     async def read(self) -> bytes:
         return b"".join([chunk async for chunk in self.chunks()])
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    def ready(self) -> bytes:
+        """Body bytes that came with the head, taken, when more is to come (b"" otherwise)."""
+        conn = self._conn
+        return conn.take() if conn.body and not conn.done and conn.error is None else b""
+
+    async def chunks(self, forward: Callable[[bytes], bool] | None = None) -> AsyncIterator[bytes]:
         """Body bytes as they arrive. No byte for the read timeout while waiting for one raises
         aiohttp.SocketTimeoutError (a stalled replica); time spent in the consumer does not count (a
-        slow client's backpressure). One timer per wait period, checked when it fires, not one per chunk."""
+        slow client's backpressure). One timer per wait period, checked when it fires, not one per chunk.
+
+        `forward`: while this waits, each read's body bytes are handed to it in the connection's own
+        callback, and not yielded when it takes them (True): no wake-up of this reader per chunk. What it
+        refuses (False: the client's transport is paused, say) is yielded, in order, and the body's last
+        piece always is (it goes out with the response's end)."""
         conn, timeout = self._conn, self._read_timeout_s
         stall = StallTimer(conn.loop, timeout, conn.fail) if timeout else None
+        conn.forward, conn.stall = forward, stall
         try:
             while True:
                 if conn.body:
@@ -182,6 +211,7 @@ class Http1Response:
                     conn.waiter = conn.loop.create_future()
                     await conn.waiter
         finally:
+            conn.forward = conn.stall = None
             if stall is not None:
                 stall.cancel()
 

@@ -80,8 +80,16 @@ class UpstreamResponse(Protocol):
         """The whole body."""
         ...
 
-    def chunks(self) -> AsyncIterator[bytes]:
-        """Body bytes as they arrive, without waiting to fill a buffer."""
+    def ready(self) -> bytes:
+        """Body bytes already here, taken (chunks() will not yield them), when more is to come; b"" when
+        none are, or when the body is complete (all of it then comes from chunks(), with its end). An
+        implementation may always say b"" (the fake, aiohttp's)."""
+        ...
+
+    def chunks(self, forward: Callable[[bytes], bool] | None = None) -> AsyncIterator[bytes]:
+        """Body bytes as they arrive, without waiting to fill a buffer. `forward`, where the client
+        can take them: bytes may be handed to it as they arrive instead (it says whether it took them),
+        and only what it did not take is yielded; an implementation may ignore it and yield everything."""
         ...
 
     @property

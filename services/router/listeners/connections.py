@@ -1,16 +1,92 @@
 """The header timeout and the connection limit (edge/connection_limits.py) on each listener's uvicorn
 server, which has neither: uvicorn (httptools) holds a connection that never finishes its headers
-forever, and as many connections as arrive. Runs on the router's event loop.
+forever, and as many connections as arrive. Under it, a lost connection also tells the request it
+carried (on_client_gone), and a streamed answer's chunks may be written to the client's transport
+straight from the upstream connection's callback (chunk_writer). Runs on the router's event loop.
 
 The frontend's HTTP servers get the same bounds from services/frontend/http_api/connections.py (which
 also covers hypercorn); the rule and the answers live in edge/, the uvicorn hooks in each service."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from edge.connection_limits import header_timeout_message, refusal, too_many_message
+
+# The attribute of a uvicorn request cycle (a plain object) that holds what to call when its client leaves.
+_ON_GONE = "router_on_client_gone"
+
+
+def cycle_of(call: Any) -> RequestResponseCycle | None:
+    """uvicorn's httptools request cycle behind an ASGI `send` or `receive` (uvicorn passes the app its
+    bound methods), or None under another server (the tests' in-process ASGI client). Found from them
+    rather than put in the scope: a scope that held its own cycle would be a reference cycle."""
+    owner = getattr(call, "__self__", None)
+    return owner if type(owner) is RequestResponseCycle else None
+
+
+def on_client_gone(cycle: RequestResponseCycle, callback: Callable[[], None] | None) -> bool:
+    """Have `callback()` called if the client of this request's cycle leaves before its response ends
+    (None: no longer), from the connection's own connection_lost: no task waiting on receive() for it.
+    False, and nothing done, when the cycle is not one of this protocol's."""
+    if not hasattr(cycle, _ON_GONE):
+        return False
+    setattr(cycle, _ON_GONE, callback)
+    return True
+
+
+def chunk_writer(cycle: RequestResponseCycle) -> Callable[[bytes], bool] | None:
+    """For a response under way in chunked encoding (a stream, begun through uvicorn's send): write a
+    body piece as the one chunk uvicorn's send would write, at once, and say True; or say False and
+    write nothing when the client's transport is paused (backpressure: the caller then sends it through
+    uvicorn's send, which waits for the drain) or the client is gone. None when the response is not such."""
+    if cycle.chunked_encoding is not True or cycle.response_complete or cycle.scope["method"] == "HEAD":
+        return None
+    transport, flow = cycle.transport, cycle.flow
+
+    def write(body: bytes) -> bool:
+        if flow.write_paused or cycle.disconnected:
+            return False
+        if body:  # an empty chunk would end the response
+            transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+        return True
+
+    return write
+
+
+class _Held:
+    """A request cycle's transport while uvicorn's send writes its response head: the bytes kept."""
+
+    __slots__ = ("data",)
+
+    def __init__(self) -> None:
+        self.data = b""
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+
+async def start_with_first(cycle: RequestResponseCycle, start: Callable[[], Awaitable[None]], first: bytes) -> bool:
+    """`start()` (the response head sent through uvicorn's send, which builds and checks it) with the
+    head's bytes held, then written in one transport write with `first`, the body's first piece, as a
+    chunk: one syscall and one wake-up of the client fewer per response. False when `first` was not
+    written (the response is not chunked, or the client left) and is still to send."""
+    transport = cycle.transport
+    held = _Held()
+    cycle.transport = held  # type: ignore[assignment]  # only write() is called while the head is sent
+    try:
+        await start()
+    finally:
+        cycle.transport = transport
+    if cycle.chunked_encoding is True and held.data and not cycle.disconnected:
+        transport.write(b"%b%x\r\n%b\r\n" % (held.data, len(first), first))
+        return True
+    if held.data:
+        transport.write(held.data)
+    return False
 
 
 def uvicorn_protocol(header_timeout_s: float, max_connections: int) -> type[HttpToolsProtocol]:
@@ -45,7 +121,12 @@ class _GuardedHttpTools(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        cycle = self.cycle
         super().connection_lost(exc)
+        if cycle is not None and cycle.disconnected:  # the client left before its response ended
+            gone: Callable[[], None] | None = getattr(cycle, _ON_GONE, None)
+            if gone is not None:
+                gone()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -57,6 +138,8 @@ class _GuardedHttpTools(HttpToolsProtocol):
         self._reading_head = False
         self._disarm()
         super().on_headers_complete()
+        if self.cycle is not None:
+            setattr(self.cycle, _ON_GONE, None)  # this protocol's: on_client_gone() may watch it
 
     def on_response_complete(self) -> None:
         super().on_response_complete()

@@ -17,6 +17,7 @@ from services.router.listeners.asgi import JSON, TrackedSend
 from services.router.listeners.call import Call
 from services.router.listeners.codecs.codec import CHAT_PATH
 from services.router.listeners.codecs.openai import as_chunks
+from services.router.listeners.connections import chunk_writer, cycle_of, start_with_first
 from services.router.metrics import RouterMetrics
 
 log = logging.getLogger("router")
@@ -76,14 +77,24 @@ class Relay:
                                              (b"content-length", str(len(body)).encode())])
                 await send({"type": "http.response.body", "body": body, "more_body": False})
                 return True
-            await call.start(send, 200, [(b"content-type", content_type)])
             # The hot path, once per upstream chunk: the bytes go out as they came (no SSE parse, no
-            # re-framing), through the server's own send (a middle piece changes no response state).
-            # The last piece, when upstream's end came with it, goes out with the response's end: one
-            # write (and one wake-up of the client) fewer per request.
+            # re-framing). When nothing reads them on the way (no recorder, no usage) and the server is
+            # this router's uvicorn, the upstream connection's callback writes each read's bytes to the
+            # client's transport itself (connections.chunk_writer): no wake-up of this task, no send.
+            # Otherwise, and for what the client's paused transport refused, the server's own send (a
+            # middle piece changes no response state). The last piece, when upstream's end came with it,
+            # goes out with the response's end: one write (and one wake-up of the client) fewer per request.
             body_send = send.raw if isinstance(send, TrackedSend) else send
             watched = call.recorder is not None or call.usage is not None
-            async for chunk in response.chunks():
+            cycle = None if watched else cycle_of(body_send)
+            head = [(b"content-type", content_type)]
+            # Body bytes that came with upstream's head go out with the client's head, in one write.
+            if cycle is not None and not cycle.flow.write_paused and (first := response.ready()):
+                if not await start_with_first(cycle, lambda: call.start(send, 200, head), first):
+                    await body_send({"type": "http.response.body", "body": first, "more_body": True})
+            else:
+                await call.start(send, 200, head)
+            async for chunk in response.chunks(chunk_writer(cycle) if cycle is not None else None):
                 if watched:
                     call.seen_raw(chunk)
                 if response.complete:

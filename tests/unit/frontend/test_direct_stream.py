@@ -159,6 +159,49 @@ def test_the_bytes_are_the_asgi_paths_and_the_middle_tokens_skip_the_send(model:
     assert b'"content":" world"' in direct and direct.endswith(b"data: [DONE]\n\n")
 
 
+def test_steps_queued_together_go_out_in_one_write_without_process(model: Model,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass that carries several steps of a stream (the loop ran late) writes their events in one
+    write, with the ASGI path's bytes, and takes the short path: only the first and last go through
+    process()."""
+    split = model.tokenizer.encode("𓀀", add_special_tokens=False).ids
+    passes = [[RequestOutput("r1", [HELLO], None)],
+              [RequestOutput("r1", [WORLD], None), *(RequestOutput("r1", [tid], None) for tid in split),
+               RequestOutput("r1", [COMMA], None)],
+              [RequestOutput("r1", [HELLO], "length")]]
+    processed: list[int] = []
+    process = OutputProcessor.process
+    monkeypatch.setattr(OutputProcessor, "process",
+                        lambda self, outs: processed.append(len(outs)) or process(self, outs))
+
+    async def run(direct: bool) -> tuple[bytes, int]:
+        outputs, stream, _, _ = _outputs(model)
+        cycle, transport = _cycle()
+        task = asyncio.ensure_future(send_stream(cycle.send, [[outputs]], "tiny", None, cycle if direct else None))
+        writes = 0
+        for outs in passes:
+            before = transport.writes
+            _feed(stream, *outs)
+            writes = transport.writes - before if len(outs) > 1 else writes
+            if direct and outs[-1].finish_reason is None:
+                await _attached(stream)
+            else:
+                for _ in range(5):
+                    await asyncio.sleep(0)
+        await task
+        body, complete = _body(bytes(transport.data))
+        assert complete
+        return body, writes
+
+    direct, writes = asyncio.run(run(True))
+    assert processed == [1, 1] and writes == 1  # the middle pass: short path, one write in the pass
+    asgi, _ = asyncio.run(run(False))
+    assert _events(direct) == _events(asgi)
+    contents = [json.loads(e.removeprefix(b"data: "))["choices"][0]["delta"].get("content")
+                for e in direct.split(b"\n\n") if e.startswith(b"data: {") and b'"content"' in e]
+    assert contents == ["", "Hello", " world", "𓀀", ",", "Hello"]  # one event a step with text
+
+
 @pytest.mark.parametrize("stop", [(), ("xyz",)], ids=["plain", "stop-strings"])
 def test_a_paused_transport_hands_the_stream_back_until_it_drains(model: Model, stop: tuple[str, ...]) -> None:
     async def run() -> tuple[bytes, bool, int, int]:

@@ -60,3 +60,25 @@ def test_a_client_goaway_with_an_error_code_closes_the_connection(step: int) -> 
     for i in range(0, len(stream), step):
         conn.data_received(stream[i:i + step])
     assert conn.closed >= 1
+
+
+def _payloads(frames: FrameWatch) -> dict[int, list[bytes]]:
+    return {sid: [b"".join(bytes(p) for p in pieces) for pieces in fifo] for sid, fifo in frames.payloads.items()}
+
+
+@pytest.mark.parametrize("step", [1, 2, 5, 9, 13, 301, 10_000])
+def test_a_raw_streams_data_payloads_are_taken_out_whole_however_the_reads_split(step: int) -> None:
+    """An UploadCall's stream (FrameWatch.raw): h2 gets each of its DATA frames empty, flags kept (the
+    END_STREAM), where the frame ends; the payloads wait in order. Another stream's DATA, a padded one
+    and a GOAWAY pass as before."""
+    first, last = _frame(0, b"a" * 300, 3), _frame(0, b"b" * 5000, 3, flags=1)
+    padded = _frame(0, b"\x02" + b"p" * 10 + b"\0\0", 3, flags=8)
+    stream = _PREFACE + SETTINGS + first + DATA + GOAWAY + _frame(0, b"", 3) + padded + last
+    frames = FrameWatch(len(_PREFACE), 1 << 20)
+    frames.raw.add(3)
+    passed, codes = _through(frames, stream, list(range(step, len(stream), step)))
+    assert passed == _PREFACE + SETTINGS + _frame(0, b"", 3) + DATA + _frame(0, b"", 3) + padded + \
+        _frame(0, b"", 3, flags=1)
+    assert codes == [0]
+    assert _payloads(frames) == {3: [b"a" * 300, b"", b"b" * 5000]}
+

@@ -369,9 +369,44 @@ def test_a_plain_step_takes_the_short_path_with_process_s_result(model: Model) -
     assert outputs.take_pieces() == [" world"] and outputs.finish == "length"
 
 
+def test_several_plain_steps_queued_at_once_take_the_short_path_with_process_s_result(model: Model) -> None:
+    """A loop running late finds several steps of a stream queued: plain_texts() gives process()'s text
+    pieces, counts and latencies, a character split across steps included."""
+    split = model.tokenizer.encode("𓀀", add_special_tokens=False).ids
+    assert len(split) > 1
+    late = [RequestOutput("r1", [WORLD], None), *(RequestOutput("r1", [tid], None) for tid in split),
+            RequestOutput("r1", [COMMA, HELLO], None)]
+    results = []
+    for short in (True, False):
+        outputs, stream, metrics = _processor(model, _Engines())
+        stream.feed(RequestOutput("r1", [HELLO], None))
+        assert outputs.plain_texts() is None  # the first token: process()'s
+        outputs.take_pieces()
+        for out in late:
+            stream.feed(out)
+        texts = outputs.plain_texts() if short else outputs.take_pieces()
+        assert not stream.pending
+        results.append((texts, outputs.counts, outputs.completion_tokens, sum(metrics.itl._counts)))
+    assert results[0] == results[1]
+    assert results[0][:3] == ([" world", "𓀀", ",Hello"], [2, 2 + len(split), 4 + len(split)], 4 + len(split))
+    assert results[0][3] == len(late)  # one inter-token latency per step, as process() observes
+
+
+def test_several_queued_steps_with_a_finish_are_left_to_process(model: Model) -> None:
+    outputs, stream, _ = _processor(model, _Engines())
+    stream.feed(RequestOutput("r1", [HELLO], None))
+    outputs.take_pieces()
+    stream.feed(RequestOutput("r1", [WORLD], None))
+    stream.feed(RequestOutput("r1", [COMMA], "length"))
+    assert outputs.plain_texts() is None and len(stream.pending) == 2
+    assert outputs.take_pieces() == [" world", ","] and outputs.finish == "length"
+
+
 def test_a_request_with_stop_strings_never_takes_the_short_path(model: Model) -> None:
     outputs, stream, _ = _processor(model, _Engines(), stop=("xyz",))
     stream.feed(RequestOutput("r1", [HELLO], None))
     outputs.take_pieces()
     stream.feed(RequestOutput("r1", [WORLD], None))
     assert outputs.plain_text() is None and len(stream.pending) == 1
+    stream.feed(RequestOutput("r1", [COMMA], None))
+    assert outputs.plain_texts() is None and len(stream.pending) == 2

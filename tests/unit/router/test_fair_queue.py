@@ -45,7 +45,9 @@ def _lease(pool: Pool, **kw: Any) -> Lease:
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(asyncio.wait_for(coro, 10))  # a deadline for a hang, never a synchronisation
+    # A deadline for a hang, never a synchronisation: 60 s, as one test took 13 s (0.12 s alone) in a full
+    # run at a load of 7 on two cores (cause not found).
+    return asyncio.run(asyncio.wait_for(coro, 60))
 
 
 class Waiting:
