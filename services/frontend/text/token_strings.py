@@ -107,10 +107,6 @@ class TokenStrings:
         return text
 
 
-def bytes_json(text: str) -> str:
-    return "[" + ",".join(map(str, text.encode("utf-8", "replace"))) + "]"
-
-
 def _leading_space_marker(tokenizer: Tokenizer) -> str | None:
     """The Metaspace replacement character whose leading instance decode() strips (vLLM's
     get_leading_space_marker); None for other pre-tokenizers."""
