@@ -85,16 +85,6 @@ def child(kind: str, streams: int, steps: int, top: int) -> float:
     return asyncio.run(main())
 
 
-def tree_at(rev: str) -> Path:
-    sha = subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, check=True, capture_output=True,
-                         text=True).stdout.strip()
-    tree = Path(f"/tmp/fleet-bench-{sha}")
-    if not tree.exists():
-        subprocess.run(["git", "worktree", "add", "--detach", str(tree), sha], cwd=ROOT, check=True,
-                       capture_output=True)
-    return tree
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--streams", type=int, default=32)
@@ -107,6 +97,8 @@ def main() -> None:
     if args.child:
         print(child(args.child, args.streams, args.steps, args.top) * 1e6)
         return
+    from frontend_stream import tree_at  # bench/ is this script's path[0]; the parent need not load it
+
     trees = [("this tree", ROOT)] + ([(args.before, tree_at(args.before))] if args.before else [])
     figures: dict[tuple[str, str], list[float]] = {}
     for _ in range(args.rounds):
