@@ -165,6 +165,13 @@ class PortCall:
         elif not self.task.done():
             self._why = (code, message)
             self.task.cancel()
+            # A task cancelled before its first step never enters _serve (the headers and a refused
+            # message in one read): its status is then said here, once the task is done.
+            self.task.add_done_callback(self._cancelled)
+
+    def _cancelled(self, task: asyncio.Task[None]) -> None:
+        if self._why is not None and not self.closed:
+            self.finish(*self._why)
 
     def _expire(self) -> None:
         self._deadline = None

@@ -180,3 +180,37 @@ def test_a_client_that_sends_past_the_window_loses_its_connection() -> None:
             writer.close()
             await wire.stop(0)
     asyncio.run(main())
+
+
+def test_a_refusal_in_the_read_that_opened_the_call_is_still_answered() -> None:
+    """The headers and a message whose length prefix is past the limit in one read: the call's task is
+    cancelled before its first step, so the coroutine never runs its handlers; the status must come all
+    the same (it was DEADLINE_EXCEEDED at the client when the two shared a TCP segment)."""
+    async def main() -> None:
+        handler = _Handler()
+        wire = GrpcPort(None, ApiKeys([]), LIMIT, "/nonexistent", weights=handler)  # type: ignore[arg-type]
+        port = await wire.start("127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        client.initiate_connection()
+        client.send_headers(1, [(":method", "POST"), (":scheme", "http"), (":authority", "x"),
+                                (":path", "/fleet.v1.RlControl/UpdateWeights"),
+                                ("content-type", "application/grpc"), ("te", "trailers")])
+        client.send_data(1, b"\0" + (LIMIT + 1).to_bytes(4, "big") + bytes(100))
+        writer.write(client.data_to_send())  # one write: one read at the port
+        try:
+            status: dict[bytes, bytes] = {}
+            while not status:
+                data = await asyncio.wait_for(reader.read(1 << 16), 10)
+                assert data, "the connection closed without the call's status"
+                for event in client.receive_data(data):
+                    if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
+                        status = dict(event.headers).get(b"grpc-status") and dict(event.headers) or {}
+                writer.write(client.data_to_send())
+            assert status[b"grpc-status"] == b"8", status  # RESOURCE_EXHAUSTED
+            assert f"vs. {LIMIT})".encode() in status[b"grpc-message"]
+            assert not handler.got and all(not c.calls for c in wire.connections)
+        finally:
+            writer.close()
+            await wire.stop(0)
+    asyncio.run(main())
