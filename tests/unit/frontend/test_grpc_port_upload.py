@@ -66,6 +66,17 @@ def _messages(count: int) -> list[Any]:
     return out
 
 
+async def _raw_upload(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, h2.connection.H2Connection]:
+    """A raw HTTP/2 connection to the port with an UpdateWeights call's headers ready to send (stream 1)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    client.initiate_connection()
+    client.send_headers(1, [(":method", "POST"), (":scheme", "http"), (":authority", "x"),
+                            (":path", "/fleet.v1.RlControl/UpdateWeights"),
+                            ("content-type", "application/grpc"), ("te", "trailers")])
+    return reader, writer, client
+
+
 KEY = (("authorization", "Bearer k"),)
 
 
@@ -156,12 +167,7 @@ def test_a_client_that_sends_past_the_window_loses_its_connection() -> None:
         handler = _Handler(take=0)
         wire = GrpcPort(None, ApiKeys([]), LIMIT, "/nonexistent", weights=handler)  # type: ignore[arg-type]
         port = await wire.start("127.0.0.1", 0)
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-        client.initiate_connection()
-        client.send_headers(1, [(":method", "POST"), (":scheme", "http"), (":authority", "x"),
-                                (":path", "/fleet.v1.RlControl/UpdateWeights"),
-                                ("content-type", "application/grpc"), ("te", "trailers")])
+        reader, writer, client = await _raw_upload(port)
         writer.write(client.data_to_send())
         message = b"\0" + (LIMIT - 100).to_bytes(4, "big") + bytes(LIMIT - 100)
         body = b"".join(message for _ in range(24))
@@ -190,12 +196,7 @@ def test_a_refusal_in_the_read_that_opened_the_call_is_still_answered() -> None:
         handler = _Handler()
         wire = GrpcPort(None, ApiKeys([]), LIMIT, "/nonexistent", weights=handler)  # type: ignore[arg-type]
         port = await wire.start("127.0.0.1", 0)
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-        client.initiate_connection()
-        client.send_headers(1, [(":method", "POST"), (":scheme", "http"), (":authority", "x"),
-                                (":path", "/fleet.v1.RlControl/UpdateWeights"),
-                                ("content-type", "application/grpc"), ("te", "trailers")])
+        reader, writer, client = await _raw_upload(port)
         client.send_data(1, b"\0" + (LIMIT + 1).to_bytes(4, "big") + bytes(100))
         writer.write(client.data_to_send())  # one write: one read at the port
         try:
