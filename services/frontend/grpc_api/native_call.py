@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import zlib
+from abc import ABC, abstractmethod
 from typing import Any, Protocol
 from urllib.parse import quote
 
@@ -80,7 +81,7 @@ def frame(message: bytes) -> bytes:
     return b"\x00" + len(message).to_bytes(4, "big") + message
 
 
-class PortCall:
+class PortCall(ABC):
     """A call served on the port's own connection: its headers checked (the API key; the deadline and
     the encoding noted), its response written with every window honoured, its end (trailers, a reset,
     the connection's loss, the deadline). Subclasses read the request and serve it (_serve's task).
@@ -142,11 +143,13 @@ class PortCall:
             raise Failed(grpc.StatusCode.INTERNAL, "the request message does not decompress: it is cut short")
         return plain
 
+    @abstractmethod
     def on_data(self, data: bytes, flow_controlled: int = 0) -> None:
-        raise NotImplementedError
+        """A DATA frame's payload (`flow_controlled`: its bytes the call gives back to the windows itself)."""
 
+    @abstractmethod
     def on_end(self) -> None:
-        raise NotImplementedError
+        """The client's END_STREAM."""
 
     def on_reset(self, code: int) -> None:
         """The client reset the stream (it cancelled the call)."""
@@ -203,8 +206,9 @@ class PortCall:
             code, message = grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc).__name__}: {exc}"
         self.finish(code, message)
 
+    @abstractmethod
     async def _work(self) -> None:
-        raise NotImplementedError
+        """The call's work: read the request and send the response (its status is _serve's)."""
 
     async def send(self, data: bytes) -> None:
         """Write framed messages, waiting for window or a paused transport as needed."""
