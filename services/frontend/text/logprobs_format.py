@@ -200,18 +200,16 @@ class LogprobsFormatter:
         ids, w = seg.token_ids, seg.k + 1
         top = min(self.top, seg.k)
         nums = _byte_numbers(seg.logprobs)
-        template = _TEMPLATES.get(top) or _template(top)
+        template = _template(top)
         table = self._table
         heads, tails = table.heads, table.tails
-        whole = seg.positions == 1 and top + 1 == w  # the row is the segment (a generated token's, top k)
         out: list[Entry] = []
         for row in range(0, seg.positions * w, w):
             if not context:
                 end = row + 1 + top
-                cells = zip(ids, nums, strict=True) if whole else zip(ids[row:end], nums[row:end], strict=True)
                 parts: list[bytes | None] = []
                 try:
-                    for tid, num in cells:
+                    for tid, num in zip(ids[row:end], nums[row:end], strict=True):
                         parts += (heads[tid], num, tails[tid])
                     out.append(template % tuple(parts))
                 except (TypeError, IndexError):
