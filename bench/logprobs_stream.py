@@ -4,8 +4,10 @@ model's vocabulary, its packed rows), each step's dispatch pass run (`end_of_pas
 formatter, render, the chunk writer) into a recording transport. Prints CPU us per token, warm (every
 id's fragments made first) and cold (the formatter's tables fill as ids come, as in a fleet's first
 rounds), with `--before REV` the same for that revision's tree in a subprocess, rounds alternating.
-For instructions instead of a noisy clock: `valgrind --tool=callgrind python bench/logprobs_stream.py
---child warm --steps 0` and `--steps 40`, the difference over streams x 40.
+`--top 0`: plain streams (no logprobs asked), the short path's plain_text() alone.
+For instructions instead of a noisy clock: `PYTHONHASHSEED=0 valgrind --tool=callgrind python
+bench/logprobs_stream.py --child warm --steps 0` and `--steps 200`, the difference over streams x 200
+(fewer steps drown in the run-to-run spread of the start-up's count, ~10M).
 
 Run: PYTHONPATH=$PWD python bench/logprobs_stream.py [--streams 32] [--steps 40] [--top 5] [--rounds 5]
                                                    [--before REV]
@@ -43,7 +45,7 @@ def child(kind: str, streams: int, steps: int, top: int) -> float:
 
     model = Model.load("tiny", "tiny")
     vocab = model.tokenizer.get_vocab_size(with_added_tokens=True)
-    if kind == "warm":
+    if kind == "warm" and top:
         fmt = LogprobsFormatter(token_strings(model.tokenizer), chat=True, top=top)
         for tid in range(vocab):
             fmt._cell(tid)
@@ -57,7 +59,7 @@ def child(kind: str, streams: int, steps: int, top: int) -> float:
             rid = f"r{i}"
             options = OutputOptions(chat=True, stream=True, include_usage=True, continuous_usage=False, stop=(),
                                     include_stop_str_in_output=False, skip_special_tokens=True,
-                                    tool_choice="none", response_id="chatcmpl-1", logprobs=top)
+                                    tool_choice="none", response_id="chatcmpl-1", logprobs=top or None)
             request = EngineRequest(GenerateRequest(rid, [1, 2, 3], SamplingParams(max_tokens=10_000), time.time()),
                                     10_000, options)
             stream = InFlight(rid, 3, 10_000)
@@ -67,8 +69,9 @@ def child(kind: str, streams: int, steps: int, top: int) -> float:
             live.append((rid, stream))
         spent = 0.0
         for n, ids in enumerate(draws):
-            fed = [(RequestOutput(rid, [tid], None, packed_logprobs=ref), [bytes(parts[0])])
-                   for (rid, _), tid in zip(live, ids, strict=True) for ref, parts in [fake.segment([tid], top)]]
+            fed = ([(RequestOutput(rid, [tid], None, packed_logprobs=ref), [bytes(parts[0])])
+                    for (rid, _), tid in zip(live, ids, strict=True) for ref, parts in [fake.segment([tid], top)]]
+                   if top else [(RequestOutput(rid, [tid], None), []) for (rid, _), tid in zip(live, ids, strict=True)])
             t0 = time.process_time()
             for (_, stream), (out, frames) in zip(live, fed, strict=True):
                 stream.feed(out, frames)
@@ -89,7 +92,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--streams", type=int, default=32)
     p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--top", type=int, default=5)
+    p.add_argument("--top", type=int, default=5, help="top_logprobs; 0: plain streams, no logprobs")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--before", metavar="REV", help="also run this git revision's tree, rounds alternating")
     p.add_argument("--child", choices=["warm", "cold"], help=argparse.SUPPRESS)

@@ -161,9 +161,12 @@ class OutputProcessor:
         if self.formatter is not None:
             return self._plain_logprobs(out)
         self.stream.take_one()
-        self._plain_step(n)
-        text = self._detok.push(out.new_token_ids)
-        self.counts = [self.completion_tokens] if text else []
+        now = time.monotonic()  # _plain_step(), inline: this is every plain token's path
+        self._metrics.itl.observe(now - self._last)
+        self._last = now
+        tokens = self.completion_tokens = self.completion_tokens + n
+        text = self._detok.push_one(out.new_token_ids[0]) if n == 1 else self._detok.push(out.new_token_ids)
+        self.counts = [tokens] if text else []
         return text
 
     def plain_texts(self) -> list[str] | None:

@@ -329,6 +329,9 @@ def test_a_bug_in_one_stream_s_processing_fails_that_stream_only(model: Model,
             def push(self, ids: list[int]) -> str:
                 raise ValueError("a bug")
 
+            def push_one(self, tid: int) -> str:
+                raise ValueError("a bug")
+
         monkeypatch.setattr(a, "_detok", Broken())
         stream_a.feed(RequestOutput("r1", [WORLD], None))
         stream_b.feed(RequestOutput("r1", [WORLD], None))
