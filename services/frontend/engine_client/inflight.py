@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from protocol import RequestOutput
@@ -48,11 +48,14 @@ class Sink(Protocol):
 # The streams with a sink that were fed in the current dispatch pass, in the order they were first fed;
 # end_of_pass() hands each its outputs. One event loop per API server process: a module's list suffices.
 _due: list[InFlight] = []
+# Run at the end of each pass that handed a sink outputs, after every such sink took them: what the sinks
+# left to do together (generation/direct_stream.py writes the pass's bodies here, one send after another).
+after_pass: list[Callable[[], None]] = []
 
 
 def end_of_pass() -> None:
     """The dispatch pass is over (engines.py, after each batch from the socket thread): each stream fed
-    in it whose sink is still attached takes its outputs, once."""
+    in it whose sink is still attached takes its outputs, once; then the after_pass hooks run."""
     if not _due:
         return
     due = _due[:]
@@ -66,6 +69,8 @@ def end_of_pass() -> None:
             except Exception as exc:  # a bug in one stream's output processing: that stream fails, not the pass
                 log.exception("output processing failed for %s", stream.request_id)
                 stream.fail(f"output processing failed: {type(exc).__name__}: {exc}")
+    for hook in after_pass:
+        hook()
 
 
 class InFlight:

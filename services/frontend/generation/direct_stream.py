@@ -5,11 +5,15 @@ woken and no send per token. Runs on each API server's event loop."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Protocol
 
+from services.frontend.engine_client import inflight
 from services.frontend.engine_client.inflight import EngineFailure
 from services.frontend.generation.output import OutputProcessor, Piece
+
+log = logging.getLogger(__name__)
 
 
 class Outlet(Protocol):
@@ -22,6 +26,32 @@ class Outlet(Protocol):
     def put(self, body: bytes) -> bool:
         """Write `body` now and say True, or say False (nothing written: the transport paused or closed,
         or a flow-control window is shut) and the stream lets go."""
+
+
+# The bodies the streams of this dispatch pass made, in the order they made them, written once every
+# stream of the pass has been processed (inflight.after_pass): the pass's Python first, then its sends
+# back to back, each warm in the caches the other would have evicted (docs/frontend.md, "Two phases").
+_bodies: list[tuple[DirectStream, bytes]] = []
+
+
+def _write_pass() -> None:
+    """Write each body of the pass to its stream's outlet; a stream whose outlet takes nothing (or whose
+    write raised) keeps the body for its response task and lets go."""
+    if not _bodies:
+        return
+    bodies = _bodies[:]
+    _bodies.clear()
+    for stream, body in bodies:
+        try:
+            if stream._outlet.put(body):
+                continue
+        except Exception:  # a bug under one outlet: its response task sends the body its own way, or fails
+            log.exception("writing a streamed body failed for %s", stream._outputs.stream.request_id)
+        stream._stash.append(body)
+        stream._let_go()
+
+
+inflight.after_pass.append(_write_pass)
 
 
 class DirectStream:
@@ -77,18 +107,12 @@ class DirectStream:
             text = outputs.plain_text()
             if text is not None:
                 if text:
-                    body = chunk(text)
-                    if not self._outlet.put(body):
-                        self._stash.append(body)
-                        self._let_go()
+                    _bodies.append((self, chunk(text)))
                 return
             texts = outputs.plain_texts()
             if texts is not None:  # several steps at once, a loop running late: one write for them all
                 if texts:
-                    events = [chunk(text) for text in texts]
-                    if not self._outlet.put(events[0] if len(events) == 1 else b"".join(events)):
-                        self._stash += events
-                        self._let_go()
+                    _bodies.append((self, b"".join([chunk(text) for text in texts])))
                 return
         try:
             events = self._events(outputs.take_pieces())
@@ -99,9 +123,8 @@ class DirectStream:
         if outputs.finish is not None:
             self._stash += events
             self._let_go()
-        elif events and not self._outlet.put(events[0] if len(events) == 1 else b"".join(events)):
-            self._stash += events
-            self._let_go()
+        elif events:
+            _bodies.append((self, events[0] if len(events) == 1 else b"".join(events)))
 
     def on_end(self) -> None:
         future = self._future

@@ -310,6 +310,53 @@ def test_the_outputs_of_one_pass_go_out_in_one_write(model: Model) -> None:
     assert b'"content":" world"' in data and b'"content":","' in data and data.count(b'"content":"Hello"') == 2
 
 
+def test_a_pass_writes_after_every_stream_in_it_is_processed_and_a_write_that_raises_spares_the_rest(
+        model: Model) -> None:
+    """Two phases a pass: each stream's body made, then the bodies written in the order made. A stream
+    whose write raised keeps its body for its response task (whose own send then fails it); the stream
+    after it is written in the same pass."""
+    async def run() -> tuple[list[list[int]], bytes, bytes, bytes]:
+        procs = [_outputs(model) for _ in range(3)]
+        for i, (_, stream, _, _) in enumerate(procs):
+            stream.request_id = f"r{i}"
+        cycles = [_cycle() for _ in procs]
+        tasks = [asyncio.ensure_future(send_stream(cycle.send, [[outputs]], "tiny", None, cycle))
+                 for (outputs, _, _, _), (cycle, _) in zip(procs, cycles, strict=True)]
+        for _, stream, _, _ in procs:
+            _feed(stream, RequestOutput(stream.request_id, [HELLO], None))
+        for _, stream, _, _ in procs:
+            await _attached(stream)
+        pending_at_write: list[list[int]] = []  # at each write: how many outputs each stream still holds
+        for _, transport in cycles:
+            record = transport.write
+
+            def write(data: bytes, record: Any = record) -> None:
+                pending_at_write.append([len(stream.pending) for _, stream, _, _ in procs])
+                record(data)
+            transport.write = write  # type: ignore[method-assign]
+
+        def broken(data: bytes) -> None:
+            raise OSError("a bug under the outlet")
+        cycles[1][1].write = broken  # type: ignore[method-assign]
+        for _, stream, _, _ in procs:
+            stream.feed(RequestOutput(stream.request_id, [WORLD], None))
+        end_of_pass()
+        cycles[1][1].write = cycles[1][1].__class__.write.__get__(cycles[1][1])  # type: ignore[method-assign]
+        for _, stream, _, _ in procs:
+            if stream.sink is not None:
+                _feed(stream, RequestOutput(stream.request_id, [COMMA], "length"))
+            else:  # the stream let go: its task owns it, and takes the rest from its queue
+                stream.feed(RequestOutput(stream.request_id, [COMMA], "length"))
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return pending_at_write, *[bytes(transport.data) for _, transport in cycles]
+
+    pending_at_write, data_0, data_1, data_2 = asyncio.run(run())
+    assert pending_at_write[:2] == [[0, 0, 0], [0, 0, 0]]  # both writes after all three took their output
+    assert b'"content":" world"' in data_0 and b'"content":" world"' in data_2
+    assert b'"finish_reason":"length"' in data_0 and b'"finish_reason":"length"' in data_2
+    assert b'"content":" world"' in data_1 and b'"finish_reason":"length"' in data_1  # sent by its task
+
+
 def test_a_bug_in_one_stream_s_processing_fails_that_stream_only(model: Model,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     async def run() -> tuple[bytes, bytes]:
