@@ -66,7 +66,8 @@ class Segment(NamedTuple):
 def unpack(raw_frames: Sequence[Buffer], ref: PackedLogprobs) -> Segment:
     """The segment `ref` names, as views of the frame (copied only on a big-endian host); a one-row
     segment, a generated token's, as one struct read (cheaper than three views for a dozen values).
-    Raises ProtocolError when the frame is missing or too short, never IndexError."""
+    Raises ProtocolError when the frame is missing or too short, or a token id is negative; never
+    IndexError."""
     frame_no, offset, n, k = ref.frame, ref.offset, ref.positions, ref.k
     if n == 1 and k >= 0 and offset >= 0 and not offset % 4 and 0 <= frame_no < len(raw_frames):
         # A generated token's row, nearly every call: the struct read checks the frame's length itself,
@@ -77,7 +78,10 @@ def unpack(raw_frames: Sequence[Buffer], ref: PackedLogprobs) -> Segment:
             raise ProtocolError(f"PackedLogprobs segment ends at byte {offset + segment_size(1, k)}, raw frame "
                                 f"{frame_no} is shorter") from None
         w = k + 1
-        return _new(Segment, (1, k, row[:w], row[w:-1], row[-1:]))
+        own_and_top = row[:w]
+        if min(own_and_top) < 0:
+            raise _negative(own_and_top)
+        return _new(Segment, (1, k, own_and_top, row[w:-1], row[-1:]))
     if n < 0 or k < 0 or ref.offset < 0 or ref.offset % 4:
         raise ProtocolError(f"PackedLogprobs{(ref.frame, ref.offset, n, k)}: negative or unaligned")
     if not 0 <= ref.frame < len(raw_frames):
@@ -89,14 +93,23 @@ def unpack(raw_frames: Sequence[Buffer], ref: PackedLogprobs) -> Segment:
         raise ProtocolError(f"PackedLogprobs segment ends at byte {end}, raw frame {ref.frame} has {size}")
     if n == 1:
         row = _row(k).unpack_from(frame, ref.offset)
+        if min(row[:k + 1]) < 0:
+            raise _negative(row[:k + 1])
         return Segment(1, k, row[:k + 1], row[k + 1:-1], row[-1:])
     view = memoryview(frame).cast("B")
     cells = n * (k + 1) * 4
     a, b = ref.offset, ref.offset + cells
     ids, lps, rks = view[a:b].cast("i"), view[b:b + cells].cast("f"), view[b + cells:end].cast("i")
-    if not _LITTLE:
-        return Segment(n, k, _swapped("i", ids), _swapped("f", lps), _swapped("i", rks))
-    return Segment(n, k, ids, lps, rks)
+    seg = Segment(n, k, ids, lps, rks) if _LITTLE else Segment(n, k, _swapped("i", ids), _swapped("f", lps),
+                                                                _swapped("i", rks))
+    if n and min(seg.token_ids) < 0:
+        raise _negative(seg.token_ids)
+    return seg
+
+
+def _negative(ids: Sequence[int]) -> ProtocolError:
+    """A segment with a token id below 0: no token has one (read as an index, it would name another)."""
+    return ProtocolError(f"PackedLogprobs segment has token id {min(ids)}: token ids are 0 or more")
 
 
 _new = tuple.__new__

@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 
 from protocol.logprobs import Segment
-from services.frontend.text.token_strings import CONTEXT_TOKENS, REPLACEMENT, TokenStrings
+from services.frontend.text.token_strings import CONTEXT_TOKENS, PAST_VOCABULARY, REPLACEMENT, TokenStrings
 from services.frontend.text.token_strings import json_string as _enc
 
 FLOOR = -9999.0
@@ -67,10 +67,13 @@ class _Table:
     Lists, not dicts: a lookup in a cache that grows to the vocabulary misses the CPU cache, and a
     list's touches less memory than a dict's."""
 
-    __slots__ = ("heads", "keys", "lengths", "partial", "size", "tails")
+    __slots__ = ("heads", "keys", "lengths", "limit", "partial", "size", "tails")
 
     def __init__(self, size: int) -> None:
         self.size = size
+        # Ids at or past this are not kept: made at each use (an engine's id of 2**31 - 1 would otherwise
+        # make each list that long). A model's rows past its tokenizer's (padding) end well before it.
+        self.limit = size + PAST_VOCABULARY
         # Each list made at its first use (a chat request's or a completion's), the vocabulary long.
         self.heads: list[bytes | None] = []
         self.tails: list[bytes | None] = []
@@ -78,19 +81,26 @@ class _Table:
         self.lengths: list[int] = []
         self.partial: set[int] = set()
 
-    def cell_room(self, tid: int) -> None:
-        """`heads` and `tails` the vocabulary long, or past it for `tid` (a model's padded rows)."""
+    def cell_room(self, tid: int) -> bool:
+        """`heads` and `tails` the vocabulary long, or past it for `tid` (a model's padded rows); False
+        (nothing made) for a `tid` at or past `limit`."""
         if tid >= len(self.heads):
+            if tid >= self.limit:
+                return False
             more = max(tid + 1, self.size) - len(self.heads)
             self.heads += [None] * more
             self.tails += [None] * more
+        return True
 
-    def key_room(self, tid: int) -> None:
-        """`keys` and `lengths` the vocabulary long, or past it for `tid`."""
+    def key_room(self, tid: int) -> bool:
+        """`keys` and `lengths` the vocabulary long, or past it for `tid`; False at or past `limit`."""
         if tid >= len(self.keys):
+            if tid >= self.limit:
+                return False
             more = max(tid + 1, self.size) - len(self.keys)
             self.keys += [None] * more
             self.lengths += [0] * more
+        return True
 
 
 # One table per TokenStrings (so per tokenizer) and token form (its string, or "token_id:N").
@@ -187,8 +197,11 @@ class LogprobsFormatter:
             for tid in ids:
                 self._cell(tid)
             parts = []
-            for tid, num in zip(ids, nums):  # noqa: B905
-                parts += (heads[tid], num, tails[tid])
+            try:
+                for tid, num in zip(ids, nums):  # noqa: B905
+                    parts += (heads[tid], num, tails[tid])
+            except IndexError:  # an id past the tables' limit (not kept): _chat_rows' slow row
+                return None
         if ids[0] in table.partial:  # the next token's string depends on this one
             self._context.append(ids[0])
         return self._template % tuple(parts)
@@ -235,7 +248,9 @@ class LogprobsFormatter:
         """`tid`'s chat head and tail (see _Table), made on first use; None when its string depends on
         context."""
         table = self._table
-        table.cell_room(tid)
+        if not table.cell_room(tid):  # far past the vocabulary: made for this use only
+            text = self._strings.alone(tid)
+            return None if text.endswith(REPLACEMENT) else _cell(self._token_id(tid) if self._as_ids else text, text)
         if table.heads[tid] is None:
             text = self._strings.alone(tid)
             if text.endswith(REPLACEMENT):
@@ -327,8 +342,8 @@ class LogprobsFormatter:
                 found = _encode(text), len(text)
             else:
                 found = key, length
-        table.key_room(tid)
-        table.keys[tid], table.lengths[tid] = key + b":", length
+        if table.key_room(tid):
+            table.keys[tid], table.lengths[tid] = key + b":", length
         return found
 
     @staticmethod

@@ -15,6 +15,10 @@ from services.frontend.text.detokenizer import token_pieces
 
 REPLACEMENT = "\ufffd"
 CONTEXT_TOKENS = 4  # vLLM's: enough for any UTF-8 character split into single-byte tokens
+# Ids this far past the tokenizer's vocabulary, or further, are not cached (here or in the logprobs
+# formatter's tables): their strings are made at each use. A model's rows past its tokenizer's (padding)
+# end well before; an engine that sends such ids must not grow a per-process cache with each.
+PAST_VOCABULARY = 1 << 16
 _json = msgspec.json.Encoder()
 
 
@@ -68,7 +72,8 @@ class TokenStrings:
             text = self.decode([tid])
             if self._marker is not None:
                 text = _restore_leading_spaces(self._tokenizer.id_to_token(tid) or "", text, self._marker)
-            self._alone[tid] = text
+            if tid < self.vocab_size + PAST_VOCABULARY:
+                self._alone[tid] = text
         return text
 
     def first_prompt_token(self, tid: int) -> str:
@@ -103,7 +108,9 @@ class TokenStrings:
         """alone(tid) as a JSON string."""
         text = self._json.get(tid)
         if text is None:
-            text = self._json[tid] = json_string(self.alone(tid))
+            text = json_string(self.alone(tid))
+            if tid < self.vocab_size + PAST_VOCABULARY:
+                self._json[tid] = text
         return text
 
 

@@ -351,6 +351,47 @@ def test_unreadable_logprobs_fail_the_request_not_the_process(model: Model) -> N
         asyncio.run(outputs.pieces())
 
 
+@pytest.mark.parametrize("first", [True, False], ids=["first-token", "plain-step"])
+def test_a_negative_logprobs_token_id_fails_the_request_naming_it(model: Model, first: bool) -> None:
+    """Read as an index, -1 would name the tables' last token (and, made there, overwrite its cached
+    string for every later request): the request fails, on process()'s path and the plain short path's."""
+    from protocol import PackedLogprobs
+    from protocol.logprobs import pack
+
+    outputs, stream = _lp_processor(model)
+    if not first:
+        _feed(stream, [HELLO])
+        asyncio.run(outputs.pieces())
+    out = RequestOutput("r1", [WORLD], None)
+    out.packed_logprobs = PackedLogprobs(0, 0, 1, 1)
+    stream.feed(out, [pack([WORLD, -1], [-1.0, -2.0], [1])])
+    assert outputs.plain_text() is None  # the short path leaves it to process()
+    with pytest.raises(EngineFailure, match="unreadable logprobs: .*token id -1: token ids are 0 or more"):
+        asyncio.run(outputs.pieces())
+
+
+def test_an_id_far_past_the_vocabulary_is_an_empty_token_and_grows_no_cache(model: Model) -> None:
+    """2**31 - 1 as an alternative: shown as any id past the tokenizer's ("", no bytes), as the plain short
+    path and process() both make it, without the per-tokenizer tables growing to its length."""
+    from services.frontend.text.token_strings import PAST_VOCABULARY
+
+    outputs, stream = _lp_processor(model)
+    _feed(stream, [HELLO])
+    asyncio.run(outputs.pieces())
+    import json
+
+    for n, tid in enumerate((2 ** 31 - 2, model.tokenizer.get_vocab_size(with_added_tokens=True) + PAST_VOCABULARY)):
+        _feed(stream, [tid])  # its own token the id, its alternative the id after it
+        assert outputs.plain_text() == ""  # no text: its entry waits for the next piece's
+        assert outputs.formatter is not None
+        entry = json.loads(outputs.formatter.render(outputs._pending))["content"][n]
+        assert (entry["token"], entry["bytes"]) == ("", [])
+        assert [(alt["token"], alt["bytes"]) for alt in entry["top_logprobs"]] == [("", [])]
+    assert outputs.formatter is not None
+    table = outputs.formatter._table
+    assert len(table.heads) < table.limit and len(outputs.formatter._strings._alone) < table.limit
+
+
 def test_a_plain_step_takes_the_short_path_with_process_s_result(model: Model) -> None:
     outputs, stream, _ = _processor(model, _Engines())
     assert outputs.plain_text() is None  # nothing queued

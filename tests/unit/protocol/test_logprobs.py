@@ -37,6 +37,19 @@ def test_a_ref_past_its_frames_is_a_protocol_error(ref: PackedLogprobs, says: st
         unpack([pack([1], [-1.0], [1])], ref)
 
 
+@pytest.mark.parametrize("rows", [1, 3], ids=["one-row", "rows"])
+@pytest.mark.parametrize("bad", [-1, -(2 ** 31)])
+def test_a_negative_token_id_is_a_protocol_error(rows: int, bad: int) -> None:
+    """A negative id read as an index names another token (the tables' last ones): refused, the own
+    token's column or an alternative's, one row or several."""
+    for at in (0, 2 * rows - 1):
+        ids = [5] * (2 * rows)
+        ids[at] = bad
+        frame = pack(ids, [-1.0] * (2 * rows), [1] * rows)
+        with pytest.raises(ProtocolError, match=f"token id {bad}: token ids are 0 or more"):
+            unpack([frame], PackedLogprobs(0, 0, rows, 1))
+
+
 def test_pack_refuses_mismatched_arrays() -> None:
     with pytest.raises(ValueError, match="rows"):
         pack([1, 2, 3], [-1.0, -2.0], [1])
