@@ -22,6 +22,7 @@ import httpx
 import openai
 import pytest
 
+import checkpoints.tiny as tiny
 from protocol.grpc import pb2, pb2_grpc, tensor_messages
 from tests.support.procs import FrontendProc, free_port_block, start_frontend
 from tests.support.safetensors_frames import weight_calls
@@ -34,8 +35,9 @@ SECOND_SEED = 7
 
 
 class Fleet:
-    def __init__(self, frontend: FrontendProc, port: int) -> None:
+    def __init__(self, frontend: FrontendProc, port: int, second: OfflineReference) -> None:
         self.frontend = frontend
+        self.second = second  # vLLM's offline LLM on the weight update's checkpoint, started with the fleet
         self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         self.inference = pb2_grpc.InferenceStub(self.channel)
         self.control = pb2_grpc.ControlStub(self.channel)
@@ -48,15 +50,21 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, reaper: Reaper) -> Iterator[
     engine_port, grpc_port = free_port_block(1), free_port_block(1)
     tmp = tmp_path_factory.mktemp("vllm-grpc")
     boot = write_adapter(tmp / "boot")  # loaded by the engine's --lora-modules, before its handshake
-    fe = start_frontend(tmp, "--backend", "vllm", "--data-parallel-size-local", "1",
-                        "--engine-port", str(engine_port), "--engine-arg=--max-model-len=512",
-                        f"--engine-arg=--kv-cache-bytes={8 * 2**20}", "--engine-arg=--enable-lora",
-                        "--engine-arg=--max-lora-rank=8", "--engine-arg=--max-loras=2",
-                        f"--engine-arg=--lora-modules=boot={boot}", "--allow-runtime-lora-updating",
-                        "--grpc-port", str(grpc_port))
-    f = Fleet(fe, grpc_port)
-    yield f
-    f.channel.close()
+    # The reference for the weight update's test: a vLLM start-up of its own, run while this fleet's
+    # starts and the module's other tests run, not after them.
+    second = OfflineReference(tiny.write_checkpoint(tmp / "second", seed=SECOND_SEED), tmp / "second.log")
+    try:
+        fe = start_frontend(tmp, "--backend", "vllm", "--data-parallel-size-local", "1",
+                            "--engine-port", str(engine_port), "--engine-arg=--max-model-len=512",
+                            f"--engine-arg=--kv-cache-bytes={8 * 2**20}", "--engine-arg=--enable-lora",
+                            "--engine-arg=--max-lora-rank=8", "--engine-arg=--max-loras=2",
+                            f"--engine-arg=--lora-modules=boot={boot}", "--allow-runtime-lora-updating",
+                            "--grpc-port", str(grpc_port))
+        f = Fleet(fe, grpc_port, second)
+        yield f
+        f.channel.close()
+    finally:
+        second.stop()
     reaper.stop(fe)  # its exit code 0 checked at the session's end: it takes seconds to stop its engine
 
 
@@ -226,10 +234,8 @@ def test_pause_modes_with_a_stream_in_flight(fleet: Fleet) -> None:
     fleet.rl.ResumeGeneration(pb2.ResumeGenerationRequest())
 
 
-def test_update_weights_from_a_second_checkpoint_equals_offline_llm_on_it(fleet: Fleet, tmp_path: Path) -> None:
-    import checkpoints.tiny as tiny
-
-    second = tiny.write_checkpoint(tmp_path / "second", seed=SECOND_SEED)
+def test_update_weights_from_a_second_checkpoint_equals_offline_llm_on_it(fleet: Fleet) -> None:
+    second = fleet.second.checkpoint
     before = greedy(fleet)
     assert fleet.rl.GetWeightVersion(pb2.GetWeightVersionRequest()).version == "0"
     fleet.rl.PauseGeneration(pb2.PauseGenerationRequest(mode=pb2.PAUSE_MODE_WAIT), timeout=60)
@@ -247,13 +253,17 @@ def test_update_weights_from_a_second_checkpoint_equals_offline_llm_on_it(fleet:
     assert fleet.rl.GetWeightVersion(pb2.GetWeightVersionRequest()).version == "step-1"
     after = greedy(fleet)
     assert after != before
-    assert after == _offline_in_subprocess(second)
+    assert after == fleet.second.token_ids()
 
 
-def _offline_in_subprocess(checkpoint: Path) -> list[list[int]]:
-    """vLLM's offline LLM on `checkpoint`, greedy over PROMPTS, in a process of its own: a second LLM in
-    this process would tear down the distributed state the package's `llm` fixture runs on."""
-    code = f"""
+class OfflineReference:
+    """vLLM's offline LLM on `checkpoint`, greedy over PROMPTS, in a process of its own, started at once and
+    read by token_ids: a second LLM in this process would tear down the distributed state the package's
+    `llm` fixture runs on."""
+
+    def __init__(self, checkpoint: Path, log: Path) -> None:
+        self.checkpoint = checkpoint
+        code = f"""
 import json, os
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 import vllm
@@ -263,8 +273,20 @@ outs = llm.generate([{{"prompt_token_ids": p}} for p in {PROMPTS!r}],
                     vllm.SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)
 print("IDS " + json.dumps([list(o.outputs[0].token_ids) for o in outs]))
 """
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    lines = [line for line in done.stdout.splitlines() if line.startswith("IDS ")]
-    assert done.returncode == 0 and lines, done.stderr[-3000:]
-    return json.loads(lines[-1][4:])  # type: ignore[no-any-return]
+        self._log = log
+        with open(log, "wb") as out:  # a file, not a pipe: nothing reads it while vLLM starts
+            self._proc = subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=subprocess.STDOUT,
+                                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+    def token_ids(self) -> list[list[int]]:
+        self._proc.wait(timeout=300)
+        said = self._log.read_text(errors="replace")
+        lines = [line for line in said.splitlines() if line.startswith("IDS ")]
+        assert self._proc.returncode == 0 and lines, said[-3000:]
+        return json.loads(lines[-1][4:])
+
+    def stop(self) -> None:
+        """Kills it if it still runs (the test that reads it failed before it, or did not run)."""
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.wait()
