@@ -254,6 +254,12 @@ class Http1Client:
         `timeout_s`, which then bounds each wait for body bytes too)."""
         key, prefix, host = self._target(base_url)
         conn = await self._connection(key)
+        if conn.lost or conn.transport is None or conn.transport.is_closing():
+            # Connected, then closed by the replica before a byte was written (one dying with connections
+            # in its listen backlog, its close read while this task waited to run): nothing was sent, so it
+            # is a connection not made. (uvloop's write would raise RuntimeError on the closed transport.)
+            raise NotConnected(f"{key[0]}:{key[1]} closed the connection before the request was sent",
+                               timed_out=False)
         loop = conn.loop
         conn.reset()
         head = conn.head = loop.create_future()

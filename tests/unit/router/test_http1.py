@@ -10,6 +10,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import uvloop
 
 from services.router.backends import http1
 from services.router.backends.http1 import Http1Client, NotConnected
@@ -175,6 +176,38 @@ def test_a_refused_connection_is_not_connected() -> None:
         assert not caught.value.timed_out
 
     run(main())
+
+
+def test_a_connection_the_replica_closes_before_the_request_is_written_is_not_connected(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica that accepts and closes at once (one killed with connections in its listen backlog), its
+    close read before the task that connected runs again, as under load: NotConnected (nothing was sent,
+    so the request may go to another replica), not uvloop's RuntimeError from a write to a closed transport."""
+    async def main() -> None:
+        async def close_at_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.close()
+
+        server = await asyncio.start_server(close_at_once, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        connect = Http1Client._connection
+
+        async def connect_then_wait(self: Http1Client, key: tuple[str, int]) -> Any:
+            conn = await connect(self, key)
+            for _ in range(200):  # other callbacks run (the replica's close read) before this task resumes
+                if conn.lost:
+                    break
+                await asyncio.sleep(0.005)
+            return conn
+
+        monkeypatch.setattr(Http1Client, "_connection", connect_then_wait)
+        try:
+            with pytest.raises(NotConnected, match="closed the connection before the request was sent") as caught:
+                await Http1Client().post(f"http://127.0.0.1:{port}", "/p", b"{}", {}, timeout_s=5)
+            assert not caught.value.timed_out
+        finally:
+            server.close()
+
+    uvloop.run(asyncio.wait_for(main(), 20))  # the router's loop: its write to a closed transport raises
 
 
 def test_no_head_in_time_and_a_stalled_body_time_out() -> None:
