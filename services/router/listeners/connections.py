@@ -84,7 +84,7 @@ async def start_with_first(cycle: RequestResponseCycle, start: Callable[[], Awai
     if cycle.chunked_encoding is True and held.data and not cycle.disconnected:
         transport.write(b"%b%x\r\n%b\r\n" % (held.data, len(first), first))
         return True
-    if held.data:
+    if held.data and not cycle.disconnected:  # (uvloop raises on a write to a closed transport)
         transport.write(held.data)
     return False
 
