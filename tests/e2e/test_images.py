@@ -53,6 +53,28 @@ def _healthy(pm: Podman, container: str) -> bool | None:
         return None
 
 
+def _ready(pm: Podman, container: str) -> bool | None:
+    probe = "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/ready', timeout=2)"
+    try:
+        return pm.run("exec", container, "python", "-c", probe, check=False, timeout_s=60).returncode == 0 or None
+    except PodmanError:
+        return None
+
+
+def _routed(url: str) -> bool | None:
+    """True once a one-token chat through the router is not refused for want of a ready replica."""
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=30)
+    try:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=1)
+    except openai.InternalServerError as e:
+        if e.status_code == 503 and "no ready replica" in str(e):
+            return None
+        raise
+    finally:
+        client.close()
+    return True
+
+
 def _logs(pm: Podman, container: str) -> str:
     done = pm.run("logs", "--tail", "40", container, check=False)
     return f"--- {container}:\n{done.stdout}{done.stderr}"
@@ -78,6 +100,11 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         try:
             for name in (frontend, router):
                 until(f"{name} passes the image's HEALTHCHECK", lambda name=name: _healthy(pm, name), 180, 1)
+            # The HEALTHCHECK is liveness (/health); the router sends work only to a replica its own checks
+            # (/ready, every second here) found ready, so wait for the frontend's /ready and then its next check.
+            until("the frontend answers /ready", lambda: _ready(pm, frontend), 180, 1)
+            url = f"http://{_address(pm, router, network)}:8080"
+            until("the router finds its replica ready", lambda: _routed(url), 60, 0.5)
         except AssertionError as e:
             raise AssertionError(f"{e}\n{_logs(pm, frontend)}\n{_logs(pm, router)}") from None
         yield Fleet(pm, image, network, frontend, router, f"http://{_address(pm, router, network)}:8080")
