@@ -93,9 +93,10 @@ def unpack(raw_frames: Sequence[Buffer], ref: PackedLogprobs) -> Segment:
         raise ProtocolError(f"PackedLogprobs segment ends at byte {end}, raw frame {ref.frame} has {size}")
     if n == 1:
         row = _row(k).unpack_from(frame, ref.offset)
-        if min(row[:k + 1]) < 0:
-            raise _negative(row[:k + 1])
-        return Segment(1, k, row[:k + 1], row[k + 1:-1], row[-1:])
+        own_and_top = row[:k + 1]
+        if min(own_and_top) < 0:
+            raise _negative(own_and_top)
+        return Segment(1, k, own_and_top, row[k + 1:-1], row[-1:])
     view = memoryview(frame).cast("B")
     cells = n * (k + 1) * 4
     a, b = ref.offset, ref.offset + cells

@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 
 from protocol.logprobs import Segment
-from services.frontend.text.token_strings import CONTEXT_TOKENS, PAST_VOCABULARY, REPLACEMENT, TokenStrings
+from services.frontend.text.token_strings import CONTEXT_TOKENS, REPLACEMENT, TokenStrings
 from services.frontend.text.token_strings import json_string as _enc
 
 FLOOR = -9999.0
@@ -69,11 +69,11 @@ class _Table:
 
     __slots__ = ("heads", "keys", "lengths", "limit", "partial", "size", "tails")
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, limit: int) -> None:
         self.size = size
         # Ids at or past this are not kept: made at each use (an engine's id of 2**31 - 1 would otherwise
-        # make each list that long). A model's rows past its tokenizer's (padding) end well before it.
-        self.limit = size + PAST_VOCABULARY
+        # make each list that long). TokenStrings.cache_limit: a model's padded rows end well before it.
+        self.limit = limit
         # Each list made at its first use (a chat request's or a completion's), the vocabulary long.
         self.heads: list[bytes | None] = []
         self.tails: list[bytes | None] = []
@@ -111,7 +111,7 @@ def _table(strings: TokenStrings, as_token_ids: bool) -> _Table:
     pair = _TABLES.get(strings, (None, None))
     table = pair[as_token_ids]
     if table is None:
-        table = _Table(strings.vocab_size)
+        table = _Table(strings.vocab_size, strings.cache_limit)
         _TABLES[strings] = (pair[0], table) if as_token_ids else (table, pair[1])
     return table
 

@@ -31,7 +31,7 @@ class TokenStrings:
     vLLM's correction of one that ends in U+FFFD, with `context` the sequence's previous token ids."""
 
     __slots__ = ("__weakref__", "_added", "_alone", "_json", "_marker", "_pieces", "_tokenizer",
-                 "vocab_size")
+                 "cache_limit", "vocab_size")
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self._tokenizer = tokenizer
@@ -44,6 +44,8 @@ class TokenStrings:
         self._alone: dict[int, str] = {}
         self._json: dict[int, str] = {}
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        # Ids at or past this are not cached, here or in the logprobs formatter's tables.
+        self.cache_limit = self.vocab_size + PAST_VOCABULARY
 
     def decode(self, ids: Sequence[int]) -> str:
         """Ids decoded together, special tokens shown (as HF's decode without skip_special_tokens)."""
@@ -72,7 +74,7 @@ class TokenStrings:
             text = self.decode([tid])
             if self._marker is not None:
                 text = _restore_leading_spaces(self._tokenizer.id_to_token(tid) or "", text, self._marker)
-            if tid < self.vocab_size + PAST_VOCABULARY:
+            if tid < self.cache_limit:
                 self._alone[tid] = text
         return text
 
@@ -109,7 +111,7 @@ class TokenStrings:
         text = self._json.get(tid)
         if text is None:
             text = json_string(self.alone(tid))
-            if tid < self.vocab_size + PAST_VOCABULARY:
+            if tid < self.cache_limit:
                 self._json[tid] = text
         return text
 
