@@ -44,21 +44,23 @@ def _address(pm: Podman, container: str, network: str) -> str:
     return str(networks[network]["IPAddress"])
 
 
-def _healthy(pm: Podman, container: str) -> bool | None:
-    """Runs the image's HEALTHCHECK once (podman schedules none without systemd); True once it passes.
-    A busy machine can take longer than a minute to exec it: that is a try, not a failure."""
+def _passes(pm: Podman, *args: str) -> bool | None:
+    """True once the podman command exits 0; None (try again) otherwise. A busy machine can take longer
+    than a minute to run it: that is a try, not a failure."""
     try:
-        return pm.run("healthcheck", "run", container, check=False, timeout_s=60).returncode == 0 or None
+        return pm.run(*args, check=False, timeout_s=60).returncode == 0 or None
     except PodmanError:
         return None
+
+
+def _healthy(pm: Podman, container: str) -> bool | None:
+    """Runs the image's HEALTHCHECK once (podman schedules none without systemd); True once it passes."""
+    return _passes(pm, "healthcheck", "run", container)
 
 
 def _ready(pm: Podman, container: str) -> bool | None:
     probe = "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/ready', timeout=2)"
-    try:
-        return pm.run("exec", container, "python", "-c", probe, check=False, timeout_s=60).returncode == 0 or None
-    except PodmanError:
-        return None
+    return _passes(pm, "exec", container, "python", "-c", probe)
 
 
 def _routed(url: str) -> bool | None:
