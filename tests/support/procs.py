@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
@@ -17,14 +18,32 @@ from typing import Any
 import openai
 
 
+def _ephemeral_start() -> int:
+    """The first port the kernel hands out as a connection's own (Linux's ip_local_port_range)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+# Where free_port_block looks first: below the ephemeral range, so that no connection made meanwhile
+# (by any process here) takes a port as its source port between the check and the child's bind.
+_FIXED_FROM = 20000
+
+
 def free_port_block(n: int = 1, *, spread: int = 100) -> int:
-    """A base port P such that P..P+n-1 and P+spread..P+spread+n-1 look free on 127.0.0.1."""
+    """A base port P such that P..P+n-1 and P+spread..P+spread+n-1 look free on 127.0.0.1: below the
+    ephemeral range where it leaves room, else one the kernel picks."""
+    top = _ephemeral_start() - spread - n
     for _ in range(200):
-        with closing(socket.socket()) as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + spread + n >= 65535:
-            continue
+        if top > _FIXED_FROM + 1000:
+            base = random.randrange(_FIXED_FROM, top)
+        else:
+            with closing(socket.socket()) as s:
+                s.bind(("127.0.0.1", 0))
+                base = s.getsockname()[1]
+            if base + spread + n >= 65535:
+                continue
         ports = [base + i for i in range(n)] + [base + spread + i for i in range(n)]
         if all(_is_free(p) for p in ports):
             return base
