@@ -55,7 +55,7 @@ class UploadCall(PortCall):
         self.on_pieces([memoryview(data)], flow_controlled)
 
     def on_pieces(self, pieces: list[memoryview], flow_controlled: int) -> None:
-        """A DATA frame's payload, in pieces (views of the bytes read: grpc_port.FrameWatch)."""
+        """A DATA frame's payload, in pieces (views of the bytes read: h2_frames.FrameWatch)."""
         self._owed += flow_controlled
         if self.closed or self._why is not None:  # ended, or ending (a refused message): nothing more is held
             self._give_back(everything=True)

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from services.frontend.grpc_api.grpc_port import _PREFACE, Connection, FrameWatch
+from services.frontend.grpc_api.grpc_port import Connection
+from services.frontend.grpc_api.h2_frames import PREFACE, FrameWatch
 
 
 def _frame(kind: int, payload: bytes, stream: int = 0, flags: int = 0) -> bytes:
@@ -42,7 +43,7 @@ def _through(frames: FrameWatch, stream: bytes, cuts: list[int]) -> tuple[bytes,
     return b"".join(out), codes
 
 
-@pytest.mark.parametrize("preface", [_PREFACE, b""])  # a client's bytes, and a server's (no preface)
+@pytest.mark.parametrize("preface", [PREFACE, b""])  # a client's bytes, and a server's (no preface)
 def test_every_split_passes_all_but_the_goaway(preface: bytes) -> None:
     stream = preface + SETTINGS + HEADERS + DATA + GOAWAY + WINDOW + DATA + BAD_GOAWAY
     expected = preface + SETTINGS + HEADERS + DATA + WINDOW + DATA
@@ -56,7 +57,7 @@ def test_every_split_passes_all_but_the_goaway(preface: bytes) -> None:
 @pytest.mark.parametrize("step", [1, 7, 1000])
 def test_a_client_goaway_with_an_error_code_closes_the_connection(step: int) -> None:
     conn: Any = _Closing()
-    stream = _PREFACE + SETTINGS + BAD_GOAWAY
+    stream = PREFACE + SETTINGS + BAD_GOAWAY
     for i in range(0, len(stream), step):
         conn.data_received(stream[i:i + step])
     assert conn.closed >= 1
@@ -73,11 +74,11 @@ def test_a_raw_streams_data_payloads_are_taken_out_whole_however_the_reads_split
     and a GOAWAY pass as before."""
     first, last = _frame(0, b"a" * 300, 3), _frame(0, b"b" * 5000, 3, flags=1)
     padded = _frame(0, b"\x02" + b"p" * 10 + b"\0\0", 3, flags=8)
-    stream = _PREFACE + SETTINGS + first + DATA + GOAWAY + _frame(0, b"", 3) + padded + last
-    frames = FrameWatch(len(_PREFACE), 1 << 20)
+    stream = PREFACE + SETTINGS + first + DATA + GOAWAY + _frame(0, b"", 3) + padded + last
+    frames = FrameWatch(len(PREFACE), 1 << 20)
     frames.raw.add(3)
     passed, codes = _through(frames, stream, list(range(step, len(stream), step)))
-    assert passed == _PREFACE + SETTINGS + _frame(0, b"", 3) + DATA + _frame(0, b"", 3) + padded + \
+    assert passed == PREFACE + SETTINGS + _frame(0, b"", 3) + DATA + _frame(0, b"", 3) + padded + \
         _frame(0, b"", 3, flags=1)
     assert codes == [0]
     assert _payloads(frames) == {3: [b"a" * 300, b"", b"b" * 5000]}

@@ -1,4 +1,4 @@
-"""The gRPC port's relay (grpc_api/grpc_port.py): a call relayed to a live grpc.aio server behind it
+"""The gRPC port's relay (grpc_api/relay.py): a call relayed to a live grpc.aio server behind it
 passes through unchanged (the health service; an answer of megabytes, which grpc.aio sends in frames
 as large as the relay takes); when grpc.aio cannot be reached or goes away, every relayed call ends
 UNAVAILABLE with the reason, at once, and the port keeps serving."""

@@ -1,4 +1,4 @@
-"""The gRPC port's relay (grpc_api/grpc_port.py) keeps the client connection's receive window whole: the
+"""The gRPC port's relay (grpc_api/relay.py) keeps the client connection's receive window whole: the
 bytes of a relayed call that grpc.aio had no room for yet are granted back to the client when the call
 ends without them (the client resets it). Behind the port, a grpc.aio stand-in that takes the connection
 and never grants window (a handler slow to read, as a weight update's can be)."""
@@ -62,7 +62,7 @@ class _Client:
 
 
 def test_a_reset_relayed_call_gives_back_the_connection_window_its_unsent_bytes_held() -> None:
-    """Relayed.on_reset (grpc_port.py) drops the call's buffered bytes (_to_up) without acknowledging
+    """Relayed.on_reset (relay.py) drops the call's buffered bytes (_to_up) without acknowledging
     _up_owed to the client's connection, so every relayed call reset while grpc.aio was slow to read takes
     up to a stream window (4 MiB) out of the connection window (16 MiB) for good: after four, nothing on
     that connection can send a byte (every call on it hangs). Held now: after the resets the port grants

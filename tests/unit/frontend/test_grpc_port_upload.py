@@ -19,7 +19,8 @@ import pytest
 
 from edge.api_keys import ApiKeys
 from protocol.grpc import pb2, pb2_grpc, tensor_messages
-from services.frontend.grpc_api.grpc_port import STREAM_WINDOW, UPLOAD_WINDOW, GrpcPort
+from services.frontend.grpc_api.grpc_port import GrpcPort
+from services.frontend.grpc_api.h2_frames import STREAM_WINDOW, UPLOAD_WINDOW
 from services.frontend.grpc_api.rpc import CallContext
 
 LIMIT = 1 << 20  # the port's message limit here
@@ -160,7 +161,7 @@ def test_the_handlers_refusal_and_the_size_limit_are_the_calls_status() -> None:
 
 
 def test_a_client_that_sends_past_the_window_loses_its_connection() -> None:
-    """h2 never sees an UploadCall's DATA payloads (grpc_port.FrameWatch takes them out), so the port tells
+    """h2 never sees an UploadCall's DATA payloads (h2_frames.FrameWatch takes them out), so the port tells
     h2's windows itself: a client that ignores them is a FLOW_CONTROL_ERROR, as h2 would answer, not
     bytes held without bound. Here the handler takes nothing; the client sends 24 MiB by hand."""
     async def main() -> None:
