@@ -29,15 +29,34 @@ def _ephemeral_start() -> int:
 # Where free_port_block looks first: below the ephemeral range, so that no connection made meanwhile
 # (by any process here) takes a port as its source port between the check and the child's bind.
 _FIXED_FROM = 20000
+_next: list[int] = []  # this process's next offset into its stripe, once the first pick has set it
+
+
+def _stripe() -> tuple[int, int]:
+    """The ports this process picks from: those between _FIXED_FROM and the ephemeral range, split between
+    the suite's xdist workers (two workers never pick the same port before either binds it)."""
+    low, high = _FIXED_FROM, _ephemeral_start()
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if worker.startswith("gw") and worker[2:].isdigit() and count > 1:
+        width = (high - low) // count
+        low += int(worker[2:]) % count * width
+        high = low + width
+    return low, high
 
 
 def free_port_block(n: int = 1, *, spread: int = 100) -> int:
-    """A base port P such that P..P+n-1 and P+spread..P+spread+n-1 look free on 127.0.0.1: below the
-    ephemeral range where it leaves room, else one the kernel picks."""
-    top = _ephemeral_start() - spread - n
+    """A base port P such that P..P+n-1 and P+spread..P+spread+n-1 look free on 127.0.0.1: from this
+    process's stripe below the ephemeral range, in turn from a random start (no port handed out twice
+    before the stripe wraps), or one the kernel picks where the stripe has no room."""
+    low, high = _stripe()
+    room = high - low - spread - n
     for _ in range(200):
-        if top > _FIXED_FROM + 1000:
-            base = random.randrange(_FIXED_FROM, top)
+        if room > 1000:
+            if not _next:
+                _next.append(random.randrange(room))
+            base = low + _next[0] % room
+            _next[0] += n
         else:
             with closing(socket.socket()) as s:
                 s.bind(("127.0.0.1", 0))
