@@ -1,6 +1,7 @@
 """Start real engine processes for tests, with free loopback ports and logs kept for failures."""
 from __future__ import annotations
 
+import functools
 import os
 import random
 import re
@@ -29,9 +30,10 @@ def _ephemeral_start() -> int:
 # Where free_port_block looks first: below the ephemeral range, so that no connection made meanwhile
 # (by any process here) takes a port as its source port between the check and the child's bind.
 _FIXED_FROM = 20000
-_next: list[int] = []  # this process's next offset into its stripe, once the first pick has set it
+_turn = random.randrange(1 << 16)  # this process's place in its stripe: picks go through it in turn
 
 
+@functools.cache
 def _stripe() -> tuple[int, int]:
     """The ports this process picks from: those between _FIXED_FROM and the ephemeral range, split between
     the suite's xdist workers (two workers never pick the same port before either binds it)."""
@@ -49,14 +51,15 @@ def free_port_block(n: int = 1, *, spread: int = 100) -> int:
     """A base port P such that P..P+n-1 and P+spread..P+spread+n-1 look free on 127.0.0.1: from this
     process's stripe below the ephemeral range, in turn from a random start (no port handed out twice
     before the stripe wraps), or one the kernel picks where the stripe has no room."""
+    global _turn
     low, high = _stripe()
-    room = high - low - spread - n
+    span = high - low  # one modulus for every block's size, so a turn never maps onto a port handed out
     for _ in range(200):
-        if room > 1000:
-            if not _next:
-                _next.append(random.randrange(room))
-            base = low + _next[0] % room
-            _next[0] += n
+        if span - spread - n > 1000:
+            base = low + _turn % span
+            _turn += n
+            if base + spread + n > high:  # past the stripe's end: the next turn wraps to its start
+                continue
         else:
             with closing(socket.socket()) as s:
                 s.bind(("127.0.0.1", 0))
