@@ -1,10 +1,11 @@
 """A streamed token's cost with top-k logprobs on the direct stream's short path, in-process and one
 core: N chat streams fed one sim-shaped output each per step (the sim's uniform draws over the tiny
-model's vocabulary, its packed rows), each step's dispatch pass run (`end_of_pass`: plain_text(), the
-formatter, render, the chunk writer) into a recording transport. Prints CPU us per token, warm (every
+model's vocabulary, its packed rows), each step's Outputs message dispatched as EngineSet does
+(`_on_outputs`, then `end_of_pass`: the streams' plain steps, the formatter, render, the chunk writer) into
+a recording transport, the collector's heap frozen as the frontend's is. Prints CPU us per token, warm (every
 id's fragments made first) and cold (the formatter's tables fill as ids come, as in a fleet's first
 rounds), with `--before REV` the same for that revision's tree in a subprocess, rounds alternating.
-`--top 0`: plain streams (no logprobs asked), the short path's plain_text() alone.
+`--top 0`: plain streams (no logprobs asked), the plain step alone.
 For instructions instead of a noisy clock: `PYTHONHASHSEED=0 valgrind --tool=callgrind python
 bench/logprobs_stream.py --child warm --steps 0` and `--steps 200`, the difference over streams x 200
 (fewer steps drown in the run-to-run spread of the start-up's count, ~10M).
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import random
 import statistics
@@ -31,8 +33,9 @@ WARM_STEPS = 60  # before the measured steps: the streams attached, the first to
 def child(kind: str, streams: int, steps: int, top: int) -> float:
     """CPU seconds per token of `steps` steps over `streams` streams in this process's tree."""
     sys.path.insert(0, os.getcwd())
-    from protocol import GenerateRequest, RequestOutput, SamplingParams
+    from protocol import GenerateRequest, Outputs, PackedLogprobs, Ready, RequestOutput, SamplingParams
     from services.engine.backends.sim.fake_logprobs import FakeLogprobs
+    from services.frontend.engine_client.engines import EngineSet
     from services.frontend.engine_client.inflight import InFlight, end_of_pass
     from services.frontend.generation.metrics import Metrics
     from services.frontend.generation.output import OutputProcessor
@@ -53,8 +56,29 @@ def child(kind: str, streams: int, steps: int, top: int) -> float:
     rnd = random.Random(1)
     draws = [[rnd.randrange(151000) for _ in range(streams)] for _ in range(WARM_STEPS + steps)]
 
+    engines = EngineSet(["tcp://a:1"], frontend_id="bench", engine_timeout_s=60, heartbeat_interval_s=1)
+    engine = engines.engines[0]
+
+    def step(n: int, ids: list[int]) -> tuple[Outputs, list[bytes]]:
+        """The step's Outputs message as the sim sends it: every stream's output, with top > 0 each one's
+        packed logprobs at its offset of the one raw frame."""
+        if not top:
+            return Outputs(0, n, [RequestOutput(rid, [tid], None) for (rid, _), tid in zip(live, ids, strict=True)],
+                           time.time()), []
+        outs, parts, offset = [], [], 0
+        for (rid, _), tid in zip(live, ids, strict=True):
+            ref, segment = fake.segment([tid], top)
+            outs.append(RequestOutput(rid, [tid], None, packed_logprobs=PackedLogprobs(0, offset, ref.positions,
+                                                                                       ref.k)))
+            parts.append(bytes(segment[0]))
+            offset += len(parts[-1])
+        return Outputs(0, n, outs, time.time()), [b"".join(parts)]
+
+    live: list[tuple[str, InFlight]] = []
+
     async def main() -> float:
-        metrics, tasks, live = Metrics("tiny"), [], []
+        engines._on_ready(engine, Ready(0, "tiny", 4096, 16, 1000, "sim", "bench", "e"), time.monotonic())
+        metrics, tasks = Metrics("tiny"), []
         for i in range(streams):
             rid = f"r{i}"
             options = OutputOptions(chat=True, stream=True, include_usage=True, continuous_usage=False, stop=(),
@@ -67,14 +91,12 @@ def child(kind: str, streams: int, steps: int, top: int) -> float:
             cycle, _ = _cycle()
             tasks.append(asyncio.ensure_future(send_stream(cycle.send, [[outputs]], "tiny", None, cycle)))
             live.append((rid, stream))
+            engine.inflight[rid] = stream
         spent = 0.0
         for n, ids in enumerate(draws):
-            fed = ([(RequestOutput(rid, [tid], None, packed_logprobs=ref), [bytes(parts[0])])
-                    for (rid, _), tid in zip(live, ids, strict=True) for ref, parts in [fake.segment([tid], top)]]
-                   if top else [(RequestOutput(rid, [tid], None), []) for (rid, _), tid in zip(live, ids, strict=True)])
+            message, frames = step(n, ids)
             t0 = time.process_time()
-            for (_, stream), (out, frames) in zip(live, fed, strict=True):
-                stream.feed(out, frames)
+            engines._on_outputs(engine, message, frames)  # the dispatch pass, as EngineSet._on_batch runs it
             end_of_pass()
             if n >= WARM_STEPS:
                 spent += time.process_time() - t0
@@ -85,6 +107,9 @@ def child(kind: str, streams: int, steps: int, top: int) -> float:
             task.cancel()
         return spent / max(1, streams * steps)
 
+    gc.collect()
+    gc.freeze()  # as the frontend does once started (services/frontend/server.py): the model's tables out of
+    # the collector's reach; without it a young collection's promotions make full ones walk them
     return asyncio.run(main())
 
 
