@@ -371,10 +371,14 @@ class EngineSet:
     def _on_outputs(self, engine: Engine, msg: Outputs, raw_frames: Sequence[bytes] = ()) -> None:
         """`raw_frames`: the message's frames after its body (packed logprobs)."""
         inflight = engine.inflight
+        now = time.monotonic()  # one reading for the message's plain steps (a step's outputs came together)
         for out in msg.outputs:
             stream = inflight.get(out.request_id)
             if stream is None:
                 continue  # aborted by us meanwhile
+            plain = stream.plain
+            if plain is not None and plain(out, raw_frames, now):
+                continue  # a plain step its sink took whole (InFlight.plain): nearly every token of a stream
             if not stream.started:
                 stream.started = True
                 engine.pending_prefill -= stream.prompt_len

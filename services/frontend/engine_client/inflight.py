@@ -48,16 +48,22 @@ class Sink(Protocol):
 # The streams with a sink that were fed in the current dispatch pass, in the order they were first fed;
 # end_of_pass() hands each its outputs. One event loop per API server process: a module's list suffices.
 _due: list[InFlight] = []
-# Run at the end of each pass that handed a sink outputs, after every such sink took them: what the sinks
-# left to do together (generation/direct_stream.py writes the pass's bodies here, one send after another).
+# Run at the end of each dispatch pass, after every sink took its outputs: what the sinks left to do
+# together (generation/direct_stream.py writes the pass's bodies here, one send after another).
 after_pass: list[Callable[[], None]] = []
 
 
 def end_of_pass() -> None:
     """The dispatch pass is over (engines.py, after each batch from the socket thread): each stream fed
-    in it whose sink is still attached takes its outputs, once; then the after_pass hooks run."""
-    if not _due:
-        return
+    in it whose sink is still attached takes its outputs, once; then the after_pass hooks run (also
+    after a pass whose outputs were all plain steps, InFlight.plain, which fed nothing)."""
+    if _due:
+        _take_due()
+    for hook in after_pass:
+        hook()
+
+
+def _take_due() -> None:
     due = _due[:]
     _due.clear()
     for stream in due:
@@ -69,8 +75,6 @@ def end_of_pass() -> None:
             except Exception as exc:  # a bug in one stream's output processing: that stream fails, not the pass
                 log.exception("output processing failed for %s", stream.request_id)
                 stream.fail(f"output processing failed: {type(exc).__name__}: {exc}")
-    for hook in after_pass:
-        hook()
 
 
 class InFlight:
@@ -92,6 +96,7 @@ class InFlight:
         "interval",
         "max_tokens",
         "keeps_frames",
+        "plain",
         "prompt_len",
         "rank",
         "raw_frames",
@@ -124,6 +129,12 @@ class InFlight:
         # With a sink attached, feed hands it each output in place of waking the consumer, and the end
         # (a finish or a failure) detaches it; see Sink.
         self.sink: Sink | None = None
+        # A sink's own step for an output while nothing is queued (generation/direct_stream.py): called by
+        # the dispatch pass in place of feed, with the message's raw frames and when it was read. True: it
+        # took the output whole and counted its tokens in `generated`; False: the output is fed as usual,
+        # and the step has set this to None, so the stream's later outputs queue behind it (the sink sets
+        # it again once it took them).
+        self.plain: Callable[[RequestOutput, Sequence[bytes], float], bool] | None = None
         self._is_due = False  # in _due
 
     # ---- producer side (the engine dispatch pass on the event loop) ----
@@ -159,6 +170,7 @@ class InFlight:
             return
         self.finished = True
         self._error = message
+        self.plain = None
         sink = self.sink
         if sink is not None:
             self.sink = None

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from protocol import RequestOutput
 from services.frontend.engine_client import inflight
 from services.frontend.engine_client.inflight import EngineFailure
 from services.frontend.generation.output import OutputProcessor, Piece
@@ -28,26 +29,30 @@ class Outlet(Protocol):
         or a flow-control window is shut) and the stream lets go."""
 
 
-# The bodies the streams of this dispatch pass made, in the order they made them, written once every
-# stream of the pass has been processed (inflight.after_pass): the pass's Python first, then its sends
-# back to back, each warm in the caches the other would have evicted (docs/frontend.md, "Two phases").
-_bodies: list[tuple[DirectStream, bytes]] = []
+# The streams that made a body in this dispatch pass (DirectStream._body), in the order they first made
+# one, written once every stream of the pass has been processed (inflight.after_pass): the pass's Python
+# first, then its sends back to back, each warm in the caches the other would have evicted
+# (docs/frontend.md, "Two phases"). A stream's bodies of one pass (a loop running late hands it several
+# steps) go out as one write.
+_writing: list[DirectStream] = []
 
 
 def _write_pass() -> None:
-    """Write each body of the pass to its stream's outlet; a stream whose outlet takes nothing (or whose
+    """Write each stream's body of the pass to its outlet; a stream whose outlet takes nothing (or whose
     write raised) keeps the body for its response task and lets go."""
-    if not _bodies:
+    if not _writing:
         return
-    bodies = _bodies[:]
-    _bodies.clear()
-    for stream, body in bodies:
+    streams = _writing[:]
+    _writing.clear()
+    for stream in streams:
+        body, stream._body = stream._body, b""
         try:
             if stream._outlet.put(body):
                 continue
         except Exception:  # a bug under one outlet: its response task sends the body its own way, or fails
             log.exception("writing a streamed body failed for %s", stream._outputs.stream.request_id)
-        stream._stash.append(body)
+        # Before what it stashed in this pass (its finish's events, made after this body in the pass).
+        stream._stash.insert(0, body)
         stream._let_go()
 
 
@@ -57,13 +62,15 @@ inflight.after_pass.append(_write_pass)
 class DirectStream:
     """One choice's stream, its events written as its outputs are fed. The response task starts the
     response and ends it as before; in between, run() attaches this as the stream's sink
-    (engine_client/inflight.py) and waits. At the end of each dispatch pass that fed the stream, its
-    outputs are processed and their events written to the outlet as one body. The sink lets go, and
+    (engine_client/inflight.py) and waits. A plain step (text, no finish) is taken as the dispatch pass
+    reaches it (InFlight.plain: _plain_step); other outputs are fed, and processed at the end of the
+    pass. Either way the pass's events of the stream are written to the outlet as one body at the end of
+    the pass. The sink lets go, and
     run() returns, at the stream's end (its last output is left for the task), a failure (raised by
     run()), a stop string matched here, or an outlet that took no bytes (a slow reader, a closed
     connection): the events not written are returned for the task to send its own way, which waits."""
 
-    __slots__ = ("_events", "_failure", "_future", "_outlet", "_outputs", "_stash", "_text")
+    __slots__ = ("_body", "_events", "_failure", "_future", "_outlet", "_outputs", "_stash", "_step", "_text")
 
     def __init__(self, outlet: Outlet, outputs: OutputProcessor,
                  events: Callable[[list[Piece]], list[bytes]], text: Callable[[str], bytes] | None = None) -> None:
@@ -75,7 +82,11 @@ class DirectStream:
         self._text = text
         self._future: asyncio.Future[None] | None = None
         self._stash: list[bytes] = []
+        self._body = b""  # made in this dispatch pass, not yet written (_writing)
         self._failure: EngineFailure | None = None
+        # While run() waits, with `text` given and a stream whose steps OutputProcessor.plain_step() serves:
+        # _plain_step, as the stream's InFlight.plain (bound once per run()).
+        self._step: Callable[[RequestOutput, Sequence[bytes], float], bool] | None = None
 
     def usable(self) -> bool:
         return self._outlet.usable()
@@ -86,11 +97,15 @@ class DirectStream:
         stream = self._outputs.stream
         self._future = asyncio.get_running_loop().create_future()
         stream.sink = self
+        if self._text is not None and stream.interval == 1:
+            self._step = self._plain_step
+            self._arm()
         try:
             await self._future
         finally:
             if stream.sink is self:  # cancelled (the response task ended): the task owns the stream again
                 stream.sink = None
+            stream.plain = self._step = None
             self._future = None
         failure, self._failure = self._failure, None
         if failure is not None:
@@ -100,19 +115,55 @@ class DirectStream:
 
     # ---- the sink (inflight.end_of_pass, InFlight.feed and fail call these, in the dispatch pass) ----
 
+    def _arm(self) -> None:
+        """The stream's steps come to _plain_step while nothing of it is queued, when its outputs make
+        plain steps (no stop strings, parser, logprobs, ...: OutputProcessor.plain_steps)."""
+        stream = self._outputs.stream
+        if self._step is not None and stream.sink is self and not stream.pending and self._outputs.plain_steps():
+            stream.plain = self._step
+
+    def _plain_step(self, out: RequestOutput, raw_frames: Sequence[bytes], now: float) -> bool:
+        """InFlight.plain: a step with tokens and no finish is this stream's next text (with logprobs,
+        its entries read from `raw_frames`), its event made here and written at the pass's end with the
+        others'; any other output is fed (and queued, with what follows it, until on_output took them)."""
+        text = (self._outputs.plain_step(out, raw_frames, now) if out.new_token_ids and out.finish_reason is None
+                else None)
+        if text is None:
+            self._outputs.stream.plain = None
+            return False
+        if text:
+            if self._body:
+                self._body += self._text(text)  # type: ignore[misc]  # armed only with `text`
+            else:
+                self._body = self._text(text)  # type: ignore[misc]
+                _writing.append(self)
+        return True
+
+    def _queue(self, body: bytes) -> None:
+        """`body` written at the pass's end, after what the stream made before in the pass."""
+        if self._body:
+            self._body += body
+        else:
+            self._body = body
+            _writing.append(self)
+
     def on_output(self) -> None:
+        self._take_queued()
+        self._arm()
+
+    def _take_queued(self) -> None:
         outputs = self._outputs
         chunk = self._text
         if chunk is not None:
             text = outputs.plain_text()
             if text is not None:
                 if text:
-                    _bodies.append((self, chunk(text)))
+                    self._queue(chunk(text))
                 return
             texts = outputs.plain_texts()
             if texts is not None:  # several steps at once, a loop running late: one write for them all
                 if texts:
-                    _bodies.append((self, b"".join([chunk(text) for text in texts])))
+                    self._queue(b"".join([chunk(text) for text in texts]))
                 return
         try:
             events = self._events(outputs.take_pieces())
@@ -124,7 +175,7 @@ class DirectStream:
             self._stash += events
             self._let_go()
         elif events:
-            _bodies.append((self, events[0] if len(events) == 1 else b"".join(events)))
+            self._queue(events[0] if len(events) == 1 else b"".join(events))
 
     def on_end(self) -> None:
         future = self._future
@@ -132,5 +183,6 @@ class DirectStream:
             future.set_result(None)
 
     def _let_go(self) -> None:
-        self._outputs.stream.sink = None
+        stream = self._outputs.stream
+        stream.sink = stream.plain = None
         self.on_end()

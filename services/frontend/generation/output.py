@@ -161,11 +161,37 @@ class OutputProcessor:
         if self.formatter is not None:
             return self._plain_logprobs(out)
         self.stream.take_one()
-        now = time.monotonic()  # _plain_step(), inline: this is every plain token's path
+        return self._text_step(out.new_token_ids, time.monotonic())
+
+    def plain_steps(self) -> bool:
+        """plain_step() may serve this stream's steps: those plain_text() serves."""
+        return self._plain and self.completion_tokens > 0
+
+    def plain_step(self, out: RequestOutput, raw_frames: Sequence[bytes], now: float) -> str | None:
+        """plain_text() of a plain step handed straight from the dispatch pass (InFlight.plain), never
+        queued: `raw_frames` its message's frames after the body (its packed logprobs), `now` when the
+        message was read. Only where plain_steps() says so, for an output with tokens and no finish.
+        None: not such a step after all (a logprobs segment missing or unreadable), nothing done."""
+        ids = out.new_token_ids
+        if self.formatter is not None:
+            ref = out.packed_logprobs
+            if ref is None or out.packed_prompt_logprobs is not None:
+                return None
+            try:
+                seg = unpack(raw_frames, ref)
+            except ProtocolError:
+                return None  # process() fails the request with the engine's fault named
+            self.stream.generated += len(ids)
+            return self._logprobs_step(seg, ids, now)
+        self.stream.generated += len(ids)
+        return self._text_step(ids, now)
+
+    def _text_step(self, ids: Sequence[int], now: float) -> str:
+        """A plain step without logprobs: its latency, count and text."""
         self._metrics.itl.observe(now - self._last)
         self._last = now
-        tokens = self.completion_tokens = self.completion_tokens + n
-        text = self._detok.push_one(out.new_token_ids[0]) if n == 1 else self._detok.push(out.new_token_ids)
+        tokens = self.completion_tokens = self.completion_tokens + len(ids)
+        text = self._detok.push_one(ids[0]) if len(ids) == 1 else self._detok.push(ids)
         self.counts = [tokens] if text else []
         return text
 
@@ -197,26 +223,25 @@ class OutputProcessor:
         self.completion_tokens = tokens
         return texts
 
-    def _plain_step(self, n: int) -> None:
-        """A plain step's inter-token latency and count (process() keeps them for every other step)."""
-        now = time.monotonic()
-        self._metrics.itl.observe(now - self._last)
-        self._last = now
-        self.completion_tokens += n
-
     def _plain_logprobs(self, out: RequestOutput) -> str | None:
-        """plain_text() of a step with logprobs: its entries wait for the next text, as in process()."""
-        ref, formatter = out.packed_logprobs, self.formatter
-        if ref is None or formatter is None or out.packed_prompt_logprobs is not None:
+        """plain_text() of a step with logprobs."""
+        ref = out.packed_logprobs
+        if ref is None or out.packed_prompt_logprobs is not None:
             return None
         try:
             seg = unpack(self.stream.pending_frames[0], ref)
         except ProtocolError:
             return None  # process() fails the request with the engine's fault named
         self.stream.take()
-        self._plain_step(len(out.new_token_ids))
-        entries = formatter.sampled(seg)
-        text = self._detok.push(out.new_token_ids)
+        return self._logprobs_step(seg, out.new_token_ids, time.monotonic())
+
+    def _logprobs_step(self, seg: Segment, ids: Sequence[int], now: float) -> str:
+        """A plain step with logprobs, its segment read: its entries wait for the next text, as in process()."""
+        self._metrics.itl.observe(now - self._last)
+        self._last = now
+        self.completion_tokens += len(ids)
+        entries = self.formatter.sampled(seg)  # type: ignore[union-attr]  # a logprobs step has one
+        text = self._detok.push_one(ids[0]) if len(ids) == 1 else self._detok.push(ids)
         if text:
             self.counts = [self.completion_tokens]
             if self._pending:

@@ -102,10 +102,18 @@ def _events(body: bytes) -> list[str]:
 
 
 def _feed(stream: InFlight, *outs: RequestOutput) -> None:
-    """One dispatch pass that carries these outputs."""
+    """One dispatch pass that carries these outputs, each offered to the stream's plain step first, as
+    EngineSet._on_outputs does (test_the_dispatch_pass_gives_plain_steps_to_the_sink runs that)."""
     for out in outs:
-        stream.feed(out)
+        _offer(stream, out)
     end_of_pass()
+
+
+def _offer(stream: InFlight, out: RequestOutput, frames: list[bytes] | tuple[()] = ()) -> None:
+    """One output of a dispatch pass, with its message's raw frames, as EngineSet._on_outputs hands it."""
+    plain = stream.plain
+    if plain is None or not plain(out, frames, time.monotonic()):
+        stream.feed(out, frames)
 
 
 async def _attached(stream: InFlight) -> None:
@@ -441,14 +449,16 @@ def test_a_logprobs_stream_takes_the_plain_path_with_the_asgi_path_s_bytes(model
         outputs = OutputProcessor(stream, request, tokenizer=model.tokenizer, engines=_Engines(),
                                   metrics=Metrics("tiny"))
         processed: list[int] = []
-        process = OutputProcessor.process
+        process, plain_text = OutputProcessor.process, OutputProcessor.plain_text
         monkeypatch.setattr(OutputProcessor, "process",
                             lambda self, outs: processed.append(len(outs)) or process(self, outs))
+        monkeypatch.setattr(OutputProcessor, "plain_text", lambda self: queued.append(1) or plain_text(self))
+        queued: list[int] = []
         cycle, transport = _cycle()
         task = asyncio.ensure_future(send_stream(cycle.send, [[outputs]], "tiny", None, cycle if direct else None))
         for i, tid in enumerate(ids):
             out, frames = output(tid, "length" if i == len(ids) - 1 else None)
-            stream.feed(out, frames)
+            _offer(stream, out, frames)
             end_of_pass()
             if direct and out.finish_reason is None:
                 await _attached(stream)
@@ -458,12 +468,13 @@ def test_a_logprobs_stream_takes_the_plain_path_with_the_asgi_path_s_bytes(model
         await task
         body, complete = _body(bytes(transport.data))
         assert complete
+        assert not direct or not queued  # each step went to the stream's plain step, none was queued
         return body, len(processed)
 
     direct, processed = asyncio.run(run(True))
     asgi, _ = asyncio.run(run(False))
     assert _events(direct) == _events(asgi)
-    assert processed == 2  # the first token and the last: the rest took plain_text()
+    assert processed == 2  # the first token and the last: the rest took the plain step
     events = [json.loads(e.removeprefix(b"data: ")) for e in direct.split(b"\n\n") if e.startswith(b"data: {")]
     logprobs = [e["choices"][0]["logprobs"] for e in events if e["choices"] and e["choices"][0]["logprobs"]]
     if chat:
@@ -473,3 +484,88 @@ def test_a_logprobs_stream_takes_the_plain_path_with_the_asgi_path_s_bytes(model
         tokens = [lp["tokens"] for lp in logprobs]
     assert tokens == [["Hello"], [" world"], ["", "𓀀"] if len(split) == 2 else [""] * (len(split) - 1) + ["𓀀"],
                       [","], ["Hello"]]
+
+
+def test_the_dispatch_pass_gives_plain_steps_to_the_sink(model: Model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """EngineSet's pass over an engine's messages hands each plain step of a directly written stream to
+    its sink (InFlight.plain): no process(), no plain_text(), nothing queued; two steps of the stream in
+    one pass (two messages, the loop running late) still go out in one write, and the bytes are the ASGI
+    path's."""
+    from protocol import Outputs, Ready, encode
+    from services.frontend.engine_client.bridge import DEALER
+    from services.frontend.engine_client.engines import EngineSet
+
+    calls: list[str] = []
+    for name in ("process", "plain_text"):
+        original = getattr(OutputProcessor, name)
+        monkeypatch.setattr(OutputProcessor, name,
+                            lambda self, *a, _f=original, _n=name: calls.append(_n) or _f(self, *a))
+
+    async def run() -> tuple[bytes, list[str], list[int], int]:
+        engines = EngineSet(["tcp://a:1"], frontend_id="t", engine_timeout_s=60, heartbeat_interval_s=1)
+        engine = engines.engines[0]
+        engines._on_ready(engine, Ready(0, "tiny", 4096, 16, 1000, "sim", "test", "e"), time.monotonic())
+        outputs, stream, _, _ = _outputs(model)
+        engine.inflight[stream.request_id] = stream
+        cycle, transport = _cycle()
+        task = asyncio.ensure_future(send_stream(cycle.send, [[outputs]], "tiny", None, cycle))
+        seq = 0
+
+        def dispatch(*steps: list[int] | tuple[list[int], str]) -> None:
+            nonlocal seq
+            batch = []
+            for step in steps:
+                seq += 1
+                ids, finish = step if isinstance(step, tuple) else (step, None)
+                message = Outputs(0, seq, [RequestOutput("r1", ids, finish)], time.time())
+                batch.append((0, DEALER, encode(message)))
+            engines._on_batch(batch, time.monotonic())
+
+        dispatch([HELLO])
+        await _attached(stream)
+        assert stream.plain is not None
+        calls.clear()
+        writes = []
+        for steps in ([[WORLD]], [[COMMA], [HELLO]]):
+            before = transport.writes
+            dispatch(*steps)
+            writes.append(transport.writes - before)
+            assert not stream.pending and stream.sink is not None
+        middle = calls[:]
+        dispatch(([WORLD], "length"))
+        await task
+        body, complete = _body(bytes(transport.data))
+        assert complete
+        return body, middle, writes, stream.generated
+
+    direct, middle, writes, generated = asyncio.run(run())
+    assert middle == [] and writes == [1, 1] and generated == 5
+    outs = [RequestOutput("r1", [HELLO], None), RequestOutput("r1", [WORLD], None), RequestOutput("r1", [COMMA], None),
+            RequestOutput("r1", [HELLO], None), RequestOutput("r1", [WORLD], "length")]
+    asgi, _, _ = asyncio.run(_serve(model, outs, direct=False))
+    assert _events(direct) == _events(asgi)
+
+
+def test_a_plain_step_and_the_finish_in_one_pass_keep_their_order_when_the_write_is_refused(model: Model) -> None:
+    """A pass carries a plain step (its body waits for the pass's end) and then the stream's finish (its
+    events kept for the response task); the transport pauses before the pass writes: the step's body
+    goes out before the finish's events."""
+    async def run() -> bytes:
+        outputs, stream, _, _ = _outputs(model)
+        cycle, transport = _cycle()
+        task = asyncio.ensure_future(send_stream(cycle.send, [[outputs]], "tiny", None, cycle))
+        _feed(stream, RequestOutput("r1", [HELLO], None))
+        await _attached(stream)
+        plain = stream.plain
+        assert plain is not None and plain(RequestOutput("r1", [WORLD], None), (), time.monotonic())
+        stream.feed(RequestOutput("r1", [COMMA], "length"))  # declined by the step (a finish): queued, the end
+        cycle.flow.pause_writing()
+        end_of_pass()
+        cycle.flow.resume_writing()
+        await task
+        body, complete = _body(bytes(transport.data))
+        assert complete
+        return body
+
+    contents = [e.split('"content":', 1)[1].split('}', 1)[0] for e in _events(asyncio.run(run())) if '"content":' in e]
+    assert contents == ['""', '"Hello"', '" world"', '","']
