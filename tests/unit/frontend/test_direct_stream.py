@@ -242,7 +242,11 @@ def test_a_paused_transport_hands_the_stream_back_until_it_drains(model: Model, 
     assert sends == 4  # head + first token, the held " world", ",", and the end
 
 
-def test_a_failure_mid_stream_ends_with_an_error_event(model: Model) -> None:
+@pytest.mark.parametrize("how", ["output", "fail"])
+def test_a_failure_mid_stream_ends_with_an_error_event(model: Model, how: str) -> None:
+    """The failure comes as the engine's error output, or as InFlight.fail (the rank's link lost: what
+    EngineSet._fail_all calls) while the stream's plain step is on: it is turned off, and the task ends
+    the response."""
     async def run() -> bytes:
         outputs, stream, _, _ = _outputs(model)
         cycle, transport = _cycle()
@@ -250,7 +254,12 @@ def test_a_failure_mid_stream_ends_with_an_error_event(model: Model) -> None:
         _feed(stream, RequestOutput("r1", [HELLO], None))
         await _attached(stream)
         _feed(stream, RequestOutput("r1", [WORLD], None))
-        _feed(stream, RequestOutput("r1", [], "error", error="engine rank 0 died"))
+        if how == "output":
+            _feed(stream, RequestOutput("r1", [], "error", error="engine rank 0 died"))
+        else:
+            assert stream.plain is not None
+            stream.fail("engine rank 0 died")
+            assert stream.plain is None and stream.sink is None
         await task
         body, complete = _body(bytes(transport.data))
         assert complete
