@@ -124,6 +124,16 @@ async def _attached(stream: InFlight) -> None:
     raise AssertionError("the direct stream never attached")
 
 
+async def _under_way(model: Model) -> tuple[InFlight, RequestResponseCycle, _Transport, asyncio.Future[None]]:
+    """A chat stream's response task, its first token sent and its direct stream attached."""
+    outputs, stream, _, _ = _outputs(model)
+    cycle, transport = _cycle()
+    task = asyncio.ensure_future(send_stream(cycle.send, [[outputs]], "tiny", None, cycle))
+    _feed(stream, RequestOutput("r1", [HELLO], None))
+    await _attached(stream)
+    return stream, cycle, transport, task
+
+
 class _CountingSend:
     def __init__(self, cycle: RequestResponseCycle) -> None:
         self.cycle, self.bodies = cycle, 0
@@ -248,11 +258,7 @@ def test_a_failure_mid_stream_ends_with_an_error_event(model: Model, how: str) -
     EngineSet._fail_all calls) while the stream's plain step is on: it is turned off, and the task ends
     the response."""
     async def run() -> bytes:
-        outputs, stream, _, _ = _outputs(model)
-        cycle, transport = _cycle()
-        task = asyncio.ensure_future(send_stream(cycle.send, [[outputs]], "tiny", None, cycle))
-        _feed(stream, RequestOutput("r1", [HELLO], None))
-        await _attached(stream)
+        stream, _, transport, task = await _under_way(model)
         _feed(stream, RequestOutput("r1", [WORLD], None))
         if how == "output":
             _feed(stream, RequestOutput("r1", [], "error", error="engine rank 0 died"))
@@ -560,11 +566,7 @@ def test_a_plain_step_and_the_finish_in_one_pass_keep_their_order_when_the_write
     events kept for the response task); the transport pauses before the pass writes: the step's body
     goes out before the finish's events."""
     async def run() -> bytes:
-        outputs, stream, _, _ = _outputs(model)
-        cycle, transport = _cycle()
-        task = asyncio.ensure_future(send_stream(cycle.send, [[outputs]], "tiny", None, cycle))
-        _feed(stream, RequestOutput("r1", [HELLO], None))
-        await _attached(stream)
+        stream, cycle, transport, task = await _under_way(model)
         plain = stream.plain
         assert plain is not None and plain(RequestOutput("r1", [WORLD], None), (), time.monotonic())
         stream.feed(RequestOutput("r1", [COMMA], "length"))  # declined by the step (a finish): queued, the end
