@@ -125,9 +125,17 @@ class DirectStream:
     def _plain_step(self, out: RequestOutput, raw_frames: Sequence[bytes], now: float) -> bool:
         """InFlight.plain: a step with tokens and no finish is this stream's next text (with logprobs,
         its entries read from `raw_frames`), its event made here and written at the pass's end with the
-        others'; any other output is fed (and queued, with what follows it, until on_output took them)."""
-        text = (self._outputs.plain_step(out, raw_frames, now) if out.new_token_ids and out.finish_reason is None
-                else None)
+        others'; any other output is fed (and queued, with what follows it, until on_output took them).
+        A bug in it fails this stream (its output dropped), as inflight.end_of_pass does for on_output:
+        the dispatch pass goes on with the other streams."""
+        try:
+            text = (self._outputs.plain_step(out, raw_frames, now) if out.new_token_ids and out.finish_reason is None
+                    else None)
+        except Exception as exc:
+            stream = self._outputs.stream
+            log.exception("output processing failed for %s", stream.request_id)
+            stream.fail(f"output processing failed: {type(exc).__name__}: {exc}")
+            return True
         if text is None:
             self._outputs.stream.plain = None
             return False

@@ -380,8 +380,11 @@ def test_a_pass_writes_after_every_stream_in_it_is_processed_and_a_write_that_ra
     assert b'"content":" world"' in data_1 and b'"finish_reason":"length"' in data_1  # sent by its task
 
 
-def test_a_bug_in_one_stream_s_processing_fails_that_stream_only(model: Model,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("where", ["queued", "plain step"])
+def test_a_bug_in_one_stream_s_processing_fails_that_stream_only(model: Model, monkeypatch: pytest.MonkeyPatch,
+                                                                 where: str) -> None:
+    """A bug in one stream's processing, at the pass's end (an output queued) or in its plain step (as
+    the dispatch pass reaches it), fails that stream; the other stream of the pass is served."""
     async def run() -> tuple[bytes, bytes]:
         a, stream_a, _, _ = _outputs(model)
         b, stream_b, _, _ = _outputs(model)
@@ -403,8 +406,9 @@ def test_a_bug_in_one_stream_s_processing_fails_that_stream_only(model: Model,
                 raise ValueError("a bug")
 
         monkeypatch.setattr(a, "_detok", Broken())
-        stream_a.feed(RequestOutput("r1", [WORLD], None))
-        stream_b.feed(RequestOutput("r1", [WORLD], None))
+        give = stream_a.feed if where == "queued" else (lambda out: _offer(stream_a, out))
+        give(RequestOutput("r1", [WORLD], None))
+        _offer(stream_b, RequestOutput("r1", [WORLD], None))
         end_of_pass()
         _feed(stream_b, RequestOutput("r1", [COMMA], "length"))
         await asyncio.gather(*tasks)
