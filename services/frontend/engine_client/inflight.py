@@ -72,9 +72,8 @@ def _take_due() -> None:
         if sink is not None and stream._pending:
             try:
                 sink.on_output()
-            except Exception as exc:  # a bug in one stream's output processing: that stream fails, not the pass
-                log.exception("output processing failed for %s", stream.request_id)
-                stream.fail(f"output processing failed: {type(exc).__name__}: {exc}")
+            except Exception as exc:
+                stream.processing_failed(exc)
 
 
 class InFlight:
@@ -163,6 +162,12 @@ class InFlight:
             waiter.set_result(None)
         if self.group is not None:
             self.group.wake()
+
+    def processing_failed(self, exc: Exception) -> None:
+        """A bug in this stream's output processing (its sink's, in the dispatch pass): logged, and the
+        stream fails, not the pass."""
+        log.exception("output processing failed for %s", self.request_id)
+        self.fail(f"output processing failed: {type(exc).__name__}: {exc}")
 
     def fail(self, message: str) -> None:
         self.gone = self.gone or message

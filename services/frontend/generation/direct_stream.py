@@ -126,25 +126,19 @@ class DirectStream:
         """InFlight.plain: a step with tokens and no finish is this stream's next text (with logprobs,
         its entries read from `raw_frames`), its event made here and written at the pass's end with the
         others'; any other output is fed (and queued, with what follows it, until on_output took them).
-        A bug in it fails this stream (its output dropped), as inflight.end_of_pass does for on_output:
-        the dispatch pass goes on with the other streams."""
+        A bug in it fails this stream (its output dropped, InFlight.processing_failed), as one in on_output
+        does: the dispatch pass goes on with the other streams."""
         try:
             text = (self._outputs.plain_step(out, raw_frames, now) if out.new_token_ids and out.finish_reason is None
                     else None)
         except Exception as exc:
-            stream = self._outputs.stream
-            log.exception("output processing failed for %s", stream.request_id)
-            stream.fail(f"output processing failed: {type(exc).__name__}: {exc}")
+            self._outputs.stream.processing_failed(exc)
             return True
         if text is None:
             self._outputs.stream.plain = None
             return False
         if text:
-            if self._body:
-                self._body += self._text(text)  # type: ignore[misc]  # armed only with `text`
-            else:
-                self._body = self._text(text)  # type: ignore[misc]
-                _writing.append(self)
+            self._queue(self._text(text))  # type: ignore[misc]  # armed only with `text`
         return True
 
     def _queue(self, body: bytes) -> None:
