@@ -84,10 +84,16 @@ def test_keep_freezes_in_flight_requests_and_holds_new_ones_until_resume(connect
     assert r.ok and r.result == {"paused": True, "mode": "keep", "aborted": 0}
     seen += [m for m in c.others if isinstance(m, Outputs)]
     c.others.clear()
-    seen += assert_silent(c)
+    # The step running when the pause arrived may deliver in any of the windows below (late on a loaded
+    # host); it counts, and no second one may come.
+    late = assert_silent(c)
     c.generate("late", PROMPT, max_tokens=5, seed=3)
     assert c.utility("is_paused").result == {"paused": True, "mode": "keep", "held": 1}
-    assert_silent(c)
+    late += [m for m in c.others if isinstance(m, Outputs)]
+    c.others.clear()
+    late += assert_silent(c)
+    assert len(late) <= 1, f"the engine was not frozen: {late}"
+    seen += late
     # The held request counts as waiting (b may itself still wait at the backend: it was sent second).
     assert c.stats[-1].running + c.stats[-1].waiting == 3 and c.stats[-1].waiting >= 1
     assert c.utility("resume").result is True
