@@ -16,8 +16,8 @@ WHEELS_ENV = "FLEET_TORCH_WHEELS"
 # The order `all` builds them in: engine-cuda is built over engine-cpu here.
 NAMES = ("slim", "engine-cpu", "engine-cuda")
 # What a build copies in (.dockerignore's list, `COPY . /src`) and what decides what it copies.
-INPUTS = (".dockerignore", "pyproject.toml", "README.md", "protocol", "services", "checkpoints", "prompting",
-          "edge", "tracing")
+INPUTS = (".dockerignore", "pyproject.toml", "setup.py", "README.md", "protocol", "services", "checkpoints",
+          "prompting", "edge", "tracing")
 TAGS = {"slim": "ghcr.io/fleet/fleet-slim:0.1.0", "engine-cpu": "ghcr.io/fleet/fleet-engine-cpu:0.1.0",
         "engine-cuda": "ghcr.io/fleet/fleet-engine-cuda:0.1.0"}
 
@@ -66,7 +66,8 @@ class Recipe:
             h.update(f"{name}={value}".encode())
         for name in INPUTS:
             path = ROOT / name
-            files = sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts) \
+            files = sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                           and p.suffix != ".so") \
                 if path.is_dir() else [path]
             for f in files:
                 h.update(str(f.relative_to(ROOT)).encode())

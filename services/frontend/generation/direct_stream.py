@@ -12,7 +12,7 @@ from typing import Protocol
 from protocol import RequestOutput
 from services.frontend.engine_client import inflight
 from services.frontend.engine_client.inflight import EngineFailure
-from services.frontend.generation.output import OutputProcessor, Piece
+from services.frontend.generation.output import OutputProcessor, Piece, PlainStep
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +70,11 @@ class DirectStream:
     run()), a stop string matched here, or an outlet that took no bytes (a slow reader, a closed
     connection): the events not written are returned for the task to send its own way, which waits."""
 
-    __slots__ = ("_body", "_events", "_failure", "_future", "_outlet", "_outputs", "_stash", "_step", "_text")
+    __slots__ = ("_body", "_events", "_failure", "_frame", "_future", "_lent", "_native", "_native_step", "_outlet",
+                 "_outputs", "_stash", "_step", "_text")
 
-    def __init__(self, outlet: Outlet, outputs: OutputProcessor,
-                 events: Callable[[list[Piece]], list[bytes]], text: Callable[[str], bytes] | None = None) -> None:
+    def __init__(self, outlet: Outlet, outputs: OutputProcessor, events: Callable[[list[Piece]], list[bytes]],
+                 text: Callable[[str], bytes] | None = None, frame: tuple[bytes, bytes] | None = None) -> None:
         self._outlet = outlet
         self._outputs = outputs
         self._events = events  # the events of a batch of pieces (and the finish's, once finished)
@@ -87,6 +88,13 @@ class DirectStream:
         # While run() waits, with `text` given and a stream whose steps OutputProcessor.plain_step() serves:
         # _plain_step, as the stream's InFlight.plain (bound once per run()).
         self._step: Callable[[RequestOutput, Sequence[bytes], float], bool] | None = None
+        # `frame`: what `text` puts around a piece's JSON string, when that is all it does (no logprobs):
+        # then the steps are made in C where it is built (OutputProcessor.native_step), by _native_step
+        # while `_native` holds the stream's state (native_load() to native_store()).
+        self._frame = frame
+        self._native: PlainStep | None = None
+        self._native_step: Callable[[RequestOutput, Sequence[bytes], float], bool] | None = None
+        self._lent = False
 
     def usable(self) -> bool:
         return self._outlet.usable()
@@ -99,13 +107,18 @@ class DirectStream:
         stream.sink = self
         if self._text is not None and stream.interval == 1:
             self._step = self._plain_step
+            if self._frame is not None and self._native is None:
+                self._native = self._outputs.native_step(*self._frame)
+                if self._native is not None:
+                    self._native_step = self._step_native
             self._arm()
         try:
             await self._future
         finally:
             if stream.sink is self:  # cancelled (the response task ended): the task owns the stream again
                 stream.sink = None
-            stream.plain = self._step = None
+            self._disarm()
+            self._step = None
             self._future = None
         failure, self._failure = self._failure, None
         if failure is not None:
@@ -120,7 +133,48 @@ class DirectStream:
         plain steps (no stop strings, parser, logprobs, ...: OutputProcessor.plain_steps)."""
         stream = self._outputs.stream
         if self._step is not None and stream.sink is self and not stream.pending and self._outputs.plain_steps():
-            stream.plain = self._step
+            native = self._native
+            if native is not None and (self._lent or self._outputs.native_load(native)):
+                self._lent = True
+                stream.plain = self._native_step
+            else:
+                stream.plain = self._step
+
+    def _take_back(self) -> None:
+        """The state the C step holds (since native_load()) is the stream's objects' again."""
+        if self._lent:
+            self._lent = False
+            self._outputs.native_store(self._native)  # type: ignore[arg-type]  # lent only to one
+
+    def _disarm(self) -> None:
+        """No step is taken from the dispatch pass (InFlight.fail may have cleared `plain` already)."""
+        self._take_back()
+        self._outputs.stream.plain = None
+
+    def _step_native(self, out: RequestOutput, raw_frames: Sequence[bytes], now: float) -> bool:
+        """InFlight.plain while the C step has the stream's state: _plain_step's work for a step of one
+        token (nearly every step), made by the C step; any other output goes to _plain_step, with the
+        state taken back (and lent again after a step _plain_step took)."""
+        ids = out.new_token_ids
+        if len(ids) == 1 and out.finish_reason is None:
+            try:
+                body = self._native.step(ids[0], now)  # type: ignore[union-attr]  # armed with _native
+            except Exception as exc:
+                self._disarm()
+                self._outputs.stream.processing_failed(exc)
+                return True
+            if body is not None:
+                self._outputs.stream.generated += 1
+                if body:
+                    self._queue(body)
+                return True
+        self._take_back()
+        self._outputs.stream.plain = self._step
+        if not self._plain_step(out, raw_frames, now):
+            return False  # fed, and queued till on_output
+        if self._outputs.stream.plain is self._step:
+            self._arm()  # a step of several tokens or an added token: the C step takes the next again
+        return True
 
     def _plain_step(self, out: RequestOutput, raw_frames: Sequence[bytes], now: float) -> bool:
         """InFlight.plain: a step with tokens and no finish is this stream's next text (with logprobs,
@@ -150,6 +204,7 @@ class DirectStream:
             _writing.append(self)
 
     def on_output(self) -> None:
+        self._disarm()  # outputs are queued only past a step taken back (or fed to a stream not armed)
         self._take_queued()
         self._arm()
 
@@ -185,6 +240,6 @@ class DirectStream:
             future.set_result(None)
 
     def _let_go(self) -> None:
-        stream = self._outputs.stream
-        stream.sink = stream.plain = None
+        self._disarm()
+        self._outputs.stream.sink = None
         self.on_end()

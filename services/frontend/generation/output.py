@@ -31,6 +31,11 @@ from services.frontend.text.logprobs_format import Entry, LogprobsFormatter
 from services.frontend.text.stop_strings import StopChecker
 from services.frontend.text.token_strings import token_strings
 
+try:  # built by `pip install` where a C compiler is (setup.py); else the Python step serves every token
+    from services.frontend.generation._plainc import PlainStep
+except ImportError:  # pragma: no cover - a host without the extension
+    PlainStep = None  # type: ignore[assignment,misc]
+
 
 def usage_body(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
     """A response's usage, in OpenAI's shape (the writers' and output processing's)."""
@@ -185,6 +190,32 @@ class OutputProcessor:
             return self._logprobs_step(seg, ids, now)
         self.stream.generated += len(ids)
         return self._text_step(ids, now)
+
+    def native_step(self, prefix: bytes, suffix: bytes) -> PlainStep | None:
+        """A C step for this stream's plain steps with no logprobs (generation/_plainc.c): each chunk
+        `prefix` + the text's JSON string + `suffix`, as ChunkWriter.text() makes it. None where the
+        extension is not built, logprobs are asked or the tokenizer's decoder is not ByteLevel. Takes no
+        state: native_load() lends it the stream's, native_store() takes it back."""
+        if PlainStep is None or self.formatter is not None or self._detok.byte_stream is None:
+            return None
+        itl = self._metrics.itl
+        return PlainStep(self._detok.byte_stream.pieces, itl.bounds, itl.counts, prefix, suffix)
+
+    def native_load(self, native: PlainStep) -> bool:
+        """Lend the stream's state to `native` (native_step()'s) where its steps are plain_step()'s and
+        the detokenizer holds nothing of the prompt's; until native_store(), `native` owns the count,
+        the latest token's time and the held bytes, and only its step() may make a step."""
+        held = self._detok.byte_stream.held() if self._detok.byte_stream is not None else None
+        if held is None or not self.plain_steps():
+            return False
+        native.load(self.completion_tokens, self._last, held)
+        return True
+
+    def native_store(self, native: PlainStep) -> None:
+        """Take back the state native_load() lent."""
+        self.completion_tokens, self._last, held = native.state()
+        self._detok.byte_stream.hold(held)  # type: ignore[union-attr]  # native_load() checked it
+        self.counts = []
 
     def _text_step(self, ids: Sequence[int], now: float) -> str:
         """A plain step without logprobs: its latency, count and text."""

@@ -46,6 +46,10 @@ class ChunkWriter:
         chunk = self._head + b'"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]'
         return chunk + (b',"usage":' + _json.encode(use) if use is not None else b"") + b"}\n\n"
 
+    def text_frame(self) -> tuple[bytes, bytes]:
+        """What text(piece) puts before and after the piece's JSON string."""
+        return self._text_prefix, self._text_suffix
+
     def text(self, piece: str, use: dict[str, Any] | None = None, logprobs: bytes | None = None) -> bytes:
         """`use`: the usage so far, for stream_options.continuous_usage_stats; `logprobs`: the JSON of
         the piece's tokens' logprobs (LogprobsFormatter.render)."""

@@ -244,7 +244,8 @@ async def _send_one_stream(send: Send, outputs: OutputProcessor, model: str, cyc
     render, usage, continuous = _render(outputs), outputs.usage, options.continuous_usage
     plain = not continuous and options.stream_interval == 1  # a text piece is one writer.text()
     text = (writer.text if render is None else _with_logprobs(writer, outputs, render)) if plain else None
-    direct = (DirectStream(HttpOutlet(cycle), outputs, lambda pieces: _events(writer, outputs, pieces, render), text)
+    direct = (DirectStream(HttpOutlet(cycle), outputs, lambda pieces: _events(writer, outputs, pieces, render), text,
+                           writer.text_frame() if plain and render is None else None)
               if cycle is not None else None)
     stream = outputs.stream
     started = False

@@ -118,6 +118,21 @@ class _ByteStream:
         self._carry = b""  # the prompt already showed that character as U+FFFD
         return self.finish() + content
 
+    @property
+    def pieces(self) -> list[bytes | None]:
+        """Every token's raw bytes (None: an added token), by id."""
+        return self._pieces
+
+    def held(self) -> bytes | None:
+        """The bytes held back (an incomplete UTF-8 sequence), where a step that is not an added token
+        is feed_one()'s plain path: pending + piece, decoded; None while a character begun at the end of
+        the prompt is still open (its own rules, _resolve_carry)."""
+        return None if self._carry else self._pending
+
+    def hold(self, pending: bytes) -> None:
+        """Take back the held bytes from a step made elsewhere (generation/_plainc.c) on held()'s terms."""
+        self._pending = pending
+
     def _resolve_carry(self, piece: bytes) -> str:
         data = self._carry + piece
         self._carry = b""
@@ -208,7 +223,7 @@ class IncrementalDetokenizer:
     The methods are the decoding stream's own, bound at construction: a streamed token pays one call.
     """
 
-    __slots__ = ("flush", "push", "push_one")
+    __slots__ = ("byte_stream", "flush", "push", "push_one")
 
     def __init__(self, tokenizer: Tokenizer, prompt_token_ids: Sequence[int], *,
                  skip_special_tokens: bool = True) -> None:
@@ -222,3 +237,5 @@ class IncrementalDetokenizer:
         self.push_one: Callable[[int], str] = stream.feed_one
         # flush(): at finish, whatever was held back (an incomplete tail becomes U+FFFD).
         self.flush: Callable[[], str] = stream.finish
+        # The ByteLevel stream itself (None for other decoders): its state for a step made in C.
+        self.byte_stream: _ByteStream | None = stream if isinstance(stream, _ByteStream) else None

@@ -61,7 +61,8 @@ def test_the_context_is_the_packages_and_nothing_else() -> None:
              if x.strip() and not x.startswith("#")]
     assert lines[0] == "*"
     kept = {x[1:] for x in lines if x.startswith("!")}
-    assert kept == {"pyproject.toml", "README.md", *_packages()}
+    assert kept == {"pyproject.toml", "setup.py", "README.md", *_packages()}
+    assert "**/*.so" in lines  # a C extension built on the host (setup.py) is not the image's
 
 
 def test_slim_has_no_extras_and_cpu_mirrors_the_makefile() -> None:

@@ -1,0 +1,194 @@
+"""The C plain step (generation/_plainc.c) against the Python step it stands in for: the same chunk bytes
+for every token (byte-level splits, invalid UTF-8, every byte, JSON escapes, ids past the table, added
+tokens declined), the same state handed back, the same histogram, one list shared with the scrape."""
+from __future__ import annotations
+
+import random
+import shutil
+import sysconfig
+import time
+from pathlib import Path
+
+import pytest
+
+from protocol import GenerateRequest, RequestOutput, SamplingParams
+from services.frontend.engine_client.inflight import InFlight
+from services.frontend.generation import output
+from services.frontend.generation.metrics import Metrics
+from services.frontend.generation.output import OutputProcessor
+from services.frontend.http_api.openai_bodies import ChunkWriter
+from services.frontend.model import Model
+from services.frontend.requests.engine_request import EngineRequest, OutputOptions
+
+HELLO = 9707
+
+needs_c = pytest.mark.skipif(output.PlainStep is None, reason="the C plain step is not built here")
+
+
+def test_the_c_step_is_built_where_it_can_be() -> None:
+    """`pip install` builds it wherever a C compiler and Python's headers are (setup.py: optional)."""
+    can = (shutil.which("cc") or shutil.which("gcc")) and Path(sysconfig.get_paths()["include"], "Python.h").exists()
+    assert output.PlainStep is not None or not can
+
+
+@pytest.fixture(scope="module")
+def model() -> Model:
+    return Model.load("tiny", "tiny")
+
+
+class Pair:
+    """Two processors of one request: `ref` takes each step in Python (plain_step), `c` lends its state to
+    the C step, whose chunks must be the Python step's text through ChunkWriter.text."""
+
+    def __init__(self, model: Model, *, chat: bool = True, skip: bool = True, prompt: tuple[int, ...] = (1, 2, 3)):
+        self.ref, self.metrics_ref = self._processor(model, chat, skip, prompt)
+        self.c, self.metrics_c = self._processor(model, chat, skip, prompt)
+        self.writer = ChunkWriter("chatcmpl-1", "tiny", chat=chat)
+        self.c._last = self.ref._last  # the first token's time, read apart
+        native = self.c.native_step(*self.writer.text_frame())
+        assert native is not None
+        self.native = native
+        assert self.c.native_load(native)
+
+    @staticmethod
+    def _processor(model: Model, chat: bool, skip: bool, prompt: tuple[int, ...]) -> tuple[OutputProcessor, Metrics]:
+        request = EngineRequest(GenerateRequest("r1", list(prompt), SamplingParams(max_tokens=1 << 20), time.time()),
+                                1 << 20, OutputOptions(chat=chat, stream=True, include_usage=False,
+                                                       continuous_usage=False, stop=(),
+                                                       include_stop_str_in_output=False, skip_special_tokens=skip,
+                                                       tool_choice="none", response_id="chatcmpl-1"))
+        stream = InFlight("r1", len(prompt), 1 << 20)
+        metrics = Metrics("tiny")
+        processor = OutputProcessor(stream, request, tokenizer=model.tokenizer, engines=None,  # type: ignore[arg-type]
+                                    metrics=metrics)
+        stream.feed(RequestOutput("r1", [HELLO], None))
+        processor.take_pieces()  # the first token is process()'s; the steps after it are plain
+        return processor, metrics
+
+    def step(self, tid: int, now: float) -> bytes:
+        """One token both ways; the C step's chunk (an added token: the Python step's, after the C step
+        declined it with nothing done)."""
+        out = RequestOutput("r1", [tid], None)
+        before = self.native.state()
+        chunk = self.native.step(tid, now)
+        text = self.ref.plain_step(out, (), now)
+        assert text is not None
+        if chunk is None:  # an added token: the stream's own step, as the direct stream does
+            assert self.native.state() == before
+            self.c.native_store(self.native)
+            assert self.c.plain_step(out, (), now) == text
+            assert self.c.native_load(self.native)
+            return self.writer.text(text) if text else b""
+        assert chunk == (self.writer.text(text) if text else b""), (tid, text)
+        return chunk
+
+    def check_state(self) -> None:
+        self.c.native_store(self.native)
+        ref, c = self.ref, self.c
+        assert (c.completion_tokens, c._last) == (ref.completion_tokens, ref._last)
+        assert c._detok.byte_stream.held() == ref._detok.byte_stream.held()  # type: ignore[union-attr]
+        assert self.metrics_c.itl.counts == self.metrics_ref.itl.counts
+        assert c._detok.flush() == ref._detok.flush()  # what the finish would add
+
+
+def _byte_tokens(model: Model) -> dict[int, int]:
+    """byte -> the id of the token that is that one byte."""
+    pieces = output.IncrementalDetokenizer(model.tokenizer, []).byte_stream.pieces  # type: ignore[union-attr]
+    return {p[0]: tid for tid, p in enumerate(pieces) if p is not None and len(p) == 1}
+
+
+@needs_c
+@pytest.mark.parametrize("chat", [True, False], ids=["chat", "completion"])
+def test_every_byte_and_every_escape_as_the_python_step(model: Model, chat: bool) -> None:
+    pair = Pair(model, chat=chat)
+    byte = _byte_tokens(model)
+    assert len(byte) == 256
+    now = 1000.0
+    for b in range(256):  # each byte alone: ASCII (control characters escaped, '"', '\\'), lone and invalid bytes
+        now += 0.01
+        pair.step(byte[b], now)
+        now += 0.01
+        pair.step(byte[ord("a")], now)  # closes whatever the byte left open
+    pair.check_state()
+
+
+@needs_c
+def test_characters_split_into_bytes_come_whole(model: Model) -> None:
+    """Every UTF-8 length, one byte a step, invalid sequences among them (a truncated character, a
+    surrogate's prefix, an overlong form, bytes no UTF-8 has)."""
+    pair = Pair(model)
+    byte = _byte_tokens(model)
+    text = "aé€𓀀\u2028\x7f\"\\\n" + "".join(chr(c) for c in range(0x80, 0x3000, 97)) + "😀" * 3
+    data = text.encode() + b"\xe2\x82A\xed\xa0\x80B\xc0\xafC\xff\xfe\xf4\x90\x80\x80D\xf0\x9f\x98"
+    now = 50.0
+    chunks = []
+    for b in data:
+        now += 0.02
+        chunks.append(pair.step(byte[b], now))
+    assert b"".join(chunks).count("😀".encode()) == 3
+    pair.check_state()  # the last character open: held, then flushed as U+FFFD
+
+
+@needs_c
+def test_ids_past_the_table_decode_to_nothing_and_added_tokens_go_to_python(model: Model) -> None:
+    pair = Pair(model)
+    pieces = pair.c._detok.byte_stream.pieces  # type: ignore[union-attr]
+    added = [tid for tid, p in enumerate(pieces) if p is None]
+    special = {tid for tid, added_token in model.tokenizer.get_added_tokens_decoder().items() if added_token.special}
+    assert added and special and set(added) - special  # special ones skipped, the others' content shown
+    byte = _byte_tokens(model)
+    now = 7.0
+    for tid in [byte[0xE2], -1, len(pieces), 1 << 40, 1 << 70, -(1 << 70), byte[0x82], byte[0xAC], *added[:40],
+                byte[0xF0], added[0], byte[0x9F], HELLO]:
+        now += 0.005
+        pair.step(tid, now)
+    pair.check_state()
+
+
+@needs_c
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_random_mix_as_the_python_step(model: Model, seed: int) -> None:
+    """Long pieces (past the C step's 64-byte buffer), bytes, added tokens, ordinary ids, ids past the
+    table; gaps from 0 to past every bucket."""
+    pair = Pair(model, skip=bool(seed % 2))
+    pieces = pair.c._detok.byte_stream.pieces  # type: ignore[union-attr]
+    rng = random.Random(seed)
+    byte = list(_byte_tokens(model).values())
+    longest = sorted(range(len(pieces)), key=lambda t: -len(pieces[t] or b""))[:20]
+    added = [tid for tid, p in enumerate(pieces) if p is None]
+    pool = [byte, longest, added, [-5, len(pieces) + 3, 1 << 80]]
+    now = 0.0
+    for _ in range(3000):
+        now += rng.choice([0.0, 0.0004, 0.003, 0.02, 0.07, 0.3, 3.0, 150.0])
+        kind = rng.random()
+        tid = (rng.randrange(len(pieces)) if kind < 0.5 else rng.choice(pool[int((kind - 0.5) * 8)]))
+        pair.step(tid, now)
+    pair.check_state()
+
+
+@needs_c
+def test_the_histogram_s_list_is_shared_with_the_scrape(model: Model) -> None:
+    """A flush between steps (a scrape) empties the list in place: the C step's later counts still reach
+    the registry, and none is counted twice."""
+    pair = Pair(model)
+    registry, count = pair.metrics_c.registry, "vllm:inter_token_latency_seconds_count"
+    labels = {"model_name": "tiny"}
+    now = pair.native.state()[1]  # the first token's time
+    for i in range(1, 6):
+        now += 0.015
+        pair.native.step(HELLO, now)
+        assert registry.get_sample_value(count, labels) == i
+    assert registry.get_sample_value("vllm:inter_token_latency_seconds_sum", labels) == pytest.approx(5 * 0.015)
+    assert registry.get_sample_value("vllm:inter_token_latency_seconds_bucket", {**labels, "le": "0.02"}) == 5
+
+
+@needs_c
+def test_the_c_step_refuses_what_is_not_its_shape(model: Model) -> None:
+    pair = Pair(model)
+    with pytest.raises(TypeError):
+        pair.native.step(HELLO)  # type: ignore[call-arg]
+    assert pair.native.step("7", 1.0) is None  # not an int: declined, nothing done
+    with pytest.raises(ValueError, match="counts must hold one count per bound"):
+        output.PlainStep([b"a"], [1.0, float("inf")], [0, 0], b"", b"")
+    with pytest.raises(TypeError, match="piece must be bytes"):
+        output.PlainStep(["a"], [float("inf")], [0, 0.0], b"", b"").step(0, 1.0)
