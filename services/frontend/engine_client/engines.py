@@ -40,6 +40,11 @@ from protocol import (
     make_hello,
 )
 from protocol.handshake import RejectCode
+
+try:  # built by `pip install` where a C compiler is (setup.py); else _on_outputs loops in Python
+    from services.frontend.engine_client._dispatch import dispatch
+except ImportError:  # pragma: no cover - a host without the extension
+    dispatch = None  # type: ignore[assignment]
 from services.frontend.engine_client.bridge import (
     CONNECT_FAILED,
     CONNECTED,
@@ -372,6 +377,12 @@ class EngineSet:
         """`raw_frames`: the message's frames after its body (packed logprobs)."""
         inflight = engine.inflight
         now = time.monotonic()  # one reading for the message's plain steps (a step's outputs came together)
+        if dispatch is not None:  # the loop below in C; what no plain step took comes back, in order
+            left = dispatch(msg.outputs, inflight, raw_frames, now)
+            if left is not None:
+                for stream, out in left:
+                    self._feed(engine, stream, out, raw_frames)
+            return
         for out in msg.outputs:
             stream = inflight.get(out.request_id)
             if stream is None:
@@ -379,12 +390,17 @@ class EngineSet:
             plain = stream.plain
             if plain is not None and plain(out, raw_frames, now):
                 continue  # a plain step its sink took whole (InFlight.plain): nearly every token of a stream
-            if not stream.started:
-                stream.started = True
-                engine.pending_prefill -= stream.prompt_len
-            if out.finish_reason is not None:
-                del inflight[out.request_id]
-            stream.feed(out, raw_frames)
+            self._feed(engine, stream, out, raw_frames)
+
+    @staticmethod
+    def _feed(engine: Engine, stream: InFlight, out: RequestOutput, raw_frames: Sequence[bytes]) -> None:
+        """An output no plain step took: queued on its stream."""
+        if not stream.started:
+            stream.started = True
+            engine.pending_prefill -= stream.prompt_len
+        if out.finish_reason is not None:
+            del engine.inflight[out.request_id]
+        stream.feed(out, raw_frames)
 
     def _on_stats(self, engine: Engine, msg: Stats, received_at: float | None = None) -> None:
         current = engine.stats

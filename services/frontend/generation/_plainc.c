@@ -11,6 +11,7 @@
  * state) and the fallback where this module is not built. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stddef.h>
 #include <string.h>
 
 typedef struct {
@@ -24,11 +25,40 @@ typedef struct {
     Py_ssize_t nbounds;
     Py_ssize_t tokens;
     double last;
+    /* bind(): the direct stream it serves, its InFlight, the pass's list of streams to write */
+    PyObject *owner;
+    PyObject *inflight;
+    PyObject *writing;
+    vectorcallfunc vectorcall;
 } PlainStep;
+
+static PyObject *PlainStep_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
+                                      PyObject *kwnames);
+
+static int
+PlainStep_traverse(PlainStep *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->owner);
+    Py_VISIT(self->inflight);
+    Py_VISIT(self->writing);
+    Py_VISIT(self->counts);
+    return 0;
+}
+
+static int
+PlainStep_clear(PlainStep *self)
+{
+    Py_CLEAR(self->owner);
+    Py_CLEAR(self->inflight);
+    Py_CLEAR(self->writing);
+    return 0;
+}
 
 static void
 PlainStep_dealloc(PlainStep *self)
 {
+    PyObject_GC_UnTrack(self);
+    PlainStep_clear(self);
     Py_XDECREF(self->pieces);
     Py_XDECREF(self->counts);
     Py_XDECREF(self->prefix);
@@ -87,6 +117,7 @@ PlainStep_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     }
     self->tokens = 0;
     self->last = 0.0;
+    self->vectorcall = PlainStep_vectorcall;
     return (PyObject *)self;
 }
 
@@ -201,19 +232,13 @@ observe(PlainStep *self, double value)
     return PyList_SetItem(counts, n, total);
 }
 
+/* The step of token `tid` at `now`: its chunk (b"" when it completes no character), None (a new
+ * reference) for an added token or an id that is not an int (nothing done), NULL on an error. */
 static PyObject *
-PlainStep_step(PlainStep *self, PyObject *const *args, Py_ssize_t nargs)
+step_token(PlainStep *self, PyObject *tid, double now)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "step(token_id, now)");
-        return NULL;
-    }
-    PyObject *tid = args[0];
     if (!PyLong_Check(tid))
         Py_RETURN_NONE;
-    double now = PyFloat_AsDouble(args[1]);
-    if (now == -1.0 && PyErr_Occurred())
-        return NULL;
     int overflow;
     long long id = PyLong_AsLongLongAndOverflow(tid, &overflow);
     if (id == -1 && PyErr_Occurred())
@@ -299,7 +324,147 @@ fail:
     return NULL;
 }
 
+static PyObject *
+PlainStep_step(PlainStep *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "step(token_id, now)");
+        return NULL;
+    }
+    double now = PyFloat_AsDouble(args[1]);
+    if (now == -1.0 && PyErr_Occurred())
+        return NULL;
+    return step_token(self, args[0], now);
+}
+
+/* Interned attribute names, made at import. */
+static PyObject *S_new_token_ids, *S_finish_reason, *S_generated, *S_body, *S_native_other, *S_native_failed;
+
+/* `body` written at the pass's end after what the owner made before in it (DirectStream._queue). */
+static int
+queue_body(PlainStep *self, PyObject *body)
+{
+    PyObject *before = PyObject_GetAttr(self->owner, S_body);
+    if (before == NULL)
+        return -1;
+    int rc;
+    if (PyBytes_GET_SIZE(before) == 0) {
+        rc = PyObject_SetAttr(self->owner, S_body, body);
+        if (rc == 0)
+            rc = PyList_Append(self->writing, self->owner);
+    } else {
+        PyObject *joined = PyNumber_Add(before, body);
+        rc = joined == NULL ? -1 : PyObject_SetAttr(self->owner, S_body, joined);
+        Py_XDECREF(joined);
+    }
+    Py_DECREF(before);
+    return rc;
+}
+
+/* InFlight.plain: (out, raw_frames, now) -> bool. A step of one token and no finish is made here and
+ * queued on the owner; anything else (and an added token) is the owner's _native_other(out, raw_frames,
+ * now); an error in the step is handed to the owner's _native_failed(exc), which fails that stream. */
+static PyObject *
+plain_call(PlainStep *self, PyObject *out, PyObject *raw_frames, PyObject *now_obj)
+{
+    if (self->owner == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "a PlainStep called before bind()");
+        return NULL;
+    }
+    PyObject *body = NULL;
+    PyObject *ids = PyObject_GetAttr(out, S_new_token_ids);
+    if (ids == NULL)
+        goto failed;
+    PyObject *finish = PyObject_GetAttr(out, S_finish_reason);
+    if (finish == NULL) {
+        Py_DECREF(ids);
+        goto failed;
+    }
+    int one = finish == Py_None && PyList_Check(ids) && PyList_GET_SIZE(ids) == 1;
+    Py_DECREF(finish);
+    if (one) {
+        double now = PyFloat_AsDouble(now_obj);
+        body = now == -1.0 && PyErr_Occurred() ? NULL : step_token(self, PyList_GET_ITEM(ids, 0), now);
+    }
+    Py_DECREF(ids);
+    if (one && body == NULL)
+        goto failed;
+    if (!one || body == Py_None) {
+        Py_XDECREF(body);
+        PyObject *args[] = {self->owner, out, raw_frames, now_obj};
+        return PyObject_VectorcallMethod(S_native_other, args, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    }
+    /* stream.generated += 1 */
+    PyObject *generated = PyObject_GetAttr(self->inflight, S_generated);
+    if (generated == NULL)
+        goto failed;
+    PyObject *more = PyNumber_Add(generated, ONE);
+    Py_DECREF(generated);
+    if (more == NULL || PyObject_SetAttr(self->inflight, S_generated, more) < 0) {
+        Py_XDECREF(more);
+        goto failed;
+    }
+    Py_DECREF(more);
+    if (PyBytes_GET_SIZE(body) && queue_body(self, body) < 0)
+        goto failed;
+    Py_DECREF(body);
+    Py_RETURN_TRUE;
+
+failed:
+    Py_XDECREF(body);
+    if (!PyErr_ExceptionMatches(PyExc_Exception))
+        return NULL;  /* KeyboardInterrupt and the like go on up */
+    PyObject *type, *exc, *tb;
+    PyErr_Fetch(&type, &exc, &tb);
+    PyErr_NormalizeException(&type, &exc, &tb);
+    if (tb != NULL)
+        PyException_SetTraceback(exc, tb);
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+    PyObject *args[] = {self->owner, exc};
+    PyObject *r = PyObject_VectorcallMethod(S_native_failed, args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    Py_DECREF(exc);
+    if (r == NULL)
+        return NULL;
+    Py_DECREF(r);
+    Py_RETURN_TRUE;
+}
+
+static PyObject *
+PlainStep_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 3 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames))) {
+        PyErr_SetString(PyExc_TypeError, "PlainStep(out, raw_frames, now): three positional arguments");
+        return NULL;
+    }
+    return plain_call((PlainStep *)callable, args[0], args[1], args[2]);
+}
+
+/* bind(owner, inflight, writing): what the step serves when called as InFlight.plain. */
+static PyObject *
+PlainStep_bind(PlainStep *self, PyObject *args)
+{
+    PyObject *owner, *inflight, *writing;
+    if (!PyArg_ParseTuple(args, "OOO!:bind", &owner, &inflight, &PyList_Type, &writing))
+        return NULL;
+    Py_XSETREF(self->owner, Py_NewRef(owner));
+    Py_XSETREF(self->inflight, Py_NewRef(inflight));
+    Py_XSETREF(self->writing, Py_NewRef(writing));
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+PlainStep_unbind(PlainStep *self, PyObject *Py_UNUSED(ignored))
+{
+    PlainStep_clear(self);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef PlainStep_methods[] = {
+    {"bind", (PyCFunction)PlainStep_bind, METH_VARARGS,
+     "bind(owner, inflight, writing): the direct stream, its InFlight and the pass's write list, for calls."},
+    {"unbind", (PyCFunction)PlainStep_unbind, METH_NOARGS, "unbind(): drop what bind() gave."},
     {"step", (PyCFunction)(void (*)(void))PlainStep_step, METH_FASTCALL,
      "step(token_id, now): the chunk of this token's text (b\"\" when it completes no character), or None "
      "for an added token, nothing done."},
@@ -313,21 +478,36 @@ static PyTypeObject PlainStepType = {
     .tp_name = "services.frontend.generation._plainc.PlainStep",
     .tp_basicsize = sizeof(PlainStep),
     .tp_dealloc = (destructor)PlainStep_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_traverse = (traverseproc)PlainStep_traverse,
+    .tp_clear = (inquiry)PlainStep_clear,
+    .tp_vectorcall_offset = offsetof(PlainStep, vectorcall),
+    .tp_call = PyVectorcall_Call,
     .tp_doc = "A stream's plain steps in C (see the module's source).",
     .tp_methods = PlainStep_methods,
     .tp_new = PlainStep_new,
 };
 
 static struct PyModuleDef plainc_module = {
-    PyModuleDef_HEAD_INIT, "_plainc", "The plain step of a streamed completion in C.", -1, NULL,
+    PyModuleDef_HEAD_INIT, "_plainc", "The plain step of a streamed completion in C.", -1, NULL, NULL, NULL, NULL,
+    NULL,
 };
 
 PyMODINIT_FUNC
 PyInit__plainc(void)
 {
     ONE = PyLong_FromLong(1);
-    if (ONE == NULL || PyType_Ready(&PlainStepType) < 0)
+    if (ONE == NULL)
+        return NULL;
+#define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL
+    INTERN(S_new_token_ids, "new_token_ids");
+    INTERN(S_finish_reason, "finish_reason");
+    INTERN(S_generated, "generated");
+    INTERN(S_body, "_body");
+    INTERN(S_native_other, "_native_other");
+    INTERN(S_native_failed, "_native_failed");
+#undef INTERN
+    if (PyType_Ready(&PlainStepType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&plainc_module);
     if (m == NULL)

@@ -70,8 +70,8 @@ class DirectStream:
     run()), a stop string matched here, or an outlet that took no bytes (a slow reader, a closed
     connection): the events not written are returned for the task to send its own way, which waits."""
 
-    __slots__ = ("_body", "_events", "_failure", "_frame", "_future", "_lent", "_native", "_native_step", "_outlet",
-                 "_outputs", "_stash", "_step", "_text")
+    __slots__ = ("_body", "_events", "_failure", "_frame", "_future", "_lent", "_native", "_outlet", "_outputs",
+                 "_stash", "_step", "_text")
 
     def __init__(self, outlet: Outlet, outputs: OutputProcessor, events: Callable[[list[Piece]], list[bytes]],
                  text: Callable[[str], bytes] | None = None, frame: tuple[bytes, bytes] | None = None) -> None:
@@ -89,11 +89,11 @@ class DirectStream:
         # _plain_step, as the stream's InFlight.plain (bound once per run()).
         self._step: Callable[[RequestOutput, Sequence[bytes], float], bool] | None = None
         # `frame`: what `text` puts around a piece's JSON string, when that is all it does (no logprobs):
-        # then the steps are made in C where it is built (OutputProcessor.native_step), by _native_step
-        # while `_native` holds the stream's state (native_load() to native_store()).
+        # then the steps are made in C where it is built (OutputProcessor.native_step): `_native` itself is
+        # the stream's InFlight.plain while it holds the stream's state (`_lent`: native_load() to
+        # native_store()), and queues its chunks here (bind()); other outputs come to _native_other.
         self._frame = frame
         self._native: PlainStep | None = None
-        self._native_step: Callable[[RequestOutput, Sequence[bytes], float], bool] | None = None
         self._lent = False
 
     def usable(self) -> bool:
@@ -109,8 +109,8 @@ class DirectStream:
             self._step = self._plain_step
             if self._frame is not None and self._native is None:
                 self._native = self._outputs.native_step(*self._frame)
-                if self._native is not None:
-                    self._native_step = self._step_native
+            if self._native is not None:
+                self._native.bind(self, stream, _writing)
             self._arm()
         try:
             await self._future
@@ -118,6 +118,8 @@ class DirectStream:
             if stream.sink is self:  # cancelled (the response task ended): the task owns the stream again
                 stream.sink = None
             self._disarm()
+            if self._native is not None:
+                self._native.unbind()  # no cycle through it between runs
             self._step = None
             self._future = None
         failure, self._failure = self._failure, None
@@ -136,7 +138,7 @@ class DirectStream:
             native = self._native
             if native is not None and (self._lent or self._outputs.native_load(native)):
                 self._lent = True
-                stream.plain = self._native_step
+                stream.plain = native
             else:
                 stream.plain = self._step
 
@@ -151,30 +153,21 @@ class DirectStream:
         self._take_back()
         self._outputs.stream.plain = None
 
-    def _step_native(self, out: RequestOutput, raw_frames: Sequence[bytes], now: float) -> bool:
-        """InFlight.plain while the C step has the stream's state: _plain_step's work for a step of one
-        token (nearly every step), made by the C step; any other output goes to _plain_step, with the
-        state taken back (and lent again after a step _plain_step took)."""
-        ids = out.new_token_ids
-        if len(ids) == 1 and out.finish_reason is None:
-            try:
-                body = self._native.step(ids[0], now)  # type: ignore[union-attr]  # armed with _native
-            except Exception as exc:
-                self._disarm()
-                self._outputs.stream.processing_failed(exc)
-                return True
-            if body is not None:
-                self._outputs.stream.generated += 1
-                if body:
-                    self._queue(body)
-                return True
+    def _native_other(self, out: RequestOutput, raw_frames: Sequence[bytes], now: float) -> bool:
+        """InFlight.plain for what the C step does not make (an output that is not one token and no finish,
+        an added token): _plain_step's, with the state taken back (and lent again after a step it took)."""
         self._take_back()
         self._outputs.stream.plain = self._step
         if not self._plain_step(out, raw_frames, now):
             return False  # fed, and queued till on_output
         if self._outputs.stream.plain is self._step:
-            self._arm()  # a step of several tokens or an added token: the C step takes the next again
+            self._arm()
         return True
+
+    def _native_failed(self, exc: Exception) -> None:
+        """A bug in the C step: this stream fails (its output dropped), as one in _plain_step does."""
+        self._disarm()
+        self._outputs.stream.processing_failed(exc)
 
     def _plain_step(self, out: RequestOutput, raw_frames: Sequence[bytes], now: float) -> bool:
         """InFlight.plain: a step with tokens and no finish is this stream's next text (with logprobs,

@@ -16,6 +16,7 @@ from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from protocol import GenerateRequest, PackedLogprobs, RequestOutput, SamplingParams
 from protocol.logprobs import pack
+from services.frontend.engine_client import engines
 from services.frontend.engine_client.inflight import CLIENT_GONE, InFlight, end_of_pass
 from services.frontend.generation import output
 from services.frontend.generation.metrics import Metrics
@@ -64,9 +65,11 @@ def model() -> Model:
 
 @pytest.fixture(autouse=True, params=["c", "python"])
 def step(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test with the plain steps made in C (generation/_plainc.c) and in Python (its fallback)."""
+    """Every test with the plain steps made in C (generation/_plainc.c, the dispatch loop _dispatch.c) and in
+    Python (their fallback)."""
     if request.param == "python":
         monkeypatch.setattr(output, "PlainStep", None)
+        monkeypatch.setattr(engines, "dispatch", None)
     elif output.PlainStep is None:
         pytest.skip("the C plain step is not built here (test_plainc.py says whether it should be)")
     return str(request.param)
