@@ -488,9 +488,157 @@ static PyTypeObject PlainStepType = {
     .tp_new = PlainStep_new,
 };
 
+/* ---- the pass's writes (generation/direct_stream.py, _write_pass) ---- */
+
+static PyObject *HTTP_OUTLET;  /* http_api/direct_stream.py's HttpOutlet (http_outlet()), or NULL */
+static PyObject *S_stream_outlet, *S_cycle, *S_flow, *S_write_paused, *S_disconnected, *S_transport, *S_write,
+    *S_put, *EMPTY;
+
+static PyObject *
+http_outlet(PyObject *module, PyObject *cls)
+{
+    if (!PyType_Check(cls)) {
+        PyErr_SetString(PyExc_TypeError, "http_outlet(cls): a class");
+        return NULL;
+    }
+    Py_XSETREF(HTTP_OUTLET, Py_NewRef(cls));
+    Py_RETURN_NONE;
+}
+
+/* HttpOutlet.put(body) for an outlet of that class: 1 written, 0 refused, -1 an error. */
+static int
+put_http(PyObject *outlet, PyObject *body)
+{
+    PyObject *cycle = PyObject_GetAttr(outlet, S_cycle);
+    if (cycle == NULL)
+        return -1;
+    int rc = -1;
+    PyObject *flow = NULL, *transport = NULL, *framed = NULL, *r = NULL;
+    if ((flow = PyObject_GetAttr(cycle, S_flow)) == NULL)
+        goto done;
+    PyObject *flag = PyObject_GetAttr(flow, S_write_paused);
+    if (flag == NULL)
+        goto done;
+    int paused = PyObject_IsTrue(flag);
+    Py_DECREF(flag);
+    if (paused < 0)
+        goto done;
+    if ((flag = PyObject_GetAttr(cycle, S_disconnected)) == NULL)
+        goto done;
+    int gone = PyObject_IsTrue(flag);
+    Py_DECREF(flag);
+    if (gone < 0)
+        goto done;
+    if (paused || gone) {
+        rc = 0;
+        goto done;
+    }
+    if ((transport = PyObject_GetAttr(cycle, S_transport)) == NULL)
+        goto done;
+    /* one HTTP/1.1 chunk: the size in hex, CRLF, the body, CRLF */
+    Py_ssize_t n = PyBytes_GET_SIZE(body);
+    char head[24];
+    int hn = snprintf(head, sizeof(head), "%zx\r\n", (size_t)n);
+    if ((framed = PyBytes_FromStringAndSize(NULL, hn + n + 2)) == NULL)
+        goto done;
+    char *out = PyBytes_AS_STRING(framed);
+    memcpy(out, head, (size_t)hn);
+    memcpy(out + hn, PyBytes_AS_STRING(body), (size_t)n);
+    memcpy(out + hn + n, "\r\n", 2);
+    PyObject *args[] = {transport, framed};
+    if ((r = PyObject_VectorcallMethod(S_write, args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL)) == NULL)
+        goto done;
+    rc = 1;
+done:
+    Py_XDECREF(r);
+    Py_XDECREF(framed);
+    Py_XDECREF(transport);
+    Py_XDECREF(flow);
+    Py_DECREF(cycle);
+    return rc;
+}
+
+/* write_pass(streams) -> list of (stream, body, exception or None) whose outlet took nothing, or None:
+ * each stream's _body (emptied) put to its _outlet, an HttpOutlet's here, any other's by its put(). */
+static PyObject *
+write_pass(PyObject *module, PyObject *streams)
+{
+    if (!PyList_Check(streams)) {
+        PyErr_SetString(PyExc_TypeError, "write_pass(streams: list)");
+        return NULL;
+    }
+    PyObject *refused = NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(streams); i++) {
+        PyObject *stream = PyList_GET_ITEM(streams, i);
+        Py_INCREF(stream);
+        PyObject *body = PyObject_GetAttr(stream, S_body);
+        PyObject *outlet = body == NULL ? NULL : PyObject_GetAttr(stream, S_stream_outlet);
+        if (outlet == NULL || PyObject_SetAttr(stream, S_body, EMPTY) < 0) {
+            Py_XDECREF(outlet);
+            Py_XDECREF(body);
+            Py_DECREF(stream);
+            Py_XDECREF(refused);
+            return NULL;
+        }
+        int rc;
+        if (HTTP_OUTLET != NULL && (PyObject *)Py_TYPE(outlet) == HTTP_OUTLET) {
+            rc = put_http(outlet, body);
+        } else {
+            PyObject *args[] = {outlet, body};
+            PyObject *r = PyObject_VectorcallMethod(S_put, args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+            rc = r == NULL ? -1 : PyObject_IsTrue(r);
+            Py_XDECREF(r);
+        }
+        Py_DECREF(outlet);
+        PyObject *exc = NULL;
+        if (rc < 0) {
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+                Py_DECREF(body);
+                Py_DECREF(stream);
+                Py_XDECREF(refused);
+                return NULL;
+            }
+            PyObject *type, *tb;
+            PyErr_Fetch(&type, &exc, &tb);
+            PyErr_NormalizeException(&type, &exc, &tb);
+            if (tb != NULL)
+                PyException_SetTraceback(exc, tb);
+            Py_XDECREF(type);
+            Py_XDECREF(tb);
+        }
+        if (rc != 1) {
+            PyObject *entry = PyTuple_Pack(3, stream, body, exc == NULL ? Py_None : exc);
+            if (entry == NULL || (refused == NULL && (refused = PyList_New(0)) == NULL)
+                || PyList_Append(refused, entry) < 0) {
+                Py_XDECREF(entry);
+                Py_XDECREF(exc);
+                Py_DECREF(body);
+                Py_DECREF(stream);
+                Py_XDECREF(refused);
+                return NULL;
+            }
+            Py_DECREF(entry);
+        }
+        Py_XDECREF(exc);
+        Py_DECREF(body);
+        Py_DECREF(stream);
+    }
+    if (refused == NULL)
+        Py_RETURN_NONE;
+    return refused;
+}
+
+static PyMethodDef module_methods[] = {
+    {"http_outlet", (PyCFunction)http_outlet, METH_O,
+     "http_outlet(cls): the class whose put() write_pass() does itself (http_api/direct_stream.py's HttpOutlet)."},
+    {"write_pass", (PyCFunction)write_pass, METH_O,
+     "write_pass(streams): each stream's body to its outlet; the (stream, body, exception or None) refused."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef plainc_module = {
-    PyModuleDef_HEAD_INIT, "_plainc", "The plain step of a streamed completion in C.", -1, NULL, NULL, NULL, NULL,
-    NULL,
+    PyModuleDef_HEAD_INIT, "_plainc", "The plain step of a streamed completion in C.", -1, module_methods, NULL,
+    NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC
@@ -506,7 +654,17 @@ PyInit__plainc(void)
     INTERN(S_body, "_body");
     INTERN(S_native_other, "_native_other");
     INTERN(S_native_failed, "_native_failed");
+    INTERN(S_stream_outlet, "_outlet");
+    INTERN(S_cycle, "_cycle");
+    INTERN(S_flow, "flow");
+    INTERN(S_write_paused, "write_paused");
+    INTERN(S_disconnected, "disconnected");
+    INTERN(S_transport, "transport");
+    INTERN(S_write, "write");
+    INTERN(S_put, "put");
 #undef INTERN
+    if ((EMPTY = PyBytes_FromStringAndSize(NULL, 0)) == NULL)
+        return NULL;
     if (PyType_Ready(&PlainStepType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&plainc_module);

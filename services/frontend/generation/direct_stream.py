@@ -12,7 +12,7 @@ from typing import Protocol
 from protocol import RequestOutput
 from services.frontend.engine_client import inflight
 from services.frontend.engine_client.inflight import EngineFailure
-from services.frontend.generation.output import OutputProcessor, Piece, PlainStep
+from services.frontend.generation.output import OutputProcessor, Piece, PlainStep, write_pass
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,16 @@ def _write_pass() -> None:
         return
     streams = _writing[:]
     _writing.clear()
+    if write_pass is not None:  # the loop below in C (an HttpOutlet's put too); what was refused comes back
+        refused = write_pass(streams)
+        if refused is not None:
+            for stream, body, exc in refused:
+                if exc is not None:
+                    log.error("writing a streamed body failed for %s", stream._outputs.stream.request_id,
+                              exc_info=exc)
+                stream._stash.insert(0, body)
+                stream._let_go()
+        return
     for stream in streams:
         body, stream._body = stream._body, b""
         try:

@@ -8,6 +8,8 @@ from typing import Any, Protocol, cast
 
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
+from services.frontend.generation.output import http_outlet
+
 
 class _Flow(Protocol):
     write_paused: bool
@@ -50,3 +52,7 @@ class HttpOutlet:
             return False
         cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
         return True
+
+
+if http_outlet is not None:  # the C write pass (generation/_plainc.c) does put() itself for this class
+    http_outlet(HttpOutlet)

@@ -18,7 +18,7 @@ from protocol import GenerateRequest, PackedLogprobs, RequestOutput, SamplingPar
 from protocol.logprobs import pack
 from services.frontend.engine_client import engines
 from services.frontend.engine_client.inflight import CLIENT_GONE, InFlight, end_of_pass
-from services.frontend.generation import output
+from services.frontend.generation import direct_stream, output
 from services.frontend.generation.metrics import Metrics
 from services.frontend.generation.output import OutputProcessor
 from services.frontend.http_api.response_writer import send_stream, send_tokens
@@ -65,11 +65,12 @@ def model() -> Model:
 
 @pytest.fixture(autouse=True, params=["c", "python"])
 def step(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test with the plain steps made in C (generation/_plainc.c, the dispatch loop _dispatch.c) and in
-    Python (their fallback)."""
+    """Every test with the plain steps, the dispatch loop and the pass's writes in C (generation/_plainc.c,
+    engine_client/_dispatch.c) and in Python (their fallback)."""
     if request.param == "python":
         monkeypatch.setattr(output, "PlainStep", None)
         monkeypatch.setattr(engines, "dispatch", None)
+        monkeypatch.setattr(direct_stream, "write_pass", None)
     elif output.PlainStep is None:
         pytest.skip("the C plain step is not built here (test_plainc.py says whether it should be)")
     return str(request.param)
@@ -264,6 +265,35 @@ def test_a_paused_transport_hands_the_stream_back_until_it_drains(model: Model, 
     assert [c.split('"content":', 1)[1].split('}', 1)[0] for c in contents] == ['""', '"Hello"', '" world"', '","',
                                                                                    '"Hello"']
     assert sends == 4  # head + first token, the held " world", ",", and the end
+
+
+def test_a_write_that_raises_hands_the_body_to_the_response_task(model: Model,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """A bug under the outlet (the transport's write raised, once): logged, and the stream's body of the pass
+    goes out through its response task instead; nothing lost, nothing twice."""
+    async def run() -> bytes:
+        stream, cycle, transport, task = await _under_way(model)
+        write = transport.write
+
+        def broken(data: bytes) -> None:
+            transport.write = write  # type: ignore[method-assign]
+            raise RuntimeError("a bug under the outlet")
+
+        transport.write = broken  # type: ignore[method-assign]
+        _offer(stream, RequestOutput("r1", [WORLD], None))
+        end_of_pass()
+        assert stream.sink is None  # let go: the task sends the body
+        _feed(stream, RequestOutput("r1", [COMMA], "length"))
+        await task
+        return bytes(transport.data)
+
+    with caplog.at_level(logging.ERROR):
+        data = asyncio.run(run())
+    assert "writing a streamed body failed for r1" in caplog.text and "a bug under the outlet" in caplog.text
+    body, complete = _body(data)
+    assert complete
+    contents = [e.split('"content":', 1)[1].split('}', 1)[0] for e in _events(body) if '"content":' in e]
+    assert contents == ['""', '"Hello"', '" world"', '","']
 
 
 @pytest.mark.parametrize("how", ["output", "fail"])
