@@ -29,6 +29,9 @@ typedef struct {
     PyObject *owner;
     PyObject *inflight;
     PyObject *writing;
+    PyObject *cycle;      /* the response's uvicorn RequestResponseCycle, or NULL: the owner's outlet's put() */
+    PyObject *transport;  /* its transport */
+    PyObject *body;       /* bytes: the chunks of this pass not yet written (queued in `writing` when not empty) */
     vectorcallfunc vectorcall;
 } PlainStep;
 
@@ -41,6 +44,8 @@ PlainStep_traverse(PlainStep *self, visitproc visit, void *arg)
     Py_VISIT(self->owner);
     Py_VISIT(self->inflight);
     Py_VISIT(self->writing);
+    Py_VISIT(self->cycle);
+    Py_VISIT(self->transport);
     Py_VISIT(self->counts);
     return 0;
 }
@@ -51,6 +56,8 @@ PlainStep_clear(PlainStep *self)
     Py_CLEAR(self->owner);
     Py_CLEAR(self->inflight);
     Py_CLEAR(self->writing);
+    Py_CLEAR(self->cycle);
+    Py_CLEAR(self->transport);
     return 0;
 }
 
@@ -59,6 +66,7 @@ PlainStep_dealloc(PlainStep *self)
 {
     PyObject_GC_UnTrack(self);
     PlainStep_clear(self);
+    Py_XDECREF(self->body);
     Py_XDECREF(self->pieces);
     Py_XDECREF(self->counts);
     Py_XDECREF(self->prefix);
@@ -111,7 +119,8 @@ PlainStep_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->prefix = Py_NewRef(prefix);
     self->suffix = Py_NewRef(suffix);
     self->pending = PyBytes_FromStringAndSize(NULL, 0);
-    if (self->pending == NULL) {
+    self->body = PyBytes_FromStringAndSize(NULL, 0);
+    if (self->pending == NULL || self->body == NULL) {
         Py_DECREF(self);
         return NULL;
     }
@@ -147,6 +156,9 @@ PlainStep_state(PlainStep *self, PyObject *Py_UNUSED(ignored))
  * escaped (\b \t \n \f \r by name, the rest as \u00XX), everything else as its UTF-8. */
 static const char HEX[] = "0123456789abcdef";
 static PyObject *ONE;  /* the int 1 */
+static PyObject *EMPTY;  /* b"" */
+static PyObject *S_stream_outlet, *S_cycle, *S_flow, *S_write_paused, *S_disconnected, *S_transport, *S_write,
+    *S_put, *S_get_write_buffer_size, *S_is_closing;
 
 static Py_ssize_t
 escaped_size(const unsigned char *s, Py_ssize_t n)
@@ -340,25 +352,35 @@ PlainStep_step(PlainStep *self, PyObject *const *args, Py_ssize_t nargs)
 /* Interned attribute names, made at import. */
 static PyObject *S_new_token_ids, *S_finish_reason, *S_generated, *S_body, *S_native_other, *S_native_failed;
 
-/* `body` written at the pass's end after what the owner made before in it (DirectStream._queue). */
+/* `body` written at the pass's end after what was queued before in it (DirectStream._queue). */
 static int
 queue_body(PlainStep *self, PyObject *body)
 {
-    PyObject *before = PyObject_GetAttr(self->owner, S_body);
-    if (before == NULL)
-        return -1;
-    int rc;
-    if (PyBytes_GET_SIZE(before) == 0) {
-        rc = PyObject_SetAttr(self->owner, S_body, body);
-        if (rc == 0)
-            rc = PyList_Append(self->writing, self->owner);
-    } else {
-        PyObject *joined = PyNumber_Add(before, body);
-        rc = joined == NULL ? -1 : PyObject_SetAttr(self->owner, S_body, joined);
-        Py_XDECREF(joined);
+    if (PyBytes_GET_SIZE(self->body) == 0) {
+        if (self->writing == NULL) {
+            PyErr_SetString(PyExc_RuntimeError, "a PlainStep queued a body before bind()");
+            return -1;
+        }
+        Py_SETREF(self->body, Py_NewRef(body));
+        return PyList_Append(self->writing, (PyObject *)self);
     }
-    Py_DECREF(before);
-    return rc;
+    PyObject *joined = PyNumber_Add(self->body, body);
+    if (joined == NULL)
+        return -1;
+    Py_SETREF(self->body, joined);
+    return 0;
+}
+
+static PyObject *
+PlainStep_queue(PlainStep *self, PyObject *body)
+{
+    if (!PyBytes_Check(body)) {
+        PyErr_SetString(PyExc_TypeError, "queue(body: bytes)");
+        return NULL;
+    }
+    if (PyBytes_GET_SIZE(body) && queue_body(self, body) < 0)
+        return NULL;
+    Py_RETURN_NONE;
 }
 
 /* InFlight.plain: (out, raw_frames, now) -> bool. A step of one token and no finish is made here and
@@ -441,30 +463,39 @@ PlainStep_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, P
     return plain_call((PlainStep *)callable, args[0], args[1], args[2]);
 }
 
-/* bind(owner, inflight, writing): what the step serves when called as InFlight.plain. */
+/* bind(owner, inflight, writing, cycle): what the step serves when called as InFlight.plain. */
 static PyObject *
 PlainStep_bind(PlainStep *self, PyObject *args)
 {
-    PyObject *owner, *inflight, *writing;
-    if (!PyArg_ParseTuple(args, "OOO!:bind", &owner, &inflight, &PyList_Type, &writing))
+    PyObject *owner, *inflight, *writing, *cycle, *transport = NULL;
+    if (!PyArg_ParseTuple(args, "OOO!O:bind", &owner, &inflight, &PyList_Type, &writing, &cycle))
+        return NULL;
+    if (cycle != Py_None && (transport = PyObject_GetAttr(cycle, S_transport)) == NULL)
         return NULL;
     Py_XSETREF(self->owner, Py_NewRef(owner));
     Py_XSETREF(self->inflight, Py_NewRef(inflight));
     Py_XSETREF(self->writing, Py_NewRef(writing));
+    Py_XSETREF(self->cycle, cycle == Py_None ? NULL : Py_NewRef(cycle));
+    Py_XSETREF(self->transport, transport);
     Py_RETURN_NONE;
 }
 
+/* unbind() -> bytes: drop what bind() gave; what was queued and not written (b"" but for a bug). */
 static PyObject *
 PlainStep_unbind(PlainStep *self, PyObject *Py_UNUSED(ignored))
 {
     PlainStep_clear(self);
-    Py_RETURN_NONE;
+    PyObject *body = self->body;
+    self->body = Py_NewRef(EMPTY);
+    return body;
 }
 
 static PyMethodDef PlainStep_methods[] = {
     {"bind", (PyCFunction)PlainStep_bind, METH_VARARGS,
      "bind(owner, inflight, writing): the direct stream, its InFlight and the pass's write list, for calls."},
-    {"unbind", (PyCFunction)PlainStep_unbind, METH_NOARGS, "unbind(): drop what bind() gave."},
+    {"unbind", (PyCFunction)PlainStep_unbind, METH_NOARGS,
+     "unbind() -> bytes: drop what bind() gave; what was queued and not written."},
+    {"queue", (PyCFunction)PlainStep_queue, METH_O, "queue(body): written at the pass's end after the rest."},
     {"step", (PyCFunction)(void (*)(void))PlainStep_step, METH_FASTCALL,
      "step(token_id, now): the chunk of this token's text (b\"\" when it completes no character), or None "
      "for an added token, nothing done."},
@@ -491,8 +522,6 @@ static PyTypeObject PlainStepType = {
 /* ---- the pass's writes (generation/direct_stream.py, _write_pass) ---- */
 
 static PyObject *HTTP_OUTLET;  /* http_api/direct_stream.py's HttpOutlet (http_outlet()), or NULL */
-static PyObject *S_stream_outlet, *S_cycle, *S_flow, *S_write_paused, *S_disconnected, *S_transport, *S_write,
-    *S_put, *EMPTY;
 
 static PyObject *
 http_outlet(PyObject *module, PyObject *cls)
@@ -505,15 +534,35 @@ http_outlet(PyObject *module, PyObject *cls)
     Py_RETURN_NONE;
 }
 
-/* HttpOutlet.put(body) for an outlet of that class: 1 written, 0 refused, -1 an error. */
+/* transport.write(body as one HTTP/1.1 chunk): the size in hex, CRLF, the body, CRLF. */
 static int
-put_http(PyObject *outlet, PyObject *body)
+write_chunk(PyObject *transport, PyObject *body)
 {
-    PyObject *cycle = PyObject_GetAttr(outlet, S_cycle);
-    if (cycle == NULL)
+    Py_ssize_t n = PyBytes_GET_SIZE(body);
+    char head[24];
+    int hn = snprintf(head, sizeof(head), "%zx\r\n", (size_t)n);
+    PyObject *framed = PyBytes_FromStringAndSize(NULL, hn + n + 2);
+    if (framed == NULL)
         return -1;
+    char *out = PyBytes_AS_STRING(framed);
+    memcpy(out, head, (size_t)hn);
+    memcpy(out + hn, PyBytes_AS_STRING(body), (size_t)n);
+    memcpy(out + hn + n, "\r\n", 2);
+    PyObject *args[] = {transport, framed};
+    PyObject *r = PyObject_VectorcallMethod(S_write, args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    Py_DECREF(framed);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 1;
+}
+
+/* HttpOutlet.put(body) on its cycle: 1 written, 0 refused (the flow paused, the client gone), -1 an error. */
+static int
+put_cycle(PyObject *cycle, PyObject *body)
+{
     int rc = -1;
-    PyObject *flow = NULL, *transport = NULL, *framed = NULL, *r = NULL;
+    PyObject *flow = NULL, *transport = NULL;
     if ((flow = PyObject_GetAttr(cycle, S_flow)) == NULL)
         goto done;
     PyObject *flag = PyObject_GetAttr(flow, S_write_paused);
@@ -535,27 +584,87 @@ put_http(PyObject *outlet, PyObject *body)
     }
     if ((transport = PyObject_GetAttr(cycle, S_transport)) == NULL)
         goto done;
-    /* one HTTP/1.1 chunk: the size in hex, CRLF, the body, CRLF */
-    Py_ssize_t n = PyBytes_GET_SIZE(body);
-    char head[24];
-    int hn = snprintf(head, sizeof(head), "%zx\r\n", (size_t)n);
-    if ((framed = PyBytes_FromStringAndSize(NULL, hn + n + 2)) == NULL)
-        goto done;
-    char *out = PyBytes_AS_STRING(framed);
-    memcpy(out, head, (size_t)hn);
-    memcpy(out + hn, PyBytes_AS_STRING(body), (size_t)n);
-    memcpy(out + hn + n, "\r\n", 2);
-    PyObject *args[] = {transport, framed};
-    if ((r = PyObject_VectorcallMethod(S_write, args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL)) == NULL)
-        goto done;
-    rc = 1;
+    rc = write_chunk(transport, body);
 done:
-    Py_XDECREF(r);
-    Py_XDECREF(framed);
     Py_XDECREF(transport);
     Py_XDECREF(flow);
-    Py_DECREF(cycle);
     return rc;
+}
+
+/* A PlainStep's body: written at once where its transport holds nothing back and is open (then the flow
+ * cannot be paused, as uvicorn pauses it only past the transport's high-water mark, and the client has
+ * not gone, which closes the transport first); else put_cycle()'s checks; without a cycle, the owner's
+ * outlet's put(). */
+static int
+put_step(PlainStep *step, PyObject *body)
+{
+    if (step->transport != NULL) {
+        PyObject *args[] = {step->transport};
+        PyObject *size = PyObject_VectorcallMethod(S_get_write_buffer_size, args,
+                                                   1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        if (size == NULL)
+            return -1;
+        int empty = PyLong_Check(size) && PyLong_AsSsize_t(size) == 0;
+        PyErr_Clear();  /* a size past any int is not 0 */
+        Py_DECREF(size);
+        if (empty) {
+            PyObject *closing = PyObject_VectorcallMethod(S_is_closing, args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                                          NULL);
+            if (closing == NULL)
+                return -1;
+            int open = closing == Py_False;
+            Py_DECREF(closing);
+            if (open)
+                return write_chunk(step->transport, body);
+        }
+        return put_cycle(step->cycle, body);
+    }
+    if (step->owner == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "a PlainStep's body written after unbind()");
+        return -1;
+    }
+    PyObject *outlet = PyObject_GetAttr(step->owner, S_stream_outlet);
+    if (outlet == NULL)
+        return -1;
+    PyObject *args[] = {outlet, body};
+    PyObject *r = PyObject_VectorcallMethod(S_put, args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    Py_DECREF(outlet);
+    int rc = r == NULL ? -1 : PyObject_IsTrue(r);
+    Py_XDECREF(r);
+    return rc;
+}
+
+/* A put's outcome `rc` for `who` (the stream): nothing when written (1); else (who, body, the exception or
+ * None) appended to *refused. -1 (the error left set) on a failure of its own or an exception that is not
+ * an Exception (KeyboardInterrupt and the like go on up). */
+static int
+record(PyObject **refused, int rc, PyObject *who, PyObject *body)
+{
+    if (rc == 1)
+        return 0;
+    PyObject *exc = NULL;
+    if (rc < 0) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception))
+            return -1;
+        PyObject *type, *tb;
+        PyErr_Fetch(&type, &exc, &tb);
+        PyErr_NormalizeException(&type, &exc, &tb);
+        if (tb != NULL)
+            PyException_SetTraceback(exc, tb);
+        Py_XDECREF(type);
+        Py_XDECREF(tb);
+    }
+    PyObject *entry = PyTuple_Pack(3, who, body, exc == NULL ? Py_None : exc);
+    Py_XDECREF(exc);
+    if (entry == NULL)
+        return -1;
+    if (*refused == NULL && (*refused = PyList_New(0)) == NULL) {
+        Py_DECREF(entry);
+        return -1;
+    }
+    int rc2 = PyList_Append(*refused, entry);
+    Py_DECREF(entry);
+    return rc2;
 }
 
 /* write_pass(streams) -> list of (stream, body, exception or None) whose outlet took nothing, or None:
@@ -571,6 +680,20 @@ write_pass(PyObject *module, PyObject *streams)
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(streams); i++) {
         PyObject *stream = PyList_GET_ITEM(streams, i);
         Py_INCREF(stream);
+        if (Py_TYPE(stream) == &PlainStepType) {  /* its own body and transport */
+            PlainStep *step = (PlainStep *)stream;
+            PyObject *body = step->body;
+            step->body = Py_NewRef(EMPTY);
+            int rc = put_step(step, body);
+            int failed = record(&refused, rc, step->owner != NULL ? step->owner : Py_None, body);
+            Py_DECREF(body);
+            Py_DECREF(stream);
+            if (failed < 0) {
+                Py_XDECREF(refused);
+                return NULL;
+            }
+            continue;
+        }
         PyObject *body = PyObject_GetAttr(stream, S_body);
         PyObject *outlet = body == NULL ? NULL : PyObject_GetAttr(stream, S_stream_outlet);
         if (outlet == NULL || PyObject_SetAttr(stream, S_body, EMPTY) < 0) {
@@ -582,7 +705,9 @@ write_pass(PyObject *module, PyObject *streams)
         }
         int rc;
         if (HTTP_OUTLET != NULL && (PyObject *)Py_TYPE(outlet) == HTTP_OUTLET) {
-            rc = put_http(outlet, body);
+            PyObject *cycle = PyObject_GetAttr(outlet, S_cycle);
+            rc = cycle == NULL ? -1 : put_cycle(cycle, body);
+            Py_XDECREF(cycle);
         } else {
             PyObject *args[] = {outlet, body};
             PyObject *r = PyObject_VectorcallMethod(S_put, args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
@@ -590,38 +715,13 @@ write_pass(PyObject *module, PyObject *streams)
             Py_XDECREF(r);
         }
         Py_DECREF(outlet);
-        PyObject *exc = NULL;
-        if (rc < 0) {
-            if (!PyErr_ExceptionMatches(PyExc_Exception)) {
-                Py_DECREF(body);
-                Py_DECREF(stream);
-                Py_XDECREF(refused);
-                return NULL;
-            }
-            PyObject *type, *tb;
-            PyErr_Fetch(&type, &exc, &tb);
-            PyErr_NormalizeException(&type, &exc, &tb);
-            if (tb != NULL)
-                PyException_SetTraceback(exc, tb);
-            Py_XDECREF(type);
-            Py_XDECREF(tb);
-        }
-        if (rc != 1) {
-            PyObject *entry = PyTuple_Pack(3, stream, body, exc == NULL ? Py_None : exc);
-            if (entry == NULL || (refused == NULL && (refused = PyList_New(0)) == NULL)
-                || PyList_Append(refused, entry) < 0) {
-                Py_XDECREF(entry);
-                Py_XDECREF(exc);
-                Py_DECREF(body);
-                Py_DECREF(stream);
-                Py_XDECREF(refused);
-                return NULL;
-            }
-            Py_DECREF(entry);
-        }
-        Py_XDECREF(exc);
+        int failed = record(&refused, rc, stream, body);
         Py_DECREF(body);
         Py_DECREF(stream);
+        if (failed < 0) {
+            Py_XDECREF(refused);
+            return NULL;
+        }
     }
     if (refused == NULL)
         Py_RETURN_NONE;
@@ -655,13 +755,15 @@ PyInit__plainc(void)
     INTERN(S_native_other, "_native_other");
     INTERN(S_native_failed, "_native_failed");
     INTERN(S_stream_outlet, "_outlet");
-    INTERN(S_cycle, "_cycle");
+    INTERN(S_cycle, "cycle");
     INTERN(S_flow, "flow");
     INTERN(S_write_paused, "write_paused");
     INTERN(S_disconnected, "disconnected");
     INTERN(S_transport, "transport");
     INTERN(S_write, "write");
     INTERN(S_put, "put");
+    INTERN(S_get_write_buffer_size, "get_write_buffer_size");
+    INTERN(S_is_closing, "is_closing");
 #undef INTERN
     if ((EMPTY = PyBytes_FromStringAndSize(NULL, 0)) == NULL)
         return NULL;

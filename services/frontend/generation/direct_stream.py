@@ -48,6 +48,9 @@ def _write_pass() -> None:
         refused = write_pass(streams)
         if refused is not None:
             for stream, body, exc in refused:
+                if stream is None:  # a C step's body after its run ended: a bug, nobody to hand it to
+                    log.error("a streamed body was left after its stream ended", exc_info=exc)
+                    continue
                 if exc is not None:
                     log.error("writing a streamed body failed for %s", stream._outputs.stream.request_id,
                               exc_info=exc)
@@ -119,8 +122,8 @@ class DirectStream:
             self._step = self._plain_step
             if self._frame is not None and self._native is None:
                 self._native = self._outputs.native_step(*self._frame)
-            if self._native is not None:
-                self._native.bind(self, stream, _writing)
+            if self._native is not None:  # its chunks written straight to the response's transport, if uvicorn's
+                self._native.bind(self, stream, _writing, getattr(self._outlet, "cycle", None))
             self._arm()
         try:
             await self._future
@@ -128,8 +131,10 @@ class DirectStream:
             if stream.sink is self:  # cancelled (the response task ended): the task owns the stream again
                 stream.sink = None
             self._disarm()
-            if self._native is not None:
-                self._native.unbind()  # no cycle through it between runs
+            if self._native is not None:  # no reference cycle through it between runs
+                left = self._native.unbind()
+                if left:  # queued in a pass that never wrote (not expected): the task sends it, first
+                    self._stash.insert(0, left)
             self._step = None
             self._future = None
         failure, self._failure = self._failure, None
@@ -199,8 +204,11 @@ class DirectStream:
         return True
 
     def _queue(self, body: bytes) -> None:
-        """`body` written at the pass's end, after what the stream made before in the pass."""
-        if self._body:
+        """`body` written at the pass's end, after what the stream made before in the pass (with a C step,
+        queued there: the C step's own chunks go there too)."""
+        if self._native is not None:
+            self._native.queue(body)
+        elif self._body:
             self._body += body
         else:
             self._body = body

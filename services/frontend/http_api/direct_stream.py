@@ -36,18 +36,18 @@ def cycle_of(send: Any) -> HttpCycle | None:
 class HttpOutlet:
     """A chunked HTTP/1.1 response under uvicorn: each body one chunk, the bytes its send would write."""
 
-    __slots__ = ("_cycle",)
+    __slots__ = ("cycle",)
 
     def __init__(self, cycle: HttpCycle) -> None:
-        self._cycle = cycle
+        self.cycle = cycle
 
     def usable(self) -> bool:
-        cycle = self._cycle
+        cycle = self.cycle
         return (cycle.chunked_encoding is True and not cycle.response_complete and not cycle.disconnected
                 and not cycle.flow.write_paused)
 
     def put(self, body: bytes) -> bool:
-        cycle = self._cycle
+        cycle = self.cycle
         if cycle.flow.write_paused or cycle.disconnected:
             return False
         cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))

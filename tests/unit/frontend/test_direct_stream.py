@@ -32,10 +32,14 @@ class _Transport:
     def __init__(self) -> None:
         self.data = bytearray()
         self.writes = 0
+        self.buffered = 0  # bytes the kernel did not take (uvloop's write buffer)
 
     def write(self, data: bytes) -> None:
         self.data += data
         self.writes += 1
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
 
     def is_closing(self) -> bool:
         return False
@@ -74,6 +78,18 @@ def step(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
     elif output.PlainStep is None:
         pytest.skip("the C plain step is not built here (test_plainc.py says whether it should be)")
     return str(request.param)
+
+
+def _pause(cycle: RequestResponseCycle) -> None:
+    """The client stopped reading: the kernel's buffer is full, the transport holds bytes back, and past its
+    high-water mark it pauses the protocol."""
+    cycle.transport.buffered = 1 << 20  # type: ignore[attr-defined]
+    cycle.flow.pause_writing()
+
+
+def _resume(cycle: RequestResponseCycle) -> None:
+    cycle.transport.buffered = 0  # type: ignore[attr-defined]
+    cycle.flow.resume_writing()
 
 
 def _cycle() -> tuple[RequestResponseCycle, _Transport]:
@@ -244,7 +260,7 @@ def test_a_paused_transport_hands_the_stream_back_until_it_drains(model: Model, 
         task = asyncio.ensure_future(send_stream(send, [[outputs]], "tiny", None, cycle))
         _feed(stream, RequestOutput("r1", [HELLO], None))
         await _attached(stream)
-        cycle.flow.pause_writing()  # the client stopped reading: the kernel's buffer is full
+        _pause(cycle)
         written = transport.writes
         _feed(stream, RequestOutput("r1", [WORLD], None))  # taken, not written: handed to the task
         assert stream.sink is None and transport.writes == written
@@ -252,7 +268,7 @@ def test_a_paused_transport_hands_the_stream_back_until_it_drains(model: Model, 
             await asyncio.sleep(0)
         assert transport.writes == written  # the task's send waits for the transport
         _feed(stream, RequestOutput("r1", [COMMA], None))
-        cycle.flow.resume_writing()
+        _resume(cycle)
         await _attached(stream)
         _feed(stream, RequestOutput("r1", [HELLO], "length"))
         await task
@@ -265,6 +281,24 @@ def test_a_paused_transport_hands_the_stream_back_until_it_drains(model: Model, 
     assert [c.split('"content":', 1)[1].split('}', 1)[0] for c in contents] == ['""', '"Hello"', '" world"', '","',
                                                                                    '"Hello"']
     assert sends == 4  # head + first token, the held " world", ",", and the end
+
+
+def test_a_transport_holding_bytes_back_below_its_high_water_mark_still_takes_the_chunks(model: Model) -> None:
+    """Not paused, only not empty: the checks the C write pass skips for an empty transport are made, and
+    they let the chunk through."""
+    async def run() -> tuple[int, bool]:
+        stream, cycle, transport, task = await _under_way(model)
+        transport.buffered = 100
+        before = transport.writes
+        _offer(stream, RequestOutput("r1", [WORLD], None))
+        end_of_pass()
+        written = transport.writes - before
+        attached = stream.sink is not None
+        _feed(stream, RequestOutput("r1", [COMMA], "length"))
+        await task
+        return written, attached
+
+    assert asyncio.run(run()) == (1, True)
 
 
 def test_a_write_that_raises_hands_the_body_to_the_response_task(model: Model,
@@ -624,9 +658,9 @@ def test_a_plain_step_and_the_finish_in_one_pass_keep_their_order_when_the_write
         plain = stream.plain
         assert plain is not None and plain(RequestOutput("r1", [WORLD], None), (), time.monotonic())
         stream.feed(RequestOutput("r1", [COMMA], "length"))  # declined by the step (a finish): queued, the end
-        cycle.flow.pause_writing()
+        _pause(cycle)
         end_of_pass()
-        cycle.flow.resume_writing()
+        _resume(cycle)
         await task
         body, complete = _body(bytes(transport.data))
         assert complete
