@@ -30,7 +30,8 @@ typedef struct {
     PyObject *inflight;
     PyObject *writing;
     PyObject *cycle;      /* the response's uvicorn RequestResponseCycle, or NULL: the owner's outlet's put() */
-    PyObject *transport;  /* its transport */
+    PyObject *transport;  /* its transport, and three of its bound methods (no lookup a token) */
+    PyObject *write, *buffered, *closing;
     PyObject *body;       /* bytes: the chunks of this pass not yet written (queued in `writing` when not empty) */
     vectorcallfunc vectorcall;
 } PlainStep;
@@ -46,6 +47,9 @@ PlainStep_traverse(PlainStep *self, visitproc visit, void *arg)
     Py_VISIT(self->writing);
     Py_VISIT(self->cycle);
     Py_VISIT(self->transport);
+    Py_VISIT(self->write);
+    Py_VISIT(self->buffered);
+    Py_VISIT(self->closing);
     Py_VISIT(self->counts);
     return 0;
 }
@@ -58,6 +62,9 @@ PlainStep_clear(PlainStep *self)
     Py_CLEAR(self->writing);
     Py_CLEAR(self->cycle);
     Py_CLEAR(self->transport);
+    Py_CLEAR(self->write);
+    Py_CLEAR(self->buffered);
+    Py_CLEAR(self->closing);
     return 0;
 }
 
@@ -467,16 +474,29 @@ PlainStep_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, P
 static PyObject *
 PlainStep_bind(PlainStep *self, PyObject *args)
 {
-    PyObject *owner, *inflight, *writing, *cycle, *transport = NULL;
+    PyObject *owner, *inflight, *writing, *cycle, *transport = NULL, *write = NULL, *buffered = NULL,
+        *closing = NULL;
     if (!PyArg_ParseTuple(args, "OOO!O:bind", &owner, &inflight, &PyList_Type, &writing, &cycle))
         return NULL;
-    if (cycle != Py_None && (transport = PyObject_GetAttr(cycle, S_transport)) == NULL)
-        return NULL;
+    if (cycle != Py_None) {
+        if ((transport = PyObject_GetAttr(cycle, S_transport)) == NULL
+            || (write = PyObject_GetAttr(transport, S_write)) == NULL
+            || (buffered = PyObject_GetAttr(transport, S_get_write_buffer_size)) == NULL
+            || (closing = PyObject_GetAttr(transport, S_is_closing)) == NULL) {
+            Py_XDECREF(transport);
+            Py_XDECREF(write);
+            Py_XDECREF(buffered);
+            return NULL;
+        }
+    }
     Py_XSETREF(self->owner, Py_NewRef(owner));
     Py_XSETREF(self->inflight, Py_NewRef(inflight));
     Py_XSETREF(self->writing, Py_NewRef(writing));
     Py_XSETREF(self->cycle, cycle == Py_None ? NULL : Py_NewRef(cycle));
     Py_XSETREF(self->transport, transport);
+    Py_XSETREF(self->write, write);
+    Py_XSETREF(self->buffered, buffered);
+    Py_XSETREF(self->closing, closing);
     Py_RETURN_NONE;
 }
 
@@ -536,7 +556,7 @@ http_outlet(PyObject *module, PyObject *cls)
 
 /* transport.write(body as one HTTP/1.1 chunk): the size in hex, CRLF, the body, CRLF. */
 static int
-write_chunk(PyObject *transport, PyObject *body)
+write_chunk(PyObject *write, PyObject *body)
 {
     Py_ssize_t n = PyBytes_GET_SIZE(body);
     char head[24];
@@ -548,8 +568,7 @@ write_chunk(PyObject *transport, PyObject *body)
     memcpy(out, head, (size_t)hn);
     memcpy(out + hn, PyBytes_AS_STRING(body), (size_t)n);
     memcpy(out + hn + n, "\r\n", 2);
-    PyObject *args[] = {transport, framed};
-    PyObject *r = PyObject_VectorcallMethod(S_write, args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    PyObject *r = PyObject_CallOneArg(write, framed);
     Py_DECREF(framed);
     if (r == NULL)
         return -1;
@@ -584,7 +603,11 @@ put_cycle(PyObject *cycle, PyObject *body)
     }
     if ((transport = PyObject_GetAttr(cycle, S_transport)) == NULL)
         goto done;
-    rc = write_chunk(transport, body);
+    PyObject *write = PyObject_GetAttr(transport, S_write);
+    if (write == NULL)
+        goto done;
+    rc = write_chunk(write, body);
+    Py_DECREF(write);
 done:
     Py_XDECREF(transport);
     Py_XDECREF(flow);
@@ -599,23 +622,20 @@ static int
 put_step(PlainStep *step, PyObject *body)
 {
     if (step->transport != NULL) {
-        PyObject *args[] = {step->transport};
-        PyObject *size = PyObject_VectorcallMethod(S_get_write_buffer_size, args,
-                                                   1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        PyObject *size = PyObject_CallNoArgs(step->buffered);
         if (size == NULL)
             return -1;
         int empty = PyLong_Check(size) && PyLong_AsSsize_t(size) == 0;
         PyErr_Clear();  /* a size past any int is not 0 */
         Py_DECREF(size);
         if (empty) {
-            PyObject *closing = PyObject_VectorcallMethod(S_is_closing, args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET,
-                                                          NULL);
+            PyObject *closing = PyObject_CallNoArgs(step->closing);
             if (closing == NULL)
                 return -1;
             int open = closing == Py_False;
             Py_DECREF(closing);
             if (open)
-                return write_chunk(step->transport, body);
+                return write_chunk(step->write, body);
         }
         return put_cycle(step->cycle, body);
     }

@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -33,8 +34,15 @@ class _Transport:
         self.data = bytearray()
         self.writes = 0
         self.buffered = 0  # bytes the kernel did not take (uvloop's write buffer)
+        self.broken = 0  # writes to fail (a bug under the outlet)
+        self.on_write: Callable[[], None] | None = None  # called at each write
 
     def write(self, data: bytes) -> None:
+        if self.on_write is not None:
+            self.on_write()
+        if self.broken:
+            self.broken -= 1
+            raise RuntimeError("a bug under the outlet")
         self.data += data
         self.writes += 1
 
@@ -307,13 +315,7 @@ def test_a_write_that_raises_hands_the_body_to_the_response_task(model: Model,
     goes out through its response task instead; nothing lost, nothing twice."""
     async def run() -> bytes:
         stream, cycle, transport, task = await _under_way(model)
-        write = transport.write
-
-        def broken(data: bytes) -> None:
-            transport.write = write  # type: ignore[method-assign]
-            raise RuntimeError("a bug under the outlet")
-
-        transport.write = broken  # type: ignore[method-assign]
+        transport.broken = 1
         _offer(stream, RequestOutput("r1", [WORLD], None))
         end_of_pass()
         assert stream.sink is None  # let go: the task sends the body
@@ -429,20 +431,11 @@ def test_a_pass_writes_after_every_stream_in_it_is_processed_and_a_write_that_ra
             await _attached(stream)
         pending_at_write: list[list[int]] = []  # at each write: how many outputs each stream still holds
         for _, transport in cycles:
-            record = transport.write
-
-            def write(data: bytes, record: Any = record) -> None:
-                pending_at_write.append([len(stream.pending) for _, stream, _, _ in procs])
-                record(data)
-            transport.write = write  # type: ignore[method-assign]
-
-        def broken(data: bytes) -> None:
-            raise OSError("a bug under the outlet")
-        cycles[1][1].write = broken  # type: ignore[method-assign]
+            transport.on_write = lambda: pending_at_write.append([len(stream.pending) for _, stream, _, _ in procs])
+        cycles[1][1].broken = 1
         for _, stream, _, _ in procs:
             stream.feed(RequestOutput(stream.request_id, [WORLD], None))
         end_of_pass()
-        cycles[1][1].write = cycles[1][1].__class__.write.__get__(cycles[1][1])  # type: ignore[method-assign]
         for _, stream, _, _ in procs:
             if stream.sink is not None:
                 _feed(stream, RequestOutput(stream.request_id, [COMMA], "length"))
