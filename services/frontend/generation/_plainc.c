@@ -11,8 +11,14 @@
  * state) and the fallback where this module is not built. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <errno.h>
 #include <stddef.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#ifndef MSG_NOSIGNAL
+#define MSG_NOSIGNAL 0
+#endif
 
 typedef struct {
     PyObject_HEAD
@@ -32,6 +38,7 @@ typedef struct {
     PyObject *cycle;      /* the response's uvicorn RequestResponseCycle, or NULL: the owner's outlet's put() */
     PyObject *transport;  /* its transport, and three of its bound methods (no lookup a token) */
     PyObject *write, *buffered, *closing;
+    int fd;               /* its socket, where it is plain TCP (no TLS between): sent to directly, else -1 */
     PyObject *body;       /* bytes: the chunks of this pass not yet written (queued in `writing` when not empty) */
     vectorcallfunc vectorcall;
 } PlainStep;
@@ -57,6 +64,7 @@ PlainStep_traverse(PlainStep *self, visitproc visit, void *arg)
 static int
 PlainStep_clear(PlainStep *self)
 {
+    self->fd = -1;
     Py_CLEAR(self->owner);
     Py_CLEAR(self->inflight);
     Py_CLEAR(self->writing);
@@ -134,6 +142,7 @@ PlainStep_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->tokens = 0;
     self->last = 0.0;
     self->vectorcall = PlainStep_vectorcall;
+    self->fd = -1;
     return (PyObject *)self;
 }
 
@@ -470,13 +479,14 @@ PlainStep_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, P
     return plain_call((PlainStep *)callable, args[0], args[1], args[2]);
 }
 
-/* bind(owner, inflight, writing, cycle): what the step serves when called as InFlight.plain. */
+/* bind(owner, inflight, writing, cycle, fd): what the step serves when called as InFlight.plain. */
 static PyObject *
 PlainStep_bind(PlainStep *self, PyObject *args)
 {
     PyObject *owner, *inflight, *writing, *cycle, *transport = NULL, *write = NULL, *buffered = NULL,
         *closing = NULL;
-    if (!PyArg_ParseTuple(args, "OOO!O:bind", &owner, &inflight, &PyList_Type, &writing, &cycle))
+    int fd;
+    if (!PyArg_ParseTuple(args, "OOO!Oi:bind", &owner, &inflight, &PyList_Type, &writing, &cycle, &fd))
         return NULL;
     if (cycle != Py_None) {
         if ((transport = PyObject_GetAttr(cycle, S_transport)) == NULL
@@ -497,6 +507,7 @@ PlainStep_bind(PlainStep *self, PyObject *args)
     Py_XSETREF(self->write, write);
     Py_XSETREF(self->buffered, buffered);
     Py_XSETREF(self->closing, closing);
+    self->fd = transport == NULL ? -1 : fd;
     Py_RETURN_NONE;
 }
 
@@ -614,6 +625,54 @@ done:
     return rc;
 }
 
+/* An open transport holding nothing back: the chunk sent on its socket here (one sendmsg, the framing and
+ * the body as they are, no copy); what the kernel did not take goes to the transport's write(), which holds
+ * it and everything after it (the next passes see it hold bytes back, and write through it, in order).
+ * An error (the peer gone) is the transport's too: its write() meets it and closes. 1 or -1. */
+static int
+send_chunk(PlainStep *step, PyObject *body)
+{
+    Py_ssize_t n = PyBytes_GET_SIZE(body);
+    char head[24];
+    int hn = snprintf(head, sizeof(head), "%zx\r\n", (size_t)n);
+    struct iovec iov[3] = {
+        {head, (size_t)hn}, {PyBytes_AS_STRING(body), (size_t)n}, {(char *)"\r\n", 2},
+    };
+    struct msghdr msg;
+    memset(&msg, 0, sizeof(msg));
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 3;
+    Py_ssize_t total = hn + n + 2;
+    ssize_t sent;
+    do {
+        sent = sendmsg(step->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    } while (sent < 0 && errno == EINTR);
+    if (sent == total)
+        return 1;
+    if (sent < 0)
+        sent = 0;  /* EAGAIN, or an error the transport's write() will meet and report */
+    PyObject *rest = PyBytes_FromStringAndSize(NULL, total - sent);
+    if (rest == NULL)
+        return -1;
+    char *out = PyBytes_AS_STRING(rest);
+    Py_ssize_t at = 0;  /* the framed chunk's bytes from `sent` on, across the three pieces */
+    for (int i = 0; i < 3; i++) {
+        Py_ssize_t len = (Py_ssize_t)iov[i].iov_len;
+        if (at + len > sent) {
+            Py_ssize_t from = sent > at ? sent - at : 0;
+            memcpy(out, (char *)iov[i].iov_base + from, (size_t)(len - from));
+            out += len - from;
+        }
+        at += len;
+    }
+    PyObject *r = PyObject_CallOneArg(step->write, rest);
+    Py_DECREF(rest);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 1;
+}
+
 /* A PlainStep's body: written at once where its transport holds nothing back and is open (then the flow
  * cannot be paused, as uvicorn pauses it only past the transport's high-water mark, and the client has
  * not gone, which closes the transport first); else put_cycle()'s checks; without a cycle, the owner's
@@ -635,7 +694,7 @@ put_step(PlainStep *step, PyObject *body)
             int open = closing == Py_False;
             Py_DECREF(closing);
             if (open)
-                return write_chunk(step->write, body);
+                return step->fd >= 0 ? send_chunk(step, body) : write_chunk(step->write, body);
         }
         return put_cycle(step->cycle, body);
     }

@@ -28,6 +28,11 @@ class Outlet(Protocol):
         """Write `body` now and say True, or say False (nothing written: the transport paused or closed,
         or a flow-control window is shut) and the stream lets go."""
 
+    def native_target(self) -> tuple[object, int] | None:
+        """Where a C step (generation/_plainc.c) writes this outlet's bodies itself: the response's uvicorn
+        cycle (its checks are put()'s) and its socket's descriptor where the transport is plain TCP (-1:
+        through the transport's write). None: through put()."""
+
 
 # The streams that made a body in this dispatch pass (DirectStream._body), in the order they first made
 # one, written once every stream of the pass has been processed (inflight.after_pass): the pass's Python
@@ -122,8 +127,9 @@ class DirectStream:
             self._step = self._plain_step
             if self._frame is not None and self._native is None:
                 self._native = self._outputs.native_step(*self._frame)
-            if self._native is not None:  # its chunks written straight to the response's transport, if uvicorn's
-                self._native.bind(self, stream, _writing, getattr(self._outlet, "cycle", None))
+            if self._native is not None:  # its chunks written straight to the response's socket, if it can
+                cycle, fd = self._outlet.native_target() or (None, -1)
+                self._native.bind(self, stream, _writing, cycle, fd)
             self._arm()
         try:
             await self._future

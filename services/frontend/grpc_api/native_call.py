@@ -329,6 +329,10 @@ class NativeCall(PortCall):
     def usable(self) -> bool:
         return not self.closed and not self.conn.paused
 
+    def native_target(self) -> None:
+        """No C step writes a gRPC call's messages (DirectStream.native_target)."""
+        return None
+
     def put(self, data: bytes) -> bool:
         """The outlet (DirectStream's): `data` written whole now when the windows and the transport
         take it, else nothing written."""

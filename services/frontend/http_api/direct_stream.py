@@ -33,6 +33,10 @@ def cycle_of(send: Any) -> HttpCycle | None:
     return cast(HttpCycle, owner) if type(owner) is RequestResponseCycle else None
 
 
+# The transports whose socket is the connection's bytes themselves (TLS is a separate transport class).
+_PLAIN_TCP = {("uvloop.loop", "TCPTransport"), ("asyncio.selector_events", "_SelectorSocketTransport")}
+
+
 class HttpOutlet:
     """A chunked HTTP/1.1 response under uvicorn: each body one chunk, the bytes its send would write."""
 
@@ -52,6 +56,16 @@ class HttpOutlet:
             return False
         cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
         return True
+
+    def native_target(self) -> tuple[object, int]:
+        """The cycle, and its socket's descriptor where the transport is uvloop's or asyncio's plain TCP one
+        (a TLS transport's socket carries ciphertext: -1, through its write)."""
+        transport = self.cycle.transport
+        kind = type(transport)
+        if (kind.__module__, kind.__qualname__) not in _PLAIN_TCP:
+            return self.cycle, -1
+        sock = transport.get_extra_info("socket")
+        return self.cycle, sock.fileno() if sock is not None else -1
 
 
 if http_outlet is not None:  # the C write pass (generation/_plainc.c) does put() itself for this class

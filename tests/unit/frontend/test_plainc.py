@@ -193,3 +193,62 @@ def test_the_c_step_refuses_what_is_not_its_shape(model: Model) -> None:
         output.PlainStep([b"a"], [1.0, float("inf")], [0, 0], b"", b"")
     with pytest.raises(TypeError, match="piece must be bytes"):
         output.PlainStep(["a"], [float("inf")], [0, 0.0], b"", b"").step(0, 1.0)
+
+
+@needs_c
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_chunks_sent_on_the_socket_keep_their_order_past_a_full_kernel_buffer(loop: str) -> None:
+    """The C write pass sends a step's chunk on the socket itself while the transport holds nothing back;
+    past the kernel's buffers the rest of a chunk goes to the transport's write, later chunks through it,
+    and once the transport pauses the protocol they are refused (the stream lets go): what the client reads
+    is every accepted chunk, whole and in order."""
+    import asyncio
+    import socket
+
+    import uvloop
+
+    from services.frontend.http_api.direct_stream import HttpOutlet
+
+    class Flow:
+        write_paused = False
+
+    class Server(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport, self.flow, self.disconnected = transport, Flow(), False
+            transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+            made.set_result(self)
+
+        def pause_writing(self) -> None:
+            self.flow.write_paused = True
+
+    async def run() -> tuple[bytes, list[bytes], list[bytes]]:
+        nonlocal made
+        made = asyncio.get_running_loop().create_future()
+        server = await asyncio.get_running_loop().create_server(Server, "127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection(*server.sockets[0].getsockname()[:2])
+        cycle = await made
+        cycle_target, fd = HttpOutlet(cycle).native_target()  # type: ignore[arg-type]
+        assert fd >= 0
+        step = output.PlainStep([b"a"], [float("inf")], [0, 0.0], b"", b"")
+        writing: list[object] = []
+        step.bind(object(), object(), writing, cycle_target, fd)
+        accepted, refused = [], []
+        for i in range(20):  # ~10 MB, nothing read meanwhile; chunks larger and smaller than the buffers
+            body = b"data: %d " % i + bytes([97 + i % 26]) * (1500 if i % 2 else 1_000_000) + b"\n\n"
+            step.queue(body)
+            left = output.write_pass(writing[:])
+            writing.clear()
+            (refused if left else accepted).append(body)
+        assert accepted and refused  # the kernel's buffers filled, then the transport's, then it paused
+        data = b""
+        expected = b"".join(b"%x\r\n%b\r\n" % (len(b), b) for b in accepted)
+        while len(data) < len(expected):
+            data += await asyncio.wait_for(reader.read(1 << 16), 10)
+        writer.close()
+        server.close()
+        return data, accepted, refused
+
+    made: asyncio.Future[Server] | None = None
+    data, accepted, refused = uvloop.run(run()) if loop == "uvloop" else asyncio.run(run())
+    assert data == b"".join(b"%x\r\n%b\r\n" % (len(b), b) for b in accepted)
+    assert len(accepted) + len(refused) == 20
