@@ -76,6 +76,8 @@ def _write_pass() -> None:
 
 inflight.after_pass.append(_write_pass)
 
+_NO_BOUNDS = [float("inf")]  # a C step that only writes: a histogram it never counts in
+
 
 class DirectStream:
     """One choice's stream, its events written as its outputs are fed. The response task starts the
@@ -88,8 +90,8 @@ class DirectStream:
     run()), a stop string matched here, or an outlet that took no bytes (a slow reader, a closed
     connection): the events not written are returned for the task to send its own way, which waits."""
 
-    __slots__ = ("_body", "_events", "_failure", "_frame", "_future", "_lent", "_native", "_outlet", "_outputs",
-                 "_stash", "_step", "_text")
+    __slots__ = ("_body", "_events", "_failure", "_frame", "_future", "_lent", "_native", "_native_steps",
+                 "_outlet", "_outputs", "_stash", "_step", "_target", "_text")
 
     def __init__(self, outlet: Outlet, outputs: OutputProcessor, events: Callable[[list[Piece]], list[bytes]],
                  text: Callable[[str], bytes] | None = None, frame: tuple[bytes, bytes] | None = None) -> None:
@@ -110,8 +112,12 @@ class DirectStream:
         # then the steps are made in C where it is built (OutputProcessor.native_step): `_native` itself is
         # the stream's InFlight.plain while it holds the stream's state (`_lent`: native_load() to
         # native_store()), and queues its chunks here (bind()); other outputs come to _native_other.
+        # With no frame (logprobs, stop strings, a parser), or no steps to make, a C step still writes the
+        # stream's bodies where its outlet lets it (Outlet.native_target): `_native_steps` False.
         self._frame = frame
         self._native: PlainStep | None = None
+        self._native_steps = False
+        self._target: tuple[object, int] | None = None
         self._lent = False
 
     def usable(self) -> bool:
@@ -123,13 +129,17 @@ class DirectStream:
         stream = self._outputs.stream
         self._future = asyncio.get_running_loop().create_future()
         stream.sink = self
-        if self._text is not None and stream.interval == 1:
+        plain = self._text is not None and stream.interval == 1
+        if self._native is None and PlainStep is not None:
+            self._target = self._outlet.native_target()
+            if self._target is not None:
+                stepper = self._outputs.native_step(*self._frame) if plain and self._frame is not None else None
+                self._native_steps = stepper is not None
+                self._native = stepper or PlainStep([], _NO_BOUNDS, [0, 0.0], b"", b"")  # a writer only
+        if self._native is not None:  # the stream's bodies written straight to the response's socket, if it can
+            self._native.bind(self, stream, _writing, *self._target)  # type: ignore[misc]  # set with _native
+        if plain:
             self._step = self._plain_step
-            if self._frame is not None and self._native is None:
-                self._native = self._outputs.native_step(*self._frame)
-            if self._native is not None:  # its chunks written straight to the response's socket, if it can
-                cycle, fd = self._outlet.native_target() or (None, -1)
-                self._native.bind(self, stream, _writing, cycle, fd)
             self._arm()
         try:
             await self._future
@@ -157,7 +167,7 @@ class DirectStream:
         stream = self._outputs.stream
         if self._step is not None and stream.sink is self and not stream.pending and self._outputs.plain_steps():
             native = self._native
-            if native is not None and (self._lent or self._outputs.native_load(native)):
+            if native is not None and self._native_steps and (self._lent or self._outputs.native_load(native)):
                 self._lent = True
                 stream.plain = native
             else:

@@ -83,6 +83,7 @@ def step(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
         monkeypatch.setattr(output, "PlainStep", None)
         monkeypatch.setattr(engines, "dispatch", None)
         monkeypatch.setattr(direct_stream, "write_pass", None)
+        monkeypatch.setattr(direct_stream, "PlainStep", None)
     elif output.PlainStep is None:
         pytest.skip("the C plain step is not built here (test_plainc.py says whether it should be)")
     return str(request.param)
