@@ -128,13 +128,17 @@ def wait_ready(base: str, timeout_s: float = 120.0) -> None:
 
 
 def tree_at(rev: str) -> Path:
-    """A checkout of `rev` (a git worktree under /tmp, made once), whose frontend runs with this venv."""
+    """A checkout of `rev` (a git worktree under /tmp, made once, its C extensions built in place), whose
+    frontend runs with this venv."""
     sha = subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, check=True, capture_output=True,
                          text=True).stdout.strip()
     tree = Path(f"/tmp/fleet-bench-{sha}")
     if not tree.exists():
         subprocess.run(["git", "worktree", "add", "--detach", str(tree), sha], cwd=ROOT, check=True,
                        capture_output=True)
+        if (tree / "setup.py").exists():  # its C extensions, as `make venv` builds this tree's (optional there too)
+            subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=tree, check=False,
+                           capture_output=True)
     return tree
 
 
