@@ -429,8 +429,11 @@ plain_call(PlainStep *self, PyObject *out, PyObject *raw_frames, PyObject *now_o
         goto failed;
     if (!one || body == Py_None) {
         Py_XDECREF(body);
-        PyObject *args[] = {self->owner, out, raw_frames, now_obj};
-        return PyObject_VectorcallMethod(S_native_other, args, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        PyObject *owner = Py_NewRef(self->owner);  /* held: the call may unbind this step */
+        PyObject *args[] = {owner, out, raw_frames, now_obj};
+        PyObject *r = PyObject_VectorcallMethod(S_native_other, args, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        Py_DECREF(owner);
+        return r;
     }
     /* stream.generated += 1 */
     PyObject *generated = PyObject_GetAttr(self->inflight, S_generated);
@@ -459,8 +462,10 @@ failed:
         PyException_SetTraceback(exc, tb);
     Py_XDECREF(type);
     Py_XDECREF(tb);
-    PyObject *args[] = {self->owner, exc};
+    PyObject *owner = Py_NewRef(self->owner);
+    PyObject *args[] = {owner, exc};
     PyObject *r = PyObject_VectorcallMethod(S_native_failed, args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    Py_DECREF(owner);
     Py_DECREF(exc);
     if (r == NULL)
         return NULL;
@@ -523,7 +528,8 @@ PlainStep_unbind(PlainStep *self, PyObject *Py_UNUSED(ignored))
 
 static PyMethodDef PlainStep_methods[] = {
     {"bind", (PyCFunction)PlainStep_bind, METH_VARARGS,
-     "bind(owner, inflight, writing): the direct stream, its InFlight and the pass's write list, for calls."},
+     "bind(owner, inflight, writing, cycle, fd): the direct stream, its InFlight, the pass's write list, the "
+     "response's uvicorn cycle (or None: the owner's outlet) and its socket (-1: through the transport)."},
     {"unbind", (PyCFunction)PlainStep_unbind, METH_NOARGS,
      "unbind() -> bytes: drop what bind() gave; what was queued and not written."},
     {"queue", (PyCFunction)PlainStep_queue, METH_O, "queue(body): written at the pass's end after the rest."},
