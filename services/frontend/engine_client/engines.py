@@ -379,28 +379,25 @@ class EngineSet:
         now = time.monotonic()  # one reading for the message's plain steps (a step's outputs came together)
         if dispatch is not None:  # the loop below in C; what no plain step took comes back, in order
             left = dispatch(msg.outputs, inflight, raw_frames, now)
-            if left is not None:
-                for stream, out in left:
-                    self._feed(engine, stream, out, raw_frames)
-            return
-        for out in msg.outputs:
-            stream = inflight.get(out.request_id)
-            if stream is None:
-                continue  # aborted by us meanwhile
-            plain = stream.plain
-            if plain is not None and plain(out, raw_frames, now):
-                continue  # a plain step its sink took whole (InFlight.plain): nearly every token of a stream
-            self._feed(engine, stream, out, raw_frames)
-
-    @staticmethod
-    def _feed(engine: Engine, stream: InFlight, out: RequestOutput, raw_frames: Sequence[bytes]) -> None:
-        """An output no plain step took: queued on its stream."""
-        if not stream.started:
-            stream.started = True
-            engine.pending_prefill -= stream.prompt_len
-        if out.finish_reason is not None:
-            del engine.inflight[out.request_id]
-        stream.feed(out, raw_frames)
+            if left is None:
+                return
+        else:
+            left = []
+            for out in msg.outputs:
+                stream = inflight.get(out.request_id)
+                if stream is None:
+                    continue  # aborted by us meanwhile
+                plain = stream.plain
+                if plain is not None and plain(out, raw_frames, now):
+                    continue  # a plain step its sink took whole (InFlight.plain): nearly every token of a stream
+                left.append((stream, out))
+        for stream, out in left:  # queued on their streams
+            if not stream.started:
+                stream.started = True
+                engine.pending_prefill -= stream.prompt_len
+            if out.finish_reason is not None:
+                del inflight[out.request_id]
+            stream.feed(out, raw_frames)
 
     def _on_stats(self, engine: Engine, msg: Stats, received_at: float | None = None) -> None:
         current = engine.stats
