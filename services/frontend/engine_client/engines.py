@@ -40,11 +40,6 @@ from protocol import (
     make_hello,
 )
 from protocol.handshake import RejectCode
-
-try:  # built by `pip install` where a C compiler is (setup.py); else _on_outputs loops in Python
-    from services.frontend.engine_client._dispatch import dispatch
-except ImportError:  # pragma: no cover - a host without the extension
-    dispatch = None  # type: ignore[assignment]
 from services.frontend.engine_client.bridge import (
     CONNECT_FAILED,
     CONNECTED,
@@ -57,6 +52,11 @@ from services.frontend.engine_client.bridge import (
 )
 from services.frontend.engine_client.inflight import LOST, NOT_SENT, InFlight, end_of_pass
 from services.frontend.engine_client.kv_index import KVIndex
+
+try:  # built by `pip install` where a C compiler is (setup.py); else _on_outputs loops in Python
+    from services.frontend.engine_client._dispatch import dispatch
+except ImportError:  # pragma: no cover - a host without the extension
+    dispatch = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
 

@@ -173,7 +173,7 @@ PlainStep_state(PlainStep *self, PyObject *Py_UNUSED(ignored))
 static const char HEX[] = "0123456789abcdef";
 static PyObject *ONE;  /* the int 1 */
 static PyObject *EMPTY;  /* b"" */
-static PyObject *S_stream_outlet, *S_cycle, *S_flow, *S_write_paused, *S_disconnected, *S_transport, *S_write,
+static PyObject *S_stream_outlet, *S_flow, *S_write_paused, *S_disconnected, *S_transport, *S_write,
     *S_put, *S_get_write_buffer_size, *S_is_closing;
 
 static Py_ssize_t
@@ -558,17 +558,19 @@ static PyTypeObject PlainStepType = {
 
 /* ---- the pass's writes (generation/direct_stream.py, _write_pass) ---- */
 
-static PyObject *HTTP_OUTLET;  /* http_api/direct_stream.py's HttpOutlet (http_outlet()), or NULL */
-
-static PyObject *
-http_outlet(PyObject *module, PyObject *cls)
+/* stream._outlet.put(body) for a direct stream: 1 written, 0 refused, -1 an error. */
+static int
+put_outlet(PyObject *stream, PyObject *body)
 {
-    if (!PyType_Check(cls)) {
-        PyErr_SetString(PyExc_TypeError, "http_outlet(cls): a class");
-        return NULL;
-    }
-    Py_XSETREF(HTTP_OUTLET, Py_NewRef(cls));
-    Py_RETURN_NONE;
+    PyObject *outlet = PyObject_GetAttr(stream, S_stream_outlet);
+    if (outlet == NULL)
+        return -1;
+    PyObject *args[] = {outlet, body};
+    PyObject *r = PyObject_VectorcallMethod(S_put, args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    Py_DECREF(outlet);
+    int rc = r == NULL ? -1 : PyObject_IsTrue(r);
+    Py_XDECREF(r);
+    return rc;
 }
 
 /* transport.write(body as one HTTP/1.1 chunk): the size in hex, CRLF, the body, CRLF. */
@@ -708,15 +710,7 @@ put_step(PlainStep *step, PyObject *body)
         PyErr_SetString(PyExc_RuntimeError, "a PlainStep's body written after unbind()");
         return -1;
     }
-    PyObject *outlet = PyObject_GetAttr(step->owner, S_stream_outlet);
-    if (outlet == NULL)
-        return -1;
-    PyObject *args[] = {outlet, body};
-    PyObject *r = PyObject_VectorcallMethod(S_put, args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-    Py_DECREF(outlet);
-    int rc = r == NULL ? -1 : PyObject_IsTrue(r);
-    Py_XDECREF(r);
-    return rc;
+    return put_outlet(step->owner, body);
 }
 
 /* A put's outcome `rc` for `who` (the stream): nothing when written (1); else (who, body, the exception or
@@ -779,28 +773,15 @@ write_pass(PyObject *module, PyObject *streams)
             }
             continue;
         }
+        /* a direct stream with no C step (its outlet not uvicorn's: gRPC): its own body, its outlet's put() */
         PyObject *body = PyObject_GetAttr(stream, S_body);
-        PyObject *outlet = body == NULL ? NULL : PyObject_GetAttr(stream, S_stream_outlet);
-        if (outlet == NULL || PyObject_SetAttr(stream, S_body, EMPTY) < 0) {
-            Py_XDECREF(outlet);
+        if (body == NULL || PyObject_SetAttr(stream, S_body, EMPTY) < 0) {
             Py_XDECREF(body);
             Py_DECREF(stream);
             Py_XDECREF(refused);
             return NULL;
         }
-        int rc;
-        if (HTTP_OUTLET != NULL && (PyObject *)Py_TYPE(outlet) == HTTP_OUTLET) {
-            PyObject *cycle = PyObject_GetAttr(outlet, S_cycle);
-            rc = cycle == NULL ? -1 : put_cycle(cycle, body);
-            Py_XDECREF(cycle);
-        } else {
-            PyObject *args[] = {outlet, body};
-            PyObject *r = PyObject_VectorcallMethod(S_put, args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-            rc = r == NULL ? -1 : PyObject_IsTrue(r);
-            Py_XDECREF(r);
-        }
-        Py_DECREF(outlet);
-        int failed = record(&refused, rc, stream, body);
+        int failed = record(&refused, put_outlet(stream, body), stream, body);
         Py_DECREF(body);
         Py_DECREF(stream);
         if (failed < 0) {
@@ -814,8 +795,6 @@ write_pass(PyObject *module, PyObject *streams)
 }
 
 static PyMethodDef module_methods[] = {
-    {"http_outlet", (PyCFunction)http_outlet, METH_O,
-     "http_outlet(cls): the class whose put() write_pass() does itself (http_api/direct_stream.py's HttpOutlet)."},
     {"write_pass", (PyCFunction)write_pass, METH_O,
      "write_pass(streams): each stream's body to its outlet; the (stream, body, exception or None) refused."},
     {NULL, NULL, 0, NULL},
@@ -840,7 +819,6 @@ PyInit__plainc(void)
     INTERN(S_native_other, "_native_other");
     INTERN(S_native_failed, "_native_failed");
     INTERN(S_stream_outlet, "_outlet");
-    INTERN(S_cycle, "cycle");
     INTERN(S_flow, "flow");
     INTERN(S_write_paused, "write_paused");
     INTERN(S_disconnected, "disconnected");

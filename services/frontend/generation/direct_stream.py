@@ -49,18 +49,16 @@ def _write_pass() -> None:
         return
     streams = _writing[:]
     _writing.clear()
-    if write_pass is not None:  # the loop below in C (an HttpOutlet's put too); what was refused comes back
+    if write_pass is not None:  # the loop below in C (a C step's own writes too); what was refused comes back
         refused = write_pass(streams)
-        if refused is not None:
-            for stream, body, exc in refused:
-                if stream is None:  # a C step's body after its run ended: a bug, nobody to hand it to
-                    log.error("a streamed body was left after its stream ended", exc_info=exc)
-                    continue
+        for stream, body, exc in refused or ():
+            if stream is None:  # a C step's body after its run ended: a bug, nobody to hand it to
+                log.error("a streamed body was left after its stream ended", exc_info=exc)
+            else:
                 if exc is not None:
                     log.error("writing a streamed body failed for %s", stream._outputs.stream.request_id,
                               exc_info=exc)
-                stream._stash.insert(0, body)
-                stream._let_go()
+                stream._refused(body)
         return
     for stream in streams:
         body, stream._body = stream._body, b""
@@ -69,9 +67,7 @@ def _write_pass() -> None:
                 continue
         except Exception:  # a bug under one outlet: its response task sends the body its own way, or fails
             log.exception("writing a streamed body failed for %s", stream._outputs.stream.request_id)
-        # Before what it stashed in this pass (its finish's events, made after this body in the pass).
-        stream._stash.insert(0, body)
-        stream._let_go()
+        stream._refused(body)
 
 
 inflight.after_pass.append(_write_pass)
@@ -265,6 +261,12 @@ class DirectStream:
         future = self._future
         if future is not None and not future.done():
             future.set_result(None)
+
+    def _refused(self, body: bytes) -> None:
+        """The outlet took nothing of the pass's `body`: the response task sends it, before what the stream
+        stashed in this pass (its finish's events, made after this body in the pass), and the sink lets go."""
+        self._stash.insert(0, body)
+        self._let_go()
 
     def _let_go(self) -> None:
         self._disarm()

@@ -32,9 +32,9 @@ from services.frontend.text.stop_strings import StopChecker
 from services.frontend.text.token_strings import token_strings
 
 try:  # built by `pip install` where a C compiler is (setup.py); else the Python step serves every token
-    from services.frontend.generation._plainc import PlainStep, http_outlet, write_pass
+    from services.frontend.generation._plainc import PlainStep, write_pass
 except ImportError:  # pragma: no cover - a host without the extension
-    PlainStep = http_outlet = write_pass = None  # type: ignore[assignment,misc]
+    PlainStep = write_pass = None  # type: ignore[assignment,misc]
 
 
 def usage_body(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:

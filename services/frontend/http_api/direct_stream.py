@@ -8,8 +8,6 @@ from typing import Any, Protocol, cast
 
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-from services.frontend.generation.output import http_outlet
-
 
 class _Flow(Protocol):
     write_paused: bool
@@ -67,6 +65,3 @@ class HttpOutlet:
         sock = transport.get_extra_info("socket")
         return self.cycle, sock.fileno() if sock is not None else -1
 
-
-if http_outlet is not None:  # the C write pass (generation/_plainc.c) does put() itself for this class
-    http_outlet(HttpOutlet)
