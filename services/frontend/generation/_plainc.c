@@ -1,4 +1,5 @@
-/* The plain step of a streamed completion in C: one token, no logprobs, no stop strings or parser.
+/* The plain step of a streamed completion in C: one token, no stop strings or parser; with a chat
+ * completion's logprobs, or none.
  *
  * A PlainStep holds, while the direct stream takes a stream's steps from the dispatch pass
  * (generation/direct_stream.py), the per-token state the Python step keeps over four objects: the
@@ -6,12 +7,19 @@
  * of the last token (generation/output.py), the inter-token latency histogram's counts
  * (generation/metrics.py, BatchedHistogram: a list shared with it, the sum in its last slot) and the
  * SSE chunk's prefix and suffix (http_api/openai_bodies.py, ChunkWriter.text). step(token_id, now) does
- * what OutputProcessor._text_step and ChunkWriter.text do for that token and returns the chunk; the
- * Python path stays the reference (tests/unit/frontend/test_plainc.py holds both to the same bytes and
- * state) and the fallback where this module is not built. */
+ * what OutputProcessor._text_step and ChunkWriter.text do for that token and returns the chunk.
+ * With logprobs (a chat completion's: the `heads` keyword), it also holds the entries of tokens whose
+ * text is not out yet (OutputProcessor._pending) and makes each step's entry from the formatter's
+ * per-id cells (text/logprobs_format.py, _Table) and the step's packed row (protocol/logprobs.py), as
+ * LogprobsFormatter._chat_one and OutputProcessor._logprobs_step do; any row that function would not
+ * take (a cell not made yet, a logprob to floor, an id whose string depends on the next, ...) is
+ * declined, nothing done, for the Python step. The Python path stays the reference
+ * (tests/unit/frontend/test_plainc.py holds both to the same bytes and state) and the fallback where
+ * this module is not built. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
+#include <math.h>
 #include <stddef.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -31,6 +39,11 @@ typedef struct {
     Py_ssize_t nbounds;
     Py_ssize_t tokens;
     double last;
+    /* logprobs (a chat completion's), all NULL without: the formatter's per-id chat heads and tails (lists
+     * of bytes or None) and ids whose string depends on the next (a set), the alternatives asked (k), the
+     * chunk's bytes between the text and the entries, and the entries held for the next text (a list) */
+    PyObject *heads, *tails, *partial, *mid, *entries;
+    Py_ssize_t top;
     /* bind(): the direct stream it serves, its InFlight, the pass's list of streams to write */
     PyObject *owner;
     PyObject *inflight;
@@ -58,6 +71,10 @@ PlainStep_traverse(PlainStep *self, visitproc visit, void *arg)
     Py_VISIT(self->buffered);
     Py_VISIT(self->closing);
     Py_VISIT(self->counts);
+    Py_VISIT(self->heads);
+    Py_VISIT(self->tails);
+    Py_VISIT(self->partial);
+    Py_VISIT(self->entries);
     return 0;
 }
 
@@ -87,6 +104,11 @@ PlainStep_dealloc(PlainStep *self)
     Py_XDECREF(self->prefix);
     Py_XDECREF(self->suffix);
     Py_XDECREF(self->pending);
+    Py_XDECREF(self->heads);
+    Py_XDECREF(self->tails);
+    Py_XDECREF(self->partial);
+    Py_XDECREF(self->mid);
+    Py_XDECREF(self->entries);
     PyMem_Free(self->bounds);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -94,11 +116,20 @@ PlainStep_dealloc(PlainStep *self)
 static PyObject *
 PlainStep_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"pieces", "bounds", "counts", "prefix", "suffix", NULL};
-    PyObject *pieces, *bounds, *counts, *prefix, *suffix;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OO!SS:PlainStep", kwlist, &PyList_Type, &pieces,
-                                     &bounds, &PyList_Type, &counts, &prefix, &suffix))
+    static char *kwlist[] = {"pieces", "bounds", "counts", "prefix", "suffix", "heads", "tails", "partial", "top",
+                             "mid", NULL};
+    PyObject *pieces, *bounds, *counts, *prefix, *suffix, *heads = NULL, *tails = NULL, *partial = NULL,
+        *mid = NULL;
+    Py_ssize_t top = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OO!SS|$O!O!O!nS:PlainStep", kwlist, &PyList_Type, &pieces,
+                                     &bounds, &PyList_Type, &counts, &prefix, &suffix, &PyList_Type, &heads,
+                                     &PyList_Type, &tails, &PySet_Type, &partial, &top, &mid))
         return NULL;
+    if ((heads != NULL || tails != NULL || partial != NULL || mid != NULL)
+        && (heads == NULL || tails == NULL || partial == NULL || mid == NULL || top < 0)) {
+        PyErr_SetString(PyExc_ValueError, "logprobs take heads, tails, partial, mid and a top of 0 or more");
+        return NULL;
+    }
     PyObject *seq = PySequence_Fast(bounds, "bounds must be a sequence of floats");
     if (seq == NULL)
         return NULL;
@@ -139,6 +170,17 @@ PlainStep_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         Py_DECREF(self);
         return NULL;
     }
+    if (heads != NULL) {
+        self->heads = Py_NewRef(heads);
+        self->tails = Py_NewRef(tails);
+        self->partial = Py_NewRef(partial);
+        self->mid = Py_NewRef(mid);
+        self->top = top;
+        if ((self->entries = PyList_New(0)) == NULL) {
+            Py_DECREF(self);
+            return NULL;
+        }
+    }
     self->tokens = 0;
     self->last = 0.0;
     self->vectorcall = PlainStep_vectorcall;
@@ -146,26 +188,48 @@ PlainStep_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     return (PyObject *)self;
 }
 
-/* load(tokens, last, pending): take the stream's state from the Python objects. */
+/* load(tokens, last, pending, entries=()): take the stream's state from the Python objects; `entries`
+ * (with logprobs) those held for the next text, copied. */
 static PyObject *
 PlainStep_load(PlainStep *self, PyObject *args)
 {
     Py_ssize_t tokens;
     double last;
-    PyObject *pending;
-    if (!PyArg_ParseTuple(args, "ndS:load", &tokens, &last, &pending))
+    PyObject *pending, *entries = NULL;
+    if (!PyArg_ParseTuple(args, "ndS|O:load", &tokens, &last, &pending, &entries))
         return NULL;
+    PyObject *held = NULL;
+    if (entries != NULL) {
+        if ((held = PySequence_List(entries)) == NULL)
+            return NULL;
+        if (self->entries == NULL && PyList_GET_SIZE(held)) {
+            Py_DECREF(held);
+            PyErr_SetString(PyExc_ValueError, "entries held for a step that makes no logprobs");
+            return NULL;
+        }
+    }
     self->tokens = tokens;
     self->last = last;
     Py_SETREF(self->pending, Py_NewRef(pending));
+    if (self->entries != NULL) {
+        if (held == NULL && (held = PyList_New(0)) == NULL)
+            return NULL;
+        Py_SETREF(self->entries, held);
+    }
+    else
+        Py_XDECREF(held);
     Py_RETURN_NONE;
 }
 
-/* state() -> (tokens, last, pending): the stream's state, for the Python objects. */
+/* state() -> (tokens, last, pending, entries): the stream's state, for the Python objects; `entries` a
+ * new list ([] without logprobs). */
 static PyObject *
 PlainStep_state(PlainStep *self, PyObject *Py_UNUSED(ignored))
 {
-    return Py_BuildValue("ndO", self->tokens, self->last, self->pending);
+    PyObject *entries = self->entries != NULL ? PyList_GetSlice(self->entries, 0, PY_SSIZE_T_MAX) : PyList_New(0);
+    if (entries == NULL)
+        return NULL;
+    return Py_BuildValue("ndON", self->tokens, self->last, self->pending, entries);
 }
 
 /* The bytes msgspec.json encodes a str to, without the quotes: '"', '\\' and the control characters
@@ -260,10 +324,186 @@ observe(PlainStep *self, double value)
     return PyList_SetItem(counts, n, total);
 }
 
+/* ---- logprobs ---- */
+
+#define FLOOR (-9999.0)  /* logprobs_format.FLOOR: what is below it is written as it */
+/* msgspec.json.Encoder().encode, which writes a row's logprobs as the Python step does (one call for the
+ * row's numbers, several times quicker than repr's digits one by one) */
+static PyObject *ENCODE;
+
+static PyObject *S_frame, *S_offset, *S_positions, *S_k, *S_packed_logprobs, *S_packed_prompt_logprobs;
+
+/* An int attribute of `obj` into *value: 1, or 0 when it is no int that fits (declined), -1 an error. */
+static int
+int_attr(PyObject *obj, PyObject *name, Py_ssize_t *value)
+{
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL)
+        return -1;
+    int ok = PyLong_Check(v);
+    if (ok) {
+        *value = PyLong_AsSsize_t(v);
+        if (*value == -1 && PyErr_Occurred()) {
+            if (!PyErr_ExceptionMatches(PyExc_OverflowError)) {
+                Py_DECREF(v);
+                return -1;
+            }
+            PyErr_Clear();
+            ok = 0;
+        }
+    }
+    Py_DECREF(v);
+    return ok;
+}
+
+/* The chat entry of the one generated token whose packed row `packed` (a PackedLogprobs) names in
+ * `raw_frames`, as LogprobsFormatter._chat_one makes it: 1 with *entry set (a new reference), 0 where
+ * that function would not make it (it or unpack() would take another way, or fail: the Python step's to
+ * take or to report), -1 an error. */
+static int
+make_entry(PlainStep *self, PyObject *packed, PyObject *raw_frames, PyObject **entry)
+{
+#if !PY_LITTLE_ENDIAN
+    return 0;  /* the rows are little-endian: unpack() swaps them */
+#endif
+    Py_ssize_t frame, offset, positions, k;
+    int ok;
+    if ((ok = int_attr(packed, S_positions, &positions)) <= 0 || (ok = int_attr(packed, S_k, &k)) <= 0
+        || (ok = int_attr(packed, S_frame, &frame)) <= 0 || (ok = int_attr(packed, S_offset, &offset)) <= 0)
+        return ok;
+    if (positions != 1 || k != self->top || offset < 0 || offset % 4 || frame < 0)
+        return 0;
+    Py_ssize_t frames = PySequence_Size(raw_frames);
+    if (frames < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (frame >= frames)
+        return 0;
+    PyObject *holder = PySequence_GetItem(raw_frames, frame);
+    if (holder == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(holder, &view, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        Py_DECREF(holder);
+        return 0;
+    }
+    Py_ssize_t w = k + 1;
+    int rc = 0;
+    PyObject *values = NULL, *text = NULL;
+    if (offset > view.len || view.len - offset < 4 * (2 * w + 1))
+        goto done;  /* unpack() reports the short frame */
+    const char *ids = (const char *)view.buf + offset, *lps = ids + 4 * w;
+    PyObject *heads = self->heads, *tails = self->tails;
+    /* ,"top_logprobs":[ ... ]} with k closing braces and commas between; the numbers counted below */
+    Py_ssize_t size = 17 + 2 + k + (k ? k - 1 : 0);
+    if ((values = PyTuple_New(w)) == NULL) {
+        rc = -1;
+        goto done;
+    }
+    for (Py_ssize_t j = 0; j < w; j++) {
+        int32_t tid;
+        float lp;
+        memcpy(&tid, ids + 4 * j, 4);
+        memcpy(&lp, lps + 4 * j, 4);
+        double value = (double)lp;
+        /* a negative id: unpack()'s error; a cell not made or past the lists: _chat_one makes it; a logprob
+         * to floor (or -inf, NaN, +inf, which msgspec writes as null): _chat_rows' */
+        if (tid < 0 || tid >= PyList_GET_SIZE(heads) || tid >= PyList_GET_SIZE(tails) || !(value > FLOOR)
+            || !isfinite(value))
+            goto done;
+        PyObject *head = PyList_GET_ITEM(heads, tid), *tail = PyList_GET_ITEM(tails, tid);
+        if (!PyBytes_Check(head) || !PyBytes_Check(tail))
+            goto done;
+        PyObject *number = PyFloat_FromDouble(value);
+        if (number == NULL) {
+            rc = -1;
+            goto done;
+        }
+        PyTuple_SET_ITEM(values, j, number);
+        size += PyBytes_GET_SIZE(head) + PyBytes_GET_SIZE(tail);
+    }
+    /* "[a,b,...]": the numbers, w of them with w - 1 commas */
+    if ((text = PyObject_CallOneArg(ENCODE, values)) == NULL) {
+        rc = -1;
+        goto done;
+    }
+    if (!PyBytes_Check(text) || PyBytes_GET_SIZE(text) < 2) {
+        PyErr_SetString(PyExc_TypeError, "msgspec's encoder returned no JSON array");
+        rc = -1;
+        goto done;
+    }
+    const char *number = PyBytes_AS_STRING(text) + 1, *numbers_end = PyBytes_AS_STRING(text) + PyBytes_GET_SIZE(text) - 1;
+    size += numbers_end - number - k;
+    int32_t own;
+    memcpy(&own, ids, 4);
+    if (PySet_GET_SIZE(self->partial)) {  /* the next token's string would depend on this one: the context */
+        PyObject *key = PyLong_FromLong(own);
+        if (key == NULL) {
+            rc = -1;
+            goto done;
+        }
+        int in = PySet_Contains(self->partial, key);
+        Py_DECREF(key);
+        if (in != 0) {
+            rc = in < 0 ? -1 : 0;
+            goto done;
+        }
+    }
+    PyObject *made = PyBytes_FromStringAndSize(NULL, size);
+    if (made == NULL) {
+        rc = -1;
+        goto done;
+    }
+    char *out = PyBytes_AS_STRING(made);
+    for (Py_ssize_t j = 0; j < w; j++) {
+        int32_t tid;
+        memcpy(&tid, ids + 4 * j, 4);
+        PyObject *head = PyList_GET_ITEM(heads, tid), *tail = PyList_GET_ITEM(tails, tid);
+        if (j > 1)
+            *out++ = ',';
+        memcpy(out, PyBytes_AS_STRING(head), (size_t)PyBytes_GET_SIZE(head));
+        out += PyBytes_GET_SIZE(head);
+        const char *comma = memchr(number, ',', (size_t)(numbers_end - number));
+        const char *ends = comma != NULL ? comma : numbers_end;
+        if ((j < k) != (comma != NULL)) {  /* cannot be: one number per value, no commas in any */
+            Py_DECREF(made);
+            PyErr_SetString(PyExc_ValueError, "msgspec's encoder wrote another count of numbers");
+            rc = -1;
+            goto done;
+        }
+        memcpy(out, number, (size_t)(ends - number));
+        out += ends - number;
+        number = ends + 1;
+        memcpy(out, PyBytes_AS_STRING(tail), (size_t)PyBytes_GET_SIZE(tail));
+        out += PyBytes_GET_SIZE(tail);
+        if (j == 0) {
+            memcpy(out, ",\"top_logprobs\":[", 17);
+            out += 17;
+        }
+        else
+            *out++ = '}';
+    }
+    memcpy(out, "]}", 2);
+    *entry = made;
+    rc = 1;
+done:
+    Py_XDECREF(values);
+    Py_XDECREF(text);
+    PyBuffer_Release(&view);
+    Py_DECREF(holder);
+    return rc;
+}
+
 /* The step of token `tid` at `now`: its chunk (b"" when it completes no character), None (a new
- * reference) for an added token or an id that is not an int (nothing done), NULL on an error. */
+ * reference) for an added token or an id that is not an int (nothing done), NULL on an error. With
+ * logprobs, `entry` is the token's (made_entry()): held for the next text when it has none, else the
+ * chunk carries it after those held. */
 static PyObject *
-step_token(PlainStep *self, PyObject *tid, double now)
+step_token(PlainStep *self, PyObject *tid, double now, PyObject *entry)
 {
     if (!PyLong_Check(tid))
         Py_RETURN_NONE;
@@ -322,6 +562,8 @@ step_token(PlainStep *self, PyObject *tid, double now)
         PyMem_Free(joined);
     if (PyUnicode_GET_LENGTH(text) == 0) {
         Py_DECREF(text);
+        if (entry != NULL && PyList_Append(self->entries, entry) < 0)
+            return NULL;
         return PyBytes_FromStringAndSize(NULL, 0);
     }
     Py_ssize_t n;
@@ -331,7 +573,22 @@ step_token(PlainStep *self, PyObject *tid, double now)
         return NULL;
     }
     Py_ssize_t plen = PyBytes_GET_SIZE(self->prefix), slen = PyBytes_GET_SIZE(self->suffix);
-    PyObject *chunk = PyBytes_FromStringAndSize(NULL, plen + escaped_size(utf8, n) + 2 + slen);
+    /* with logprobs: the mid, the held entries and this one, a comma between each two */
+    Py_ssize_t held_entries = entry != NULL ? PyList_GET_SIZE(self->entries) : 0;
+    Py_ssize_t lsize = 0;
+    if (entry != NULL) {
+        lsize = PyBytes_GET_SIZE(self->mid) + PyBytes_GET_SIZE(entry) + held_entries;
+        for (Py_ssize_t i = 0; i < held_entries; i++) {
+            PyObject *e = PyList_GET_ITEM(self->entries, i);
+            if (!PyBytes_Check(e)) {
+                Py_DECREF(text);
+                PyErr_SetString(PyExc_TypeError, "a held logprobs entry must be bytes");
+                return NULL;
+            }
+            lsize += PyBytes_GET_SIZE(e);
+        }
+    }
+    PyObject *chunk = PyBytes_FromStringAndSize(NULL, plen + escaped_size(utf8, n) + 2 + lsize + slen);
     if (chunk == NULL) {
         Py_DECREF(text);
         return NULL;
@@ -342,8 +599,24 @@ step_token(PlainStep *self, PyObject *tid, double now)
     *out++ = '"';
     out = escape(out, utf8, n);
     *out++ = '"';
-    memcpy(out, PyBytes_AS_STRING(self->suffix), (size_t)slen);
     Py_DECREF(text);
+    if (entry != NULL) {
+        memcpy(out, PyBytes_AS_STRING(self->mid), (size_t)PyBytes_GET_SIZE(self->mid));
+        out += PyBytes_GET_SIZE(self->mid);
+        for (Py_ssize_t i = 0; i < held_entries; i++) {
+            PyObject *e = PyList_GET_ITEM(self->entries, i);
+            memcpy(out, PyBytes_AS_STRING(e), (size_t)PyBytes_GET_SIZE(e));
+            out += PyBytes_GET_SIZE(e);
+            *out++ = ',';
+        }
+        memcpy(out, PyBytes_AS_STRING(entry), (size_t)PyBytes_GET_SIZE(entry));
+        out += PyBytes_GET_SIZE(entry);
+        if (held_entries && PyList_SetSlice(self->entries, 0, held_entries, NULL) < 0) {
+            Py_DECREF(chunk);
+            return NULL;
+        }
+    }
+    memcpy(out, PyBytes_AS_STRING(self->suffix), (size_t)slen);
     return chunk;
 
 fail:
@@ -352,17 +625,37 @@ fail:
     return NULL;
 }
 
+/* A step with logprobs: its entry from `packed` made first (declined: None, nothing done), then the
+ * token's step with it. */
+static PyObject *
+step_logprobs(PlainStep *self, PyObject *tid, double now, PyObject *packed, PyObject *raw_frames)
+{
+    PyObject *entry = NULL;
+    int made = packed == Py_None ? 0 : make_entry(self, packed, raw_frames, &entry);
+    if (made <= 0) {
+        if (made < 0)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *chunk = step_token(self, tid, now, entry);
+    Py_DECREF(entry);
+    return chunk;
+}
+
 static PyObject *
 PlainStep_step(PlainStep *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "step(token_id, now)");
+    if (nargs != (self->heads != NULL ? 4 : 2)) {
+        PyErr_SetString(PyExc_TypeError, self->heads != NULL ? "step(token_id, now, packed_logprobs, raw_frames)"
+                                                              : "step(token_id, now)");
         return NULL;
     }
     double now = PyFloat_AsDouble(args[1]);
     if (now == -1.0 && PyErr_Occurred())
         return NULL;
-    return step_token(self, args[0], now);
+    if (self->heads != NULL)
+        return step_logprobs(self, args[0], now, args[2], args[3]);
+    return step_token(self, args[0], now, NULL);
 }
 
 /* Interned attribute names, made at import. */
@@ -420,9 +713,26 @@ plain_call(PlainStep *self, PyObject *out, PyObject *raw_frames, PyObject *now_o
     }
     int one = finish == Py_None && PyList_Check(ids) && PyList_GET_SIZE(ids) == 1;
     Py_DECREF(finish);
-    if (one) {
+    if (one && self->heads != NULL) {  /* logprobs: the token's packed row, and no prompt's */
+        PyObject *packed = PyObject_GetAttr(out, S_packed_logprobs);
+        PyObject *prompt = packed == NULL ? NULL : PyObject_GetAttr(out, S_packed_prompt_logprobs);
+        if (prompt == NULL) {
+            Py_XDECREF(packed);
+            Py_DECREF(ids);
+            goto failed;
+        }
+        if (prompt != Py_None) {
+            Py_SETREF(packed, Py_NewRef(Py_None));  /* declined: the Python step's */
+        }
+        Py_DECREF(prompt);
         double now = PyFloat_AsDouble(now_obj);
-        body = now == -1.0 && PyErr_Occurred() ? NULL : step_token(self, PyList_GET_ITEM(ids, 0), now);
+        body = now == -1.0 && PyErr_Occurred() ? NULL
+                                               : step_logprobs(self, PyList_GET_ITEM(ids, 0), now, packed, raw_frames);
+        Py_DECREF(packed);
+    }
+    else if (one) {
+        double now = PyFloat_AsDouble(now_obj);
+        body = now == -1.0 && PyErr_Occurred() ? NULL : step_token(self, PyList_GET_ITEM(ids, 0), now, NULL);
     }
     Py_DECREF(ids);
     if (one && body == NULL)
@@ -534,10 +844,12 @@ static PyMethodDef PlainStep_methods[] = {
      "unbind() -> bytes: drop what bind() gave; what was queued and not written."},
     {"queue", (PyCFunction)PlainStep_queue, METH_O, "queue(body): written at the pass's end after the rest."},
     {"step", (PyCFunction)(void (*)(void))PlainStep_step, METH_FASTCALL,
-     "step(token_id, now): the chunk of this token's text (b\"\" when it completes no character), or None "
-     "for an added token, nothing done."},
-    {"load", (PyCFunction)PlainStep_load, METH_VARARGS, "load(tokens, last, pending): the stream's state."},
-    {"state", (PyCFunction)PlainStep_state, METH_NOARGS, "state() -> (tokens, last, pending)."},
+     "step(token_id, now), with logprobs step(token_id, now, packed_logprobs, raw_frames): the chunk of this "
+     "token's text (b\"\" when it completes no character), or None for a step it does not make (an added "
+     "token; with logprobs, a row _chat_one would not make), nothing done."},
+    {"load", (PyCFunction)PlainStep_load, METH_VARARGS,
+     "load(tokens, last, pending, entries=()): the stream's state."},
+    {"state", (PyCFunction)PlainStep_state, METH_NOARGS, "state() -> (tokens, last, pending, entries)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -827,8 +1139,25 @@ PyInit__plainc(void)
     INTERN(S_put, "put");
     INTERN(S_get_write_buffer_size, "get_write_buffer_size");
     INTERN(S_is_closing, "is_closing");
+    INTERN(S_frame, "frame");
+    INTERN(S_offset, "offset");
+    INTERN(S_positions, "positions");
+    INTERN(S_k, "k");
+    INTERN(S_packed_logprobs, "packed_logprobs");
+    INTERN(S_packed_prompt_logprobs, "packed_prompt_logprobs");
 #undef INTERN
     if ((EMPTY = PyBytes_FromStringAndSize(NULL, 0)) == NULL)
+        return NULL;
+    PyObject *json = PyImport_ImportModule("msgspec.json");
+    if (json == NULL)
+        return NULL;
+    PyObject *encoder = PyObject_CallMethod(json, "Encoder", NULL);
+    Py_DECREF(json);
+    if (encoder == NULL)
+        return NULL;
+    ENCODE = PyObject_GetAttrString(encoder, "encode");
+    Py_DECREF(encoder);
+    if (ENCODE == NULL)
         return NULL;
     if (PyType_Ready(&PlainStepType) < 0)
         return NULL;

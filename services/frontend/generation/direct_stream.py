@@ -87,10 +87,10 @@ class DirectStream:
     connection): the events not written are returned for the task to send its own way, which waits."""
 
     __slots__ = ("_body", "_events", "_failure", "_frame", "_future", "_lent", "_native", "_native_steps",
-                 "_outlet", "_outputs", "_stash", "_step", "_target", "_text")
+                 "_outlet", "_outputs", "_retry", "_stash", "_step", "_target", "_text")
 
     def __init__(self, outlet: Outlet, outputs: OutputProcessor, events: Callable[[list[Piece]], list[bytes]],
-                 text: Callable[[str], bytes] | None = None, frame: tuple[bytes, bytes] | None = None) -> None:
+                 text: Callable[[str], bytes] | None = None, frame: tuple[bytes, ...] | None = None) -> None:
         self._outlet = outlet
         self._outputs = outputs
         self._events = events  # the events of a batch of pieces (and the finish's, once finished)
@@ -104,12 +104,14 @@ class DirectStream:
         # While run() waits, with `text` given and a stream whose steps OutputProcessor.plain_step() serves:
         # _plain_step, as the stream's InFlight.plain (bound once per run()).
         self._step: Callable[[RequestOutput, Sequence[bytes], float], bool] | None = None
-        # `frame`: what `text` puts around a piece's JSON string, when that is all it does (no logprobs):
-        # then the steps are made in C where it is built (OutputProcessor.native_step): `_native` itself is
-        # the stream's InFlight.plain while it holds the stream's state (`_lent`: native_load() to
-        # native_store()), and queues its chunks here (bind()); other outputs come to _native_other.
-        # With no frame (logprobs, stop strings, a parser), or no steps to make, a C step still writes the
-        # stream's bodies where its outlet lets it (Outlet.native_target): `_native_steps` False.
+        self._retry: Callable[[RequestOutput, Sequence[bytes], float], bool] | None = None  # _until_native, bound
+        # `frame`: what `text` puts around a piece's JSON string (and, with a chat completion's logprobs,
+        # around its entries), when that is all it does (OutputProcessor.native_step): then the steps are
+        # made in C where it is built: `_native` itself is the stream's InFlight.plain while it holds the
+        # stream's state (`_lent`: native_load() to native_store()), and queues its chunks here (bind());
+        # other outputs come to _native_other. With no frame (stop strings, a parser, completions'
+        # logprobs), or no steps to make, a C step still writes the stream's bodies where its outlet lets it
+        # (Outlet.native_target): `_native_steps` False.
         self._frame = frame
         self._native: PlainStep | None = None
         self._native_steps = False
@@ -129,13 +131,14 @@ class DirectStream:
         if self._native is None and PlainStep is not None:
             self._target = self._outlet.native_target()
             if self._target is not None:
-                stepper = self._outputs.native_step(*self._frame) if plain and self._frame is not None else None
+                stepper = self._outputs.native_step(self._frame) if plain and self._frame is not None else None
                 self._native_steps = stepper is not None
                 self._native = stepper or PlainStep([], _NO_BOUNDS, [0, 0.0], b"", b"")  # a writer only
         if self._native is not None:  # the stream's bodies written straight to the response's socket, if it can
             self._native.bind(self, stream, _writing, *self._target)  # type: ignore[misc]  # set with _native
         if plain:
             self._step = self._plain_step
+            self._retry = self._until_native
             self._arm()
         try:
             await self._future
@@ -147,7 +150,7 @@ class DirectStream:
                 left = self._native.unbind()
                 if left:  # queued in a pass that never wrote (not expected): the task sends it, first
                     self._stash.insert(0, left)
-            self._step = None
+            self._step = self._retry = None
             self._future = None
         failure, self._failure = self._failure, None
         if failure is not None:
@@ -163,11 +166,13 @@ class DirectStream:
         stream = self._outputs.stream
         if self._step is not None and stream.sink is self and not stream.pending and self._outputs.plain_steps():
             native = self._native
-            if native is not None and self._native_steps and (self._lent or self._outputs.native_load(native)):
+            if native is None or not self._native_steps:
+                stream.plain = self._step
+            elif self._lent or self._outputs.native_load(native):
                 self._lent = True
                 stream.plain = native
-            else:
-                stream.plain = self._step
+            else:  # the C step cannot take the state yet (a token before the next ends inside a character)
+                stream.plain = self._retry
 
     def _take_back(self) -> None:
         """The state the C step holds (since native_load()) is the stream's objects' again."""
@@ -188,6 +193,15 @@ class DirectStream:
         if not self._plain_step(out, raw_frames, now):
             return False  # fed, and queued till on_output
         if self._outputs.stream.plain is self._step:
+            self._arm()
+        return True
+
+    def _until_native(self, out: RequestOutput, raw_frames: Sequence[bytes], now: float) -> bool:
+        """InFlight.plain while the C step cannot take the stream's state (native_load() refused it):
+        _plain_step's, after which the C step takes the stream again where it can."""
+        if not self._plain_step(out, raw_frames, now):
+            return False
+        if self._outputs.stream.plain is self._retry:
             self._arm()
         return True
 

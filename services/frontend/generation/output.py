@@ -191,15 +191,26 @@ class OutputProcessor:
         self.stream.generated += len(ids)
         return self._text_step(ids, now)
 
-    def native_step(self, prefix: bytes, suffix: bytes) -> PlainStep | None:
-        """A C step for this stream's plain steps with no logprobs (generation/_plainc.c): each chunk
-        `prefix` + the text's JSON string + `suffix`, as ChunkWriter.text() makes it. None where the
-        extension is not built, logprobs are asked or the tokenizer's decoder is not ByteLevel. Takes no
-        state: native_load() lends it the stream's, native_store() takes it back."""
-        if PlainStep is None or self.formatter is not None or self._detok.byte_stream is None:
+    def native_step(self, frame: tuple[bytes, ...]) -> PlainStep | None:
+        """A C step for this stream's plain steps (generation/_plainc.c). Without logprobs, `frame` is
+        (prefix, suffix): each chunk prefix + the text's JSON string + suffix, as ChunkWriter.text()
+        makes it; with a chat completion's logprobs, (prefix, mid, suffix): the step's entries (those
+        held, then its own) between mid and suffix, commas between (ChunkWriter.logprobs_frame()).
+        None where the extension is not built, the tokenizer's decoder is not ByteLevel, or the logprobs
+        are not a chat completion's (the formatter's native_cells()). Takes no state: native_load()
+        lends it the stream's, native_store() takes it back."""
+        if PlainStep is None or self._detok.byte_stream is None:
             return None
-        itl = self._metrics.itl
-        return PlainStep(self._detok.byte_stream.pieces, itl.bounds, itl.counts, prefix, suffix)
+        itl, pieces = self._metrics.itl, self._detok.byte_stream.pieces
+        if self.formatter is None:
+            return PlainStep(pieces, itl.bounds, itl.counts, *frame) if len(frame) == 2 else None
+        cells = self.formatter.native_cells()
+        if cells is None or len(frame) != 3:
+            return None
+        heads, tails, partial = cells
+        prefix, mid, suffix = frame
+        return PlainStep(pieces, itl.bounds, itl.counts, prefix, suffix, heads=heads, tails=tails, partial=partial,
+                         top=self.formatter.top, mid=mid)
 
     def native_load(self, native: PlainStep) -> bool:
         """Lend the stream's state to `native` (native_step()'s) where its steps are plain_step()'s and
@@ -208,14 +219,21 @@ class OutputProcessor:
         held = self._detok.byte_stream.held() if self._detok.byte_stream is not None else None
         if held is None or not self.plain_steps():
             return False
-        native.load(self.completion_tokens, self._last, held)
+        if self.formatter is None:
+            native.load(self.completion_tokens, self._last, held)
+        elif self.formatter.context_free():  # else the Python step's, till no token before ends in a character
+            native.load(self.completion_tokens, self._last, held, self._pending)
+        else:
+            return False
         return True
 
     def native_store(self, native: PlainStep) -> None:
         """Take back the state native_load() lent."""
-        self.completion_tokens, self._last, held = native.state()
+        self.completion_tokens, self._last, held, entries = native.state()
         self._detok.byte_stream.hold(held)  # type: ignore[union-attr]  # native_load() checked it
         self.counts = []
+        if self.formatter is not None:
+            self._pending, self.logprobs = entries, []
 
     def _text_step(self, ids: Sequence[int], now: float) -> str:
         """A plain step without logprobs: its latency, count and text."""

@@ -50,6 +50,11 @@ class ChunkWriter:
         """What text(piece) puts before and after the piece's JSON string."""
         return self._text_prefix, self._text_suffix
 
+    def logprobs_frame(self, head: bytes, tail: bytes) -> tuple[bytes, bytes, bytes]:
+        """What text(piece, logprobs=...) puts before the piece's JSON string, between it and the entries,
+        and after them, where the logprobs' JSON is `head` + the entries, commas between + `tail`."""
+        return self._text_prefix, self._lp_head + head, tail + self._lp_tail
+
     def text(self, piece: str, use: dict[str, Any] | None = None, logprobs: bytes | None = None) -> bytes:
         """`use`: the usage so far, for stream_options.continuous_usage_stats; `logprobs`: the JSON of
         the piece's tokens' logprobs (LogprobsFormatter.render)."""

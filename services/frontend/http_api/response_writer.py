@@ -182,6 +182,17 @@ def _with_logprobs(writer: openai_bodies.ChunkWriter, outputs: OutputProcessor,
     return lambda piece: writer.text(piece, None, render(outputs.logprobs[0]) if outputs.logprobs[0] else None)
 
 
+def _frame(writer: openai_bodies.ChunkWriter, outputs: OutputProcessor,
+           render: Callable[[list[Entry]], bytes] | None) -> tuple[bytes, ...] | None:
+    """What a plain piece's event is made of around its text (and its entries) where a C step can make it
+    (OutputProcessor.native_step): ChunkWriter.text_frame() without logprobs, logprobs_frame() with a
+    formatter whose render() only joins its entries."""
+    if render is None:
+        return writer.text_frame()
+    around = outputs.formatter.render_frame()  # type: ignore[union-attr]  # `render` is its
+    return None if around is None else writer.logprobs_frame(*around)
+
+
 async def send_stream(send: Send, prompts: list[list[OutputProcessor]], model: str, wakeup: Wakeup | None,
                       cycle: HttpCycle | None = None) -> None:
     """SSE events as the outputs arrive: `prompts`, each prompt's choices (with several, their events
@@ -245,7 +256,7 @@ async def _send_one_stream(send: Send, outputs: OutputProcessor, model: str, cyc
     plain = not continuous and options.stream_interval == 1  # a text piece is one writer.text()
     text = (writer.text if render is None else _with_logprobs(writer, outputs, render)) if plain else None
     direct = (DirectStream(HttpOutlet(cycle), outputs, lambda pieces: _events(writer, outputs, pieces, render), text,
-                           writer.text_frame() if plain and render is None else None)
+                           _frame(writer, outputs, render) if plain else None)
               if cycle is not None else None)
     stream = outputs.stream
     started = False

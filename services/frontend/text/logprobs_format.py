@@ -40,6 +40,7 @@ def _byte_numbers(lps: Sequence[float]) -> list[bytes]:
     return text[1:-1].split(b",")
 
 
+_CHAT_OPEN, _CHAT_CLOSE = b'{"content":[', b"]}"  # a chat choice's logprobs object around its entries
 Entry = Any  # chat: the entry's JSON; completions: (token JSON, logprob, top dict JSON, offset); all UTF-8
 # (token-out: its JSON text)
 _TEMPLATES: dict[int, bytes] = {}  # per count of alternatives, a chat entry's JSON around its 3 * (1 + top) parts
@@ -134,6 +135,20 @@ class LogprobsFormatter:
         self._offset = 0  # completions' text_offset of the next token
         self._table = _table(strings, as_token_ids)
         self._template = _template(top)  # a chat entry's, with all `top` alternatives
+
+    def native_cells(self) -> tuple[list[bytes | None], list[bytes | None], set[int]] | None:
+        """What the C step (generation/_plainc.c) makes a chat entry from, as _chat_one does: the table's
+        heads and tails (the lists themselves: grown in place, never replaced) and its ids that end inside a
+        character; None for completions' rows and token-out entries, which it does not make."""
+        if not self._chat or self._token_out:
+            return None
+        table = self._table
+        return table.heads, table.tails, table.partial
+
+    def context_free(self) -> bool:
+        """No generated token before the next ends inside a character (vLLM's correction context empty):
+        the next entry depends on nothing before it."""
+        return not self._context
 
     # ---- entries ----
 
@@ -352,12 +367,17 @@ class LogprobsFormatter:
 
     # ---- JSON ----
 
+    def render_frame(self) -> tuple[bytes, bytes] | None:
+        """What render() puts before and after its entries (commas between) where it does only that (chat
+        entries, not token-out's); None for the others."""
+        return (_CHAT_OPEN, _CHAT_CLOSE) if self._chat and not self._token_out else None
+
     def render(self, entries: Sequence[Entry]) -> bytes:
         """The `logprobs` object of a choice (or a chunk's choice) holding these entries, as UTF-8."""
         if self._token_out:
             return ('{"content":[' + ",".join(entries) + "]}").encode()
         if self._chat:
-            return b"".join((b'{"content":[', b",".join(entries), b"]}"))
+            return b"".join((_CHAT_OPEN, b",".join(entries), _CHAT_CLOSE))
         return b"".join((b'{"text_offset":[', b",".join([e[3] for e in entries]), b'],"token_logprobs":[',
                          b",".join([e[1] for e in entries]), b'],"tokens":[', b",".join([e[0] for e in entries]),
                          b'],"top_logprobs":[', b",".join([e[2] for e in entries]), b"]}"))

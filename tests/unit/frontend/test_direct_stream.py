@@ -662,3 +662,49 @@ def test_a_plain_step_and_the_finish_in_one_pass_keep_their_order_when_the_write
 
     contents = [e.split('"content":', 1)[1].split('}', 1)[0] for e in _events(asyncio.run(run())) if '"content":' in e]
     assert contents == ['""', '"Hello"', '" world"', '","']
+
+
+def test_a_logprobs_stream_goes_back_to_its_c_step_after_a_split_character(model: Model, step: str) -> None:
+    """Chat with top-2 logprobs: the C step makes the entries of tokens whose cells are made; a character
+    split over tokens is the Python step's (an entry that depends on the token before it), and after it
+    the C step takes the stream again, the bytes the ASGI path's throughout."""
+    split = model.tokenizer.encode("𓀀", add_special_tokens=False).ids
+    ids = [HELLO, COMMA, HELLO, COMMA, *split, HELLO, COMMA, HELLO, WORLD]
+
+    async def run(direct: bool) -> tuple[bytes, list[str]]:
+        request = EngineRequest(GenerateRequest("r1", [1, 2, 3], SamplingParams(max_tokens=20), time.time()), 20,
+                                OutputOptions(chat=True, stream=True, include_usage=True, continuous_usage=False,
+                                              stop=(), include_stop_str_in_output=False, skip_special_tokens=True,
+                                              tool_choice="none", response_id="chatcmpl-1", logprobs=2))
+        stream = InFlight("r1", 3, 20)
+        outputs = OutputProcessor(stream, request, tokenizer=model.tokenizer, engines=_Engines(),
+                                  metrics=Metrics("tiny"))
+        cycle, transport = _cycle()
+        task = asyncio.ensure_future(send_stream(cycle.send, [[outputs]], "tiny", None, cycle if direct else None))
+        takers = []
+        for i, tid in enumerate(ids):
+            frame = pack([tid, HELLO, COMMA], [-0.25, -1e-07, -3.5], [2])
+            out = RequestOutput("r1", [tid], "length" if i == len(ids) - 1 else None,
+                                packed_logprobs=PackedLogprobs(0, 0, 1, 2))
+            takers.append(type(stream.plain).__name__)
+            _offer(stream, out, [frame])
+            end_of_pass()
+            if direct and out.finish_reason is None:
+                await _attached(stream)
+            else:
+                for _ in range(5):
+                    await asyncio.sleep(0)
+        await task
+        body, complete = _body(bytes(transport.data))
+        assert complete
+        return body, takers
+
+    direct, takers = asyncio.run(run(True))
+    asgi, _ = asyncio.run(run(False))
+    assert _events(direct) == _events(asgi)
+    n = len(split)
+    if step == "c":  # the first token is process()'s; the split's bytes and the token after them Python's
+        assert takers[2:4] == ["PlainStep"] * 2 and takers[-3:] == ["PlainStep"] * 3
+        assert "method" in takers[4:5 + n]
+    else:
+        assert set(takers[1:]) == {"method"}

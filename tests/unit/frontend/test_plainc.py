@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from protocol import GenerateRequest, RequestOutput, SamplingParams
+from protocol import GenerateRequest, PackedLogprobs, ProtocolError, RequestOutput, SamplingParams
+from protocol.logprobs import pack
 from services.frontend.engine_client import engines
 from services.frontend.engine_client.inflight import InFlight
 from services.frontend.generation import output
@@ -21,7 +22,7 @@ from services.frontend.http_api.openai_bodies import ChunkWriter
 from services.frontend.model import Model
 from services.frontend.requests.engine_request import EngineRequest, OutputOptions
 
-HELLO = 9707
+HELLO, COMMA = 9707, 11  # "Hello", ","
 
 needs_c = pytest.mark.skipif(output.PlainStep is None, reason="the C plain step is not built here")
 
@@ -46,7 +47,7 @@ class Pair:
         self.c, self.metrics_c = self._processor(model, chat, skip, prompt)
         self.writer = ChunkWriter("chatcmpl-1", "tiny", chat=chat)
         self.c._last = self.ref._last  # the first token's time, read apart
-        native = self.c.native_step(*self.writer.text_frame())
+        native = self.c.native_step(self.writer.text_frame())
         assert native is not None
         self.native = native
         assert self.c.native_load(native)
@@ -252,3 +253,181 @@ def test_chunks_sent_on_the_socket_keep_their_order_past_a_full_kernel_buffer(lo
     data, accepted, refused = uvloop.run(run()) if loop == "uvloop" else asyncio.run(run())
     assert data == b"".join(b"%x\r\n%b\r\n" % (len(b), b) for b in accepted)
     assert len(accepted) + len(refused) == 20
+
+
+# ---- with logprobs (a chat completion's top_logprobs) ----
+
+
+class LogprobsPair:
+    """Two chat processors with `top` alternatives per token: `ref` steps in Python, `c` lends its state
+    to a C step that makes each step's entry too. The C step goes first each time, so an id seen for the
+    first time meets cells not made yet (declined: the stream's Python step makes them, as the direct
+    stream's _native_other)."""
+
+    def __init__(self, model: Model, top: int, *, as_ids: bool = False) -> None:
+        self.ref, self.metrics_ref = self._processor(model, top, as_ids)
+        self.c, self.metrics_c = self._processor(model, top, as_ids)
+        self.writer = ChunkWriter("chatcmpl-1", "tiny", chat=True)
+        self.c._last = self.ref._last
+        around = self.c.formatter.render_frame()  # type: ignore[union-attr]
+        assert around is not None
+        native = self.c.native_step(self.writer.logprobs_frame(*around))
+        assert native is not None
+        self.native = native
+        self.lent = self.c.native_load(native)
+        self.made = self.declined = 0
+
+    @staticmethod
+    def _processor(model: Model, top: int, as_ids: bool) -> tuple[OutputProcessor, Metrics]:
+        request = EngineRequest(GenerateRequest("r1", [1, 2, 3], SamplingParams(max_tokens=1 << 20), time.time()),
+                                1 << 20, OutputOptions(chat=True, stream=True, include_usage=False,
+                                                       continuous_usage=False, stop=(),
+                                                       include_stop_str_in_output=False, skip_special_tokens=True,
+                                                       tool_choice="none", response_id="chatcmpl-1", logprobs=top,
+                                                       return_tokens_as_token_ids=as_ids))
+        stream = InFlight("r1", 3, 1 << 20)
+        metrics = Metrics("tiny")
+        processor = OutputProcessor(stream, request, tokenizer=model.tokenizer, engines=None,  # type: ignore[arg-type]
+                                    metrics=metrics)
+        frame = pack([HELLO] * (top + 1), [-0.5] * (top + 1), [1])
+        stream.feed(RequestOutput("r1", [HELLO], None, packed_logprobs=PackedLogprobs(0, 0, 1, top)), [frame])
+        processor.take_pieces()
+        return processor, metrics
+
+    def _python(self, processor: OutputProcessor, out: RequestOutput, frames: list[bytes], now: float) -> bytes | None:
+        text = processor.plain_step(out, frames, now)
+        if text is None:
+            return None
+        if not text:
+            return b""
+        render = processor.formatter.render  # type: ignore[union-attr]
+        return self.writer.text(text, None, render(processor.logprobs[0]) if processor.logprobs[0] else None)
+
+    def step(self, tid: int, now: float, frame: bytes, ref: PackedLogprobs) -> bytes | None:
+        """One token both ways: the C step's chunk, or the Python step's after the C step declined (None when
+        the Python step takes no plain step either: not such an output); the two must be the same bytes."""
+        out = RequestOutput("r1", [tid], None, packed_logprobs=ref)
+        frames = [frame]
+        chunk = None
+        if self.lent:
+            before = self.native.state()
+            chunk = self.native.step(tid, now, ref, frames)
+            if chunk is None:
+                assert self.native.state() == before  # declined: nothing done
+                self.declined += 1
+                self.c.native_store(self.native)
+                self.lent = False
+            else:
+                self.made += 1
+        try:
+            expected = self._python(self.ref, out, frames, now)
+        except ProtocolError:
+            assert chunk is None
+            with pytest.raises(ProtocolError):
+                self._python(self.c, out, frames, now)
+            return None
+        if chunk is None:
+            chunk = self._python(self.c, out, frames, now)
+            self.lent = self.c.native_load(self.native)
+        assert chunk == expected, (tid, chunk, expected)
+        return chunk
+
+    def check_state(self) -> None:
+        if self.lent:
+            self.c.native_store(self.native)
+            self.lent = False
+        ref, c = self.ref, self.c
+        assert (c.completion_tokens, c._last) == (ref.completion_tokens, ref._last)
+        assert c._detok.byte_stream.held() == ref._detok.byte_stream.held()  # type: ignore[union-attr]
+        assert c._pending == ref._pending
+        assert c.formatter._context == ref.formatter._context  # type: ignore[union-attr]
+        assert self.metrics_c.itl.counts == self.metrics_ref.itl.counts
+
+
+_LOGPROBS = [-0.0, 0.0, -1e-7, -1.5e-5, -0.0001, -1e-5, -0.6931471824645996, -3.25, -17.0, -123.456, -9998.5,
+             -1e-30, -1e-45, 1e-3, 5.0]
+_FLOORED = [-9999.0, -10000.0, -1e30, float("-inf"), float("nan"), float("inf")]
+
+
+@needs_c
+@pytest.mark.parametrize(("top", "seed", "as_ids"), [(5, 0, False), (5, 1, False), (0, 2, False), (1, 3, False),
+                                                      (20, 4, False), (25, 5, False), (5, 6, True)])
+def test_logprobs_steps_as_the_python_step(model: Model, top: int, seed: int, as_ids: bool) -> None:
+    """Random steps: common ids, ids seen for the first time, bytes that end inside a character (held
+    entries; ids whose string depends on the next: the context), added tokens, every logprob magnitude and
+    those to floor, a row whose k or positions differ, negative ids, frames too short, offsets."""
+    pair = LogprobsPair(model, top, as_ids=as_ids)
+    rng = random.Random(seed)
+    pieces = pair.c._detok.byte_stream.pieces  # type: ignore[union-attr]
+    byte = list(_byte_tokens(model).values())
+    common = [rng.randrange(len(pieces)) for _ in range(40)]
+    added = [tid for tid, p in enumerate(pieces) if p is None]
+    now = 100.0
+    for i in range(2500):
+        now += rng.choice([0.0, 0.003, 0.02, 0.3])
+        kind = rng.random()
+        tid = (rng.choice(common) if kind < 0.5 else rng.choice(byte) if kind < 0.8
+               else rng.randrange(len(pieces)) if kind < 0.95 else rng.choice(added))
+        alts = [rng.choice(common) if rng.random() < 0.97 else rng.randrange(len(pieces) + 50) for _ in range(top)]
+        if rng.random() < 0.1 and alts:
+            alts[rng.randrange(top)] = tid  # the token among its alternatives
+        lps = [rng.choice(_LOGPROBS) if rng.random() < 0.2 else -rng.random() * 10 ** rng.randrange(-8, 4)
+               for _ in range(top + 1)]
+        ref = PackedLogprobs(0, 0, 1, top)
+        odd = rng.random()
+        if odd < 0.02:
+            lps[rng.randrange(top + 1)] = rng.choice(_FLOORED)
+        frame = pack([tid, *alts], lps, [rng.randrange(1, 9)])
+        if 0.02 <= odd < 0.03:
+            frame = frame[:-4]  # too short
+        elif 0.03 <= odd < 0.04:
+            alts[0:1] = [-3] if alts else []  # a negative id
+            frame = pack([tid, *alts] if alts else [-3], lps, [1])
+        elif 0.04 <= odd < 0.05:
+            frame, ref = b"\0" * 8 + frame, PackedLogprobs(0, 8, 1, top)  # at an offset
+        elif 0.05 <= odd < 0.06 and top:
+            ref = PackedLogprobs(0, 0, 1, top - 1)  # fewer alternatives than asked: _chat_rows'
+            frame = pack([tid, *alts[:-1]], lps[:-1], [1])
+        elif 0.06 <= odd < 0.07:
+            ref = PackedLogprobs(1, 0, 1, top)  # a frame the message does not have
+        pair.step(tid, now, frame, ref)
+        if i % 500 == 499:
+            pair.check_state()
+            pair.lent = pair.c.native_load(pair.native)
+    pair.check_state()
+    assert pair.made > 500 and pair.declined > 100  # both ways taken, often
+
+
+@needs_c
+def test_logprobs_entries_held_for_the_next_text_go_out_with_it(model: Model) -> None:
+    """A character split into bytes: no text till it is whole, so its bytes' entries are held; those
+    steps are the Python step's (an id whose text alone ends inside a character is in the table's
+    `partial`), and the held entries, handed to the C step when it takes the stream again, go out in the
+    chunk of the next text, before its own entry."""
+    pair = LogprobsPair(model, 2)
+    byte = _byte_tokens(model)
+    now = 5.0
+
+    def step(tid: int) -> bytes | None:
+        nonlocal now
+        now += 0.02
+        return pair.step(tid, now, pack([tid, HELLO, COMMA], [-0.1, -0.2, -0.3], [1]), PackedLogprobs(0, 0, 1, 2))
+
+    for tid in [HELLO, COMMA, COMMA]:  # the cells made, then made in C
+        step(tid)
+    made = pair.made
+    chunks = [step(byte[b]) for b in "😀é".encode()]
+    assert chunks[0] == b"" and chunks[3].count(b'"token":') == 4 * 3  # 😀's four bytes' entries, 3 cells each
+    assert pair.made == made  # each byte's id ends inside a character
+    assert not pair.lent  # é's last byte alone ends inside a character: the next entry depends on it
+    step(HELLO)  # the Python step's, after which nothing before matters
+    made = pair.made
+    # Entries held as the C step takes the stream (a held byte's, say): its next chunk carries them first.
+    pair.check_state()
+    held = [b'{"token":"x","logprob":-1.0,"bytes":[120],"top_logprobs":[]}']
+    pair.ref._pending, pair.c._pending = list(held), list(held)
+    assert pair.c.native_load(pair.native)
+    pair.lent = True
+    chunk = step(HELLO)
+    assert pair.made == made + 1 and chunk is not None and b'"content":[' + held[0] + b',{"token":"Hello"' in chunk
+    pair.check_state()
