@@ -332,6 +332,9 @@ def measure(targets: list[Target], args: argparse.Namespace) -> None:
     events: dict[Key, list[float]] = {(t.label, n, m, k): [] for t, n, m, k in keys}
     threads: dict[Key, dict[str, float]] = {(t.label, n, m, k): {} for t, n, m, k in keys}
     latency: dict[Key, dict[str, list[float]]] = {(t.label, n, m, k): {"ttft": [], "gap": []} for t, n, m, k in keys}
+    # Each round's TTFT p50 (ms): a round's first tokens come together, and rounds fall into modes on a
+    # loaded host, which the all-rounds percentiles hide.
+    round_ttft: dict[Key, list[float]] = {(t.label, n, m, k): [] for t, n, m, k in keys}
     for _ in range(args.repeat):
         for target, streams, tokens, kind in keys:  # interleaved, so every case sees the same machine
             key = (target.label, streams, tokens, kind)
@@ -344,6 +347,8 @@ def measure(targets: list[Target], args: argparse.Namespace) -> None:
             events[key].append(e / n)
             for name, values in LATENCY.items():
                 latency[key][name] += values
+            if LATENCY["ttft"]:
+                round_ttft[key].append(_pct(LATENCY["ttft"], 50))
             for name, seconds in thread_cpu(target.pid).items():
                 spent = seconds - threads0.get(name, 0.0)
                 threads[key][name] = threads[key].get(name, 0.0) + spent / n * 1e6 / args.repeat
@@ -367,7 +372,8 @@ def measure(targets: list[Target], args: argparse.Namespace) -> None:
         if lat["ttft"] and lat["gap"]:
             ttft, gap = lat["ttft"], lat["gap"]
             print(f"    client-side, all runs: TTFT p50 {_pct(ttft, 50):.1f} ms, p99 {_pct(ttft, 99):.1f} ms; "
-                  f"gap between events p50 {_pct(gap, 50):.1f} ms, p99 {_pct(gap, 99):.1f} ms")
+                  f"gap between events p50 {_pct(gap, 50):.1f} ms, p99 {_pct(gap, 99):.1f} ms; "
+                  f"TTFT p50 by round: {', '.join(f'{x:.0f}' for x in round_ttft[key])} ms")
         if args.threads and not target.reference:
             print("    by thread, us per token (mean of the runs): "
                   + ", ".join(f"{name} {us:.1f}" for name, us in sorted(threads[key].items(), key=lambda i: -i[1])))

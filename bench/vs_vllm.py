@@ -9,8 +9,11 @@ vLLM runs as in production: its API server and EngineCore in separate processes.
 process's CPU clock (the utime + stime of /proc/<pid>/stat, in ns rather than 10 ms ticks). Before the
 rounds both must list the same model, context length and KV blocks; each round starts once both servers'
 processes are quiet.
+`--top-logprobs K` asks every stream for logprobs with K alternatives a token (each server's streams are
+checked to carry an entry per token, with K alternatives each).
 Usage: python bench/vs_vllm.py [--concurrency 16,64] [--tokens 32] [--repeat 3] [--max-model-len 1024]
                                [--kv-cache-bytes 67108864] [--max-num-seqs 256] [--idle-s 10]
+                               [--top-logprobs 5]
 """
 from __future__ import annotations
 
@@ -51,6 +54,8 @@ class StreamTimes:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     done: bool = False
+    entries: int = 0  # logprobs entries seen
+    alternatives: set[int] = field(default_factory=set)  # their top_logprobs' lengths
 
     def feed(self, at: float, line: bytes) -> None:
         """One SSE line, received at `at`. Events without text (the role chunk, the finish chunk, usage)
@@ -68,6 +73,9 @@ class StreamTimes:
         if usage:
             self.prompt_tokens, self.completion_tokens = usage["prompt_tokens"], usage["completion_tokens"]
         for choice in chunk.get("choices") or ():
+            content = (choice.get("logprobs") or {}).get("content") or ()
+            self.entries += len(content)
+            self.alternatives.update(len(entry.get("top_logprobs") or ()) for entry in content)
             delta = choice.get("delta") or {}
             piece = delta.get("content") or delta.get("reasoning") or delta.get("reasoning_content")
             if piece:
@@ -289,10 +297,15 @@ async def _stream(session: aiohttp.ClientSession, url: str, body: bytes) -> Stre
     return times
 
 
+TOP_LOGPROBS: int | None = None  # --top-logprobs
+
+
 async def _round(base: str, streams: int, tokens: int) -> tuple[list[StreamTimes], float]:
-    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": tokens,
-                       "temperature": 0, "ignore_eos": True, "stream": True,
-                       "stream_options": {"include_usage": True}}).encode()
+    request = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": tokens,
+               "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    if TOP_LOGPROBS is not None:
+        request.update(logprobs=True, top_logprobs=TOP_LOGPROBS)
+    body = json.dumps(request).encode()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                      timeout=aiohttp.ClientTimeout(total=600)) as session:
         t0 = time.perf_counter()
@@ -360,6 +373,10 @@ def warm_up(servers: list[Server], tokens: int) -> None:
     for s in servers:
         done, _ = asyncio.run(_round(s.base, 4, tokens))
         first[s.name] = (done[0].prompt_tokens, "".join(done[0].pieces))
+        if TOP_LOGPROBS is not None and (done[0].entries != done[0].completion_tokens
+                                         or done[0].alternatives != {TOP_LOGPROBS}):
+            raise RuntimeError(f"{s.name}: {done[0].entries} logprobs entries for {done[0].completion_tokens} "
+                               f"tokens, top_logprobs of {sorted(done[0].alternatives)}")
     if len({p for p, _ in first.values()}) != 1:
         raise RuntimeError(f"prompt tokens differ: { {k: p for k, (p, _) in first.items()} }")
     same = len({text for _, text in first.values()}) == 1
@@ -378,10 +395,14 @@ def main() -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=8192, help="our engine's default")
     p.add_argument("--idle-s", type=float, default=10.0, help="seconds of idle CPU measured, no load")
     p.add_argument("--start-timeout", type=float, default=600.0)
+    p.add_argument("--top-logprobs", type=int, default=None, help="logprobs with this many alternatives a token")
     args = p.parse_args()
+    global TOP_LOGPROBS
+    TOP_LOGPROBS = args.top_logprobs
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
-    if not levels or min(levels) < 1 or args.tokens < 2 or args.repeat < 1:
-        p.error("--concurrency: positive integers; --tokens >= 2 (an ITL needs two tokens); --repeat >= 1")
+    if not levels or min(levels) < 1 or args.tokens < 2 or args.repeat < 1 or (args.top_logprobs or 0) < 0:
+        p.error("--concurrency: positive integers; --tokens >= 2 (an ITL needs two tokens); --repeat >= 1; "
+                "--top-logprobs >= 0")
     # SIGTERM as Ctrl-C: unwind through the finally below, which stops every process started.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     logs = Path(tempfile.mkdtemp(prefix="vs-vllm-"))
@@ -421,7 +442,9 @@ def main() -> None:
 def report(servers: list[Server], levels: list[int], runs: dict[tuple[str, int], Runs],
            idle: dict[str, float], args: argparse.Namespace) -> None:
     med = statistics.median
-    print(f"\n{args.tokens} tokens per stream, temperature 0, ignore_eos; one vLLM engine each (CPU, tiny model, "
+    print(f"\n{args.tokens} tokens per stream, temperature 0, ignore_eos"
+          + ("" if args.top_logprobs is None else f", top_logprobs {args.top_logprobs}")
+          + "; one vLLM engine each (CPU, tiny model, "
           f"max-model-len {args.max_model_len}, max-num-seqs {args.max_num_seqs}, KV {args.kv_cache_bytes} bytes); "
           f"medians of {args.repeat} interleaved rounds; {os.cpu_count()} cores")
     print("idle CPU of the HTTP server process (no load, "

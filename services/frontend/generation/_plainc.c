@@ -500,7 +500,7 @@ done:
 
 /* The step of token `tid` at `now`: its chunk (b"" when it completes no character), None (a new
  * reference) for an added token or an id that is not an int (nothing done), NULL on an error. With
- * logprobs, `entry` is the token's (made_entry()): held for the next text when it has none, else the
+ * logprobs, `entry` is the token's (make_entry()): held for the next text when it has none, else the
  * chunk carries it after those held. */
 static PyObject *
 step_token(PlainStep *self, PyObject *tid, double now, PyObject *entry)
