@@ -198,11 +198,28 @@ async def _play(stream: InFlight, outs: list[RequestOutput], *, direct: bool) ->
     """Each output in a pass of its own, the response task let run between them (attached again, when direct)."""
     for out in outs:
         _feed(stream, out)
-        if direct and out.finish_reason is None:
-            await _attached(stream)
-        else:
-            for _ in range(5):
-                await asyncio.sleep(0)
+        await _settle(stream, out, direct=direct)
+
+
+async def _settle(stream: InFlight, out: RequestOutput, *, direct: bool) -> None:
+    """The response task let run after a pass that carried `out` (the direct stream attached again, when direct
+    and not finished)."""
+    if direct and out.finish_reason is None:
+        await _attached(stream)
+    else:
+        for _ in range(5):
+            await asyncio.sleep(0)
+
+
+def _with_logprobs(model: Model, *, chat: bool, tokens: int) -> tuple[OutputProcessor, InFlight]:
+    """A stream's processor with top-2 logprobs."""
+    request = EngineRequest(GenerateRequest("r1", [1, 2, 3], SamplingParams(max_tokens=tokens), time.time()), tokens,
+                            OutputOptions(chat=chat, stream=True, include_usage=True, continuous_usage=False,
+                                          stop=(), include_stop_str_in_output=False, skip_special_tokens=True,
+                                          tool_choice="none", response_id="chatcmpl-1", logprobs=2))
+    stream = InFlight("r1", 3, tokens)
+    outputs = OutputProcessor(stream, request, tokenizer=model.tokenizer, engines=_Engines(), metrics=Metrics("tiny"))
+    return outputs, stream
 
 
 def test_the_bytes_are_the_asgi_paths_and_the_middle_tokens_skip_the_send(model: Model) -> None:
@@ -538,13 +555,7 @@ def test_a_logprobs_stream_takes_the_plain_path_with_the_asgi_path_s_bytes(model
         return RequestOutput("r1", [tid], finish, packed_logprobs=PackedLogprobs(0, 0, 1, 2)), [frame]
 
     async def run(direct: bool) -> tuple[bytes, int]:
-        request = EngineRequest(GenerateRequest("r1", [1, 2, 3], SamplingParams(max_tokens=9), time.time()), 9,
-                                OutputOptions(chat=chat, stream=True, include_usage=True, continuous_usage=False,
-                                              stop=(), include_stop_str_in_output=False, skip_special_tokens=True,
-                                              tool_choice="none", response_id="chatcmpl-1", logprobs=2))
-        stream = InFlight("r1", 3, 9)
-        outputs = OutputProcessor(stream, request, tokenizer=model.tokenizer, engines=_Engines(),
-                                  metrics=Metrics("tiny"))
+        outputs, stream = _with_logprobs(model, chat=chat, tokens=9)
         processed: list[int] = []
         process, plain_text = OutputProcessor.process, OutputProcessor.plain_text
         monkeypatch.setattr(OutputProcessor, "process",
@@ -557,11 +568,7 @@ def test_a_logprobs_stream_takes_the_plain_path_with_the_asgi_path_s_bytes(model
             out, frames = output(tid, "length" if i == len(ids) - 1 else None)
             _offer(stream, out, frames)
             end_of_pass()
-            if direct and out.finish_reason is None:
-                await _attached(stream)
-            else:
-                for _ in range(5):
-                    await asyncio.sleep(0)
+            await _settle(stream, out, direct=direct)
         await task
         body, complete = _body(bytes(transport.data))
         assert complete
@@ -672,13 +679,7 @@ def test_a_logprobs_stream_goes_back_to_its_c_step_after_a_split_character(model
     ids = [HELLO, COMMA, HELLO, COMMA, *split, HELLO, COMMA, HELLO, WORLD]
 
     async def run(direct: bool) -> tuple[bytes, list[str]]:
-        request = EngineRequest(GenerateRequest("r1", [1, 2, 3], SamplingParams(max_tokens=20), time.time()), 20,
-                                OutputOptions(chat=True, stream=True, include_usage=True, continuous_usage=False,
-                                              stop=(), include_stop_str_in_output=False, skip_special_tokens=True,
-                                              tool_choice="none", response_id="chatcmpl-1", logprobs=2))
-        stream = InFlight("r1", 3, 20)
-        outputs = OutputProcessor(stream, request, tokenizer=model.tokenizer, engines=_Engines(),
-                                  metrics=Metrics("tiny"))
+        outputs, stream = _with_logprobs(model, chat=True, tokens=20)
         cycle, transport = _cycle()
         task = asyncio.ensure_future(send_stream(cycle.send, [[outputs]], "tiny", None, cycle if direct else None))
         takers = []
@@ -689,11 +690,7 @@ def test_a_logprobs_stream_goes_back_to_its_c_step_after_a_split_character(model
             takers.append(type(stream.plain).__name__)
             _offer(stream, out, [frame])
             end_of_pass()
-            if direct and out.finish_reason is None:
-                await _attached(stream)
-            else:
-                for _ in range(5):
-                    await asyncio.sleep(0)
+            await _settle(stream, out, direct=direct)
         await task
         body, complete = _body(bytes(transport.data))
         assert complete
