@@ -111,9 +111,12 @@ async def run(config: RouterConfig, *, header_timeout_s: float = DEFAULT_HEADER_
     gc.freeze()
     gc.set_threshold(_GC_YOUNG, *gc.get_threshold()[1:])
     http = uvicorn_protocol(header_timeout_s, max_connections)  # httptools, with both bounds (listeners/connections.py)
+    # proxy_headers off: nothing here reads the client's address or scheme from the scope, so uvicorn's
+    # X-Forwarded-* middleware would be a layer of work per request for no reader (the frontend's likewise).
     servers = [uvicorn.Server(uvicorn.Config(app, host=listener.host, port=listener.port, http=http,
                                              loop="none", lifespan="off", access_log=False, log_config=None,
-                                             timeout_keep_alive=75, timeout_graceful_shutdown=5, backlog=2048))
+                                             proxy_headers=False, timeout_keep_alive=75,
+                                             timeout_graceful_shutdown=5, backlog=2048))
                for listener in config.listeners]
     feeds = KvFeeds(config, pools)  # precise_prefix pools' KV event streams
     checker.on_replaced = feeds.sync
