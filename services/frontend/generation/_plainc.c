@@ -692,6 +692,23 @@ PlainStep_queue(PlainStep *self, PyObject *body)
     Py_RETURN_NONE;
 }
 
+/* The error set now, taken as its exception object (a new reference, its traceback on it) when it is an
+ * Exception; NULL, the error left set, for the others (KeyboardInterrupt and the like go on up). */
+static PyObject *
+take_exception(void)
+{
+    if (!PyErr_ExceptionMatches(PyExc_Exception))
+        return NULL;
+    PyObject *type, *exc, *tb;
+    PyErr_Fetch(&type, &exc, &tb);
+    PyErr_NormalizeException(&type, &exc, &tb);
+    if (tb != NULL)
+        PyException_SetTraceback(exc, tb);
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+    return exc;
+}
+
 /* InFlight.plain: (out, raw_frames, now) -> bool. A step of one token and no finish is made here and
  * queued on the owner; anything else (and an added token) is the owner's _native_other(out, raw_frames,
  * now); an error in the step is handed to the owner's _native_failed(exc), which fails that stream. */
@@ -713,26 +730,21 @@ plain_call(PlainStep *self, PyObject *out, PyObject *raw_frames, PyObject *now_o
     }
     int one = finish == Py_None && PyList_Check(ids) && PyList_GET_SIZE(ids) == 1;
     Py_DECREF(finish);
-    if (one && self->heads != NULL) {  /* logprobs: the token's packed row, and no prompt's */
-        PyObject *packed = PyObject_GetAttr(out, S_packed_logprobs);
-        PyObject *prompt = packed == NULL ? NULL : PyObject_GetAttr(out, S_packed_prompt_logprobs);
-        if (prompt == NULL) {
+    if (one) {
+        double now = PyFloat_AsDouble(now_obj);
+        if (now == -1.0 && PyErr_Occurred())
+            body = NULL;
+        else if (self->heads == NULL)
+            body = step_token(self, PyList_GET_ITEM(ids, 0), now, NULL);
+        else {  /* logprobs: the token's packed row, and no prompt's (else declined: the Python step's) */
+            PyObject *packed = PyObject_GetAttr(out, S_packed_logprobs);
+            PyObject *prompt = packed == NULL ? NULL : PyObject_GetAttr(out, S_packed_prompt_logprobs);
+            if (prompt != NULL)
+                body = step_logprobs(self, PyList_GET_ITEM(ids, 0), now, prompt == Py_None ? packed : Py_None,
+                                     raw_frames);
+            Py_XDECREF(prompt);
             Py_XDECREF(packed);
-            Py_DECREF(ids);
-            goto failed;
         }
-        if (prompt != Py_None) {
-            Py_SETREF(packed, Py_NewRef(Py_None));  /* declined: the Python step's */
-        }
-        Py_DECREF(prompt);
-        double now = PyFloat_AsDouble(now_obj);
-        body = now == -1.0 && PyErr_Occurred() ? NULL
-                                               : step_logprobs(self, PyList_GET_ITEM(ids, 0), now, packed, raw_frames);
-        Py_DECREF(packed);
-    }
-    else if (one) {
-        double now = PyFloat_AsDouble(now_obj);
-        body = now == -1.0 && PyErr_Occurred() ? NULL : step_token(self, PyList_GET_ITEM(ids, 0), now, NULL);
     }
     Py_DECREF(ids);
     if (one && body == NULL)
@@ -763,15 +775,9 @@ plain_call(PlainStep *self, PyObject *out, PyObject *raw_frames, PyObject *now_o
 
 failed:
     Py_XDECREF(body);
-    if (!PyErr_ExceptionMatches(PyExc_Exception))
+    PyObject *exc = take_exception();
+    if (exc == NULL)
         return NULL;  /* KeyboardInterrupt and the like go on up */
-    PyObject *type, *exc, *tb;
-    PyErr_Fetch(&type, &exc, &tb);
-    PyErr_NormalizeException(&type, &exc, &tb);
-    if (tb != NULL)
-        PyException_SetTraceback(exc, tb);
-    Py_XDECREF(type);
-    Py_XDECREF(tb);
     PyObject *owner = Py_NewRef(self->owner);
     PyObject *args[] = {owner, exc};
     PyObject *r = PyObject_VectorcallMethod(S_native_failed, args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
@@ -885,26 +891,56 @@ put_outlet(PyObject *stream, PyObject *body)
     return rc;
 }
 
-/* transport.write(body as one HTTP/1.1 chunk): the size in hex, CRLF, the body, CRLF. */
-static int
-write_chunk(PyObject *write, PyObject *body)
+/* `body` as one HTTP/1.1 chunk, in three pieces: the size in hex and CRLF (written into `head`, 24 bytes),
+ * the body as it is, CRLF. The chunk's length. */
+static Py_ssize_t
+frame_chunk(PyObject *body, char *head, struct iovec *iov)
 {
     Py_ssize_t n = PyBytes_GET_SIZE(body);
-    char head[24];
-    int hn = snprintf(head, sizeof(head), "%zx\r\n", (size_t)n);
-    PyObject *framed = PyBytes_FromStringAndSize(NULL, hn + n + 2);
-    if (framed == NULL)
+    int hn = snprintf(head, 24, "%zx\r\n", (size_t)n);
+    iov[0].iov_base = head;
+    iov[0].iov_len = (size_t)hn;
+    iov[1].iov_base = PyBytes_AS_STRING(body);
+    iov[1].iov_len = (size_t)n;
+    iov[2].iov_base = (char *)"\r\n";
+    iov[2].iov_len = 2;
+    return hn + n + 2;
+}
+
+/* write(the framed chunk's bytes from `sent` on): one bytes object across the three pieces. 1 or -1. */
+static int
+write_rest(PyObject *write, const struct iovec *iov, Py_ssize_t total, Py_ssize_t sent)
+{
+    PyObject *rest = PyBytes_FromStringAndSize(NULL, total - sent);
+    if (rest == NULL)
         return -1;
-    char *out = PyBytes_AS_STRING(framed);
-    memcpy(out, head, (size_t)hn);
-    memcpy(out + hn, PyBytes_AS_STRING(body), (size_t)n);
-    memcpy(out + hn + n, "\r\n", 2);
-    PyObject *r = PyObject_CallOneArg(write, framed);
-    Py_DECREF(framed);
+    char *out = PyBytes_AS_STRING(rest);
+    Py_ssize_t at = 0;
+    for (int i = 0; i < 3; i++) {
+        Py_ssize_t len = (Py_ssize_t)iov[i].iov_len;
+        if (at + len > sent) {
+            Py_ssize_t from = sent > at ? sent - at : 0;
+            memcpy(out, (char *)iov[i].iov_base + from, (size_t)(len - from));
+            out += len - from;
+        }
+        at += len;
+    }
+    PyObject *r = PyObject_CallOneArg(write, rest);
+    Py_DECREF(rest);
     if (r == NULL)
         return -1;
     Py_DECREF(r);
     return 1;
+}
+
+/* transport.write(body as one HTTP/1.1 chunk). 1 or -1. */
+static int
+write_chunk(PyObject *write, PyObject *body)
+{
+    char head[24];
+    struct iovec iov[3];
+    Py_ssize_t total = frame_chunk(body, head, iov);
+    return write_rest(write, iov, total, 0);
 }
 
 /* HttpOutlet.put(body) on its cycle: 1 written, 0 refused (the flow paused, the client gone), -1 an error. */
@@ -952,17 +988,13 @@ done:
 static int
 send_chunk(PlainStep *step, PyObject *body)
 {
-    Py_ssize_t n = PyBytes_GET_SIZE(body);
     char head[24];
-    int hn = snprintf(head, sizeof(head), "%zx\r\n", (size_t)n);
-    struct iovec iov[3] = {
-        {head, (size_t)hn}, {PyBytes_AS_STRING(body), (size_t)n}, {(char *)"\r\n", 2},
-    };
+    struct iovec iov[3];
+    Py_ssize_t total = frame_chunk(body, head, iov);
     struct msghdr msg;
     memset(&msg, 0, sizeof(msg));
     msg.msg_iov = iov;
     msg.msg_iovlen = 3;
-    Py_ssize_t total = hn + n + 2;
     ssize_t sent;
     do {
         sent = sendmsg(step->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -971,26 +1003,7 @@ send_chunk(PlainStep *step, PyObject *body)
         return 1;
     if (sent < 0)
         sent = 0;  /* EAGAIN, or an error the transport's write() will meet and report */
-    PyObject *rest = PyBytes_FromStringAndSize(NULL, total - sent);
-    if (rest == NULL)
-        return -1;
-    char *out = PyBytes_AS_STRING(rest);
-    Py_ssize_t at = 0;  /* the framed chunk's bytes from `sent` on, across the three pieces */
-    for (int i = 0; i < 3; i++) {
-        Py_ssize_t len = (Py_ssize_t)iov[i].iov_len;
-        if (at + len > sent) {
-            Py_ssize_t from = sent > at ? sent - at : 0;
-            memcpy(out, (char *)iov[i].iov_base + from, (size_t)(len - from));
-            out += len - from;
-        }
-        at += len;
-    }
-    PyObject *r = PyObject_CallOneArg(step->write, rest);
-    Py_DECREF(rest);
-    if (r == NULL)
-        return -1;
-    Py_DECREF(r);
-    return 1;
+    return write_rest(step->write, iov, total, sent);  /* what the kernel did not take */
 }
 
 /* A PlainStep's body: written at once where its transport holds nothing back and is open (then the flow
@@ -1034,17 +1047,8 @@ record(PyObject **refused, int rc, PyObject *who, PyObject *body)
     if (rc == 1)
         return 0;
     PyObject *exc = NULL;
-    if (rc < 0) {
-        if (!PyErr_ExceptionMatches(PyExc_Exception))
-            return -1;
-        PyObject *type, *tb;
-        PyErr_Fetch(&type, &exc, &tb);
-        PyErr_NormalizeException(&type, &exc, &tb);
-        if (tb != NULL)
-            PyException_SetTraceback(exc, tb);
-        Py_XDECREF(type);
-        Py_XDECREF(tb);
-    }
+    if (rc < 0 && (exc = take_exception()) == NULL)
+        return -1;
     PyObject *entry = PyTuple_Pack(3, who, body, exc == NULL ? Py_None : exc);
     Py_XDECREF(exc);
     if (entry == NULL)

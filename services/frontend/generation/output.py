@@ -219,21 +219,16 @@ class OutputProcessor:
         held = self._detok.byte_stream.held() if self._detok.byte_stream is not None else None
         if held is None or not self.plain_steps():
             return False
-        if self.formatter is None:
-            native.load(self.completion_tokens, self._last, held)
-        elif self.formatter.context_free():  # else the Python step's, till no token before ends in a character
-            native.load(self.completion_tokens, self._last, held, self._pending)
-        else:
-            return False
+        if self.formatter is not None and not self.formatter.context_free():
+            return False  # the Python step's, till no token before the next ends inside a character
+        native.load(self.completion_tokens, self._last, held, self._pending)
         return True
 
     def native_store(self, native: PlainStep) -> None:
         """Take back the state native_load() lent."""
-        self.completion_tokens, self._last, held, entries = native.state()
+        self.completion_tokens, self._last, held, self._pending = native.state()
         self._detok.byte_stream.hold(held)  # type: ignore[union-attr]  # native_load() checked it
-        self.counts = []
-        if self.formatter is not None:
-            self._pending, self.logprobs = entries, []
+        self.counts, self.logprobs = [], []
 
     def _text_step(self, ids: Sequence[int], now: float) -> str:
         """A plain step without logprobs: its latency, count and text."""
