@@ -14,7 +14,10 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionLogPr
 from vllm.entrypoints.openai.completion.protocol import CompletionLogProbs
 from vllm.tokenizers.detokenizer_utils import convert_ids_list_to_tokens
 
-from protocol.logprobs import Segment
+from protocol import PackedLogprobs
+from protocol.logprobs import Segment, pack
+from services.frontend.generation import output
+from services.frontend.http_api.openai_bodies import ChunkWriter
 from services.frontend.model import Model
 from services.frontend.text.logprobs_format import LogprobsFormatter
 from services.frontend.text.token_strings import TokenStrings, token_strings
@@ -118,3 +121,42 @@ def test_odd_tokens_and_values_are_written_as_vllm_writes_them(top: int, chat: b
     theirs = CompletionLogProbs(text_offset=text_offset, token_logprobs=token_logprobs, tokens=tokens,
                                 top_logprobs=tops).model_dump_json()
     assert formatter.render([e for entries in ours for e in entries]) == theirs.encode()
+
+
+@pytest.mark.skipif(output.PlainStep is None, reason="the C plain step is not built here")
+def test_the_c_step_writes_chat_logprobs_as_vllm_writes_them() -> None:
+    """The streamed chat path's C step (generation/_plainc.c) makes each token's logprobs itself: its
+    chunk's logprobs object against vLLM's ChatCompletionLogProbs for the same row, over logprobs across
+    the range (the rows it declines, to floor, are the Python step's, checked above)."""
+    model = Model.load("tiny", "tiny")
+    strings = token_strings(model.tokenizer)
+    formatter = LogprobsFormatter(strings, chat=True, top=2)
+    ids = (9707, 1879, 11)  # "Hello", " world", ","
+    for tid in ids:
+        formatter.sampled(Segment(1, 2, (tid, *ids[:2]), (-1.0, -1.0, -1.0), (1,)))  # each id's cells made
+    heads, tails, partial = formatter.native_cells()  # type: ignore[misc]
+    around = formatter.render_frame()
+    assert around is not None
+    prefix, mid, suffix = ChunkWriter("chatcmpl-1", "tiny", chat=True).logprobs_frame(*around)
+    pieces = output.IncrementalDetokenizer(model.tokenizer, []).byte_stream.pieces  # type: ignore[union-attr]
+    step = output.PlainStep(pieces, [math.inf], [0, 0.0], prefix, suffix, heads=heads, tails=tails, partial=partial,
+                            top=2, mid=mid)
+    step.load(1, 0.0, b"", [])
+    rng = random.Random(5)
+    values = [-1.1920928955078125e-07, -1e-05, -0.0001, -2.5, -9998.5, -0.0]
+    values += [_float32(-(10 ** rng.uniform(-40, 3.99))) for _ in range(600)]
+    made = 0
+    for i in range(0, len(values) - 2, 3):
+        row = [_float32(v) for v in values[i:i + 3]]  # as the engine packs them
+        chunk = step.step(ids[0], 1.0 + i, PackedLogprobs(0, 0, 1, 2), [pack(ids, row, [1])])
+        if chunk is None:  # declined: a logprob to floor
+            assert min(row) <= -9999.0
+            continue
+        made += 1
+        ours = around[0] + chunk.split(mid, 1)[1][:-len(suffix)] + around[1]
+        theirs = ChatCompletionLogProbs.model_validate({"content": [{
+            "token": "Hello", "logprob": row[0], "bytes": list(b"Hello"),
+            "top_logprobs": [{"token": " world", "logprob": row[1], "bytes": list(b" world")},
+                             {"token": ",", "logprob": row[2], "bytes": list(b",")}]}]}).model_dump_json()
+        assert ours == theirs.encode(), (row, ours, theirs)
+    assert made > 150
