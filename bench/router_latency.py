@@ -13,7 +13,9 @@ request, b per chunk; chunks counts [DONE]), and the added latency to the first 
 median over rounds). `--before REV` runs the router of git revision REV (a worktree under /tmp) beside
 this checkout's, both in front of the same backend, in the same alternating rounds; `--profile FILE`
 runs this checkout's router under cProfile (its stats written to FILE at exit; the figures then
-include the profiler's cost). `--floor` adds a TCP byte pipe (no HTTP parsed, each client connection
+include the profiler's cost). `--spread` starts stream i i/streams of one stream's paced length into the
+round (streams that start together stay in step: each wave's requests all arrive in the same
+millisecond and queue behind each other). `--floor` adds a TCP byte pipe (no HTTP parsed, each client connection
 paired with an upstream one) as a target: what any relay on one asyncio loop pays at least.
 
 The backend, the routers and this client are separate processes. The client is a minimal HTTP/1.1
@@ -22,7 +24,7 @@ every path, stays small next to the servers' on a shared machine.
 Usage: .venv/bin/python bench/router_latency.py [--requests 6000] [--rounds 6] [--concurrency 1,64]
        .venv/bin/python bench/router_latency.py --stream [--rounds 3] [--chunks 16,256] [--streams 64]
                                                 [--chunk-ms 20] [--round-chunks 16384] [--before REV]
-                                                [--floor] [--profile FILE]
+                                                [--floor] [--spread] [--profile FILE]
 """
 from __future__ import annotations
 
@@ -223,9 +225,11 @@ class StreamRound:
     errors: dict[int, int]
 
 
-async def stream_round(port: int, body: bytes, streams: int, per_stream: int, pids: dict[str, int]) -> StreamRound:
+async def stream_round(port: int, body: bytes, streams: int, per_stream: int, pids: dict[str, int],
+                       spread_s: float = 0.0) -> StreamRound:
     """`streams` connections (opened before the clock starts), each sending `per_stream` streamed
-    requests one after another."""
+    requests one after another. `spread_s`: stream i sends its first request i / streams of it after
+    the start (else all at once)."""
     conns = [StreamConnection(port, body) for _ in range(streams)]
     for conn in conns:
         await conn.open()
@@ -233,7 +237,9 @@ async def stream_round(port: int, body: bytes, streams: int, per_stream: int, pi
     end: list[float] = []
     errors: dict[int, int] = {}
 
-    async def worker(conn: StreamConnection) -> None:
+    async def worker(conn: StreamConnection, offset: float) -> None:
+        if offset:
+            await asyncio.sleep(offset)
         for _ in range(per_stream):
             status, first, last, closing = await conn.stream()
             ttft.append(first * 1000)
@@ -246,7 +252,7 @@ async def stream_round(port: int, body: bytes, streams: int, per_stream: int, pi
     cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
     sys0 = {name: sys_seconds(pid) for name, pid in pids.items()}
     t0 = time.perf_counter()
-    await asyncio.gather(*(worker(c) for c in conns))
+    await asyncio.gather(*(worker(c, i * spread_s / streams) for i, c in enumerate(conns)))
     wall = time.perf_counter() - t0
     cpu = {name: cpu_seconds(pid) - cpu0[name] for name, pid in pids.items()}
     kernel = {name: sys_seconds(pid) - sys0[name] for name, pid in pids.items()}
@@ -269,7 +275,7 @@ class ShapeResult:
 
 
 async def measure_stream(ports: dict[str, int], pids: dict[str, int], body: bytes, streams: int,
-                         per_stream: int, rounds: int) -> dict[str, ShapeResult]:
+                         per_stream: int, rounds: int, spread_s: float = 0.0) -> dict[str, ShapeResult]:
     """Rounds over every target (direct and each router), the order rotating each round. A router's idle
     CPU rate is what it spent during the direct rounds (health checks, timers), per second."""
     for port in ports.values():  # warm-up: connections, the routers' upstream pools, code paths
@@ -281,7 +287,7 @@ async def measure_stream(ports: dict[str, int], pids: dict[str, int], body: byte
             # Non-streamed requests first, unmeasured: a router's upstream connections, idle past their
             # keep-alive during the other targets' rounds, are open again when the round starts.
             await run_round(ports[name], streams, streams)
-            runs[name].append(await stream_round(ports[name], body, streams, per_stream, pids))
+            runs[name].append(await stream_round(ports[name], body, streams, per_stream, pids, spread_s))
     idle = {router: statistics.median(r.cpu[router] / r.wall for r in runs["direct"]) for router in pids}
     out = {}
     for name in names:
@@ -426,6 +432,9 @@ entries:
             print(f"router streamed: {args.streams} concurrent streamed chat completions, chunks paced "
                   f"{args.chunk_ms:g} ms by the test backend, one replica; {args.rounds} rounds rotating "
                   f"{', '.join(label[n] for n in ['direct', *routers])}; medians over rounds")
+            print("arrivals: " + ("spread, stream i starting i / streams of one stream's length after the round's "
+                                  "start (as independent clients arrive)" if args.spread else
+                                  "together, every stream starting at once and staying in step (bursts)"))
             print("router CPU per request is the router process's, less its idle CPU; added latency is the "
                   "router's percentile less direct's in the same round (ms)")
             print("chunks  target              CPU us/req (sys)  TTFT+ p50  TTFT+ p99   end+ p50   end+ p99   req/s")
@@ -438,8 +447,9 @@ entries:
                 body = (b'{"model":"fleet","messages":[{"role":"user","content":"Hello there, how are you?"}],'
                         b'"max_tokens":%d,"stream":true}' % n)
                 per_stream = max(1, args.round_chunks // (n * args.streams))
+                spread = n * args.chunk_ms / 1000 if args.spread else 0.0  # one stream's paced length
                 shape = results[n] = run_loop_value(measure_stream(ports, pids, body, args.streams, per_stream,
-                                                                   args.rounds))
+                                                                   args.rounds, spread))
                 for name, r in shape.items():
                     cpu = "" if name == "direct" else f"{r.cpu_us:10.0f} ({r.sys_us:4.0f})"
                     lat = ("" if name == "direct" else
@@ -511,6 +521,9 @@ def main() -> None:
                          "request each): rounds of either length take about as long")
     ap.add_argument("--before", metavar="REV", help="--stream: also the router of this git revision, side by side")
     ap.add_argument("--profile", metavar="FILE", help="--stream: this checkout's router under cProfile, stats to FILE")
+    ap.add_argument("--spread", action="store_true",
+                    help="--stream: stagger the streams' first requests over one stream's paced length (else "
+                         "all start together and stay in step, every request of a wave arriving at once)")
     ap.add_argument("--floor", action="store_true",
                     help="--stream: also a TCP byte pipe in front of the backend (no HTTP parsed): the floor")
     ap.add_argument("--pipe", nargs=2, type=int, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS)

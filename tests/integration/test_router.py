@@ -404,6 +404,33 @@ def test_retry_of_a_refusal_and_circuit_breaker(tmp_path: Path, a_b_c: list[Http
         router.stop()
 
 
+def test_a_retried_stream_says_where_it_ran(tmp_path: Path, a_b_c: list[HttpProc]) -> None:
+    """A passed-through stream retried after a refusal (503): its head carries the attempt that answered
+    (pool, replica, attempts) and the body is the replica's, whole, byte for byte but for ids and times."""
+    a, b, _ = a_b_c
+    router = _sched_router(tmp_path, [a, b])
+    try:
+        b.configure(status=503)
+        a.configure(chunks=5, chunk_delay_s=0.01)
+        request = {"model": "fleet", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+        attempts = set()
+        for _ in range(4):
+            with httpx.stream("POST", router.url + "/v1/chat/completions", timeout=30, json=request) as r:
+                body = r.read().decode()
+                assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+                assert r.headers["x-router-pool"] == "p" and r.headers["x-router-replica"] == a.url
+                assert r.headers["x-router-entry"] == "fleet"
+                attempts.add(r.headers["x-router-attempts"])
+            direct = httpx.post(a.url + "/v1/chat/completions", timeout=30, json={**request, "model": "m"}).text
+            events = [line for line in body.split("\n") if line.startswith("data: ")]
+            assert events[-1] == "data: [DONE]"
+            assert "".join(json.loads(e[6:])["choices"][0]["delta"].get("content", "") for e in events[:-1]) == "a:m"
+            assert len(body) == len(direct)
+        assert "2" in attempts and attempts <= {"1", "2"}  # b was tried first at least once, and refused
+    finally:
+        router.stop()
+
+
 class DroppingReplica:
     """A replica on a real socket that answers GET /health and, to a POST, reads the whole request and
     then drops the connection unanswered, as a replica that crashed while running it would."""
