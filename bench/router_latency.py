@@ -53,6 +53,7 @@ from tests.support.procs import HttpProc, free_port_block, start_backend, start_
 
 TARGET_P50_MS, TARGET_P99_MS = 1.0, 5.0
 TICKS = os.sysconf("SC_CLK_TCK")
+_IDLE_OK_S = 4.0  # under the test backend's keep-alive (uvicorn's 5 s)
 BODY = (b'{"model":"fleet","messages":[{"role":"user","content":"Hello there, how are you?"}],'
         b'"max_tokens":8}')
 
@@ -240,6 +241,8 @@ async def stream_round(port: int, body: bytes, streams: int, per_stream: int, pi
     async def worker(conn: StreamConnection, offset: float) -> None:
         if offset:
             await asyncio.sleep(offset)
+            if offset > _IDLE_OK_S:  # the backend closes a connection idle for 5 s
+                await conn.open()
         for _ in range(per_stream):
             status, first, last, closing = await conn.stream()
             ttft.append(first * 1000)
