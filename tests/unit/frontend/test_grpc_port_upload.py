@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -134,30 +134,43 @@ def test_a_handler_that_stops_taking_messages_holds_the_client_at_the_window() -
     asyncio.run(main())
 
 
+async def _refused(call: Callable[[], Awaitable[Any]]) -> grpc.aio.AioRpcError:
+    """The error of a call the port ends while the client is still sending, as the port sent it. grpc's aio
+    client reports INTERNAL ("Internal error from Core", its own SendMessageOperation failed) in place of the
+    status when the stream's end fails a send of its before the status is read: a race in the client, the
+    same against grpc's own server (a refused 8 MiB upload, 150 times on a loaded host: INTERNAL 57 times
+    from grpc.aio's server, 41 from this port). Such a call is made again."""
+    for _ in range(20):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call()
+        lost = err.value.code() == grpc.StatusCode.INTERNAL and \
+            "SendMessageOperation" in (err.value.debug_error_string() or "")
+        if not lost:
+            return err.value
+    raise AssertionError("every call lost the client's race")
+
+
 def test_the_handlers_refusal_and_the_size_limit_are_the_calls_status() -> None:
     async def main() -> None:
         handler = _Handler(refuse="name: 'x' is not a parameter")
         wire, channel = await _port(handler)
         stub = pb2_grpc.RlControlStub(channel)
         try:
-            with pytest.raises(grpc.aio.AioRpcError) as err:
-                await stub.UpdateWeights(iter(_messages(8)), metadata=KEY, timeout=30)
-            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-            assert err.value.details() == "name: 'x' is not a parameter"
+            err = await _refused(lambda: stub.UpdateWeights(iter(_messages(8)), metadata=KEY, timeout=30))
+            assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert err.details() == "name: 'x' is not a parameter"
             big = pb2.Tensor(name="w", dtype="uint8", shape=[LIMIT], data=bytes(LIMIT))
-            with pytest.raises(grpc.aio.AioRpcError) as err:
-                await stub.UpdateWeights(iter([big]), metadata=KEY, timeout=30)
-            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert f"vs. {LIMIT})" in (err.value.details() or "")
-            with pytest.raises(grpc.aio.AioRpcError) as err:
-                await stub.UpdateWeights(iter([big]), metadata=(("authorization", "Bearer no"),), timeout=30)
-            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            err = await _refused(lambda: stub.UpdateWeights(iter([big]), metadata=KEY, timeout=30))
+            assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert f"vs. {LIMIT})" in (err.details() or "")
+            err = await _refused(lambda: stub.UpdateWeights(iter([big]), metadata=(("authorization", "Bearer no"),),
+                                                            timeout=30))
+            assert err.code() == grpc.StatusCode.UNAUTHENTICATED
             assert wire.connections and all(not c.calls for c in wire.connections)  # nothing left running
         finally:
             await channel.close()
             await wire.stop(0)
     asyncio.run(main())
-
 
 
 def test_a_client_that_sends_past_the_window_loses_its_connection() -> None:
