@@ -138,8 +138,8 @@ async def _refused(call: Callable[[], Awaitable[Any]]) -> grpc.aio.AioRpcError:
     """The error of a call the port ends while the client is still sending, as the port sent it. grpc's aio
     client reports INTERNAL ("Internal error from Core", its own SendMessageOperation failed) in place of the
     status when the stream's end fails a send of its before the status is read: a race in the client, the
-    same against grpc's own server (a refused 8 MiB upload, 150 times on a loaded host: INTERNAL 57 times
-    from grpc.aio's server, 41 from this port). Such a call is made again."""
+    same against grpc's own server (bench/grpc_refusal_race.py: a refused 8 MiB upload, 150 times on a loaded
+    host, INTERNAL 57 times from grpc.aio's server, 41 from this port). Such a call is made again."""
     for _ in range(20):
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await call()
