@@ -31,6 +31,14 @@ class _Refusing(pb2_grpc.RlControlServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "refused")
 
 
+async def _refused_upload(channel: grpc.aio.Channel, messages: list[Any], seen: collections.Counter[str]) -> None:
+    try:
+        await pb2_grpc.RlControlStub(channel).UpdateWeights(iter(messages), metadata=KEY, timeout=30)
+        seen["OK"] += 1
+    except grpc.aio.AioRpcError as exc:
+        seen[exc.code().name] += 1
+
+
 async def _grpc_server(calls: int) -> collections.Counter[str]:
     server = grpc.aio.server()
     pb2_grpc.add_RlControlServicer_to_server(_Refusing(), server)
@@ -41,11 +49,7 @@ async def _grpc_server(calls: int) -> collections.Counter[str]:
     try:
         for _ in range(calls):
             async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-                try:
-                    await pb2_grpc.RlControlStub(channel).UpdateWeights(iter(messages), metadata=KEY, timeout=30)
-                    seen["OK"] += 1
-                except grpc.aio.AioRpcError as exc:
-                    seen[exc.code().name] += 1
+                await _refused_upload(channel, messages, seen)
     finally:
         await server.stop(0)
     return seen
@@ -57,10 +61,7 @@ async def _our_port(calls: int) -> collections.Counter[str]:
     for _ in range(calls):
         wire, channel = await _port(_Handler(refuse="refused"))
         try:
-            await pb2_grpc.RlControlStub(channel).UpdateWeights(iter(messages), metadata=KEY, timeout=30)
-            seen["OK"] += 1
-        except grpc.aio.AioRpcError as exc:
-            seen[exc.code().name] += 1
+            await _refused_upload(channel, messages, seen)
         finally:
             await channel.close()
             await wire.stop(0)
