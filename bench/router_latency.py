@@ -16,7 +16,9 @@ runs this checkout's router under cProfile (its stats written to FILE at exit; t
 include the profiler's cost). `--spread` starts stream i i/streams of one stream's paced length into the
 round (streams that start together stay in step: each wave's requests all arrive in the same
 millisecond and queue behind each other). `--floor` adds a TCP byte pipe (no HTTP parsed, each client connection
-paired with an upstream one) as a target: what any relay on one asyncio loop pays at least.
+paired with an upstream one) as a target: what any relay on one asyncio loop pays at least. `--http-floor`
+adds the least HTTP router (bench/router_floor.py: the request parsed, its model replaced, the response's
+bytes passed through and parsed for its end; nothing else): what any router in Python that reads HTTP pays.
 
 The backend, the routers and this client are separate processes. The client is a minimal HTTP/1.1
 keep-alive client on raw asyncio (uvloop if installed), so its own CPU per request, paid equally on
@@ -24,7 +26,7 @@ every path, stays small next to the servers' on a shared machine.
 Usage: .venv/bin/python bench/router_latency.py [--requests 6000] [--rounds 6] [--concurrency 1,64]
        .venv/bin/python bench/router_latency.py --stream [--rounds 3] [--chunks 16,256] [--streams 64]
                                                 [--chunk-ms 20] [--round-chunks 16384] [--before REV]
-                                                [--floor] [--spread] [--profile FILE]
+                                                [--floor] [--http-floor] [--spread] [--profile FILE]
 """
 from __future__ import annotations
 
@@ -395,19 +397,22 @@ async def serve_pipe(port: int, upstream_port: int) -> None:
     await server.serve_forever()
 
 
-def start_pipe(tmp: Path, upstream_port: int) -> HttpProc:
+def start_floor(tmp: Path, name: str, upstream_port: int) -> HttpProc:
+    """A floor in its own process: the byte pipe (`pipe`, this file) or the least HTTP router (`least`,
+    bench/router_floor.py), in front of the backend on `upstream_port`."""
     port = free_port_block(1, spread=0)
-    log_path = tmp / f"pipe-{port}.log"
+    log_path = tmp / f"{name}-{port}.log"
+    command = ([__file__, "--pipe", str(port), str(upstream_port)] if name == "pipe" else
+               [str(Path(__file__).with_name("router_floor.py")), str(port), str(upstream_port)])
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, __file__, "--pipe", str(port), str(upstream_port)],
-                                stdout=log, stderr=subprocess.STDOUT)
-    pipe = HttpProc(proc, port, log_path)
+        proc = subprocess.Popen([sys.executable, *command], stdout=log, stderr=subprocess.STDOUT)
+    floor = HttpProc(proc, port, log_path)
     try:
-        pipe.wait_http()
+        floor.wait_http()
     except BaseException:
-        pipe.stop()
+        floor.stop()
         raise
-    return pipe
+    return floor
 
 
 def stream_main(args: argparse.Namespace) -> None:
@@ -429,9 +434,11 @@ entries:
             for name, tree in trees.items():
                 routers[name] = start_router_in(tree, Path(tmp), config, args.profile if name == "router" else None)
             if args.floor:
-                routers["pipe"] = start_pipe(Path(tmp), backend.port)
-            label = {"direct": "direct", "router": "this checkout",
-                     "before": f"before ({args.before})", "pipe": "byte pipe (floor)"}
+                routers["pipe"] = start_floor(Path(tmp), "pipe", backend.port)
+            if args.http_floor:
+                routers["least"] = start_floor(Path(tmp), "least", backend.port)
+            label = {"direct": "direct", "router": "this checkout", "before": f"before ({args.before})",
+                     "pipe": "byte pipe (floor)", "least": "least HTTP router"}
             print(f"router streamed: {args.streams} concurrent streamed chat completions, chunks paced "
                   f"{args.chunk_ms:g} ms by the test backend, one replica; {args.rounds} rounds rotating "
                   f"{', '.join(label[n] for n in ['direct', *routers])}; medians over rounds")
@@ -529,6 +536,9 @@ def main() -> None:
                          "all start together and stay in step, every request of a wave arriving at once)")
     ap.add_argument("--floor", action="store_true",
                     help="--stream: also a TCP byte pipe in front of the backend (no HTTP parsed): the floor")
+    ap.add_argument("--http-floor", action="store_true",
+                    help="--stream: also the least HTTP router in front of the backend (bench/router_floor.py): "
+                         "a request parsed, its model replaced, the response passed through; nothing else")
     ap.add_argument("--pipe", nargs=2, type=int, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.pipe:

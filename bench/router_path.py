@@ -102,13 +102,13 @@ def serve(argv: list[str], out: str) -> None:
 
     http1.Http1Client.post = stamped_post  # type: ignore[method-assign]
 
-    headers_complete = http1._Connection.on_headers_complete
+    headers_complete = http1.Connection.on_headers_complete
 
     def stamped_headers(self: Any) -> None:
         self.head_at = now()
         headers_complete(self)
 
-    http1._Connection.on_headers_complete = stamped_headers  # type: ignore[method-assign]
+    http1.Connection.on_headers_complete = stamped_headers  # type: ignore[method-assign]
 
     with_first = relay.start_with_first
 

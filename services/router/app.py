@@ -11,15 +11,16 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import msgspec
 from starlette.types import Receive, Scope, Send
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 import tracing
 from edge.api_keys import KeyCheck
 from edge.connection_limits import DEFAULT_HEADER_TIMEOUT_S
-from services.router.backends.dispatch import Dispatcher
+from services.router.backends.dispatch import Attempt, Dispatcher
 from services.router.backends.fair_queue import Ticket
 from services.router.backends.pool import NoReplica, Overloaded, Pool
 from services.router.backends.upstream import Upstream
@@ -47,12 +48,13 @@ from services.router.listeners.connections import cycle_of, on_client_gone
 from services.router.listeners.direct import DirectPools
 from services.router.listeners.escalate import Escalator
 from services.router.listeners.json_body import BodyError
-from services.router.listeners.limits import RateLimiter
+from services.router.listeners.lane import Lane
+from services.router.listeners.limits import Charge, RateLimiter
 from services.router.listeners.listener import Listener, listeners_by_port
 from services.router.listeners.memory_api import MemoryAPI, memory_in_use, routed
 from services.router.listeners.relay import Relay
 from services.router.listeners.responses_api import API as STATE_API
-from services.router.listeners.responses_api import is_state_path, responses_api
+from services.router.listeners.responses_api import Turn, is_state_path, responses_api
 from services.router.listeners.systemone import MODELS_PATH, POST_PATHS, SystemOne
 from services.router.metrics import RouterMetrics
 from services.router.plugins.answer import Recorder
@@ -95,8 +97,8 @@ class RouterApp:
         self.judge = self.escalator.judge  # the LLM judge over the chat pools: both escalates ask it
         self.bodies = BodyWorkers(body_workers)
         self.direct = DirectPools(config)  # the pools listeners publish by name: called with no routing
-        self._by_port = listeners_by_port(config)
-        self._first = self._by_port[config.listeners[0].port]
+        self.listeners_by_port = listeners_by_port(config)
+        self._first = self.listeners_by_port[config.listeners[0].port]
         self._created = int(time.time())
         self.systemone = SystemOne(config, self._created)
         self.plugins = plugins  # the hooks' plugins (plugins/host.py); None: the config has none
@@ -104,6 +106,8 @@ class RouterApp:
         # The Responses API's state: in the opened store, when the config keeps it (store.responses).
         self.responses = responses_api(config.store, store, metrics)
         self.limits = RateLimiter(config, metrics, store)  # tenants' and users' requests and tokens per minute
+        # The plain streamed requests' way with no ASGI task (listeners/lane.py); the server's protocol asks it.
+        self.lane = Lane(self, upstream, OFF_LOOP_BYTES)
 
     def close(self) -> None:
         """The body workers stopped (at shutdown)."""
@@ -116,13 +120,19 @@ class RouterApp:
         if scope["type"] != "http":
             return
         server = scope.get("server")
-        listener = self._by_port.get(server[1] if server else -1, self._first)
+        listener = self.listeners_by_port.get(server[1] if server else -1, self._first)
         path, method = scope["path"], scope["method"]
         api = (POST_APIS.get(path) or GET_APIS.get(path) or ("memory" if routed(path) else None)
                or (STATE_API if is_state_path(path) else None))
         tracked = TrackedSend(send)
+        await self._guarded(listener, api, method, path, tracked, self._route(listener, api, scope, receive, tracked))
+
+    async def _guarded(self, listener: Listener, api: str | None, method: str, path: str, tracked: TrackedSend,
+                       work: Awaitable[None]) -> None:
+        """`work` (a request's handling) with its failures answered: an HTTPError in the API's error shape,
+        a bug as a 500, either cut short once the response has started."""
         try:
-            await self._route(listener, api, scope, receive, tracked)
+            await work
         except HTTPError as exc:
             if not exc.counted:
                 self.metrics.requests.labels(listener.name, api or "other", str(exc.status)).inc()
@@ -308,7 +318,7 @@ class RouterApp:
                     ticket=Ticket.of(self.config.admission, caller.tenant, caller.priority))
         call.headers = [(b"x-router-entry", choice.entry.name.encode()),
                         (b"x-router-decision", choice.decision.name.encode())]
-        self._count(choice)
+        self.count(choice)
         charge = None  # what the rate limits charged it, settled when it ends
         if not codec.part_of and self.limits.applies(listener.config):  # count_tokens generates nothing
             charge = await self.limits.admit(listener.config, caller, chat, parsed.text, headers=call.headers)
@@ -316,6 +326,24 @@ class RouterApp:
         chain: Chain = ()
         if self.plugins and codec.judged:  # a token count has no answer to keep or recall for
             chain = self.plugins.plugins_for(choice.entry, choice.decision.name, choice.decision.matched_default)
+        await self._relayed(listener, codec, call, scope, receive, send, caller, chain, charge, turn)
+
+    async def handed(self, listener: Listener, call: Call, cycle: RequestResponseCycle, first: Attempt) -> None:
+        """A lane request handed over at its first attempt's head (listeners/lane.py): answered from there
+        by the ASGI path's code, through the cycle's own send, as a request task of uvicorn's would be."""
+        scope, codec = cast(Scope, cycle.scope), call.codec
+        tracing.pass_through(scope["headers"])  # tracing is off on the lane: a client's trace still goes on
+        tracked = TrackedSend(cast(Send, cycle.send))
+        await self._guarded(listener, codec.name, scope["method"], scope["path"], tracked, self._relayed(
+            listener, codec, call, scope, cast(Receive, cycle.receive), tracked, None, first=first))
+        if not cycle.response_complete and not cycle.disconnected:
+            cycle.transport.close()  # as uvicorn does after an app that left its response unfinished
+
+    async def _relayed(self, listener: Listener, codec: Codec, call: Call, scope: Scope, receive: Receive,
+                       send: TrackedSend, caller: Caller | None, chain: Chain = (), charge: Charge | None = None,
+                       turn: Turn | None = None, first: Attempt | None = None) -> None:
+        """A routed call answered: its request hooks, then a hook's answer, escalation or the relay (its
+        first attempt made already: `first`), the client's leaving watched, the bookkeeping at the end."""
         task = asyncio.current_task()
         assert task is not None  # a request is always handled in a task
         gone = asyncio.Event()
@@ -331,15 +359,16 @@ class RouterApp:
         answering = self.responses.sending(turn, send)  # a stored response is stored before its last piece
         try:
             if chain:
+                assert caller is not None  # a chain runs only on the ASGI path, which has the caller
                 exchange = await self._exchange(listener, codec, call, scope, caller)
                 answered, ran = await self._hooks(chain, exchange)
                 call.headers += exchange.headers
             if answered is not None:
                 await self.relay.send_whole(call, answered, answering)
-            elif isinstance(choice.entry.algorithm, EscalateAlgorithm) and codec.judged:
-                await self.escalator.escalate(call, choice.entry.algorithm, answering)
+            elif isinstance(call.choice.entry.algorithm, EscalateAlgorithm) and codec.judged:
+                await self.escalator.escalate(call, call.choice.entry.algorithm, answering)
             else:
-                await self.relay.relay(call, answering)
+                await self.relay.relay(call, answering, first)
         except HTTPError as exc:
             call.status, exc.counted = exc.status, True
             exc.headers = call.headers + exc.headers
@@ -393,7 +422,7 @@ class RouterApp:
         except PluginRefusal as exc:
             raise HTTPError(exc.status, exc.message) from None
 
-    def _count(self, choice: Choice) -> None:
+    def count(self, choice: Choice) -> None:
         entry = choice.entry.name
         self.metrics.decisions_of(entry, choice.decision.name).inc()
         for name, result in choice.signals.items():

@@ -80,6 +80,10 @@ class RouterMetrics:
                                           registry=r)
         # The per-request ones, their children looked up once per label values.
         self.requests_of, self.decisions_of = Children(self.requests), Children(self.decisions)
+        self.lane = Counter("router_lane", "Requests the lane took (listeners/lane.py), by listener and how they "
+                            "went on: streamed (answered in the connections' callbacks) or handed (to the ASGI "
+                            "path's code at their first attempt).", ["listener", "outcome"], registry=r)
+        self.lane_of = Children(self.lane)
         self.upstream_latency_of = Children(self.upstream_latency)
         self.signal_results = Counter("router_signal_results", "Signals evaluated, by entry, signal and "
                                       "result (matched, unmatched, unknown).", ["entry", "signal", "result"],

@@ -110,7 +110,8 @@ async def run(config: RouterConfig, *, header_timeout_s: float = DEFAULT_HEADER_
     gc.collect()
     gc.freeze()
     gc.set_threshold(_GC_YOUNG, *gc.get_threshold()[1:])
-    http = uvicorn_protocol(header_timeout_s, max_connections)  # httptools, with both bounds (listeners/connections.py)
+    # httptools, with both bounds (listeners/connections.py), offering the lane its requests (listeners/lane.py)
+    http = uvicorn_protocol(header_timeout_s, max_connections, app.lane)
     # proxy_headers off: nothing here reads the client's address or scheme from the scope, so uvicorn's
     # X-Forwarded-* middleware would be a layer of work per request for no reader (the frontend's likewise).
     servers = [uvicorn.Server(uvicorn.Config(app, host=listener.host, port=listener.port, http=http,

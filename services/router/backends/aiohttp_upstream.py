@@ -14,7 +14,7 @@ import aiohttp
 from opentelemetry.trace import Span
 
 import tracing
-from services.router.backends.http1 import Http1Client, Http1Response, NotConnected
+from services.router.backends.http1 import Connection, Http1Client, Http1Response, NotConnected
 from services.router.backends.upstream import READ_ERRORS, StallTimer, UpstreamError
 
 # Connecting failed (refused, no route), or the connection broke before the response head: the replica
@@ -111,10 +111,7 @@ class AiohttpUpstream:
         UpstreamError (`retryable` when nothing was sent, or the head is a 429 or 503 refusal); other
         statuses are returned for the caller to pass on.
         `timeout_s` bounds the wait for the head and then each read (a stalled stream)."""
-        # identity: bytes pass through to the client as they are, without re-encoding.
-        headers = {"content-type": "application/json", "accept-encoding": "identity"}
-        if api_key:
-            headers["authorization"] = f"Bearer {api_key}"
+        headers = request_headers(api_key)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=timeout_s)
         # Each attempt is a span of its own (a retry is another call), its context sent as `traceparent`
         # so that the replica's server span continues it; it ends when the response is closed.
@@ -138,13 +135,27 @@ class AiohttpUpstream:
             _failed(span, str(error), error.retryable)
             raise error from None
         except READ_ERRORS as exc:
-            error = UpstreamError(base_url, _describe(exc), unreachable=isinstance(exc, _UNREACHABLE),
-                                  retryable=isinstance(exc, _NOT_SENT))
-            _failed(span, str(error), error.retryable)
-            raise error from None
+            raise _read_error(base_url, exc, span) from None
         except BaseException:  # cancelled (the client left): the span still ends
             _failed(span, "cancelled", False)
             raise
+        return await self._headed(base_url, response, span)
+
+    async def sent(self, base_url: str, path: str, conn: Connection, timeout_s: float) -> Http1Response:
+        """`open`'s answer for a request the router's lane wrote itself on an idle connection of `http1`
+        (Http1Client.send; tracing off, so no span): the head, or UpstreamError as `open` raises it."""
+        try:
+            response = await self.http1.head(base_url, path, conn, timeout_s)
+        except READ_ERRORS as exc:
+            raise _read_error(base_url, exc, None) from None
+        headed = await self._headed(base_url, response, None)
+        assert isinstance(headed, Http1Response)  # as given
+        return headed
+
+    async def _headed(self, base_url: str, response: AiohttpResponse | Http1Response,
+                      span: Span | None) -> AiohttpResponse | Http1Response:
+        """A response whose head is in: returned, or UpstreamError for a 5xx or 429 (its body read for
+        the message, and closed)."""
         if span is not None:
             span.set_attribute("http.response.status_code", response.status)
         if response.status >= 500 or response.status == 429:
@@ -174,6 +185,23 @@ class AiohttpUpstream:
     async def close(self) -> None:
         self.http1.close()
         await self.session.close()
+
+
+def request_headers(api_key: str | None) -> dict[str, str]:
+    """Every generation call's headers but for the trace context."""
+    # identity: bytes pass through to the client as they are, without re-encoding.
+    headers = {"content-type": "application/json", "accept-encoding": "identity"}
+    if api_key:
+        headers["authorization"] = f"Bearer {api_key}"
+    return headers
+
+
+def _read_error(base_url: str, exc: BaseException, span: Span | None) -> UpstreamError:
+    """A failure before the head (aiohttp's types, which both clients raise) as an UpstreamError."""
+    error = UpstreamError(base_url, _describe(exc), unreachable=isinstance(exc, _UNREACHABLE),
+                          retryable=isinstance(exc, _NOT_SENT))
+    _failed(span, str(error), error.retryable)
+    return error
 
 
 def _failed(span: Span | None, why: str, retryable: bool) -> None:

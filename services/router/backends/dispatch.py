@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,11 @@ log = logging.getLogger("router")
 
 _json = msgspec.json.Encoder()
 _decode = msgspec.json.Decoder()
+
+
+# A first attempt made outside the dispatcher: its lease, the awaitable of its response head, and when its
+# request was sent (perf_counter).
+Attempt = tuple["Lease", "Awaitable[UpstreamResponse]", float]
 
 
 @dataclass(slots=True)
@@ -47,7 +52,7 @@ class Dispatcher:
 
     async def open_any(self, chat: dict[str, Any], text: str, path: str, pools: tuple[str, ...],
                        payloads: dict[str, bytes], *, stream: bool | None = None, bulk: bytes = b"",
-                       ticket: Ticket | None = None) -> Opened:
+                       ticket: Ticket | None = None, first: Attempt | None = None) -> Opened:
         """`chat` (a chat or completions body, but for the model) POSTed to `path` on the first of `pools`
         with a free replica that answers; the refusal that says most otherwise. A failure after the
         request may have reached a replica is a 502 at once: neither another replica nor another pool
@@ -55,12 +60,14 @@ class Dispatcher:
         each pool's request body across calls; stream=False asks for a whole answer. `bulk`: fields
         left out of `chat` (a long body's messages or prompt), already encoded as a JSON object.
         `ticket`: whose request it is; when every pool of the plan is at its cap, it waits in the queue
-        of the first one with room (None: 429 at once, as the judge's calls do)."""
+        of the first one with room (None: 429 at once, as the judge's calls do). `first`: the first pool's
+        first attempt, made already (its lease, and what answers its head: the router's lane's hand-over)."""
         refusals: list[HTTPError] = []
         single = len(pools) == 1  # no other pool to try first: it may wait at once
         for name in pools:
             result = await self._open(chat, text, path, name, self._payload(name, chat, payloads, stream, bulk), bulk,
-                                      ticket if single else None)
+                                      ticket if single else None, first)
+            first = None
             if isinstance(result, Opened):
                 return result
             refusals.append(result)
@@ -80,6 +87,10 @@ class Dispatcher:
             raise overloaded[0]
         raise refusals[-1]
 
+    def payload(self, name: str, chat: dict[str, Any]) -> bytes:
+        """`chat` as pool `name`'s request body (its model in place of the client's)."""
+        return self._payload(name, chat, {}, None, b"")
+
     def _payload(self, name: str, chat: dict[str, Any], payloads: dict[str, bytes], stream: bool | None,
                  bulk: bytes) -> bytes:
         payload = payloads.get(name)
@@ -92,7 +103,7 @@ class Dispatcher:
         return payload
 
     async def _open(self, chat: dict[str, Any], text: str, path: str, name: str, payload: bytes,
-                    bulk: bytes, ticket: Ticket | None) -> Opened | HTTPError:
+                    bulk: bytes, ticket: Ticket | None, first: Attempt | None = None) -> Opened | HTTPError:
         """One pool: a free replica, retried on the next one when the request never reached it or was
         refused there; a 502 raised when it may have run there. With a ticket, a wait in the pool's queue
         when every replica is at its cap; a retry (its replica failed) waits first in line, so it is
@@ -104,14 +115,12 @@ class Dispatcher:
             chat = {**chat, **await asyncio.to_thread(_decode.decode, bulk)}
         prepared = await pool.prepare(chat, len(payload))
         while True:
-            with tracing.span("router.admission", {"router.pool": name, "router.attempt": len(tried) + 1}) as span:
-                lease = pool.acquire(len(payload), text=text, exclude=frozenset(tried), prepared=prepared)
-                if isinstance(lease, Overloaded) and ticket is not None:  # every replica at its cap: the queue
-                    if span is not None:
-                        span.set_attribute("router.admission.queued", True)
-                    lease = await self._wait(pool, ticket, len(payload), text, frozenset(tried), prepared)
-                if span is not None:
-                    span.set_attribute("router.admission.outcome", _outcome(lease))
+            attempt: Awaitable[UpstreamResponse] | None = None
+            lease: Lease | Overloaded | NoReplica
+            if first is not None:  # made already: its lease taken, its request sent
+                (lease, attempt, sent), first = first, None
+            else:
+                lease = await self._admit(pool, ticket, len(payload), text, frozenset(tried), prepared)
             if isinstance(lease, Overloaded):
                 if last_error:
                     return HTTPError(502, f"pool {name!r}: {len(tried)} replica(s) failed ({last_error}) and "
@@ -126,10 +135,10 @@ class Dispatcher:
                 self.metrics.retries.labels(name).inc()
             url = lease.replica.url
             tried.add(url)
-            started = time.perf_counter()
+            started = sent if attempt is not None else time.perf_counter()
             try:
-                response = await self.upstream.open(url, path, payload,
-                                                     api_key=config.api_key, timeout_s=config.timeout_s)
+                response = await (attempt if attempt is not None else self.upstream.open(
+                    url, path, payload, api_key=config.api_key, timeout_s=config.timeout_s))
             except UpstreamError as exc:
                 lease.release(False, unreachable=exc.unreachable)
                 self.metrics.upstream_errors.labels(name).inc()
@@ -156,15 +165,33 @@ class Dispatcher:
                     log.error("pool %s: replica %s refuses the pool's api_key (HTTP %d: %s); check pools.%s.api_key",
                               name, url, response.status, detail, name)
                 continue
-            if lease.replica.key_refused:
-                lease.replica.key_refused = False
-                log.warning("pool %s: replica %s accepts the pool's api_key again", name, url)
-            if lease.probe:
-                # A half-open breaker closes at the head: the replica answers. Other requests count as
-                # a success only when they end well, so responses that keep breaking off open it.
-                lease.succeeded()
-            self.metrics.upstream_latency_of(name).observe(time.perf_counter() - started)
+            self.answered(name, lease, started)
             return Opened(response, lease, name, len(tried))
+
+    async def _admit(self, pool: Pool, ticket: Ticket | None, size: int, text: str, tried: frozenset[str],
+                     prepared: object) -> Lease | Overloaded | NoReplica:
+        """A lease on a free replica of `pool`, or a wait in its queue for a ticketed request."""
+        with tracing.span("router.admission", {"router.pool": pool.name, "router.attempt": len(tried) + 1}) as span:
+            lease = pool.acquire(size, text=text, exclude=tried, prepared=prepared)
+            if isinstance(lease, Overloaded) and ticket is not None:  # every replica at its cap: the queue
+                if span is not None:
+                    span.set_attribute("router.admission.queued", True)
+                lease = await self._wait(pool, ticket, size, text, tried, prepared)
+            if span is not None:
+                span.set_attribute("router.admission.outcome", _outcome(lease))
+        return lease
+
+    def answered(self, name: str, lease: Lease, started: float) -> None:
+        """A replica of pool `name` answered a head that is not a refusal (its request sent at `started`,
+        perf_counter): its key flag and half-open breaker told, the latency observed."""
+        if lease.replica.key_refused:
+            lease.replica.key_refused = False
+            log.warning("pool %s: replica %s accepts the pool's api_key again", name, lease.replica.url)
+        if lease.probe:
+            # A half-open breaker closes at the head: the replica answers. Other requests count as
+            # a success only when they end well, so responses that keep breaking off open it.
+            lease.succeeded()
+        self.metrics.upstream_latency_of(name).observe(time.perf_counter() - started)
 
     async def _wait(self, pool: Pool, ticket: Ticket, size: int, text: str, tried: frozenset[str],
                     prepared: object) -> Lease | Overloaded | NoReplica:

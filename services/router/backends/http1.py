@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -37,7 +37,17 @@ class NotConnected(Exception):
         self.timed_out = timed_out
 
 
-class _Connection(asyncio.Protocol):
+class Watcher(Protocol):
+    """What follows a response in the connection's callbacks instead of a reader (listeners/lane.py)."""
+
+    def fed(self) -> None:
+        """A read was parsed (the head, body bytes, the end: see the connection's state)."""
+
+    def failed(self, exc: BaseException) -> None:
+        """The response failed (the connection lost or broken, a timer's error): `exc`, as a reader gets it."""
+
+
+class Connection(asyncio.Protocol):
     """One keep-alive connection to a replica and the response in progress on it."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -64,6 +74,8 @@ class _Connection(asyncio.Protocol):
         # While the reader waits: where body bytes go as they arrive, without waking it (None: to the reader).
         self.forward: Callable[[bytes], bool] | None = None
         self.stall: StallTimer | None = None  # the reader's: bytes forwarded restart its wait
+        # The router's lane (listeners/lane.py) in place of a reader: told of each read, the end, a failure.
+        self.watcher: Watcher | None = None
 
     # ---- asyncio.Protocol ----
 
@@ -77,6 +89,9 @@ class _Connection(asyncio.Protocol):
             self.fail(aiohttp.ClientPayloadError(f"invalid HTTP response: {exc}"))
             if self.transport is not None:
                 self.transport.close()
+            return
+        if self.watcher is not None:
+            self.watcher.fed()
             return
         if not self.body:
             return
@@ -98,6 +113,8 @@ class _Connection(asyncio.Protocol):
         self.lost = True
         if self.head is not None and self.head.done() and not self.framed and not self.done:
             self.on_message_complete()  # a body that runs to the connection's end has ended
+            if self.watcher is not None:
+                self.watcher.fed()
         elif not self.done:
             self.fail(aiohttp.ServerDisconnectedError() if self.head is None or not self.head.done() else
                       aiohttp.ClientPayloadError("Response payload is not completed: the connection was lost"))
@@ -139,6 +156,8 @@ class _Connection(asyncio.Protocol):
         if self.head is not None and not self.head.done():
             self.head.set_exception(exc)
         self.wake()
+        if self.watcher is not None:
+            self.watcher.failed(exc)
 
     def take(self) -> bytes:
         data = self.body[0] if len(self.body) == 1 else b"".join(self.body)
@@ -159,7 +178,7 @@ class Http1Response:
 
     __slots__ = ("_client", "_conn", "_key", "_read_timeout_s", "content_type", "span", "status", "url")
 
-    def __init__(self, client: Http1Client, key: tuple[str, int], conn: _Connection, url: str,
+    def __init__(self, client: Http1Client, key: tuple[str, int], conn: Connection, url: str,
                  read_timeout_s: float, span: Any = None) -> None:
         self._client = client
         self._key = key
@@ -234,7 +253,7 @@ class Http1Client:
     """Keep-alive connections per replica (host, port), the most recently used first."""
 
     def __init__(self) -> None:
-        self._idle: dict[tuple[str, int], list[_Connection]] = {}
+        self._idle: dict[tuple[str, int], list[Connection]] = {}
         self._targets: dict[str, tuple[tuple[str, int], str, bytes]] = {}
 
     def _target(self, base_url: str) -> tuple[tuple[str, int], str, bytes]:
@@ -252,7 +271,7 @@ class Http1Client:
         """POST and wait for the response head. NotConnected when no connection could be made; aiohttp's
         errors after (ServerDisconnectedError: lost before the head; SocketTimeoutError: no head within
         `timeout_s`, which then bounds each wait for body bytes too)."""
-        key, prefix, host = self._target(base_url)
+        key = self._target(base_url)[0]
         conn = await self._connection(key)
         if conn.lost or conn.transport is None or conn.transport.is_closing():
             # Connected, then closed by the replica before a byte was written (one dying with connections
@@ -260,9 +279,20 @@ class Http1Client:
             # is a connection not made. (uvloop's write would raise RuntimeError on the closed transport.)
             raise NotConnected(f"{key[0]}:{key[1]} closed the connection before the request was sent",
                                timed_out=False)
-        loop = conn.loop
+        self.send(base_url, conn, path, body, headers)
+        timer = conn.loop.call_later(timeout_s, conn.fail, aiohttp.SocketTimeoutError("no response head in time")) \
+            if timeout_s else None
+        try:
+            return await self.head(base_url, path, conn, timeout_s)
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def send(self, base_url: str, conn: Connection, path: str, body: bytes, headers: dict[str, str]) -> None:
+        """The request written on `conn` (open, idle), its response head awaited from now."""
+        _, prefix, host = self._target(base_url)
         conn.reset()
-        head = conn.head = loop.create_future()
+        conn.head = conn.loop.create_future()
         lines = [b"POST %b HTTP/1.1\r\nhost: %b\r\ncontent-length: %d\r\n"
                  % ((prefix + path).encode(), host, len(body))]
         lines += [b"%b: %b\r\n" % (name.encode(), value.encode()) for name, value in headers.items()]
@@ -270,30 +300,46 @@ class Http1Client:
         lines.append(body)
         assert conn.transport is not None  # connected
         conn.transport.write(b"".join(lines))
-        timer = loop.call_later(timeout_s, conn.fail, aiohttp.SocketTimeoutError("no response head in time")) \
-            if timeout_s else None
-        try:
-            await head
-        except BaseException:
-            conn.transport.close()  # no head (or abandoned): the connection is not reused
-            raise
-        finally:
-            if timer is not None:
-                timer.cancel()
-        return Http1Response(self, key, conn, base_url + path, timeout_s)
 
-    async def _connection(self, key: tuple[str, int]) -> _Connection:
+    async def head(self, base_url: str, path: str, conn: Connection, timeout_s: float) -> Http1Response:
+        """The response of the request `send` wrote on `conn`, once its head is in (at once when it is in
+        already, or failed). What bounds the wait is the caller's (a timer failing the connection)."""
+        assert conn.head is not None  # a request was sent
+        try:
+            await conn.head
+        except BaseException:
+            if conn.transport is not None:
+                conn.transport.close()  # no head (or abandoned): the connection is not reused
+            raise
+        return Http1Response(self, self._target(base_url)[0], conn, base_url + path, timeout_s)
+
+    def idle(self, base_url: str) -> Connection | None:
+        """A kept-alive connection to `base_url`'s replica that may be used now (taken), or None."""
+        idle = self._idle.get(self._target(base_url)[0])
+        while idle:
+            conn = idle.pop()
+            if self._usable(conn):
+                return conn
+            if conn.transport is not None:
+                conn.transport.close()
+        return None
+
+    @staticmethod
+    def _usable(conn: Connection) -> bool:
+        return (not conn.lost and conn.loop.time() - conn.idle_since < KEEPALIVE_S and conn.transport is not None
+                and not conn.transport.is_closing())
+
+    async def _connection(self, key: tuple[str, int]) -> Connection:
         idle = self._idle.get(key)
         loop = asyncio.get_running_loop()
         while idle:
             conn = idle.pop()
-            if not conn.lost and loop.time() - conn.idle_since < KEEPALIVE_S and conn.transport is not None \
-                    and not conn.transport.is_closing():
+            if self._usable(conn):
                 return conn
             if conn.transport is not None:
                 conn.transport.close()
         try:
-            _, protocol = await asyncio.wait_for(loop.create_connection(lambda: _Connection(loop), *key),
+            _, protocol = await asyncio.wait_for(loop.create_connection(lambda: Connection(loop), *key),
                                                  CONNECT_TIMEOUT_S)
         except OSError as exc:  # TimeoutError among them
             timed_out = isinstance(exc, TimeoutError)
@@ -301,7 +347,11 @@ class Http1Client:
             raise NotConnected(why, timed_out=timed_out) from None
         return protocol
 
-    def give_back(self, key: tuple[str, int], conn: _Connection) -> None:
+    def give_back_to(self, base_url: str, conn: Connection) -> None:
+        """`conn` (its response read whole, reusable) kept for `base_url`'s next request."""
+        self.give_back(self._target(base_url)[0], conn)
+
+    def give_back(self, key: tuple[str, int], conn: Connection) -> None:
         conn.idle_since = conn.loop.time()
         conn.reset()
         self._idle.setdefault(key, []).append(conn)

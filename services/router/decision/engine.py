@@ -104,13 +104,7 @@ class Router:
         native recipe's candidates are deployments, which produce no chat output: it is not filtered).
         `signal_budget_s`: at most this long for the model signals (a native recipe's deadline left),
         and never more than the entry's signal_budget_s."""
-        model = body.get("model")
-        entry = self.config.entries.get(model) if isinstance(model, str) else None
-        if entry is None:
-            raise UnknownModel(f"The model `{model}` does not exist; available: {', '.join(self.config.entries)}")
-        eligible = _every if entry.native else self._producing(outputs)
-        if isinstance(entry.algorithm, EscalateAlgorithm) and not eligible(entry.algorithm.stages):
-            raise NoEligibleDecision(entry.name)  # escalate calls its stages whatever the decision
+        entry, eligible = self._entry(body, outputs)
         text = request_text(body) if text is None else text
         rules: list[RuleSignal] = [s for s in entry.signals if s.name in entry.needed
                                    and not isinstance(s, MODEL_SIGNAL_TYPES)]
@@ -132,6 +126,33 @@ class Router:
             if span is not None:
                 span.set_attributes({"router.signals.evaluated": list(results),
                                      "router.signals.matched": [k for k, r in results.items() if r.matched]})
+        return self._decided(entry, text, results, settled, eligible, waited)
+
+    def choose_now(self, body: dict[str, Any], text: str, *, outputs: str = "text") -> Choice | None:
+        """`choose` without waiting, for an entry whose decision rests on rule signals alone (its model
+        signals, if any, not needed for this text): the Choice, or None, and nothing done, when a model
+        signal must be asked (then `choose`). UnknownModel, NoEligibleDecision as `choose`."""
+        entry, eligible = self._entry(body, outputs)
+        rules: list[RuleSignal] = [s for s in entry.signals if s.name in entry.needed
+                                   and not isinstance(s, MODEL_SIGNAL_TYPES)]
+        results = evaluate_rules(rules, text, token_count=self._counters.get(entry.default[0]))
+        wanted, settled = models_needed(entry, results, eligible=eligible)
+        if wanted:
+            return None
+        return self._decided(entry, text, results, settled, eligible, None)
+
+    def _entry(self, body: dict[str, Any], outputs: str) -> tuple[EntryConfig, Callable[[tuple[str, ...]], bool]]:
+        model = body.get("model")
+        entry = self.config.entries.get(model) if isinstance(model, str) else None
+        if entry is None:
+            raise UnknownModel(f"The model `{model}` does not exist; available: {', '.join(self.config.entries)}")
+        eligible = _every if entry.native else self._producing(outputs)
+        if isinstance(entry.algorithm, EscalateAlgorithm) and not eligible(entry.algorithm.stages):
+            raise NoEligibleDecision(entry.name)  # escalate calls its stages whatever the decision
+        return entry, eligible
+
+    def _decided(self, entry: EntryConfig, text: str, results: dict[str, Any], settled: str | None,
+                 eligible: Callable[[tuple[str, ...]], bool], waited: float | None) -> Choice:
         with tracing.span("router.decision", {"router.entry": entry.name}) as span:
             ordered = {s.name: results[s.name] for s in entry.signals if s.name in results}
             projections = project_all(entry.projections, ordered)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
@@ -18,6 +18,8 @@ from edge.connection_limits import header_timeout_message, refusal, too_many_mes
 
 # The attribute of a uvicorn request cycle (a plain object) that holds what to call when its client leaves.
 _ON_GONE = "router_on_client_gone"
+# ... and what to call when its client's transport, full, drains (the lane's stream: listeners/lane.py).
+_ON_DRAINED = "router_on_drained"
 
 
 def cycle_of(call: Any) -> RequestResponseCycle | None:
@@ -36,6 +38,12 @@ def on_client_gone(cycle: RequestResponseCycle, callback: Callable[[], None] | N
         return False
     setattr(cycle, _ON_GONE, callback)
     return True
+
+
+def on_drained(cycle: RequestResponseCycle, callback: Callable[[], None] | None) -> None:
+    """Have `callback()` called each time the client's transport of this cycle takes writes again after
+    it was full (None: no longer)."""
+    setattr(cycle, _ON_DRAINED, callback)
 
 
 def chunk_writer(cycle: RequestResponseCycle) -> Callable[[bytes], bool] | None:
@@ -89,14 +97,27 @@ async def start_with_first(cycle: RequestResponseCycle, start: Callable[[], Awai
     return False
 
 
-def uvicorn_protocol(header_timeout_s: float, max_connections: int) -> type[HttpToolsProtocol]:
+class Lane(Protocol):
+    """The router's lane (listeners/lane.py), as the connection sees it."""
+
+    enabled: bool
+
+    def wants(self, scope: dict[str, Any]) -> bool: ...
+
+    def take(self, cycle: RequestResponseCycle, tasks: set[asyncio.Task[None]]) -> bool: ...
+
+
+def uvicorn_protocol(header_timeout_s: float, max_connections: int,
+                     lane: Lane | None = None) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol with both bounds (uvicorn.Config takes the class as `http`); each
-    listener's server counts its own connections."""
+    listener's server counts its own connections. `lane`: offered each request it may want, its body
+    whole, before uvicorn's ASGI task would start."""
 
     class Guarded(_GuardedHttpTools):
         pass
 
     Guarded.header_timeout_s, Guarded.max_connections = header_timeout_s, max_connections
+    Guarded.lane = lane if lane is not None and lane.enabled else None
     return Guarded
 
 
@@ -108,19 +129,55 @@ class _GuardedHttpTools(HttpToolsProtocol):
 
     header_timeout_s: float
     max_connections: int
+    lane: Lane | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._head_timer: asyncio.TimerHandle | None = None
         self._reading_head = False
+        self._lane_pending: RequestResponseCycle | None = None  # the lane's, once its body is whole
         if len(self.connections) > self.max_connections:  # this one included
             transport.write(refusal(503, too_many_message(self.max_connections)))
             transport.close()
             return
         self._arm()
 
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        pending = self._lane_pending
+        if pending is not None:  # its body did not come whole with its head: the ASGI path reads the rest
+            self._lane_pending = None
+            if not self.transport.is_closing():
+                super()._start_asgi_task(pending, self.app)
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        lane = self.lane
+        if lane is not None and app is self.app and lane.wants(cycle.scope):  # type: ignore[arg-type]
+            if cycle.more_body:  # its body is still to parse (in this read, or not: data_received says)
+                self._lane_pending = cycle
+                return
+            if lane.take(cycle, self.tasks):
+                return
+        super()._start_asgi_task(cycle, app)
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        cycle = self._lane_pending
+        if cycle is not None and cycle is self.cycle and not cycle.more_body:
+            self._lane_pending = None
+            assert self.lane is not None  # pending only when there is one
+            if not self.lane.take(cycle, self.tasks):
+                super()._start_asgi_task(cycle, self.app)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        drained: Callable[[], None] | None = getattr(self.cycle, _ON_DRAINED, None)
+        if drained is not None:
+            drained()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._lane_pending = None
         cycle = self.cycle
         super().connection_lost(exc)
         if cycle is not None and cycle.disconnected:  # the client left before its response ended

@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 from starlette.types import Send
 
-from services.router.backends.dispatch import Dispatcher
+from services.router.backends.dispatch import Attempt, Dispatcher
 from services.router.backends.sse import SSEData
 from services.router.backends.upstream import READ_ERRORS, UpstreamError, UpstreamResponse, decode_object, shaped
 from services.router.errors import HTTPError
@@ -31,10 +31,11 @@ class Relay:
         self.dispatcher = dispatcher
         self.metrics = metrics
 
-    async def relay(self, call: Call, send: Send) -> None:
-        """The request to the first pool of its plan that has a free replica, and the answer to the client."""
+    async def relay(self, call: Call, send: Send, first: Attempt | None = None) -> None:
+        """The request to the first pool of its plan that has a free replica, and the answer to the client.
+        `first`: that pool's first attempt, made already (the lane's hand-over)."""
         opened = await self.dispatcher.open_any(call.chat, call.choice.text, call.codec.upstream_path,
-                                                call.choice.plan, {}, bulk=call.bulk, ticket=call.ticket)
+                                                call.choice.plan, {}, bulk=call.bulk, ticket=call.ticket, first=first)
         call.headers += [(b"x-router-pool", opened.pool.encode()),
                          (b"x-router-replica", opened.lease.replica.url.encode()),
                          (b"x-router-attempts", str(opened.attempts).encode())]

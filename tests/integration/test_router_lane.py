@@ -1,0 +1,293 @@
+"""The router's lane (listeners/lane.py): a plain streamed request relayed in the connections' callbacks,
+with the ASGI path's answer. A router process in front of test backend processes; raw sockets as clients,
+so that a test says whether a request's body comes whole with its head (the lane's) or after it (then the
+ASGI path reads it: the same request by the other way, to compare)."""
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.procs import HttpProc, start_backend, start_router
+from tests.support.waiting import until
+
+BODY = json.dumps({"model": "fleet", "stream": True, "messages": [{"role": "user", "content": "x"}]}).encode()
+
+
+@pytest.fixture(scope="module")
+def backends(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[HttpProc]]:
+    tmp = tmp_path_factory.mktemp("lane")
+    procs = [start_backend(tmp, "a"), start_backend(tmp, "b")]
+    yield procs
+    for proc in procs:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def router(tmp_path_factory: pytest.TempPathFactory, backends: list[HttpProc]) -> Iterator[HttpProc]:
+    a, b = backends
+    proc = start_router(tmp_path_factory.mktemp("lane-router"), f"""
+listeners: [{{port: {{port}}, host: 127.0.0.1}}]
+pools:
+  p: {{model: m, replicas: [{{url: "{a.url}"}}, {{url: "{b.url}"}}], timeout_s: 5}}
+entries:
+  fleet: {{default: [p]}}
+""")
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(autouse=True)
+def fresh(backends: list[HttpProc]) -> None:
+    for backend in backends:
+        backend.reset()
+
+
+def _request(body: bytes = BODY, path: str = "/v1/chat/completions") -> tuple[bytes, bytes]:
+    head = (f"POST {path} HTTP/1.1\r\nhost: router\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n\r\n").encode()
+    return head, body
+
+
+def _read_response(sock: socket.socket, buffered: bytearray) -> tuple[bytes, bytes]:
+    """One response off `sock` (with what was read past the one before in `buffered`): its head, and
+    its body de-chunked (or by content-length)."""
+    while b"\r\n\r\n" not in buffered:
+        buffered += _recv(sock)
+    end = buffered.index(b"\r\n\r\n") + 4
+    head = bytes(buffered[:end])
+    del buffered[:end]
+    body = bytearray()
+    if b"transfer-encoding: chunked" in head.lower():
+        while True:
+            while b"\r\n" not in buffered:
+                buffered += _recv(sock)
+            line_end = buffered.index(b"\r\n")
+            size = int(buffered[:line_end], 16)
+            while len(buffered) < line_end + 2 + size + 2:
+                buffered += _recv(sock)
+            body += buffered[line_end + 2:line_end + 2 + size]
+            del buffered[:line_end + 2 + size + 2]
+            if size == 0:
+                return head, bytes(body)
+    length = int(re.search(rb"content-length: (\d+)", head.lower()).group(1))  # type: ignore[union-attr]
+    while len(buffered) < length:
+        buffered += _recv(sock)
+    body += buffered[:length]
+    del buffered[:length]
+    return head, bytes(body)
+
+
+def _recv(sock: socket.socket) -> bytes:
+    data = sock.recv(65536)
+    if not data:
+        raise ConnectionError("the router closed the connection")
+    return data
+
+
+def _connect(router: HttpProc) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", router.port), timeout=10)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def _whole(router: HttpProc, body: bytes = BODY, path: str = "/v1/chat/completions") -> tuple[bytes, bytes]:
+    """A request sent in one write (head and body together: the lane may take it)."""
+    with _connect(router) as sock:
+        head, data = _request(body, path)
+        sock.sendall(head + data)
+        return _read_response(sock, bytearray())
+
+
+def _split(router: HttpProc, body: bytes = BODY, path: str = "/v1/chat/completions") -> tuple[bytes, bytes]:
+    """The same request with its body sent after its head, in a later read: the ASGI path's."""
+    with _connect(router) as sock:
+        head, data = _request(body, path)
+        sock.sendall(head)
+        time.sleep(0.05)
+        sock.sendall(data)
+        return _read_response(sock, bytearray())
+
+
+def _lane(router: HttpProc) -> dict[str, float]:
+    text = httpx.get(router.url + "/metrics", timeout=10).text
+    return {m.group(1): float(m.group(2)) for m in re.finditer(r'router_lane_total\{[^}]*outcome="(\w+)"\} (\S+)', text)}
+
+
+def _status_count(router: HttpProc, status: str) -> float:
+    text = httpx.get(router.url + "/metrics", timeout=10).text
+    found = re.search(r'router_requests_total\{api="chat",listener="[^"]*",status="%s"\} (\S+)' % status, text)
+    return float(found.group(1)) if found else 0.0
+
+
+def _warm(router: HttpProc) -> None:
+    """Both replicas' upstream connections open and idle in the router (each a lane request then)."""
+    for _ in range(4):
+        _whole(router)
+
+
+def _heads_alike(head: bytes) -> list[bytes]:
+    """A response head's lines but for its date (a second may turn between two answers)."""
+    return sorted(line for line in head.split(b"\r\n") if line and not line.lower().startswith(b"date:"))
+
+
+def _events(body: bytes) -> list[dict[str, object] | str]:
+    """An SSE body's events, each chunk's `id` and `created` left out (the backend makes them anew)."""
+    out: list[dict[str, object] | str] = []
+    for line in body.decode().split("\n"):
+        if line.startswith("data: "):
+            data = line[6:]
+            if data == "[DONE]":
+                out.append(data)
+                continue
+            event = json.loads(data)
+            event.pop("id", None)
+            event.pop("created", None)
+            out.append(event)
+    return out
+
+
+def test_the_lane_answers_as_the_asgi_path_does(router: HttpProc, backends: list[HttpProc]) -> None:
+    _warm(router)
+    for backend in backends:  # the replica alternates: both answer alike
+        backend.configure(reply="the same words from either", chunks=4)
+    before = _lane(router).get("streamed", 0)
+    lane_head, lane_body = _whole(router)
+    after = _lane(router).get("streamed", 0)
+    assert after == before + 1  # this one went by the lane
+    asgi_head, asgi_body = _split(router)
+    assert _lane(router).get("streamed", 0) == after  # and this one did not
+    assert lane_head.startswith(b"HTTP/1.1 200 OK\r\n")
+    replica = re.search(rb"x-router-replica: (\S+)", lane_head).group(1)  # type: ignore[union-attr]
+    # The replica alternates (least recently assigned first): compare heads with it taken out.
+    assert _heads_alike(lane_head.replace(replica, b"R")) == _heads_alike(
+        asgi_head.replace(re.search(rb"x-router-replica: (\S+)", asgi_head).group(1), b"R"))  # type: ignore[union-attr]
+    assert b"x-router-attempts: 1\r\n" in lane_head and b"x-router-entry: fleet\r\n" in lane_head
+    assert _events(lane_body) == _events(asgi_body) and _events(lane_body)[-1] == "[DONE]"
+
+
+def test_lane_requests_keep_the_connection_and_pipelined_ones_answer_in_order(
+        router: HttpProc, backends: list[HttpProc]) -> None:
+    _warm(router)
+    for backend in backends:
+        backend.configure(chunks=5, chunk_delay_s=0.01)
+    bodies = [json.dumps({"model": "fleet", "stream": True,
+                          "messages": [{"role": "user", "content": f"question {i}"}]}).encode() for i in range(3)]
+    with _connect(router) as sock:
+        buffered = bytearray()
+        # Two requests in one write: the second waits for the first's answer, as uvicorn pipelines.
+        sock.sendall(b"".join(head + body for head, body in map(_request, bodies[:2])))
+        answers = [_read_response(sock, buffered) for _ in range(2)]
+        head, body = _request(bodies[2])
+        sock.sendall(head + body)  # and the same connection serves a third
+        answers.append(_read_response(sock, buffered))
+    for i, (head, body) in enumerate(answers):
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n"), head
+        events = _events(body)
+        assert events[-1] == "[DONE]" and len(events) == 6, (i, events)
+    seen = [p for backend in backends for p in backend.stats()["prompts"] if p.startswith("question")]
+    assert sorted(seen) == [f"question {i}" for i in range(3)]
+
+
+def test_a_refusal_to_a_lane_request_is_retried_on_the_other_replica(
+        router: HttpProc, backends: list[HttpProc]) -> None:
+    _warm(router)
+    a, b = backends
+    a.configure(status=503)
+    b.configure(status=503)
+    handed = _lane(router).get("handed", 0)
+    head, body = _whole(router)  # the lane sends it to one replica; both refuse: the ASGI path's 503
+    assert head.startswith(b"HTTP/1.1 502") or head.startswith(b"HTTP/1.1 503"), head
+    assert json.loads(body)["error"]["message"]
+    assert _lane(router).get("handed", 0) == handed + 1
+    b.configure(status=200)
+    for _ in range(2):  # whichever replica the lane picks first, b answers it
+        head, body = _whole(router)
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n"), head
+        assert re.search(rb"x-router-replica: (\S+)", head).group(1).decode() == b.url  # type: ignore[union-attr]
+        assert _events(body)[-1] == "[DONE]"
+    assert b"x-router-attempts: 2\r\n" in head or b"x-router-attempts: 1\r\n" in head
+
+
+def test_an_upstream_client_error_reaches_the_client_as_the_asgi_path_answers_it(
+        router: HttpProc, backends: list[HttpProc]) -> None:
+    _warm(router)
+    for backend in backends:
+        backend.configure(status=400)
+    lane_head, lane_body = _whole(router)
+    asgi_head, asgi_body = _split(router)
+    assert lane_head.startswith(b"HTTP/1.1 400") and asgi_head.startswith(b"HTTP/1.1 400")
+    lane_error, asgi_error = json.loads(lane_body)["error"], json.loads(asgi_body)["error"]
+    for error in (lane_error, asgi_error):  # the replica alternates: its name is in the message
+        error["message"] = re.sub(r"^[ab] ", "", error["message"])
+    assert lane_error == asgi_error and lane_error["message"] == "is told to fail"
+
+
+def test_a_client_leaving_a_lane_stream_ends_it_upstream(router: HttpProc, backends: list[HttpProc]) -> None:
+    _warm(router)
+    for backend in backends:
+        backend.configure(chunks=100, chunk_delay_s=0.05)
+    gone = _status_count(router, "499")
+    streamed = _lane(router).get("streamed", 0)
+    with _connect(router) as sock:
+        head, body = _request()
+        sock.sendall(head + body)
+        got = _recv(sock)
+        assert got.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert _lane(router).get("streamed", 0) == streamed + 1
+    until("the backend saw the stream closed", lambda: True if sum(
+        b.stats()["disconnected"] for b in backends) == 1 else None, timeout_s=10)
+    until("the router counted a 499", lambda: True if _status_count(router, "499") == gone + 1 else None,
+          timeout_s=10)
+    for backend in backends:
+        backend.configure(chunks=3, chunk_delay_s=0.0)
+    assert _events(_whole(router)[1])[-1] == "[DONE]"  # and the next request is served
+
+
+def test_a_lane_stream_broken_off_upstream_ends_with_the_error_event(tmp_path: Path) -> None:
+    doomed = start_backend(tmp_path, "doomed")
+    router = start_router(tmp_path, f"""
+listeners: [{{port: {{port}}, host: 127.0.0.1}}]
+pools:
+  p: {{model: m, replicas: [{{url: "{doomed.url}"}}]}}
+entries:
+  fleet: {{default: [p]}}
+""")
+    try:
+        _whole(router)  # its upstream connection open: the next request is the lane's
+        streamed = _lane(router).get("streamed", 0)
+        doomed.configure(chunks=50, chunk_delay_s=0.05)
+        with _connect(router) as sock:
+            head, body = _request()
+            sock.sendall(head + body)
+            buffered = bytearray(_recv(sock))
+            assert buffered.startswith(b"HTTP/1.1 200 OK\r\n")
+            doomed.proc.kill()
+            _, data = _read_response(sock, buffered)
+        events = _events(data)
+        assert events[-1] != "[DONE]" and "upstream failed mid-stream" in json.dumps(events[-1])
+        assert _lane(router).get("streamed", 0) == streamed + 1
+    finally:
+        router.stop()
+        doomed.stop()
+
+
+def test_a_body_too_long_for_the_loop_and_a_non_streamed_request_take_the_asgi_path(router: HttpProc) -> None:
+    _warm(router)
+    lane = _lane(router)
+    whole = json.dumps({"model": "fleet", "messages": [{"role": "user", "content": "x"}]}).encode()
+    head, body = _whole(router, whole)
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n") and json.loads(body)["choices"]
+    long = json.dumps({"model": "fleet", "stream": True,
+                       "messages": [{"role": "user", "content": "y" * (300 << 10)}]}).encode()
+    head, body = _whole(router, long)
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n") and _events(body)[-1] == "[DONE]"
+    head, body = _whole(router, BODY.replace(b'"fleet"', b'"nope"'))
+    assert head.startswith(b"HTTP/1.1 404") and "nope" in json.loads(body)["error"]["message"]
+    assert _lane(router) == lane  # none of them was the lane's
