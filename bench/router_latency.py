@@ -15,7 +15,9 @@ this checkout's, both in front of the same backend, in the same alternating roun
 runs this checkout's router under cProfile (its stats written to FILE at exit; the figures then
 include the profiler's cost). `--spread` starts stream i i/streams of one stream's paced length into the
 round (streams that start together stay in step: each wave's requests all arrive in the same
-millisecond and queue behind each other). `--floor` adds a TCP byte pipe (no HTTP parsed, each client connection
+millisecond and queue behind each other). `--pin` puts the routers on CPU 1 and the backend and the client
+on CPU 0 (a router with a core of its own; unpinned, on this 2-core host, every CPU second a router spends
+in a wave is taken from the backend's). `--floor` adds a TCP byte pipe (no HTTP parsed, each client connection
 paired with an upstream one) as a target: what any relay on one asyncio loop pays at least. `--http-floor`
 adds the least HTTP router (bench/router_floor.py: the request parsed, its model replaced, the response's
 bytes passed through and parsed for its end; nothing else): what any router in Python that reads HTTP pays.
@@ -26,7 +28,7 @@ every path, stays small next to the servers' on a shared machine.
 Usage: .venv/bin/python bench/router_latency.py [--requests 6000] [--rounds 6] [--concurrency 1,64]
        .venv/bin/python bench/router_latency.py --stream [--rounds 3] [--chunks 16,256] [--streams 64]
                                                 [--chunk-ms 20] [--round-chunks 16384] [--before REV]
-                                                [--floor] [--http-floor] [--spread] [--profile FILE]
+                                                [--floor] [--http-floor] [--spread] [--pin] [--profile FILE]
 """
 from __future__ import annotations
 
@@ -450,6 +452,14 @@ entries:
             print("chunks  target              CPU us/req (sys)  TTFT+ p50  TTFT+ p99   end+ p50   end+ p99   req/s")
             ports = {"direct": backend.port, **{name: r.port for name, r in routers.items()}}
             pids = {name: r.proc.pid for name, r in routers.items()}
+            if args.pin:
+                # The routers on a CPU of their own, the backend and this client on the other: a router
+                # deployed with its own core (a pod's CPU), which takes none from the backend.
+                os.sched_setaffinity(0, {0})
+                os.sched_setaffinity(backend.proc.pid, {0})
+                for pid in pids.values():
+                    os.sched_setaffinity(pid, {1})
+                print("pinned: the routers on CPU 1, the backend and the client on CPU 0")
             results: dict[int, dict[str, ShapeResult]] = {}
             for n in lengths:
                 configure_backend(backend.url, {"chunks": n, "chunk_delay_s": args.chunk_ms / 1000,
@@ -539,6 +549,9 @@ def main() -> None:
     ap.add_argument("--http-floor", action="store_true",
                     help="--stream: also the least HTTP router in front of the backend (bench/router_floor.py): "
                          "a request parsed, its model replaced, the response passed through; nothing else")
+    ap.add_argument("--pin", action="store_true",
+                    help="--stream: the routers on CPU 1, the backend and this client on CPU 0 (a router with a "
+                         "core of its own, as deployed; else all share every core)")
     ap.add_argument("--pipe", nargs=2, type=int, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.pipe:

@@ -13,6 +13,8 @@ client sends streamed chat requests over `--streams` connections for `--seconds`
   wake     from the head's parse to the request's task running again
   head     from there to the client's head written (with the first chunk, when it came with the head)
   own      all but upstream
+These are the ASGI path's phases: the lane (listeners/lane.py, no task, no app call) is off in the stamped
+router; bench/router_lane.py measures the two paths' work in process.
 A request whose first chunk did not come with upstream's head has its head written alone; `head` then ends
 there too (the count of each is printed). The wrapped functions are private: a rename makes this script
 fail at start, not measure wrong.
@@ -45,8 +47,10 @@ def serve(argv: list[str], out: str) -> None:
     """The router, stamped; SIGUSR1 writes the phases so far to `out` (JSON) and starts them afresh."""
     from services.router import app as app_module
     from services.router.backends import http1
-    from services.router.listeners import connections, relay
+    from services.router.listeners import connections, lane, relay
     from services.router.listeners.call import Call
+
+    lane.Lane.wants = lambda self, scope: False  # type: ignore[method-assign]  # the ASGI path's phases
 
     now = time.perf_counter_ns
     arrived: dict[int, tuple[int, int]] = {}  # a client transport's last request: (bytes in, parsed)

@@ -117,12 +117,13 @@ def _split(router: HttpProc, body: bytes = BODY, path: str = "/v1/chat/completio
 
 def _lane(router: HttpProc) -> dict[str, float]:
     text = httpx.get(router.url + "/metrics", timeout=10).text
-    return {m.group(1): float(m.group(2)) for m in re.finditer(r'router_lane_total\{[^}]*outcome="(\w+)"\} (\S+)', text)}
+    found = re.finditer(r'router_lane_total\{[^}]*outcome="(\w+)"\} (\S+)', text)
+    return {m.group(1): float(m.group(2)) for m in found}
 
 
 def _status_count(router: HttpProc, status: str) -> float:
     text = httpx.get(router.url + "/metrics", timeout=10).text
-    found = re.search(r'router_requests_total\{api="chat",listener="[^"]*",status="%s"\} (\S+)' % status, text)
+    found = re.search(r'router_requests_total\{api="chat",listener="[^"]*",status="' + status + r'"\} (\S+)', text)
     return float(found.group(1)) if found else 0.0
 
 
@@ -291,3 +292,29 @@ def test_a_body_too_long_for_the_loop_and_a_non_streamed_request_take_the_asgi_p
     head, body = _whole(router, BODY.replace(b'"fleet"', b'"nope"'))
     assert head.startswith(b"HTTP/1.1 404") and "nope" in json.loads(body)["error"]["message"]
     assert _lane(router) == lane  # none of them was the lane's
+
+
+def test_a_clients_traceparent_reaches_the_replica_by_the_lane_and_by_a_hand_over(tmp_path: Path) -> None:
+    """Tracing off in the router: a client's trace context still goes on to the replica (as the ASGI path
+    passes it), whether the lane sends the request itself or hands it over (no idle connection yet)."""
+    backend = start_backend(tmp_path, "t")
+    router = start_router(tmp_path, f"""
+listeners: [{{port: {{port}}, host: 127.0.0.1}}]
+pools:
+  p: {{model: m, replicas: [{{url: "{backend.url}"}}]}}
+entries:
+  fleet: {{default: [p]}}
+""")
+    try:
+        parents = [f"00-{i:032x}-{i:016x}-01" for i in (1, 2)]
+        for parent in parents:  # the first is handed over (no connection yet), the second the lane's own
+            with _connect(router) as sock:
+                head, body = _request()
+                sock.sendall(head.replace(b"\r\n\r\n", f"\r\ntraceparent: {parent}\r\n\r\n".encode()) + body)
+                got_head, got = _read_response(sock, bytearray())
+            assert got_head.startswith(b"HTTP/1.1 200 OK\r\n") and _events(got)[-1] == "[DONE]"
+        assert _lane(router) == {"handed": 1.0, "streamed": 1.0}
+        assert backend.stats()["traceparents"] == parents
+    finally:
+        router.stop()
+        backend.stop()

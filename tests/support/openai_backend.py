@@ -7,8 +7,8 @@ for a classifier worker, its top class named by `labels`); its behaviour changes
 POST /admin/config (status, delay_s, held, chunk_delay_s, chunks, reply, finish_reason, healthy,
 newline, raw_body, probs, labels), POST /admin/reset restores the defaults and zeroes the stats, and it
 reports what it saw at GET /admin/stats (`prompts` lists each generation's last message or prompt, in the
-order they arrived). `held: true` keeps every generation waiting, in flight, until set back to false: a
-test can fill a queue without racing a timer.
+order they arrived; `traceparents` each one's traceparent header, or null). `held: true` keeps every
+generation waiting, in flight, until set back to false: a test can fill a queue without racing a timer.
 """
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ class Backend:
         self.settings = dict(self.defaults)
         inflight, streaming = self.stats.get("inflight", 0), self.stats.get("streaming", 0)
         self.stats = {"requests": 0, "inflight": inflight, "streaming": streaming, "completed": 0,
-                      "disconnected": 0, "models": [], "prompts": [], "last_body": None}
+                      "disconnected": 0, "models": [], "prompts": [], "last_body": None,
+                      "traceparents": []}
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -64,6 +65,8 @@ class Backend:
         elif path == "/v1/models":
             await _send(send, 200, {"object": "list", "data": [{"id": self.name, "object": "model"}]})
         elif path in ("/v1/chat/completions", "/v1/completions"):
+            self.stats["traceparents"].append(next((v.decode() for k, v in scope["headers"] if k == b"traceparent"),
+                                                   None))
             await self._generate(path == "/v1/chat/completions", await _body(receive), receive, send)
         elif path == "/classify":
             await self._classify(await _body(receive), send)

@@ -125,8 +125,10 @@ class Lane:
                 time.perf_counter()))
             return True
         upstream_headers = request_headers(config.api_key)
-        if any(key == b"traceparent" for key, _ in headers):  # a client's trace goes on through the replicas
-            upstream_headers.update(tracing.carrier_of(headers))
+        for key, _ in headers:
+            if key == b"traceparent":  # a client's trace goes on through the replicas, as on the ASGI path
+                upstream_headers.update(tracing.carrier_of(headers))
+                break
         stream = _Stream(self, cycle, tasks, listener, call, name, lease, conn, config.timeout_s)
         self.http1.send(url, conn, codec.upstream_path, payload, upstream_headers)
         stream.begin()
