@@ -31,6 +31,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCy
 import tracing
 from services.router.backends.aiohttp_upstream import AiohttpUpstream, request_headers
 from services.router.backends.dispatch import Attempt
+from services.router.backends.fair_queue import Ticket
 from services.router.backends.http1 import Connection
 from services.router.backends.pool import Lease
 from services.router.backends.upstream import StallTimer, Upstream
@@ -94,7 +95,7 @@ class Lane:
             chat = parsed.chat
             if chat.get("stream") is not True or parsed.bulk:
                 return False
-            caller_of(listener.config, app.config.admission, headers, parsed.request)
+            caller = caller_of(listener.config, app.config.admission, headers, parsed.request)
             choice = self._choose(listener, chat, parsed.text, output_of(codec.name))
         except (HTTPError, BodyError, UnknownModel, NoEligibleDecision):
             return False  # the ASGI path answers it, in the API's shape
@@ -112,7 +113,9 @@ class Lane:
             return False  # a queue, a 429 or a 503: the ASGI path's
         # Leased: the request is the lane's from here (a lease taken and given back would still have
         # moved the policy's choices).
-        call = Call(listener.config, codec, parsed.request, chat, choice)
+        # Its ticket: how a hand-over's retry waits in the pool's queue, as on the ASGI path.
+        call = Call(listener.config, codec, parsed.request, chat, choice,
+                    ticket=Ticket.of(app.config.admission, caller.tenant, caller.priority))
         call.headers = [(b"x-router-entry", choice.entry.name.encode()),
                         (b"x-router-decision", choice.decision.name.encode())]
         app.count(choice)
