@@ -318,3 +318,34 @@ entries:
     finally:
         router.stop()
         backend.stop()
+
+
+def test_a_lane_stream_in_flight_ends_whole_when_the_router_stops(tmp_path: Path) -> None:
+    """SIGTERM while a lane stream runs: uvicorn's graceful shutdown lets it finish (it is no task of
+    uvicorn's, so the connection's open response is what it waits on), the stream ends with [DONE], and
+    the connection closes after it instead of staying kept alive."""
+    backend = start_backend(tmp_path, "s")
+    router = start_router(tmp_path, f"""
+listeners: [{{port: {{port}}, host: 127.0.0.1}}]
+pools:
+  p: {{model: m, replicas: [{{url: "{backend.url}"}}]}}
+entries:
+  fleet: {{default: [p]}}
+""")
+    try:
+        _whole(router)  # the upstream connection open: the next request is the lane's
+        backend.configure(chunks=20, chunk_delay_s=0.05)
+        with _connect(router) as sock:
+            head, body = _request()
+            sock.sendall(head + body)
+            buffered = bytearray(_recv(sock))
+            assert buffered.startswith(b"HTTP/1.1 200 OK\r\n")
+            router.proc.terminate()
+            _, data = _read_response(sock, buffered)
+            assert _events(data)[-1] == "[DONE]" and len(_events(data)) == 21
+            sock.settimeout(2.0)  # under uvicorn's 5 s of graceful shutdown: closed by the stream's end
+            assert sock.recv(1) == b""  # closed after the stream, not kept alive
+        assert router.proc.wait(timeout=10) == 0
+    finally:
+        router.stop()
+        backend.stop()
