@@ -353,6 +353,8 @@ class RouterApp:
         watcher = None
         if cycle is None or not on_client_gone(cycle, _leaving(task, gone, send)):
             watcher = asyncio.get_running_loop().create_task(watch_disconnect(receive, task, gone, send))
+        elif cycle.disconnected:  # it left before its task ran (a lane hand-over's, say): nothing would tell it
+            _leaving(task, gone, send)()
         exchange: Exchange | None = None
         answered: dict[str, Any] | None = None
         ran = 0  # the plugins whose request hook ran: their response hooks run

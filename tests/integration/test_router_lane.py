@@ -349,3 +349,70 @@ entries:
     finally:
         router.stop()
         backend.stop()
+
+
+def test_a_pipelined_request_does_not_stall_a_lane_stream_waiting_on_a_slow_client(
+        router: HttpProc, backends: list[HttpProc]) -> None:
+    """A lane stream paused on a full client transport is resumed when it drains, though a pipelined
+    request's cycle has replaced its own on the connection meanwhile; then the pipelined one is answered."""
+    _warm(router)
+    text = "".join(f"{i:07d}" for i in range(16_000_000 // 7))  # 16 MB: more than the sockets between hold
+    for backend in backends:
+        backend.configure(chunks=200, reply=text)
+    with _connect(router) as sock:
+        sock.settimeout(30)
+        sock.sendall(b"".join(head + body for head, body in (_request(), _request())))
+        time.sleep(1.0)  # the slow client itself: nothing read meanwhile, the router's writes back up
+        buffered = bytearray()
+        answers = [_read_response(sock, buffered) for _ in range(2)]
+    for head, body in answers:
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+        events = _events(body)
+        assert events[-1] == "[DONE]"
+        assert "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1]) == text  # type: ignore[index]
+
+
+def test_a_client_leaving_before_the_head_is_seen_though_its_body_was_long(
+        router: HttpProc, backends: list[HttpProc]) -> None:
+    """A body past uvicorn's 64 KiB high-water mark pauses reading until the request reads it; the lane has
+    it whole, and reads on: a client leaving while the replica has not answered yet is seen at once."""
+    _warm(router)
+    for backend in backends:
+        backend.configure(delay_s=4.0)
+    gone = _status_count(router, "499")
+    long = json.dumps({"model": "fleet", "stream": True,
+                       "messages": [{"role": "user", "content": "z" * (100 << 10)}]}).encode()
+    with _connect(router) as sock:
+        head, body = _request(long)
+        sock.sendall(head + body)
+        time.sleep(0.3)
+    until("the router counted the 499 before the replica answered", lambda: True if _status_count(
+        router, "499") == gone + 1 else None, timeout_s=2.5)
+
+
+def test_a_pipelined_request_whose_body_stalls_gets_the_body_timeout(tmp_path: Path) -> None:
+    backend = start_backend(tmp_path, "p")
+    router = start_router(tmp_path, f"""
+listeners: [{{port: {{port}}, host: 127.0.0.1}}]
+pools:
+  p: {{model: m, replicas: [{{url: "{backend.url}"}}]}}
+entries:
+  fleet: {{default: [p]}}
+""", "--header-timeout", "1")
+    try:
+        _whole(router)  # the upstream connection open: the first request below is the lane's
+        backend.configure(chunks=5, chunk_delay_s=0.1)
+        with _connect(router) as sock:
+            head, body = _request()
+            # A whole request, then another's head and a part of its body, never finished.
+            sock.sendall(head + body + head + body[:10])
+            buffered = bytearray()
+            first_head, first = _read_response(sock, buffered)
+            assert first_head.startswith(b"HTTP/1.1 200 OK\r\n") and _events(first)[-1] == "[DONE]"
+            started = time.monotonic()
+            second_head, _ = _read_response(sock, buffered)
+            assert second_head.startswith(b"HTTP/1.1 408"), second_head
+            assert time.monotonic() - started < 5
+    finally:
+        router.stop()
+        backend.stop()

@@ -111,9 +111,14 @@ class Dispatcher:
         pool, config = self.pools[name], self.config.pools[name]
         tried: set[str] = set()
         last_error = ""
-        if bulk and pool.policy.reads_body:  # precise_prefix renders the messages: it needs them whole
-            chat = {**chat, **await asyncio.to_thread(_decode.decode, bulk)}
-        prepared = await pool.prepare(chat, len(payload))
+        try:
+            if bulk and pool.policy.reads_body:  # precise_prefix renders the messages: it needs them whole
+                chat = {**chat, **await asyncio.to_thread(_decode.decode, bulk)}
+            prepared = await pool.prepare(chat, len(payload))
+        except BaseException:  # cancelled (the client left): a first attempt made already is let go
+            if first is not None:
+                _abandon(first)
+            raise
         while True:
             attempt: Awaitable[UpstreamResponse] | None = None
             lease: Lease | Overloaded | NoReplica
@@ -210,6 +215,16 @@ class Dispatcher:
             reason = got.refusal if isinstance(got, Overloaded) else NO_ENDPOINT
             m.queue_rejections.labels(name, cls, ticket.tenant, reason).inc()
         return got
+
+
+def _abandon(first: Attempt) -> None:
+    """A first attempt never awaited: its lease given back, its head's awaitable closed (a coroutine that
+    has not run sends nothing; one that has is the upstream response's, closed with it)."""
+    lease, attempt, _ = first
+    lease.release(None)
+    close = getattr(attempt, "close", None)
+    if close is not None:
+        close()
 
 
 def _outcome(lease: Lease | Overloaded | NoReplica) -> str:

@@ -18,8 +18,6 @@ from edge.connection_limits import header_timeout_message, refusal, too_many_mes
 
 # The attribute of a uvicorn request cycle (a plain object) that holds what to call when its client leaves.
 _ON_GONE = "router_on_client_gone"
-# ... and what to call when its client's transport, full, drains (the lane's stream: listeners/lane.py).
-_ON_DRAINED = "router_on_drained"
 
 
 def cycle_of(call: Any) -> RequestResponseCycle | None:
@@ -38,12 +36,6 @@ def on_client_gone(cycle: RequestResponseCycle, callback: Callable[[], None] | N
         return False
     setattr(cycle, _ON_GONE, callback)
     return True
-
-
-def on_drained(cycle: RequestResponseCycle, callback: Callable[[], None] | None) -> None:
-    """Have `callback()` called each time the client's transport of this cycle takes writes again after
-    it was full (None: no longer)."""
-    setattr(cycle, _ON_DRAINED, callback)
 
 
 def chunk_writer(cycle: RequestResponseCycle) -> Callable[[bytes], bool] | None:
@@ -97,6 +89,25 @@ async def start_with_first(cycle: RequestResponseCycle, start: Callable[[], Awai
     return False
 
 
+class LaneStream(Protocol):
+    """A request the lane is answering on a connection: told of the connection's events."""
+
+    def gone(self) -> None:
+        """The connection was lost before the response ended."""
+
+    def drained(self) -> None:
+        """The client's transport, full, takes writes again."""
+
+
+class LaneConnection(Protocol):
+    """What the lane needs of a client connection: its tasks (a hand-over's task joins them, as uvicorn's
+    own do, so that shutdown waits for it) and the stream it answers (told of the connection's events:
+    the connection's, not a request cycle's, since a pipelined request's cycle replaces the one answered)."""
+
+    tasks: set[asyncio.Task[None]]
+    lane_stream: LaneStream | None
+
+
 class Lane(Protocol):
     """The router's lane (listeners/lane.py), as the connection sees it."""
 
@@ -104,7 +115,7 @@ class Lane(Protocol):
 
     def wants(self, scope: dict[str, Any]) -> bool: ...
 
-    def take(self, cycle: RequestResponseCycle, tasks: set[asyncio.Task[None]]) -> bool: ...
+    def take(self, cycle: RequestResponseCycle, connection: LaneConnection) -> bool: ...
 
 
 def uvicorn_protocol(header_timeout_s: float, max_connections: int,
@@ -117,7 +128,10 @@ def uvicorn_protocol(header_timeout_s: float, max_connections: int,
         pass
 
     Guarded.header_timeout_s, Guarded.max_connections = header_timeout_s, max_connections
-    Guarded.lane = lane if lane is not None and lane.enabled else None
+    # The lane is offered requests through uvicorn's _start_asgi_task (pyproject: uvicorn>=0.55): with a
+    # uvicorn without it, no request reaches the lane and every one takes the ASGI path.
+    Guarded.lane = lane if lane is not None and lane.enabled and hasattr(HttpToolsProtocol, "_start_asgi_task") \
+        else None
     return Guarded
 
 
@@ -136,6 +150,8 @@ class _GuardedHttpTools(HttpToolsProtocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._reading_head = False
         self._lane_pending: RequestResponseCycle | None = None  # the lane's, once its body is whole
+        self._reading = False  # in data_received: a request parked for its body is decided by its end
+        self.lane_stream: LaneStream | None = None  # the request the lane answers on this connection
         if len(self.connections) > self.max_connections:  # this one included
             transport.write(refusal(503, too_many_message(self.max_connections)))
             transport.close()
@@ -143,7 +159,11 @@ class _GuardedHttpTools(HttpToolsProtocol):
         self._arm()
 
     def data_received(self, data: bytes) -> None:
-        super().data_received(data)
+        self._reading = True
+        try:
+            super().data_received(data)
+        finally:
+            self._reading = False
         pending = self._lane_pending
         if pending is not None:  # its body did not come whole with its head: the ASGI path reads the rest
             self._lane_pending = None
@@ -153,10 +173,11 @@ class _GuardedHttpTools(HttpToolsProtocol):
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         lane = self.lane
         if lane is not None and app is self.app and lane.wants(cycle.scope):  # type: ignore[arg-type]
-            if cycle.more_body:  # its body is still to parse (in this read, or not: data_received says)
-                self._lane_pending = cycle
-                return
-            if lane.take(cycle, self.tasks):
+            if cycle.more_body:
+                if self._reading:  # its body may come in this read: decided at its end, or the read's
+                    self._lane_pending = cycle
+                    return
+            elif lane.take(cycle, self):
                 return
         super()._start_asgi_task(cycle, app)
 
@@ -166,18 +187,20 @@ class _GuardedHttpTools(HttpToolsProtocol):
         if cycle is not None and cycle is self.cycle and not cycle.more_body:
             self._lane_pending = None
             assert self.lane is not None  # pending only when there is one
-            if not self.lane.take(cycle, self.tasks):
+            if not self.lane.take(cycle, self):
                 super()._start_asgi_task(cycle, self.app)
 
     def resume_writing(self) -> None:
         super().resume_writing()
-        drained: Callable[[], None] | None = getattr(self.cycle, _ON_DRAINED, None)
-        if drained is not None:
-            drained()
+        if self.lane_stream is not None:
+            self.lane_stream.drained()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         self._lane_pending = None
+        if self.lane_stream is not None:
+            stream, self.lane_stream = self.lane_stream, None
+            stream.gone()
         cycle = self.cycle
         super().connection_lost(exc)
         if cycle is not None and cycle.disconnected:  # the client left before its response ended

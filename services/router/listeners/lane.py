@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Coroutine, Generator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +33,7 @@ import tracing
 from services.router.backends.aiohttp_upstream import AiohttpUpstream, request_headers
 from services.router.backends.dispatch import Attempt
 from services.router.backends.fair_queue import Ticket
-from services.router.backends.http1 import Connection
+from services.router.backends.http1 import Connection, Http1Response
 from services.router.backends.pool import Lease
 from services.router.backends.upstream import StallTimer, Upstream
 from services.router.config import EscalateAlgorithm
@@ -42,9 +43,10 @@ from services.router.errors import HTTPError
 from services.router.listeners.access import authorize
 from services.router.listeners.body_workers import parse
 from services.router.listeners.call import Call
-from services.router.listeners.caller import caller_of
+from services.router.listeners.caller import Caller, caller_of
+from services.router.listeners.codecs.codec import Codec
 from services.router.listeners.codecs.registry import CODECS, output_of
-from services.router.listeners.connections import on_client_gone, on_drained
+from services.router.listeners.connections import LaneConnection
 from services.router.listeners.json_body import BodyError
 from services.router.listeners.listener import Listener
 
@@ -75,17 +77,17 @@ class Lane:
         """Whether a request whose head this is may be the lane's (its body decides the rest)."""
         return scope["method"] == "POST" and scope["path"] in self.paths and not tracing.enabled()
 
-    def take(self, cycle: RequestResponseCycle, tasks: set[asyncio.Task[None]]) -> bool:
+    def take(self, cycle: RequestResponseCycle, connection: LaneConnection) -> bool:
         """Start `cycle`'s request (its body whole) in the lane and say True; or say False with nothing
-        done (not counted, nothing leased or sent): the ASGI path has it. `tasks`: the connection's (a
-        hand-over's task joins them, as uvicorn's own do, so that shutdown waits for it)."""
+        done (not counted, nothing leased or sent; a weighted plan's draw aside): the ASGI path has it.
+        `connection`: the client's, which tells the lane's stream when it is lost or drains."""
         scope = cycle.scope
         server = scope.get("server")
         listener = self.listeners.get(server[1] if server and server[1] is not None else -1)
         codec = self.paths[scope["path"]]
         body = bytes(cycle.body)
         if (listener is None or codec.name not in listener.config.apis or not cycle.keep_alive
-                or not body or len(body) > self.off_loop_bytes):
+                or cycle.waiting_for_100_continue or not body or len(body) > self.off_loop_bytes):
             return False
         headers = scope["headers"]
         app = self.app
@@ -102,7 +104,7 @@ class Lane:
         if choice is None or isinstance(choice.entry.algorithm, EscalateAlgorithm):
             return False
         name = choice.plan[0]
-        pool, config = app.pools[name], app.config.pools[name]
+        pool = app.pools[name]
         if pool.policy.reads_body:  # it prepares (tokenizes) before it chooses: a wait
             return False
         if not codec.judged:
@@ -113,8 +115,24 @@ class Lane:
             return False  # a queue, a 429 or a 503: the ASGI path's
         # Leased: the request is the lane's from here (a lease taken and given back would still have
         # moved the policy's choices).
+        try:
+            self._send(cycle, connection, listener, codec, parsed.request, chat, choice, caller, name, lease, payload)
+        except BaseException:  # a bug: the lease is not kept (the client gets uvicorn's answer to a callback's error)
+            lease.release(None)
+            raise
+        return True
+
+    def _send(self, cycle: RequestResponseCycle, connection: LaneConnection, listener: Listener, codec: Codec,
+              request: dict[str, Any], chat: dict[str, Any], choice: Choice, caller: Caller, name: str,
+              lease: Lease, payload: bytes) -> None:
+        """A leased request counted and sent, on an idle connection by the lane's stream, else handed over."""
+        app = self.app
+        config = app.config.pools[name]
+        # Reading stays paused past a long body's high-water mark until the request reads its body, which
+        # here is whole already: read on, to see the client leave (a pipelined request pauses it again).
+        cycle.flow.resume_reading()
         # Its ticket: how a hand-over's retry waits in the pool's queue, as on the ASGI path.
-        call = Call(listener.config, codec, parsed.request, chat, choice,
+        call = Call(listener.config, codec, request, chat, choice,
                     ticket=Ticket.of(app.config.admission, caller.tenant, caller.priority))
         call.headers = [(b"x-router-entry", choice.entry.name.encode()),
                         (b"x-router-decision", choice.decision.name.encode())]
@@ -123,27 +141,26 @@ class Lane:
         assert self.http1 is not None  # enabled
         conn = self.http1.idle(url) if url.startswith("http://") else None
         if conn is None:  # a connection to open first: the ASGI path's code opens it and sends the request
-            self.hand_over(cycle, tasks, listener, call, (lease, self.upstream.open(
+            self.hand_over(cycle, connection, listener, call, (lease, self.upstream.open(
                 url, codec.upstream_path, payload, api_key=config.api_key, timeout_s=config.timeout_s),
                 time.perf_counter()))
-            return True
+            return
         upstream_headers = request_headers(config.api_key)
-        for key, _ in headers:
+        for key, _ in cycle.scope["headers"]:
             if key == b"traceparent":  # a client's trace goes on through the replicas, as on the ASGI path
-                upstream_headers.update(tracing.carrier_of(headers))
+                upstream_headers.update(tracing.carrier_of(cycle.scope["headers"]))
                 break
-        stream = _Stream(self, cycle, tasks, listener, call, name, lease, conn, config.timeout_s)
+        stream = _Stream(self, cycle, connection, listener, call, name, lease, conn, config.timeout_s)
         self.http1.send(url, conn, codec.upstream_path, payload, upstream_headers)
         stream.begin()
-        return True
 
-    def hand_over(self, cycle: RequestResponseCycle, tasks: set[asyncio.Task[None]], listener: Listener,
+    def hand_over(self, cycle: RequestResponseCycle, connection: LaneConnection, listener: Listener,
                   call: Call, first: Attempt) -> None:
         """`call` answered from its first attempt on by the ASGI path's code, in a task of the connection's."""
         self.app.metrics.lane_of(listener.name, "handed").inc()
         task = asyncio.get_running_loop().create_task(self.app.handed(listener, call, cycle, first))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
+        connection.tasks.add(task)
+        task.add_done_callback(connection.tasks.discard)
 
     def _choose(self, listener: Listener, chat: dict[str, Any], text: str, output: str) -> Choice | None:
         """The ASGI path's choice when it can be made without a wait (None: it cannot)."""
@@ -156,12 +173,12 @@ class Lane:
 class _Stream:
     """One lane request from its upstream write: the upstream connection's watcher (http1.Watcher)."""
 
-    __slots__ = ("call", "conn", "cycle", "lane", "lease", "listener", "pool", "sent", "stall", "state",
-                 "tasks", "timeout_s", "timer")
+    __slots__ = ("call", "conn", "connection", "cycle", "lane", "lease", "listener", "pool", "sent", "stall",
+                 "state", "timeout_s", "timer")
 
-    def __init__(self, lane: Lane, cycle: RequestResponseCycle, tasks: set[asyncio.Task[None]], listener: Listener,
+    def __init__(self, lane: Lane, cycle: RequestResponseCycle, connection: LaneConnection, listener: Listener,
                  call: Call, pool: str, lease: Lease, conn: Connection, timeout_s: float) -> None:
-        self.lane, self.cycle, self.tasks, self.listener = lane, cycle, tasks, listener
+        self.lane, self.cycle, self.connection, self.listener = lane, cycle, connection, listener
         self.call, self.pool, self.lease, self.conn, self.timeout_s = call, pool, lease, conn, timeout_s
         self.state = _WAITING
         self.sent = time.perf_counter()
@@ -174,8 +191,7 @@ class _Stream:
         if self.timeout_s:
             self.timer = conn.loop.call_later(self.timeout_s, conn.fail,
                                               aiohttp.SocketTimeoutError("no response head in time"))
-        on_client_gone(self.cycle, self.gone)
-        on_drained(self.cycle, self.drained)
+        self.connection.lane_stream = self  # told when the client leaves, or its full transport drains
 
     # ---- the upstream connection's events ----
 
@@ -210,6 +226,8 @@ class _Stream:
             return
         self.state = _DONE
         self._cancel_timer()
+        if self.stall is not None:
+            self.stall.cancel()
         conn = self.conn
         conn.watcher = None
         if conn.head is not None and not conn.head.done():
@@ -253,7 +271,8 @@ class _Stream:
             return
         if conn.body:
             parts.append(_chunk(conn.take()))
-        cycle.transport.write(b"".join(parts))
+        if not self._write(b"".join(parts)):
+            return
         self.state = _STREAMING
         self.lane.app.metrics.lane_of(self.listener.name, "streamed").inc()
         if self.timeout_s:
@@ -267,7 +286,8 @@ class _Stream:
             self._end((_chunk(conn.take()) if conn.body else b"") + b"0\r\n\r\n", ok=True)
             return
         if conn.body:
-            self.cycle.transport.write(_chunk(conn.take()))
+            if not self._write(_chunk(conn.take())):
+                return
             if self.stall is not None:
                 self.stall.waiting()
             self._watch_flow()
@@ -287,9 +307,10 @@ class _Stream:
         if self.stall is not None:
             self.stall.cancel()
         conn.watcher = None
-        on_client_gone(cycle, None)
-        on_drained(cycle, None)
-        cycle.transport.write(last)
+        if self.connection.lane_stream is self:
+            self.connection.lane_stream = None
+        if not cycle.transport.is_closing():  # (its loss is on its way: the books are kept all the same)
+            cycle.transport.write(last)
         cycle.response_complete = True
         cycle.message_event.set()
         if not cycle.keep_alive:
@@ -312,17 +333,44 @@ class _Stream:
         self.state = _HANDED
         conn, lane = self.conn, self.lane
         conn.watcher = None
-        on_client_gone(self.cycle, None)
-        on_drained(self.cycle, None)
+        if self.connection.lane_stream is self:
+            self.connection.lane_stream = None
         url = self.lease.replica.url
         assert isinstance(lane.upstream, AiohttpUpstream)  # the lane runs only over it
-        attempt = lane.upstream.sent(url, self.call.codec.upstream_path, conn, self.timeout_s)
-        lane.hand_over(self.cycle, self.tasks, self.listener, self.call, (self.lease, attempt, self.sent))
+        attempt = _Sent(lane.upstream.sent(url, self.call.codec.upstream_path, conn, self.timeout_s), conn)
+        lane.hand_over(self.cycle, self.connection, self.listener, self.call, (self.lease, attempt, self.sent))
+
+    def _write(self, data: bytes) -> bool:
+        """`data` to the client; False when its transport is closing (its loss not told yet): then it left."""
+        transport = self.cycle.transport
+        if transport.is_closing():
+            self.gone()
+            return False
+        transport.write(data)
+        return True
 
     def _cancel_timer(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+
+
+class _Sent:
+    """The head of a request the lane wrote itself, as a hand-over's first attempt: awaited by the dispatcher,
+    or, let go unawaited (its client gone first), closed with its connection (the replica's answer abandoned)."""
+
+    __slots__ = ("_conn", "_head")
+
+    def __init__(self, head: Coroutine[Any, Any, Http1Response], conn: Connection) -> None:
+        self._head, self._conn = head, conn
+
+    def __await__(self) -> Generator[Any, None, Http1Response]:
+        return self._head.__await__()
+
+    def close(self) -> None:
+        self._head.close()
+        if self._conn.transport is not None:
+            self._conn.transport.close()
 
 
 def _chunk(data: bytes) -> bytes:
