@@ -49,6 +49,19 @@ def fresh(backends: list[HttpProc]) -> None:
         backend.reset()
 
 
+def _one_replica(tmp_path: Path, name: str, *args: str) -> tuple[HttpProc, HttpProc]:
+    """A test backend named `name`, and a router (started with `args`) whose one pool is it alone."""
+    backend = start_backend(tmp_path, name)
+    router = start_router(tmp_path, f"""
+listeners: [{{port: {{port}}, host: 127.0.0.1}}]
+pools:
+  p: {{model: m, replicas: [{{url: "{backend.url}"}}]}}
+entries:
+  fleet: {{default: [p]}}
+""", *args)
+    return backend, router
+
+
 def _request(body: bytes = BODY, path: str = "/v1/chat/completions") -> tuple[bytes, bytes]:
     head = (f"POST {path} HTTP/1.1\r\nhost: router\r\ncontent-type: application/json\r\n"
             f"content-length: {len(body)}\r\n\r\n").encode()
@@ -252,14 +265,7 @@ def test_a_client_leaving_a_lane_stream_ends_it_upstream(router: HttpProc, backe
 
 
 def test_a_lane_stream_broken_off_upstream_ends_with_the_error_event(tmp_path: Path) -> None:
-    doomed = start_backend(tmp_path, "doomed")
-    router = start_router(tmp_path, f"""
-listeners: [{{port: {{port}}, host: 127.0.0.1}}]
-pools:
-  p: {{model: m, replicas: [{{url: "{doomed.url}"}}]}}
-entries:
-  fleet: {{default: [p]}}
-""")
+    doomed, router = _one_replica(tmp_path, "doomed")
     try:
         _whole(router)  # its upstream connection open: the next request is the lane's
         streamed = _lane(router).get("streamed", 0)
@@ -297,14 +303,7 @@ def test_a_body_too_long_for_the_loop_and_a_non_streamed_request_take_the_asgi_p
 def test_a_clients_traceparent_reaches_the_replica_by_the_lane_and_by_a_hand_over(tmp_path: Path) -> None:
     """Tracing off in the router: a client's trace context still goes on to the replica (as the ASGI path
     passes it), whether the lane sends the request itself or hands it over (no idle connection yet)."""
-    backend = start_backend(tmp_path, "t")
-    router = start_router(tmp_path, f"""
-listeners: [{{port: {{port}}, host: 127.0.0.1}}]
-pools:
-  p: {{model: m, replicas: [{{url: "{backend.url}"}}]}}
-entries:
-  fleet: {{default: [p]}}
-""")
+    backend, router = _one_replica(tmp_path, "t")
     try:
         parents = [f"00-{i:032x}-{i:016x}-01" for i in (1, 2)]
         for parent in parents:  # the first is handed over (no connection yet), the second the lane's own
@@ -324,14 +323,7 @@ def test_a_lane_stream_in_flight_ends_whole_when_the_router_stops(tmp_path: Path
     """SIGTERM while a lane stream runs: uvicorn's graceful shutdown lets it finish (it is no task of
     uvicorn's, so the connection's open response is what it waits on), the stream ends with [DONE], and
     the connection closes after it instead of staying kept alive."""
-    backend = start_backend(tmp_path, "s")
-    router = start_router(tmp_path, f"""
-listeners: [{{port: {{port}}, host: 127.0.0.1}}]
-pools:
-  p: {{model: m, replicas: [{{url: "{backend.url}"}}]}}
-entries:
-  fleet: {{default: [p]}}
-""")
+    backend, router = _one_replica(tmp_path, "s")
     try:
         _whole(router)  # the upstream connection open: the next request is the lane's
         backend.configure(chunks=20, chunk_delay_s=0.05)
@@ -391,14 +383,7 @@ def test_a_client_leaving_before_the_head_is_seen_though_its_body_was_long(
 
 
 def test_a_pipelined_request_whose_body_stalls_gets_the_body_timeout(tmp_path: Path) -> None:
-    backend = start_backend(tmp_path, "p")
-    router = start_router(tmp_path, f"""
-listeners: [{{port: {{port}}, host: 127.0.0.1}}]
-pools:
-  p: {{model: m, replicas: [{{url: "{backend.url}"}}]}}
-entries:
-  fleet: {{default: [p]}}
-""", "--header-timeout", "1")
+    backend, router = _one_replica(tmp_path, "p", "--header-timeout", "1")
     try:
         _whole(router)  # the upstream connection open: the first request below is the lane's
         backend.configure(chunks=5, chunk_delay_s=0.1)

@@ -315,29 +315,25 @@ class Http1Client:
 
     def idle(self, base_url: str) -> Connection | None:
         """A kept-alive connection to `base_url`'s replica that may be used now (taken), or None."""
-        idle = self._idle.get(self._target(base_url)[0])
+        return self._take_idle(self._target(base_url)[0])
+
+    def _take_idle(self, key: tuple[str, int]) -> Connection | None:
+        """The most recently used idle connection to `key` still fit to send on (taken); the unfit closed."""
+        idle = self._idle.get(key)
         while idle:
             conn = idle.pop()
-            if self._usable(conn):
+            if (not conn.lost and conn.loop.time() - conn.idle_since < KEEPALIVE_S and conn.transport is not None
+                    and not conn.transport.is_closing()):
                 return conn
             if conn.transport is not None:
                 conn.transport.close()
         return None
 
-    @staticmethod
-    def _usable(conn: Connection) -> bool:
-        return (not conn.lost and conn.loop.time() - conn.idle_since < KEEPALIVE_S and conn.transport is not None
-                and not conn.transport.is_closing())
-
     async def _connection(self, key: tuple[str, int]) -> Connection:
-        idle = self._idle.get(key)
+        conn = self._take_idle(key)
+        if conn is not None:
+            return conn
         loop = asyncio.get_running_loop()
-        while idle:
-            conn = idle.pop()
-            if self._usable(conn):
-                return conn
-            if conn.transport is not None:
-                conn.transport.close()
         try:
             _, protocol = await asyncio.wait_for(loop.create_connection(lambda: Connection(loop), *key),
                                                  CONNECT_TIMEOUT_S)
