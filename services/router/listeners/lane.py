@@ -24,7 +24,7 @@ import logging
 import time
 from collections.abc import Coroutine, Generator
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import aiohttp
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
@@ -34,11 +34,11 @@ from services.router.backends.aiohttp_upstream import AiohttpUpstream, request_h
 from services.router.backends.dispatch import Attempt
 from services.router.backends.fair_queue import Ticket
 from services.router.backends.http1 import Connection, Http1Response
-from services.router.backends.pool import Lease
+from services.router.backends.pool import Lease, Pool
 from services.router.backends.upstream import StallTimer, Upstream
-from services.router.config import EscalateAlgorithm
+from services.router.config import EscalateAlgorithm, RouterConfig
 from services.router.decision.decisions import NoEligibleDecision
-from services.router.decision.engine import Choice, UnknownModel
+from services.router.decision.engine import Choice, Router, UnknownModel
 from services.router.errors import HTTPError
 from services.router.listeners.access import authorize
 from services.router.listeners.body_workers import parse
@@ -47,11 +47,12 @@ from services.router.listeners.caller import Caller, caller_of
 from services.router.listeners.codecs.codec import Codec
 from services.router.listeners.codecs.registry import CODECS, output_of
 from services.router.listeners.connections import LaneConnection
+from services.router.listeners.direct import DirectPools
 from services.router.listeners.json_body import BodyError
+from services.router.listeners.limits import RateLimiter
 from services.router.listeners.listener import Listener
-
-if TYPE_CHECKING:
-    from services.router.app import RouterApp
+from services.router.listeners.relay import Relay
+from services.router.metrics import RouterMetrics
 
 log = logging.getLogger("router")
 
@@ -59,10 +60,47 @@ _EVENT_STREAM = b"text/event-stream"
 _WAITING, _STREAMING, _HANDED, _DONE = range(4)
 
 
+class LaneHost(Protocol):
+    """What the lane needs of the router's app (app.py, which makes it): its parts, its count of a choice,
+    and the ASGI path's code for a request handed over at its first attempt."""
+
+    @property
+    def config(self) -> RouterConfig: ...
+
+    @property
+    def pools(self) -> dict[str, Pool]: ...
+
+    @property
+    def metrics(self) -> RouterMetrics: ...
+
+    @property
+    def relay(self) -> Relay: ...
+
+    @property
+    def direct(self) -> DirectPools: ...
+
+    @property
+    def router(self) -> Router: ...
+
+    @property
+    def limits(self) -> RateLimiter: ...
+
+    @property
+    def plugins(self) -> object:
+        """Falsy when the config has no plugins."""
+
+    @property
+    def listeners_by_port(self) -> dict[int, Listener]: ...
+
+    def count(self, choice: Choice) -> None: ...
+
+    async def handed(self, listener: Listener, call: Call, cycle: RequestResponseCycle, first: Attempt) -> None: ...
+
+
 class Lane:
     """Which requests the lane takes (module docstring), and their start."""
 
-    def __init__(self, app: RouterApp, upstream: Upstream, off_loop_bytes: int) -> None:
+    def __init__(self, app: LaneHost, upstream: Upstream, off_loop_bytes: int) -> None:
         self.app = app
         self.http1 = upstream.http1 if isinstance(upstream, AiohttpUpstream) else None
         self.upstream = upstream
