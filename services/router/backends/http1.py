@@ -61,6 +61,7 @@ class Connection(asyncio.Protocol):
     def reset(self) -> None:
         """Ready for the next request's response."""
         self.head: asyncio.Future[None] | None = None
+        self.head_timer: asyncio.TimerHandle | None = None  # the head's deadline (Http1Client.send arms it)
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.framed = False  # content-length or chunked: else the body runs to the connection's end
@@ -130,6 +131,7 @@ class Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
         self.keep_alive = self.parser.should_keep_alive()
+        self._disarm_head()
         if self.head is not None and not self.head.done():
             self.head.set_result(None)
 
@@ -150,7 +152,13 @@ class Connection(asyncio.Protocol):
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(None)
 
+    def _disarm_head(self) -> None:
+        if self.head_timer is not None:
+            self.head_timer.cancel()
+            self.head_timer = None
+
     def fail(self, exc: BaseException) -> None:
+        self._disarm_head()
         if self.error is None:
             self.error = exc
         if self.head is not None and not self.head.done():
@@ -279,20 +287,19 @@ class Http1Client:
             # is a connection not made. (uvloop's write would raise RuntimeError on the closed transport.)
             raise NotConnected(f"{key[0]}:{key[1]} closed the connection before the request was sent",
                                timed_out=False)
-        self.send(base_url, conn, path, body, headers)
-        timer = conn.loop.call_later(timeout_s, conn.fail, aiohttp.SocketTimeoutError("no response head in time")) \
-            if timeout_s else None
-        try:
-            return await self.head(base_url, path, conn, timeout_s)
-        finally:
-            if timer is not None:
-                timer.cancel()
+        self.send(base_url, conn, path, body, headers, timeout_s)
+        return await self.head(base_url, path, conn, timeout_s)
 
-    def send(self, base_url: str, conn: Connection, path: str, body: bytes, headers: dict[str, str]) -> None:
-        """The request written on `conn` (open, idle), its response head awaited from now."""
+    def send(self, base_url: str, conn: Connection, path: str, body: bytes, headers: dict[str, str],
+             timeout_s: float) -> None:
+        """The request written on `conn` (open, idle), its response head awaited from now: no head within
+        `timeout_s` (0: no bound) fails the connection with aiohttp.SocketTimeoutError."""
         _, prefix, host = self._target(base_url)
         conn.reset()
         conn.head = conn.loop.create_future()
+        if timeout_s:
+            conn.head_timer = conn.loop.call_later(timeout_s, conn.fail,
+                                                   aiohttp.SocketTimeoutError("no response head in time"))
         lines = [b"POST %b HTTP/1.1\r\nhost: %b\r\ncontent-length: %d\r\n"
                  % ((prefix + path).encode(), host, len(body))]
         lines += [b"%b: %b\r\n" % (name.encode(), value.encode()) for name, value in headers.items()]
@@ -303,7 +310,7 @@ class Http1Client:
 
     async def head(self, base_url: str, path: str, conn: Connection, timeout_s: float) -> Http1Response:
         """The response of the request `send` wrote on `conn`, once its head is in (at once when it is in
-        already, or failed). What bounds the wait is the caller's (a timer failing the connection)."""
+        already, or failed; `send`'s deadline bounds the wait)."""
         assert conn.head is not None  # a request was sent
         try:
             await conn.head

@@ -74,6 +74,8 @@ class Router:
         self._rng = rng or random.Random()
         self._counters: dict[str, Callable[[str], int]] = {}
         self.model_signals = ModelSignals(models)
+        # Each entry's rule signals that its decisions need, in config order: what every request evaluates.
+        self._rules = {name: _rules_of(entry) for name, entry in config.entries.items()}
 
     def load_models(self) -> None:
         """Once, before the first request: the tokenizers named by pools (context_length signals count
@@ -106,8 +108,7 @@ class Router:
         and never more than the entry's signal_budget_s."""
         entry, eligible = self._entry(body, outputs)
         text = request_text(body) if text is None else text
-        rules: list[RuleSignal] = [s for s in entry.signals if s.name in entry.needed
-                                   and not isinstance(s, MODEL_SIGNAL_TYPES)]
+        rules = self._rules_for(entry)
         count = self._counters.get(entry.default[0])
         with tracing.span("router.signals", {"router.entry": entry.name}) as span:
             if offload:
@@ -133,13 +134,15 @@ class Router:
         signals, if any, not needed for this text): the Choice, or None, and nothing done, when a model
         signal must be asked (then `choose`). UnknownModel, NoEligibleDecision as `choose`."""
         entry, eligible = self._entry(body, outputs)
-        rules: list[RuleSignal] = [s for s in entry.signals if s.name in entry.needed
-                                   and not isinstance(s, MODEL_SIGNAL_TYPES)]
-        results = evaluate_rules(rules, text, token_count=self._counters.get(entry.default[0]))
+        results = evaluate_rules(self._rules_for(entry), text, token_count=self._counters.get(entry.default[0]))
         wanted, settled = models_needed(entry, results, eligible=eligible)
         if wanted:
             return None
         return self._decided(entry, text, results, settled, eligible, None)
+
+    def _rules_for(self, entry: EntryConfig) -> list[RuleSignal]:
+        rules = self._rules.get(entry.name)
+        return rules if rules is not None else _rules_of(entry)
 
     def _entry(self, body: dict[str, Any], outputs: str) -> tuple[EntryConfig, Callable[[tuple[str, ...]], bool]]:
         model = body.get("model")
@@ -172,6 +175,11 @@ class Router:
 
 def _every(names: tuple[str, ...]) -> bool:
     return True
+
+
+def _rules_of(entry: EntryConfig) -> list[RuleSignal]:
+    """The entry's rule signals its decisions need, in config order."""
+    return [s for s in entry.signals if s.name in entry.needed and not isinstance(s, MODEL_SIGNAL_TYPES)]
 
 
 def _model_signals(entry: EntryConfig, names: frozenset[str]) -> list[ModelSignal]:

@@ -26,7 +26,6 @@ from collections.abc import Coroutine, Generator
 from dataclasses import replace
 from typing import Any, Protocol
 
-import aiohttp
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
 
 import tracing
@@ -188,9 +187,8 @@ class Lane:
             if key == b"traceparent":  # a client's trace goes on through the replicas, as on the ASGI path
                 upstream_headers.update(tracing.carrier_of(cycle.scope["headers"]))
                 break
-        stream = _Stream(self, cycle, connection, listener, call, name, lease, conn, config.timeout_s)
-        self.http1.send(url, conn, codec.upstream_path, payload, upstream_headers)
-        stream.begin()
+        self.http1.send(url, conn, codec.upstream_path, payload, upstream_headers, config.timeout_s)
+        _Stream(self, cycle, connection, listener, call, name, lease, conn, config.timeout_s)
 
     def hand_over(self, cycle: RequestResponseCycle, connection: LaneConnection, listener: Listener,
                   call: Call, first: Attempt) -> None:
@@ -212,7 +210,7 @@ class _Stream:
     """One lane request from its upstream write: the upstream connection's watcher (http1.Watcher)."""
 
     __slots__ = ("call", "conn", "connection", "cycle", "lane", "lease", "listener", "pool", "sent", "stall",
-                 "state", "timeout_s", "timer")
+                 "state", "timeout_s")
 
     def __init__(self, lane: Lane, cycle: RequestResponseCycle, connection: LaneConnection, listener: Listener,
                  call: Call, pool: str, lease: Lease, conn: Connection, timeout_s: float) -> None:
@@ -220,16 +218,9 @@ class _Stream:
         self.call, self.pool, self.lease, self.conn, self.timeout_s = call, pool, lease, conn, timeout_s
         self.state = _WAITING
         self.sent = time.perf_counter()
-        self.timer: asyncio.TimerHandle | None = None
         self.stall: StallTimer | None = None
-
-    def begin(self) -> None:
-        conn = self.conn
-        conn.watcher = self
-        if self.timeout_s:
-            self.timer = conn.loop.call_later(self.timeout_s, conn.fail,
-                                              aiohttp.SocketTimeoutError("no response head in time"))
-        self.connection.lane_stream = self  # told when the client leaves, or its full transport drains
+        conn.watcher = self  # its request sent: the head (or its deadline, the send's) is what comes next
+        connection.lane_stream = self  # told when the client leaves, or its full transport drains
 
     # ---- the upstream connection's events ----
 
@@ -238,7 +229,6 @@ class _Stream:
         if self.state == _STREAMING:
             self._forward()
         elif self.state == _WAITING and conn.head is not None and conn.head.done():
-            self._cancel_timer()
             cycle = self.cycle
             content_type = next((v for k, v in conn.headers if k == b"content-type"), b"")
             if (conn.status != 200 or not content_type.startswith(_EVENT_STREAM) or conn.error is not None
@@ -249,7 +239,6 @@ class _Stream:
 
     def failed(self, exc: BaseException) -> None:
         if self.state == _WAITING:
-            self._cancel_timer()
             self._hand_over()  # the ASGI path's code makes it a retry or a 502
         elif self.state == _STREAMING:
             log.warning("upstream %s broke off a response: %s", self.lease.replica.url, exc)
@@ -263,11 +252,8 @@ class _Stream:
         if self.state in (_HANDED, _DONE):
             return
         self.state = _DONE
-        self._cancel_timer()
-        if self.stall is not None:
-            self.stall.cancel()
+        self._detach()
         conn = self.conn
-        conn.watcher = None
         if conn.head is not None and not conn.head.done():
             conn.head.cancel()  # no one awaits it: its failure is not news
         if conn.transport is not None:
@@ -301,18 +287,15 @@ class _Stream:
         if not cycle.keep_alive:  # a shutdown under way
             parts.append(b"connection: close\r\n")
         parts.append(b"transfer-encoding: chunked\r\n\r\n")
-        if conn.done:
-            if conn.body:
-                parts.append(_chunk(conn.take()))
-            self.lane.app.metrics.lane_of(self.listener.name, "streamed").inc()
-            self._end(b"".join(parts) + b"0\r\n\r\n", ok=True)
-            return
+        self.lane.app.metrics.lane_of(self.listener.name, "streamed").inc()
         if conn.body:
             parts.append(_chunk(conn.take()))
+        if conn.done:
+            self._end(b"".join(parts) + b"0\r\n\r\n", ok=True)
+            return
         if not self._write(b"".join(parts)):
             return
         self.state = _STREAMING
-        self.lane.app.metrics.lane_of(self.listener.name, "streamed").inc()
         if self.timeout_s:
             self.stall = StallTimer(conn.loop, self.timeout_s, conn.fail)
             self.stall.waiting()
@@ -342,11 +325,7 @@ class _Stream:
         the books: the connection back to the pool (or closed), the lease, the request's count."""
         self.state = _DONE
         cycle, conn = self.cycle, self.conn
-        if self.stall is not None:
-            self.stall.cancel()
-        conn.watcher = None
-        if self.connection.lane_stream is self:
-            self.connection.lane_stream = None
+        self._detach()
         if not cycle.transport.is_closing():  # (its loss is on its way: the books are kept all the same)
             cycle.transport.write(last)
         cycle.response_complete = True
@@ -370,9 +349,7 @@ class _Stream:
         """The rest to the ASGI path's code, in a task, from this attempt on."""
         self.state = _HANDED
         conn, lane = self.conn, self.lane
-        conn.watcher = None
-        if self.connection.lane_stream is self:
-            self.connection.lane_stream = None
+        self._detach()
         url = self.lease.replica.url
         assert isinstance(lane.upstream, AiohttpUpstream)  # the lane runs only over it
         attempt = _Sent(lane.upstream.sent(url, self.call.codec.upstream_path, conn, self.timeout_s), conn)
@@ -387,10 +364,13 @@ class _Stream:
         transport.write(data)
         return True
 
-    def _cancel_timer(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+    def _detach(self) -> None:
+        """No longer told of either connection's events, the stall bound off: the stream ended or handed over."""
+        if self.stall is not None:
+            self.stall.cancel()
+        self.conn.watcher = None
+        if self.connection.lane_stream is self:
+            self.connection.lane_stream = None
 
 
 class _Sent:
