@@ -18,7 +18,8 @@ round (streams that start together stay in step: each wave's requests all arrive
 millisecond and queue behind each other). `--pin` puts the routers on CPU 1 and the backend and the client
 on CPU 0 (a router with a core of its own; unpinned, on this 2-core host, every CPU second a router spends
 in a wave is taken from the backend's). `--floor` adds a TCP byte pipe (no HTTP parsed, each client connection
-paired with an upstream one) as a target: what any relay on one asyncio loop pays at least. `--http-floor`
+paired with an upstream one) as a target: what any relay on one asyncio loop pays at least; `--c-floor` the
+same pipe in C (bench/relay_floor.c): what any relay in user space pays, the kernel's part. `--http-floor`
 adds the least HTTP router (bench/router_floor.py: the request parsed, its model replaced, the response's
 bytes passed through and parsed for its end; nothing else): what any router in Python that reads HTTP pays.
 
@@ -28,7 +29,8 @@ every path, stays small next to the servers' on a shared machine.
 Usage: .venv/bin/python bench/router_latency.py [--requests 6000] [--rounds 6] [--concurrency 1,64]
        .venv/bin/python bench/router_latency.py --stream [--rounds 3] [--chunks 16,256] [--streams 64]
                                                 [--chunk-ms 20] [--round-chunks 16384] [--before REV]
-                                                [--floor] [--http-floor] [--spread] [--pin] [--profile FILE]
+                                                [--floor] [--c-floor] [--http-floor] [--spread] [--pin]
+                                                [--profile FILE]
 """
 from __future__ import annotations
 
@@ -140,8 +142,9 @@ async def run_round(port: int, concurrency: int, requests: int) -> tuple[list[fl
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
+    """The process's CPU time (all its threads, user and kernel) to the nanosecond: its CPU clock
+    (clock_getcpuclockid's id for a process), where /proc's utime + stime count 10 ms ticks."""
+    return time.clock_gettime((~pid << 3) | 2)  # CPUCLOCK_SCHED of the whole process
 
 
 def sys_seconds(pid: int) -> float:
@@ -400,14 +403,21 @@ async def serve_pipe(port: int, upstream_port: int) -> None:
 
 
 def start_floor(tmp: Path, name: str, upstream_port: int) -> HttpProc:
-    """A floor in its own process: the byte pipe (`pipe`, this file) or the least HTTP router (`least`,
-    bench/router_floor.py), in front of the backend on `upstream_port`."""
+    """A floor in its own process, in front of the backend on `upstream_port`: the byte pipe (`pipe`, this
+    file), the same pipe in C (`cpipe`, bench/relay_floor.c, built here with cc -O2) or the least HTTP
+    router (`least`, bench/router_floor.py)."""
     port = free_port_block(1, spread=0)
     log_path = tmp / f"{name}-{port}.log"
-    command = ([__file__, "--pipe", str(port), str(upstream_port)] if name == "pipe" else
-               [str(Path(__file__).with_name("router_floor.py")), str(port), str(upstream_port)])
+    here = Path(__file__).parent
+    if name == "cpipe":
+        binary = tmp / "relay_floor"
+        subprocess.run(["cc", "-O2", "-o", str(binary), str(here / "relay_floor.c")], check=True)
+        command = [str(binary), str(port), str(upstream_port)]
+    else:
+        command = [sys.executable, *([__file__, "--pipe", str(port), str(upstream_port)] if name == "pipe" else
+                                    [str(here / "router_floor.py"), str(port), str(upstream_port)])]
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, *command], stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     floor = HttpProc(proc, port, log_path)
     try:
         floor.wait_http()
@@ -437,10 +447,12 @@ entries:
                 routers[name] = start_router_in(tree, Path(tmp), config, args.profile if name == "router" else None)
             if args.floor:
                 routers["pipe"] = start_floor(Path(tmp), "pipe", backend.port)
+            if args.c_floor:
+                routers["cpipe"] = start_floor(Path(tmp), "cpipe", backend.port)
             if args.http_floor:
                 routers["least"] = start_floor(Path(tmp), "least", backend.port)
             label = {"direct": "direct", "router": "this checkout", "before": f"before ({args.before})",
-                     "pipe": "byte pipe (floor)", "least": "least HTTP router"}
+                     "pipe": "byte pipe (floor)", "cpipe": "byte pipe in C", "least": "least HTTP router"}
             print(f"router streamed: {args.streams} concurrent streamed chat completions, chunks paced "
                   f"{args.chunk_ms:g} ms by the test backend, one replica; {args.rounds} rounds rotating "
                   f"{', '.join(label[n] for n in ['direct', *routers])}; medians over rounds")
@@ -546,6 +558,9 @@ def main() -> None:
                          "all start together and stay in step, every request of a wave arriving at once)")
     ap.add_argument("--floor", action="store_true",
                     help="--stream: also a TCP byte pipe in front of the backend (no HTTP parsed): the floor")
+    ap.add_argument("--c-floor", action="store_true",
+                    help="--stream: also the byte pipe in C (bench/relay_floor.c, built with cc): the floor of "
+                         "any relay in user space, the kernel's share of a chunk with no interpreter on top")
     ap.add_argument("--http-floor", action="store_true",
                     help="--stream: also the least HTTP router in front of the backend (bench/router_floor.py): "
                          "a request parsed, its model replaced, the response passed through; nothing else")

@@ -14,12 +14,19 @@ client sends streamed chat requests over `--streams` connections for `--seconds`
   head     from there to the client's head written (with the first chunk, when it came with the head)
   own      all but upstream
 These are the ASGI path's phases: the lane (listeners/lane.py, no task, no app call) is off in the stamped
-router; bench/router_lane.py measures the two paths' work in process.
+router; bench/router_lane.py measures the two paths' work in process. `--lane` keeps the lane on and stamps
+its phases instead:
+  read     from the request's bytes in (uvicorn's data_received) to the lane's take (httptools, the cycle)
+  decide   the take to the upstream write (the body's parse, access, the decision, the lease, the payload)
+  write    the upstream request's write (http1 send: its bytes and the syscall)
+  upstream the write's end to the response head parsed (the backend's, not the router's)
+  head     from there to the client's head written (with the first chunk when it came with the head)
+  own      all but upstream
 A request whose first chunk did not come with upstream's head has its head written alone; `head` then ends
 there too (the count of each is printed). The wrapped functions are private: a rename makes this script
 fail at start, not measure wrong.
 
-Usage: .venv/bin/python bench/router_path.py [--streams 4] [--chunks 16] [--seconds 10] [--spread]
+Usage: .venv/bin/python bench/router_path.py [--streams 4] [--chunks 16] [--seconds 10] [--spread] [--lane]
 """
 from __future__ import annotations
 
@@ -41,6 +48,87 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 PHASES = ("read", "queue", "app", "upstream", "wake", "head", "own")
+LANE_PHASES = ("read", "decide", "write", "upstream", "head", "own")
+
+
+def serve_lane(argv: list[str], out: str) -> None:
+    """The router with its lane, stamped (`--lane`); SIGUSR1 as `serve`."""
+    from services.router.backends import http1
+    from services.router.listeners import connections, lane
+
+    now = time.perf_counter_ns
+    arrived: dict[int, int] = {}  # a client transport's last POST: its bytes' arrival
+    taking: dict[str, int] | None = None  # the request the lane is taking now
+    pending: dict[int, dict[str, int]] = {}  # a lane request's stamps, by its upstream connection
+    done: dict[str, list[int]] = {name: [] for name in (*LANE_PHASES, "with_first", "alone")}
+    protocol = connections._GuardedHttpTools
+    data_received = protocol.data_received
+
+    def stamped_data_received(self: Any, data: bytes) -> None:
+        if data[:5] == b"POST ":
+            arrived[id(self.transport)] = now()
+        data_received(self, data)
+
+    protocol.data_received = stamped_data_received  # type: ignore[method-assign]
+    take = lane.Lane.take
+
+    def stamped_take(self: Any, cycle: Any, connection: Any) -> bool:
+        nonlocal taking
+        taking = {"in": arrived.get(id(cycle.transport), 0), "take": now()}
+        try:
+            return take(self, cycle, connection)
+        finally:
+            taking = None
+
+    lane.Lane.take = stamped_take  # type: ignore[method-assign]
+    send = http1.Http1Client.send
+
+    def stamped_send(self: Any, base_url: str, conn: Any, *args: Any) -> None:
+        stamps = taking
+        if stamps is not None:
+            stamps["write"] = now()
+        send(self, base_url, conn, *args)
+        if stamps is not None and stamps["in"]:
+            stamps["sent"] = now()
+            pending[id(conn)] = stamps
+
+    http1.Http1Client.send = stamped_send  # type: ignore[method-assign]
+    headers_complete = http1.Connection.on_headers_complete
+
+    def stamped_headers(self: Any) -> None:
+        stamps = pending.get(id(self))
+        if stamps is not None:
+            stamps["head"] = now()
+        headers_complete(self)
+
+    http1.Connection.on_headers_complete = stamped_headers  # type: ignore[method-assign]
+    write = lane._Stream._write
+
+    def stamped_write(self: Any, data: bytes) -> bool:
+        wrote = write(self, data)
+        stamps = pending.pop(id(self.conn), None)
+        if stamps is not None and "head" in stamps:
+            out = now()
+            done["read"].append(stamps["take"] - stamps["in"])
+            done["decide"].append(stamps["write"] - stamps["take"])
+            done["write"].append(stamps["sent"] - stamps["write"])
+            done["upstream"].append(stamps["head"] - stamps["sent"])
+            done["head"].append(out - stamps["head"])
+            done["own"].append(out - stamps["in"] - (stamps["head"] - stamps["sent"]))
+            done["alone" if data.endswith(b"\r\n\r\n") else "with_first"].append(1)
+        return wrote
+
+    lane._Stream._write = stamped_write  # type: ignore[method-assign]
+
+    def report(*_: Any) -> None:
+        Path(out).write_text(json.dumps(done))
+        for values in done.values():
+            values.clear()
+        pending.clear()
+
+    signal.signal(signal.SIGUSR1, report)
+    from services.router.__main__ import main
+    main(argv)
 
 
 def serve(argv: list[str], out: str) -> None:
@@ -169,7 +257,8 @@ entries:
             stats = tmp / "phases.json"
             log_path = tmp / "router.log"
             with open(log_path, "wb") as log:
-                proc = subprocess.Popen([sys.executable, __file__, "--serve", str(stats), "--config", str(config)],
+                mode = "--serve-lane" if args.lane else "--serve"
+                proc = subprocess.Popen([sys.executable, __file__, mode, str(stats), "--config", str(config)],
                                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log,
                                         stderr=subprocess.STDOUT)
             router = HttpProc(proc, port, log_path)
@@ -197,7 +286,7 @@ entries:
           f"{statistics.median(ttft):.3f} ms through the router")
     print(f"heads written with the first chunk {len(phases['with_first'])}, alone {len(phases['alone'])}")
     print("phase        p50 us    p10 us    p90 us")
-    for name in PHASES:
+    for name in LANE_PHASES if args.lane else PHASES:
         values = sorted(phases[name])
         if values:
             p = [values[min(len(values) - 1, int(q * len(values)))] / 1000 for q in (0.5, 0.1, 0.9)]
@@ -214,8 +303,8 @@ def _wait_for(path: Path) -> None:
 
 
 def main() -> None:
-    if len(sys.argv) > 2 and sys.argv[1] == "--serve":
-        serve(sys.argv[3:], sys.argv[2])
+    if len(sys.argv) > 2 and sys.argv[1] in ("--serve", "--serve-lane"):
+        (serve_lane if sys.argv[1] == "--serve-lane" else serve)(sys.argv[3:], sys.argv[2])
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--streams", type=int, default=4)
@@ -223,6 +312,7 @@ def main() -> None:
     ap.add_argument("--chunk-ms", type=float, default=20.0)
     ap.add_argument("--seconds", type=float, default=10.0, help="about how long the measured round runs")
     ap.add_argument("--spread", action="store_true", help="stagger the streams' first requests (router_latency.py)")
+    ap.add_argument("--lane", action="store_true", help="the lane on, its phases stamped (else the ASGI path's)")
     run(ap.parse_args())
 
 
