@@ -4,7 +4,7 @@ escalate's verdict on a stage's whole answer (listeners/escalate.py calls the st
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, TypeGuard
 
 from services.router.config import (
     AcceptConfig,
@@ -22,11 +22,16 @@ def plan(algorithm: Algorithm | NativeEscalateAlgorithm, candidates: tuple[str, 
     candidate. Weighted draws the first by weight."""
     if isinstance(algorithm, EscalateAlgorithm):
         return tuple(algorithm.stages)
-    if isinstance(algorithm, WeightedAlgorithm) and len(candidates) > 1:
+    if draws(algorithm, candidates):
         weights = [float(algorithm.weights.get(p, 1.0)) for p in candidates]
         first = rng.choices(candidates, weights)[0]
         return (first,) + tuple(p for p in candidates if p != first)
     return tuple(candidates)
+
+
+def draws(algorithm: Algorithm | NativeEscalateAlgorithm, candidates: tuple[str, ...]) -> TypeGuard[WeightedAlgorithm]:
+    """Whether `plan` draws at random for these candidates (else its plan is the same every time)."""
+    return isinstance(algorithm, WeightedAlgorithm) and len(candidates) > 1
 
 
 def answer_text(completion: dict[str, Any]) -> tuple[str, str | None]:

@@ -45,6 +45,11 @@ class Choice:
     skipped: dict[str, str] = field(default_factory=dict)  # signals not evaluated, and why
     models_s: float | None = None  # how long the request waited for its model signals; None: it needed none
 
+    def with_text(self, text: str) -> Choice:
+        """This choice for a request whose text is `text` (dataclasses.replace's result, without its field walk)."""
+        return Choice(self.entry, text, self.signals, self.decision, self.plan, self.projections, self.skipped,
+                      self.models_s)
+
     def describe(self) -> dict[str, Any]:
         return {
             "entry": self.entry.name,
@@ -76,6 +81,8 @@ class Router:
         self.model_signals = ModelSignals(models)
         # Each entry's rule signals that its decisions need, in config order: what every request evaluates.
         self._rules = {name: _rules_of(entry) for name, entry in config.entries.items()}
+        # choose_now's choice for an entry with no signals and no random draw, by (entry, outputs).
+        self._fixed: dict[tuple[str, str], Choice] = {}
 
     def load_models(self) -> None:
         """Once, before the first request: the tokenizers named by pools (context_length signals count
@@ -134,11 +141,20 @@ class Router:
         signals, if any, not needed for this text): the Choice, or None, and nothing done, when a model
         signal must be asked (then `choose`). UnknownModel, NoEligibleDecision as `choose`."""
         entry, eligible = self._entry(body, outputs)
+        tracing_on = tracing.enabled()
+        fixed = self._fixed.get((entry.name, outputs))
+        if fixed is not None and not tracing_on:
+            return fixed.with_text(text)
         results = evaluate_rules(self._rules_for(entry), text, token_count=self._counters.get(entry.default[0]))
         wanted, settled = models_needed(entry, results, eligible=eligible)
         if wanted:
             return None
-        return self._decided(entry, text, results, settled, eligible, None)
+        choice = self._decided(entry, text, results, settled, eligible, None)
+        if not entry.signals and not algorithms.draws(entry.algorithm, choice.decision.pools) and not tracing_on:
+            # No signal and no draw: every request to this entry for this output gets this choice but for
+            # its text (the decision rests on the config alone), made once.
+            self._fixed[entry.name, outputs] = choice.with_text("")
+        return choice
 
     def _rules_for(self, entry: EntryConfig) -> list[RuleSignal]:
         rules = self._rules.get(entry.name)

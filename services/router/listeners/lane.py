@@ -23,7 +23,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Coroutine, Generator
-from dataclasses import replace
 from typing import Any, Protocol
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
@@ -145,7 +144,7 @@ class Lane:
         if pool.policy.reads_body:  # it prepares (tokenizes) before it chooses: a wait
             return False
         if not codec.judged:
-            choice = replace(choice, text="")  # as the ASGI path: nothing to learn from a token count
+            choice = choice.with_text("")  # as the ASGI path: nothing to learn from a token count
         payload = app.relay.dispatcher.payload(name, chat)
         lease = pool.acquire(len(payload), text=choice.text)
         if not isinstance(lease, Lease):
@@ -173,11 +172,11 @@ class Lane:
                     ticket=Ticket.of(app.config.admission, caller.tenant, caller.priority))
         call.headers = [(b"x-router-entry", choice.entry.name.encode()),
                         (b"x-router-decision", choice.decision.name.encode())]
-        app.count(choice)
         url = lease.replica.url
         assert self.http1 is not None  # enabled
         conn = self.http1.idle(url) if url.startswith("http://") else None
         if conn is None:  # a connection to open first: the ASGI path's code opens it and sends the request
+            app.count(choice)
             self.hand_over(cycle, connection, listener, call, (lease, self.upstream.open(
                 url, codec.upstream_path, payload, api_key=config.api_key, timeout_s=config.timeout_s),
                 time.perf_counter()))
@@ -189,6 +188,7 @@ class Lane:
                 break
         self.http1.send(url, conn, codec.upstream_path, payload, upstream_headers, config.timeout_s)
         _Stream(self, cycle, connection, listener, call, name, lease, conn, config.timeout_s)
+        app.count(choice)  # the books once the request is on its way (the replica works meanwhile)
 
     def hand_over(self, cycle: RequestResponseCycle, connection: LaneConnection, listener: Listener,
                   call: Call, first: Attempt) -> None:
@@ -287,19 +287,17 @@ class _Stream:
         if not cycle.keep_alive:  # a shutdown under way
             parts.append(b"connection: close\r\n")
         parts.append(b"transfer-encoding: chunked\r\n\r\n")
-        self.lane.app.metrics.lane_of(self.listener.name, "streamed").inc()
         if conn.body:
             parts.append(_chunk(conn.take()))
         if conn.done:
             self._end(b"".join(parts) + b"0\r\n\r\n", ok=True)
-            return
-        if not self._write(b"".join(parts)):
-            return
-        self.state = _STREAMING
-        if self.timeout_s:
-            self.stall = StallTimer(conn.loop, self.timeout_s, conn.fail)
-            self.stall.waiting()
-        self._watch_flow()
+        elif self._write(b"".join(parts)):
+            self.state = _STREAMING
+            if self.timeout_s:
+                self.stall = StallTimer(conn.loop, self.timeout_s, conn.fail)
+                self.stall.waiting()
+            self._watch_flow()
+        self.lane.app.metrics.lane_of(self.listener.name, "streamed").inc()  # counted once its head is out
 
     def _forward(self) -> None:
         conn = self.conn

@@ -3,11 +3,14 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
+from dataclasses import fields, replace
 
 import pytest
 
 from services.router.config import parse_config
+from services.router.decision.decisions import NoEligibleDecision
 from services.router.decision.engine import Choice, Router, UnknownModel
+from services.router.decision.signals import request_text
 
 CONFIG = {
     "listeners": [{"port": 8080}],
@@ -66,3 +69,38 @@ def test_escalate_plan_is_its_stages() -> None:
 def test_unknown_model() -> None:
     with pytest.raises(UnknownModel, match="available: static, weighted, escalate"):
         _router().choose_now(_body("nope"))
+
+
+def test_choose_now_made_once_for_an_entry_with_no_signal_is_still_each_requests_own() -> None:
+    """choose_now keeps the choice of an entry with no signals and no draw (the config alone decides it):
+    each request gets it with its own text, as choose makes it; a drawn plan and a signal are still each
+    request's own, and a choice kept for one output is not another output's."""
+    config = {**CONFIG, "entries": {**CONFIG["entries"], "plain": {"default": ["small", "other"]}}}  # type: ignore[dict-item]
+    router = Router(parse_config(config), rng=random.Random(7))
+    for text in ("hello", "def f(): pass", "hello"):
+        now, made = _now(router, _body("plain", text)), asyncio.run(router.choose(_body("plain", text)))
+        assert now is not None and now.text == made.text == text
+        assert (now.entry, now.decision, now.plan, now.signals, now.projections, now.skipped, now.models_s) == (
+            made.entry, made.decision, made.plan, made.signals, made.projections, made.skipped, made.models_s)
+    firsts = Counter(_now(router, _body("weighted")).plan[0] for _ in range(2000))  # type: ignore[union-attr]
+    assert set(firsts) == {"small", "big", "other"}
+    code, plain = _now(router, _body("static", "def f(): pass")), _now(router, _body("static"))
+    assert code is not None and plain is not None
+    assert (code.decision.name, plain.plan) == ("code", ("small", "other"))
+    with pytest.raises(NoEligibleDecision):  # no pool of its declares images: kept for text, not for image
+        _now(router, _body("plain"), outputs="image")
+    assert _now(router, _body("plain")).plan == ("small", "other")  # type: ignore[union-attr]
+
+
+def _now(router: Router, body: dict, outputs: str = "text") -> Choice | None:  # type: ignore[type-arg]
+    return router.choose_now(body, request_text(body), outputs=outputs)
+
+
+def test_with_text_is_replace() -> None:
+    """Choice.with_text builds what dataclasses.replace would: every field but the text kept (a field added
+    to Choice and not to with_text fails here)."""
+    choice = asyncio.run(_router().choose(_body("static", "def f(): pass")))
+    choice.models_s, choice.skipped = 0.5, {"x": "why"}
+    assert choice.with_text("other") == replace(choice, text="other")
+    other = choice.with_text("t")
+    assert all(getattr(other, f.name) is getattr(choice, f.name) for f in fields(choice) if f.name != "text")
