@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import openai
 import pytest
 
-from tests.support.procs import HttpProc, free_port_block, start_backend
+from tests.support.procs import HttpProc, start_backend
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
@@ -35,25 +35,22 @@ def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpProc]:
 @pytest.fixture(scope="module", params=["pipe", "cpipe", "least"])
 def floor(request: pytest.FixtureRequest, backend: HttpProc,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpProc]:
-    tmp = tmp_path_factory.mktemp(request.param)
-    port = free_port_block(1, spread=0)
-    up = str(backend.port)
-    if request.param == "cpipe":
-        binary = tmp / "relay_floor"
-        subprocess.run(["cc", "-O2", "-Wall", "-Werror", "-o", str(binary), str(BENCH / "relay_floor.c")], check=True)
-        command = [str(binary), str(port), up]
-    elif request.param == "pipe":
-        command = [sys.executable, str(BENCH / "router_latency.py"), "--pipe", str(port), up]
-    else:
-        command = [sys.executable, str(BENCH / "router_floor.py"), str(port), up]
-    log_path = tmp / "floor.log"
-    with open(log_path, "wb") as log:
-        proc = HttpProc(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT), port, log_path)
+    proc = _router_latency().start_floor(tmp_path_factory.mktemp(request.param), request.param, backend.port)
     try:
-        proc.wait_http()
         yield proc
     finally:
         proc.stop()
+
+
+def _router_latency() -> ModuleType:
+    """bench/router_latency.py, which starts each floor as the bench runs it (bench/ on the path only while it
+    imports: its modules are scripts, found beside each other)."""
+    sys.path.append(str(BENCH))
+    try:
+        import router_latency
+    finally:
+        sys.path.remove(str(BENCH))
+    return router_latency
 
 
 def _client(url: str) -> openai.OpenAI:

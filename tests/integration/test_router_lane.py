@@ -9,6 +9,7 @@ import re
 import socket
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -102,6 +103,21 @@ def _recv(sock: socket.socket) -> bytes:
     if not data:
         raise ConnectionError("the router closed the connection")
     return data
+
+
+@contextmanager
+def _lane_stream(router: HttpProc, backend: HttpProc, chunks: int,
+                 delay_s: float) -> Iterator[tuple[socket.socket, bytearray]]:
+    """A streamed request under way by the lane (the upstream connection opened first by a request of its own),
+    the replica pacing `chunks` chunks `delay_s` apart: its connection and what came so far, the head in it."""
+    _whole(router)  # the upstream connection open: the next request is the lane's
+    backend.configure(chunks=chunks, chunk_delay_s=delay_s)
+    with _connect(router) as sock:
+        head, body = _request()
+        sock.sendall(head + body)
+        buffered = bytearray(_recv(sock))
+        assert buffered.startswith(b"HTTP/1.1 200 OK\r\n")
+        yield sock, buffered
 
 
 def _connect(router: HttpProc) -> socket.socket:
@@ -267,14 +283,8 @@ def test_a_client_leaving_a_lane_stream_ends_it_upstream(router: HttpProc, backe
 def test_a_lane_stream_broken_off_upstream_ends_with_the_error_event(tmp_path: Path) -> None:
     doomed, router = _one_replica(tmp_path, "doomed")
     try:
-        _whole(router)  # its upstream connection open: the next request is the lane's
         streamed = _lane(router).get("streamed", 0)
-        doomed.configure(chunks=50, chunk_delay_s=0.05)
-        with _connect(router) as sock:
-            head, body = _request()
-            sock.sendall(head + body)
-            buffered = bytearray(_recv(sock))
-            assert buffered.startswith(b"HTTP/1.1 200 OK\r\n")
+        with _lane_stream(router, doomed, 50, 0.05) as (sock, buffered):
             doomed.proc.kill()
             _, data = _read_response(sock, buffered)
         events = _events(data)
@@ -325,13 +335,7 @@ def test_a_lane_stream_in_flight_ends_whole_when_the_router_stops(tmp_path: Path
     the connection closes after it instead of staying kept alive."""
     backend, router = _one_replica(tmp_path, "s")
     try:
-        _whole(router)  # the upstream connection open: the next request is the lane's
-        backend.configure(chunks=20, chunk_delay_s=0.05)
-        with _connect(router) as sock:
-            head, body = _request()
-            sock.sendall(head + body)
-            buffered = bytearray(_recv(sock))
-            assert buffered.startswith(b"HTTP/1.1 200 OK\r\n")
+        with _lane_stream(router, backend, 20, 0.05) as (sock, buffered):
             router.proc.terminate()
             _, data = _read_response(sock, buffered)
             assert _events(data)[-1] == "[DONE]" and len(_events(data)) == 21
