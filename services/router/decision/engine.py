@@ -81,7 +81,7 @@ class Router:
         self.model_signals = ModelSignals(models)
         # Each entry's rule signals that its decisions need, in config order: what every request evaluates.
         self._rules = {name: _rules_of(entry) for name, entry in config.entries.items()}
-        # choose_now's choice for an entry with no signals and no random draw, by (entry, outputs).
+        # The choice for an entry with no signals and no random draw, by (entry, outputs) (`_kept`).
         self._fixed: dict[tuple[str, str], Choice] = {}
 
     def load_models(self) -> None:
@@ -115,6 +115,10 @@ class Router:
         and never more than the entry's signal_budget_s."""
         entry, eligible = self._entry(body, outputs)
         text = request_text(body) if text is None else text
+        if not tracing.enabled():
+            fixed = self._fixed.get((entry.name, outputs))
+            if fixed is not None:
+                return fixed.with_text(text)
         rules = self._rules_for(entry)
         count = self._counters.get(entry.default[0])
         with tracing.span("router.signals", {"router.entry": entry.name}) as span:
@@ -134,25 +138,27 @@ class Router:
             if span is not None:
                 span.set_attributes({"router.signals.evaluated": list(results),
                                      "router.signals.matched": [k for k, r in results.items() if r.matched]})
-        return self._decided(entry, text, results, settled, eligible, waited)
+        return self._kept(entry, outputs, self._decided(entry, text, results, settled, eligible, waited))
 
     def choose_now(self, body: dict[str, Any], text: str, *, outputs: str = "text") -> Choice | None:
         """`choose` without waiting, for an entry whose decision rests on rule signals alone (its model
         signals, if any, not needed for this text): the Choice, or None, and nothing done, when a model
         signal must be asked (then `choose`). UnknownModel, NoEligibleDecision as `choose`."""
         entry, eligible = self._entry(body, outputs)
-        tracing_on = tracing.enabled()
         fixed = self._fixed.get((entry.name, outputs))
-        if fixed is not None and not tracing_on:
+        if fixed is not None and not tracing.enabled():
             return fixed.with_text(text)
         results = evaluate_rules(self._rules_for(entry), text, token_count=self._counters.get(entry.default[0]))
         wanted, settled = models_needed(entry, results, eligible=eligible)
         if wanted:
             return None
-        choice = self._decided(entry, text, results, settled, eligible, None)
-        if not entry.signals and not algorithms.draws(entry.algorithm, choice.decision.pools) and not tracing_on:
-            # No signal and no draw: every request to this entry for this output gets this choice but for
-            # its text (the decision rests on the config alone), made once.
+        return self._kept(entry, outputs, self._decided(entry, text, results, settled, eligible, None))
+
+    def _kept(self, entry: EntryConfig, outputs: str, choice: Choice) -> Choice:
+        """`choice`, kept for the entry's next requests for `outputs` when it has no signal and no draw: every
+        request to it gets this choice but for its text (the decision rests on the config alone), made once
+        (not while tracing: a traced request's decision is made, and its spans kept)."""
+        if not entry.signals and not algorithms.draws(entry.algorithm, choice.decision.pools) and not tracing.enabled():
             self._fixed[entry.name, outputs] = choice.with_text("")
         return choice
 

@@ -92,6 +92,26 @@ def test_choose_now_made_once_for_an_entry_with_no_signal_is_still_each_requests
     assert _now(router, _body("plain")).plan == ("small", "other")  # type: ignore[union-attr]
 
 
+def test_choose_keeps_the_choice_of_an_entry_with_no_signal_as_choose_now_does() -> None:
+    """The ASGI path's `choose` keeps (and reuses) the same choice as choose_now for an entry with no signal and
+    no draw, each request's with its own text; a choice kept by one is the other's too."""
+    config = {**CONFIG, "entries": {**CONFIG["entries"], "plain": {"default": ["small", "other"]}}}  # type: ignore[dict-item]
+    router = Router(parse_config(config), rng=random.Random(7))
+    first = asyncio.run(router.choose(_body("plain", "one")))
+    again = asyncio.run(router.choose(_body("plain", "two")))
+    assert (first.text, again.text) == ("one", "two")
+    assert again.decision is first.decision and again.plan == first.plan == ("small", "other")  # made once
+    now = _now(router, _body("plain", "three"))
+    assert now is not None and now.decision is first.decision and now.text == "three"
+    fresh = Router(parse_config(config), rng=random.Random(7))
+    kept_by_now = _now(fresh, _body("plain", "four"))
+    assert kept_by_now is not None
+    assert asyncio.run(fresh.choose(_body("plain", "five"))).decision is kept_by_now.decision
+    signalled = [asyncio.run(router.choose(_body("static", t))) for t in ("def f(): pass", "hello")]
+    assert [c.decision.name for c in signalled] == ["code", "default"]  # a signal still decides each request
+    assert len({c.plan[0] for c in (asyncio.run(router.choose(_body("weighted"))) for _ in range(300))}) == 3
+
+
 def _now(router: Router, body: dict, outputs: str = "text") -> Choice | None:  # type: ignore[type-arg]
     return router.choose_now(body, request_text(body), outputs=outputs)
 
