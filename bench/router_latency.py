@@ -22,6 +22,8 @@ paired with an upstream one) as a target: what any relay on one asyncio loop pay
 same pipe in C (bench/relay_floor.c): what any relay in user space pays, the kernel's part. `--http-floor`
 adds the least HTTP router (bench/router_floor.py: the request parsed, its model replaced, the response's
 bytes passed through and parsed for its end; nothing else): what any router in Python that reads HTTP pays.
+`--decide-floor` adds the same doing the router's own parts with the router's code (router_floor.py --decide):
+what the router's request path costs without the glue between its parts.
 
 The backend, the routers and this client are separate processes. The client is a minimal HTTP/1.1
 keep-alive client on raw asyncio (uvloop if installed), so its own CPU per request, paid equally on
@@ -29,7 +31,8 @@ every path, stays small next to the servers' on a shared machine.
 Usage: .venv/bin/python bench/router_latency.py [--requests 6000] [--rounds 6] [--concurrency 1,64]
        .venv/bin/python bench/router_latency.py --stream [--rounds 3] [--chunks 16,256] [--streams 64]
                                                 [--chunk-ms 20] [--round-chunks 16384] [--before REV]
-                                                [--floor] [--c-floor] [--http-floor] [--spread] [--pin]
+                                                [--floor] [--c-floor] [--http-floor] [--decide-floor]
+                                                [--spread] [--pin]
                                                 [--profile FILE]
 """
 from __future__ import annotations
@@ -402,10 +405,11 @@ async def serve_pipe(port: int, upstream_port: int) -> None:
     await server.serve_forever()
 
 
-def start_floor(tmp: Path, name: str, upstream_port: int) -> HttpProc:
+def start_floor(tmp: Path, name: str, upstream_port: int, config: str = "") -> HttpProc:
     """A floor in its own process, in front of the backend on `upstream_port`: the byte pipe (`pipe`, this
-    file), the same pipe in C (`cpipe`, bench/relay_floor.c, built here with cc -O2) or the least HTTP
-    router (`least`, bench/router_floor.py)."""
+    file), the same pipe in C (`cpipe`, bench/relay_floor.c, built here with cc -O2), the least HTTP
+    router (`least`, bench/router_floor.py) or the same with the router's own parts (`decide`: `config`, the
+    router's config, as start_router_in takes it)."""
     port = free_port_block(1, spread=0)
     log_path = tmp / f"{name}-{port}.log"
     here = Path(__file__).parent
@@ -413,9 +417,14 @@ def start_floor(tmp: Path, name: str, upstream_port: int) -> HttpProc:
         binary = tmp / "relay_floor"
         subprocess.run(["cc", "-O2", "-o", str(binary), str(here / "relay_floor.c")], check=True)
         command = [str(binary), str(port), str(upstream_port)]
+    elif name == "pipe":
+        command = [sys.executable, __file__, "--pipe", str(port), str(upstream_port)]
     else:
-        command = [sys.executable, *([__file__, "--pipe", str(port), str(upstream_port)] if name == "pipe" else
-                                    [str(here / "router_floor.py"), str(port), str(upstream_port)])]
+        command = [sys.executable, str(here / "router_floor.py"), str(port), str(upstream_port)]
+        if name == "decide":
+            path = tmp / f"decide-{port}.yaml"
+            path.write_text(config.replace("{port}", str(port)))
+            command += ["--decide", str(path)]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     floor = HttpProc(proc, port, log_path)
@@ -451,8 +460,11 @@ entries:
                 routers["cpipe"] = start_floor(Path(tmp), "cpipe", backend.port)
             if args.http_floor:
                 routers["least"] = start_floor(Path(tmp), "least", backend.port)
+            if args.decide_floor:
+                routers["decide"] = start_floor(Path(tmp), "decide", backend.port, config)
             label = {"direct": "direct", "router": "this checkout", "before": f"before ({args.before})",
-                     "pipe": "byte pipe (floor)", "cpipe": "byte pipe in C", "least": "least HTTP router"}
+                     "pipe": "byte pipe (floor)", "cpipe": "byte pipe in C", "least": "least HTTP router",
+                     "decide": "least + router's parts"}
             print(f"router streamed: {args.streams} concurrent streamed chat completions, chunks paced "
                   f"{args.chunk_ms:g} ms by the test backend, one replica; {args.rounds} rounds rotating "
                   f"{', '.join(label[n] for n in ['direct', *routers])}; medians over rounds")
@@ -461,7 +473,7 @@ entries:
                                   "together, every stream starting at once and staying in step (bursts)"))
             print("router CPU per request is the router process's, less its idle CPU; added latency is the "
                   "router's percentile less direct's in the same round (ms)")
-            print("chunks  target              CPU us/req (sys)  TTFT+ p50  TTFT+ p99   end+ p50   end+ p99   req/s")
+            print(f"chunks  {'target':<22}  CPU us/req (sys)  TTFT+ p50  TTFT+ p99   end+ p50   end+ p99   req/s")
             ports = {"direct": backend.port, **{name: r.port for name, r in routers.items()}}
             pids = {name: r.proc.pid for name, r in routers.items()}
             if args.pin:
@@ -486,7 +498,7 @@ entries:
                     cpu = "" if name == "direct" else f"{r.cpu_us:10.0f} ({r.sys_us:4.0f})"
                     lat = ("" if name == "direct" else
                            f" {r.ttft_p50:10.3f} {r.ttft_p99:10.3f} {r.end_p50:10.3f} {r.end_p99:10.3f}")
-                    print(f"{n + 1:>6}  {label[name]:<18}  {cpu:>16}{lat:>44} {r.rps:7.1f}")
+                    print(f"{n + 1:>6}  {label[name]:<22}  {cpu:>16}{lat:>44} {r.rps:7.1f}")
                     if r.errors:
                         print(f"        {name}: non-200 answers {dict(sorted(r.errors.items()))}")
             if len(lengths) >= 2:
@@ -496,7 +508,7 @@ entries:
                 for name in routers:
                     b = (results[hi][name].cpu_us - results[lo][name].cpu_us) / (hi - lo)
                     fits[name] = (results[lo][name].cpu_us - b * (lo + 1), b)
-                    print(f"  {label[name]:<18} a = {fits[name][0]:7.0f} us per request   "
+                    print(f"  {label[name]:<22} a = {fits[name][0]:7.0f} us per request   "
                           f"b = {fits[name][1]:6.2f} us per chunk")
                 if "before" in fits:
                     (a0, b0), (a1, b1) = fits["before"], fits["router"]
@@ -564,6 +576,10 @@ def main() -> None:
     ap.add_argument("--http-floor", action="store_true",
                     help="--stream: also the least HTTP router in front of the backend (bench/router_floor.py): "
                          "a request parsed, its model replaced, the response passed through; nothing else")
+    ap.add_argument("--decide-floor", action="store_true",
+                    help="--stream: also the least HTTP router doing the router's own parts (router_floor.py "
+                         "--decide: access, the body's parse, the decision, the lease, the payload, the counts), "
+                         "none of the glue between them: what the router's request path costs at least")
     ap.add_argument("--pin", action="store_true",
                     help="--stream: the routers on CPU 1, the backend and this client on CPU 0 (a router with a "
                          "core of its own, as deployed; else all share every core)")

@@ -1,6 +1,7 @@
 """The floors bench/router_latency.py holds the router against, each in its own process on a real socket in
 front of the test backend: the byte pipe (`--floor`), the byte pipe in C (`--c-floor`, bench/relay_floor.c
-built with cc) and the least HTTP router (`--http-floor`, bench/router_floor.py). A floor's figure means
+built with cc), the least HTTP router (`--http-floor`, bench/router_floor.py) and the same doing the router's
+own parts (`--decide-floor`, router_floor.py --decide, its entry named as the model). A floor's figure means
 something only if it does the relay's whole work: every byte both ways, streams and long bodies, keep-alive,
 a client that leaves mid-stream, a client that reads slowly (its bytes parked, none lost)."""
 from __future__ import annotations
@@ -32,10 +33,14 @@ def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpProc]:
         proc.stop()
 
 
-@pytest.fixture(scope="module", params=["pipe", "cpipe", "least"])
+@pytest.fixture(scope="module", params=["pipe", "cpipe", "least", "decide"])
 def floor(request: pytest.FixtureRequest, backend: HttpProc,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpProc]:
-    proc = _router_latency().start_floor(tmp_path_factory.mktemp(request.param), request.param, backend.port)
+    config = (f'listeners: [{{port: {{port}}, host: 127.0.0.1}}]\n'
+              f'pools: {{p: {{model: tiny, replicas: [{{url: "{backend.url}"}}]}}}}\n'
+              f'entries: {{tiny: {{default: [p]}}}}\n')
+    proc = _router_latency().start_floor(tmp_path_factory.mktemp(request.param), request.param, backend.port,
+                                         config)
     try:
         yield proc
     finally:
