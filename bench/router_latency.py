@@ -32,8 +32,7 @@ Usage: .venv/bin/python bench/router_latency.py [--requests 6000] [--rounds 6] [
        .venv/bin/python bench/router_latency.py --stream [--rounds 3] [--chunks 16,256] [--streams 64]
                                                 [--chunk-ms 20] [--round-chunks 16384] [--before REV]
                                                 [--floor] [--c-floor] [--http-floor] [--decide-floor]
-                                                [--spread] [--pin]
-                                                [--profile FILE]
+                                                [--spread] [--pin] [--profile FILE]
 """
 from __future__ import annotations
 

@@ -115,10 +115,9 @@ class Router:
         and never more than the entry's signal_budget_s."""
         entry, eligible = self._entry(body, outputs)
         text = request_text(body) if text is None else text
-        if not tracing.enabled():
-            fixed = self._fixed.get((entry.name, outputs))
-            if fixed is not None:
-                return fixed.with_text(text)
+        kept = self._reused(entry, outputs, text)
+        if kept is not None:
+            return kept
         rules = self._rules_for(entry)
         count = self._counters.get(entry.default[0])
         with tracing.span("router.signals", {"router.entry": entry.name}) as span:
@@ -145,9 +144,9 @@ class Router:
         signals, if any, not needed for this text): the Choice, or None, and nothing done, when a model
         signal must be asked (then `choose`). UnknownModel, NoEligibleDecision as `choose`."""
         entry, eligible = self._entry(body, outputs)
-        fixed = self._fixed.get((entry.name, outputs))
-        if fixed is not None and not tracing.enabled():
-            return fixed.with_text(text)
+        kept = self._reused(entry, outputs, text)
+        if kept is not None:
+            return kept
         results = evaluate_rules(self._rules_for(entry), text, token_count=self._counters.get(entry.default[0]))
         wanted, settled = models_needed(entry, results, eligible=eligible)
         if wanted:
@@ -161,6 +160,12 @@ class Router:
         if not entry.signals and not algorithms.draws(entry.algorithm, choice.decision.pools) and not tracing.enabled():
             self._fixed[entry.name, outputs] = choice.with_text("")
         return choice
+
+    def _reused(self, entry: EntryConfig, outputs: str, text: str) -> Choice | None:
+        """The choice `_kept` for the entry and `outputs`, for a request whose text is `text`; None when none is
+        kept (or tracing is on)."""
+        fixed = self._fixed.get((entry.name, outputs))
+        return None if fixed is None or tracing.enabled() else fixed.with_text(text)
 
     def _rules_for(self, entry: EntryConfig) -> list[RuleSignal]:
         rules = self._rules.get(entry.name)
