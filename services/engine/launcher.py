@@ -102,6 +102,8 @@ def supervise(config: EngineConfig) -> int:
         p = ctx.Process(target=_rank_process, args=(configs[i], ready[i]), name=f"engine-rank-{configs[i].rank}")
         p.start()
         procs[i] = p
+        if stopping:  # a signal while it started found procs[i] without it: it is told here instead
+            p.terminate()
 
     def stop(*_: object) -> None:
         nonlocal stopping
