@@ -1,6 +1,8 @@
 """`engine` CLI: parse flags, then run one rank here or supervise one process per local rank."""
 from __future__ import annotations
 
+import faulthandler
+import signal
 import sys
 
 from services.engine.config import parse_args
@@ -16,4 +18,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: every thread's stack, to the log
     main()

@@ -1,6 +1,7 @@
 """Runs engine ranks: one rank in this process, or one spawned process per local rank, supervised."""
 from __future__ import annotations
 
+import faulthandler
 import logging
 import multiprocessing
 import signal
@@ -73,6 +74,7 @@ def _run_rank(config: EngineConfig, on_ready: Callable[[], None] | None, started
 
 
 def _rank_process(config: EngineConfig, ready: Event) -> None:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # as the supervisor (services/engine/__main__.py)
     setup_logging()
     sys.exit(run_rank(config, ready.set))
 

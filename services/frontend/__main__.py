@@ -1,9 +1,11 @@
 """`frontend` CLI: parse flags, set up logging, run API server 0 (which starts any others)."""
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
 
@@ -35,4 +37,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: every thread's stack, to the log
     main()

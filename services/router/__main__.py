@@ -4,8 +4,10 @@ by flag, then exit 2), logging set up, served."""
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import os
+import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -157,4 +159,5 @@ def _load(path: Path) -> RouterConfig:
 
 
 if __name__ == "__main__":
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: every thread's stack, to the log
     main()

@@ -1,6 +1,7 @@
 """Start real engine processes for tests, with free loopback ports and logs kept for failures."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import random
@@ -92,6 +93,25 @@ def pid_listening_on(port: int) -> int:
     raise LookupError(f"no process listens on port {port}")
 
 
+def descendants(pid: int) -> list[int]:
+    """The processes below `pid` (Linux /proc), parents before their children."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:  # gone meanwhile
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])  # after the name, which may hold spaces: state, ppid
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 def _is_free(port: int) -> bool:
     with closing(socket.socket()) as s:
         try:
@@ -122,12 +142,24 @@ class Proc:
             self.proc.send_signal(signal.SIGTERM)
 
     def wait_stopped(self, timeout_s: float = 30.0) -> int:
-        """Its exit code, SIGKILLed after `timeout_s`."""
+        """Its exit code, SIGKILLed after `timeout_s`. One that did not stop first has every process of
+        its tree write its threads' stacks to the log (SIGUSR1: the services' faulthandler), then the tree
+        is killed (no orphaned engine left running) and the log's end printed, for the test's report."""
         try:
             self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            tree = [self.proc.pid, *descendants(self.proc.pid)]
+            for pid in tree:  # one at a time: they share the log
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGUSR1)
+                time.sleep(0.3)
+            for pid in tree:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             self.proc.wait()
+            tail = "\n".join(self.log().splitlines()[-200:])
+            print(f"{self.log_path.name}: did not stop within {timeout_s:g}s; killed with {len(tree) - 1} "
+                  f"descendant(s) after a stack dump. The log's end:\n{tail}")
         return self.proc.returncode
 
 
