@@ -12,11 +12,12 @@ from services.engine.launcher import run_rank, setup_logging, supervise
 def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
     setup_logging()
+    if signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL and sys.__stderr__ is not None:  # not an embedder's
+        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)  # `kill -USR1`: every stack
     if config.data_parallel_size_local == 1:
         sys.exit(run_rank(config.for_local_rank(0)))
     sys.exit(supervise(config))
 
 
 if __name__ == "__main__":
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: every thread's stack, to the log
     main()

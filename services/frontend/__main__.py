@@ -19,6 +19,8 @@ def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
     logging.basicConfig(level=config.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL and sys.__stderr__ is not None:  # not an embedder's
+        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)  # `kill -USR1`: every stack
     # Several API server processes answer /metrics as one: prometheus-client's multiprocess mode,
     # which it chooses when it is imported, so the directory is named before the server is.
     made = None
@@ -37,5 +39,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: every thread's stack, to the log
     main()

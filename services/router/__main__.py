@@ -95,6 +95,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.port is not None and not 1 <= args.port <= 65535:
         parser.error(f"--port: expected 1..65535, got {args.port}")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL and sys.__stderr__ is not None:  # not an embedder's
+        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)  # `kill -USR1`: every stack
     try:
         config, inactive = engine_mode(args) if args.engine else router_mode(args)
     except ModeError as exc:
@@ -159,5 +161,4 @@ def _load(path: Path) -> RouterConfig:
 
 
 if __name__ == "__main__":
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: every thread's stack, to the log
     main()

@@ -1,6 +1,7 @@
 """Faults seen through the frontend: /ready before and after a rank joins, an engine killed
 mid-stream (error event, /ready names it, traffic moves at once, the rank rejoins after restart), a rank
-of a supervised unit killed (the unit keeps serving and restarts it), an engine drained by SIGTERM."""
+of a supervised unit killed (the unit keeps serving and restarts it), an engine drained by SIGTERM, and
+SIGUSR1 stack dumps from every process of a fleet."""
 from __future__ import annotations
 
 import json
@@ -16,7 +17,15 @@ import httpx
 import openai
 import pytest
 
-from tests.support.procs import EngineProc, free_port_block, pid_listening_on, start_engine, start_frontend
+from tests.support.procs import (
+    EngineProc,
+    descendants,
+    free_port_block,
+    pid_listening_on,
+    start_engine,
+    start_frontend,
+    start_router,
+)
 
 SIM = ("--model", "tiny", "--backend", "sim")
 CHAT = [{"role": "user", "content": "Hello there"}]
@@ -307,3 +316,41 @@ def test_a_frontend_that_did_not_run_for_longer_than_the_deadline_keeps_its_engi
         os.kill(fe.proc.pid, signal.SIGCONT)
         fe.stop()
         engine.stop()
+
+
+def test_sigusr1_has_every_service_process_write_its_stacks_and_keep_serving(tmp_path: Path) -> None:
+    """`kill -USR1` on each process of a fleet (a router, a frontend, its engine unit's supervisor and two
+    ranks): each writes every thread's stack to its log, and the fleet answers as before and stops cleanly."""
+    fe = start_frontend(tmp_path, "--backend", "sim", "--data-parallel-size-local", "2",
+                        "--engine-port", str(free_port_block(2)), "--engine-arg=--sim-instant")
+    router = None
+    try:
+        router = start_router(tmp_path, f"""
+listeners: [{{port: {{port}}, host: 127.0.0.1}}]
+pools:
+  p: {{model: tiny, replicas: [{{url: {fe.url}}}]}}
+entries:
+  fleet: {{default: [p]}}
+""")
+        unit = [p for p in descendants(fe.proc.pid) if b"services.engine" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        ranks = [p for p in descendants(unit[0]) if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert len(unit) == 1 and len(ranks) == 2, (unit, ranks)
+        expected = {router.proc.pid: (router, "services/router/__main__.py"),
+                    fe.proc.pid: (fe, "services/frontend/__main__.py"),
+                    unit[0]: (fe, "in supervise"),
+                    ranks[0]: (fe, "in _rank_process"), ranks[1]: (fe, "in _rank_process")}
+        for pid, (proc, frame) in expected.items():
+            before = proc.log().count(frame)
+            os.kill(pid, signal.SIGUSR1)
+            deadline = time.monotonic() + 10
+            while proc.log().count(frame) == before and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert proc.log().count(frame) > before, f"pid {pid}: no stack naming {frame!r}"
+        r = httpx.post(router.url + "/v1/chat/completions", timeout=30,
+                       json={"model": "fleet", "messages": CHAT, "max_tokens": 2})
+        assert r.status_code == 200, r.text
+        assert {_completion(fe.url, **{"X-Data-Parallel-Rank": str(rank)}).status_code for rank in (0, 1)} == {200}
+    finally:
+        if router is not None:
+            assert router.stop() == 0
+        assert fe.stop() == 0
