@@ -28,7 +28,7 @@ from services.router.modes import (
     engine_models,
     with_default_model,
 )
-from services.router.server import run, run_loop
+from services.router.server import DEFAULT_SHUTDOWN_TIMEOUT_S, run, run_loop
 
 log = logging.getLogger("router")
 
@@ -73,6 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
                              f"{MIN_BODY_RATE} bytes a second after the first this long, is a 408 and a close "
                              "(slow POST). "
                              f"Default: {DEFAULT_HEADER_TIMEOUT_S:g}")
+    parser.add_argument("--shutdown-timeout", type=float, default=DEFAULT_SHUTDOWN_TIMEOUT_S,
+                        help="on SIGTERM or SIGINT the listeners take no new connection and the requests running "
+                             "(streams too) may finish for this many seconds; those still running then are cut "
+                             "and the router exits. Keep the deployment's grace period above it. "
+                             f"Default: {DEFAULT_SHUTDOWN_TIMEOUT_S:g} (the frontend's --shutdown-timeout)")
     parser.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
                         help="open connections each listener holds; one more is answered 503 and closed at once. "
                              f"Keep it under the open-file limit (ulimit -n). Default: {DEFAULT_MAX_CONNECTIONS}")
@@ -90,6 +95,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not args.header_timeout > 0:
         parser.error(f"--header-timeout: expected > 0 seconds, got {args.header_timeout}")
+    if not args.shutdown_timeout >= 0:
+        parser.error(f"--shutdown-timeout: expected >= 0 seconds, got {args.shutdown_timeout}")
     if args.max_connections < 1:
         parser.error(f"--max-connections: expected >= 1, got {args.max_connections}")
     if args.port is not None and not 1 <= args.port <= 65535:
@@ -107,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(str(exc))
     try:
         code = run_loop(run(config, header_timeout_s=args.header_timeout, max_connections=args.max_connections,
-                            inactive=inactive))
+                            shutdown_timeout_s=args.shutdown_timeout, inactive=inactive))
     finally:
         tracing.shutdown()  # the spans still batched are exported before the process exits
     sys.exit(code)

@@ -37,9 +37,15 @@ log = logging.getLogger("router")
 _GC_YOUNG = 20_000  # allocations between young-generation passes of the collector (CPython: 700)
 
 
+DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
+
+
 async def run(config: RouterConfig, *, header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
-              max_connections: int = DEFAULT_MAX_CONNECTIONS, inactive: RouterConfig | None = None) -> int:
-    """Serve `config` until SIGTERM or SIGINT; `inactive`: engine mode's routing file, loaded and not served."""
+              max_connections: int = DEFAULT_MAX_CONNECTIONS, shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
+              inactive: RouterConfig | None = None) -> int:
+    """Serve `config` until SIGTERM or SIGINT, then let the requests running finish for `shutdown_timeout_s`
+    (uvicorn's graceful shutdown: no new connection meanwhile; a lane stream, no task of uvicorn's, holds its
+    connection open, which uvicorn waits on too); `inactive`: engine mode's routing file, loaded and not served."""
     if inactive is not None:
         log.info("%s", inactive_line(inactive))
     upstream = AiohttpUpstream()
@@ -117,7 +123,9 @@ async def run(config: RouterConfig, *, header_timeout_s: float = DEFAULT_HEADER_
     servers = [uvicorn.Server(uvicorn.Config(app, host=listener.host, port=listener.port, http=http,
                                              loop="none", lifespan="off", access_log=False, log_config=None,
                                              proxy_headers=False, timeout_keep_alive=75,
-                                             timeout_graceful_shutdown=5, backlog=2048))
+                                             # typed int by uvicorn; asyncio.timeout takes the float
+                                             timeout_graceful_shutdown=shutdown_timeout_s,  # type: ignore[arg-type]
+                                             backlog=2048))
                for listener in config.listeners]
     feeds = KvFeeds(config, pools)  # precise_prefix pools' KV event streams
     checker.on_replaced = feeds.sync

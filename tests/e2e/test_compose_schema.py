@@ -12,6 +12,11 @@ import jsonschema
 import pytest
 import yaml
 
+from protocol.handshake import TOKEN_ENV
+from services.engine.config import parse_args as engine_args
+from services.frontend.config import parse_args as frontend_args
+from services.router.__main__ import build_parser as router_parser
+
 COMPOSE = Path(__file__).resolve().parents[2] / "deploy" / "compose"
 FILES = ("compose.yaml", "compose.gpu.yaml", "compose.sim.yaml")
 
@@ -70,3 +75,18 @@ def test_gpu_override_reserves_a_gpu_per_engine() -> None:
         assert services[name]["image"] == "ghcr.io/fleet/fleet-engine-cuda:0.1.0"
         assert devices[0]["capabilities"] == ["gpu"] and len(devices[0]["device_ids"]) == 1
         assert services[name]["volumes"][0].endswith(":/models/model:ro")
+
+
+def test_each_service_is_given_longer_than_its_own_drain_before_sigkill(monkeypatch: pytest.MonkeyPatch) -> None:
+    """compose's default 10 s would cut the 30 s that SIGTERM gives running work: each service's
+    stop_grace_period is longer than the drain its own flags (defaults included) set."""
+    monkeypatch.setenv(TOKEN_ENV, "t" * 64)  # as the file's ENGINE_AUTH_TOKEN: the engines listen on 0.0.0.0
+    drains = {"engine": lambda argv: engine_args(argv).drain_timeout_s,
+              "frontend": lambda argv: frontend_args(argv).shutdown_timeout_s,
+              "router": lambda argv: router_parser().parse_args(argv).shutdown_timeout}
+    services = _doc("compose.yaml")["services"]
+    for name, service in services.items():
+        command = service["command"]
+        drain = drains[command[0]](command[1:])
+        grace = service["stop_grace_period"]
+        assert grace.endswith("s") and float(grace[:-1]) > drain, (name, grace, drain)

@@ -330,21 +330,48 @@ def test_a_clients_traceparent_reaches_the_replica_by_the_lane_and_by_a_hand_ove
 
 
 def test_a_lane_stream_in_flight_ends_whole_when_the_router_stops(tmp_path: Path) -> None:
-    """SIGTERM while a lane stream runs: uvicorn's graceful shutdown lets it finish (it is no task of
-    uvicorn's, so the connection's open response is what it waits on), the stream ends with [DONE], and
-    the connection closes after it instead of staying kept alive."""
+    """SIGTERM while a lane stream of 7.5 s runs (longer than uvicorn's default 5 s of grace): the default
+    --shutdown-timeout (30 s, the frontend's) lets it finish (it is no task of uvicorn's, so the connection's
+    open response is what it waits on), no new connection is taken meanwhile, the stream ends with [DONE],
+    and the connection closes after it instead of staying kept alive."""
     backend, router = _one_replica(tmp_path, "s")
     try:
-        with _lane_stream(router, backend, 20, 0.05) as (sock, buffered):
+        with _lane_stream(router, backend, 30, 0.25) as (sock, buffered):
             router.proc.terminate()
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and _accepts(router.port):
+                time.sleep(0.05)
+            assert not _accepts(router.port)  # the listener is closed at once; the stream runs on
             _, data = _read_response(sock, buffered)
-            assert _events(data)[-1] == "[DONE]" and len(_events(data)) == 21
-            sock.settimeout(2.0)  # under uvicorn's 5 s of graceful shutdown: closed by the stream's end
+            assert _events(data)[-1] == "[DONE]" and len(_events(data)) == 31
+            sock.settimeout(2.0)
             assert sock.recv(1) == b""  # closed after the stream, not kept alive
         assert router.proc.wait(timeout=10) == 0
     finally:
         router.stop()
         backend.stop()
+
+
+def test_a_stream_running_past_the_shutdown_timeout_is_cut_and_the_router_exits(tmp_path: Path) -> None:
+    """--shutdown-timeout 1: a lane stream of 10 s in flight at SIGTERM is cut about a second later (no
+    [DONE]) and the router exits 0 then, not when the stream would have ended."""
+    backend, router = _one_replica(tmp_path, "s", "--shutdown-timeout", "1")
+    try:
+        with _lane_stream(router, backend, 40, 0.25) as (sock, buffered):
+            router.proc.terminate()
+            sock.settimeout(8.0)
+            while chunk := sock.recv(65536):  # until the router closes it
+                buffered += chunk
+            assert router.proc.wait(timeout=5) == 0
+            assert 0 < buffered.count(b"data: {") < 40 and b"[DONE]" not in buffered
+    finally:
+        router.stop()
+        backend.stop()
+
+
+def _accepts(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def test_a_pipelined_request_does_not_stall_a_lane_stream_waiting_on_a_slow_client(

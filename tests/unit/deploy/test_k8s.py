@@ -417,6 +417,7 @@ def test_the_router_config_map_validates_and_points_at_the_frontend_service(flee
     _, resources = fleet
     args, config = _router_config(resources)
     assert args.port is None  # the listeners' ports are the config's
+    assert _pod(resources[("Deployment", "router")])["terminationGracePeriodSeconds"] > args.shutdown_timeout
     frontend, service = resources[("Deployment", "frontend")], resources[("Service", "frontend")]
     assert service["spec"]["clusterIP"] == "None"  # the DNS name resolves to each frontend pod
     served = frontend_args(_container(frontend)["args"])
