@@ -1,10 +1,9 @@
 """`engine` CLI: parse flags, then run one rank here or supervise one process per local rank."""
 from __future__ import annotations
 
-import faulthandler
-import signal
 import sys
 
+import tracing
 from services.engine.config import parse_args
 from services.engine.launcher import run_rank, setup_logging, supervise
 
@@ -12,8 +11,7 @@ from services.engine.launcher import run_rank, setup_logging, supervise
 def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
     setup_logging()
-    if signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL and sys.__stderr__ is not None:  # not an embedder's
-        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)  # `kill -USR1`: every stack
+    tracing.dump_stacks_on_usr1()
     if config.data_parallel_size_local == 1:
         sys.exit(run_rank(config.for_local_rank(0)))
     sys.exit(supervise(config))

@@ -1,7 +1,6 @@
 """Runs engine ranks: one rank in this process, or one spawned process per local rank, supervised."""
 from __future__ import annotations
 
-import faulthandler
 import logging
 import multiprocessing
 import signal
@@ -74,7 +73,7 @@ def _run_rank(config: EngineConfig, on_ready: Callable[[], None] | None, started
 
 
 def _rank_process(config: EngineConfig, ready: Event) -> None:
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # as the supervisor (services/engine/__main__.py)
+    tracing.dump_stacks_on_usr1()
     setup_logging()
     sys.exit(run_rank(config, ready.set))
 
@@ -118,7 +117,8 @@ def supervise(config: EngineConfig) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     for i in range(len(configs)):
-        start(i)
+        if not stopping:
+            start(i)
     code = 0
     while due or any(p is not None and p.is_alive() for p in procs):
         for i, p in enumerate(procs):
@@ -149,7 +149,7 @@ def supervise(config: EngineConfig) -> int:
         now = time.monotonic()
         for i, at in list(due.items()):
             if at <= now and not stopping:
-                del due[i]
+                due.pop(i, None)  # (a signal meanwhile clears `due`)
                 restarts[i].append(now)
                 start(i)
         if due and all(p is None for p in procs):

@@ -1,11 +1,9 @@
 """`frontend` CLI: parse flags, set up logging, run API server 0 (which starts any others)."""
 from __future__ import annotations
 
-import faulthandler
 import logging
 import os
 import shutil
-import signal
 import sys
 import tempfile
 
@@ -19,8 +17,7 @@ def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
     logging.basicConfig(level=config.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL and sys.__stderr__ is not None:  # not an embedder's
-        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)  # `kill -USR1`: every stack
+    tracing.dump_stacks_on_usr1()
     # Several API server processes answer /metrics as one: prometheus-client's multiprocess mode,
     # which it chooses when it is imported, so the directory is named before the server is.
     made = None

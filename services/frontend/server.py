@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import faulthandler
 import functools
 import gc
 import logging
@@ -336,7 +335,7 @@ def _start_siblings(config: FrontendConfig, addresses: list[str],
 
 
 def _sibling_main(config: FrontendConfig, index: int, board: InFlightBoard | None) -> None:
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # as API server 0 (services/frontend/__main__.py)
+    tracing.dump_stacks_on_usr1()
     logging.basicConfig(level=config.log_level.upper(),
                         format=f"%(asctime)s %(levelname)s api-server-{index} %(name)s: %(message)s")
     tracing.configure("frontend", config.otlp_traces_endpoint)  # each API server exports its own spans

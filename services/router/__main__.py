@@ -4,10 +4,8 @@ by flag, then exit 2), logging set up, served."""
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import logging
 import os
-import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -102,8 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.port is not None and not 1 <= args.port <= 65535:
         parser.error(f"--port: expected 1..65535, got {args.port}")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL and sys.__stderr__ is not None:  # not an embedder's
-        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)  # `kill -USR1`: every stack
+    tracing.dump_stacks_on_usr1()
     try:
         config, inactive = engine_mode(args) if args.engine else router_mode(args)
     except ModeError as exc:

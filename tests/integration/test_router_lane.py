@@ -364,6 +364,7 @@ def test_a_stream_running_past_the_shutdown_timeout_is_cut_and_the_router_exits(
                 buffered += chunk
             assert router.proc.wait(timeout=5) == 0
             assert 0 < buffered.count(b"data: {") < 40 and b"[DONE]" not in buffered
+            assert b"error" not in buffered  # cut, with no error tail (docs/router.md)
     finally:
         router.stop()
         backend.stop()

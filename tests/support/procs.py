@@ -112,6 +112,16 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def _catches(pid: int, sig: signal.Signals) -> bool:
+    """Whether process `pid` has a handler for `sig` (/proc's SigCgt mask)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = next((line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), "0")
+    return bool(int(caught, 16) >> (sig - 1) & 1)
+
+
 def _is_free(port: int) -> bool:
     with closing(socket.socket()) as s:
         try:
@@ -119,6 +129,11 @@ def _is_free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+# Longer than the services' own drains on SIGTERM (30 s by default: the engine's --drain-timeout, the frontend's
+# and the router's --shutdown-timeout), so that a test's stop never cuts one that is still in its time.
+STOP_TIMEOUT_S = 45.0
 
 
 @dataclass
@@ -131,7 +146,7 @@ class Proc:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def stop(self, timeout_s: float = 30.0) -> int:
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
         """SIGTERM, then SIGKILL after `timeout_s`; the exit code."""
         self.terminate()
         return self.wait_stopped(timeout_s)
@@ -141,25 +156,27 @@ class Proc:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
 
-    def wait_stopped(self, timeout_s: float = 30.0) -> int:
-        """Its exit code, SIGKILLed after `timeout_s`. One that did not stop first has every process of
-        its tree write its threads' stacks to the log (SIGUSR1: the services' faulthandler), then the tree
-        is killed (no orphaned engine left running) and the log's end printed, for the test's report."""
+    def wait_stopped(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
+        """Its exit code, SIGKILLed after `timeout_s`. One that did not stop first has each process of its
+        tree that catches SIGUSR1 (the services' faulthandler) write its threads' stacks to the log, then
+        the tree is killed (no orphaned engine left running) and the log's end printed, for the test's
+        report."""
         try:
             self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             tree = [self.proc.pid, *descendants(self.proc.pid)]
-            for pid in tree:  # one at a time: they share the log
+            dumped = [pid for pid in tree if _catches(pid, signal.SIGUSR1)]  # to others it is a kill
+            for pid in dumped:  # one at a time: they share the log
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGUSR1)
                 time.sleep(0.3)
-            for pid in tree:
+            for pid in [self.proc.pid, *descendants(self.proc.pid)]:  # any started meanwhile too
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             self.proc.wait()
             tail = "\n".join(self.log().splitlines()[-200:])
-            print(f"{self.log_path.name}: did not stop within {timeout_s:g}s; killed with {len(tree) - 1} "
-                  f"descendant(s) after a stack dump. The log's end:\n{tail}")
+            print(f"{self.log_path.name}: did not stop within {timeout_s:g}s; killed with its descendants after "
+                  f"{len(dumped)} of the {len(tree)} processes dumped their stacks. The log's end:\n{tail}")
         return self.proc.returncode
 
 

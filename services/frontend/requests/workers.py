@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import faulthandler
 import logging
 import multiprocessing
 import signal
@@ -66,6 +67,8 @@ class PreparePool(Generic[_T]):
 def _start(initializer: Callable[..., None], initargs: tuple[Any, ...]) -> None:
     """In each worker: Ctrl-C is the API server's to handle, and the worker ends with it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.__stderr__ is not None:  # `kill -USR1`: every stack, as its service's (not tracing's: no OpenTelemetry here)
+        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
     if sys.platform == "linux":
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     initializer(*initargs)

@@ -11,9 +11,11 @@ sends back the body without its bulk, the bulk as JSON bytes, and the text: a co
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import logging
 import multiprocessing
 import signal
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -106,4 +108,6 @@ def _parse_split(api: str, raw: bytes) -> Parsed:
 def _start() -> None:
     """In each worker: Ctrl-C is the router's to handle, and the worker ends when the router does."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.__stderr__ is not None:  # `kill -USR1`: every stack, as its service's (not tracing's: no OpenTelemetry here)
+        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
     die_with_parent()
