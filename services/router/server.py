@@ -145,9 +145,12 @@ async def run(config: RouterConfig, *, header_timeout_s: float = DEFAULT_HEADER_
             server.should_exit = True
 
     stop_task = loop.create_task(stopper())
+    quiet = _QuietCut()
+    logging.getLogger("uvicorn.error").addFilter(quiet)
     try:
         await asyncio.gather(*(server.serve() for server in servers))
     finally:
+        logging.getLogger("uvicorn.error").removeFilter(quiet)
         stop_task.cancel()
         if runtime_ready is not None:
             runtime_ready.cancel()
@@ -161,6 +164,16 @@ async def run(config: RouterConfig, *, header_timeout_s: float = DEFAULT_HEADER_
         await upstream.close()
         app.close()
     return 0
+
+
+class _QuietCut(logging.Filter):
+    """uvicorn logs each request task it cancels at the end of --shutdown-timeout as "Exception in ASGI
+    application" with the CancelledError's traceback: a stream in a rollout is not a fault (uvicorn's own
+    "Cancel N running task(s)" line says how many were cut). Any other exception is logged as before."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, asyncio.CancelledError)
 
 
 def log_start_failure(task: asyncio.Task[None]) -> None:

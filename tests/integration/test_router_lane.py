@@ -370,6 +370,32 @@ def test_a_stream_running_past_the_shutdown_timeout_is_cut_and_the_router_exits(
         backend.stop()
 
 
+def test_an_asgi_stream_running_past_the_shutdown_timeout_is_cut_without_a_traceback(tmp_path: Path) -> None:
+    """The ASGI path's stream (Anthropic Messages, adapted: not the lane's) in flight at SIGTERM with
+    --shutdown-timeout 1: its task is cancelled at the deadline, the router exits 0, and its log says how many
+    were cut in one line, with no "Exception in ASGI application" traceback for the cancellation."""
+    backend, router = _one_replica(tmp_path, "s", "--shutdown-timeout", "1")
+    try:
+        backend.configure(chunks=40, chunk_delay_s=0.25)
+        with httpx.stream("POST", router.url + "/v1/messages", timeout=30,
+                          json={"model": "fleet", "max_tokens": 50, "stream": True,
+                                "messages": [{"role": "user", "content": "hi"}]}) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            assert next(lines) == "event: message_start"
+            router.proc.terminate()
+            with pytest.raises(httpx.RemoteProtocolError):  # cut: the chunked body never ends
+                for line in lines:
+                    assert "message_stop" not in line
+        assert router.proc.wait(timeout=10) == 0
+        log = router.log()
+        assert "Cancel 1 running task(s), timeout graceful shutdown exceeded" in log
+        assert "Exception in ASGI application" not in log and "CancelledError" not in log
+    finally:
+        router.stop()
+        backend.stop()
+
+
 def _accepts(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
