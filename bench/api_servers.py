@@ -28,6 +28,9 @@ from pathlib import Path
 from frontend_stream import _cpu_seconds, _free_port, _round, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.support.procs import descendants, process_tree  # noqa: E402
 
 
 def main() -> None:
@@ -104,23 +107,9 @@ def main() -> None:
             proc.wait(60)
 
 
-def _children() -> dict[int, list[int]]:
-    tree: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            tree.setdefault(ppid, []).append(int(entry.name))
-    return tree
-
-
 def _descendants(pid: int, tree: dict[int, list[int]]) -> list[int]:
-    out = [pid]
-    for child in tree.get(pid, []):
-        out += _descendants(child, tree)
-    return out
+    """`pid` and the processes below it."""
+    return [pid, *descendants(pid, tree)]
 
 
 def _servers(pid: int) -> list[list[int]]:
@@ -128,7 +117,7 @@ def _servers(pid: int) -> list[list[int]]:
     processes under it. A sibling is a child of API server 0 named api-server-i (multiprocessing's spawn
     sets no name the kernel sees, so its command line tells it: spawn_main). Other children of API server
     0 (the resource tracker, translation workers) are counted as its own."""
-    tree = _children()
+    tree = process_tree()
     siblings = [c for c in tree.get(pid, []) if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()
                 and b"resource_tracker" not in Path(f"/proc/{c}/cmdline").read_bytes()]
     own = [pid] + [d for c in tree.get(pid, []) if c not in siblings for d in _descendants(c, tree)]
@@ -137,7 +126,7 @@ def _servers(pid: int) -> list[list[int]]:
 
 def _cpu(engine: int, servers: list[list[int]]) -> dict[str, float]:
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    out = {"engine": sum(_cpu_seconds(p) for p in _descendants(engine, _children())),
+    out = {"engine": sum(_cpu_seconds(p) for p in _descendants(engine, process_tree())),
            "client": usage.ru_utime + usage.ru_stime}
     for i, pids in enumerate(servers):
         out[f"server{i}"] = sum(_cpu_seconds(p) for p in pids)

@@ -26,6 +26,7 @@ from tests.support.procs import (
     start_frontend,
     start_router,
 )
+from tests.support.waiting import until
 
 SIM = ("--model", "tiny", "--backend", "sim")
 CHAT = [{"role": "user", "content": "Hello there"}]
@@ -342,10 +343,8 @@ entries:
         for pid, (proc, frame) in expected.items():
             before = proc.log().count(frame)
             os.kill(pid, signal.SIGUSR1)
-            deadline = time.monotonic() + 10
-            while proc.log().count(frame) == before and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert proc.log().count(frame) > before, f"pid {pid}: no stack naming {frame!r}"
+            until(f"pid {pid}: a stack naming {frame!r}", lambda: proc.log().count(frame) > before or None,  # noqa: B023
+                  timeout_s=10, every_s=0.05)
         r = httpx.post(router.url + "/v1/chat/completions", timeout=30,
                        json={"model": "fleet", "messages": CHAT, "max_tokens": 2})
         assert r.status_code == 200, r.text

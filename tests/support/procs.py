@@ -93,8 +93,8 @@ def pid_listening_on(port: int) -> int:
     raise LookupError(f"no process listens on port {port}")
 
 
-def descendants(pid: int) -> list[int]:
-    """The processes below `pid` (Linux /proc), parents before their children."""
+def process_tree() -> dict[int, list[int]]:
+    """Each process's children, by parent pid (Linux /proc), as they are now."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -104,6 +104,12 @@ def descendants(pid: int) -> list[int]:
                 continue
             ppid = int(stat.rsplit(")", 1)[1].split()[1])  # after the name, which may hold spaces: state, ppid
             children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def descendants(pid: int, tree: dict[int, list[int]] | None = None) -> list[int]:
+    """The processes below `pid` in `tree` (default: process_tree() now), parents before their children."""
+    children = process_tree() if tree is None else tree
     found, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):
