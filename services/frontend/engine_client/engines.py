@@ -212,6 +212,7 @@ class EngineSet:
         for e in self.engines:
             self._bridge.connect(e.index, e.address)
         self._ticker = loop.create_task(self._tick())
+        self._ticker.add_done_callback(self._on_ticker_done)
 
     async def close(self) -> None:
         if self._ticker is not None:
@@ -483,7 +484,19 @@ class EngineSet:
 
     def _on_bridge_dead(self, reason: str) -> None:
         """No engine can be reached any more: fail everything in flight at once, not by deadline."""
-        self.broken = f"the frontend's engine socket thread stopped: {reason}"
+        self._give_up(f"the frontend's engine socket thread stopped: {reason}")
+
+    def _on_ticker_done(self, task: asyncio.Task[None]) -> None:
+        """The timers' task ended other than by close(): a bug. Without it no handshake is retried and no
+        heartbeat sent, so an engine that restarts is never taken back: said, and given up as a dead socket
+        thread is (the server exits for a restart), not left to look alive."""
+        if task.cancelled() or (exc := task.exception()) is None:
+            return
+        log.error("the engine timers stopped", exc_info=exc)
+        self._give_up(f"the frontend's engine timers stopped: {exc!r}")
+
+    def _give_up(self, why: str) -> None:
+        self.broken = why
         for e in self.engines:
             self._mark_dead(e, self.broken, fail=False)
             # One already down awaits no flush; no rank is left to move a request to.

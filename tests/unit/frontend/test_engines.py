@@ -8,6 +8,7 @@ import pytest
 import zmq
 
 from protocol import GenerateRequest, SamplingParams, Stats
+from services.frontend.engine_client import engines as engines_module
 from services.frontend.engine_client.engines import STATS_LAG_S, EngineSet
 from services.frontend.engine_client.inflight import InFlight
 
@@ -29,6 +30,29 @@ def test_a_dead_socket_thread_fails_every_engine_at_once(monkeypatch: pytest.Mon
             assert "socket thread stopped" in engines.broken and "a bug in the socket thread" in engines.broken
             assert {e.state for e in engines.engines} == {"dead"}
             assert all("socket thread stopped" in reason for reason in engines.not_ready().values())
+        finally:
+            await engines.close()
+
+    asyncio.run(main())
+
+
+def test_timers_that_stop_on_a_bug_give_the_engines_up_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The handshake and heartbeat timers' task failing is said and fails every engine, as a dead socket
+    thread does, rather than leaving a rank that restarts never handshaken again and nothing in the log."""
+    def broken_hello(*args: Any) -> Any:
+        raise RuntimeError("a bug in the timers")
+
+    monkeypatch.setattr(engines_module, "make_hello", broken_hello)
+
+    async def main() -> None:
+        engines = EngineSet(["tcp://127.0.0.1:1"], frontend_id="t", engine_timeout_s=60, heartbeat_interval_s=1)
+        engines.start()
+        try:
+            async with asyncio.timeout(5):
+                while engines.broken is None:
+                    await asyncio.sleep(0.01)
+            assert "engine timers stopped" in engines.broken and "a bug in the timers" in engines.broken
+            assert {e.state for e in engines.engines} == {"dead"}
         finally:
             await engines.close()
 
